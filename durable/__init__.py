@@ -1,0 +1,71 @@
+"""Durable agent execution on Redis: the library every process imports.
+
+The public surface is what ``__all__`` lists; a test fails when a name appears in it or
+vanishes from it by accident.
+"""
+
+from durable.agents import (
+    Agent,
+    Call,
+    Fail,
+    Finish,
+    Lookup,
+    Tool,
+    ToolContext,
+    Wait,
+    register,
+    registry,
+)
+from durable.cancellation import Cancelled, CancelToken
+from durable.client import Client, RunSummary, Started
+from durable.errors import (
+    ConflictError,
+    DecodeError,
+    DurableError,
+    ForbiddenJob,
+    InvalidInput,
+    LeaseLost,
+    NondeterminismError,
+    PayloadTooLarge,
+    RunNotFound,
+    UnknownAgent,
+    UnknownTool,
+    UnsafeRedis,
+    UsageError,
+)
+from durable.settings import Settings
+from durable.state import Action, RunState
+
+__all__ = [
+    "Action",
+    "Agent",
+    "Call",
+    "CancelToken",
+    "Cancelled",
+    "Client",
+    "ConflictError",
+    "DecodeError",
+    "DurableError",
+    "Fail",
+    "Finish",
+    "ForbiddenJob",
+    "InvalidInput",
+    "LeaseLost",
+    "Lookup",
+    "NondeterminismError",
+    "PayloadTooLarge",
+    "RunNotFound",
+    "RunState",
+    "RunSummary",
+    "Settings",
+    "Started",
+    "Tool",
+    "ToolContext",
+    "UnknownAgent",
+    "UnknownTool",
+    "UnsafeRedis",
+    "UsageError",
+    "Wait",
+    "register",
+    "registry",
+]

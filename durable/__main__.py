@@ -1,0 +1,5 @@
+import sys
+
+from durable.cli import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""What an agent author writes: a deterministic agent and its tools, and the registry.
+
+An agent is ``decide(state) -> Call | Finish | Fail | Wait``: a pure function of the
+folded state (no clock, no randomness, no I/O). A tool is an effect with a name, a timeout,
+whether it honours cancellation, the errors that may be retried (named explicitly: nothing
+is retried by default) and a ``lookup(key)`` that asks the authoritative system whether the
+effect with that key happened.
+
+Agents and tools are registered in code (``@register``) and found by importing the modules
+listed in ``DURABLE_AGENTS`` or the ``durable.agents`` entry point group; a queue payload
+only ever carries a run id.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel
+
+from durable.cancellation import CancelToken
+from durable.errors import UnknownAgent, UnknownTool
+from durable.state import RunState
+
+
+@dataclass(frozen=True)
+class Call:
+    """Decide to call ``tool`` with ``args`` (plain JSON-like data)."""
+
+    tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finish:
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Pause the run without holding a worker until a response or an event arrives."""
+
+    kind: Literal["input", "external"]
+    reason: str = ""
+    timeout_s: float = 3600.0
+    data: Any = None
+
+
+Decision = Call | Finish | Fail | Wait
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the authoritative system says about a key."""
+
+    status: Literal["applied", "not_applied", "unknown"]
+    result: Any = None
+
+    @classmethod
+    def applied(cls, result: Any = None) -> Lookup:
+        return cls("applied", result)
+
+    @classmethod
+    def not_applied(cls) -> Lookup:
+        return cls("not_applied")
+
+    @classmethod
+    def unknown(cls) -> Lookup:
+        return cls("unknown")
+
+
+@dataclass
+class ToolContext:
+    """What a tool is given besides its arguments."""
+
+    run_id: str
+    step: int
+    key: str
+    #: Absolute deadline, ms since the epoch; pass it downstream with the key.
+    deadline_ms: int
+    token: CancelToken
+    attempt: int = 1
+
+    def remaining(self) -> float:
+        import time
+
+        return max(0.0, self.deadline_ms / 1000 - time.time())
+
+    def check(self) -> None:
+        self.token.check()
+
+
+class Tool:
+    """Subclass and set the class attributes; implement ``run`` and ``lookup``."""
+
+    name: ClassVar[str]
+    timeout_s: ClassVar[float] = 10.0
+    cancellable: ClassVar[bool] = False
+    #: Exceptions that may be retried; nothing else ever is.
+    retryable: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: Retries within the step before the run waits (``waiting_retry``).
+    max_quick_retries: ClassVar[int] = 2
+    #: Backoff (s) of the ``waiting_retry`` timer after the quick retries are spent.
+    retry_backoff_s: ClassVar[float] = 2.0
+    max_attempts: ClassVar[int] = 6
+    #: True when ``lookup`` returning ``not_applied`` is proof (after the deadline).
+    lookup_authoritative: ClassVar[bool] = True
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        raise NotImplementedError
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.unknown()
+
+
+class Agent:
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    input_model: ClassVar[type[BaseModel]]
+    tools: ClassVar[tuple[str, ...]] = ()
+    #: What happens to a run started under another version: continue or quarantine.
+    on_version_change: ClassVar[Literal["continue", "quarantine"]] = "continue"
+
+    def decide(self, state: RunState) -> Decision:
+        raise NotImplementedError
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.agents: dict[str, Agent] = {}
+        self.tools: dict[str, Tool] = {}
+        self._loaded: set[str] = set()
+
+    def add_agent(self, agent: Agent) -> None:
+        self.agents[agent.name] = agent
+
+    def add_tool(self, tool: Tool) -> None:
+        self.tools[tool.name] = tool
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UnknownAgent(name, sorted(self.agents)) from None
+
+    def tool(self, name: str) -> Tool:
+        try:
+            return self.tools[name]
+        except KeyError:
+            raise UnknownTool(name) from None
+
+    def load(self, modules: str) -> None:
+        """Import each module named in a comma-separated list, then the entry points."""
+        for name in [m.strip() for m in modules.split(",") if m.strip()]:
+            if name not in self._loaded:
+                importlib.import_module(name)
+                self._loaded.add(name)
+        if "entry-points" not in self._loaded:
+            self._loaded.add("entry-points")
+            for ep in entry_points(group="durable.agents"):
+                ep.load()
+
+
+#: The process-wide registry that ``@register`` fills.
+registry = Registry()
+
+
+def register(obj: Any) -> Any:
+    """Class decorator: register an ``Agent`` or ``Tool`` subclass (instantiated once)."""
+    instance = obj() if isinstance(obj, type) else obj
+    if isinstance(instance, Agent):
+        registry.add_agent(instance)
+    elif isinstance(instance, Tool):
+        registry.add_tool(instance)
+    else:
+        raise TypeError(f"{obj!r} is neither an Agent nor a Tool")
+    return obj

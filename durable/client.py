@@ -1,0 +1,208 @@
+"""The client API: the one door to run state for producers, operators and auditors."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+from pydantic import ValidationError
+
+from durable import events as ev
+from durable import keys
+from durable.agents import Registry, registry
+from durable.cancellation import CancelMessage, encode_message
+from durable.commands import enqueue_advance, make_queue
+from durable.connection import connect
+from durable.errors import (
+    ConflictError,
+    DecodeError,
+    InvalidInput,
+    PayloadTooLarge,
+    RunNotFound,
+    UsageError,
+)
+from durable.eventlog import Entry, EventLog, RunHandle, Spec, Terminal, now_ms
+from durable.settings import Settings
+from durable.state import TERMINAL, WAITING, RunState
+
+
+@dataclass(frozen=True)
+class Started:
+    run_id: str
+    created: bool
+    state: str
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    state: str
+    agent: str
+    step: int
+    version: int
+    updated: int
+    reason: str = ""
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None, client: redis.Redis | None = None,
+                 agents: Registry | None = None) -> None:
+        self.settings = settings or Settings()
+        self.redis = client if client is not None else connect(self.settings)
+        self.registry = agents or registry
+        self.registry.load(self.settings.agents)
+        self.log = EventLog(self.redis, window=self.settings.action_window,
+                            checkpoint_every=self.settings.checkpoint_every,
+                            lease_ttl_ms=self.settings.lease_ttl_ms)
+        self.queue = make_queue(self.redis, self.settings.queue)
+
+    # Producers ---------------------------------------------------------------------------
+
+    def start(self, agent: str, input: Any = None, run_id: str | None = None,
+              *, enqueue: bool = True) -> Started:
+        """Start a run; the same ``run_id`` again returns the existing run, writing nothing."""
+        spec = self.registry.agent(agent)
+        if run_id is None:
+            run_id = uuid.uuid4().hex[:16]
+        if not keys.RUN_ID_RE.match(run_id):
+            raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+        existing = self.log.projection(run_id)
+        if existing:
+            return Started(run_id, False, existing.get("state", "?"))
+        try:
+            model = spec.input_model.model_validate(input if input is not None else {})
+        except ValidationError as exc:
+            msg = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+            )
+            raise InvalidInput(agent, msg) from None
+        data = model.model_dump(mode="json")
+        size = len(msgspec.msgpack.encode(data))
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
+        handle = RunHandle(run_id, RunState(), actor="client")
+        try:
+            self.log.commit(handle, [Spec(ev.RunStarted, {
+                "agent": spec.name, "agent_version": spec.version, "input": data,
+                "tools": list(spec.tools)})], extra={"agent": spec.name,
+                                                     "created": str(now_ms())})
+        except ConflictError:
+            return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
+        if enqueue:
+            enqueue_advance(self.redis, self.queue, run_id)
+        return Started(run_id, True, handle.state.state)
+
+    def enqueue(self, run_id: str, *, force: bool = False) -> bool:
+        return enqueue_advance(self.redis, self.queue, run_id, force=force)
+
+    # Reading -----------------------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunState:
+        """The folded state (from the last checkpoint). An unreadable log quarantines."""
+        try:
+            return self.log.load(run_id, actor="client").state
+        except DecodeError as exc:
+            reason = f"unreadable log entry {exc.entry_id}: {exc.reason}"
+            self.log.quarantine(run_id, reason, "client")
+            proj = self.log.projection(run_id)
+            return RunState(run_id=run_id, state=proj.get("state", "quarantined"),
+                            version=int(proj.get("version", 0)), reason=proj.get("reason"),
+                            agent=proj.get("agent", ""))
+
+    def projection(self, run_id: str) -> dict[str, str]:
+        proj = self.log.projection(run_id)
+        if not proj:
+            raise RunNotFound(run_id)
+        return proj
+
+    def events(self, run_id: str, start: str = "-", end: str = "+") -> list[Entry]:
+        if not self.log.exists(run_id):
+            raise RunNotFound(run_id)
+        return self.log.read(run_id, start, end)
+
+    def runs(self, state: str | None = None, limit: int = 100) -> list[RunSummary]:
+        index = keys.runs_in_state(state) if state else keys.RUNS_BY_UPDATE
+        ids = [i.decode() for i in self.redis.zrevrange(index, 0, limit - 1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hgetall(keys.run(rid))
+        out = []
+        for rid, raw in zip(ids, pipe.execute(), strict=True):
+            p = {k.decode(): v.decode() for k, v in raw.items()}
+            if not p or (state and p.get("state") != state):
+                continue
+            out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
+                                  int(p.get("step", 0)), int(p.get("version", 0)),
+                                  int(p.get("updated", 0)), p.get("reason", "")))
+        return out
+
+    def wait(self, run_id: str, timeout: float = 30.0, *, waiting: bool = True) -> RunState:
+        """Block until the run is terminal (or waiting, or quarantined); raise TimeoutError."""
+        stop = frozenset(TERMINAL | ({"quarantined"} | (WAITING if waiting else frozenset())))
+        end = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            state = self.redis.hget(keys.run(run_id), "state")
+            if state is None:
+                raise RunNotFound(run_id)
+            if state.decode() in stop:
+                return self.status(run_id)
+            if time.monotonic() > end:
+                raise TimeoutError(f"run {run_id} is still {state.decode()} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+
+    def stats(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
+
+    # Operators ---------------------------------------------------------------------------
+
+    def cancel(self, run_id: str, reason: str = "", scope: str = "run") -> RunState:
+        """Record a cancel request (durable first), then publish the hint.
+
+        A terminal run is left as it is. A run no worker holds, with nothing in flight, is
+        canceled at once.
+        """
+        if scope not in ("run", "call"):
+            raise UsageError(f"scope must be 'run' or 'call', not {scope!r}")
+        requested = now_ms()
+        for _ in range(20):
+            handle = self._load(run_id)
+            state = handle.state
+            if state.terminal or (state.cancel is not None and state.cancel.scope == scope):
+                return state
+            request = Spec(ev.CancelRequested, {"reason": reason, "scope": scope,
+                                                "requested_ts": requested, "by": "operator"})
+            in_flight = any(a.status in ("dispatched", "unknown") for a in state.actions.values())
+            now_specs: list[Spec] = []
+            if scope == "run" and not in_flight:
+                act = state.current
+                if act is not None:
+                    now_specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
+                                                            "reason": reason}))
+                now_specs.append(Spec(ev.Canceled, {"reason": reason,
+                                                    "latency_ms": max(0, now_ms() - requested)}))
+            try:
+                self.log.commit(handle, [request], if_free=now_specs)
+            except ConflictError:
+                continue
+            except Terminal:
+                return self.status(run_id)
+            if handle.state.state == "canceled":
+                self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
+            self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
+                CancelMessage(run=run_id, reason=reason, scope=scope, ts=requested),
+                self.settings.cancel_secret))
+            return handle.state
+        raise ConflictError(run_id, -1, -1)
+
+    def _load(self, run_id: str) -> RunHandle:
+        try:
+            return self.log.load(run_id, actor="operator")
+        except DecodeError as exc:
+            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
+            raise

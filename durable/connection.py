@@ -1,0 +1,84 @@
+"""Connecting to Redis: the embedded server or ``DURABLE_REDIS_URL``, checked for safety."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import redis
+
+from durable.errors import UnsafeRedis
+from durable.settings import Settings
+
+
+def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
+    """A client for the configured server, starting the embedded one when none is set."""
+    if settings.redis_url:
+        url = settings.redis_url
+    else:
+        from durable.embedded import ensure_server
+
+        url = ensure_server(settings)
+    client = redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    if check and settings.redis_url:
+        for problem in safety_problems(client):
+            warnings.warn(f"{url}: {problem}", UnsafeRedis, stacklevel=2)
+    return client
+
+
+def safety_problems(client: redis.Redis) -> list[str]:
+    """Why acknowledged events could be lost on this server (empty when safe)."""
+    cfg = _config(client)
+    problems = []
+    if cfg.get("appendonly") != "yes":
+        problems.append(
+            "appendonly is off: events acknowledged since the last RDB snapshot are lost "
+            "on a restart (set appendonly yes)"
+        )
+    elif cfg.get("appendfsync") == "no":
+        problems.append(
+            "appendfsync no: the OS decides when events reach the disk (use always or everysec)"
+        )
+    policy = cfg.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        problems.append(
+            f"maxmemory-policy {policy}: Redis may evict run logs under memory pressure "
+            "(set noeviction)"
+        )
+    return problems
+
+
+def _config(client: redis.Redis) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+        try:
+            reply: Any = client.config_get(name)
+        except redis.ResponseError:
+            continue
+        for key, value in reply.items():
+            k = key.decode() if isinstance(key, bytes) else str(key)
+            v = value.decode() if isinstance(value, bytes) else str(value)
+            out[k] = v
+    return out
+
+
+def parse_config_file(text: str) -> dict[str, str]:
+    """The directives of a redis.conf (last one wins), for checking deploy/redis.conf."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.partition(" ")
+        out[name.lower()] = value.strip().strip('"')
+    return out
+
+
+def config_problems(cfg: dict[str, str]) -> list[str]:
+    """The same safety check, run on a parsed configuration file."""
+
+    class _Fake:
+        def config_get(self, name: str) -> dict[str, str]:
+            return {name: cfg[name]} if name in cfg else {}
+
+    return safety_problems(_Fake())  # type: ignore[arg-type]

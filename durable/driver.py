@@ -1,0 +1,398 @@
+"""The step protocol, as run by a worker holding a run's lease.
+
+For each step: the agent decides; the intent (step, tool, args, key) and the ledger claim of
+its key are recorded in one script call; the effect is dispatched with the key and a
+deadline; its outcome is staged and recorded together with the next step's intent (one
+round trip per step). A claimed key with no outcome is *unknown* and is resolved with the
+tool's ``lookup`` once the earlier dispatch's deadline has passed, before anything is sent
+again. Every append checks the lease's fencing epoch: a worker that lost its lease writes
+nothing and drops its work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import redis
+
+from durable import events as ev
+from durable import keys
+from durable.agents import Agent, Call, Fail, Finish, Registry, Tool, ToolContext, Wait
+from durable.cancellation import Cancelled, CancelToken
+from durable.commands import enqueue_advance, make_queue
+from durable.errors import (
+    ConflictError,
+    DecodeError,
+    LeaseLost,
+    NondeterminismError,
+    RunNotFound,
+    UnknownAgent,
+    UnknownTool,
+)
+from durable.eventlog import CancelPending, Claimed, EventLog, RunHandle, Spec, Terminal, now_ms
+from durable.leases import Heartbeat, Lease, Leases
+from durable.resolve import resolve_unknown
+from durable.settings import Settings
+from durable.state import Action, RunState
+from durable.toolrunner import ToolRunner
+
+log = logging.getLogger("durable.worker")
+
+#: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
+MAX_INLINE_WAIT_S = 30.0
+
+
+@dataclass
+class Slot:
+    """A run this worker holds: the token of its in-flight call."""
+
+    token: CancelToken = field(default_factory=CancelToken)
+
+
+class _Stop(Exception):
+    """Internal: leave the drive loop (lease lost, run terminal elsewhere)."""
+
+
+def fault_point(name: str, step: int) -> None:
+    """Fault injection for tests and chaos: ``DURABLE_FAULT_KILL_AT=<point>:<step>``.
+
+    Points: ``after_intent`` (intent and claim recorded, nothing sent), ``after_effect``
+    (tool returned, outcome not recorded), ``after_outcome`` (outcome recorded). The
+    process SIGKILLs itself there: a real crash, not an exception.
+    """
+    spec = os.environ.get("DURABLE_FAULT_KILL_AT")
+    if spec and spec == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Driver:
+    def __init__(self, settings: Settings, client: redis.Redis, registry: Registry,
+                 worker_id: str) -> None:
+        self.settings = settings
+        self.redis = client
+        self.registry = registry
+        self.worker_id = worker_id
+        self.log = EventLog(client, window=settings.action_window,
+                            checkpoint_every=settings.checkpoint_every,
+                            lease_ttl_ms=settings.lease_ttl_ms)
+        self.leases = Leases(client, settings.lease_ttl_ms)
+        self.queue = make_queue(client, settings.queue)
+        self.runner = ToolRunner()
+        self.held: dict[str, Slot] = {}
+
+    # Entry point ------------------------------------------------------------------------
+
+    def advance(self, run_id: str) -> dict[str, Any]:
+        self.redis.delete(keys.queued(run_id))
+        lease = self.leases.acquire(run_id, self.worker_id)
+        if lease is None:
+            return {"run": run_id, "skipped": "lease held by another worker"}
+        slot = Slot()
+        self.held[run_id] = slot
+        more = False
+        try:
+            with Heartbeat(self.leases, lease, on_lost=lambda: slot.token.cancel("lease lost")):
+                more = self._drive(run_id, lease, slot)
+        except (LeaseLost, _Stop) as exc:
+            log.warning("run %s: %s; work discarded", run_id, exc)
+        finally:
+            self.held.pop(run_id, None)
+            self.leases.release(lease)
+        if more:
+            enqueue_advance(self.redis, self.queue, run_id)
+        return {"run": run_id, "more": more}
+
+    # The loop -------------------------------------------------------------------------
+
+    def _load(self, run_id: str, lease: Lease) -> RunHandle | None:
+        try:
+            return self.log.load(run_id, lease=lease.value, actor=self.worker_id)
+        except DecodeError as exc:
+            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
+                                self.worker_id)
+        except RunNotFound:
+            pass
+        return None
+
+    def _drive(self, run_id: str, lease: Lease, slot: Slot) -> bool:
+        """Run steps until the run stops needing this worker. True when work is left."""
+        handle = self._load(run_id, lease)
+        if handle is None or not self._needs_work(handle.state):
+            return False
+        try:
+            agent = self.registry.agent(handle.state.agent)
+        except UnknownAgent as exc:
+            self._quarantine(handle, str(exc))
+            return False
+        if handle.state.agent_version != agent.version and agent.on_version_change == "quarantine":
+            self._quarantine(handle, f"agent {agent.name} is now version {agent.version}; "
+                             f"the run started under {handle.state.agent_version}")
+            return False
+        self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
+                                                         "epoch": lease.epoch})])
+        try:
+            self._check_replay(handle, agent)
+        except NondeterminismError as exc:
+            self._quarantine(handle, str(exc))
+            return False
+        pending: list[Spec] = []
+        steps = 0
+        while True:
+            try:
+                done, pending, stepped = self._step(handle, agent, slot, pending, lease)
+            except ConflictError:
+                handle = self._reload(handle, lease, pending)
+                if handle is None:
+                    return False
+                continue
+            except CancelPending:
+                handle = self._reload(handle, lease, pending)
+                if handle is None:
+                    return False
+                continue
+            except Terminal:
+                return False
+            steps += stepped
+            if done:
+                return False
+            if steps >= self.settings.steps_per_job:
+                if pending or handle.staged:
+                    self._commit(handle, lease, [])
+                return self._needs_work(handle.state)
+
+    def _reload(self, handle: RunHandle, lease: Lease, pending: list[Spec]) -> RunHandle | None:
+        fresh = self._load(handle.run_id, lease)
+        if fresh is None:
+            return None
+        if pending:
+            self.log.stage(fresh, pending)
+        return fresh
+
+    def _commit(self, handle: RunHandle, lease: Lease, specs: list[Spec], **kw: Any) -> None:
+        self.log.commit(handle, specs, **kw)
+
+    @staticmethod
+    def _needs_work(state: RunState) -> bool:
+        return not (state.terminal or state.waiting or state.state == "quarantined")
+
+    def _quarantine(self, handle: RunHandle, reason: str) -> None:
+        log.error("run %s quarantined: %s", handle.run_id, reason)
+        handle.staged = []
+        try:
+            self.log.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
+                            extra={"reason": reason[:500]})
+            self.redis.hset(keys.QUARANTINE, handle.run_id, reason[:500])
+        except (ConflictError, Terminal, LeaseLost):
+            self.log.quarantine(handle.run_id, reason, self.worker_id)
+
+    def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
+        """Re-observe the open intent: the agent must decide what the log recorded."""
+        act, before = handle.state.current, handle.pre_intent
+        if act is None or before is None or before.step + 1 != act.step:
+            return
+        decision = agent.decide(before)
+        recorded = f"call {act.tool}({_canon(act.args)})"
+        if not isinstance(decision, Call):
+            raise NondeterminismError(handle.run_id, act.step, recorded, type(decision).__name__)
+        now = f"call {decision.tool}({_canon(decision.args)})"
+        if now != recorded:
+            raise NondeterminismError(handle.run_id, act.step, recorded, now)
+        self.redis.hincrby(keys.STATS, "replayed_intents", 1)
+
+    def _step(
+        self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease
+    ) -> tuple[bool, list[Spec], int]:
+        """One pass: returns (stop, specs staged but not committed, steps taken)."""
+        state = handle.state
+        if slot.token.cancelled and slot.token.reason == "lease lost":
+            raise _Stop("lease lost")
+        if not self._needs_work(state):
+            if handle.staged:
+                self._commit(handle, lease, [])
+            return True, [], 0
+        if state.cancel is not None and state.cancel.scope == "run":
+            self._finish_cancel(handle, lease)
+            return True, [], 0
+        act = state.current
+        if act is None:
+            return self._decide(handle, agent, slot, lease)
+        if act.status in ("decided", "not_applied"):
+            if state.cancel is not None:  # a call-scoped cancel: this call never starts
+                self._commit(handle, lease, [Spec(ev.CallCanceled, {
+                    "step": act.step, "key": act.key, "reason": state.cancel.reason})])
+                return False, [], 0
+            tool = self.registry.tool(act.tool)
+            deadline = now_ms() + int(tool.timeout_s * 1000)
+            self._commit(handle, lease, [Spec(ev.ActionDispatched, {
+                "step": act.step, "key": act.key, "deadline": deadline})],
+                ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
+            return self._run_tool(handle, tool, act, slot)
+        # dispatched or unknown: the earlier attempt may have applied the effect.
+        tool = self.registry.tool(act.tool)
+        wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
+        if wait_s > MAX_INLINE_WAIT_S:
+            if handle.staged:
+                self._commit(handle, lease, [])
+            return True, [], 0
+        if wait_s > 0 and slot.token.wait(wait_s):
+            return False, [], 0
+        specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        self.log.stage(handle, specs)
+        if handle.state.waiting:
+            self._commit(handle, lease, [], checkpoint=True)
+            return True, [], 0
+        return False, specs, 0
+
+    def _decide(self, handle: RunHandle, agent: Agent, slot: Slot,
+                lease: Lease) -> tuple[bool, list[Spec], int]:
+        state = handle.state
+        try:
+            decision = agent.decide(state)
+        except Exception as exc:  # an agent bug: keep the evidence, quarantine
+            self._commit(handle, lease, [])
+            self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
+            return True, [], 0
+        if isinstance(decision, Finish):
+            self._commit(handle, lease, [Spec(ev.Completed, {"result": _plain(decision.result)})])
+            fault_point("after_outcome", state.step)
+            return True, [], 0
+        if isinstance(decision, Fail):
+            self._commit(handle, lease, [Spec(ev.Failed, {"error": decision.error})])
+            return True, [], 0
+        if isinstance(decision, Wait):
+            until = now_ms() + int(decision.timeout_s * 1000)
+            self._commit(handle, lease, [Spec(ev.WaitEntered, {
+                "kind": decision.kind, "reason": decision.reason, "until": until,
+                "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data})],
+                checkpoint=True)
+            return True, [], 0
+        try:
+            if decision.tool not in agent.tools:
+                raise UnknownTool(decision.tool)
+            tool = self.registry.tool(decision.tool)
+            args = _plain(decision.args)
+            if len(msgspec.msgpack.encode(args)) > self.settings.max_payload_bytes:
+                raise ValueError(f"arguments of {decision.tool} exceed "
+                                 f"{self.settings.max_payload_bytes} bytes")
+        except (UnknownTool, ValueError, TypeError) as exc:
+            self._commit(handle, lease, [])
+            self._quarantine(handle, f"step {state.step + 1}: {exc}")
+            return True, [], 0
+        step = state.step + 1
+        key = step_key(handle.run_id, step)
+        decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": args,
+                                        "key": key})
+        if state.cancel is not None:  # call-scoped cancel pending: record, never send
+            self._commit(handle, lease, [decided, Spec(ev.CallCanceled, {
+                "step": step, "key": key, "reason": state.cancel.reason})])
+            return False, [], 1
+        deadline = now_ms() + int(tool.timeout_s * 1000)
+        try:
+            self._commit(handle, lease, [decided, Spec(ev.ActionDispatched, {
+                "step": step, "key": key, "deadline": deadline})],
+                ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
+        except Claimed as exc:
+            # The ledger knows this key but the log does not: never send it blindly.
+            self.redis.hincrby(keys.STATS, "duplicates_suppressed", 1)
+            fresh = self._load(handle.run_id, lease)
+            if fresh is not None:
+                self._quarantine(fresh, f"key {exc.key} is claimed in the ledger ({exc.value}) "
+                                 "but the log has no dispatch for it")
+            return True, [], 0
+        act = handle.state.actions[step]
+        fault_point("after_outcome", step - 1)
+        fault_point("after_intent", step)
+        return self._run_tool(handle, tool, act, slot)
+
+    def _run_tool(self, handle: RunHandle, tool: Tool, act: Action,
+                  slot: Slot) -> tuple[bool, list[Spec], int]:
+        spec = self.dispatch(handle.run_id, tool, act, slot)
+        fault_point("after_effect", act.step)
+        if slot.token.cancelled and slot.token.reason == "lease lost":
+            raise _Stop("lease lost during the call")
+        if slot.token.cancelled:
+            slot.token = CancelToken()
+        self.log.stage(handle, spec)
+        if handle.state.waiting or handle.state.state == "outcome_unknown" or (
+            handle.state.cancel is not None
+        ):
+            self._commit(handle, self._lease_of(handle), [])
+            fault_point("after_outcome", act.step)
+            return False, [], 1
+        return False, spec, 1
+
+    def _lease_of(self, handle: RunHandle) -> Lease:
+        return Lease(handle.run_id, handle.lease)
+
+    def dispatch(self, run_id: str, tool: Tool, act: Action, slot: Slot) -> list[Spec]:
+        """Call the tool once (quick retries for its named retryable errors)."""
+        ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
+                          token=slot.token, attempt=act.attempts)
+        args = dict(act.args or {})
+        quick = 0
+        while True:
+            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(), slot.token,
+                                      self.settings.cancel_grace_ms / 1000)
+            base = {"step": act.step, "key": act.key}
+            if result.outcome == "returned":
+                return [Spec(ev.ActionSucceeded, {**base, "result": _plain(result.value)})]
+            if result.outcome == "timed_out":
+                return [Spec(ev.ActionTimedOut, base)]
+            if result.outcome == "interrupted":
+                return [Spec(ev.ActionInterrupted, {**base, "reason": slot.token.reason
+                                                    or "did not stop in time"})]
+            err = result.error
+            if isinstance(err, Cancelled):
+                if tool.cancellable:
+                    return [Spec(ev.CallCanceled, {**base, "reason": slot.token.reason
+                                                   or "canceled"})]
+                return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
+            assert err is not None
+            retryable = isinstance(err, tool.retryable)
+            if retryable and quick < tool.max_quick_retries and ctx.remaining() > 0.1:
+                quick += 1
+                if slot.token.wait(min(0.05 * 2 ** quick, ctx.remaining() / 2)):
+                    continue
+                continue
+            fields = {**base, "error": str(err)[:2000] or type(err).__name__,
+                      "error_type": type(err).__name__, "retryable": retryable}
+            if retryable and act.attempts < tool.max_attempts:
+                until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
+                return [Spec(ev.ActionReconciled, {**base, "resolution": "not_applied"}),
+                        Spec(ev.WaitEntered, {"kind": "retry", "until": until,
+                                              "reason": f"{type(err).__name__}: {err}"[:500],
+                                              "request": act.key})]
+            return [Spec(ev.ActionFailed, fields)]
+
+    def _finish_cancel(self, handle: RunHandle, lease: Lease) -> None:
+        state = handle.state
+        assert state.cancel is not None
+        specs: list[Spec] = []
+        act = state.current
+        if act is not None and act.status in ("decided", "not_applied"):
+            specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
+                                                "reason": state.cancel.reason}))
+        latency = max(0, now_ms() - state.cancel.requested_ts)
+        specs.append(Spec(ev.Canceled, {"reason": state.cancel.reason, "latency_ms": latency}))
+        self._commit(handle, lease, specs)
+        self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, latency)
+
+
+def step_key(run_id: str, step: int) -> str:
+    """The idempotency key of a step: stable across attempts and workers."""
+    return f"{run_id}:{step}"
+
+
+def _canon(value: Any) -> str:
+    return msgspec.json.encode(value, order="sorted").decode()
+
+
+def _plain(value: Any) -> Any:
+    """JSON-like data only (what the log can carry and every reader can decode)."""
+    return msgspec.json.decode(msgspec.json.encode(value))

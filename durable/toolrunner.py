@@ -1,0 +1,90 @@
+"""Runs one tool call at a time on a dedicated thread, with a deadline and a cancel token.
+
+The worker waits for whichever comes first: the call's end, its deadline, or a cancel.
+A call that does not stop when told is interrupted (``Cancelled`` is raised inside its
+thread) and abandoned: the runner moves on with a fresh thread, and the call is recorded as
+outcome unknown. Its late effect, if any, is refused downstream past its deadline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from durable.cancellation import Cancelled, CancelToken
+
+Outcome = Literal["returned", "raised", "timed_out", "interrupted"]
+
+
+@dataclass
+class CallResult:
+    outcome: Outcome
+    value: Any = None
+    error: BaseException | None = None
+
+
+class _Job:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.wake = threading.Event()
+        self.result: CallResult | None = None
+        self.thread_id = 0
+
+
+class ToolRunner:
+    def __init__(self) -> None:
+        self._new_thread()
+
+    def _new_thread(self) -> None:
+        self._inbox: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        inbox = self._inbox
+        self._thread = threading.Thread(target=self._loop, args=(inbox,), name="tool",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _loop(inbox: queue.SimpleQueue[_Job]) -> None:
+        while True:
+            job = inbox.get()
+            job.thread_id = threading.get_ident()
+            try:
+                job.result = CallResult("returned", job.fn())
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+                job.result = CallResult("raised", error=exc)
+            job.done.set()
+            job.wake.set()
+            if job.result.outcome == "raised" and isinstance(job.result.error, Cancelled):
+                # A forced interrupt may land late; this thread is no longer trusted.
+                return
+
+    def call(self, fn: Callable[[], Any], timeout: float, token: CancelToken,
+             grace: float) -> CallResult:
+        job = _Job(fn)
+        token.add_listener(job.wake.set)
+        try:
+            self._inbox.put(job)
+            job.wake.wait(max(timeout, 0.0))
+            if job.done.is_set() and job.result is not None:
+                return job.result
+            if token.cancelled:
+                # Cancelled: give the tool its grace period to stop by itself.
+                if job.done.wait(grace) and job.result is not None:
+                    return job.result
+                self._abandon(job)
+                return CallResult("interrupted")
+            self._abandon(job)
+            return CallResult("timed_out")
+        finally:
+            token.remove_listener(job.wake.set)
+
+    def _abandon(self, job: _Job) -> None:
+        if job.thread_id:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(job.thread_id), ctypes.py_object(Cancelled)
+            )
+        self._new_thread()

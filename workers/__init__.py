@@ -1,0 +1,1 @@
+"""The worker process: ``durable worker`` (or ``python -m workers``)."""
