@@ -249,7 +249,7 @@ def decode(data: bytes, entry_id: str = "?") -> Event:
     """Decode one entry, upcasting older versions; raise ``DecodeError`` otherwise."""
     try:
         event: Event = _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         raw = _peek(data)
         if isinstance(raw, dict) and isinstance(raw.get("v"), int):
             if raw["v"] > SCHEMA_VERSION:
@@ -261,6 +261,8 @@ def decode(data: bytes, entry_id: str = "?") -> Event:
         if event.v > SCHEMA_VERSION:
             raise DecodeError(entry_id, _future(event.v))
         return _upcast(_raw_decoder.decode(data), entry_id)
+    if not isinstance(event, Event):
+        raise DecodeError(entry_id, "not an event")
     return event
 
 
@@ -285,7 +287,7 @@ def _future(v: int) -> str:
 def _peek(data: bytes) -> Any:
     try:
         return _raw_decoder.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, ValueError):
         return None
 
 

@@ -1,0 +1,116 @@
+"""Shared helpers: statistics, servers, settings and the log timestamps of runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from durable import keys
+from durable.harness import Server
+from durable.settings import Settings
+
+FSYNCS = ("everysec", "always")
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
+    return float(s[k])
+
+
+def ms_of(entry_id: bytes | str) -> int:
+    """Milliseconds part of a stream entry id (the server's clock at XADD)."""
+    s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(s.split("-", 1)[0])
+
+
+def settings_for(url: str, **kw: Any) -> Settings:
+    return Settings(redis_url=url, **kw)
+
+
+@dataclass
+class Servers:
+    """One embedded server per appendfsync policy, started once and shared by the items."""
+
+    fsyncs: Sequence[str] = FSYNCS
+    servers: dict[str, Server] = field(default_factory=dict)
+
+    def get(self, fsync: str) -> Server:
+        srv = self.servers.get(fsync)
+        if srv is None:
+            srv = Server(fsync=fsync).start()
+            self.servers[fsync] = srv
+        return srv
+
+    def client(self, fsync: str) -> redis.Redis:
+        return self.get(fsync).client()
+
+    def stop(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+        self.servers.clear()
+
+
+@contextlib.contextmanager
+def servers(fsyncs: Sequence[str] = FSYNCS) -> Iterator[Servers]:
+    s = Servers(fsyncs)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def fresh(r: redis.Redis) -> None:
+    """Empty the server and rewrite its AOF so each measurement starts from the same place."""
+    r.flushall()
+    with contextlib.suppress(redis.ResponseError):
+        r.bgrewriteaof()
+    # Wait for the rewrite: it competes for CPU and disk with what follows.
+    for _ in range(500):
+        info = r.info("persistence")
+        if not info.get("aof_rewrite_in_progress") and not info.get("aof_rewrite_scheduled"):
+            break
+        time.sleep(0.01)
+
+
+def run_window(r: redis.Redis, run_ids: Sequence[str]) -> tuple[int, int, int]:
+    """(first worker write ms, last write ms, runs completed) read from the runs' logs.
+
+    The first worker write is the second entry of a run's log (the first is the client's
+    ``run_started``); the last write is the projection's ``last`` entry id.
+    """
+    pipe = r.pipeline(transaction=False)
+    for rid in run_ids:
+        pipe.xrange(keys.log(rid), "-", "+", count=2)
+        pipe.hmget(keys.run(rid), "last", "state")
+    out = pipe.execute()
+    first, last, done = None, None, 0
+    for i in range(0, len(out), 2):
+        entries, (last_id, state) = out[i], out[i + 1]
+        if len(entries) >= 2:
+            t = ms_of(entries[1][0])
+            first = t if first is None else min(first, t)
+        if last_id:
+            t = ms_of(last_id)
+            last = t if last is None else max(last, t)
+        if state == b"completed":
+            done += 1
+    return first or 0, last or 0, done
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))

@@ -1,0 +1,213 @@
+"""Item 2: steps per second.
+
+Configurations, each against a server with ``appendfsync everysec`` and one with ``always``:
+
+- ``floor``: the fewest Redis round trips a durable step needs, done directly: one Lua call
+  per step (``bench/floor.lua``) that XADDs the outcome and the next intent, claims the next
+  key in the ledger and updates the projection under a version check. No agent, no RQ.
+- ``plain loop``: the same four no-op tool calls in a Python loop (the non-durable limit).
+- ``plain RQ``: four jobs per run of a no-op function on an in-process ``SimpleWorker``
+  (burst mode, JSON serializer, ``result_ttl=0`` as the durable commands use).
+- ``driver in-process``: ``Driver.advance`` called in this process on pre-started runs (the
+  durable step loop with its lease, heartbeat and tool thread, but no RQ and no worker).
+- ``durable, N worker(s)``: K four-step ``count`` runs enqueued with ``Client.start``, then
+  N ``durable worker --burst`` processes. Steps/s is measured from the runs' logs: from the
+  first worker write (each log's second entry) to the last write (each projection's
+  ``last`` entry id), which excludes worker process start-up. Wall time including start-up
+  is reported too.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis
+from rq import Queue, SimpleWorker
+from rq.serializers import JSONSerializer
+
+from bench.common import fresh, median, run_window, settings_for
+from durable import events as ev
+from durable.agents import ToolContext, registry
+from durable.cancellation import CancelToken
+from durable.client import Client
+from durable.driver import Driver
+from durable.harness import Worker
+from durable.state import RunState
+
+STEPS = 4
+FLOOR_LUA = (Path(__file__).parent / "floor.lua").read_text()
+
+
+def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+    script = r.register_script(FLOOR_LUA)
+    enc = msgspec.msgpack.Encoder()
+    actor = "bench-floor:1:000000"
+    t0 = time.perf_counter()
+    for i in range(runs):
+        rid = f"floor{i}"
+        k_log, k_run, k_fx = f"dx:{{{rid}}}:log", f"dx:{{{rid}}}:run", f"dx:{{{rid}}}:fx"
+        version = 0
+        for step in range(1, steps + 1):
+            ts = int(time.time() * 1000)
+            key = f"{rid}:{step}"
+            if step == 1:
+                outcome = enc.encode(ev.LeaseAcquired(v=1, run=rid, seq=version + 1, ts=ts,
+                                                      actor=actor, owner=actor, epoch=1))
+            else:
+                outcome = enc.encode(ev.ActionSucceeded(
+                    v=1, run=rid, seq=version + 1, ts=ts, actor=actor, step=step - 1,
+                    key=f"{rid}:{step - 1}", result={"n": step - 1}))
+            intent = enc.encode(ev.StepDecided(v=1, run=rid, seq=version + 2, ts=ts, actor=actor,
+                                               step=step, tool="noop",
+                                               args={"n": step, "sleep_s": 0.0}, key=key))
+            reply = script(keys=[k_log, k_run, k_fx],
+                           args=[version, outcome, intent, key, f"claimed|{ts + 10000}", step, ts])
+            assert reply[0] == b"ok", reply
+            version = int(reply[1])
+    dt = time.perf_counter() - t0
+    return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
+
+
+def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
+    registry.load("durable.examples")
+    tool = registry.tool("noop")
+    token = CancelToken()
+    t0 = time.perf_counter()
+    for i in range(runs):
+        for step in range(1, steps + 1):
+            ctx = ToolContext(run_id=f"p{i}", step=step, key=f"p{i}:{step}",
+                              deadline_ms=0, token=token)
+            tool.run({"n": step, "sleep_s": 0.0}, ctx)
+    dt = time.perf_counter() - t0
+    return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
+
+
+def plain_rq(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+    q = Queue("bench-rq", connection=r, serializer=JSONSerializer)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # Bootstrap cost of a worker on an empty queue, subtracted below.
+        t0 = time.perf_counter()
+        SimpleWorker([q], connection=r, serializer=JSONSerializer).work(
+            burst=True, logging_level="WARNING")
+        boot = time.perf_counter() - t0
+        q.enqueue_many([Queue.prepare_data("bench.rqjobs.noop", args=(n,), result_ttl=0,
+                                           timeout=-1, failure_ttl=86400)
+                        for n in range(runs * steps)])
+        worker = SimpleWorker([q], connection=r, serializer=JSONSerializer)
+        t0 = time.perf_counter()
+        worker.work(burst=True, logging_level="WARNING")
+        dt = time.perf_counter() - t0 - boot
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert q.count == 0
+    jobs = runs * steps
+    return {"steps": jobs, "seconds": dt, "steps_per_s": jobs / dt, "bootstrap_s": boot}
+
+
+def start_runs(client: Client, prefix: str, runs: int, steps: int = STEPS,
+               enqueue: bool = True, sleep_s: float = 0.0) -> list[str]:
+    ids = [f"{prefix}{i}" for i in range(runs)]
+    for rid in ids:
+        client.start("count", {"steps": steps, "sleep_s": sleep_s}, run_id=rid, enqueue=enqueue)
+    return ids
+
+
+def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+    settings = settings_for(url)
+    client = Client(settings, r)
+    ids = start_runs(client, "d", runs, steps, enqueue=False)
+    driver = Driver(settings, r, registry, "bench-inproc:1:000000")
+    t0 = time.perf_counter()
+    for rid in ids:
+        driver.advance(rid)
+    dt = time.perf_counter() - t0
+    first, last, done = run_window(r, ids)
+    assert done == runs, f"{done}/{runs} completed"
+    return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
+
+
+def durable(url: str, r: redis.Redis, runs: int, workers: int,
+            steps: int = STEPS) -> dict[str, float]:
+    client = Client(settings_for(url), r)
+    ids = start_runs(client, "w", runs, steps)
+    t0 = time.perf_counter()
+    procs = [Worker(url, burst=True) for _ in range(workers)]
+    for p in procs:
+        p.wait(300)
+    wall = time.perf_counter() - t0
+    first, last, done = run_window(r, ids)
+    assert done == runs, f"{done}/{runs} runs completed"
+    window = max(last - first, 1) / 1000
+    return {"steps": runs * steps, "seconds": window, "steps_per_s": runs * steps / window,
+            "wall_s": wall, "wall_steps_per_s": runs * steps / wall, "workers": workers}
+
+
+CONFIGS = ("floor", "plain loop", "plain RQ", "driver in-process", "durable, 1 worker",
+           "durable, 2 workers")
+
+
+def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
+    fresh(r)
+    if name == "floor":
+        return floor(r, runs)
+    if name == "plain loop":
+        return plain_loop(runs)
+    if name == "plain RQ":
+        return plain_rq(r, runs)
+    if name == "driver in-process":
+        return driver_inproc(url, r, runs)
+    if name.startswith("durable"):
+        return durable(url, r, runs, workers=int(name.split(", ")[1].split()[0]))
+    raise KeyError(name)
+
+
+def run(servers: Any, quick: bool = False, rounds: int | None = None,
+        runs: int | None = None, log: Any = print) -> dict[str, Any]:
+    rounds = rounds or (1 if quick else 3)
+    runs = runs or (60 if quick else 300)
+    fsyncs = list(servers.fsyncs)
+    samples: dict[str, dict[str, list[dict[str, float]]]] = {
+        f: {c: [] for c in CONFIGS} for f in fsyncs}
+    for rnd in range(rounds):
+        # Interleave: every round measures every (fsync, config), in a rotated order.
+        order = [(f, c) for c in CONFIGS for f in fsyncs]
+        shift = rnd * 3 % len(order)
+        order = order[shift:] + order[:shift]
+        for fsync, cfg in order:
+            if cfg == "plain loop" and fsync != fsyncs[0]:
+                continue  # no Redis: measured once per round
+            srv = servers.get(fsync)
+            r = srv.client()
+            res = measure(cfg, srv.url, r, runs)
+            r.close()
+            samples[fsync][cfg].append(res)
+            log(f"  throughput round {rnd + 1}/{rounds} {fsync:8s} {cfg:20s} "
+                f"{res['steps_per_s']:10.0f} steps/s")
+    out: dict[str, Any] = {"runs_per_batch": runs, "steps_per_run": STEPS, "rounds": rounds,
+                           "by_fsync": {}}
+    loop = [s["steps_per_s"] for s in samples[fsyncs[0]]["plain loop"]]
+    for fsync in fsyncs:
+        row: dict[str, Any] = {}
+        for cfg in CONFIGS:
+            ss = samples[fsync][cfg] or samples[fsyncs[0]][cfg]
+            row[cfg] = {"steps_per_s": median([s["steps_per_s"] for s in ss]),
+                        "all": [round(s["steps_per_s"], 1) for s in ss]}
+            if cfg.startswith("durable"):
+                row[cfg]["wall_steps_per_s"] = median([s["wall_steps_per_s"] for s in ss])
+        one = row["durable, 1 worker"]["steps_per_s"]
+        row["ratios"] = {
+            "durable_1w / floor": one / row["floor"]["steps_per_s"],
+            "durable_1w steps/s / plain RQ jobs/s": one / row["plain RQ"]["steps_per_s"],
+            "durable_2w / durable_1w": row["durable, 2 workers"]["steps_per_s"] / one,
+            "driver_inproc / floor": row["driver in-process"]["steps_per_s"]
+            / row["floor"]["steps_per_s"],
+            "plain loop / durable_1w": median(loop) / one,
+        }
+        out["by_fsync"][fsync] = row
+    return out

@@ -1,0 +1,33 @@
+"""Releasing a quarantined run once the code can read and drive it again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable import events as ev
+from durable import keys
+from durable.errors import ConflictError, DecodeError
+from durable.eventlog import Spec
+
+
+def release(client: Any, run_id: str, by: str = "operator") -> str:
+    """Refold the log with the current code; if it reads, append ``released`` and enqueue.
+
+    Returns the run's state afterwards (still ``quarantined`` when the log is unreadable).
+    """
+    for _ in range(5):
+        try:
+            handle = client.log.load(run_id, actor=by)
+        except DecodeError:
+            return "quarantined"
+        if handle.state.state != "quarantined":
+            return str(handle.state.state)
+        try:
+            client.log.commit(handle, [Spec(ev.Released, {"by": by})], extra={"reason": ""})
+        except ConflictError:
+            continue
+        client.redis.hdel(keys.QUARANTINE, run_id)
+        if not (handle.state.terminal or handle.state.waiting):
+            client.enqueue(run_id)
+        return str(handle.state.state)
+    return "quarantined"

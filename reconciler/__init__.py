@@ -1,0 +1,1 @@
+"""The reconciler process: ``durable reconciler`` (or ``python -m reconciler``)."""

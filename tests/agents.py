@@ -1,0 +1,133 @@
+"""Agents and tools used only by the tests (registered when this module is imported;
+worker processes import it through ``DURABLE_AGENTS``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel
+
+from durable.agents import Agent, Call, Decision, Finish, Lookup, Tool, ToolContext, register
+from durable.state import RunState
+
+
+class EchoInput(BaseModel):
+    text: str = ""
+    steps: int = 1
+
+
+class Flaky(Exception):
+    """A retryable error, named explicitly by the tool."""
+
+
+@register
+class Stubborn(Tool):
+    """Ignores its cancel token: the worker must interrupt it."""
+
+    name = "stubborn"
+    timeout_s = 30.0
+    cancellable = False
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        import time
+
+        end = time.time() + float(args.get("sleep_s", 20))
+        while time.time() < end:
+            try:
+                time.sleep(0.01)
+            except Exception:  # noqa: S110 - the point: it swallows ordinary errors
+                pass
+        return "done"
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()
+
+
+@register
+class Echo(Agent):
+    name = "echo"
+    input_model = EchoInput
+    tools = ("noop", "stubborn")
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step >= state.input["steps"]:
+            return Finish(state.input["text"])
+        tool = os.environ.get("ECHO_TOOL", "noop")
+        return Call(tool, {"n": state.step + 1, "sleep_s": float(os.environ.get("ECHO_SLEEP", 0))})
+
+
+class WriterInput(BaseModel):
+    steps: int = 3
+
+
+def _db() -> Any:
+    import sqlite3
+
+    conn = sqlite3.connect(os.environ["TEST_DB"], timeout=10, isolation_level=None)
+    unique = "UNIQUE" if os.environ.get("TEST_DB_DEDUPE", "1") == "1" else ""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS effects (key TEXT {unique}, at REAL)")
+    return conn
+
+
+@register
+class SqlWrite(Tool):
+    """Writes one row keyed by the idempotency key into a real SQLite database.
+
+    The database refuses work past the deadline. With ``TEST_DB_DEDUPE=0`` the key column
+    has no unique constraint: only the system's ledger and lookups prevent duplicates.
+    ``TEST_SLOW_S`` makes the call sleep before writing (a window to pause or kill in).
+    """
+
+    name = "sqlwrite"
+    timeout_s = 2.0
+    cancellable = False
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        import sqlite3
+        import time
+
+        time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
+        if time.time() * 1000 > ctx.deadline_ms:
+            raise TimeoutError("refused: past the deadline")
+        conn = _db()
+        try:
+            conn.execute("INSERT INTO effects VALUES (?, ?)", (ctx.key, time.time()))
+        except sqlite3.IntegrityError:
+            pass  # deduplicated by the unique key
+        finally:
+            conn.close()
+        return {"row": ctx.key}
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        conn = _db()
+        try:
+            n = conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?", (key,)).fetchone()[0]
+        finally:
+            conn.close()
+        return Lookup.applied({"row": key}) if n else Lookup.not_applied()
+
+
+@register
+class Writer(Agent):
+    name = "writer"
+    input_model = WriterInput
+    tools = ("sqlwrite",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step >= state.input["steps"]:
+            return Finish({"rows": state.step})
+        return Call("sqlwrite", {"n": state.step + 1})
+
+
+def applications(db_path: str) -> dict[str, int]:
+    import sqlite3
+
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = conn.execute("SELECT key, COUNT(*) FROM effects GROUP BY key").fetchall()
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        conn.close()
+    return {k: n for k, n in rows}

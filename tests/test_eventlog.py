@@ -1,0 +1,126 @@
+"""The log on a real Redis: optimistic concurrency, idempotent start, quarantine, durability."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from durable import events as ev
+from durable import keys
+from durable.client import Client
+from durable.errors import ConflictError, InvalidInput, PayloadTooLarge, UnknownAgent
+from durable.eventlog import EventLog, RunHandle, Spec
+from durable.harness import Server
+from durable.state import RunState
+from durable.verify import verify
+from tests import agents  # noqa: F401 - registers the test agents
+
+
+def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
+                                                                r: redis.Redis) -> None:
+    first = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
+    assert first.created and first.state == "pending"
+    before = r.xlen(keys.log("same"))
+    again = client.start("count", {"steps": 99}, run_id="same", enqueue=False)
+    assert not again.created and again.run_id == "same"
+    assert r.xlen(keys.log("same")) == before == 1
+    assert client.status("same").input == {"steps": 2, "sleep_s": 0.0}
+
+
+def test_invalid_input_is_refused_before_anything_is_written(client: Client,
+                                                             r: redis.Redis) -> None:
+    with pytest.raises(InvalidInput, match="steps"):
+        client.start("count", {"steps": "many"}, run_id="bad")
+    with pytest.raises(UnknownAgent, match="nope"):
+        client.start("nope", {}, run_id="bad")
+    assert not r.exists(keys.log("bad")) and not r.exists(keys.run("bad"))
+
+
+def test_oversized_input_is_refused(client: Client, r: redis.Redis) -> None:
+    client.settings.max_payload_bytes = 1024
+    with pytest.raises(PayloadTooLarge):
+        client.start("echo", {"text": "y" * 2000}, run_id="big")
+    assert not r.exists(keys.log("big"))
+
+
+def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Client,
+                                                                   r: redis.Redis) -> None:
+    """N threads append at the same expected version, M trials: one winner each time."""
+    client.start("count", {"steps": 1}, run_id="race", enqueue=False)
+    elog = EventLog(r)
+    n_threads, trials = 8, 25
+    for trial in range(trials):
+        base = elog.load("race")
+        results: list[str] = []
+        barrier = threading.Barrier(n_threads)
+
+        def writer(i: int, version: int = base.state.version) -> None:
+            handle = RunHandle("race", RunState(run_id="race", version=version),
+                               base_version=version, actor=f"t{i}")
+            barrier.wait()
+            try:
+                elog.commit(handle, [Spec(ev.LeaseLost, {"owner": f"t{i}", "epoch": trial})])
+                results.append("won")
+            except ConflictError:
+                results.append("conflict")
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count("won") == 1, results
+    entries = elog.read("race")
+    assert [e.event.seq for e in entries if e.event] == list(range(1, trials + 2))
+    assert verify(elog, "race").ok
+
+
+def test_an_undecodable_entry_quarantines_the_run_and_never_raises(client: Client,
+                                                                   r: redis.Redis) -> None:
+    client.start("count", {"steps": 1}, run_id="junk", enqueue=False)
+    r.xadd(keys.log("junk"), {"e": b"\xc1 not msgpack"})
+    state = client.status("junk")
+    assert state.state == "quarantined"
+    assert "unreadable log entry" in (state.reason or "")
+    assert "junk" in [s.run_id for s in client.runs("quarantined")]
+
+
+def test_a_future_version_entry_quarantines_with_the_reason(client: Client,
+                                                            r: redis.Redis) -> None:
+    import msgspec
+
+    client.start("count", {"steps": 1}, run_id="future", enqueue=False)
+    r.xadd(keys.log("future"), {"e": msgspec.msgpack.encode(
+        {"type": "completed", "v": 99, "run": "future", "seq": 2, "ts": 1})})
+    r.hset(keys.run("future"), "version", 2)
+    state = client.status("future")
+    assert state.state == "quarantined" and "newer schema version 99" in (state.reason or "")
+
+
+def test_acknowledged_events_survive_a_kill_9_of_the_server(tmp_path: object) -> None:
+    """Server killed with SIGKILL right after the appends were acknowledged."""
+    from pathlib import Path
+
+    data = Path(str(tmp_path))
+    srv = Server(fsync="always", data_dir=data).start()
+    try:
+        conn = srv.client()
+        elog = EventLog(conn)
+        handle = RunHandle("dur", RunState(), actor="t")
+        elog.commit(handle, [Spec(ev.RunStarted, {"agent": "count", "input": {"steps": 1}})])
+        for i in range(50):
+            elog.commit(handle, [Spec(ev.LeaseLost, {"owner": "x", "epoch": i})])
+        acknowledged = handle.state.version
+        srv.kill()
+        srv2 = Server(fsync="always", data_dir=data)
+        srv2.port = srv.port
+        srv2.start()
+        try:
+            reloaded = EventLog(srv2.client()).load("dur")
+            assert reloaded.state.version == acknowledged == 51
+        finally:
+            srv2.kill()
+    finally:
+        srv.kill()

@@ -1,0 +1,137 @@
+"""Events and the fold: codec round trips, incremental fold == whole fold, bad entries."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from durable import events as ev
+from durable.errors import DecodeError
+from durable.fold import apply, fold, from_checkpoint
+from durable.state import RunState, copy_state
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+
+
+def _common(seq: int) -> dict[str, object]:
+    return {"v": ev.SCHEMA_VERSION, "run": "r1", "seq": seq, "ts": 1000 + seq, "actor": "w"}
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[ev.Event]:
+    """Valid event sequences as a worker and operators could write them."""
+    out: list[ev.Event] = []
+    seq = 0
+
+    def add(cls: type[ev.Event], **fields: object) -> None:
+        nonlocal seq
+        seq += 1
+        out.append(cls(**_common(seq), **fields))  # type: ignore[arg-type]
+
+    add(ev.RunStarted, agent="a", agent_version="1", input=draw(json_values), tools=["t"])
+    step = 0
+    for _ in range(draw(st.integers(0, 12))):
+        step += 1
+        key = f"r1:{step}"
+        add(ev.StepDecided, step=step, tool="t", args={"x": draw(json_values)}, key=key)
+        add(ev.ActionDispatched, step=step, key=key, deadline=5000)
+        kind = draw(st.sampled_from(["ok", "fail", "timeout", "interrupt", "cancel_call"]))
+        if kind == "ok":
+            add(ev.ActionSucceeded, step=step, key=key, result=draw(json_values))
+        elif kind == "fail":
+            add(ev.ActionFailed, step=step, key=key, error="boom", error_type="E")
+        elif kind == "cancel_call":
+            add(ev.CallCanceled, step=step, key=key, reason="op")
+        else:
+            cls = ev.ActionTimedOut if kind == "timeout" else ev.ActionInterrupted
+            add(cls, step=step, key=key)
+            res = draw(st.sampled_from(["applied", "not_applied"]))
+            add(ev.ActionReconciled, step=step, key=key, resolution=res, result=1)
+            if res == "not_applied":
+                add(ev.ActionDispatched, step=step, key=key, deadline=9000)
+                add(ev.ActionSucceeded, step=step, key=key, result=2)
+        if draw(st.booleans()) and draw(st.booleans()):
+            add(ev.Checkpoint, state=fold(out, window=4))
+        if draw(st.integers(0, 9)) == 0:
+            add(ev.WaitEntered, kind="input", until=10_000, request="q")
+            add(ev.WaitResolved, kind="input", request="q", response=draw(json_values))
+    end = draw(st.sampled_from(["none", "completed", "failed", "cancel", "quarantine"]))
+    if end == "completed":
+        add(ev.Completed, result=draw(json_values))
+    elif end == "failed":
+        add(ev.Failed, error="no")
+    elif end == "cancel":
+        add(ev.CancelRequested, reason="stop", scope="run", requested_ts=1)
+        add(ev.Canceled, reason="stop", latency_ms=3)
+    elif end == "quarantine":
+        add(ev.Quarantined, reason="why")
+        add(ev.Released, by="op")
+    return out
+
+
+@given(histories())
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+def test_fold_all_at_once_equals_incremental(history: list[ev.Event]) -> None:
+    whole = fold(history, window=4)
+    state = RunState()
+    for event in history:
+        apply(state, event, 4)
+        state = copy_state(state)  # as if a reader reloaded between events
+    assert state == whole
+    assert whole.version == len(history)
+
+
+@given(histories())
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+def test_fold_from_any_checkpoint_equals_whole_fold(history: list[ev.Event]) -> None:
+    whole = fold(history, window=4)
+    for i, event in enumerate(history):
+        if isinstance(event, ev.Checkpoint):
+            resumed = fold(history[i + 1:], start=from_checkpoint(event), window=4)
+            assert resumed == whole
+
+
+@given(histories())
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+def test_every_event_round_trips_through_the_codec(history: list[ev.Event]) -> None:
+    for event in history:
+        assert ev.decode(ev.encode(event)) == event
+
+
+def test_the_union_covers_every_event_type() -> None:
+    assert set(ev.EVENT_TYPES) >= {
+        "run_started", "step_decided", "action_dispatched", "action_succeeded",
+        "action_failed", "action_timed_out", "action_interrupted", "action_reconciled",
+        "cancel_requested", "canceled", "wait_entered", "wait_expired", "approval_requested",
+        "approval_decided", "lease_acquired", "lease_lost", "checkpoint", "completed",
+        "failed", "expired", "quarantined",
+    }
+
+
+@given(st.binary(max_size=64))
+def test_garbage_bytes_raise_decode_error_never_anything_else(data: bytes) -> None:
+    try:
+        ev.decode(data, "1-0")
+    except DecodeError as exc:
+        assert exc.entry_id == "1-0" and exc.reason
+    # (a random byte string that is a valid event is fine too)
+
+
+def test_future_schema_version_is_refused_with_the_reason() -> None:
+    raw = msgspec.msgpack.encode({"type": "completed", "v": ev.SCHEMA_VERSION + 1, "run": "r",
+                                  "seq": 3, "ts": 1, "new_field": [1, 2]})
+    with pytest.raises(DecodeError, match="newer schema version"):
+        ev.decode(raw, "5-0")
+
+
+def test_unknown_event_type_is_refused() -> None:
+    raw = msgspec.msgpack.encode({"type": "teleported", "v": 1, "run": "r", "seq": 1, "ts": 1})
+    with pytest.raises(DecodeError, match="undecodable"):
+        ev.decode(raw)

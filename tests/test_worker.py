@@ -1,0 +1,119 @@
+"""Workers as real processes: crash windows with real SIGKILLs, fencing, forged jobs.
+
+The external system is a real SQLite database that counts every application of every key
+and refuses work past its deadline; each crash test runs with and without its unique
+constraint (``dedupe``), so that in the second mode only the ledger and lookups stand
+between a retry and a duplicate row.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable import keys
+from durable.client import Client
+from durable.harness import Server, Worker, wait_for
+from durable.verify import verify
+from tests.agents import applications
+
+
+def _env(tmp_path: Path, dedupe: bool, **extra: str) -> dict[str, str]:
+    return {"TEST_DB": str(tmp_path / "world.sqlite"), "TEST_DB_DEDUPE": "1" if dedupe else "0",
+            **extra}
+
+
+@pytest.fixture(autouse=True)
+def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+
+
+@pytest.mark.parametrize("dedupe", [True, False], ids=["dedupe", "no-dedupe"])
+@pytest.mark.parametrize("window", ["after_intent", "after_effect", "after_outcome"])
+def test_crash_window_recovers_with_every_key_applied_once(
+    window: str, dedupe: bool, client: Client, server: Server, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Worker SIGKILLed at step 2: after_intent = intent and ledger claim recorded, nothing
+    sent; after_effect = the row is written, the outcome not recorded; after_outcome = the
+    outcome recorded (with the next intent). A fresh worker recovers once the lease expired."""
+    monkeypatch.setenv("TEST_DB_DEDUPE", "1" if dedupe else "0")
+    run = client.start("writer", {"steps": 3}, run_id=f"crash-{window}-{dedupe}").run_id
+    first = Worker(server.url, **_env(tmp_path, dedupe, DURABLE_FAULT_KILL_AT=f"{window}:2"))
+    assert first.wait(30) == -signal.SIGKILL
+    assert client.status(run).state == "pending"
+    assert wait_for(lambda: client.redis.get(keys.lease(run)) is None, 5)
+    second = Worker(server.url, **_env(tmp_path, dedupe))
+    try:
+        client.enqueue(run, force=True)
+        final = client.wait(run, timeout=30)
+    finally:
+        second.stop()
+    assert final.state == "completed", final
+    counts = applications(str(tmp_path / "world.sqlite"))
+    assert counts == {f"{run}:1": 1, f"{run}:2": 1, f"{run}:3": 1}
+    report = verify(client.log, run)
+    assert report.ok, report.checks
+
+
+def test_two_workers_racing_on_one_run_one_proceeds(client: Client, server: Server,
+                                                    tmp_path: Path) -> None:
+    run = client.start("writer", {"steps": 5}, run_id="race", enqueue=False).run_id
+    for _ in range(6):
+        client.enqueue(run, force=True)
+    ws = [Worker(server.url, **_env(tmp_path, False)) for _ in range(2)]
+    try:
+        final = client.wait(run, timeout=30)
+    finally:
+        for w in ws:
+            w.stop()
+    assert final.state == "completed"
+    assert set(applications(str(tmp_path / "world.sqlite")).values()) == {1}
+    assert verify(client.log, run).ok
+
+
+def test_a_paused_worker_resumed_after_its_lease_moved_on_writes_nothing(
+    client: Client, server: Server, tmp_path: Path, r: redis.Redis
+) -> None:
+    """SIGSTOP in the middle of a tool call (before the row is written); the lease expires,
+    a second worker recovers the run; SIGCONT: the first worker's late effect is refused
+    past its deadline and its late appends are rejected by the fencing check."""
+    run = client.start("writer", {"steps": 2}, run_id="paused").run_id
+    slow = Worker(server.url, **_env(tmp_path, False, TEST_SLOW_S="1.0"))
+    try:
+        assert wait_for(lambda: client.status(run).state == "pending"
+                        and client.status(run).actions.get(1) is not None
+                        and client.status(run).actions[1].status == "dispatched", 10)
+        os.kill(slow.pid, signal.SIGSTOP)
+        assert wait_for(lambda: r.get(keys.lease(run)) is None, 10)
+        fresh = Worker(server.url, **_env(tmp_path, False))
+        try:
+            client.enqueue(run, force=True)
+            final = client.wait(run, timeout=30)
+            assert final.state == "completed"
+            os.kill(slow.pid, signal.SIGCONT)
+            time.sleep(2.0)  # let the resumed worker try its late write and appends
+        finally:
+            fresh.stop()
+    finally:
+        os.kill(slow.pid, signal.SIGCONT)
+        slow.stop()
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:1": 1, f"{run}:2": 1}
+    assert client.status(run).state == "completed"
+    assert verify(client.log, run).ok
+
+
+def test_a_forged_job_naming_an_arbitrary_function_is_refused(client: Client, server: Server,
+                                                             tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    client.queue.enqueue_call(func="os.system", args=(f"touch {marker}",))
+    w = Worker(server.url, burst=True)
+    assert w.wait(30) == 0
+    assert not marker.exists()
+    assert client.stats().get("forged_jobs") == 1
+    assert client.queue.failed_job_registry.count == 1
