@@ -141,17 +141,18 @@ class Driver:
         except NondeterminismError as exc:
             self._quarantine(handle, str(exc))
             return False
+        # Outcomes observed but not yet in the log: they survive a reload after a conflict.
         pending: list[Spec] = []
-        steps = 0
+        steps = conflicts = 0
         while True:
             try:
-                done, pending, stepped = self._step(handle, agent, slot, pending, lease)
-            except ConflictError:
-                handle = self._reload(handle, lease, pending)
-                if handle is None:
-                    return False
-                continue
-            except CancelPending:
+                done, stepped = self._step(handle, agent, slot, pending, lease)
+                conflicts = 0
+            except (ConflictError, CancelPending):
+                conflicts += 1
+                if conflicts > 100:  # someone keeps writing: let go, come back later
+                    log.warning("run %s: too many conflicts; re-queued", run_id)
+                    return True
                 handle = self._reload(handle, lease, pending)
                 if handle is None:
                     return False
@@ -162,8 +163,8 @@ class Driver:
             if done:
                 return False
             if steps >= self.settings.steps_per_job:
-                if pending or handle.staged:
-                    self._commit(handle, lease, [])
+                if handle.staged:
+                    self._commit(handle, pending, [])
                 return self._needs_work(handle.state)
 
     def _reload(self, handle: RunHandle, lease: Lease, pending: list[Spec]) -> RunHandle | None:
@@ -174,8 +175,11 @@ class Driver:
             self.log.stage(fresh, pending)
         return fresh
 
-    def _commit(self, handle: RunHandle, lease: Lease, specs: list[Spec], **kw: Any) -> None:
+    def _commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
+                **kw: Any) -> None:
+        """Commit what is staged plus ``specs``; once in the log, nothing is pending."""
         self.log.commit(handle, specs, **kw)
+        pending.clear()
 
     @staticmethod
     def _needs_work(state: RunState) -> bool:
@@ -207,71 +211,72 @@ class Driver:
 
     def _step(
         self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease
-    ) -> tuple[bool, list[Spec], int]:
-        """One pass: returns (stop, specs staged but not committed, steps taken)."""
+    ) -> tuple[bool, int]:
+        """One pass: returns (stop, steps taken)."""
         state = handle.state
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise _Stop("lease lost")
         if not self._needs_work(state):
             if handle.staged:
-                self._commit(handle, lease, [])
-            return True, [], 0
+                self._commit(handle, pending, [])
+            return True, 0
         if state.cancel is not None and state.cancel.scope == "run":
-            self._finish_cancel(handle, lease)
-            return True, [], 0
+            self._finish_cancel(handle, pending)
+            return True, 0
         act = state.current
         if act is None:
-            return self._decide(handle, agent, slot, lease)
+            return self._decide(handle, agent, slot, pending, lease)
         if act.status in ("decided", "not_applied"):
             if state.cancel is not None:  # a call-scoped cancel: this call never starts
-                self._commit(handle, lease, [Spec(ev.CallCanceled, {
+                self._commit(handle, pending, [Spec(ev.CallCanceled, {
                     "step": act.step, "key": act.key, "reason": state.cancel.reason})])
-                return False, [], 0
+                return False, 0
             tool = self.registry.tool(act.tool)
             deadline = now_ms() + int(tool.timeout_s * 1000)
-            self._commit(handle, lease, [Spec(ev.ActionDispatched, {
+            self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
                 ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
-            return self._run_tool(handle, tool, act, slot)
+            return self._run_tool(handle, tool, act, slot, pending)
         # dispatched or unknown: the earlier attempt may have applied the effect.
         tool = self.registry.tool(act.tool)
         wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
         if wait_s > MAX_INLINE_WAIT_S:
             if handle.staged:
-                self._commit(handle, lease, [])
-            return True, [], 0
+                self._commit(handle, pending, [])
+            return True, 0
         if wait_s > 0 and slot.token.wait(wait_s):
-            return False, [], 0
+            return False, 0
         specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        pending[:] = specs
         self.log.stage(handle, specs)
         if handle.state.waiting:
-            self._commit(handle, lease, [], checkpoint=True)
-            return True, [], 0
-        return False, specs, 0
+            self._commit(handle, pending, [], checkpoint=True)
+            return True, 0
+        return False, 0
 
-    def _decide(self, handle: RunHandle, agent: Agent, slot: Slot,
-                lease: Lease) -> tuple[bool, list[Spec], int]:
+    def _decide(self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec],
+                lease: Lease) -> tuple[bool, int]:
         state = handle.state
         try:
             decision = agent.decide(state)
         except Exception as exc:  # an agent bug: keep the evidence, quarantine
-            self._commit(handle, lease, [])
+            self._commit(handle, pending, [])
             self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
-            return True, [], 0
+            return True, 0
         if isinstance(decision, Finish):
-            self._commit(handle, lease, [Spec(ev.Completed, {"result": _plain(decision.result)})])
+            self._commit(handle, pending, [Spec(ev.Completed, {"result": _plain(decision.result)})])
             fault_point("after_outcome", state.step)
-            return True, [], 0
+            return True, 0
         if isinstance(decision, Fail):
-            self._commit(handle, lease, [Spec(ev.Failed, {"error": decision.error})])
-            return True, [], 0
+            self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+            return True, 0
         if isinstance(decision, Wait):
             until = now_ms() + int(decision.timeout_s * 1000)
-            self._commit(handle, lease, [Spec(ev.WaitEntered, {
+            self._commit(handle, pending, [Spec(ev.WaitEntered, {
                 "kind": decision.kind, "reason": decision.reason, "until": until,
                 "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data})],
                 checkpoint=True)
-            return True, [], 0
+            return True, 0
         try:
             if decision.tool not in agent.tools:
                 raise UnknownTool(decision.tool)
@@ -281,20 +286,20 @@ class Driver:
                 raise ValueError(f"arguments of {decision.tool} exceed "
                                  f"{self.settings.max_payload_bytes} bytes")
         except (UnknownTool, ValueError, TypeError) as exc:
-            self._commit(handle, lease, [])
+            self._commit(handle, pending, [])
             self._quarantine(handle, f"step {state.step + 1}: {exc}")
-            return True, [], 0
+            return True, 0
         step = state.step + 1
         key = step_key(handle.run_id, step)
         decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": args,
                                         "key": key})
         if state.cancel is not None:  # call-scoped cancel pending: record, never send
-            self._commit(handle, lease, [decided, Spec(ev.CallCanceled, {
+            self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
-            return False, [], 1
+            return False, 1
         deadline = now_ms() + int(tool.timeout_s * 1000)
         try:
-            self._commit(handle, lease, [decided, Spec(ev.ActionDispatched, {
+            self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
                 "step": step, "key": key, "deadline": deadline})],
                 ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
         except Claimed as exc:
@@ -304,28 +309,29 @@ class Driver:
             if fresh is not None:
                 self._quarantine(fresh, f"key {exc.key} is claimed in the ledger ({exc.value}) "
                                  "but the log has no dispatch for it")
-            return True, [], 0
+            return True, 0
         act = handle.state.actions[step]
         fault_point("after_outcome", step - 1)
         fault_point("after_intent", step)
-        return self._run_tool(handle, tool, act, slot)
+        return self._run_tool(handle, tool, act, slot, pending)
 
-    def _run_tool(self, handle: RunHandle, tool: Tool, act: Action,
-                  slot: Slot) -> tuple[bool, list[Spec], int]:
+    def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
+                  pending: list[Spec]) -> tuple[bool, int]:
         spec = self.dispatch(handle.run_id, tool, act, slot)
         fault_point("after_effect", act.step)
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise _Stop("lease lost during the call")
         if slot.token.cancelled:
             slot.token = CancelToken()
+        pending[:] = spec
         self.log.stage(handle, spec)
         if handle.state.waiting or handle.state.state == "outcome_unknown" or (
             handle.state.cancel is not None
         ):
-            self._commit(handle, self._lease_of(handle), [])
+            self._commit(handle, pending, [])
             fault_point("after_outcome", act.step)
-            return False, [], 1
-        return False, spec, 1
+            return False, 1
+        return False, 1
 
     def _lease_of(self, handle: RunHandle) -> Lease:
         return Lease(handle.run_id, handle.lease)
@@ -370,7 +376,7 @@ class Driver:
                                               "request": act.key})]
             return [Spec(ev.ActionFailed, fields)]
 
-    def _finish_cancel(self, handle: RunHandle, lease: Lease) -> None:
+    def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         state = handle.state
         assert state.cancel is not None
         specs: list[Spec] = []
@@ -378,9 +384,15 @@ class Driver:
         if act is not None and act.status in ("decided", "not_applied"):
             specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
                                                 "reason": state.cancel.reason}))
+        elif act is not None and act.status == "dispatched":
+            # Dispatched by a worker that is gone: nobody knows what happened. Say so; the
+            # reconciler asks lookup once the deadline has passed.
+            specs.append(Spec(ev.ActionInterrupted, {
+                "step": act.step, "key": act.key,
+                "reason": "canceled; the worker that dispatched it was lost"}))
         latency = max(0, now_ms() - state.cancel.requested_ts)
         specs.append(Spec(ev.Canceled, {"reason": state.cancel.reason, "latency_ms": latency}))
-        self._commit(handle, lease, specs)
+        self._commit(handle, pending, specs)
         self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, latency)
 
 

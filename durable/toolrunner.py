@@ -34,6 +34,7 @@ class _Job:
         self.wake = threading.Event()
         self.result: CallResult | None = None
         self.thread_id = 0
+        self.abandoned = False
 
 
 class ToolRunner:
@@ -58,8 +59,9 @@ class ToolRunner:
                 job.result = CallResult("raised", error=exc)
             job.done.set()
             job.wake.set()
-            if job.result.outcome == "raised" and isinstance(job.result.error, Cancelled):
-                # A forced interrupt may land late; this thread is no longer trusted.
+            if job.abandoned:
+                # The caller gave up on this thread (and a forced interrupt may still land
+                # in it): a fresh thread serves the next call.
                 return
 
     def call(self, fn: Callable[[], Any], timeout: float, token: CancelToken,
@@ -83,7 +85,8 @@ class ToolRunner:
             token.remove_listener(job.wake.set)
 
     def _abandon(self, job: _Job) -> None:
-        if job.thread_id:
+        job.abandoned = True
+        if job.thread_id and not job.done.is_set():
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(job.thread_id), ctypes.py_object(Cancelled)
             )

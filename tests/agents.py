@@ -131,3 +131,20 @@ def applications(db_path: str) -> dict[str, int]:
     finally:
         conn.close()
     return {k: n for k, n in rows}
+
+
+@register
+class Asker(Agent):
+    """Asks for input first (a wait), then echoes it."""
+
+    name = "asker"
+    input_model = EchoInput
+    tools = ("noop",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Wait
+
+        if state.last_wait is None:
+            return Wait("input", reason="what should I say?", timeout_s=float(
+                os.environ.get("ASKER_TIMEOUT_S", "3600")))
+        return Finish(state.input["text"])

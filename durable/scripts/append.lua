@@ -15,7 +15,7 @@
 -- ARGV[3]  new state            ARGV[4]  new step          ARGV[5]  now (ms)
 -- ARGV[6]  due: "" leave as is, "-" remove, else a time in ms
 -- ARGV[7]  position (1-based) of a checkpoint event in the batch, 0 if none
--- ARGV[8]  flags: "d" the batch dispatches an effect (refused once a cancel is pending),
+-- ARGV[8]  flags: "d" the batch dispatches an effect (refused while a cancel is pending),
 --                 "t" the batch may follow a terminal event (late reconciliation only)
 -- ARGV[9]  n: events always appended
 -- ARGV[10] m: events appended after them only when no lease is held
@@ -46,7 +46,9 @@ local flags = ARGV[8]
 if proj[2] and TERMINAL[proj[2]] and not string.find(flags, 't', 1, true) then
   return {'terminal', proj[2]}
 end
-if string.find(flags, 'd', 1, true) and proj[3] == '1' then
+-- Defense in depth: a batch that dispatches while a cancel is still pending after it
+-- (the writer did not consume the cancel) is refused.
+if string.find(flags, 'd', 1, true) and proj[3] == '1' and ARGV[12] == '1' then
   return {'canceled'}
 end
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Runs the demo on an embedded Redis: installs the project into .venv, then `durable demo`.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+exec .venv/bin/durable demo "$@"
