@@ -175,13 +175,46 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:
                   if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
         specs.append(Spec(type(event), fields))
     handle = RunHandle(new_run_id, RunState(), actor="fork")
-    converted = [Spec(s.cls, _convert(s.cls, s.fields)) for s in specs]
-    elog.commit(handle, converted, extra={"agent": first.agent, "parent": run_id},
+    elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},
                 checkpoint=True)
     return handle
 
 
-def _convert(cls: type[ev.Event], fields: dict[str, Any]) -> dict[str, Any]:
-    if cls is ev.Checkpoint:
-        return fields
-    return fields
+def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
+    """Re-decide every recorded step from the state before it; raise on a difference.
+
+    Returns the number of intents re-observed. This is what a worker does for the open
+    intent when it re-drives a run, applied to the whole log (audits, fixtures, upgrades).
+    """
+    from durable.driver import _canon
+    from durable.errors import NondeterminismError
+
+    state = RunState()
+    checked = 0
+    for entry in elog.read(run_id):
+        event = _decoded(entry)
+        if isinstance(event, ev.StepDecided):
+            decision = agent.decide(state)
+            recorded = f"call {event.tool}({_canon(event.args)})"
+            now = (f"call {decision.tool}({_canon(decision.args)})"
+                   if hasattr(decision, "tool") else type(decision).__name__)
+            if now != recorded:
+                raise NondeterminismError(run_id, event.step, recorded, now)
+            checked += 1
+        apply(state, event, elog.window)
+    return checked
+
+
+def import_log(elog: EventLog, run_id: str, events: list[dict[str, Any]]) -> None:
+    """Write recorded events (plain data, e.g. a fixture) as a new run's log."""
+    handle = RunHandle(run_id, RunState(), actor="import")
+    specs = []
+    for data in events:
+        if data.get("type") == "checkpoint":
+            continue  # derived: the commit writes its own
+        event = ev.from_builtins({**data, "run": run_id})
+        fields = {k: v for k, v in ev.to_builtins(event).items()
+                  if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
+        specs.append(Spec(type(event), fields))
+    first = specs[0].fields
+    elog.commit(handle, specs, extra={"agent": str(first.get("agent", ""))})

@@ -82,7 +82,7 @@ class FaultPlan:
         add: list[Fault] = []
         for kind in ("fail", "drop", "slow"):
             n = int(_number(data, f"{kind}_next", 0, 0, 1_000_000))
-            add += [Fault(kind, slow_s, phase)] * n  # type: ignore[arg-type]
+            add += [Fault(kind, slow_s, phase)] * n
         rand: RandomFaults | None = None
         if isinstance(data.get("random"), dict):
             r = data["random"]

@@ -14,6 +14,12 @@ earlier application's result replayed, header ``Idempotent-Replayed: true``); ``
 missing or bad headers; ``404`` unknown source; ``408`` refused, past the deadline (not
 applied); ``409`` refused, the key was aborted (not applied); ``503`` failed (not applied).
 A dropped connection tells nothing: ask ``GET /notify/{key}``.
+
+``POST /notify/{key}/abort`` with the abandoned attempt's ``X-Deadline-Ms`` makes the API
+refuse every request for the key with that deadline or an earlier one, unless the key was
+applied already (the reply says which). A caller that was canceled mid-request uses it to
+turn "I do not know" into "it will never happen"; a later attempt has a later deadline and
+is not refused.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ GET    /health, /info              liveness; the database path and the mode
 GET    /source/{name}              the data source: a read (faultable)
 POST   /notify                     the notification API: an effect (faultable)
 GET    /notify/{key}               lookup: applied or not, with the stored result
-POST   /notify/{key}/abort         refuse the key from now on, unless already applied
+POST   /notify/{key}/abort         refuse an attempt (by deadline) unless applied
 GET    /applications[?prefix=P]    applications per key (api and db), reads per key
 GET    /applications/rows          every application with its times
 GET    /requests?key=K             every request for a key and what became of it
@@ -229,7 +229,10 @@ class Handler(BaseHTTPRequestHandler):
         self._reply(200, self.world.api.lookup(key))
 
     def abort(self, key: str, query: dict[str, str]) -> None:
-        self._reply(200, self.world.api.abort(key))
+        raw = self.headers.get(DEADLINE_HEADER, "")
+        if not raw.isdigit():
+            raise BadRequest(f"{DEADLINE_HEADER} (the abandoned attempt's deadline) is required")
+        self._reply(200, self.world.api.abort(key, int(raw)))
 
     def applications(self, query: dict[str, str]) -> None:
         prefix = query.get("prefix")

@@ -36,7 +36,9 @@ CREATE TABLE IF NOT EXISTS requests (
     fault TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS requests_key ON requests(key);
-CREATE TABLE IF NOT EXISTS aborted (key TEXT PRIMARY KEY, aborted_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS aborted (
+    key TEXT PRIMARY KEY, deadline_ms INTEGER NOT NULL, aborted_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
@@ -107,7 +109,8 @@ class ApiStore:
         ``refused_deadline``, ``refused_aborted``.
         """
         with self.lock:
-            if self.conn.execute("SELECT 1 FROM aborted WHERE key = ?", (key,)).fetchone():
+            if self.conn.execute("SELECT 1 FROM aborted WHERE key = ? AND deadline_ms >= ?",
+                                 (key, deadline)).fetchone():
                 return "refused_aborted", None
             now = now_ms()
             if now > deadline:
@@ -137,16 +140,20 @@ class ApiStore:
         return {"key": key, "applied": bool(rows), "count": len(rows), "aborted": aborted,
                 "result": json.loads(rows[0][0]) if rows else None}
 
-    def abort(self, key: str) -> dict[str, Any]:
-        """From now on refuse ``key``, unless it was applied already (then say so)."""
+    def abort(self, key: str, deadline: int) -> dict[str, Any]:
+        """Refuse from now on every request for ``key`` whose deadline is ``deadline`` or
+        earlier (the attempt being abandoned, and any older one), unless the key was applied
+        already: then say so. A later attempt (a later deadline) is not refused."""
         with self.lock:
             row = self.conn.execute("SELECT result FROM applications WHERE key = ? "
                                     "ORDER BY seq LIMIT 1", (key,)).fetchone()
             if row:
                 return {"key": key, "applied": True, "aborted": False,
                         "result": json.loads(row[0])}
-            self.conn.execute("INSERT OR IGNORE INTO aborted(key, aborted_ms) VALUES (?, ?)",
-                              (key, now_ms()))
+            self.conn.execute(
+                "INSERT INTO aborted(key, deadline_ms, aborted_ms) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET deadline_ms = max(deadline_ms, excluded."
+                "deadline_ms), aborted_ms = excluded.aborted_ms", (key, deadline, now_ms()))
         return {"key": key, "applied": False, "aborted": True, "result": None}
 
     def counts(self, prefix: str | None) -> tuple[dict[str, int], dict[str, int]]:

@@ -1,0 +1,160 @@
+"""The reconciler brings runs back from the log alone: crashed workers, unknown outcomes,
+expired waits, retry timers and stuck runs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable import events as ev
+from durable import keys
+from durable.agents import registry
+from durable.client import Client
+from durable.eventlog import RunHandle, Spec, now_ms
+from durable.harness import Server, Worker, env_for, wait_for
+from durable.reconcile import Reconciler
+from durable.state import RunState
+from durable.verify import verify
+from tests.agents import applications
+
+
+@pytest.fixture(autouse=True)
+def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+
+
+def _reconciler_process(url: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "durable", "reconciler", "--interval", "0.1"],
+                            env=env_for(url), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
+    client: Client, server: Server, tmp_path: Path
+) -> None:
+    """Worker SIGKILLed after the effect of step 2, before its outcome is recorded; a second
+    worker is idle, and only the reconciler notices the expired lease and re-enqueues."""
+    run = client.start("writer", {"steps": 3}, run_id="rec1").run_id
+    doomed = Worker(server.url, DURABLE_FAULT_KILL_AT="after_effect:2")
+    assert doomed.wait(30) == -signal.SIGKILL
+    spare = Worker(server.url)
+    rec = _reconciler_process(server.url)
+    try:
+        final = client.wait(run, timeout=40)
+    finally:
+        rec.terminate()
+        rec.wait(5)
+        spare.stop()
+    assert final.state == "completed"
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{i}": 1 for i in (1, 2, 3)}
+    assert client.stats().get("requeued", 0) >= 1
+    assert verify(client.log, run).ok
+
+
+def _unknown_run(client: Client, run: str, *, deadline: int) -> None:
+    """A run whose step 1 was dispatched by a worker that vanished (nothing recorded)."""
+    client.start("writer", {"steps": 1}, run_id=run, enqueue=False)
+    handle = client.log.load(run, actor="w-gone")
+    client.log.commit(handle, [
+        Spec(ev.StepDecided, {"step": 1, "tool": "sqlwrite", "args": {"n": 1}, "key": f"{run}:1"}),
+        Spec(ev.ActionDispatched, {"step": 1, "key": f"{run}:1", "deadline": deadline}),
+    ], ledger=[("c", f"{run}:1", f"claimed|{deadline}")])
+
+
+def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path: Path) -> None:
+    from tests.agents import _db
+
+    _unknown_run(client, "u1", deadline=now_ms() - 1000)
+    conn = _db()
+    conn.execute("INSERT INTO effects VALUES (?, 0)", ("u1:1",))  # it did happen
+    conn.close()
+    rec = Reconciler(client.settings, client.redis, registry)
+    rec.reconcile("u1")
+    state = client.status("u1")
+    assert state.actions[1].status == "succeeded" and state.actions[1].resolution == "applied"
+    assert client.stats()["duplicates_suppressed"] == 1
+    types = [e.event.__struct_config__.tag for e in client.events("u1") if e.event]
+    assert "action_reconciled" in types and types[-1] == "checkpoint"
+
+
+def test_unknown_outcome_not_applied_is_dispatched_again_with_the_same_key(
+    client: Client, server: Server, tmp_path: Path
+) -> None:
+    _unknown_run(client, "u2", deadline=now_ms() - 1000)
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.reconcile("u2") == "requeued"
+    assert client.status("u2").actions[1].status == "not_applied"
+    w = Worker(server.url)
+    try:
+        assert client.wait("u2", timeout=20).state == "completed"
+    finally:
+        w.stop()
+    assert applications(str(tmp_path / "world.sqlite")) == {"u2:1": 1}
+    assert verify(client.log, "u2").ok
+
+
+def test_lookup_is_not_trusted_before_the_deadline(client: Client) -> None:
+    """A slow first attempt could still land: before its deadline nothing is resolved."""
+    _unknown_run(client, "u3", deadline=now_ms() + 60_000)
+    handle = client.log.load("u3")
+    client.log.commit(handle, [Spec(ev.ActionTimedOut, {"step": 1, "key": "u3:1"})])
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.reconcile("u3") == "awaiting deadline"
+    assert client.status("u3").actions[1].status == "unknown"
+
+
+def test_a_wait_past_its_deadline_expires(client: Client, r: redis.Redis) -> None:
+    client.start("asker", {"text": "x"}, run_id="w1", enqueue=False)
+    handle = client.log.load("w1")
+    client.log.commit(handle, [Spec(ev.WaitEntered, {"kind": "input", "until": now_ms() - 1,
+                                                     "request": "q"})])
+    assert r.zscore(keys.DUE, "w1") is not None
+    report = Reconciler(client.settings, client.redis, registry).tick()
+    assert report.actions["w1"] == "expired"
+    assert client.status("w1").state == "expired"
+    assert r.zscore(keys.DUE, "w1") is None
+
+
+def test_a_retry_timer_wakes_the_run(client: Client, r: redis.Redis) -> None:
+    client.start("writer", {"steps": 1}, run_id="t1", enqueue=False)
+    handle = client.log.load("t1")
+    client.log.commit(handle, [Spec(ev.WaitEntered, {"kind": "retry", "until": now_ms() - 1,
+                                                     "request": "t1:1"})])
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.tick().actions["t1"] == "requeued"
+    assert client.status("t1").state == "pending"
+    assert client.stats()["retry_timers_woken"] == 1
+
+
+def test_a_stuck_run_is_found_and_counted(client: Client, r: redis.Redis) -> None:
+    """Started, but its advance command was lost (nothing queued, no lease)."""
+    client.start("writer", {"steps": 1}, run_id="s1", enqueue=False)
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.tick(now=now_ms() + 60_000).actions["s1"] == "requeued"
+    assert client.stats()["stuck_runs"] == 1
+    assert client.queue.count == 1
+    # Several reconcilers at once: a due run is handed to one of them only.
+    other = Reconciler(client.settings, client.redis, registry)
+    assert other.tick(now=now_ms() + 60_000).examined == 0
+
+
+def test_reconcile_command_for_one_run(client: Client, server: Server) -> None:
+    client.start("writer", {"steps": 1}, run_id="one", enqueue=False)
+    out = subprocess.run([sys.executable, "-m", "durable", "reconcile", "one", "--json"],
+                         env=env_for(server.url), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"done":"requeued"' in out.stdout
+
+
+def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
+    handle = RunHandle("done1", RunState(), actor="t")
+    client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "writer", "input": {"steps": 0}}),
+                               Spec(ev.Completed, {"result": None})])
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.reconcile("done1") == "terminal"
