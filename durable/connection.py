@@ -81,4 +81,4 @@ def config_problems(cfg: dict[str, str]) -> list[str]:
         def config_get(self, name: str) -> dict[str, str]:
             return {name: cfg[name]} if name in cfg else {}
 
-    return safety_problems(_Fake())  # type: ignore[arg-type]
+    return safety_problems(_Fake())

@@ -39,7 +39,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_f
     attempt: int = 0
 
 
-class RunStarted(Event, tag="run_started", kw_only=True):
+class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     agent: str
     agent_version: str = ""
     input: Any = None
@@ -48,7 +48,7 @@ class RunStarted(Event, tag="run_started", kw_only=True):
     forked_at: str | None = None
 
 
-class StepDecided(Event, tag="step_decided", kw_only=True):
+class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     """Intent: the step the agent decided to take, with its idempotency key."""
 
     step: int
@@ -57,7 +57,7 @@ class StepDecided(Event, tag="step_decided", kw_only=True):
     key: str
 
 
-class ActionDispatched(Event, tag="action_dispatched", kw_only=True):
+class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
     """The key was claimed in the ledger; the effect is sent with this deadline (ms)."""
 
     step: int
@@ -65,13 +65,13 @@ class ActionDispatched(Event, tag="action_dispatched", kw_only=True):
     deadline: int
 
 
-class ActionSucceeded(Event, tag="action_succeeded", kw_only=True):
+class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
     step: int
     key: str
     result: Any = None
 
 
-class ActionFailed(Event, tag="action_failed", kw_only=True):
+class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
     step: int
     key: str
     error: str
@@ -79,14 +79,14 @@ class ActionFailed(Event, tag="action_failed", kw_only=True):
     retryable: bool = False
 
 
-class ActionTimedOut(Event, tag="action_timed_out", kw_only=True):
+class ActionTimedOut(Event, tag="action_timed_out", kw_only=True, frozen=True):
     """The deadline passed with no reply: outcome unknown, never a failure."""
 
     step: int
     key: str
 
 
-class ActionInterrupted(Event, tag="action_interrupted", kw_only=True):
+class ActionInterrupted(Event, tag="action_interrupted", kw_only=True, frozen=True):
     """Stopped mid-flight (cancel or lost worker): outcome unknown."""
 
     step: int
@@ -94,7 +94,7 @@ class ActionInterrupted(Event, tag="action_interrupted", kw_only=True):
     reason: str = ""
 
 
-class ActionReconciled(Event, tag="action_reconciled", kw_only=True):
+class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True):
     """An unknown outcome resolved with the tool's ``lookup``.
 
     ``resolution``: ``applied`` (counts as succeeded), ``not_applied`` (the step may be
@@ -107,7 +107,7 @@ class ActionReconciled(Event, tag="action_reconciled", kw_only=True):
     result: Any = None
 
 
-class CallCanceled(Event, tag="call_canceled", kw_only=True):
+class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):
     """The step's call was stopped before or without applying its effect."""
 
     step: int
@@ -115,19 +115,19 @@ class CallCanceled(Event, tag="call_canceled", kw_only=True):
     reason: str = ""
 
 
-class CancelRequested(Event, tag="cancel_requested", kw_only=True):
+class CancelRequested(Event, tag="cancel_requested", kw_only=True, frozen=True):
     reason: str = ""
     scope: str = "run"
     requested_ts: int = 0
     by: str = ""
 
 
-class Canceled(Event, tag="canceled", kw_only=True):
+class Canceled(Event, tag="canceled", kw_only=True, frozen=True):
     reason: str = ""
     latency_ms: int = 0
 
 
-class WaitEntered(Event, tag="wait_entered", kw_only=True):
+class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):
     kind: str
     reason: str = ""
     until: int = 0
@@ -135,20 +135,20 @@ class WaitEntered(Event, tag="wait_entered", kw_only=True):
     data: Any = None
 
 
-class WaitResolved(Event, tag="wait_resolved", kw_only=True):
+class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
     kind: str
     request: str = ""
     response: Any = None
     by: str = ""
 
 
-class WaitExpired(Event, tag="wait_expired", kw_only=True):
+class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
     kind: str
     request: str = ""
     outcome: str = "expired"
 
 
-class ApprovalRequested(Event, tag="approval_requested", kw_only=True):
+class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=True):
     request: str
     step: int
     digest: str
@@ -158,47 +158,47 @@ class ApprovalRequested(Event, tag="approval_requested", kw_only=True):
     expires: int = 0
 
 
-class ApprovalDecided(Event, tag="approval_decided", kw_only=True):
+class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
     request: str
     decision: str
     approver: str = ""
     note: str = ""
 
 
-class LeaseAcquired(Event, tag="lease_acquired", kw_only=True):
+class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):
     owner: str
     epoch: int
 
 
-class LeaseLost(Event, tag="lease_lost", kw_only=True):
+class LeaseLost(Event, tag="lease_lost", kw_only=True, frozen=True):
     owner: str
     epoch: int
 
 
-class Checkpoint(Event, tag="checkpoint", kw_only=True):
+class Checkpoint(Event, tag="checkpoint", kw_only=True, frozen=True):
     """A typed snapshot of the fold of every event before this one."""
 
     state: RunState
     state_v: int = 1
 
 
-class Completed(Event, tag="completed", kw_only=True):
+class Completed(Event, tag="completed", kw_only=True, frozen=True):
     result: Any = None
 
 
-class Failed(Event, tag="failed", kw_only=True):
+class Failed(Event, tag="failed", kw_only=True, frozen=True):
     error: str
 
 
-class Expired(Event, tag="expired", kw_only=True):
+class Expired(Event, tag="expired", kw_only=True, frozen=True):
     reason: str = ""
 
 
-class Quarantined(Event, tag="quarantined", kw_only=True):
+class Quarantined(Event, tag="quarantined", kw_only=True, frozen=True):
     reason: str
 
 
-class Released(Event, tag="released", kw_only=True):
+class Released(Event, tag="released", kw_only=True, frozen=True):
     by: str = ""
 
 
@@ -230,14 +230,14 @@ AnyEvent = (
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
-    for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+    cls.__struct_config__.tag: cls
+    for cls in AnyEvent.__args__
 }
 
 TERMINAL_EVENTS = (Completed, Failed, Canceled, Expired)
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(AnyEvent)  # type: ignore[arg-type]
+_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(AnyEvent)
 _raw_decoder = msgspec.msgpack.Decoder()
 
 
@@ -274,7 +274,7 @@ def to_builtins(event: Event) -> dict[str, Any]:
 def from_builtins(data: dict[str, Any], entry_id: str = "?") -> Event:
     """Build an event from plain data (used by upcasters and fixtures)."""
     try:
-        event: Event = msgspec.convert(data, AnyEvent)  # type: ignore[arg-type]
+        event: Event = msgspec.convert(data, AnyEvent)
     except msgspec.ValidationError as exc:
         raise DecodeError(entry_id, f"invalid entry: {exc}") from None
     return event

@@ -102,8 +102,8 @@ class Worker:
 
 
 @contextlib.contextmanager
-def workers(url: str, n: int = 1, **env: str) -> Iterator[list[Worker]]:
-    ws = [Worker(url, **env) for _ in range(n)]
+def workers(url: str, n: int = 1, env: dict[str, str] | None = None) -> Iterator[list[Worker]]:
+    ws = [Worker(url, **(env or {})) for _ in range(n)]
     try:
         yield ws
     finally:

@@ -25,7 +25,8 @@ import redis
 
 from durable import events as ev
 from durable import keys
-from durable.agents import Registry, UnknownTool
+from durable.agents import Registry
+from durable.errors import UnknownTool
 from durable.cancellation import BadMessage, decode_message
 from durable.commands import enqueue_advance, make_queue
 from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound
@@ -144,9 +145,9 @@ class Reconciler:
             return "quarantined"
         if state.cancel is not None and state.cancel.scope == "run":
             specs = []
-            act = state.current
-            if act is not None:
-                specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
+            current = state.current
+            if current is not None:
+                specs.append(Spec(ev.CallCanceled, {"step": current.step, "key": current.key,
                                                     "reason": state.cancel.reason}))
             latency = max(0, now_ms() - state.cancel.requested_ts)
             specs.append(Spec(ev.Canceled, {"reason": state.cancel.reason,

@@ -126,7 +126,7 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def trajectory(entries: list[Entry]) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for entry in entries:
         e = entry.event
         if e is None:
@@ -140,7 +140,7 @@ def trajectory(entries: list[Entry]) -> list[dict[str, Any]]:
 def summary(state: RunState) -> dict[str, Any]:
     """Intended, happened, stopped: the three answers, from a folded state."""
     act = state.last
-    return {
+    out: dict[str, Any] = {
         "state": state.state,
         "version": state.version,
         "steps": state.step,
@@ -149,6 +149,7 @@ def summary(state: RunState) -> dict[str, Any]:
                                         else "")) if act else None,
         "stopped": state.reason or state.error or (state.wait.reason if state.wait else None),
     }
+    return out
 
 
 def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:

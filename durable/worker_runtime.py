@@ -102,7 +102,7 @@ class CancelListener(threading.Thread):
             slot.token.cancel(handle.state.cancel.reason or "canceled")
 
 
-class DurableWorker(SimpleWorker):
+class DurableWorker(SimpleWorker):  # type: ignore[misc]
     """Refuses any job that names a function other than a durable command handler."""
 
     def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:

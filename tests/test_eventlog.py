@@ -124,3 +124,27 @@ def test_acknowledged_events_survive_a_kill_9_of_the_server(tmp_path: object) ->
             srv2.kill()
     finally:
         srv.kill()
+
+
+def test_connecting_to_a_server_that_could_lose_events_warns_clearly() -> None:
+    from durable.connection import connect
+    from durable.errors import UnsafeRedis
+    from durable.settings import Settings
+
+    with Server(fsync="everysec") as srv:
+        conn = srv.client()
+        with warnings_as_list() as caught:
+            connect(Settings(redis_url=srv.url))
+        assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
+        conn.config_set("appendonly", "no")
+        conn.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.warns(UnsafeRedis) as record:
+            connect(Settings(redis_url=srv.url))
+        messages = " | ".join(str(w.message) for w in record)
+        assert "appendonly is off" in messages and "allkeys-lru" in messages
+
+
+def warnings_as_list() -> object:
+    import warnings
+
+    return warnings.catch_warnings(record=True)

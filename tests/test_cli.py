@@ -1,0 +1,120 @@
+"""The ``durable`` command line: every subcommand, tables and --json, and the error paths
+(exit 0 ok, 1 check failed or not found, 2 usage error)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+
+from durable import keys
+from durable.cli import main
+from durable.client import Client
+from durable.harness import Server, Worker, env_for
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_start_prints_the_run_id_alone(server: Server, client: Client) -> None:
+    out = subprocess.run([sys.executable, "-m", "durable", "start", "count", "--input",
+                          '{"steps": 1}', "--run-id", "cli-1"], env=env_for(server.url),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "cli-1\n"
+
+
+def test_status_runs_log_replay_verify_export_on_a_finished_run(
+    capsys: pytest.CaptureFixture[str], client: Client, server: Server
+) -> None:
+    assert _run(capsys, "start", "count", "--input", '{"steps": 2}', "--run-id", "cli-2")[0] == 0
+    w = Worker(server.url)
+    try:
+        client.wait("cli-2", 20)
+    finally:
+        w.stop()
+    code, out, _ = _run(capsys, "status", "cli-2", "--json")
+    assert code == 0 and json.loads(out)["state"] == "completed"
+    code, out, _ = _run(capsys, "status", "cli-2")
+    assert code == 0 and "completed" in out
+    code, out, _ = _run(capsys, "runs", "--state", "completed", "--json")
+    assert [json.loads(line)["run_id"] for line in out.splitlines()] == ["cli-2"]
+    assert "cli-2" in _run(capsys, "runs")[1]
+    code, out, _ = _run(capsys, "log", "cli-2", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and lines[0]["type"] == "run_started" and all("id" in x for x in lines)
+    middle = lines[3]["id"]
+    code, out, _ = _run(capsys, "log", "cli-2", "--from", middle, "--to", middle, "--json")
+    assert [json.loads(x)["id"] for x in out.splitlines()] == [middle]
+    assert "step_decided" in _run(capsys, "log", "cli-2")[1]
+    code, out, _ = _run(capsys, "replay", "cli-2", "--from", middle, "--json")
+    body = json.loads(out)
+    assert code == 0 and body["summary"]["state"] == "completed"
+    assert body["trajectory"][0]["id"] == middle
+    assert "trajectory" in _run(capsys, "replay", "cli-2", "--to", middle)[1]
+    code, out, _ = _run(capsys, "verify", "cli-2", "--json")
+    assert code == 0 and json.loads(out)["ok"] is True
+    assert _run(capsys, "verify", "cli-2")[0] == 0
+    code, out, _ = _run(capsys, "export", "cli-2")
+    kinds = [json.loads(x)["kind"] for x in out.splitlines()]
+    assert code == 0 and kinds.count("effect") == 2 and kinds[-1] == "summary"
+
+
+def test_verify_fails_with_exit_1_when_the_projection_lies(
+    capsys: pytest.CaptureFixture[str], client: Client, r: redis.Redis
+) -> None:
+    client.start("count", {"steps": 1}, run_id="liar", enqueue=False)
+    r.hset(keys.run("liar"), "state", "completed")
+    code, out, _ = _run(capsys, "verify", "liar", "--json")
+    assert code == 1 and json.loads(out)["checks"]["projection"] != "ok"
+
+
+def test_cancel_and_reconcile_and_fork(capsys: pytest.CaptureFixture[str],
+                                       client: Client) -> None:
+    client.start("count", {"steps": 1}, run_id="cli-c", enqueue=False)
+    code, out, _ = _run(capsys, "cancel", "cli-c", "--reason", "test", "--json")
+    assert code == 0 and json.loads(out)["state"] == "canceled"
+    assert "canceled" in _run(capsys, "cancel", "cli-c")[1]
+    assert _run(capsys, "reconcile", "cli-c")[0] == 0
+    first = client.events("cli-c")[0].id
+    code, out, _ = _run(capsys, "fork", "cli-c", "--at", first, "--new-run-id", "cli-f")
+    assert code == 0 and out.strip() == "cli-f"
+    assert client.status("cli-f").parent == "cli-c"
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "nope"], ["log", "nope"], ["verify", "nope"], ["replay", "nope"],
+    ["cancel", "nope"], ["export", "nope"], ["reconcile", "nope"],
+])
+def test_an_unknown_run_exits_1(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                client: Client) -> None:
+    code, _, err = _run(capsys, *argv)
+    assert code == 1 and "nope" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["start", "no-such-agent"], "unknown agent 'no-such-agent'"),
+    (["start", "count", "--input", "{not json"], "not valid JSON"),
+    (["start", "count", "--input", '{"steps": -1}'], "invalid input for agent 'count'"),
+    (["start", "count", "--run-id", "bad id!"], "invalid run id"),
+    (["cancel", "x", "--scope", "everything"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_usage_errors_exit_2_with_one_line(argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str],
+                                           client: Client) -> None:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert out == ""
+    assert not client.redis.keys("dx:{*}:log")
