@@ -57,6 +57,18 @@ Decision = Call | Finish | Fail | Wait
 
 
 @dataclass(frozen=True)
+class Stale:
+    """Returned by ``Agent.revalidate`` when a fact no longer holds after a wait.
+
+    ``then``: ``refresh`` (the agent is told through ``state.refresh`` and re-gathers),
+    ``reapprove`` (the open action must be approved again) or ``expire``.
+    """
+
+    reason: str
+    then: Literal["refresh", "reapprove", "expire"] = "refresh"
+
+
+@dataclass(frozen=True)
 class Lookup:
     """What the authoritative system says about a key."""
 
@@ -112,6 +124,19 @@ class Tool:
     max_attempts: ClassVar[int] = 6
     #: True when ``lookup`` returning ``not_applied`` is proof (after the deadline).
     lookup_authoritative: ClassVar[bool] = True
+    #: Calls wait for a human decision before they are dispatched.
+    requires_approval: ClassVar[bool] = False
+    approver_role: ClassVar[str] = "approver"
+    approval_ttl_s: ClassVar[float] = 86400.0
+
+    def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Facts, read now, that the approver's decision depends on (digested with the
+        arguments, and read again before the approved call runs)."""
+        return {}
+
+    def evidence(self, args: dict[str, Any]) -> list[str]:
+        """References an approver should look at (URLs, record ids)."""
+        return []
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         raise NotImplementedError
@@ -125,11 +150,22 @@ class Agent:
     version: ClassVar[str] = "1"
     input_model: ClassVar[type[BaseModel]]
     tools: ClassVar[tuple[str, ...]] = ()
-    #: What happens to a run started under another version: continue or quarantine.
-    on_version_change: ClassVar[Literal["continue", "quarantine"]] = "continue"
+    #: What happens to a run started under another version of this agent: ``continue``,
+    #: ``reapprove`` (an approver with ``upgrade_role`` must accept it) or ``quarantine``.
+    on_version_change: ClassVar[Literal["continue", "reapprove", "quarantine"]] = "continue"
+    #: Versions whose runs continue under this one without asking.
+    compatible_versions: ClassVar[tuple[str, ...]] = ()
+    upgrade_role: ClassVar[str] = "operator"
+    #: What an expired wait means: ``expired`` (the run ends) or ``continue`` (decide again,
+    #: with ``state.last_wait.outcome == "expired"``).
+    on_wait_expired: ClassVar[Literal["expired", "continue"]] = "expired"
 
     def decide(self, state: RunState) -> Decision:
         raise NotImplementedError
+
+    def revalidate(self, state: RunState) -> Stale | None:
+        """What must still hold when the run resumes after a wait; None when all does."""
+        return None
 
 
 class Registry:

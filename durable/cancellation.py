@@ -31,7 +31,7 @@ from typing import Any
 from durable.keys import RUN_ID_RE
 
 
-class Cancelled(BaseException):  # noqa: N818 - a signal, not an error
+class Cancelled(BaseException):
     """Raised inside a tool that checks its token after a cancel.
 
     A ``BaseException``, like ``KeyboardInterrupt``: a tool's ``except Exception`` does

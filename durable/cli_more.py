@@ -81,7 +81,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     client = _client()
     client.projection(args.run)
-    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
+    out = open(args.output, "w") if args.output else sys.stdout
     try:
         for line in export_lines(client.log, args.run):
             out.write(line + "\n")
@@ -109,7 +109,45 @@ def cmd_repair_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_respond(args: argparse.Namespace) -> int:
+    import json
+
+    from durable.errors import UsageError
+
+    try:
+        data = json.loads(args.input)
+    except ValueError as exc:
+        raise UsageError(f"--input is not valid JSON: {exc}") from None
+    client = _client()
+    client.projection(args.run)
+    if args.external:
+        state = client.external_event(args.run, data, request=args.request)
+    else:
+        state = client.respond(args.run, data, request=args.request)
+    print(msgspec.json.encode({"run_id": args.run, "state": state.state}).decode())
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    client = _client()
+    client.projection(args.run)
+    state = client.approve(args.run, args.request, args.decision, args.approver, args.note)
+    print(msgspec.json.encode({"run_id": args.run, "state": state.state}).decode())
+    return 0
+
+
 def extend(add: Add) -> None:
+    sp = add("respond", cmd_respond, "answer a run waiting for input (or an external event)",
+             run=True)
+    sp.add_argument("--input", required=True, help="the response as JSON")
+    sp.add_argument("--request", default=None, help="only if the run waits for this request")
+    sp.add_argument("--external", action="store_true", help="deliver an external event")
+    sp = add("approve", cmd_approve, "approve or reject an action waiting for approval",
+             run=True)
+    sp.add_argument("--request", required=True)
+    sp.add_argument("--decision", required=True, choices=["approve", "reject"])
+    sp.add_argument("--approver", required=True)
+    sp.add_argument("--note", default="")
     sp = add("reconciler", cmd_reconciler, "run the reconciler process", js=False)
     sp.add_argument("--once", action="store_true", help="one pass over what is due, then exit")
     sp.add_argument("--interval", type=float, default=None, help="seconds between passes")

@@ -200,6 +200,45 @@ class Client:
             return handle.state
         raise ConflictError(run_id, -1, -1)
 
+    def respond(self, run_id: str, response: Any, *, request: str | None = None,
+                by: str = "operator") -> RunState:
+        """Answer a run waiting for input; a late duplicate changes nothing."""
+        from durable.waits import respond
+
+        state, resumed = respond(self.log, run_id, response, kind="input", request=request,
+                                 by=by)
+        if resumed:
+            self.enqueue(run_id)
+        return state
+
+    def external_event(self, run_id: str, data: Any, *, request: str | None = None,
+                       by: str = "external") -> RunState:
+        """Deliver the external event a ``waiting_external`` run waits for."""
+        from durable.waits import respond
+
+        state, resumed = respond(self.log, run_id, data, kind="external", request=request,
+                                 by=by)
+        if resumed:
+            self.enqueue(run_id)
+        return state
+
+    def approve(self, run_id: str, request: str, decision: str, approver: str,
+                note: str = "") -> RunState:
+        """Record an approval decision (role, openness and expiry are checked)."""
+        from durable.waits import decide
+
+        state, written = decide(self.log, self.settings, run_id, request, decision, approver,
+                                note)
+        if written and not (state.terminal or state.waiting):
+            self.enqueue(run_id)
+        return state
+
+    def release(self, run_id: str, by: str = "operator") -> str:
+        """Retry a quarantined run with the current code; returns its state afterwards."""
+        from durable.quarantine import release
+
+        return release(self, run_id, by=by)
+
     def _load(self, run_id: str) -> RunHandle:
         try:
             return self.log.load(run_id, actor="operator")

@@ -24,6 +24,7 @@ import redis
 from durable import events as ev
 from durable import keys
 from durable.agents import Agent, Call, Fail, Finish, Registry, Tool, ToolContext, Wait
+from durable.approvals import gate, request_specs
 from durable.cancellation import Cancelled, CancelToken
 from durable.commands import enqueue_advance, make_queue
 from durable.errors import (
@@ -38,6 +39,7 @@ from durable.errors import (
 from durable.eventlog import CancelPending, Claimed, EventLog, RunHandle, Spec, Terminal, now_ms
 from durable.leases import Heartbeat, Lease, Leases
 from durable.resolve import resolve_unknown
+from durable.resume import revalidate, version_policy
 from durable.settings import Settings
 from durable.state import Action, RunState
 from durable.toolrunner import ToolRunner
@@ -130,12 +132,16 @@ class Driver:
         except UnknownAgent as exc:
             self._quarantine(handle, str(exc))
             return False
-        if handle.state.agent_version != agent.version and agent.on_version_change == "quarantine":
-            self._quarantine(handle, f"agent {agent.name} is now version {agent.version}; "
-                             f"the run started under {handle.state.agent_version}")
-            return False
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
+        verdict, specs, why = version_policy(handle.state, agent)
+        if verdict == "quarantine":
+            self._quarantine(handle, why)
+            return False
+        if verdict == "wait":
+            self.log.commit(handle, specs, checkpoint=True)
+            return False
+        self.log.stage(handle, specs)
         try:
             self._check_replay(handle, agent)
         except NondeterminismError as exc:
@@ -146,6 +152,9 @@ class Driver:
         steps = conflicts = 0
         while True:
             try:
+                if handle.state.resumed and self._needs_work(handle.state):
+                    self._revalidate(handle, agent, pending)
+                    continue
                 done, stepped = self._step(handle, agent, slot, pending, lease)
                 conflicts = 0
             except (ConflictError, CancelPending):
@@ -166,6 +175,15 @@ class Driver:
                 if handle.staged:
                     self._commit(handle, pending, [])
                 return self._needs_work(handle.state)
+
+    def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
+        verdict, spec = revalidate(handle.state, agent, self.registry)
+        if spec is not None:
+            self._commit(handle, pending, [spec])
+            if verdict == "quarantine":
+                self.redis.hset(keys.QUARANTINE, handle.run_id, str(spec.fields["reason"]))
+        else:
+            handle.state.resumed = False  # checked once per resume; the log need not say so
 
     def _reload(self, handle: RunHandle, lease: Lease, pending: list[Spec]) -> RunHandle | None:
         fresh = self._load(handle.run_id, lease)
@@ -232,6 +250,11 @@ class Driver:
                     "step": act.step, "key": act.key, "reason": state.cancel.reason})])
                 return False, 0
             tool = self.registry.tool(act.tool)
+            verdict, reason = gate(state, tool, act)
+            if verdict != "go":
+                self._commit(handle, pending, request_specs(state, tool, act, reason),
+                             checkpoint=True)
+                return True, 0
             deadline = now_ms() + int(tool.timeout_s * 1000)
             self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
@@ -297,6 +320,13 @@ class Driver:
             self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
             return False, 1
+        if tool.requires_approval:
+            self.log.stage(handle, [decided])
+            act = handle.state.actions[step]
+            _, reason = gate(handle.state, tool, act)
+            self._commit(handle, pending, request_specs(handle.state, tool, act, reason),
+                         checkpoint=True)
+            return True, 1
         deadline = now_ms() + int(tool.timeout_s * 1000)
         try:
             self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {

@@ -106,7 +106,9 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) 
     raise RuntimeError("redis-server did not answer in time; see redis.log")
 
 
-def start(data_dir: Path, fsync: str = "always", port: int = 0) -> tuple[str, subprocess.Popen[bytes]]:
+def start(
+    data_dir: Path, fsync: str = "always", port: int = 0
+) -> tuple[str, subprocess.Popen[bytes]]:
     """Start a server in the background (its own session: it outlives this process)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()

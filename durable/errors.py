@@ -13,6 +13,7 @@
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
      ├── NondeterminismError     the agent decided differently from the recorded intent
      ├── ForbiddenJob            an RQ job naming a function that is not a command handler
+     ├── Refused                 an operator action the run's state or policy does not allow
      └── UnsafeRedis             (warning category) persistence could lose acknowledged events
 
 Cancellation is deliberately *not* here: :class:`durable.cancellation.Cancelled` derives
@@ -93,6 +94,14 @@ class ForbiddenJob(DurableError):
     def __init__(self, func_name: str) -> None:
         self.func_name = func_name
         super().__init__(f"refused job naming {func_name!r}: not a durable command handler")
+
+
+class Refused(DurableError):
+    """An approval or response that is not allowed (wrong role, expired, not waiting)."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id, self.reason = run_id, reason
+        super().__init__(f"run {run_id}: {reason}")
 
 
 class UnsafeRedis(UserWarning):

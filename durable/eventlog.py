@@ -20,7 +20,7 @@ from durable import keys
 from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound
 from durable.fold import apply, from_checkpoint
 from durable.scripts import Scripts
-from durable.state import TERMINAL, WAITING, RunState
+from durable.state import STATE_SCHEMA, TERMINAL, WAITING, RunState
 
 
 def now_ms() -> int:
@@ -110,7 +110,9 @@ class EventLog:
 
     # Reading ---------------------------------------------------------------------------
 
-    def read(self, run_id: str, start: str = "-", end: str = "+", count: int | None = None) -> list[Entry]:
+    def read(
+        self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[Entry]:
         raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
         return [self._entry(i, f) for i, f in raw]
 
@@ -144,6 +146,9 @@ class EventLog:
             if event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
             if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
+                if event.state_v != STATE_SCHEMA:
+                    # A snapshot of another layout: refold from the beginning instead.
+                    return self._load_without_checkpoint(run_id, int(version), lease, actor)
                 handle.state = from_checkpoint(event)
                 handle.ckpt_seq = event.seq
             else:
@@ -158,6 +163,20 @@ class EventLog:
         if handle.state.version != int(version):
             raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
                               f"projection says {version}")
+        return handle
+
+    def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
+                                 actor: str) -> RunHandle:
+        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+        for entry in self.read(run_id):
+            if entry.event is None:
+                raise DecodeError(entry.id, entry.error or "undecodable")
+            apply(handle.state, entry.event, self.window)
+            handle.last_id = entry.id
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        if handle.state.version != version:
+            raise DecodeError(handle.last_id, "log and projection disagree")
         return handle
 
     def refresh(self, handle: RunHandle) -> list[ev.Event]:
@@ -230,7 +249,7 @@ class EventLog:
         ):
             blobs.append(ev.encode(ev.Checkpoint(
                 v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
-                actor=handle.actor, state=state,
+                actor=handle.actor, state=state, state_v=STATE_SCHEMA,
             )))
             state.version += 1
             ckpt_pos = len(blobs)
@@ -297,7 +316,8 @@ class EventLog:
 
     def due_for(self, state: RunState, ts: int) -> str:
         """When the reconciler must next look at a run in this state ("-" = never)."""
-        unknown = [a.deadline for a in state.actions.values() if a.status in ("unknown", "dispatched")]
+        unknown = [a.deadline for a in state.actions.values()
+                   if a.status in ("unknown", "dispatched")]
         if state.state in TERMINAL:
             return str(max(unknown) + 1) if unknown else "-"
         if state.state == "quarantined":

@@ -24,8 +24,10 @@ import msgspec
 from durable.errors import DecodeError
 from durable.state import RunState
 
-#: Version written into every new event (field ``v``).
-SCHEMA_VERSION = 1
+#: Version written into every new event (field ``v``). v2 added runtime identity: the
+#: ``agent_upgraded`` and ``revalidation_failed`` events and the approval ``kind``; v1
+#: entries are upcast by ``durable.migrations``.
+SCHEMA_VERSION = 2
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
@@ -149,6 +151,8 @@ class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
 
 
 class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=True):
+    """``kind``: ``action`` (the step's call) or ``version`` (resuming under a new agent)."""
+
     request: str
     step: int
     digest: str
@@ -156,6 +160,7 @@ class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=Tr
     decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
     evidence: list[str] = []
     expires: int = 0
+    kind: str = "action"
 
 
 class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
@@ -202,6 +207,25 @@ class Released(Event, tag="released", kw_only=True, frozen=True):
     by: str = ""
 
 
+class RevalidationFailed(Event, tag="revalidation_failed", kw_only=True, frozen=True):
+    """A fact the agent declared must still hold on resume no longer does.
+
+    ``then``: ``refresh`` (the agent sees ``state.refresh`` and re-gathers), ``reapprove``
+    (the open action needs a new approval) or ``expire`` (the run ends ``expired``).
+    """
+
+    reason: str
+    then: str = "refresh"
+
+
+class AgentUpgraded(Event, tag="agent_upgraded", kw_only=True, frozen=True):
+    """The run goes on under another agent version (its compatibility policy allowed it)."""
+
+    from_version: str
+    to_version: str
+    tools: list[str] = []
+
+
 AnyEvent = (
     RunStarted
     | StepDecided
@@ -227,6 +251,8 @@ AnyEvent = (
     | Expired
     | Quarantined
     | Released
+    | RevalidationFailed
+    | AgentUpgraded
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {
@@ -252,6 +278,8 @@ def decode(data: bytes, entry_id: str = "?") -> Event:
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
         raw = _peek(data)
         if isinstance(raw, dict) and isinstance(raw.get("v"), int):
+            if raw["v"] <= SCHEMA_VERSION and raw.get("type") not in EVENT_TYPES:
+                raise DecodeError(entry_id, f"unknown event type {raw.get('type')!r}")
             if raw["v"] > SCHEMA_VERSION:
                 raise DecodeError(entry_id, _future(raw["v"])) from None
             if raw["v"] < SCHEMA_VERSION:

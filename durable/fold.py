@@ -54,7 +54,7 @@ def _settle(state: RunState, act: Action, window: int) -> None:
     del act
 
 
-def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  # noqa: C901
+def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
     state.version = e.seq
     state.updated = e.ts
     match e:
@@ -69,6 +69,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  
             state.created = e.ts
         case ev.StepDecided():
             state.step = e.step
+            state.refresh = None
+            state.resumed = False
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key)
         case ev.ActionDispatched():
             act = state.actions[e.step]
@@ -76,6 +78,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  
             act.attempts += 1
             act.deadline = e.deadline
             act.unknown_reason = None
+            state.resumed = False
         case ev.ActionSucceeded():
             act = state.actions[e.step]
             act.status, act.result = "succeeded", e.result
@@ -129,10 +132,16 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  
             )
             state.state = f"waiting_{e.kind}"
         case ev.WaitResolved():
+            if state.wait is not None:
+                state.wait.response, state.wait.by = e.response, e.by
+                state.wait.outcome = "resolved"
             state.last_wait = state.wait
             state.wait = None
             state.state = _active(state)
+            state.resumed = True
         case ev.WaitExpired():
+            if state.wait is not None:
+                state.wait.outcome = "expired"
             state.last_wait = state.wait
             state.wait = None
             if e.outcome == "expired":
@@ -140,17 +149,25 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  
                 state.reason = f"{e.kind} wait expired"
             else:
                 state.state = _active(state)
+                state.resumed = True
         case ev.ApprovalRequested():
             state.approvals[e.request] = Approval(
                 request=e.request, step=e.step, digest=e.digest, role=e.role,
                 decisions=list(e.decisions), evidence=list(e.evidence), expires=e.expires,
+                kind=e.kind,
             )
-            if e.step in state.actions:
+            if e.kind == "action" and e.step in state.actions:
                 state.actions[e.step].approval = e.request
         case ev.ApprovalDecided():
             appr = state.approvals.get(e.request)
             if appr is not None:
                 appr.decision, appr.approver = e.decision, e.approver
+                target = state.actions.get(appr.step)
+                if e.decision == "reject" and appr.kind == "action" and target is not None \
+                        and not target.settled:
+                    target.status, target.error = "rejected", f"rejected by {e.approver}"
+                    target.error_type = "ApprovalRejected"
+                    _settle(state, target, window)
         case ev.Checkpoint() | ev.LeaseAcquired() | ev.LeaseLost():
             pass
         case ev.Completed():
@@ -167,6 +184,20 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:  
             state.state = state.prior_state or "pending"
             state.prior_state = None
             state.reason = None
+        case ev.RevalidationFailed():
+            state.resumed = False
+            if e.then == "expire":
+                state.state, state.reason = "expired", f"revalidation failed: {e.reason}"
+            elif e.then == "refresh":
+                state.refresh = e.reason
+            else:
+                current = state.current
+                if current is not None and current.approval:
+                    state.approvals[current.approval].decision = None
+                    current.approval = None
+        case ev.AgentUpgraded():
+            state.agent_version = e.to_version
+            state.tools = list(e.tools)
 
 
 def _consume_call_cancel(state: RunState) -> None:

@@ -4,14 +4,12 @@ a random port in its own directory, and ``durable worker`` processes that can be
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -72,7 +70,7 @@ class Worker:
         if queue:
             args += ["--queue", queue]
         self.log_path = log_path
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(args, env=env_for(url, **env), stdout=out, stderr=out,
                                      start_new_session=True)
 
@@ -99,16 +97,6 @@ class Worker:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
-
-
-@contextlib.contextmanager
-def workers(url: str, n: int = 1, env: dict[str, str] | None = None) -> Iterator[list[Worker]]:
-    ws = [Worker(url, **(env or {})) for _ in range(n)]
-    try:
-        yield ws
-    finally:
-        for w in ws:
-            w.stop()
 
 
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.01) -> bool:

@@ -26,6 +26,17 @@ def register(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaste
     return wrap
 
 
+@register("*", 1)
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 -> v2: a v1 run recorded no runtime identity, so it started under version "1"."""
+    if data.get("type") == "run_started":
+        data.setdefault("agent_version", "1")
+        data.setdefault("tools", [])
+        if not data.get("agent_version"):
+            data["agent_version"] = "1"
+    return data
+
+
 def upcast(raw: dict[str, Any], entry_id: str = "?") -> dict[str, Any]:
     from durable.events import SCHEMA_VERSION
 

@@ -26,10 +26,9 @@ import redis
 from durable import events as ev
 from durable import keys
 from durable.agents import Registry
-from durable.errors import UnknownTool
 from durable.cancellation import BadMessage, decode_message
 from durable.commands import enqueue_advance, make_queue
-from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound
+from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound, UnknownTool
 from durable.eventlog import EventLog, RunHandle, Spec, Terminal, now_ms
 from durable.leases import Leases
 from durable.resolve import resolve_unknown

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
         default="durable.examples",
         description="Comma-separated modules imported to register agents and tools.",
     )
+    approvers: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
+    )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     world_url: str = Field(default="http://127.0.0.1:8765", description="Example world.")
 

@@ -21,7 +21,7 @@ ALL_STATES = TERMINAL | WAITING | ACTIVE
 #: Action statuses. ``unknown`` means dispatched with no known outcome (timed out,
 #: interrupted, or found after a crash); ``not_applied`` means lookup proved the effect did
 #: not happen, so the step may be dispatched again with the same key.
-SETTLED = frozenset({"succeeded", "failed", "canceled"})
+SETTLED = frozenset({"succeeded", "failed", "canceled", "rejected"})
 
 
 class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -59,6 +59,10 @@ class WaitInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     until: int = 0
     request: str = ""
     data: Any = None
+    #: Set once resolved: the response, who gave it, or "expired".
+    response: Any = None
+    by: str = ""
+    outcome: str = ""
 
 
 class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -69,6 +73,7 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
     evidence: list[str] = msgspec.field(default_factory=list)
     expires: int = 0
+    kind: str = "action"
     decision: str | None = None
     approver: str | None = None
 
@@ -94,6 +99,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str | None = None
     reason: str | None = None
     prior_state: str | None = None
+    #: Set by a failed revalidation with ``then=refresh``; cleared by the next intent.
+    refresh: str | None = None
+    #: True from a wait's end until the next intent: revalidation is due.
+    resumed: bool = False
     created: int = 0
     updated: int = 0
 

@@ -55,7 +55,7 @@ class ToolRunner:
             job.thread_id = threading.get_ident()
             try:
                 job.result = CallResult("returned", job.fn())
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            except BaseException as exc:
                 job.result = CallResult("raised", error=exc)
             job.done.set()
             job.wake.set()

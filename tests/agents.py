@@ -36,7 +36,7 @@ class Stubborn(Tool):
         while time.time() < end:
             try:
                 time.sleep(0.01)
-            except Exception:  # noqa: S110 - the point: it swallows ordinary errors
+            except Exception:
                 pass
         return "done"
 
@@ -148,3 +148,72 @@ class Asker(Agent):
             return Wait("input", reason="what should I say?", timeout_s=float(
                 os.environ.get("ASKER_TIMEOUT_S", "3600")))
         return Finish(state.input["text"])
+
+
+class PayInput(BaseModel):
+    amount: int = 10
+
+
+@register
+class Payout(Tool):
+    """A payment that needs an approver with the role ``finance``. The approval is bound to
+    the amount and to the account's balance read from ``TEST_FACT_FILE`` (a fact)."""
+
+    name = "payout"
+    timeout_s = 2.0
+    requires_approval = True
+    approver_role = "finance"
+    approval_ttl_s = 60.0
+
+    def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
+        path = os.environ.get("TEST_FACT_FILE")
+        return {"balance": open(path).read().strip() if path else "?"}
+
+    def evidence(self, args: dict[str, Any]) -> list[str]:
+        return [f"invoice:{args['amount']}"]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return SqlWrite().run(args, ctx)
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return SqlWrite().lookup(key, args)
+
+
+@register
+class Payer(Agent):
+    name = "payer"
+    version = os.environ.get("PAYER_VERSION", "1")
+    on_version_change = "reapprove"
+    input_model = PayInput
+    tools = ("payout",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step == 0:
+            return Call("payout", {"amount": state.input["amount"]})
+        last = state.last
+        assert last is not None
+        return Finish({"paid": last.status == "succeeded", "status": last.status})
+
+
+@register
+class Quoter(Agent):
+    """Waits for input; on resume the quote must still be valid (``TEST_QUOTE_VALID``)."""
+
+    name = "quoter"
+    input_model = EchoInput
+    tools = ("noop",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Wait
+
+        if state.refresh:
+            return Finish({"refreshed": state.refresh})
+        if state.last_wait is None:
+            return Wait("input", reason="confirm the quote", timeout_s=60)
+        return Finish({"answer": state.last_wait.response})
+
+    def revalidate(self, state: RunState) -> Any:
+        from durable.agents import Stale
+
+        then = os.environ.get("TEST_QUOTE_STALE")
+        return Stale("the quote expired while waiting", then) if then else None  # type: ignore[arg-type]

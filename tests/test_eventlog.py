@@ -56,7 +56,8 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
         results: list[str] = []
         barrier = threading.Barrier(n_threads)
 
-        def writer(i: int, version: int = base.state.version) -> None:
+        def writer(i: int, version: int, barrier: threading.Barrier, results: list[str],
+                   trial: int) -> None:
             handle = RunHandle("race", RunState(run_id="race", version=version),
                                base_version=version, actor=f"t{i}")
             barrier.wait()
@@ -66,7 +67,9 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
             except ConflictError:
                 results.append("conflict")
 
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(n_threads)]
+        threads = [threading.Thread(target=writer, args=(i, base.state.version, barrier,
+                                                         results, trial))
+                   for i in range(n_threads)]
         for t in threads:
             t.start()
         for t in threads:

@@ -16,7 +16,7 @@ from durable import keys
 from durable.agents import registry
 from durable.client import Client
 from durable.eventlog import RunHandle, Spec, now_ms
-from durable.harness import Server, Worker, env_for, wait_for
+from durable.harness import Server, Worker, env_for
 from durable.reconcile import Reconciler
 from durable.state import RunState
 from durable.verify import verify

@@ -1,0 +1,247 @@
+"""Waiting states: approvals bound to a digest, responses, expiry, revalidation on resume,
+runtime identity and schema migration. Real workers, a real SQLite effect counter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+from rq import Worker as RQWorker
+
+from durable import keys
+from durable.agents import registry
+from durable.client import Client
+from durable.errors import Refused
+from durable.harness import Server, Worker
+from durable.reconcile import Reconciler
+from durable.verify import verify
+from tests.agents import applications
+
+
+@pytest.fixture()
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
+    fact = tmp_path / "balance"
+    fact.write_text("1000")
+    monkeypatch.setenv("TEST_FACT_FILE", str(fact))
+    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"], "bob": ["support"]}')
+    return tmp_path
+
+
+@pytest.fixture()
+def approver_client(client: Client) -> Client:
+    client.settings.approvers = {"alice": ["finance"], "bob": ["support"]}
+    return client
+
+
+def _waiting_for_approval(client: Client, server: Server, run: str) -> str:
+    w = Worker(server.url)
+    try:
+        state = client.wait(run, 20)
+    finally:
+        w.stop()
+    assert state.state == "waiting_approval", state
+    (request,) = [a.request for a in state.approvals.values() if a.decision is None]
+    return request
+
+
+def _drive(client: Client, server: Server, run: str) -> None:
+    w = Worker(server.url)
+    try:
+        client.wait(run, 20, waiting=True)
+    finally:
+        w.stop()
+
+
+def test_approve_then_the_action_runs_once(approver_client: Client, server: Server,
+                                           world: Path, r: redis.Redis) -> None:
+    client = approver_client
+    run = client.start("payer", {"amount": 42}, run_id="ap1").run_id
+    request = _waiting_for_approval(client, server, run)
+    state = client.status(run)
+    appr = state.approvals[request]
+    assert appr.role == "finance" and appr.evidence == ["invoice:42"] and len(appr.digest) == 64
+    assert r.get(keys.lease(run)) is None  # a waiting run holds no lease...
+    assert all(w.get_current_job_id() is None for w in RQWorker.all(connection=r))  # ...no worker
+    client.approve(run, request, "approve", "alice")
+    _drive(client, server, run)
+    final = client.status(run)
+    assert final.state == "completed" and final.result == {"paid": True, "status": "succeeded"}
+    assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
+    assert verify(client.log, run).ok
+
+
+def test_reject_is_an_outcome_the_agent_handles(approver_client: Client, server: Server,
+                                                world: Path) -> None:
+    client = approver_client
+    run = client.start("payer", {"amount": 5}, run_id="ap2").run_id
+    request = _waiting_for_approval(client, server, run)
+    client.approve(run, request, "reject", "alice", note="not this month")
+    _drive(client, server, run)
+    final = client.status(run)
+    assert final.state == "completed" and final.result == {"paid": False, "status": "rejected"}
+    assert applications(str(world / "w.sqlite")) == {}
+
+
+def test_an_unanswered_approval_expires(approver_client: Client, server: Server,
+                                        world: Path) -> None:
+    client = approver_client
+    run = client.start("payer", {"amount": 5}, run_id="ap3").run_id
+    request = _waiting_for_approval(client, server, run)
+    expires = client.status(run).approvals[request].expires
+    Reconciler(client.settings, client.redis, registry).tick(now=expires + 1)
+    assert client.status(run).state == "expired"
+    with pytest.raises(Refused):
+        client.approve(run, request, "approve", "alice")  # too late: nothing written
+    assert applications(str(world / "w.sqlite")) == {}
+
+
+def test_a_late_duplicate_approval_changes_nothing(approver_client: Client, server: Server,
+                                                   world: Path) -> None:
+    client = approver_client
+    run = client.start("payer", {"amount": 7}, run_id="ap4").run_id
+    request = _waiting_for_approval(client, server, run)
+    client.approve(run, request, "approve", "alice")
+    version = client.status(run).version
+    state = client.approve(run, request, "reject", "alice")
+    assert state.version == version and state.approvals[request].decision == "approve"
+
+
+def test_a_wrong_role_is_refused_and_writes_nothing(approver_client: Client, server: Server,
+                                                    world: Path) -> None:
+    client = approver_client
+    run = client.start("payer", {"amount": 7}, run_id="ap5").run_id
+    request = _waiting_for_approval(client, server, run)
+    version = client.status(run).version
+    with pytest.raises(Refused, match="bob does not have the role 'finance'"):
+        client.approve(run, request, "approve", "bob")
+    with pytest.raises(Refused):
+        client.approve(run, request, "approve", "mallory")
+    assert client.status(run).version == version
+
+
+def test_approval_after_the_facts_changed_is_refused_and_asked_again(
+    approver_client: Client, server: Server, world: Path
+) -> None:
+    """The balance the approver saw changed before the approved call ran: the digest
+    recomputed over the action as it is now differs, so the call is refused and a new
+    approval is requested."""
+    client = approver_client
+    run = client.start("payer", {"amount": 9}, run_id="ap6").run_id
+    first = _waiting_for_approval(client, server, run)
+    (world / "balance").write_text("3")
+    client.approve(run, first, "approve", "alice")
+    second = _waiting_for_approval(client, server, run)
+    assert second != first
+    state = client.status(run)
+    assert state.approvals[second].digest != state.approvals[first].digest
+    assert "changed since it was approved" in (state.wait.reason if state.wait else "")
+    assert applications(str(world / "w.sqlite")) == {}
+    client.approve(run, second, "approve", "alice")
+    _drive(client, server, run)
+    assert client.status(run).state == "completed"
+    assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
+
+
+def test_respond_resumes_and_a_late_duplicate_response_changes_nothing(
+    client: Client, server: Server, world: Path
+) -> None:
+    run = client.start("quoter", {"text": "q"}, run_id="in1").run_id
+    _drive(client, server, run)
+    assert client.status(run).state == "waiting_input"
+    client.respond(run, {"ok": True})
+    version = client.status(run).version
+    assert client.respond(run, {"ok": False}).version == version
+    _drive(client, server, run)
+    assert client.status(run).result == {"answer": {"ok": True}}
+
+
+@pytest.mark.parametrize("then,expected", [("refresh", "completed"), ("expire", "expired")])
+def test_a_failed_revalidation_on_resume_is_handled_as_declared(
+    then: str, expected: str, client: Client, server: Server, world: Path
+) -> None:
+    run = client.start("quoter", {"text": "q"}, run_id=f"rv-{then}").run_id
+    _drive(client, server, run)
+    client.respond(run, {"ok": True})
+    w = Worker(server.url, TEST_QUOTE_STALE=then)
+    try:
+        final = client.wait(run, 20)
+    finally:
+        w.stop()
+    assert final.state == expected
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    assert "revalidation_failed" in types
+    if then == "refresh":
+        assert final.result == {"refreshed": "the quote expired while waiting"}
+
+
+def test_resuming_under_a_new_agent_version_asks_for_approval(
+    approver_client: Client, server: Server, world: Path
+) -> None:
+    client = approver_client
+    client.settings.approvers = {"alice": ["finance"], "ops": ["operator"]}
+    run = client.start("payer", {"amount": 3}, run_id="ver").run_id
+    first = _waiting_for_approval(client, server, run)
+    client.approve(run, first, "approve", "alice")
+    w = Worker(server.url, PAYER_VERSION="2")
+    try:
+        state = client.wait(run, 20)
+    finally:
+        w.stop()
+    assert state.state == "waiting_approval"
+    assert state.approvals[f"{run}:v2"].kind == "version"
+    client.approve(run, f"{run}:v2", "approve", "ops")
+    w = Worker(server.url, PAYER_VERSION="2")
+    try:
+        final = client.wait(run, 20)
+    finally:
+        w.stop()
+    assert final.state == "completed" and final.agent_version == "2"
+    assert verify(client.log, run).ok
+
+
+def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, server: Server,
+                                                        r: redis.Redis) -> None:
+    """Raw v1 entries (the recorded fixture, cut after step 2) are read through the
+    registered migration and the run is finished by today's worker."""
+    fixture = Path(__file__).parent / "fixtures" / "count_completed.jsonl"
+    lines = [msgspec.json.decode(x) for x in fixture.read_bytes().splitlines()]
+    prefix = [e for e in lines if e["seq"] <= 8]  # up to step 2's outcome
+    assert all(e["v"] == 1 for e in prefix)
+    run = "v1run"
+    for e in prefix:
+        e["run"] = run
+        r.xadd(keys.log(run), {"e": msgspec.msgpack.encode(e)})
+        if e["type"] == "action_succeeded":  # the v1 system's ledger, as it left it
+            r.hset(keys.ledger(run), e["key"], f"done|succeeded|{e['seq']}")
+    r.hset(keys.run(run), mapping={"version": len(prefix), "state": "pending", "step": 2,
+                                   "agent": "count"})
+    assert client.status(run).agent_version == "1"
+    client.enqueue(run)
+    _drive(client, server, run)
+    final = client.status(run)
+    assert final.state == "completed" and final.result == {"steps": 4}
+    assert verify(client.log, run).ok
+
+
+def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
+    client: Client, server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable import events as ev
+    from durable import migrations
+
+    run = client.start("count", {"steps": 1}, run_id="fut", enqueue=False).run_id
+    r.xadd(keys.log(run), {"e": msgspec.msgpack.encode(
+        {"type": "lease_lost", "v": ev.SCHEMA_VERSION + 1, "run": run, "seq": 2, "ts": 1,
+         "owner": "w", "epoch": 1})})
+    r.hset(keys.run(run), "version", 2)
+    assert client.status(run).state == "quarantined"
+    assert run in [s.run_id for s in client.runs("quarantined")]
+    assert client.release(run) == "quarantined"  # this code still cannot read it
+    # The upgrade: code that knows the next schema version.
+    monkeypatch.setattr(ev, "SCHEMA_VERSION", ev.SCHEMA_VERSION + 1)
+    monkeypatch.setitem(migrations.UPCASTERS, ("*", ev.SCHEMA_VERSION - 1), lambda d: d)
+    assert client.release(run) == "pending"
+    assert client.status(run).state == "pending"
