@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -28,8 +29,8 @@ def percentile(xs: Sequence[float], p: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
-    k = max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))
-    return float(s[k])
+    k = min(len(s), max(1, math.ceil(p / 100 * len(s))))
+    return float(s[k - 1])
 
 
 def ms_of(entry_id: bytes | str) -> int:

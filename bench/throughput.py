@@ -20,7 +20,9 @@ Configurations, each against a server with ``appendfsync everysec`` and one with
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,12 @@ from rq.serializers import JSONSerializer
 
 from bench.common import fresh, median, run_window, settings_for
 from durable import events as ev
+from durable import keys
 from durable.agents import ToolContext, registry
 from durable.cancellation import CancelToken
 from durable.client import Client
 from durable.driver import Driver
 from durable.harness import Worker
-from durable.state import RunState
 
 STEPS = 4
 FLOOR_LUA = (Path(__file__).parent / "floor.lua").read_text()
@@ -127,25 +129,35 @@ def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> di
     for rid in ids:
         driver.advance(rid)
     dt = time.perf_counter() - t0
-    first, last, done = run_window(r, ids)
+    _first, _last, done = run_window(r, ids)
     assert done == runs, f"{done}/{runs} completed"
     return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
 
 
 def durable(url: str, r: redis.Redis, runs: int, workers: int,
-            steps: int = STEPS) -> dict[str, float]:
+            steps: int = STEPS) -> dict[str, Any]:
     client = Client(settings_for(url), r)
     ids = start_runs(client, "w", runs, steps)
     t0 = time.perf_counter()
     procs = [Worker(url, burst=True) for _ in range(workers)]
     for p in procs:
-        p.wait(300)
+        try:
+            p.wait(300)
+        except subprocess.TimeoutExpired:  # a stuck worker is reported, not fatal
+            p.kill()
     wall = time.perf_counter() - t0
     first, last, done = run_window(r, ids)
-    assert done == runs, f"{done}/{runs} runs completed"
     window = max(last - first, 1) / 1000
-    return {"steps": runs * steps, "seconds": window, "steps_per_s": runs * steps / window,
-            "wall_s": wall, "wall_steps_per_s": runs * steps / wall, "workers": workers}
+    out: dict[str, Any] = {"steps": done * steps, "seconds": window,
+                           "steps_per_s": done * steps / window, "wall_s": wall,
+                           "wall_steps_per_s": done * steps / wall, "workers": workers}
+    if done != runs:
+        pipe = r.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(keys.run(rid), "state")
+        states = Counter((s or b"?").decode() for s in pipe.execute())
+        out["incomplete"] = {"completed": done, "runs": runs, "states": dict(states)}
+    return out
 
 
 CONFIGS = ("floor", "plain loop", "plain RQ", "driver in-process", "durable, 1 worker",
@@ -159,7 +171,7 @@ def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
     if name == "plain loop":
         return plain_loop(runs)
     if name == "plain RQ":
-        return plain_rq(r, runs)
+        return plain_rq(r, max(20, runs // 3))  # a rate per job: fewer jobs suffice
     if name == "driver in-process":
         return driver_inproc(url, r, runs)
     if name.startswith("durable"):
@@ -174,6 +186,7 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
     fsyncs = list(servers.fsyncs)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
         f: {c: [] for c in CONFIGS} for f in fsyncs}
+    incomplete: list[dict[str, Any]] = []
     for rnd in range(rounds):
         # Interleave: every round measures every (fsync, config), in a rotated order.
         order = [(f, c) for c in CONFIGS for f in fsyncs]
@@ -189,8 +202,12 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
             samples[fsync][cfg].append(res)
             log(f"  throughput round {rnd + 1}/{rounds} {fsync:8s} {cfg:20s} "
                 f"{res['steps_per_s']:10.0f} steps/s")
+            if "incomplete" in res:
+                log(f"  WARNING: {fsync} {cfg}: {res['incomplete']}")
+                incomplete.append({"fsync": fsync, "config": cfg, "round": rnd + 1,
+                                   **res["incomplete"]})
     out: dict[str, Any] = {"runs_per_batch": runs, "steps_per_run": STEPS, "rounds": rounds,
-                           "by_fsync": {}}
+                           "by_fsync": {}, "incomplete_batches": incomplete}
     loop = [s["steps_per_s"] for s in samples[fsyncs[0]]["plain loop"]]
     for fsync in fsyncs:
         row: dict[str, Any] = {}

@@ -279,7 +279,7 @@ def decode(data: bytes, entry_id: str = "?") -> Event:
         raw = _peek(data)
         if isinstance(raw, dict) and isinstance(raw.get("v"), int):
             if raw["v"] <= SCHEMA_VERSION and raw.get("type") not in EVENT_TYPES:
-                raise DecodeError(entry_id, f"unknown event type {raw.get('type')!r}")
+                raise DecodeError(entry_id, f"unknown event type {raw.get('type')!r}") from None
             if raw["v"] > SCHEMA_VERSION:
                 raise DecodeError(entry_id, _future(raw["v"])) from None
             if raw["v"] < SCHEMA_VERSION:
