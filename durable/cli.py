@@ -82,6 +82,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
     if state.wait:
         rows.append(("wait", f"{state.wait.kind} until {state.wait.until}: {state.wait.reason}"))
+    for appr in state.approvals.values():
+        if appr.decision is None:
+            rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
+                                     f"role {appr.role}, expires {appr.expires}"))
     _table(f"run {args.run}", ["field", "value"], rows)
     return OK
 
