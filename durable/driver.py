@@ -37,7 +37,7 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.eventlog import CancelPending, Claimed, EventLog, RunHandle, Spec, Terminal, now_ms
-from durable.leases import Heartbeat, Lease, Leases
+from durable.leases import Heartbeats, Lease, Leases
 from durable.resolve import resolve_unknown
 from durable.resume import revalidate, version_policy
 from durable.settings import Settings
@@ -59,6 +59,11 @@ class Slot:
 
 class _Stop(Exception):
     """Internal: leave the drive loop (lease lost, run terminal elsewhere)."""
+
+
+#: Events after which a job has nothing left to do: their batch also releases the lease.
+_LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered,
+                ev.Quarantined)
 
 
 def fault_point(name: str, step: int) -> None:
@@ -84,6 +89,9 @@ class Driver:
                             checkpoint_every=settings.checkpoint_every,
                             lease_ttl_ms=settings.lease_ttl_ms)
         self.leases = Leases(client, settings.lease_ttl_ms)
+        self.heartbeats = Heartbeats(self.leases)
+        #: Leases let go by a job's last write (append.lua's "r" flag).
+        self._released: set[str] = set()
         self.queue = make_queue(client, settings.queue)
         self.runner = ToolRunner()
         self.held: dict[str, Slot] = {}
@@ -91,29 +99,36 @@ class Driver:
     # Entry point ------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> dict[str, Any]:
-        self.redis.delete(keys.queued(run_id))
-        lease = self.leases.acquire(run_id, self.worker_id)
+        lease, version, raw = self.leases.acquire_and_load(run_id, self.worker_id)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot()
         self.held[run_id] = slot
+        self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
         more = False
         try:
-            with Heartbeat(self.leases, lease, on_lost=lambda: slot.token.cancel("lease lost")):
-                more = self._drive(run_id, lease, slot)
+            more = self._drive(run_id, lease, slot, version, raw)
         except (LeaseLost, _Stop) as exc:
             log.warning("run %s: %s; work discarded", run_id, exc)
         finally:
+            self.heartbeats.drop(lease)
             self.held.pop(run_id, None)
-            self.leases.release(lease)
+            if lease.value in self._released:
+                self._released.discard(lease.value)
+            else:
+                self.leases.release(lease)
         if more:
             enqueue_advance(self.redis, self.queue, run_id)
         return {"run": run_id, "more": more}
 
     # The loop -------------------------------------------------------------------------
 
-    def _load(self, run_id: str, lease: Lease) -> RunHandle | None:
+    def _load(self, run_id: str, lease: Lease, version: int | None = None,
+              raw: Any = None) -> RunHandle | None:
         try:
+            if version is not None:
+                return self.log.handle_from(run_id, version, raw, lease=lease.value,
+                                            actor=self.worker_id)
             return self.log.load(run_id, lease=lease.value, actor=self.worker_id)
         except DecodeError as exc:
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
@@ -122,9 +137,9 @@ class Driver:
             pass
         return None
 
-    def _drive(self, run_id: str, lease: Lease, slot: Slot) -> bool:
+    def _drive(self, run_id: str, lease: Lease, slot: Slot, version: int, raw: Any) -> bool:
         """Run steps until the run stops needing this worker. True when work is left."""
-        handle = self._load(run_id, lease)
+        handle = self._load(run_id, lease, version, raw)
         if handle is None or not self._needs_work(handle.state):
             return False
         try:
@@ -195,9 +210,16 @@ class Driver:
 
     def _commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
                 **kw: Any) -> None:
-        """Commit what is staged plus ``specs``; once in the log, nothing is pending."""
-        self.log.commit(handle, specs, **kw)
+        """Commit what is staged plus ``specs``; once in the log, nothing is pending.
+
+        A batch that ends the job's work (terminal, waiting) also lets go of the lease in the
+        same script call.
+        """
+        release = any(issubclass(s.cls, _LAST_WRITES) for s in specs) and not kw.get("if_free")
+        self.log.commit(handle, specs, release=release, **kw)
         pending.clear()
+        if release:
+            self._released.add(handle.lease)
 
     @staticmethod
     def _needs_work(state: RunState) -> bool:

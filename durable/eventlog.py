@@ -137,6 +137,11 @@ class EventLog:
     def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle:
         """Recover a run: fold from its last checkpoint. Raises ``DecodeError`` on a bad entry."""
         version, _state, raw = self.scripts.load(keys=[keys.log(run_id), keys.run(run_id)])
+        return self.handle_from(run_id, int(version or 0), raw, lease=lease, actor=actor)
+
+    def handle_from(self, run_id: str, version: int, raw: Any, *, lease: str = "",
+                    actor: str = "") -> RunHandle:
+        """Fold the entries ``load.lua`` (or ``acquire_load.lua``) returned."""
         if not version:
             raise RunNotFound(run_id)
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
@@ -227,6 +232,7 @@ class EventLog:
         if_free: Sequence[Spec] = (),
         checkpoint: bool = False,
         extra: dict[str, str] | None = None,
+        release: bool = False,
     ) -> str:
         """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
         as one script call.
@@ -271,7 +277,8 @@ class EventLog:
         ops = handle.staged_ops + list(ledger)
         handle.staged_ops = []
         extra_pairs = [x for kv in (extra or {}).items() for x in kv]
-        flags = ("d" if dispatch else "") + ("t" if allow_terminal else "")
+        flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
+            "r" if release else "")
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,

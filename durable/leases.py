@@ -10,7 +10,9 @@ business state: it is not in the log's fold.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -51,6 +53,19 @@ class Leases:
             return None
         return Lease(run_id, _s(reply[1]))
 
+    def acquire_and_load(self, run_id: str, token: str) -> tuple[Lease | None, int, Any]:
+        """Take the lease and read the log from the last checkpoint, in one round trip.
+
+        Also drops the run's "queued" marker: from now on a new enqueue is not a duplicate.
+        """
+        reply = self.scripts.acquire_load(
+            keys=[keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
+                  keys.log(run_id), keys.run(run_id)],
+            args=[token, self.ttl_ms])
+        if _s(reply[0]) != "ok":
+            return None, 0, None
+        return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
+
     def renew(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
                                              args=[lease.value, self.ttl_ms]))
@@ -63,34 +78,39 @@ class Leases:
         return _s(value) if value is not None else None
 
 
-class Heartbeat:
-    """Renews a lease every third of its TTL until stopped; calls ``on_lost`` once if it fails."""
+class Heartbeats:
+    """One thread per worker process renewing every lease it holds, every third of the TTL.
 
-    def __init__(self, leases: Leases, lease: Lease, on_lost: object) -> None:
-        self.leases, self.lease = leases, lease
-        self._on_lost = on_lost
-        self._stop = threading.Event()
-        self.lost = False
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.run_id}",
-                                        daemon=True)
+    ``on_lost`` is called once for a lease that could not be renewed (expired, or taken by
+    a newer epoch): the worker must stop writing for that run.
+    """
 
-    def __enter__(self) -> Heartbeat:
+    def __init__(self, leases: Leases) -> None:
+        self.leases = leases
+        self._held: dict[str, tuple[Lease, Callable[[], object]]] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
+    def hold(self, lease: Lease, on_lost: Callable[[], object]) -> None:
+        with self._lock:
+            self._held[lease.value] = (lease, on_lost)
+
+    def drop(self, lease: Lease) -> None:
+        with self._lock:
+            self._held.pop(lease.value, None)
 
     def _run(self) -> None:
         interval = self.leases.ttl_ms / 3000
-        while not self._stop.wait(interval):
-            try:
-                ok = self.leases.renew(self.lease)
-            except redis.RedisError:
-                continue
-            if not ok:
-                self.lost = True
-                if callable(self._on_lost):
-                    self._on_lost()
-                return
+        stop = threading.Event()
+        while not stop.wait(interval):
+            with self._lock:
+                held = list(self._held.values())
+            for lease, on_lost in held:
+                try:
+                    ok = self.leases.renew(lease)
+                except Exception:  # a blip: try again next beat, the TTL has slack
+                    continue
+                if not ok:
+                    self.drop(lease)
+                    on_lost()

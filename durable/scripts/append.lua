@@ -17,6 +17,7 @@
 -- ARGV[7]  position (1-based) of a checkpoint event in the batch, 0 if none
 -- ARGV[8]  flags: "d" the batch dispatches an effect (refused while a cancel is pending),
 --                 "t" the batch may follow a terminal event (late reconciliation only)
+--                 "r" release the writer's lease after the batch (its last write of a job)
 -- ARGV[9]  n: events always appended
 -- ARGV[10] m: events appended after them only when no lease is held
 -- ARGV[11] state when the m events are appended
@@ -104,6 +105,9 @@ if proj[2] and proj[2] ~= new_state then
 end
 redis.call('ZADD', new_index, now, run_id)
 redis.call('ZADD', KEYS[5], now, run_id)
+if ARGV[2] ~= '' and string.find(flags, 'r', 1, true) then
+  redis.call('DEL', KEYS[3])
+end
 local due = ARGV[6]
 if due == '-' then
   redis.call('ZREM', KEYS[6], run_id)
