@@ -26,7 +26,7 @@ from durable import keys
 from durable.agents import Agent, Call, Fail, Finish, Registry, Tool, ToolContext, Wait
 from durable.approvals import gate, request_specs
 from durable.cancellation import Cancelled, CancelToken
-from durable.commands import enqueue_advance, make_queue
+from durable.commands import enqueue_advance, ensure_drain, make_queue
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -45,6 +45,9 @@ from durable.state import Action, RunState
 from durable.toolrunner import ToolRunner
 
 log = logging.getLogger("durable.worker")
+
+#: How long one ``drain`` command keeps taking ready runs before it lets RQ schedule again.
+DRAIN_BUDGET_S = 0.25
 
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
@@ -120,6 +123,28 @@ class Driver:
         if more:
             enqueue_advance(self.redis, self.queue, run_id)
         return {"run": run_id, "more": more}
+
+    def drain(self, queue_name: str) -> dict[str, Any]:
+        """Advance ready runs one at a time for up to ``DRAIN_BUDGET_S``.
+
+        Another ``drain`` is put on the queue as soon as this one has taken a run and more
+        are waiting, so idle workers join in; the last one re-queues itself if runs remain.
+        """
+        ready = keys.ready(queue_name)
+        self.redis.delete(keys.drain_pending(queue_name))
+        end = time.monotonic() + DRAIN_BUDGET_S
+        done = 0
+        while time.monotonic() < end:
+            raw = self.redis.lpop(ready)
+            if raw is None:
+                break
+            if done == 0 and self.redis.llen(ready):
+                ensure_drain(self.redis, self.queue)
+            self.advance(raw.decode() if isinstance(raw, bytes) else str(raw))
+            done += 1
+        if self.redis.llen(ready):
+            ensure_drain(self.redis, self.queue)
+        return {"drained": done}
 
     # The loop -------------------------------------------------------------------------
 

@@ -56,6 +56,16 @@ def runs_in_state(state: str) -> str:
     return f"{PREFIX}:runs:{state}"
 
 
+def ready(queue: str) -> str:
+    """List of run ids waiting for a worker, drained by ``drain`` commands on RQ."""
+    return f"{PREFIX}:ready:{queue}"
+
+
+def drain_pending(queue: str) -> str:
+    """String with PX TTL (ms): a ``drain`` command is on the RQ queue, not yet started."""
+    return f"{PREFIX}:drain:{queue}"
+
+
 #: ZSET run id -> time (ms) at which the reconciler must look at the run.
 DUE = f"{PREFIX}:due"
 

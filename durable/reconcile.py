@@ -27,7 +27,7 @@ from durable import events as ev
 from durable import keys
 from durable.agents import Registry
 from durable.cancellation import BadMessage, decode_message
-from durable.commands import enqueue_advance, make_queue
+from durable.commands import enqueue_advance, ensure_drain, make_queue
 from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound, UnknownTool
 from durable.eventlog import EventLog, RunHandle, Spec, Terminal, now_ms
 from durable.leases import Leases
@@ -57,6 +57,8 @@ class Reconciler:
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
+        if self.redis.llen(keys.ready(self.queue.name)):
+            ensure_drain(self.redis, self.queue)  # ready runs, and the drain command was lost
         ids = self.log.scripts.due_claim(keys=[keys.DUE],
                                          args=[now, limit, self.settings.lease_ttl_ms])
         report = Tick()
