@@ -182,7 +182,7 @@ def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
 def run(servers: Any, quick: bool = False, rounds: int | None = None,
         runs: int | None = None, log: Any = print) -> dict[str, Any]:
     rounds = rounds or (1 if quick else 3)
-    runs = runs or (60 if quick else 300)
+    runs = runs or (60 if quick else 200)
     fsyncs = list(servers.fsyncs)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
         f: {c: [] for c in CONFIGS} for f in fsyncs}

@@ -81,8 +81,13 @@ def cmd_world(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from durable.demo import run_demo
+    from durable.scenarios.runner import NAMES
 
-    return run_demo(names=args.only or None, as_json=args.json, redis_url=args.redis_url)
+    unknown = [n for n in args.only or [] if n not in NAMES]
+    if unknown:
+        raise UsageError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    return run_demo(names=args.only or None, as_json=args.json, redis_url=args.redis_url,
+                    workdir=args.workdir)
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -93,6 +98,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     every = args.kill_every
     cfg = ChaosConfig(runs=args.runs, workers=args.workers, seed=args.seed,
                       kill_every=(every * 0.5, every * 1.5), time_bound_s=args.time_bound)
+    cfg.repair_lost_jobs = not args.no_repair
     if args.no_faults:
         cfg.p_fail = cfg.p_drop = cfg.p_slow = cfg.db_lock_s = 0.0
     report = run_chaos(cfg, redis_url=args.redis_url,
@@ -131,13 +137,17 @@ def extend(add: Callable[..., Any]) -> None:
     sp.add_argument("--only", nargs="+", default=None, metavar="SCENARIO",
                     help="normal, crash, timeout, cancel, replay (default: all)")
     sp.add_argument("--redis-url", default=None, help="default: a fresh embedded Redis")
+    sp.add_argument("--workdir", type=Path, default=None,
+                    help="keep Redis's data, the world's files and every process log here")
     sp = add("chaos", cmd_chaos, "many runs while workers are killed and the world fails")
-    sp.add_argument("--runs", type=int, default=100)
-    sp.add_argument("--workers", type=int, default=4)
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--runs", type=int, default=100, help="runs of pipeline to start")
+    sp.add_argument("--workers", type=int, default=4, help="worker processes kept alive")
+    sp.add_argument("--seed", type=int, default=0, help="seeds kills, faults and inputs")
     sp.add_argument("--kill-every", type=float, default=1.4, metavar="SECONDS",
                     help="mean time between two random SIGKILLs")
     sp.add_argument("--time-bound", type=float, default=180.0, metavar="SECONDS",
                     help="every run must be terminal within this (else exit 1)")
     sp.add_argument("--no-faults", action="store_true", help="kills only, no world faults")
+    sp.add_argument("--no-repair", action="store_true",
+                    help="do not re-enqueue advance jobs lost in RQ's dequeue window")
     sp.add_argument("--redis-url", default=None, help="default: a fresh embedded Redis")

@@ -26,6 +26,7 @@ default ``http://127.0.0.1:8765``); the database's path is asked from the world
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -60,6 +61,7 @@ class Refused(Exception):
 # Plumbing: where the world is, and one HTTP client per worker process ---------------------
 
 _http = httpx.Client()
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
 
 
 @lru_cache(maxsize=8)

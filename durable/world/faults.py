@@ -9,6 +9,10 @@ Kinds (each one keeps the world's contract: a fault never lies about what was ap
   applying, so that it reaches the point of applying after the caller's deadline and is
   refused (the deadline guarantee: a late first attempt never lands after a retry).
 
+Besides faults, ``latency_ms: [lo, hi]`` delays every effect call by a random time in
+that range before it is applied (network and service time), so that work takes a while
+and a worker killed at a random moment is likely to be in the middle of a call.
+
 Faults come from two sources: counted ones (``fail_next``, ``drop_next``, ``slow_next``:
 the next N calls of a target, in that order) and random ones (``random``: probabilities per
 call, seeded, with at most ``per_key`` faults for any one key). Lookups and aborts are
@@ -68,6 +72,7 @@ class FaultPlan:
         self.rng = random.Random(0)
         self.injected: Counter[str] = Counter()
         self.per_key: Counter[str] = Counter()
+        self.latency_ms: tuple[float, float] = (0.0, 0.0)
 
     def configure(self, data: dict[str, Any]) -> None:
         """Add counted faults and/or replace the random ones. Raises ``ValueError``."""
@@ -96,7 +101,15 @@ class FaultPlan:
                 raise ValueError("random.slow_phase must be 'reply', 'apply' or 'mixed'")
             if not set(rand.targets) <= set(TARGETS):
                 raise ValueError(f"random.targets must be among {', '.join(TARGETS)}")
+        latency = self.latency_ms
+        if "latency_ms" in data:
+            raw = data["latency_ms"] or [0, 0]
+            if not (isinstance(raw, list) and len(raw) == 2):
+                raise ValueError("latency_ms must be [lo, hi] (milliseconds)")
+            lo = _number({"lo": raw[0]}, "lo", 0, 0, 60_000)
+            latency = (lo, _number({"hi": raw[1]}, "hi", 0, lo, 60_000))
         with self.lock:
+            self.latency_ms = latency
             for t in targets:
                 self.queued[t].extend(add)
             if "random" in data:
@@ -108,6 +121,7 @@ class FaultPlan:
             self.queued = {t: [] for t in TARGETS}
             self.random = None
             self.per_key.clear()
+            self.latency_ms = (0.0, 0.0)
 
     def count(self, label: str) -> None:
         with self.lock:
@@ -126,6 +140,12 @@ class FaultPlan:
                 self.injected[fault.label()] += 1
                 self.per_key[key] += 1
             return fault
+
+    def latency(self) -> float:
+        """Seconds this call waits before it is applied."""
+        with self.lock:
+            lo, hi = self.latency_ms
+            return self.rng.uniform(lo, hi) / 1000 if hi > 0 else 0.0
 
     def _draw(self, r: RandomFaults) -> Fault | None:
         x = self.rng.random()
@@ -146,4 +166,5 @@ class FaultPlan:
                 "random": asdict(self.random) if self.random else None,
                 "injected": dict(self.injected),
                 "injected_total": sum(self.injected.values()),
+                "latency_ms": list(self.latency_ms),
             }

@@ -23,6 +23,7 @@ import json
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,7 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from durable.world.faults import Fault, FaultPlan
 from durable.world.protocol import DEADLINE_HEADER, KEY_HEADER, REPLAYED_HEADER
-from durable.world.store import ApiStore, ExampleDb, now_ms
+from durable.world.store import ApiStore, ExampleDb, ModeMismatch, now_ms
 
 #: The data source's catalogue: any other name is a 404.
 SOURCES = ("orders", "invoices", "signups", "refunds")
@@ -75,8 +76,6 @@ class WorldServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -209,8 +208,11 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(503, {"error": "injected failure", "applied": False},
                         {"Retry-After": "0"})
             return True
+        delay = self.world.faults.latency()
         if fault is not None and fault.kind == "slow" and fault.phase == "apply":
-            time.sleep(fault.slow_s)
+            delay += fault.slow_s
+        if delay:
+            time.sleep(delay)
         return False
 
     def _after(self, fault: Fault | None, status: int, body: Any,
@@ -305,7 +307,11 @@ def serve(host: str, port: int, data_dir: Path, *, dedupe: bool = True,
     """Run the world in the foreground until SIGTERM or Ctrl-C."""
     if reset:
         _reset(data_dir)
-    world = World(data_dir, dedupe)
+    try:
+        world = World(data_dir, dedupe)
+    except ModeMismatch as exc:
+        print(f"durable world: {exc}", file=sys.stderr)
+        return 2
     httpd = WorldServer((host, port), world, verbose)
     world.url = f"http://{host}:{httpd.server_address[1]}"
     if ready_file is not None:

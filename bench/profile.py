@@ -1,0 +1,189 @@
+"""Profile: where a worker's time goes on no-op tools.
+
+Two views, both in this process (no core change):
+
+1. ``breakdown``: the real ``DurableWorker`` (RQ ``SimpleWorker`` subclass) driving K
+   pre-enqueued 4-step runs, with light wrappers that account *exclusive* wall time to
+   named parts of the hot path (Redis round trips, heartbeat thread, tool thread hop,
+   load, stage/commit, checks) and count Redis round trips. What is not wrapped is the
+   residual of the enclosing part.
+2. ``cprofile``: ``Driver.advance`` under cProfile (top functions by own time), written to
+   ``bench/results/profile.txt``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import io
+import pstats
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis
+from rq.worker import BaseWorker
+
+from bench.common import fresh, settings_for
+from bench.throughput import start_runs
+from durable import driver as drv
+from durable import eventlog, leases, state, toolrunner
+from durable import worker_runtime as wr
+from durable.agents import registry
+from durable.client import Client
+from durable.commands import make_queue
+from durable.driver import Driver
+
+
+class Accounting:
+    """Exclusive wall time per label, main thread only (a tiny instrumenting profiler)."""
+
+    def __init__(self) -> None:
+        self.main = threading.get_ident()
+        self.stack: list[float] = []
+        self.excl: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.restore: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, attr: str, label: Any) -> None:
+        """``label``: a name, or a function returning the name at call time."""
+        if owner is None or not hasattr(owner, attr):
+            return  # the core moved on: this part no longer exists
+        orig = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+        acct = self
+
+        @functools.wraps(orig)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            if threading.get_ident() != acct.main:
+                return orig(*a, **k)
+            name = label() if callable(label) else label
+            acct.stack.append(0.0)
+            t = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                dt = time.perf_counter() - t
+                child = acct.stack.pop()
+                acct.excl[name] += dt - child
+                acct.calls[name] += 1
+                if acct.stack:
+                    acct.stack[-1] += dt
+
+        setattr(owner, attr, wrapper)
+        self.restore.append((owner, attr, orig))
+
+    def undo(self) -> None:
+        for owner, attr, orig in reversed(self.restore):
+            setattr(owner, attr, orig)
+        self.restore.clear()
+
+
+_phase = {"driver": False}
+
+
+def _redis_label() -> str:
+    return "Redis round trips: driver" if _phase["driver"] else "Redis round trips: RQ"
+
+
+PARTS = [
+    # (owner, attribute, label); time goes to the innermost wrapped call.
+    (BaseWorker, "work", "RQ worker machinery, excl. Redis"),
+    (Driver, "advance", "driver: other (advance/_drive/_step/_decide bodies)"),
+    (redis.Redis, "execute_command", _redis_label),
+    (redis.client.Pipeline, "execute", _redis_label),
+    # Parts that exist in some versions of the core only (skipped when absent):
+    (getattr(leases, "Heartbeat", None), "__enter__", "driver: heartbeat thread start"),
+    (getattr(leases, "Heartbeat", None), "__exit__", "driver: heartbeat thread stop/join"),
+    (getattr(leases, "Heartbeats", None), "hold", "driver: heartbeat hold/drop"),
+    (getattr(leases, "Heartbeats", None), "drop", "driver: heartbeat hold/drop"),
+    (eventlog.EventLog, "handle_from", "driver: load (decode + fold, excl. Redis)"),
+    (toolrunner.ToolRunner, "call", "driver: tool call via tool thread (no-op tool)"),
+    (eventlog.EventLog, "load", "driver: load (decode + fold, excl. Redis)"),
+    (state, "copy_state", "driver: copy_state (pre_intent snapshot in load)"),
+    (eventlog.EventLog, "commit", "driver: commit (args, due, checkpoint check)"),
+    (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
+    (drv, "_plain", "driver: _plain (JSON round trip of args/results)"),
+    (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
+    (drv.Driver, "_check_replay", "driver: _check_replay"),
+]
+
+
+def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
+    settings = settings_for(url)
+    client = Client(settings, r)
+    start_runs(client, "pf", runs)
+    wr._driver = Driver(settings, r, registry, "bench-profile:1:000000")
+    queue = make_queue(r, settings.queue)
+    worker = wr.DurableWorker([queue], connection=r, name="bench-profile",
+                              serializer=queue.serializer)
+    acct = Accounting()
+    for owner, attr, label in PARTS:
+        acct.wrap(owner, attr, label)
+    adv = Driver.advance
+
+    def advance(self: Driver, run_id: str) -> Any:
+        _phase["driver"] = True
+        try:
+            return adv(self, run_id)
+        finally:
+            _phase["driver"] = False
+
+    Driver.advance = advance  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    try:
+        worker.work(burst=True, logging_level="WARNING")
+    finally:
+        total = time.perf_counter() - t0
+        Driver.advance = adv  # type: ignore[method-assign]
+        acct.undo()
+        wr._driver = None
+    per_run_us = {k: v / runs * 1e6 for k, v in sorted(acct.excl.items(), key=lambda kv: -kv[1])}
+    return {"runs": runs, "steps_per_run": 4, "total_ms_per_run": total / runs * 1000,
+            "us_per_run": per_run_us,
+            "round_trips_per_run": {k.split(": ")[1]: acct.calls[k] / runs
+                                    for k in acct.calls if k.startswith("Redis")},
+            "calls_per_run": {k: v / runs for k, v in acct.calls.items()}}
+
+
+def cprofile(url: str, r: redis.Redis, runs: int, path: Path) -> dict[str, Any]:
+    settings = settings_for(url)
+    client = Client(settings, r)
+    ids = start_runs(client, "cp", runs, enqueue=False)
+    driver = Driver(settings, r, registry, "bench-cprofile:1:000000")
+    for rid in ids[:10]:
+        driver.advance(rid)
+    prof = cProfile.Profile()
+    prof.enable()
+    for rid in ids[10:]:
+        driver.advance(rid)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(50)
+    path.write_text(f"cProfile of Driver.advance on {runs - 10} four-step no-op runs\n\n"
+                    + buf.getvalue())
+    return {"file": path.name, "runs": runs - 10}
+
+
+def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
+        log: Any = print) -> dict[str, Any]:
+    runs = 60 if quick else 150
+    out: dict[str, Any] = {}
+    for fsync in servers.fsyncs:
+        srv = servers.get(fsync)
+        r = srv.client()
+        fresh(r)
+        out[fsync] = breakdown(srv.url, r, runs)
+        log(f"  profile {fsync}: {out[fsync]['total_ms_per_run']:.2f} ms per 4-step run")
+        r.close()
+    if out_dir is not None:
+        srv = servers.get(servers.fsyncs[0])
+        r = srv.client()
+        fresh(r)
+        out["cprofile"] = cprofile(srv.url, r, runs, out_dir / "profile.txt")
+        r.close()
+    return out

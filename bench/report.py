@@ -1,0 +1,291 @@
+"""Markdown, JSON and the chart from the items' results."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: Any, nd: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float | int):
+        if abs(x) >= 10_000:
+            return f"{x:,.0f}"
+        return f"{x:,.{nd}f}"
+    return str(x)
+
+
+def _ok(value: float, target: float, higher: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return "yes" if (value >= target if higher else value <= target) else "**no**"
+
+
+def targets(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows: list[tuple[str, str, str, str]] = []
+    tp = res.get("throughput")
+    if tp:
+        for fsync, tgt in (("everysec", 0.75), ("always", 0.60)):
+            row = tp["by_fsync"].get(fsync)
+            if row:
+                v = row["ratios"]["durable_1w / floor"]
+                rows.append((f"this system / floor, {fsync}", f"{v:.1%}", f"≥ {tgt:.0%}",
+                             _ok(v, tgt)))
+        for fsync, row in tp["by_fsync"].items():
+            v = row["ratios"]["durable_1w steps/s / plain RQ jobs/s"]
+            rows.append((f"this system steps/s / plain RQ jobs/s per worker, {fsync}",
+                         f"{v:.2f}x", "≥ 10x", _ok(v, 10)))
+        for fsync, row in tp["by_fsync"].items():
+            v = row["ratios"]["durable_2w / durable_1w"]
+            rows.append((f"2 workers / 1 worker, {fsync}", f"{v:.2f}x", "≥ 1.6x", _ok(v, 1.6)))
+    cn = res.get("cancel")
+    if cn:
+        for fsync in ("everysec", "always"):
+            if fsync not in cn:
+                continue
+            for name in ("event latency_ms", "client wall ms"):
+                s = cn[fsync][name]
+                rows.append((f"cancel p50 ({name}), {fsync}", f"{s['p50']:.1f} ms", "≤ 20 ms",
+                             _ok(s["p50"], 20, higher=False)))
+                rows.append((f"cancel p99 ({name}), {fsync}", f"{s['p99']:.1f} ms", "≤ 100 ms",
+                             _ok(s["p99"], 100, higher=False)))
+    rc = res.get("recovery")
+    if rc:
+        big = rc["rows"][rc["sizes"][-1]]
+        rows.append((f"recovery load, {rc['sizes'][-1]} events / {rc['sizes'][0]} events",
+                     f"{big['load_vs_smallest']:.2f}x", "≤ 2x",
+                     _ok(big["load_vs_smallest"], 2, higher=False)))
+    mm = res.get("memory")
+    if mm:
+        for label in ("4-step", "1000-step"):
+            if label in mm:
+                v = mm[label]["bytes_per_step"]
+                rows.append((f"Redis bytes/step, {label} runs", f"{v:.0f} B", "≤ 400 B",
+                             _ok(v, 400, higher=False)))
+    return rows
+
+
+def markdown(res: dict[str, Any]) -> str:
+    out: list[str] = []
+    meta = res["meta"]
+    out.append("# Benchmark results\n")
+    out.append(f"Command: `{meta['command']}`, started {meta['started']}, "
+               f"{meta['elapsed_s']:.0f} s total, {meta['cpus']} CPUs, load average "
+               f"before/after {meta['loadavg_before']} / {meta['loadavg_after']}. Code: "
+               f"{meta.get('git', '?')}. Medians of interleaved repeats unless marked. "
+               f"Embedded redis-server {meta.get('redis_version', '?')} with AOF on, one "
+               "server per appendfsync policy, data in a temp dir on the local disk.\n")
+    if meta.get("other_busy"):
+        out.append(f"Other busy processes seen on the machine during the run (they compete "
+                   f"for the 2 CPUs): {meta['other_busy']}\n")
+    t = targets(res)
+    if t:
+        out.append("## Targets\n")
+        out.append("| metric | measured | target | met |\n|---|---:|---:|:---:|")
+        out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in t]
+        out.append("")
+    tp = res.get("throughput")
+    if tp:
+        fs = list(tp["by_fsync"])
+        out.append(f"## Throughput (steps/s; {tp['runs_per_batch']} four-step runs per batch, "
+                   f"{tp['rounds']} interleaved rounds)\n")
+        out.append("| configuration | " + " | ".join(f"{f}" for f in fs) + " |")
+        out.append("|---|" + "---:|" * len(fs))
+        for cfg in tp["by_fsync"][fs[0]]:
+            if cfg == "ratios":
+                continue
+            cells = []
+            for f in fs:
+                c = tp["by_fsync"][f][cfg]
+                cell = _f(c["steps_per_s"])
+                if "wall_steps_per_s" in c:
+                    cell += f" (wall incl. start-up: {_f(c['wall_steps_per_s'])})"
+                cells.append(cell)
+            out.append(f"| {cfg} | " + " | ".join(cells) + " |")
+        for ratio in tp["by_fsync"][fs[0]]["ratios"]:
+            out.append(f"| ratio: {ratio} | " + " | ".join(
+                f"{tp['by_fsync'][f]['ratios'][ratio]:.3g}" for f in fs) + " |")
+        for bad in tp.get("incomplete_batches", []):
+            out.append(f"\n**Incomplete batch**: {bad}")
+        out.append("\n`plain RQ` is jobs/s (one job = one no-op call). Per-round samples are in "
+                   "results.json.\n")
+    pf = res.get("profile")
+    if pf:
+        for fsync in [k for k in pf if k != "cprofile"]:
+            p = pf[fsync]
+            out.append(f"## Where a worker's time goes ({fsync}; in-process DurableWorker, "
+                       f"{p['runs']} four-step runs, {p['total_ms_per_run']:.2f} ms per run "
+                       "including instrumentation)\n")
+            rt = p["round_trips_per_run"]
+            out.append(f"Redis round trips per run: driver {rt.get('driver', 0):.1f}, "
+                       f"RQ {rt.get('RQ', 0):.1f}.\n")
+            out.append("| part (exclusive wall time) | µs per run | µs per step | share |")
+            out.append("|---|---:|---:|---:|")
+            tot = sum(p["us_per_run"].values())
+            for k, v in p["us_per_run"].items():
+                out.append(f"| {k} | {v:,.0f} | {v / p['steps_per_run']:,.0f} | "
+                           f"{v / tot:.1%} |")
+            out.append("")
+        if "cprofile" in pf:
+            out.append(f"cProfile of `Driver.advance`: `bench/results/{pf['cprofile']['file']}`."
+                       "\n")
+    cn = res.get("cancel")
+    if cn:
+        out.append(f"## Cancellation latency ({cn['cancels_per_fsync']} cancels per server, "
+                   "runs blocked in `noop`, held by a worker process)\n")
+        out.append("| fsync | measure | p50 ms | p99 ms | max ms |\n|---|---|---:|---:|---:|")
+        for fsync in [k for k in cn if k != "cancels_per_fsync"]:
+            for name, s in cn[fsync].items():
+                out.append(f"| {fsync} | {name} (n={s['n']}) | {s['p50']:.1f} | "
+                           f"{s['p99']:.1f} | {s['max']:.1f} |")
+        out.append("")
+    rc = res.get("recovery")
+    if rc:
+        out.append(f"## Recovery time against log length (median of {rc['repeats']} loads; "
+                   f"checkpoint_every={rc['checkpoint_every']})\n")
+        out.append("| log events | events read on load | EventLog.load ms | x smallest | "
+                   "full refold (read + fold) ms |\n|---:|---:|---:|---:|---:|")
+        for size in rc["sizes"]:
+            row = rc["rows"][size]
+            out.append(f"| {row['events']:,} | {row['folded_on_load']} | {row['load_ms']:.2f} | "
+                       f"{row['load_vs_smallest']:.2f} | {row['refold_ms']:.1f} |")
+        out.append("")
+    mm = res.get("memory")
+    if mm:
+        out.append("## Redis memory per step and worker RSS\n")
+        out.append("| runs | log B | run B | fx B | (fence B) | log entries | B/entry (log) | "
+                   "B/step (log+run+fx) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+        for label in ("4-step", "1000-step"):
+            if label in mm:
+                m = mm[label]
+                b = m["bytes"]
+                out.append(f"| {label} (median of {m['runs']}) | {b['log']:,.0f} | "
+                           f"{b['run']:,.0f} | {b['fx']:,.0f} | {b['fence']:,.0f} | "
+                           f"{m['log_entries']:.0f} | "
+                           f"{m['log_bytes_per_entry']:.0f} | **{m['bytes_per_step']:.0f}** |")
+        g = mm.get("global bytes per run", {})
+        if g:
+            out.append("\nGlobal keys, bytes per run: " + ", ".join(
+                f"`{k}` {v:.0f}" for k, v in g.items()) + ".")
+        cp = mm.get("checkpoints (1000-step run)")
+        if cp:
+            out.append(f"Checkpoints in a 1000-step run driven by a worker: {cp['checkpoints']} "
+                       f"in {cp['events']} events; at most {cp['max_events_between']} events "
+                       "between two.")
+        out.append("Worker RSS: " + ", ".join(
+            f"{x['rss_mb']:.1f} MB after {x['after_runs']} runs" for x in mm["worker_rss"])
+            + f" (growth {mm['worker_rss_growth_mb']:+.1f} MB).\n")
+    wi = res.get("whatif")
+    if wi:
+        out.append("## What-if: suggested core changes, simulated in the benchmark process\n")
+        out.append("`Driver.advance` in-process on four-step no-op runs, blocks of 8 runs "
+                   "timed once per variant in rotated order (medians):\n")
+        fs = list(wi["driver"])
+        out.append("| variant | " + " | ".join(f"{f} us/step | {f} vs baseline" for f in fs)
+                   + " |")
+        out.append("|---|" + "---:|---:|" * len(fs))
+        for name in wi["driver"][fs[0]]:
+            out.append(f"| {name} | " + " | ".join(
+                f"{wi['driver'][f][name]['us_per_step']:,.0f} | "
+                f"{wi['driver'][f][name]['vs_baseline']:.2f}x" for f in fs) + " |")
+        out.append("\nRecovery read path (ms, medians, interleaved):\n")
+        sizes = list(wi["load"])
+        cols = list(wi["load"][sizes[0]])
+        out.append("| log events | " + " | ".join(cols) + " |")
+        out.append("|---:|" + "---:|" * len(cols))
+        for size in sizes:
+            out.append(f"| {int(size):,} | " + " | ".join(
+                f"{wi['load'][size][c]:.2f}" for c in cols) + " |")
+        mv = wi["memory"]
+        out.append("\nRedis bytes per step (log+run+fx) by `stream-node-max-bytes` "
+                   "(in-process driver):\n")
+        rows = mv["stream-node-max-bytes"]
+        cols = list(next(iter(rows.values())))
+        out.append("| stream-node-max-bytes | " + " | ".join(cols) + " |")
+        out.append("|---:|" + "---:|" * len(cols))
+        for nb, row in rows.items():
+            out.append(f"| {nb} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
+        out.append("\nMsgpack bytes of one step's events: " + ", ".join(
+            f"{k}: {v}" for k, v in mv["step triplet bytes"].items()) + ".\n")
+    cd = res.get("codec")
+    if cd:
+        out.append("## Codec: msgpack vs JSON (msgspec typed encoders/decoders over AnyEvent)\n")
+        out.append("| event | msgpack enc ns | json enc ns | msgpack dec ns | json dec ns | "
+                   "msgpack B | json B |\n|---|---:|---:|---:|---:|---:|---:|")
+        for t in cd["shown"]:
+            m, j = cd["per_type"]["msgpack"][t], cd["per_type"]["json"][t]
+            out.append(f"| {t} | {m['enc_ns']:.0f} | {j['enc_ns']:.0f} | {m['dec_ns']:.0f} | "
+                       f"{j['dec_ns']:.0f} | {m['bytes']:.0f} | {j['bytes']:.0f} |")
+        out.append(f"\n`events.decode` (with version check) on the step mix: "
+                   f"{cd['events_decode_step_mix_ns']:.0f} ns per event.")
+        if "redis" in cd:
+            out.append("\n| real run (in-process driver) | log entries | Redis B/entry msgpack | "
+                       "Redis B/entry if JSON |\n|---|---:|---:|---:|")
+            for label, x in cd["redis"].items():
+                out.append(f"| {label} | {x['entries']} | {x['msgpack_bytes_per_entry']:.0f} | "
+                           f"{x['json_bytes_per_entry']:.0f} |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def chart(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tp, rc = res.get("throughput"), res.get("recovery")
+    n = int(bool(tp)) + int(bool(rc))
+    if not n:
+        return
+    fig, axes = plt.subplots(1, n, figsize=(7 * n, 5))
+    axes = [axes] if n == 1 else list(axes)
+    i = 0
+    if tp:
+        ax = axes[i]
+        i += 1
+        fs = list(tp["by_fsync"])
+        cfgs = [c for c in tp["by_fsync"][fs[0]] if c != "ratios"]
+        width = 0.8 / len(fs)
+        for k, f in enumerate(fs):
+            vals = [tp["by_fsync"][f][c]["steps_per_s"] for c in cfgs]
+            xs = [x + k * width for x in range(len(cfgs))]
+            bars = ax.bar(xs, vals, width, label=f"appendfsync {f}")
+            for b, v in zip(bars, vals, strict=True):
+                ax.annotate(f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v), ha="center",
+                            va="bottom", fontsize=7, rotation=90)
+        ax.set_yscale("log")
+        ax.set_ylim(top=ax.get_ylim()[1] * 8)
+        ax.set_xticks([x + width * (len(fs) - 1) / 2 for x in range(len(cfgs))])
+        ax.set_xticklabels(cfgs, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("steps/s (log scale; plain RQ: jobs/s)")
+        ax.set_title("Throughput, four-step no-op runs")
+        ax.legend(fontsize=8)
+    if rc:
+        ax = axes[i]
+        xs = [rc["rows"][s]["events"] for s in rc["sizes"]]
+        ax.plot(xs, [rc["rows"][s]["load_ms"] for s in rc["sizes"]], "o-",
+                label="EventLog.load (from last checkpoint)")
+        ax.plot(xs, [rc["rows"][s]["refold_ms"] for s in rc["sizes"]], "s--",
+                label="full refold (read + fold)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("events in the run's log")
+        ax.set_ylabel("ms (median)")
+        ax.set_title("Recovery time against log length")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(res: dict[str, Any], out_dir: Path) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(res)
+    (out_dir / "results.md").write_text(md)
+    (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    chart(res, out_dir / "chart.png")
+    return md

@@ -1,0 +1,201 @@
+"""What-if measurements for suggested core changes, made in this process by swapping one
+piece at a time (monkeypatching in the benchmark only; no core file changes).
+
+- ``driver``: ``Driver.advance`` in-process on four-step no-op runs, baseline against
+  (a) no per-run heartbeat thread (what one long-lived heartbeat thread per worker costs
+  per run: nothing), (b) the tool called inline on the worker thread (no thread hop), and
+  both. Interleaved rounds, medians.
+- ``load``: ``load.lua`` (XRANGE inside Lua) against HMGET + a direct XRANGE, and
+  ``EventLog.load`` with and without the per-``step_decided`` ``copy_state`` snapshot.
+- ``memory``: bytes per step at several ``stream-node-max-bytes`` (the first listpack node
+  of a stream is preallocated up to this size), and the step triplet's size without the
+  per-event ``run`` and ``actor`` fields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from bench.common import fresh, median, settings_for
+from bench.throughput import start_runs
+from durable import keys, state
+from durable.agents import registry
+from durable.client import Client
+from durable.driver import Driver
+from durable.eventlog import EventLog
+from durable.toolrunner import CallResult
+
+
+class _NoHeartbeat:
+    def __init__(self, *a: Any, **k: Any) -> None:
+        self.lost = False
+
+    def __enter__(self) -> _NoHeartbeat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _patched(no_heartbeat: bool, inline_tool: bool, driver: Driver) -> Iterator[None]:
+    import durable.driver as drv
+
+    saved_hb = getattr(drv, "Heartbeat", None)
+    saved_call = driver.runner.call
+    if no_heartbeat and saved_hb is not None:
+        drv.Heartbeat = _NoHeartbeat  # type: ignore[misc,assignment]
+    if inline_tool:
+        def call(fn: Any, timeout: float, token: Any, grace: float) -> CallResult:
+            try:
+                return CallResult("returned", fn())
+            except BaseException as exc:
+                return CallResult("raised", error=exc)
+        driver.runner.call = call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if saved_hb is not None:
+            drv.Heartbeat = saved_hb  # type: ignore[misc]
+        driver.runner.call = saved_call  # type: ignore[method-assign]
+
+
+VARIANTS = {"baseline": (False, False), "no per-run heartbeat thread": (True, False),
+            "tool inline (no thread hop)": (False, True), "both": (True, True)}
+
+
+def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any]:
+    """Fine-grained interleaving: every block of ``block`` runs is timed once per variant,
+    in a rotated order, so background load hits every variant alike."""
+    import durable.driver as drv
+
+    out: dict[str, Any] = {}
+    variants = dict(VARIANTS)
+    if not hasattr(drv, "Heartbeat"):  # the core already shares one heartbeat thread
+        variants = {k: v for k, v in variants.items() if not v[0]}
+    for fsync in servers.fsyncs:
+        srv = servers.get(fsync)
+        r = srv.client()
+        fresh(r)
+        settings = settings_for(srv.url)
+        names = list(variants)
+        ids = start_runs(Client(settings, r), "wi", blocks * block * len(names), enqueue=False)
+        driver = Driver(settings, r, registry, "bench-whatif:1:000000")
+        samples: dict[str, list[float]] = {v: [] for v in variants}
+        pos = 0
+        for b in range(blocks):
+            order = names[b % len(names):] + names[:b % len(names)]
+            for name in order:
+                batch = ids[pos:pos + block]
+                pos += block
+                with _patched(*variants[name], driver):
+                    t0 = time.perf_counter()
+                    for rid in batch:
+                        driver.advance(rid)
+                    dt = time.perf_counter() - t0
+                samples[name].append(dt / (block * 4) * 1e6)  # us per step
+        base = median(samples["baseline"])
+        out[fsync] = {name: {"us_per_step": median(xs), "steps_per_s": 1e6 / median(xs),
+                             "vs_baseline": base / median(xs),
+                             "us_per_step_saved": base - median(xs)}
+                      for name, xs in samples.items()}
+        r.close()
+    return out
+
+
+def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, Any]:
+    from bench.recovery import build
+
+    srv = servers.get("everysec")
+    r = srv.client()
+    fresh(r)
+    elog = EventLog(r)
+    fns: dict[str, dict[str, Any]] = {}
+    for size in sizes:
+        rid = f"wl{size}"
+        build(elog, rid, size)
+
+        def direct(rid: str = rid) -> None:
+            _version, ckpt, last = r.hmget(keys.run(rid), "version", "ckpt", "last")
+            r.xrange(keys.log(rid), ckpt or "-", last)
+
+        def script(rid: str = rid) -> None:
+            elog.scripts.load(keys=[keys.log(rid), keys.run(rid)])
+
+        def load(rid: str = rid) -> None:
+            elog.load(rid)
+
+        def load_nocopy(rid: str = rid) -> None:
+            saved = state.copy_state
+            state.copy_state = lambda s: s  # type: ignore[assignment]
+            try:
+                elog.load(rid)
+            finally:
+                state.copy_state = saved
+
+        fns[str(size)] = {"load.lua ms": script, "HMGET + XRANGE(ckpt..last) ms": direct,
+                          "EventLog.load ms": load,
+                          "EventLog.load without per-step copy_state ms": load_nocopy}
+    xs: dict[str, dict[str, list[float]]] = {s: {k: [] for k in f} for s, f in fns.items()}
+    for _ in range(reps):  # interleaved
+        for size, f in fns.items():
+            for name, fn in f.items():
+                t = time.perf_counter()
+                fn()
+                xs[size][name].append((time.perf_counter() - t) * 1000)
+    r.close()
+    return {size: {name: median(v) for name, v in row.items()} for size, row in xs.items()}
+
+
+def memory_variants(servers: Any, long_steps: int) -> dict[str, Any]:
+    srv = servers.get("everysec")
+    r = srv.client()
+    settings = settings_for(srv.url)
+    default = r.config_get("stream-node-max-bytes")["stream-node-max-bytes"]
+    out: dict[str, Any] = {"stream-node-max-bytes": {}}
+    try:
+        for nbytes in ("4096", "1024", "512"):
+            fresh(r)
+            r.config_set("stream-node-max-bytes", nbytes)
+            client = Client(settings, r)
+            driver = Driver(settings, r, registry, "bench-whatif:1:000000")
+            row = {}
+            for steps in (4, long_steps):
+                rid = f"wm{steps}"
+                client.start("count", {"steps": steps}, run_id=rid, enqueue=False)
+                while driver.advance(rid).get("more"):
+                    pass
+                total = sum(int(r.memory_usage(k, samples=0) or 0) for k in
+                            (keys.log(rid), keys.run(rid), keys.ledger(rid)))
+                row[f"{steps}-step B/step"] = total / steps
+            out["stream-node-max-bytes"][nbytes] = row
+    finally:
+        r.config_set("stream-node-max-bytes", default)
+        r.close()
+    # The step triplet with and without the per-event run id and actor.
+    enc = msgspec.msgpack.Encoder()
+    from bench.codec import STEP_MIX, sample_events
+
+    events = sample_events()
+    full = sum(len(enc.encode(events[t])) for t in STEP_MIX)
+    slim = sum(len(enc.encode(msgspec.structs.replace(events[t], run="", actor="")))
+               for t in STEP_MIX)
+    no_dispatch = sum(len(enc.encode(events[t])) for t in ("step_decided", "action_succeeded"))
+    out["step triplet bytes"] = {"as written": full, "without run and actor": slim,
+                                 "decided+succeeded only (dispatch merged into intent)":
+                                 no_dispatch + 8}
+    return out
+
+
+def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
+    out = {"driver": driver_variants(servers, 3 if quick else 24, block=8)}
+    log("  whatif: driver variants done")
+    out["load"] = load_variants(servers, (100, 10_000), 5 if quick else 30)
+    log("  whatif: load variants done")
+    out["memory"] = memory_variants(servers, 200 if quick else 1000)
+    return out

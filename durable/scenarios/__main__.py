@@ -1,0 +1,7 @@
+"""``python -m durable.scenarios [NAME ...]``: run scenarios (all five by default)."""
+
+import sys
+
+from durable.scenarios.runner import main
+
+sys.exit(main())

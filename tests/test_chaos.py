@@ -1,0 +1,34 @@
+"""The chaos suite, short form: runs of ``pipeline`` while workers are SIGKILLed at random
+moments and inside the step protocol's windows, and the world (which deduplicates
+nothing) fails, drops, delays and locks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from durable.chaos import ChaosConfig, run_chaos
+
+
+def test_chaos_short_form_has_no_duplicates_and_every_run_terminal() -> None:
+    """Windows: random SIGKILLs at any moment, and replacement workers that SIGKILL
+    themselves after_intent / after_effect / after_outcome of a random step; world faults
+    fail (503), drop (applied, no reply), slow (reply late or applied past the deadline)
+    and database locks. Must end with every run terminal, each key applied once."""
+    cfg = ChaosConfig(runs=60, workers=4, seed=11, kill_every=(0.4, 1.2), fault_workers=0.4,
+                      p_fail=0.06, p_drop=0.06, p_slow=0.04, time_bound_s=70)
+    report = run_chaos(cfg)
+    print(report.to_json())
+    assert report.ok, report.failures()
+    assert report.duplicates == {}
+    assert report.terminal == report.runs == 60
+    assert report.states == {"completed": 60}
+    assert report.kills >= 5
+    assert sum(report.faults.values()) >= 5
+    assert report.api_keys == report.db_keys == 60
+
+
+def test_chaos_cli_refuses_bad_arguments() -> None:
+    proc = subprocess.run([sys.executable, "-m", "durable", "chaos", "--runs", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--runs" in proc.stderr
