@@ -56,6 +56,12 @@ class Wait:
 Decision = Call | Finish | Fail | Wait
 
 
+class OutcomeUnknown(Exception):
+    """Raised by a tool that sent its effect but cannot tell whether it was applied (the
+    reply was lost). Recorded as interrupted, outcome unknown; resolved by ``lookup`` once
+    the deadline has passed. Never retried blindly."""
+
+
 @dataclass(frozen=True)
 class Stale:
     """Returned by ``Agent.revalidate`` when a fact no longer holds after a wait.

@@ -23,7 +23,17 @@ import redis
 
 from durable import events as ev
 from durable import keys
-from durable.agents import Agent, Call, Fail, Finish, Registry, Tool, ToolContext, Wait
+from durable.agents import (
+    Agent,
+    Call,
+    Fail,
+    Finish,
+    OutcomeUnknown,
+    Registry,
+    Tool,
+    ToolContext,
+    Wait,
+)
 from durable.approvals import gate, request_specs
 from durable.cancellation import Cancelled, CancelToken
 from durable.commands import enqueue_advance, ensure_drain, make_queue
@@ -48,6 +58,9 @@ log = logging.getLogger("durable.worker")
 
 #: How long one ``drain`` command keeps taking ready runs before it lets RQ schedule again.
 DRAIN_BUDGET_S = 0.25
+
+#: When a lookup fails (the authoritative system did not answer), ask again after this (ms).
+LOOKUP_RETRY_MS = 2000
 
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
@@ -317,6 +330,11 @@ class Driver:
         if wait_s > 0 and slot.token.wait(wait_s):
             return False, 0
         specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        if not specs:  # the lookup itself failed: the reconciler asks again shortly
+            if handle.staged:
+                self._commit(handle, pending, [])
+            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            return True, 0
         pending[:] = specs
         self.log.stage(handle, specs)
         if handle.state.waiting:
@@ -431,6 +449,9 @@ class Driver:
                 return [Spec(ev.ActionInterrupted, {**base, "reason": slot.token.reason
                                                     or "did not stop in time"})]
             err = result.error
+            if isinstance(err, OutcomeUnknown):
+                return [Spec(ev.ActionInterrupted, {**base, "reason": f"outcome unknown: {err}"
+                                                    [:500]})]
             if isinstance(err, Cancelled):
                 if tool.cancellable:
                     return [Spec(ev.CallCanceled, {**base, "reason": slot.token.reason

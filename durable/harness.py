@@ -70,9 +70,14 @@ class Worker:
         if queue:
             args += ["--queue", queue]
         self.log_path = log_path
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, env=env_for(url, **env), stdout=out, stderr=out,
-                                     start_new_session=True)
+        if log_path is None:
+            self.proc = subprocess.Popen(args, env=env_for(url, **env),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        else:
+            with open(log_path, "ab") as out:  # the child keeps its own copy
+                self.proc = subprocess.Popen(args, env=env_for(url, **env), stdout=out,
+                                             stderr=out, start_new_session=True)
 
     @property
     def pid(self) -> int:

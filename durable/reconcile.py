@@ -28,6 +28,7 @@ from durable import keys
 from durable.agents import Registry
 from durable.cancellation import BadMessage, decode_message
 from durable.commands import enqueue_advance, ensure_drain, make_queue
+from durable.driver import LOOKUP_RETRY_MS
 from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound, UnknownTool
 from durable.eventlog import EventLog, RunHandle, Spec, Terminal, now_ms
 from durable.leases import Leases
@@ -104,11 +105,14 @@ class Reconciler:
         finally:
             self.leases.release(lease)
         if result == "enqueue":
-            if self.redis.exists(keys.queued(run_id)):
+            # Queued only if the run id is still on the ready list: a worker killed after
+            # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
+            ready = keys.ready(self.queue.name)
+            if self.redis.exists(keys.queued(run_id)) and \
+                    self.redis.lpos(ready, run_id) is not None:
                 self.redis.zadd(keys.DUE, {run_id: now + 2 * self.settings.lease_ttl_ms})
                 return "queued"
-            enqueue_advance(self.redis, self.queue, run_id)
-            # A crashed worker leaves its lease_acquired as the last writer of the run.
+            enqueue_advance(self.redis, self.queue, run_id, force=True)
             self._stat("requeued")
             return "requeued"
         return result
@@ -132,6 +136,9 @@ class Reconciler:
                     "reason": f"unknown tool {act.tool!r} for unknown outcome {act.key}"})])
                 return "quarantined"
             specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+            if not specs:
+                self.redis.zadd(keys.DUE, {handle.run_id: now + LOOKUP_RETRY_MS})
+                return "lookup failed; asking again later"
             self.log.commit(handle, specs, checkpoint=not state.terminal,
                             allow_terminal=state.terminal)
             self._stat("unknown_resolved")

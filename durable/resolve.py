@@ -14,7 +14,7 @@ import redis
 
 from durable import events as ev
 from durable import keys
-from durable.agents import Lookup, Tool
+from durable.agents import Tool
 from durable.eventlog import Spec, now_ms
 from durable.state import Action
 
@@ -25,13 +25,17 @@ OPERATOR_WAIT_MS = 7 * 86400 * 1000
 
 
 def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -> list[Spec]:
-    """The events that settle ``act`` according to the authoritative system."""
+    """The events that settle ``act`` according to the authoritative system; none when the
+    lookup itself failed (the caller tries again later)."""
     base = {"step": act.step, "key": act.key}
     try:
         found = tool.lookup(act.key, dict(act.args or {}))
-    except Exception as exc:  # a failing lookup cannot tell
-        log.warning("lookup of %s failed: %r", act.key, exc)
-        found = Lookup.unknown()
+    except Exception as exc:
+        # The authoritative system did not answer: ask again later (an explicit
+        # ``Lookup.unknown()`` is what sends the run to an operator).
+        log.warning("lookup of %s failed: %r; will ask again", act.key, exc)
+        client.hincrby(keys.STATS, "lookup_errors", 1)
+        return []
     if found.status == "applied":
         client.hincrby(keys.STATS, "duplicates_suppressed", 1)
         return [Spec(ev.ActionReconciled, {**base, "resolution": "applied",

@@ -217,3 +217,36 @@ class Quoter(Agent):
 
         then = os.environ.get("TEST_QUOTE_STALE")
         return Stale("the quote expired while waiting", then) if then else None  # type: ignore[arg-type]
+
+
+@register
+class LostReply(Tool):
+    """Writes its row, then reports that the reply was lost (``OutcomeUnknown``); its
+    lookup fails while ``TEST_LOOKUP_DOWN`` names an existing file."""
+
+    name = "lostreply"
+    timeout_s = 0.5
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        from durable.agents import OutcomeUnknown
+
+        SqlWrite().run(args, ctx)
+        raise OutcomeUnknown("connection reset after the request was sent")
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        down = os.environ.get("TEST_LOOKUP_DOWN")
+        if down and os.path.exists(down):
+            raise ConnectionError("authoritative system unreachable")
+        return SqlWrite().lookup(key, args)
+
+
+@register
+class Unsure(Agent):
+    name = "unsure"
+    input_model = WriterInput
+    tools = ("lostreply",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step >= state.input["steps"]:
+            return Finish({"rows": state.step})
+        return Call("lostreply", {"n": state.step + 1})

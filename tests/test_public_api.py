@@ -5,7 +5,8 @@ import durable
 EXPECTED = {
     "Action", "Agent", "Call", "CancelToken", "Cancelled", "Client", "ConflictError",
     "DecodeError", "DurableError", "Fail", "Finish", "ForbiddenJob", "InvalidInput",
-    "LeaseLost", "Lookup", "NondeterminismError", "PayloadTooLarge", "RunNotFound", "RunState",
+    "LeaseLost", "Lookup", "NondeterminismError", "OutcomeUnknown", "PayloadTooLarge",
+    "RunNotFound", "RunState",
     "RunSummary", "Settings", "Started", "Tool", "ToolContext", "UnknownAgent", "UnknownTool",
     "UnsafeRedis", "UsageError", "Wait", "register", "registry",
 }

@@ -16,7 +16,7 @@ from durable import keys
 from durable.agents import registry
 from durable.client import Client
 from durable.eventlog import RunHandle, Spec, now_ms
-from durable.harness import Server, Worker, env_for
+from durable.harness import Server, Worker, env_for, wait_for
 from durable.reconcile import Reconciler
 from durable.state import RunState
 from durable.verify import verify
@@ -158,3 +158,44 @@ def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
                                Spec(ev.Completed, {"result": None})])
     rec = Reconciler(client.settings, client.redis, registry)
     assert rec.reconcile("done1") == "terminal"
+
+
+def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
+    client: Client, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tool sent its effect and lost the reply (OutcomeUnknown); while the lookup
+    itself fails, nothing is decided and it is asked again; then it says applied."""
+    down = tmp_path / "down"
+    down.write_text("x")
+    monkeypatch.setenv("TEST_LOOKUP_DOWN", str(down))
+    run = client.start("unsure", {"steps": 1}, run_id="lost").run_id
+    w = Worker(server.url)
+    rec = _reconciler_process(server.url)
+    try:
+        assert wait_for(lambda: client.stats().get("lookup_errors", 0) >= 2, 20)
+        state = client.status(run)
+        assert state.state == "outcome_unknown" and state.actions[1].status == "unknown"
+        down.unlink()
+        final = client.wait(run, 30)
+    finally:
+        rec.terminate()
+        rec.wait(5)
+        w.stop()
+    assert final.state == "completed"
+    assert final.actions[1].resolution == "applied"
+    assert applications(str(tmp_path / "world.sqlite")) == {"lost:1": 1}
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    assert types.count("action_dispatched") == 1 and "action_interrupted" in types
+    assert verify(client.log, run).ok
+
+
+def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
+                                                         r: redis.Redis) -> None:
+    """The marker says queued, but the run id is on no ready list (a worker died after
+    taking it): the reconciler does not wait for the marker to expire."""
+    client.start("writer", {"steps": 1}, run_id="lostq")
+    assert r.lpop(keys.ready(client.queue.name)) == b"lostq"  # taken by a worker that died
+    assert r.exists(keys.queued("lostq"))
+    rec = Reconciler(client.settings, client.redis, registry)
+    assert rec.reconcile("lostq", now_ms() + 60_000) == "requeued"
+    assert r.lrange(keys.ready(client.queue.name), 0, -1) == [b"lostq"]
