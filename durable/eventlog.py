@@ -20,7 +20,7 @@ from durable import keys
 from durable.errors import ConflictError, DecodeError, LeaseLost, RunNotFound
 from durable.fold import apply, from_checkpoint
 from durable.scripts import Scripts
-from durable.state import STATE_SCHEMA, TERMINAL, WAITING, RunState
+from durable.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
 
 
 def now_ms() -> int:
@@ -146,7 +146,10 @@ class EventLog:
             raise RunNotFound(run_id)
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
         entries = [self._entry(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
-        for entry in entries:
+        # Only the last intent is re-observed on recovery: keep the state just before it.
+        last_intent = max((i for i, e in enumerate(entries)
+                           if isinstance(e.event, ev.StepDecided)), default=-1)
+        for index, entry in enumerate(entries):
             event = entry.event
             if event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
@@ -157,9 +160,7 @@ class EventLog:
                 handle.state = from_checkpoint(event)
                 handle.ckpt_seq = event.seq
             else:
-                if isinstance(event, ev.StepDecided):
-                    from durable.state import copy_state
-
+                if index == last_intent:
                     handle.pre_intent = copy_state(handle.state)
                 apply(handle.state, event, self.window)
             handle.last_id = entry.id
@@ -243,22 +244,18 @@ class EventLog:
         state = handle.state
         expected = handle.base_version
         old_state = handle.base_state or state.state
-        self.stage(handle, specs)
-        blobs = handle.staged
-        handle.staged = []
         ts = now_ms()
         ckpt_pos = 0
-        if checkpoint or (
-            state.version - handle.ckpt_seq >= self.checkpoint_every
-            and not if_free
-            and state.current is None
-        ):
-            blobs.append(ev.encode(ev.Checkpoint(
-                v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
-                actor=handle.actor, state=state, state_v=STATE_SCHEMA,
-            )))
-            state.version += 1
-            ckpt_pos = len(blobs)
+        # Every K events, a checkpoint goes where no action is open: after the staged
+        # outcome and before the next intent (so the tail a recovery folds stays short).
+        if (state.version - handle.ckpt_seq >= self.checkpoint_every and not if_free
+                and state.current is None):
+            ckpt_pos = self._checkpoint(handle, ts)
+        self.stage(handle, specs)
+        if checkpoint and not ckpt_pos:
+            ckpt_pos = self._checkpoint(handle, ts)
+        blobs = handle.staged
+        handle.staged = []
         n = len(blobs)
         main_state, main_step = state.state, state.step
         cancel_flag = "1" if state.cancel is not None else "0"
@@ -320,6 +317,17 @@ class EventLog:
         if tag == "claimed":
             raise Claimed(_s(reply[1]), _s(reply[2]))
         raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
+
+    @staticmethod
+    def _checkpoint(handle: RunHandle, ts: int) -> int:
+        """Stage a snapshot of the state as it is now; returns its position in the batch."""
+        state = handle.state
+        handle.staged.append(ev.encode(ev.Checkpoint(
+            v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
+            actor=handle.actor, state=state, state_v=STATE_SCHEMA,
+        )))
+        state.version += 1
+        return len(handle.staged)
 
     def due_for(self, state: RunState, ts: int) -> str:
         """When the reconciler must next look at a run in this state ("-" = never)."""
