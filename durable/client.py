@@ -55,9 +55,7 @@ class Client:
         self.redis = client if client is not None else connect(self.settings)
         self.registry = agents or registry
         self.registry.load(self.settings.agents)
-        self.log = EventLog(self.redis, window=self.settings.action_window,
-                            checkpoint_every=self.settings.checkpoint_every,
-                            lease_ttl_ms=self.settings.lease_ttl_ms)
+        self.log = EventLog.from_settings(self.redis, self.settings)
         self.queue = make_queue(self.redis, self.settings.queue)
 
     # Producers ---------------------------------------------------------------------------
@@ -203,21 +201,18 @@ class Client:
     def respond(self, run_id: str, response: Any, *, request: str | None = None,
                 by: str = "operator") -> RunState:
         """Answer a run waiting for input; a late duplicate changes nothing."""
-        from durable.waits import respond
-
-        state, resumed = respond(self.log, run_id, response, kind="input", request=request,
-                                 by=by)
-        if resumed:
-            self.enqueue(run_id)
-        return state
+        return self._resume(run_id, response, "input", request, by)
 
     def external_event(self, run_id: str, data: Any, *, request: str | None = None,
                        by: str = "external") -> RunState:
         """Deliver the external event a ``waiting_external`` run waits for."""
+        return self._resume(run_id, data, "external", request, by)
+
+    def _resume(self, run_id: str, data: Any, kind: str, request: str | None,
+                by: str) -> RunState:
         from durable.waits import respond
 
-        state, resumed = respond(self.log, run_id, data, kind="external", request=request,
-                                 by=by)
+        state, resumed = respond(self.log, run_id, data, kind=kind, request=request, by=by)
         if resumed:
             self.enqueue(run_id)
         return state

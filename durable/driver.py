@@ -101,9 +101,7 @@ class Driver:
         self.redis = client
         self.registry = registry
         self.worker_id = worker_id
-        self.log = EventLog(client, window=settings.action_window,
-                            checkpoint_every=settings.checkpoint_every,
-                            lease_ttl_ms=settings.lease_ttl_ms)
+        self.log = EventLog.from_settings(client, settings)
         self.leases = Leases(client, settings.lease_ttl_ms)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).

@@ -108,6 +108,12 @@ class EventLog:
         self.checkpoint_every = checkpoint_every
         self.lease_ttl_ms = lease_ttl_ms
 
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Any) -> EventLog:
+        return cls(client, window=settings.action_window,
+                   checkpoint_every=settings.checkpoint_every,
+                   lease_ttl_ms=settings.lease_ttl_ms)
+
     # Reading ---------------------------------------------------------------------------
 
     def read(

@@ -49,9 +49,7 @@ class Reconciler:
         self.settings = settings
         self.redis = client
         self.registry = registry
-        self.log = EventLog(client, window=settings.action_window,
-                            checkpoint_every=settings.checkpoint_every,
-                            lease_ttl_ms=settings.lease_ttl_ms)
+        self.log = EventLog.from_settings(client, settings)
         self.leases = Leases(client, settings.lease_ttl_ms)
         self.queue = make_queue(client, settings.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
