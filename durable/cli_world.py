@@ -3,7 +3,7 @@
 - ``durable world [--port P] [--no-dedupe]``: the example's external world in the
   foreground, on ``DURABLE_WORLD_URL``'s address by default (``http://127.0.0.1:8765``);
   ``--show`` prints a running world's applications per key, ``--faults JSON`` sets faults.
-- ``durable demo``: the five scenarios on an embedded Redis, the world and real workers.
+- ``durable demo``: the scenarios on an embedded Redis, the world and real workers.
 - ``durable chaos --runs N [--workers K] [--seed S]``: the chaos suite.
 """
 
@@ -133,7 +133,7 @@ def extend(add: Callable[..., Any]) -> None:
                     help="print the running world's applications per key, then exit")
     sp.add_argument("--faults", default=None, metavar="JSON",
                     help='set faults on the running world, e.g. \'{"fail_next": 2}\'')
-    sp = add("demo", cmd_demo, "the example through five scenarios on real processes")
+    sp = add("demo", cmd_demo, "the example through six scenarios on real processes")
     sp.add_argument("--only", nargs="+", default=None, metavar="SCENARIO",
                     help="normal, crash, timeout, cancel, replay (default: all)")
     sp.add_argument("--redis-url", default=None, help="default: a fresh embedded Redis")

@@ -1,11 +1,13 @@
-"""``durable demo``: the ``pipeline`` example through five scenarios, on real processes.
+"""``durable demo``: the example agents through six scenarios, on real processes.
 
 It starts an embedded Redis server (``appendfsync always``) in a temporary directory, the
 example's world (in its non-deduplicating mode: only the system prevents duplicates) and,
 per scenario, real worker processes and the reconciler; then runs ``normal``, ``crash``,
-``timeout``, ``cancel`` and ``replay``. For each it prints the log as a timeline, the
-effects table (log, ledger and world, per key) and the recovery trajectory, then a summary
-table. Exit status 0 only when all five pass.
+``timeout``, ``cancel`` and ``replay`` (the ``pipeline`` agent) and ``approval`` (the
+``announce`` agent, whose ``publish`` waits for an approver). For each it prints the log as
+a timeline, the effects table (log, ledger and world, per key), the approval requests and
+decisions when there are any, and the recovery trajectory, then a summary table. Exit
+status 0 only when all six pass.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from durable.scenarios.stack import Stack
 
 
 def _figure(out: Outcome) -> str:
-    for name in ("recovered in ms", "cancel latency ms", "reply held s", "checkpoints"):
+    for name in ("recovered in ms", "cancel latency ms", "reply held s", "checkpoints",
+                 "approval wait ms"):
         if name in out.figures:
             return f"{name}: {out.figures[name]}"
     return f"events: {out.figures.get('events', len(out.timeline))}"
@@ -62,8 +65,8 @@ def run_demo(names: Sequence[str] | None = None, *, as_json: bool = False,
     con: Console = console()
     outcomes: list[Outcome] = []
     if not as_json:
-        con.rule("[bold]durable demo[/]: the pipeline agent through crashes, timeouts, "
-                 "cancels and replay")
+        con.rule("[bold]durable demo[/]: the example agents through crashes, timeouts, "
+                 "cancels, replay and an approval")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=con, disable=as_json) as progress:
         setup = progress.add_task("starting an embedded Redis and the world", total=1)

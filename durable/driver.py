@@ -308,11 +308,9 @@ class Driver:
                     "step": act.step, "key": act.key, "reason": state.cancel.reason})])
                 return False, 0
             tool = self.registry.tool(act.tool)
-            verdict, reason = gate(state, tool, act)
-            if verdict != "go":
-                self._commit(handle, pending, request_specs(state, tool, act, reason),
-                             checkpoint=True)
-                return True, 0
+            asked = self._approval(handle, tool, act, pending)
+            if asked is not None:
+                return asked
             deadline = now_ms() + int(tool.timeout_s * 1000)
             self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
@@ -385,10 +383,7 @@ class Driver:
             return False, 1
         if tool.requires_approval:
             self.log.stage(handle, [decided])
-            act = handle.state.actions[step]
-            _, reason = gate(handle.state, tool, act)
-            self._commit(handle, pending, request_specs(handle.state, tool, act, reason),
-                         checkpoint=True)
+            self._approval(handle, tool, handle.state.actions[step], pending)
             return True, 1
         deadline = now_ms() + int(tool.timeout_s * 1000)
         try:
@@ -407,6 +402,28 @@ class Driver:
         fault_point("after_outcome", step - 1)
         fault_point("after_intent", step)
         return self._run_tool(handle, tool, act, slot, pending)
+
+    def _approval(self, handle: RunHandle, tool: Tool, act: Action,
+                  pending: list[Spec]) -> tuple[bool, int] | None:
+        """None when ``act`` may be dispatched now; else ask for an approval and stop.
+
+        The digest needs the tool's facts, read now: if they cannot be read, the intent is
+        kept and the run is looked at again shortly.
+        """
+        try:
+            verdict, reason = gate(handle.state, tool, act)
+            if verdict == "go":
+                return None
+            specs = request_specs(handle.state, tool, act, reason)
+        except Exception as exc:
+            log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
+                        tool.name, exc)
+            if handle.staged:
+                self._commit(handle, pending, [])
+            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            return True, 0
+        self._commit(handle, pending, specs, checkpoint=True)
+        return True, 0
 
     def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                   pending: list[Spec]) -> tuple[bool, int]:

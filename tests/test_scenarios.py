@@ -1,5 +1,5 @@
-"""The five scenarios of the pipeline example, against real processes: the session's Redis,
-a world process in its non-deduplicating mode, worker processes and the reconciler.
+"""The six scenarios of the examples, against real processes: the session's Redis, a world
+process in its non-deduplicating mode, worker processes and the reconciler.
 
 Each scenario checks the applications per key in the world, the final state and
 ``verify``; ``Outcome.assert_ok`` raises with every failed check.
@@ -69,6 +69,18 @@ def test_replay_after_recovery(stack: Stack) -> None:
     """Window after_intent:4: intent recorded, nothing sent, worker SIGKILLed; after recovery
     the log replays to the same state from any offset and re-driving applies nothing."""
     run_one(stack, "replay").assert_ok()
+
+
+def test_approval_wait_then_one_effect(stack: Stack) -> None:
+    """``publish`` requires the role comms: the run waits holding no lease and no worker,
+    nothing sent; a wrong role is refused and writes nothing; once approved, the worker
+    takes the run again and the notification is applied once, after the decision."""
+    out = run_one(stack, "approval")
+    out.assert_ok()
+    assert out.state == "completed"
+    assert [(d["approver"], d["events written"]) for d in out.decisions] == [("bob", 0),
+                                                                             ("alice", 2)]
+    assert [a["decision"] for a in out.approvals] == ["approve"]
 
 
 def test_a_failed_check_fails_loudly() -> None:

@@ -1,4 +1,4 @@
-"""Five self-checking scenarios of the ``pipeline`` agent against real processes.
+"""Six self-checking scenarios of the example agents against real processes.
 
 Each one is a module with ``TITLE``, ``WINDOW`` and ``run(scene, outcome)``, runnable on
 its own (``python -m durable.scenarios.normal``), driven by the tests, and run all together
@@ -10,7 +10,9 @@ raising ``AssertionError``) when anything differs from what it must be.
 - ``crash``: worker SIGKILLed between an effect and its outcome;
 - ``timeout``: a tool's reply never comes in time; resolved by lookup;
 - ``cancel``: cancellation while a tool runs;
-- ``replay``: replay after recovery rebuilds the same state, and re-driving applies nothing.
+- ``replay``: replay after recovery rebuilds the same state, and re-driving applies nothing;
+- ``approval``: the ``announce`` agent waits for an approver holding no lease and no worker;
+  a wrong role is refused and writes nothing; once approved, the effect happens once.
 """
 
 from durable.scenarios.runner import NAMES, run_one

@@ -1,4 +1,4 @@
-"""``python -m durable.scenarios [NAME ...]``: run scenarios (all five by default)."""
+"""``python -m durable.scenarios [NAME ...]``: run scenarios (all six by default)."""
 
 import sys
 

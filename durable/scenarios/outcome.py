@@ -25,8 +25,9 @@ from durable.world import Applications
 
 E = TypeVar("E", bound=ev.Event)
 
-#: Which system of the world each of the pipeline's tools touches.
-SYSTEM_OF = {"fetch": "source", "transform": "-", "write": "db", "notify": "api"}
+#: Which system of the world each of the examples' tools touches.
+SYSTEM_OF = {"fetch": "source", "transform": "-", "write": "db", "notify": "api",
+             "publish": "api"}
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Outcome:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     effects: list[dict[str, Any]] = field(default_factory=list)
     recovery: list[dict[str, Any]] = field(default_factory=list)
+    #: Approval requests (from the log) and the decisions tried on them (with what each
+    #: wrote), for the scenarios that wait for an approver.
+    approvals: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
     error: str | None = None

@@ -1,5 +1,6 @@
 """Showing a scenario's outcome in the terminal: the log as a timeline, the effects table,
-the recovery trajectory with its summary, the figures and the checks."""
+the approval requests and decisions (when there are any), the recovery trajectory with its
+summary, the figures and the checks."""
 
 from __future__ import annotations
 
@@ -53,6 +54,27 @@ def effects(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def approvals(rows: list[dict[str, Any]]) -> Table:
+    table = _table("approval requests (log)", ["request", "step", "role", "digest",
+                                               "evidence", "expires in s", "decision",
+                                               "by"])
+    for r in rows:
+        table.add_row(r["request"], str(r["step"]), r["role"], r["digest"],
+                      "\n".join(r["evidence"]), str(r["expires in s"]),
+                      r["decision"] or "-", r["approver"] or "-")
+    return table
+
+
+def decisions(rows: list[dict[str, Any]]) -> Table:
+    table = _table("decisions tried", ["approver", "roles", "decision", "answer",
+                                       "log version", "events written"])
+    for r in rows:
+        table.add_row(r["approver"], ", ".join(r["roles"]) or "none", r["decision"],
+                      r["answer"], f"{r['version before']} -> {r['version after']}",
+                      str(r["events written"]))
+    return table
+
+
 def checks(out: Outcome) -> Table:
     table = _table("checks", ["", "check", "expected", "actual"])
     for c in out.checks:
@@ -75,6 +97,10 @@ def render(con: Console, out: Outcome) -> None:
         con.print(timeline(out.timeline))
     if out.effects:
         con.print(effects(out.effects))
+    if out.approvals:
+        con.print(approvals(out.approvals))
+    if out.decisions:
+        con.print(decisions(out.decisions))
     if out.recovery:
         con.print(timeline(out.recovery, "recovery trajectory (replay from where it began)"))
     elif out.timeline:

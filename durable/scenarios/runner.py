@@ -1,6 +1,6 @@
 """Running scenarios: one at a time, each in its own scene, failures caught and reported.
 
-``python -m durable.scenarios [NAME ...]`` runs the named ones (all five by default)
+``python -m durable.scenarios [NAME ...]`` runs the named ones (all six by default)
 against a fresh embedded Redis and world; ``python -m durable.scenarios.<name>`` runs one.
 Exit status 0 only when every scenario passed.
 """
@@ -19,7 +19,7 @@ from durable.replay import trajectory
 from durable.scenarios.outcome import Outcome
 from durable.scenarios.stack import Stack
 
-NAMES = ("normal", "crash", "timeout", "cancel", "replay")
+NAMES = ("normal", "crash", "timeout", "cancel", "replay", "approval")
 
 
 def load(name: str) -> ModuleType:

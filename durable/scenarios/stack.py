@@ -29,7 +29,7 @@ from durable.world import WorldClient, WorldProcess
 #: Lease TTL the scenarios run with: short, so that a dead worker's runs come back fast.
 LEASE_TTL_MS = 1000
 
-#: The input every scenario starts ``pipeline`` with.
+#: The input the scenarios start ``pipeline`` with (``Scene.start``'s default).
 INPUT = {"source": "orders", "recipient": "ops@example.com", "threshold": 250.0}
 
 
@@ -123,9 +123,9 @@ class Scene:
         self.recoveries.append(rec.start())
         return rec
 
-    def start(self, data: dict[str, Any] | None = None) -> str:
+    def start(self, data: dict[str, Any] | None = None, *, agent: str = "pipeline") -> str:
         run_id = f"{self.name}-{uuid.uuid4().hex[:8]}"
-        self.client.start("pipeline", data if data is not None else INPUT, run_id=run_id)
+        self.client.start(agent, data if data is not None else INPUT, run_id=run_id)
         return run_id
 
     def wait(self, run_id: str, timeout: float = 30.0) -> RunState:
