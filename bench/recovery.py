@@ -51,8 +51,8 @@ def build(elog: EventLog, run_id: str, n_events: int) -> int:
 
 
 def tail_len(elog: EventLog, run_id: str) -> int:
-    _v, _s, raw = elog.scripts.load(keys=[keys.log(run_id), keys.run(run_id)])
-    return len(raw)
+    ckpt = elog.redis.hget(keys.run(run_id), "ckpt")
+    return len(elog.redis.xrange(keys.log(run_id), ckpt or "-", "+"))
 
 
 def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -119,13 +120,14 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
     for size in sizes:
         rid = f"wl{size}"
         build(elog, rid, size)
+        load_lua = r.register_script((Path(__file__).parent / "load.lua").read_text())
 
         def direct(rid: str = rid) -> None:
             _version, ckpt, last = r.hmget(keys.run(rid), "version", "ckpt", "last")
             r.xrange(keys.log(rid), ckpt or "-", last)
 
-        def script(rid: str = rid) -> None:
-            elog.scripts.load(keys=[keys.log(rid), keys.run(rid)])
+        def script(rid: str = rid, load_lua: Any = load_lua) -> None:
+            load_lua(keys=[keys.log(rid), keys.run(rid)])
 
         def load(rid: str = rid) -> None:
             elog.load(rid)

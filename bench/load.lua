@@ -1,3 +1,4 @@
+-- (Kept for the benchmark's comparison: the library reads with HMGET + XRANGE instead.)
 -- Read what recovery needs in one round trip: the projection and the log from the last
 -- checkpoint (or from the start) to the end.
 --
