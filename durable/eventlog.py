@@ -295,7 +295,12 @@ class EventLog:
                 due = self.due_for(state, ts)
         ops = handle.staged_ops + list(ledger)
         handle.staged_ops = []
-        extra_pairs = [x for kv in (extra or {}).items() for x in kv]
+        fields = dict(extra or {})
+        if state.state != old_state and "reason" not in fields:
+            # What `durable runs` shows next to the state: why it waits, stopped or failed.
+            why = state.wait.reason if state.wait else (state.reason or state.error or "")
+            fields["reason"] = why[:500]
+        extra_pairs = [x for kv in fields.items() for x in kv]
         flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
             "r" if release else "")
         args: list[Any] = [

@@ -199,3 +199,17 @@ def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
     rec = Reconciler(client.settings, client.redis, registry)
     assert rec.reconcile("lostq", now_ms() + 60_000) == "requeued"
     assert r.lrange(keys.ready(client.queue.name), 0, -1) == [b"lostq"]
+
+
+def test_an_outcome_nobody_can_tell_waits_for_an_operator_and_is_listed(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lookup answers "cannot tell": the run waits (waiting_external) with the reason, and
+    `durable runs` lists it with that reason."""
+    from durable.agents import Lookup
+
+    _unknown_run(client, "u4", deadline=now_ms() - 1000)
+    monkeypatch.setattr(registry.tool("sqlwrite"), "lookup", lambda key, args: Lookup.unknown())
+    Reconciler(client.settings, client.redis, registry).reconcile("u4")
+    (row,) = client.runs("waiting_external")
+    assert row.run_id == "u4" and "u4:1" in row.reason and "cannot tell" in row.reason
