@@ -47,6 +47,7 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.eventlog import CancelPending, Claimed, EventLog, RunHandle, Spec, Terminal, now_ms
+from durable.keys import RUN_ID_RE
 from durable.leases import Heartbeats, Lease, Leases
 from durable.resolve import resolve_unknown
 from durable.resume import revalidate, version_policy
@@ -96,7 +97,7 @@ def fault_point(name: str, step: int) -> None:
 
 class Driver:
     def __init__(self, settings: Settings, client: redis.Redis, registry: Registry,
-                 worker_id: str) -> None:
+                 worker_id: str, queue_name: str | None = None) -> None:
         self.settings = settings
         self.redis = client
         self.registry = registry
@@ -106,13 +107,18 @@ class Driver:
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).
         self._released: set[str] = set()
-        self.queue = make_queue(client, settings.queue)
+        self.queue = make_queue(client, queue_name or settings.queue)
         self.runner = ToolRunner()
         self.held: dict[str, Slot] = {}
 
     # Entry point ------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> dict[str, Any]:
+        if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+            # A malformed command: nothing to drive, nothing to write.
+            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
+            log.error("refused a command naming run %r: not a valid run id", run_id)
+            return {"refused": "invalid run id"}
         lease, version, raw = self.leases.acquire_and_load(run_id, self.worker_id)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
@@ -141,6 +147,11 @@ class Driver:
         Another ``drain`` is put on the queue as soon as this one has taken a run and more
         are waiting, so idle workers join in; the last one re-queues itself if runs remain.
         """
+        if queue_name != self.queue.name:
+            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
+            log.error("refused a drain of queue %r: this worker serves %r", queue_name,
+                      self.queue.name)
+            return {"refused": "wrong queue"}
         ready = keys.ready(queue_name)
         self.redis.delete(keys.drain_pending(queue_name))
         end = time.monotonic() + DRAIN_BUDGET_S
@@ -457,7 +468,7 @@ class Driver:
                                       self.settings.cancel_grace_ms / 1000)
             base = {"step": act.step, "key": act.key}
             if result.outcome == "returned":
-                return [Spec(ev.ActionSucceeded, {**base, "result": _plain(result.value)})]
+                return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
             if result.outcome == "timed_out":
                 return [Spec(ev.ActionTimedOut, base)]
             if result.outcome == "interrupted":
@@ -488,6 +499,18 @@ class Driver:
                                               "reason": f"{type(err).__name__}: {err}"[:500],
                                               "request": act.key})]
             return [Spec(ev.ActionFailed, fields)]
+
+    def _result(self, value: Any) -> Any:
+        """What the log keeps of a tool's result. The effect happened either way: a result
+        that is not plain data, or too large, is recorded as omitted, never as a failure."""
+        try:
+            data = msgspec.json.encode(value)
+        except (TypeError, ValueError) as exc:
+            return {"_omitted": f"result is not plain data: {exc}"[:300]}
+        if len(data) > self.settings.max_payload_bytes:
+            return {"_omitted": f"result of {len(data)} bytes exceeds "
+                                f"{self.settings.max_payload_bytes}"}
+        return msgspec.json.decode(data)
 
     def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         state = handle.state

@@ -130,7 +130,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     client = connect(settings)
     registry.load(settings.agents)
     wid = worker_id()
-    _driver = Driver(settings, client, registry, wid)
+    _driver = Driver(settings, client, registry, wid, queue_name)
     listener = CancelListener(settings, connect(settings, check=False), _driver)
     listener.start()
     listener.ready.wait(5)

@@ -1,0 +1,102 @@
+"""Bad input gets a clear error and loses nothing; the worker never crashes on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from durable import events as ev
+from durable import keys
+from durable.agents import Agent, Call, Decision, Tool, ToolContext, register
+from durable.client import Client
+from durable.driver import Driver
+from durable.eventlog import RunHandle, Spec
+from durable.harness import Server, Worker
+from durable.state import RunState
+from tests.agents import EchoInput
+
+
+@register
+class Hoarder(Tool):
+    """Returns a result that is too big, or not plain data."""
+
+    name = "hoarder"
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return object() if args.get("odd") else "x" * 600_000
+
+
+@register
+class Greedy(Agent):
+    name = "greedy"
+    input_model = EchoInput
+    tools = ("hoarder",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Finish
+
+        if state.step >= 2:
+            return Finish([a.result for a in state.actions.values()])
+        return Call("hoarder" if state.input["text"] != "bad-tool" else "nope",
+                    {"odd": state.step == 1})
+
+
+def _driver(client: Client) -> Driver:
+    from durable.agents import registry
+
+    return Driver(client.settings, client.redis, registry, "test-worker")
+
+
+def test_a_run_of_an_unknown_agent_is_quarantined_with_the_reason(client: Client) -> None:
+    handle = RunHandle("ghost", RunState(), actor="t")
+    client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "ghost-agent", "input": {}})])
+    assert _driver(client).advance("ghost")["run"] == "ghost"
+    state = client.status("ghost")
+    assert state.state == "quarantined" and "unknown agent 'ghost-agent'" in (state.reason or "")
+
+
+def test_an_agent_deciding_an_unknown_tool_is_quarantined(client: Client) -> None:
+    client.start("greedy", {"text": "bad-tool"}, run_id="badtool", enqueue=False)
+    _driver(client).advance("badtool")
+    state = client.status("badtool")
+    assert state.state == "quarantined" and "unknown tool 'nope'" in (state.reason or "")
+    assert state.step == 0  # nothing was decided, nothing sent
+
+
+def test_oversized_or_odd_results_are_recorded_as_omitted_not_lost(client: Client) -> None:
+    client.start("greedy", {"text": "ok"}, run_id="hoard", enqueue=False)
+    _driver(client).advance("hoard")
+    state = client.status("hoard")
+    assert state.state == "completed"
+    first, second = state.result
+    assert "exceeds" in first["_omitted"] and "not plain data" in second["_omitted"]
+
+
+def test_malformed_commands_are_refused_and_the_worker_keeps_going(
+    client: Client, server: Server, r: redis.Redis
+) -> None:
+    client.queue.enqueue_call(func="durable.commands.advance", args=("bad {id}",))
+    client.queue.enqueue_call(func="durable.commands.drain", args=("other-queue",))
+    client.queue.enqueue_call(func="durable.commands.advance", args=(12,))
+    client.start("count", {"steps": 1}, run_id="after-junk")
+    w = Worker(server.url, burst=True)
+    assert w.wait(60) == 0
+    assert client.status("after-junk").state == "completed"
+    assert int(r.hget(keys.STATS, "malformed_commands") or 0) == 3
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00\x01", b"{}", b'{"run": 5}', b'{"run":"x","scope":"all"}',
+])
+def test_malformed_pubsub_messages_change_nothing(payload: bytes, client: Client,
+                                                  r: redis.Redis) -> None:
+    from durable.worker_runtime import CancelListener
+
+    client.start("count", {"steps": 1}, run_id="x", enqueue=False)
+    before = client.status("x").version
+    listener = CancelListener(client.settings, r, _driver(client))
+    listener.handle(payload)
+    assert int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1
+    assert client.status("x").version == before
