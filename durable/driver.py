@@ -15,11 +15,13 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import redis
+import tenacity
 
 from durable import events as ev
 from durable import keys
@@ -53,7 +55,7 @@ from durable.resolve import resolve_unknown
 from durable.resume import revalidate, version_policy
 from durable.settings import Settings
 from durable.state import Action, RunState
-from durable.toolrunner import ToolRunner
+from durable.toolrunner import CallResult, ToolRunner
 
 log = logging.getLogger("durable.worker")
 
@@ -72,6 +74,28 @@ class Slot:
     """A run this worker holds: the token of its in-flight call."""
 
     token: CancelToken = field(default_factory=CancelToken)
+
+
+class _Retryable(Exception):
+    """Internal: carries a call that raised one of its tool's retryable errors."""
+
+    def __init__(self, result: CallResult) -> None:
+        self.result = result
+        super().__init__(repr(result.error))
+
+
+class _StopWhen(tenacity.stop.stop_base):
+    """Stop retrying when a condition holds (the deadline is near, or a cancel came)."""
+
+    def __init__(self, condition: Callable[[], bool]) -> None:
+        self.condition = condition
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.condition()
+
+
+def _pause(token: CancelToken, seconds: float) -> None:
+    token.wait(max(seconds, 0.0))  # a cancel ends the pause early
 
 
 class _Stop(Exception):
@@ -462,43 +486,61 @@ class Driver:
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=slot.token, attempt=act.attempts)
         args = dict(act.args or {})
-        quick = 0
-        while True:
-            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(), slot.token,
-                                      self.settings.cancel_grace_ms / 1000)
-            base = {"step": act.step, "key": act.key}
-            if result.outcome == "returned":
-                return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
-            if result.outcome == "timed_out":
-                return [Spec(ev.ActionTimedOut, base)]
-            if result.outcome == "interrupted":
-                return [Spec(ev.ActionInterrupted, {**base, "reason": slot.token.reason
-                                                    or "did not stop in time"})]
-            err = result.error
-            if isinstance(err, OutcomeUnknown):
-                return [Spec(ev.ActionInterrupted, {**base, "reason": f"outcome unknown: {err}"
-                                                    [:500]})]
-            if isinstance(err, Cancelled):
-                if tool.cancellable:
-                    return [Spec(ev.CallCanceled, {**base, "reason": slot.token.reason
-                                                   or "canceled"})]
-                return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
-            assert err is not None
-            retryable = isinstance(err, tool.retryable)
-            if retryable and quick < tool.max_quick_retries and ctx.remaining() > 0.1:
-                quick += 1
-                if slot.token.wait(min(0.05 * 2 ** quick, ctx.remaining() / 2)):
-                    continue
-                continue
-            fields = {**base, "error": str(err)[:2000] or type(err).__name__,
-                      "error_type": type(err).__name__, "retryable": retryable}
-            if retryable and act.attempts < tool.max_attempts:
-                until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
-                return [Spec(ev.ActionReconciled, {**base, "resolution": "not_applied"}),
-                        Spec(ev.WaitEntered, {"kind": "retry", "until": until,
-                                              "reason": f"{type(err).__name__}: {err}"[:500],
-                                              "request": act.key})]
-            return [Spec(ev.ActionFailed, fields)]
+        grace = self.settings.cancel_grace_ms / 1000
+
+        def attempt() -> CallResult:
+            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(),
+                                      slot.token, grace)
+            if result.outcome == "raised" and isinstance(result.error, tool.retryable):
+                raise _Retryable(result)
+            return result
+
+        # Quick retries, for the tool's named retryable errors only, within the deadline.
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(tool.max_quick_retries + 1)
+            | _StopWhen(lambda: ctx.remaining() < 0.1 or slot.token.cancelled),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            sleep=lambda seconds: _pause(slot.token, min(seconds, ctx.remaining() / 2)),
+            reraise=True,
+        )
+        try:
+            result = retrying(attempt)
+        except _Retryable as spent:
+            result = spent.result
+        return self._outcome(tool, act, slot, result)
+
+    def _outcome(self, tool: Tool, act: Action, slot: Slot, result: CallResult) -> list[Spec]:
+        """The events that record what one dispatch observed."""
+        base = {"step": act.step, "key": act.key}
+        if result.outcome == "returned":
+            return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
+        if result.outcome == "timed_out":
+            return [Spec(ev.ActionTimedOut, base)]
+        if result.outcome == "interrupted":
+            return [Spec(ev.ActionInterrupted, {**base, "reason": slot.token.reason
+                                                or "did not stop in time"})]
+        err = result.error
+        if isinstance(err, OutcomeUnknown):
+            return [Spec(ev.ActionInterrupted, {**base, "reason": f"outcome unknown: {err}"
+                                                [:500]})]
+        if isinstance(err, Cancelled):
+            if tool.cancellable:
+                return [Spec(ev.CallCanceled, {**base, "reason": slot.token.reason
+                                               or "canceled"})]
+            return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
+        assert err is not None
+        retryable = isinstance(err, tool.retryable)
+        fields = {**base, "error": str(err)[:2000] or type(err).__name__,
+                  "error_type": type(err).__name__, "retryable": retryable}
+        if retryable and act.attempts < tool.max_attempts:
+            # Longer backoff: the run waits (no worker held), the step keeps its key.
+            until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
+            return [Spec(ev.ActionFailed, {**fields, "retry_at": until}),
+                    Spec(ev.WaitEntered, {"kind": "retry", "until": until,
+                                          "reason": f"{type(err).__name__}: {err}"[:500],
+                                          "request": act.key})]
+        return [Spec(ev.ActionFailed, fields)]
 
     def _result(self, value: Any) -> Any:
         """What the log keeps of a tool's result. The effect happened either way: a result

@@ -240,7 +240,7 @@ class EventLog:
             settled = _LEDGER_OUTCOME.get(type(event))
             if settled is not None and not (
                 isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
-            ):
+            ) and not (isinstance(event, ev.ActionFailed) and event.retry_at):
                 key = event.key  # type: ignore[attr-defined]
                 handle.staged_ops.append(("p", key, f"done|{settled}|{event.seq}"))
 

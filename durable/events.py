@@ -74,11 +74,14 @@ class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
+    """``retry_at`` > 0: a retryable error; the step is sent again (same key) at that time."""
+
     step: int
     key: str
     error: str
     error_type: str = ""
     retryable: bool = False
+    retry_at: int = 0
 
 
 class ActionTimedOut(Event, tag="action_timed_out", kw_only=True, frozen=True):

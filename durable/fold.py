@@ -85,9 +85,12 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             _settle(state, act, window)
         case ev.ActionFailed():
             act = state.actions[e.step]
-            act.status, act.error, act.error_type = "failed", e.error, e.error_type
-            act.retryable = e.retryable
-            _settle(state, act, window)
+            act.error, act.error_type, act.retryable = e.error, e.error_type, e.retryable
+            if e.retry_at:
+                act.status = "not_applied"  # refused, safe to send again with the same key
+            else:
+                act.status = "failed"
+                _settle(state, act, window)
         case ev.ActionTimedOut() | ev.ActionInterrupted():
             act = state.actions[e.step]
             act.status = "unknown"

@@ -166,8 +166,10 @@ class Payout(Tool):
     approval_ttl_s = 60.0
 
     def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
+        from pathlib import Path
+
         path = os.environ.get("TEST_FACT_FILE")
-        return {"balance": open(path).read().strip() if path else "?"}
+        return {"balance": Path(path).read_text().strip() if path else "?"}
 
     def evidence(self, args: dict[str, Any]) -> list[str]:
         return [f"invoice:{args['amount']}"]
@@ -250,3 +252,51 @@ class Unsure(Agent):
         if state.step >= state.input["steps"]:
             return Finish({"rows": state.step})
         return Call("lostreply", {"n": state.step + 1})
+
+
+@register
+class FlakyTool(Tool):
+    """Fails with ``Flaky`` (retryable) for the first ``TEST_FLAKY_N`` calls, counted in a
+    file; ``boom`` raises a ValueError, which is not retryable."""
+
+    name = "flaky"
+    timeout_s = 2.0
+    retryable = (Flaky,)
+    max_quick_retries = 2
+    retry_backoff_s = 0.2
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        if args.get("boom"):
+            raise ValueError("bad request: not retryable")
+        from pathlib import Path
+
+        path = Path(os.environ["TEST_FLAKY_FILE"])
+        calls = int(path.read_text() or 0) + 1 if path.exists() else 1
+        path.write_text(str(calls))
+        if calls <= int(os.environ.get("TEST_FLAKY_N", "0")):
+            raise Flaky(f"503 on call {calls}")
+        return {"calls": calls}
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()
+
+
+class FlakyInput(BaseModel):
+    boom: bool = False
+
+
+@register
+class Persistent(Agent):
+    name = "persistent"
+    input_model = FlakyInput
+    tools = ("flaky",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Fail
+
+        last = state.last
+        if last is None:
+            return Call("flaky", {"boom": state.input["boom"]})
+        if last.status == "failed":
+            return Fail(f"gave up: {last.error_type}: {last.error}")
+        return Finish(last.result)
