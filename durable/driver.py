@@ -186,7 +186,12 @@ class Driver:
                 break
             if done == 0 and self.redis.llen(ready):
                 ensure_drain(self.redis, self.queue)
-            self.advance(raw.decode() if isinstance(raw, bytes) else str(raw))
+            run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                self.advance(run_id)
+            except Exception:  # e.g. Redis unreachable: the reconciler brings the run back
+                log.exception("run %s: advance failed", run_id)
+                self.redis.hincrby(keys.STATS, "advance_errors", 1)
             done += 1
         if self.redis.llen(ready):
             ensure_drain(self.redis, self.queue)
