@@ -11,6 +11,7 @@ nothing and drops its work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -191,7 +192,8 @@ class Driver:
                 self.advance(run_id)
             except Exception:  # e.g. Redis unreachable: the reconciler brings the run back
                 log.exception("run %s: advance failed", run_id)
-                self.redis.hincrby(keys.STATS, "advance_errors", 1)
+                with contextlib.suppress(redis.RedisError):
+                    self.redis.hincrby(keys.STATS, "advance_errors", 1)
             done += 1
         if self.redis.llen(ready):
             ensure_drain(self.redis, self.queue)
