@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 import redis
+import tenacity
 
 from durable.errors import UnsafeRedis
 from durable.settings import Settings
@@ -20,10 +21,24 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
 
         url = ensure_server(settings)
     client = redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    if settings.redis_url:
+        _wait_until_up(client, settings.connect_timeout_s)
     if check and settings.redis_url:
         for problem in safety_problems(client):
             warnings.warn(f"{url}: {problem}", UnsafeRedis, stacklevel=2)
     return client
+
+
+def _wait_until_up(client: redis.Redis, timeout_s: float) -> None:
+    """Processes started together (the Procfile) may come up before their server does."""
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(redis.ConnectionError),
+        stop=tenacity.stop_after_delay(timeout_s),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+        reraise=True,
+    ):
+        with attempt:
+            client.ping()
 
 
 def safety_problems(client: redis.Redis) -> list[str]:

@@ -124,10 +124,27 @@ def start(
     return url, proc
 
 
+def _starting_url(data_dir: Path, timeout: float = 15.0) -> str | None:
+    """A server whose process is alive but not answering yet (``durable redis`` starting
+    next to this process, as under the Procfile): wait for it rather than start another."""
+    try:
+        info = json.loads((data_dir / ADDRESS_FILE).read_text())
+        pid, url = int(info["pid"]), str(info["url"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if _ping(url, 0.2):
+            return url
+        time.sleep(0.05)
+    return None
+
+
 def ensure_server(settings: Settings) -> str:
     """The URL of the embedded server for this data dir, starting it if none answers."""
     data_dir = settings.data_dir
-    url = recorded_url(data_dir)
+    url = recorded_url(data_dir) or _starting_url(data_dir)
     if url:
         return url
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,9 @@ class Settings(BaseSettings):
         default="always", description="appendfsync policy of the embedded server."
     )
     queue: str = Field(default="durable", description="RQ queue the commands go to.")
+    connect_timeout_s: float = Field(
+        default=30.0, ge=0, description="How long to wait for DURABLE_REDIS_URL to answer."
+    )
     lease_ttl_ms: int = Field(default=5000, ge=200, description="Lease time to live.")
     steps_per_job: int = Field(
         default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
