@@ -118,3 +118,34 @@ def test_usage_errors_exit_2_with_one_line(argv: list[str], message: str,
     assert message in err
     assert out == ""
     assert not client.redis.keys("dx:{*}:log")
+
+
+def test_repair_index_rebuilds_the_derived_indexes_from_the_logs(
+    capsys: pytest.CaptureFixture[str], client: Client, r: redis.Redis
+) -> None:
+    client.start("count", {"steps": 1}, run_id="ix1", enqueue=False)
+    client.start("count", {"steps": 1}, run_id="ix2", enqueue=False)
+    client.cancel("ix2", "stop")
+    for key in [*r.keys("dx:runs*"), keys.DUE.encode()]:
+        r.delete(key)
+    assert client.runs() == []
+    code, out, _ = _run(capsys, "repair-index")
+    assert code == 0 and "reindexed 2 runs" in out
+    assert {s.run_id: s.state for s in client.runs()} == {"ix1": "pending", "ix2": "canceled"}
+    assert [s.run_id for s in client.runs("canceled")] == ["ix2"]
+    assert r.zscore(keys.DUE, "ix1") is not None and r.zscore(keys.DUE, "ix2") is None
+
+
+def test_quarantine_release_command(capsys: pytest.CaptureFixture[str], client: Client,
+                                    r: redis.Redis) -> None:
+    from durable.eventlog import Spec
+    from durable.events import Quarantined
+
+    client.start("count", {"steps": 1}, run_id="qr", enqueue=False)
+    handle = client.log.load("qr")
+    client.log.commit(handle, [Spec(Quarantined, {"reason": "operator check"})])
+    code, out, _ = _run(capsys, "runs", "--state", "quarantined", "--json")
+    assert json.loads(out)["reason"] == "operator check"
+    code, out, _ = _run(capsys, "quarantine", "release", "qr")
+    assert code == 0 and "pending" in out
+    assert client.status("qr").state == "pending"
