@@ -41,6 +41,8 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["DURABLE_PORT"] = str(free_port())
+    # The Procfile names the `durable` script: the one installed next to this Python.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())
     honcho = subprocess.Popen([sys.executable, "-m", "honcho", "start", "-c", "worker=2"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,
