@@ -56,6 +56,14 @@ class Wait:
 Decision = Call | Finish | Fail | Wait
 
 
+def call_signature(tool: str, args: Any) -> str:
+    """A call as canonical text: what replay compares between a recorded intent and a
+    decision taken again."""
+    import msgspec
+
+    return f"call {tool}({msgspec.json.encode(args, order='sorted').decode()})"
+
+
 class OutcomeUnknown(Exception):
     """Raised by a tool that sent its effect but cannot tell whether it was applied (the
     reply was lost). Recorded as interrupted, outcome unknown; resolved by ``lookup`` once

@@ -16,13 +16,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import redis
-import tenacity
 
 from durable import events as ev
 from durable import keys
@@ -31,15 +29,15 @@ from durable.agents import (
     Call,
     Fail,
     Finish,
-    OutcomeUnknown,
     Registry,
     Tool,
-    ToolContext,
     Wait,
+    call_signature,
 )
 from durable.approvals import gate, request_specs
-from durable.cancellation import Cancelled, CancelToken
+from durable.cancellation import CancelToken
 from durable.commands import enqueue_advance, ensure_drain, make_queue
+from durable.dispatch import Dispatcher
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -56,7 +54,6 @@ from durable.resolve import resolve_unknown
 from durable.resume import revalidate, version_policy
 from durable.settings import Settings
 from durable.state import Action, RunState
-from durable.toolrunner import CallResult, ToolRunner
 
 log = logging.getLogger("durable.worker")
 
@@ -75,28 +72,6 @@ class Slot:
     """A run this worker holds: the token of its in-flight call."""
 
     token: CancelToken = field(default_factory=CancelToken)
-
-
-class _Retryable(Exception):
-    """Internal: carries a call that raised one of its tool's retryable errors."""
-
-    def __init__(self, result: CallResult) -> None:
-        self.result = result
-        super().__init__(repr(result.error))
-
-
-class _StopWhen(tenacity.stop.stop_base):
-    """Stop retrying when a condition holds (the deadline is near, or a cancel came)."""
-
-    def __init__(self, condition: Callable[[], bool]) -> None:
-        self.condition = condition
-
-    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
-        return self.condition()
-
-
-def _pause(token: CancelToken, seconds: float) -> None:
-    token.wait(max(seconds, 0.0))  # a cancel ends the pause early
 
 
 class _Stop(Exception):
@@ -133,7 +108,7 @@ class Driver:
         #: Leases let go by a job's last write (append.lua's "r" flag).
         self._released: set[str] = set()
         self.queue = make_queue(client, queue_name or settings.queue)
-        self.runner = ToolRunner()
+        self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
         self.held: dict[str, Slot] = {}
 
     # Entry point ------------------------------------------------------------------------
@@ -319,10 +294,10 @@ class Driver:
         if act is None or before is None or before.step + 1 != act.step:
             return
         decision = agent.decide(before)
-        recorded = f"call {act.tool}({_canon(act.args)})"
+        recorded = call_signature(act.tool, act.args)
         if not isinstance(decision, Call):
             raise NondeterminismError(handle.run_id, act.step, recorded, type(decision).__name__)
-        now = f"call {decision.tool}({_canon(decision.args)})"
+        now = call_signature(decision.tool, decision.args)
         if now != recorded:
             raise NondeterminismError(handle.run_id, act.step, recorded, now)
         self.redis.hincrby(keys.STATS, "replayed_intents", 1)
@@ -469,7 +444,7 @@ class Driver:
 
     def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                   pending: list[Spec]) -> tuple[bool, int]:
-        spec = self.dispatch(handle.run_id, tool, act, slot)
+        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token)
         fault_point("after_effect", act.step)
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise _Stop("lease lost during the call")
@@ -487,79 +462,6 @@ class Driver:
 
     def _lease_of(self, handle: RunHandle) -> Lease:
         return Lease(handle.run_id, handle.lease)
-
-    def dispatch(self, run_id: str, tool: Tool, act: Action, slot: Slot) -> list[Spec]:
-        """Call the tool once (quick retries for its named retryable errors)."""
-        ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
-                          token=slot.token, attempt=act.attempts)
-        args = dict(act.args or {})
-        grace = self.settings.cancel_grace_ms / 1000
-
-        def attempt() -> CallResult:
-            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(),
-                                      slot.token, grace)
-            if result.outcome == "raised" and isinstance(result.error, tool.retryable):
-                raise _Retryable(result)
-            return result
-
-        # Quick retries, for the tool's named retryable errors only, within the deadline.
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_Retryable),
-            stop=tenacity.stop_after_attempt(tool.max_quick_retries + 1)
-            | _StopWhen(lambda: ctx.remaining() < 0.1 or slot.token.cancelled),
-            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
-            sleep=lambda seconds: _pause(slot.token, min(seconds, ctx.remaining() / 2)),
-            reraise=True,
-        )
-        try:
-            result = retrying(attempt)
-        except _Retryable as spent:
-            result = spent.result
-        return self._outcome(tool, act, slot, result)
-
-    def _outcome(self, tool: Tool, act: Action, slot: Slot, result: CallResult) -> list[Spec]:
-        """The events that record what one dispatch observed."""
-        base = {"step": act.step, "key": act.key}
-        if result.outcome == "returned":
-            return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
-        if result.outcome == "timed_out":
-            return [Spec(ev.ActionTimedOut, base)]
-        if result.outcome == "interrupted":
-            return [Spec(ev.ActionInterrupted, {**base, "reason": slot.token.reason
-                                                or "did not stop in time"})]
-        err = result.error
-        if isinstance(err, OutcomeUnknown):
-            return [Spec(ev.ActionInterrupted, {**base, "reason": f"outcome unknown: {err}"
-                                                [:500]})]
-        if isinstance(err, Cancelled):
-            if tool.cancellable:
-                return [Spec(ev.CallCanceled, {**base, "reason": slot.token.reason
-                                               or "canceled"})]
-            return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
-        assert err is not None
-        retryable = isinstance(err, tool.retryable)
-        fields = {**base, "error": str(err)[:2000] or type(err).__name__,
-                  "error_type": type(err).__name__, "retryable": retryable}
-        if retryable and act.attempts < tool.max_attempts:
-            # Longer backoff: the run waits (no worker held), the step keeps its key.
-            until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
-            return [Spec(ev.ActionFailed, {**fields, "retry_at": until}),
-                    Spec(ev.WaitEntered, {"kind": "retry", "until": until,
-                                          "reason": f"{type(err).__name__}: {err}"[:500],
-                                          "request": act.key})]
-        return [Spec(ev.ActionFailed, fields)]
-
-    def _result(self, value: Any) -> Any:
-        """What the log keeps of a tool's result. The effect happened either way: a result
-        that is not plain data, or too large, is recorded as omitted, never as a failure."""
-        try:
-            data = msgspec.json.encode(value)
-        except (TypeError, ValueError) as exc:
-            return {"_omitted": f"result is not plain data: {exc}"[:300]}
-        if len(data) > self.settings.max_payload_bytes:
-            return {"_omitted": f"result of {len(data)} bytes exceeds "
-                                f"{self.settings.max_payload_bytes}"}
-        return msgspec.json.decode(data)
 
     def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         state = handle.state
@@ -584,10 +486,6 @@ class Driver:
 def step_key(run_id: str, step: int) -> str:
     """The idempotency key of a step: stable across attempts and workers."""
     return f"{run_id}:{step}"
-
-
-def _canon(value: Any) -> str:
-    return msgspec.json.encode(value, order="sorted").decode()
 
 
 def _plain(value: Any) -> Any:

@@ -187,7 +187,7 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
     Returns the number of intents re-observed. This is what a worker does for the open
     intent when it re-drives a run, applied to the whole log (audits, fixtures, upgrades).
     """
-    from durable.driver import _canon
+    from durable.agents import call_signature
     from durable.errors import NondeterminismError
 
     state = RunState()
@@ -196,8 +196,8 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
         event = _decoded(entry)
         if isinstance(event, ev.StepDecided):
             decision = agent.decide(state)
-            recorded = f"call {event.tool}({_canon(event.args)})"
-            now = (f"call {decision.tool}({_canon(decision.args)})"
+            recorded = call_signature(event.tool, event.args)
+            now = (call_signature(decision.tool, decision.args)
                    if hasattr(decision, "tool") else type(decision).__name__)
             if now != recorded:
                 raise NondeterminismError(run_id, event.step, recorded, now)
