@@ -460,9 +460,6 @@ class Driver:
             return False, 1
         return False, 1
 
-    def _lease_of(self, handle: RunHandle) -> Lease:
-        return Lease(handle.run_id, handle.lease)
-
     def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         state = handle.state
         assert state.cancel is not None

@@ -89,7 +89,6 @@ class RunHandle:
     base_version: int = 0
     staged: list[bytes] = field(default_factory=list)
     base_state: str = ""
-    stale: bool = False
     staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
 
 
@@ -207,21 +206,6 @@ class EventLog:
             raise DecodeError(handle.last_id, "log and projection disagree")
         return handle
 
-    def refresh(self, handle: RunHandle) -> list[ev.Event]:
-        """Fold what others appended since the handle's last entry; returns those events."""
-        raw = self.redis.xrange(keys.log(handle.run_id), f"({handle.last_id}", "+")
-        new = []
-        for i, f in raw:
-            entry = self._entry(i, f)
-            if entry.event is None:
-                raise DecodeError(entry.id, entry.error or "undecodable")
-            apply(handle.state, entry.event, self.window)
-            handle.last_id = entry.id
-            new.append(entry.event)
-        handle.base_version = handle.state.version
-        handle.base_state = handle.state.state
-        return new
-
     # Writing ---------------------------------------------------------------------------
 
     def stamp(self, handle: RunHandle, spec: Spec, seq: int, ts: int) -> ev.Event:
@@ -331,7 +315,6 @@ class EventLog:
             handle.base_version = handle.state.version
             handle.base_state = handle.state.state
             return handle.last_id
-        handle.stale = True
         if tag == "conflict":
             raise ConflictError(handle.run_id, expected, int(reply[1]))
         if tag == "lease":

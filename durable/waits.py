@@ -10,7 +10,7 @@ from typing import Any
 
 from durable import events as ev
 from durable.errors import ConflictError, Refused, UsageError
-from durable.eventlog import EventLog, RunHandle, Spec, now_ms
+from durable.eventlog import EventLog, Spec, now_ms
 from durable.settings import Settings
 from durable.state import RunState
 
@@ -71,11 +71,3 @@ def decide(elog: EventLog, settings: Settings, run_id: str, request: str, decisi
             continue
         return handle.state, True
     raise ConflictError(run_id, -1, -1)
-
-
-def open_requests(handle: RunHandle) -> list[dict[str, Any]]:
-    return [
-        {"request": a.request, "step": a.step, "kind": a.kind, "role": a.role,
-         "digest": a.digest, "expires": a.expires, "evidence": a.evidence}
-        for a in handle.state.approvals.values() if a.decision is None
-    ]
