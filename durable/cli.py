@@ -48,9 +48,15 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def cmd_redis(args: argparse.Namespace) -> int:
-    from durable.embedded import run_foreground
+    from durable.embedded import run_foreground, stop
 
-    return run_foreground(Settings(), args.port)
+    settings = Settings()
+    if args.stop:
+        stopped = stop(settings.data_dir)
+        print(f"stopped the server of {settings.data_dir}" if stopped
+              else f"no server runs for {settings.data_dir}")
+        return OK if stopped else CHECK_FAILED
+    return run_foreground(settings, args.port)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -186,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
     sp.add_argument("--port", type=int, default=0)
+    sp.add_argument("--stop", action="store_true", help="stop the server of the data dir")
     sp = add("start", cmd_start, "start a run; prints its id")
     sp.add_argument("agent")
     sp.add_argument("--input", default=None, help="the agent's input as JSON")

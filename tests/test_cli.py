@@ -149,3 +149,19 @@ def test_quarantine_release_command(capsys: pytest.CaptureFixture[str], client: 
     code, out, _ = _run(capsys, "quarantine", "release", "qr")
     assert code == 0 and "pending" in out
     assert client.status("qr").state == "pending"
+
+
+def test_redis_stop_shuts_the_recorded_background_server(
+    capsys: pytest.CaptureFixture[str], tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    from durable import embedded
+
+    data = Path(str(tmp_path))
+    _url, proc = embedded.start(data, "everysec")
+    monkeypatch.setenv("DURABLE_DATA_DIR", str(data))
+    code, out, _ = _run(capsys, "redis", "--stop")
+    assert code == 0 and "stopped" in out
+    assert proc.wait(10) is not None
+    assert _run(capsys, "redis", "--stop")[0] == 1
