@@ -31,10 +31,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from durable.agents import Agent, Call, Decision, Fail, Finish, register
-from durable.examples.pipeline import Notify, _http, check_refusals, world
+from durable.examples.pipeline import Notify, PipelineInput, _http, check_refusals, world
 from durable.state import RunState
 
 
@@ -61,10 +61,10 @@ class Publish(Notify):
                 f"to {args['recipient']}: {args['message']}"]
 
 
-class AnnounceInput(BaseModel):
-    source: str = Field(default="orders", pattern=r"^[a-z0-9-]{1,40}$")
+class AnnounceInput(PipelineInput):
+    """The pipeline's input; announcements go to customers by default."""
+
     recipient: str = Field(default="customers@example.com", min_length=3, max_length=200)
-    threshold: float = Field(default=250.0, ge=0, description="flag records at or above it")
 
 
 @register
