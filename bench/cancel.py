@@ -18,10 +18,10 @@ from typing import Any
 import redis
 
 from bench.common import fresh, median, percentile, settings_for
-from durable import events as ev
-from durable import keys
 from durable.client import Client
-from durable.harness import Worker
+from durable.log import events as ev
+from durable.log import keys
+from durable.testing import Worker
 
 
 def _wait_for(r: redis.Redis, run_id: str, cls: type[ev.Event], last: bytes,

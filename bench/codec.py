@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from durable import events as ev
-from durable.state import Action, RunState
+from durable.log import events as ev
+from durable.log.state import Action, RunState
 
 RUN = "r-7f3a9c2e41d05b68"
 ACTOR = "worker-host:48213:a91f0c"
@@ -59,7 +59,7 @@ def sample_events() -> dict[str, ev.Event]:
                              role="finance", evidence=[f"{RUN}:5"], expires=TS + 86_400_000),
         ev.ApprovalDecided(**base, seq=25, request=f"{RUN}:a7", decision="approve",
                            approver="alice", note="ok"),
-        ev.LeaseLost(**base, seq=26, owner="worker-host:48213:a91f0c", epoch=3),
+        ev.RetiredLeaseLost(**base, seq=26, owner="worker-host:48213:a91f0c", epoch=3),
         ev.Checkpoint(**base, seq=601, state=state),
         ev.Completed(**base, seq=27, result={"steps": 4}),
         ev.Failed(**base, seq=27, error="agent gave up"),
@@ -146,14 +146,14 @@ def real_runs(servers: Any, long_steps: int) -> dict[str, Any]:
     from bench.common import fresh, settings_for
     from durable.agents import registry
     from durable.client import Client
-    from durable.driver import Driver
+    from workers.loop import StepLoop
 
     srv = servers.get("everysec")
     r = srv.client()
     fresh(r)
     settings = settings_for(srv.url)
     client = Client(settings, r)
-    driver = Driver(settings, r, registry, "bench-codec:1:000000")
+    driver = StepLoop(settings, r, registry, "bench-codec:1:000000")
     out = {}
     for label, steps in (("4-step run", 4), (f"{long_steps}-step run", long_steps)):
         rid = f"codec{steps}"
@@ -169,7 +169,7 @@ def real_runs(servers: Any, long_steps: int) -> dict[str, Any]:
 def redis_bytes(r: Any, run_id: str) -> dict[str, float]:
     """Bytes per entry of a real run's log, as stored (msgpack), and the same entries
     re-encoded as JSON in a scratch stream (same ids, so the same stream layout)."""
-    from durable import keys
+    from durable.log import keys
 
     log_key = keys.log(run_id)
     n = r.xlen(log_key)

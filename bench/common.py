@@ -13,9 +13,9 @@ from typing import Any
 
 import redis
 
-from durable import keys
-from durable.harness import Server
+from durable.log import keys
 from durable.settings import Settings
+from durable.testing import Server
 
 FSYNCS = ("everysec", "always")
 

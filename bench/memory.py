@@ -16,10 +16,10 @@ import psutil
 import redis
 
 from bench.common import fresh, median, settings_for
-from durable import events as ev
-from durable import keys
 from durable.client import Client
-from durable.harness import Worker
+from durable.log import events as ev
+from durable.log import keys
+from durable.testing import Worker
 
 
 def wait_done(r: redis.Redis, ids: list[str], timeout: float = 300.0) -> None:

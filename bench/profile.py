@@ -7,7 +7,7 @@ Two views, both in this process (no core change):
    named parts of the hot path (Redis round trips, heartbeat thread, tool thread hop,
    load, stage/commit, checks) and count Redis round trips. What is not wrapped is the
    residual of the enclosing part.
-2. ``cprofile``: ``Driver.advance`` under cProfile (top functions by own time), written to
+2. ``cprofile``: ``StepLoop.advance`` under cProfile (top functions by own time), written to
    ``bench/results/profile.txt``.
 """
 
@@ -29,13 +29,16 @@ from rq.worker import BaseWorker
 
 from bench.common import fresh, settings_for
 from bench.throughput import start_runs
-from durable import driver as drv
-from durable import eventlog, leases, state, toolrunner
-from durable import worker_runtime as wr
+from durable import leases
 from durable.agents import registry
 from durable.client import Client
-from durable.commands import make_queue
-from durable.driver import Driver
+from durable.log import state
+from durable.log import store as eventlog
+from durable.queue import make_queue
+from workers import loop as drv
+from workers import runtime as wr
+from workers import toolrunner
+from workers.loop import StepLoop
 
 
 class Accounting:
@@ -91,7 +94,7 @@ def _redis_label() -> str:
 PARTS = [
     # (owner, attribute, label); time goes to the innermost wrapped call.
     (BaseWorker, "work", "RQ worker machinery, excl. Redis"),
-    (Driver, "advance", "driver: other (advance/_drive/_step/_decide bodies)"),
+    (StepLoop, "advance", "driver: other (advance/_drive/_step/_decide bodies)"),
     (redis.Redis, "execute_command", _redis_label),
     (redis.client.Pipeline, "execute", _redis_label),
     # Parts that exist in some versions of the core only (skipped when absent):
@@ -107,7 +110,7 @@ PARTS = [
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
     (drv, "_plain", "driver: _plain (JSON round trip of args/results)"),
     (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
-    (drv.Driver, "_check_replay", "driver: _check_replay"),
+    (drv.StepLoop, "_check_replay", "driver: _check_replay"),
 ]
 
 
@@ -115,31 +118,31 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     settings = settings_for(url)
     client = Client(settings, r)
     start_runs(client, "pf", runs)
-    wr._driver = Driver(settings, r, registry, "bench-profile:1:000000")
+    wr._loop = StepLoop(settings, r, registry, "bench-profile:1:000000")
     queue = make_queue(r, settings.queue)
     worker = wr.DurableWorker([queue], connection=r, name="bench-profile",
                               serializer=queue.serializer)
     acct = Accounting()
     for owner, attr, label in PARTS:
         acct.wrap(owner, attr, label)
-    adv = Driver.advance
+    adv = StepLoop.advance
 
-    def advance(self: Driver, run_id: str) -> Any:
+    def advance(self: StepLoop, run_id: str) -> Any:
         _phase["driver"] = True
         try:
             return adv(self, run_id)
         finally:
             _phase["driver"] = False
 
-    Driver.advance = advance  # type: ignore[method-assign]
+    StepLoop.advance = advance  # type: ignore[method-assign]
     t0 = time.perf_counter()
     try:
         worker.work(burst=True, logging_level="WARNING")
     finally:
         total = time.perf_counter() - t0
-        Driver.advance = adv  # type: ignore[method-assign]
+        StepLoop.advance = adv  # type: ignore[method-assign]
         acct.undo()
-        wr._driver = None
+        wr._loop = None
     per_run_us = {k: v / runs * 1e6 for k, v in sorted(acct.excl.items(), key=lambda kv: -kv[1])}
     return {"runs": runs, "steps_per_run": 4, "total_ms_per_run": total / runs * 1000,
             "us_per_run": per_run_us,
@@ -152,7 +155,7 @@ def cprofile(url: str, r: redis.Redis, runs: int, path: Path) -> dict[str, Any]:
     settings = settings_for(url)
     client = Client(settings, r)
     ids = start_runs(client, "cp", runs, enqueue=False)
-    driver = Driver(settings, r, registry, "bench-cprofile:1:000000")
+    driver = StepLoop(settings, r, registry, "bench-cprofile:1:000000")
     for rid in ids[:10]:
         driver.advance(rid)
     prof = cProfile.Profile()
@@ -164,7 +167,7 @@ def cprofile(url: str, r: redis.Redis, runs: int, path: Path) -> dict[str, Any]:
     stats = pstats.Stats(prof, stream=buf)
     stats.sort_stats("tottime").print_stats(40)
     stats.sort_stats("cumulative").print_stats(50)
-    path.write_text(f"cProfile of Driver.advance on {runs - 10} four-step no-op runs\n\n"
+    path.write_text(f"cProfile of StepLoop.advance on {runs - 10} four-step no-op runs\n\n"
                     + buf.getvalue())
     return {"file": path.name, "runs": runs - 10}
 

@@ -16,11 +16,11 @@ from typing import Any
 import redis
 
 from bench.common import fresh, median
-from durable import events as ev
-from durable import keys
-from durable.eventlog import EventLog, RunHandle, Spec, now_ms
-from durable.fold import fold
-from durable.state import RunState
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.fold import fold
+from durable.log.state import RunState
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
 STEPS_PER_COMMIT = 4
 

@@ -130,7 +130,7 @@ def markdown(res: dict[str, Any]) -> str:
                            f"{v / tot:.1%} |")
             out.append("")
         if "cprofile" in pf:
-            out.append(f"cProfile of `Driver.advance`: `bench/results/{pf['cprofile']['file']}`."
+            out.append(f"cProfile of `StepLoop.advance`: `bench/results/{pf['cprofile']['file']}`."
                        "\n")
     cn = res.get("cancel")
     if cn:
@@ -181,7 +181,7 @@ def markdown(res: dict[str, Any]) -> str:
     wi = res.get("whatif")
     if wi:
         out.append("## What-if: suggested core changes, simulated in the benchmark process\n")
-        out.append("`Driver.advance` in-process on four-step no-op runs, blocks of 8 runs "
+        out.append("`StepLoop.advance` in-process on four-step no-op runs, blocks of 8 runs "
                    "timed once per variant in rotated order (medians):\n")
         fs = list(wi["driver"])
         out.append("| variant | " + " | ".join(f"{f} us/step | {f} vs baseline" for f in fs)

@@ -8,7 +8,7 @@ Configurations, each against a server with ``appendfsync everysec`` and one with
 - ``plain loop``: the same four no-op tool calls in a Python loop (the non-durable limit).
 - ``plain RQ``: four jobs per run of a no-op function on an in-process ``SimpleWorker``
   (burst mode, JSON serializer, ``result_ttl=0`` as the durable commands use).
-- ``driver in-process``: ``Driver.advance`` called in this process on pre-started runs (the
+- ``driver in-process``: ``StepLoop.advance`` called in this process on pre-started runs (the
   durable step loop with its lease, heartbeat and tool thread, but no RQ and no worker).
 - ``durable, N worker(s)``: K four-step ``count`` runs enqueued with ``Client.start``, then
   N ``durable worker --burst`` processes. Steps/s is measured from the runs' logs: from the
@@ -32,13 +32,13 @@ from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
 from bench.common import fresh, median, run_window, settings_for
-from durable import events as ev
-from durable import keys
 from durable.agents import ToolContext, registry
 from durable.cancellation import CancelToken
 from durable.client import Client
-from durable.driver import Driver
-from durable.harness import Worker
+from durable.log import events as ev
+from durable.log import keys
+from durable.testing import Worker
+from workers.loop import StepLoop
 
 STEPS = 4
 FLOOR_LUA = (Path(__file__).parent / "floor.lua").read_text()
@@ -75,7 +75,7 @@ def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
 
 
 def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
-    registry.load("durable.examples")
+    registry.load("examples.agents")
     tool = registry.tool("noop")
     token = CancelToken()
     t0 = time.perf_counter()
@@ -124,7 +124,7 @@ def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> di
     settings = settings_for(url)
     client = Client(settings, r)
     ids = start_runs(client, "d", runs, steps, enqueue=False)
-    driver = Driver(settings, r, registry, "bench-inproc:1:000000")
+    driver = StepLoop(settings, r, registry, "bench-inproc:1:000000")
     t0 = time.perf_counter()
     for rid in ids:
         driver.advance(rid)

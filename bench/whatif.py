@@ -1,7 +1,7 @@
 """What-if measurements for suggested core changes, made in this process by swapping one
 piece at a time (monkeypatching in the benchmark only; no core file changes).
 
-- ``driver``: ``Driver.advance`` in-process on four-step no-op runs, baseline against
+- ``driver``: ``StepLoop.advance`` in-process on four-step no-op runs, baseline against
   (a) no per-run heartbeat thread (what one long-lived heartbeat thread per worker costs
   per run: nothing), (b) the tool called inline on the worker thread (no thread hop), and
   both. Interleaved rounds, medians.
@@ -24,12 +24,12 @@ import msgspec
 
 from bench.common import fresh, median, settings_for
 from bench.throughput import start_runs
-from durable import keys, state
 from durable.agents import registry
 from durable.client import Client
-from durable.driver import Driver
-from durable.eventlog import EventLog
-from durable.toolrunner import CallResult
+from durable.log import keys, state
+from durable.log.store import EventLog
+from workers.loop import StepLoop
+from workers.toolrunner import CallResult
 
 
 class _NoHeartbeat:
@@ -44,11 +44,11 @@ class _NoHeartbeat:
 
 
 @contextlib.contextmanager
-def _patched(no_heartbeat: bool, inline_tool: bool, driver: Driver) -> Iterator[None]:
-    import durable.driver as drv
+def _patched(no_heartbeat: bool, inline_tool: bool, driver: StepLoop) -> Iterator[None]:
+    import workers.loop as drv
 
     saved_hb = getattr(drv, "Heartbeat", None)
-    saved_call = driver.runner.call
+    saved_call = driver.dispatcher.runner.call
     if no_heartbeat and saved_hb is not None:
         drv.Heartbeat = _NoHeartbeat  # type: ignore[misc,assignment]
     if inline_tool:
@@ -57,13 +57,13 @@ def _patched(no_heartbeat: bool, inline_tool: bool, driver: Driver) -> Iterator[
                 return CallResult("returned", fn())
             except BaseException as exc:
                 return CallResult("raised", error=exc)
-        driver.runner.call = call  # type: ignore[method-assign]
+        driver.dispatcher.runner.call = call  # type: ignore[method-assign]
     try:
         yield
     finally:
         if saved_hb is not None:
             drv.Heartbeat = saved_hb  # type: ignore[misc]
-        driver.runner.call = saved_call  # type: ignore[method-assign]
+        driver.dispatcher.runner.call = saved_call  # type: ignore[method-assign]
 
 
 VARIANTS = {"baseline": (False, False), "no per-run heartbeat thread": (True, False),
@@ -73,7 +73,7 @@ VARIANTS = {"baseline": (False, False), "no per-run heartbeat thread": (True, Fa
 def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any]:
     """Fine-grained interleaving: every block of ``block`` runs is timed once per variant,
     in a rotated order, so background load hits every variant alike."""
-    import durable.driver as drv
+    import workers.loop as drv
 
     out: dict[str, Any] = {}
     variants = dict(VARIANTS)
@@ -86,7 +86,7 @@ def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any
         settings = settings_for(srv.url)
         names = list(variants)
         ids = start_runs(Client(settings, r), "wi", blocks * block * len(names), enqueue=False)
-        driver = Driver(settings, r, registry, "bench-whatif:1:000000")
+        driver = StepLoop(settings, r, registry, "bench-whatif:1:000000")
         samples: dict[str, list[float]] = {v: [] for v in variants}
         pos = 0
         for b in range(blocks):
@@ -165,7 +165,7 @@ def memory_variants(servers: Any, long_steps: int) -> dict[str, Any]:
             fresh(r)
             r.config_set("stream-node-max-bytes", nbytes)
             client = Client(settings, r)
-            driver = Driver(settings, r, registry, "bench-whatif:1:000000")
+            driver = StepLoop(settings, r, registry, "bench-whatif:1:000000")
             row = {}
             for steps in (4, long_steps):
                 rid = f"wm{steps}"

@@ -34,8 +34,8 @@ from durable.errors import (
     UnsafeRedis,
     UsageError,
 )
+from durable.log.state import Action, RunState
 from durable.settings import Settings
-from durable.state import Action, RunState
 
 __all__ = [
     "Action",

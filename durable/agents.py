@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from durable.cancellation import CancelToken
 from durable.errors import UnknownAgent, UnknownTool
-from durable.state import RunState
+from durable.log.state import RunState
 
 
 @dataclass(frozen=True)

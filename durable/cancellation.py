@@ -1,4 +1,5 @@
-"""Cancellation: the token tools see, and the pub/sub hint format.
+"""Cancellation: the token tools see, the pub/sub hint format, and the events that record a
+cancel (``record_cancel``) and end one (``finish_specs``), shared by every process.
 
 A cancel is first an event in the run's log (``cancel_requested``), then a message on the
 channel ``dx:cancel``. The message is only a hint: whoever receives it records the request
@@ -28,7 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from durable.keys import RUN_ID_RE
+from durable.errors import BadCancelMessage, ConflictError, DecodeError, RunNotFound, Terminal
+from durable.log import events as ev
+from durable.log.keys import RUN_ID_RE
+from durable.log.state import RunState
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
 
 class Cancelled(BaseException):
@@ -98,29 +103,71 @@ def encode_message(msg: CancelMessage, secret: str | None) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
-class BadMessage(ValueError):
-    def __init__(self, kind: str, detail: str) -> None:
-        self.kind = kind  # "malformed" or "forged"
-        super().__init__(f"{kind} cancel message: {detail}")
-
-
 def decode_message(data: bytes | str, secret: str | None) -> CancelMessage:
-    """Parse and authenticate a published cancel; raises ``BadMessage``."""
+    """Parse and authenticate a published cancel; raises ``BadCancelMessage``."""
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BadMessage("malformed", str(exc)) from None
+        raise BadCancelMessage("malformed", str(exc)) from None
     if not isinstance(body, dict):
-        raise BadMessage("malformed", "not a JSON object")
+        raise BadCancelMessage("malformed", "not a JSON object")
     run, scope = body.get("run"), body.get("scope", "run")
     reason, ts = body.get("reason", ""), body.get("ts", 0)
     if not isinstance(run, str) or not RUN_ID_RE.match(run):
-        raise BadMessage("malformed", "missing or invalid 'run'")
+        raise BadCancelMessage("malformed", "missing or invalid 'run'")
     if scope not in ("run", "call") or not isinstance(reason, str) or not isinstance(ts, int):
-        raise BadMessage("malformed", "invalid 'scope', 'reason' or 'ts'")
+        raise BadCancelMessage("malformed", "invalid 'scope', 'reason' or 'ts'")
     msg = CancelMessage(run=run, reason=reason[:500], scope=scope, ts=ts)
     if secret:
         sig = body.get("sig")
         if not isinstance(sig, str) or not hmac.compare_digest(sig, sign(msg, secret)):
-            raise BadMessage("forged", f"bad signature for run {run}")
+            raise BadCancelMessage("forged", f"bad signature for run {run}")
     return msg
+
+
+def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle | None:
+    """Make sure the log holds a cancel request for ``msg.run``; returns the folded run.
+
+    A published message is only a hint: this is what turns it into a fact (or finds that the
+    fact is already there) before anyone acts on it. None when the run is gone, unreadable
+    or terminal.
+    """
+    for _ in range(5):
+        try:
+            handle = elog.load(msg.run, actor=actor)
+        except (RunNotFound, DecodeError):
+            return None
+        state = handle.state
+        if state.terminal or state.cancel is not None:
+            return handle
+        try:
+            elog.commit(handle, [Spec(ev.CancelRequested, {
+                "reason": msg.reason, "scope": msg.scope, "requested_ts": msg.ts or now_ms(),
+                "by": actor})])
+            return handle
+        except ConflictError:
+            continue
+        except Terminal:
+            return None
+    return None
+
+
+def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:
+    """The events that end a run-scoped cancel: the open call's fate, then ``canceled``.
+
+    A call decided but not sent is canceled. A call dispatched by a worker that is gone is
+    *interrupted*: nobody knows whether it applied, and the reconciler asks its ``lookup``
+    once the deadline has passed. A call whose outcome is already unknown stays so.
+    """
+    specs: list[Spec] = []
+    act = state.current
+    if act is not None and act.status in ("decided", "not_applied"):
+        specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
+                                            "reason": reason}))
+    elif act is not None and act.status == "dispatched":
+        specs.append(Spec(ev.ActionInterrupted, {
+            "step": act.step, "key": act.key,
+            "reason": "canceled; the worker that dispatched it was lost"}))
+    specs.append(Spec(ev.Canceled, {"reason": reason,
+                                    "latency_ms": max(0, now_ms() - requested_ts)}))
+    return specs

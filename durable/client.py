@@ -11,11 +11,9 @@ import msgspec
 import redis
 from pydantic import ValidationError
 
-from durable import events as ev
-from durable import keys
 from durable.agents import Registry, registry
-from durable.cancellation import CancelMessage, encode_message
-from durable.commands import enqueue_advance, make_queue
+from durable.answers import decide_approval, respond
+from durable.cancellation import CancelMessage, encode_message, finish_specs
 from durable.connection import connect
 from durable.errors import (
     ConflictError,
@@ -23,11 +21,16 @@ from durable.errors import (
     InvalidInput,
     PayloadTooLarge,
     RunNotFound,
+    Terminal,
     UsageError,
 )
-from durable.eventlog import Entry, EventLog, RunHandle, Spec, Terminal, now_ms
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.state import TERMINAL, WAITING, RunState
+from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
+from durable.quarantine import release
+from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
-from durable.state import TERMINAL, WAITING, RunState
 
 
 @dataclass(frozen=True)
@@ -176,14 +179,8 @@ class Client:
             request = Spec(ev.CancelRequested, {"reason": reason, "scope": scope,
                                                 "requested_ts": requested, "by": "operator"})
             in_flight = any(a.status in ("dispatched", "unknown") for a in state.actions.values())
-            now_specs: list[Spec] = []
-            if scope == "run" and not in_flight:
-                act = state.current
-                if act is not None:
-                    now_specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
-                                                            "reason": reason}))
-                now_specs.append(Spec(ev.Canceled, {"reason": reason,
-                                                    "latency_ms": max(0, now_ms() - requested)}))
+            now_specs = (finish_specs(state, reason, requested)
+                         if scope == "run" and not in_flight else [])
             try:
                 self.log.commit(handle, [request], if_free=now_specs)
             except ConflictError:
@@ -210,8 +207,6 @@ class Client:
 
     def _resume(self, run_id: str, data: Any, kind: str, request: str | None,
                 by: str) -> RunState:
-        from durable.waits import respond
-
         state, resumed = respond(self.log, run_id, data, kind=kind, request=request, by=by)
         if resumed:
             self.enqueue(run_id)
@@ -220,18 +215,14 @@ class Client:
     def approve(self, run_id: str, request: str, decision: str, approver: str,
                 note: str = "") -> RunState:
         """Record an approval decision (role, openness and expiry are checked)."""
-        from durable.waits import decide
-
-        state, written = decide(self.log, self.settings, run_id, request, decision, approver,
-                                note)
+        state, written = decide_approval(self.log, self.settings, run_id, request, decision,
+                                         approver, note)
         if written and not (state.terminal or state.waiting):
             self.enqueue(run_id)
         return state
 
     def release(self, run_id: str, by: str = "operator") -> str:
         """Retry a quarantined run with the current code; returns its state afterwards."""
-        from durable.quarantine import release
-
         return release(self, run_id, by=by)
 
     def _load(self, run_id: str) -> RunHandle:

@@ -14,7 +14,13 @@
      ├── NondeterminismError     the agent decided differently from the recorded intent
      ├── ForbiddenJob            an RQ job naming a function that is not a command handler
      ├── Refused                 an operator action the run's state or policy does not allow
-     └── UnsafeRedis             (warning category) persistence could lose acknowledged events
+     ├── BadCancelMessage        a published cancel that is malformed or forged (ignored)
+     └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
+          ├── Terminal           the run reached a terminal state before this write
+          ├── CancelPending      a dispatch refused because a cancel is pending
+          └── Claimed            the ledger already holds the key the batch claims
+
+    UnsafeRedis                  (warning category) persistence could lose acknowledged events
 
 Cancellation is deliberately *not* here: :class:`durable.cancellation.Cancelled` derives
 from ``BaseException`` so that a tool's ``except Exception`` cannot swallow it.
@@ -102,6 +108,39 @@ class Refused(DurableError):
     def __init__(self, run_id: str, reason: str) -> None:
         self.run_id, self.reason = run_id, reason
         super().__init__(f"run {run_id}: {reason}")
+
+
+class BadCancelMessage(DurableError):
+    """A published cancel hint that cannot be used; it changes nothing and is counted."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        self.kind = kind  # "malformed" or "forged"
+        self.detail = detail
+        super().__init__(f"{kind} cancel message: {detail}")
+
+
+class WriteRefused(DurableError):
+    """Internal: ``append.lua`` refused a batch for a reason the caller handles."""
+
+
+class Terminal(WriteRefused):
+    """The run reached a terminal state before this write."""
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+        super().__init__(state)
+
+
+class CancelPending(WriteRefused):
+    """A dispatch was refused because a cancel is pending."""
+
+
+class Claimed(WriteRefused):
+    """The ledger already holds ``key``: never send its effect blindly."""
+
+    def __init__(self, key: str, value: str) -> None:
+        self.key, self.value = key, value
+        super().__init__(f"{key} already claimed: {value}")
 
 
 class UnsafeRedis(UserWarning):

@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from durable import keys
-from durable.scripts import Scripts
+from durable.log import keys
+from durable.log.scripts import Scripts
 
 
 def _s(v: object) -> str:
@@ -44,24 +44,19 @@ class Leases:
         self.redis = client
         self.ttl_ms = ttl_ms
 
-    def acquire(self, run_id: str, token: str) -> Lease | None:
-        """A new lease (new epoch), or None while another owner holds one."""
-        reply = self.scripts.lease_acquire(
-            keys=[keys.lease(run_id), keys.fence(run_id)], args=[token, self.ttl_ms]
-        )
-        if _s(reply[0]) != "ok":
-            return None
-        return Lease(run_id, _s(reply[1]))
+    def acquire(self, run_id: str, token: str, *,
+                take_queued: bool = False) -> tuple[Lease | None, int, Any]:
+        """Take the lease (a new epoch) and read the log from the last checkpoint, in one
+        round trip: (lease, projection version, raw entries), or (None, 0, None) while
+        another owner holds it. Version 0: the run does not exist.
 
-    def acquire_and_load(self, run_id: str, token: str) -> tuple[Lease | None, int, Any]:
-        """Take the lease and read the log from the last checkpoint, in one round trip.
-
-        Also drops the run's "queued" marker: from now on a new enqueue is not a duplicate.
+        ``take_queued`` also drops the run's "queued" marker: a worker starting a command
+        makes a new enqueue no longer a duplicate.
         """
-        reply = self.scripts.acquire_load(
+        reply = self.scripts.lease_acquire(
             keys=[keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
                   keys.log(run_id), keys.run(run_id)],
-            args=[token, self.ttl_ms])
+            args=[token, self.ttl_ms, "1" if take_queued else "0"])
         if _s(reply[0]) != "ok":
             return None, 0, None
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable import events as ev
-from durable import keys
 from durable.errors import ConflictError, DecodeError
-from durable.eventlog import Spec
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.store import Spec
 
 
 def release(client: Any, run_id: str, by: str = "operator") -> str:

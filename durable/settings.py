@@ -46,15 +46,15 @@ class Settings(BaseSettings):
         default=256 * 1024, ge=1024, description="Largest input, argument or result."
     )
     agents: str = Field(
-        default="durable.examples",
-        description="Comma-separated modules imported to register agents and tools.",
+        default="",
+        description="Comma-separated modules imported to register agents and tools "
+        "(none by default: a worker serves the agents it is told to load).",
     )
     approvers: dict[str, list[str]] = Field(
         default_factory=dict,
         description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
     )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
-    world_url: str = Field(default="http://127.0.0.1:8765", description="Example world.")
 
 
 def load_settings() -> Settings:

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from durable.agents import Agent, Call, Decision, Finish, Lookup, Tool, ToolContext, register
-from durable.state import RunState
+from durable.log.state import RunState
 
 
 class EchoInput(BaseModel):

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from durable.client import Client
-from durable.harness import Server
 from durable.settings import Settings
+from durable.testing import Server
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def r(server: Server) -> Iterator[redis.Redis]:
 def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings pointing at the test server; also exported for child processes."""
     monkeypatch.setenv("DURABLE_REDIS_URL", server.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "durable.examples,tests.agents")
+    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents")
     monkeypatch.setenv("DURABLE_LEASE_TTL_MS", os.environ.get("TEST_LEASE_TTL_MS", "1000"))
     return Settings()
 

@@ -7,15 +7,16 @@ from typing import Any
 import pytest
 import redis
 
-from durable import events as ev
-from durable import keys
 from durable.agents import Agent, Call, Decision, Tool, ToolContext, register
 from durable.client import Client
-from durable.driver import Driver
-from durable.eventlog import RunHandle, Spec
-from durable.harness import Server, Worker
-from durable.state import RunState
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.state import RunState
+from durable.log.store import RunHandle, Spec
+from durable.queue import ADVANCE, DRAIN
+from durable.testing import Server, Worker
 from tests.agents import EchoInput
+from workers.loop import StepLoop
 
 
 @register
@@ -43,10 +44,10 @@ class Greedy(Agent):
                     {"odd": state.step == 1})
 
 
-def _driver(client: Client) -> Driver:
+def _driver(client: Client) -> StepLoop:
     from durable.agents import registry
 
-    return Driver(client.settings, client.redis, registry, "test-worker")
+    return StepLoop(client.settings, client.redis, registry, "test-worker")
 
 
 def test_a_run_of_an_unknown_agent_is_quarantined_with_the_reason(client: Client) -> None:
@@ -77,9 +78,9 @@ def test_oversized_or_odd_results_are_recorded_as_omitted_not_lost(client: Clien
 def test_malformed_commands_are_refused_and_the_worker_keeps_going(
     client: Client, server: Server, r: redis.Redis
 ) -> None:
-    client.queue.enqueue_call(func="durable.commands.advance", args=("bad {id}",))
-    client.queue.enqueue_call(func="durable.commands.drain", args=("other-queue",))
-    client.queue.enqueue_call(func="durable.commands.advance", args=(12,))
+    client.queue.enqueue_call(func=ADVANCE, args=("bad {id}",))
+    client.queue.enqueue_call(func=DRAIN, args=("other-queue",))
+    client.queue.enqueue_call(func=ADVANCE, args=(12,))
     client.start("count", {"steps": 1}, run_id="after-junk")
     w = Worker(server.url, burst=True)
     assert w.wait(60) == 0
@@ -87,12 +88,29 @@ def test_malformed_commands_are_refused_and_the_worker_keeps_going(
     assert int(r.hget(keys.STATS, "malformed_commands") or 0) == 3
 
 
+def test_jobs_queued_under_the_first_release_handler_names_still_run(
+    client: Client, server: Server, r: redis.Redis
+) -> None:
+    """Jobs queued before an upgrade name ``durable.commands.*``: they run as the handlers
+    those became, for one release."""
+    client.start("count", {"steps": 2}, run_id="old-advance", enqueue=False)
+    client.start("count", {"steps": 2}, run_id="old-drain", enqueue=False)
+    client.queue.enqueue_call(func="durable.commands.advance", args=("old-advance",))
+    r.rpush(keys.ready(client.queue.name), "old-drain")
+    client.queue.enqueue_call(func="durable.commands.drain", args=(client.queue.name,))
+    w = Worker(server.url, burst=True)
+    assert w.wait(60) == 0
+    assert client.status("old-advance").state == "completed"
+    assert client.status("old-drain").state == "completed"
+    assert r.hget(keys.STATS, "forged_jobs") is None
+
+
 @pytest.mark.parametrize("payload", [
     b"\x00\x01", b"{}", b'{"run": 5}', b'{"run":"x","scope":"all"}',
 ])
 def test_malformed_pubsub_messages_change_nothing(payload: bytes, client: Client,
                                                   r: redis.Redis) -> None:
-    from durable.worker_runtime import CancelListener
+    from workers.listener import CancelListener
 
     client.start("count", {"steps": 1}, run_id="x", enqueue=False)
     before = client.status("x").version

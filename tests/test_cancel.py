@@ -7,12 +7,12 @@ import json
 import pytest
 import redis
 
-from durable import keys
-from durable.cancellation import CancelMessage, encode_message
+from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
-from durable.harness import Server, Worker, wait_for
-from durable.state import RunState
-from durable.verify import verify
+from durable.log import keys
+from durable.log.state import RunState
+from durable.log.verify import verify
+from durable.testing import Server, Worker, wait_for
 
 
 def _types(client: Client, run: str) -> list[str]:
@@ -93,13 +93,11 @@ def test_a_lost_message_delays_the_cancel_but_never_loses_it(client: Client,
                                                               server: Server) -> None:
     """The request is in the log but no message is published (nobody heard it): the worker
     finds it at its next checkpoint boundary."""
-    from durable.worker_runtime import record_cancel
-
     run = client.start("count", {"steps": 50, "sleep_s": 0.2}, run_id="c5").run_id
     w = Worker(server.url)
     try:
         assert wait_for(lambda: client.status(run).step >= 2, 15)
-        record_cancel(client.log, run, "silent", "run", 0, "test")
+        record_cancel(client.log, CancelMessage(run=run, reason="silent"), "test")
         final = client.wait(run, timeout=10)
     finally:
         w.stop()

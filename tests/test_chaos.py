@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from durable.chaos import ChaosConfig, run_chaos
+from examples.chaos import ChaosConfig, run_chaos
 
 
 def test_chaos_short_form_has_no_duplicates_and_every_run_terminal() -> None:

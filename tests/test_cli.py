@@ -10,10 +10,10 @@ import sys
 import pytest
 import redis
 
-from durable import keys
 from durable.cli import main
 from durable.client import Client
-from durable.harness import Server, Worker, env_for
+from durable.log import keys
+from durable.testing import Server, Worker, env_for
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -138,8 +138,8 @@ def test_repair_index_rebuilds_the_derived_indexes_from_the_logs(
 
 def test_quarantine_release_command(capsys: pytest.CaptureFixture[str], client: Client,
                                     r: redis.Redis) -> None:
-    from durable.eventlog import Spec
-    from durable.events import Quarantined
+    from durable.log.events import Quarantined
+    from durable.log.store import Spec
 
     client.start("count", {"steps": 1}, run_id="qr", enqueue=False)
     handle = client.log.load("qr")

@@ -38,9 +38,11 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
     import time
 
     from durable.embedded import free_port
+    from durable.testing import wait_for
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["DURABLE_PORT"] = str(free_port())
+    env["DURABLE_AGENTS"] = "examples.agents"
     # The Procfile names the `durable` script: the one installed next to this Python.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())
@@ -54,7 +56,7 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
             assert out.returncode == 0, out.stderr
             return out.stdout
 
-        time.sleep(2)
+        assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
         run = durable("start", "count", "--input", '{"steps": 3}').strip()
         state = ""
         for _ in range(100):

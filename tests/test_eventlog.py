@@ -7,14 +7,14 @@ import threading
 import pytest
 import redis
 
-from durable import events as ev
-from durable import keys
 from durable.client import Client
 from durable.errors import ConflictError, InvalidInput, PayloadTooLarge, UnknownAgent
-from durable.eventlog import EventLog, RunHandle, Spec
-from durable.harness import Server
-from durable.state import RunState
-from durable.verify import verify
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.state import RunState
+from durable.log.store import EventLog, RunHandle, Spec
+from durable.log.verify import verify
+from durable.testing import Server
 from tests import agents  # noqa: F401 - registers the test agents
 
 
@@ -62,7 +62,7 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
                                base_version=version, actor=f"t{i}")
             barrier.wait()
             try:
-                elog.commit(handle, [Spec(ev.LeaseLost, {"owner": f"t{i}", "epoch": trial})])
+                elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": f"t{i}", "epoch": trial})])
                 results.append("won")
             except ConflictError:
                 results.append("conflict")
@@ -114,7 +114,7 @@ def test_acknowledged_events_survive_a_kill_9_of_the_server(tmp_path: object) ->
         handle = RunHandle("dur", RunState(), actor="t")
         elog.commit(handle, [Spec(ev.RunStarted, {"agent": "count", "input": {"steps": 1}})])
         for i in range(50):
-            elog.commit(handle, [Spec(ev.LeaseLost, {"owner": "x", "epoch": i})])
+            elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "x", "epoch": i})])
         acknowledged = handle.state.version
         srv.kill()
         srv2 = Server(fsync="always", data_dir=data)

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable import events as ev
 from durable.errors import DecodeError
-from durable.fold import apply, fold, from_checkpoint
-from durable.state import RunState, copy_state
+from durable.log import events as ev
+from durable.log.fold import apply, fold, from_checkpoint
+from durable.log.state import RunState, copy_state
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),

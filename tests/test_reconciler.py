@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from durable import events as ev
-from durable import keys
 from durable.agents import registry
 from durable.client import Client
-from durable.eventlog import RunHandle, Spec, now_ms
-from durable.harness import Server, Worker, env_for, wait_for
-from durable.reconcile import Reconciler
-from durable.state import RunState
-from durable.verify import verify
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.state import RunState
+from durable.log.store import RunHandle, Spec, now_ms
+from durable.log.verify import verify
+from durable.testing import Server, Worker, env_for, wait_for
+from reconciler.sweep import Reconciler
 from tests.agents import applications
 
 
@@ -41,7 +41,7 @@ def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
     """Worker SIGKILLed after the effect of step 2, before its outcome is recorded; a second
     worker is idle, and only the reconciler notices the expired lease and re-enqueues."""
     run = client.start("writer", {"steps": 3}, run_id="rec1").run_id
-    doomed = Worker(server.url, DURABLE_FAULT_KILL_AT="after_effect:2")
+    doomed = Worker(server.url, kill_at="after_effect:2")
     assert doomed.wait(30) == -signal.SIGKILL
     spare = Worker(server.url)
     rec = _reconciler_process(server.url)

@@ -7,16 +7,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from durable import events as ev
 from durable.agents import registry
 from durable.client import Client
 from durable.errors import NondeterminismError
-from durable.eventlog import Spec
-from durable.fold import apply
-from durable.harness import Server, Worker
-from durable.replay import check_determinism, fork, import_log, replay, state_at
-from durable.state import RunState
-from durable.verify import verify
+from durable.log import events as ev
+from durable.log.fold import apply
+from durable.log.replay import check_determinism, fork, import_log, replay, state_at
+from durable.log.state import RunState
+from durable.log.store import Spec
+from durable.log.verify import verify
+from durable.testing import Server, Worker
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.jsonl"))
 

@@ -9,10 +9,10 @@ import pytest
 
 from durable.agents import registry
 from durable.client import Client
-from durable.driver import Driver
-from durable.eventlog import now_ms
-from durable.reconcile import Reconciler
-from durable.verify import verify
+from durable.log.store import now_ms
+from durable.log.verify import verify
+from reconciler.sweep import Reconciler
+from workers.loop import StepLoop
 
 
 @pytest.fixture()
@@ -22,8 +22,8 @@ def flaky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def _driver(client: Client) -> Driver:
-    return Driver(client.settings, client.redis, registry, "test-worker")
+def _driver(client: Client) -> StepLoop:
+    return StepLoop(client.settings, client.redis, registry, "test-worker")
 
 
 def test_quick_retries_absorb_a_short_outage(client: Client, flaky: Path,

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from durable.harness import Server
-from durable.scenarios import Stack, run_one
-from durable.scenarios.outcome import Check, Outcome
-from durable.scenarios.runner import main
+from durable.testing import Server
+from examples.scenarios import Stack, run_one
+from examples.scenarios.outcome import Check, Outcome
+from examples.scenarios.runner import main
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +39,6 @@ def test_crash_between_effect_and_outcome(stack: Stack) -> None:
     out = run_one(stack, "crash")
     out.assert_ok()
     assert out.figures["recovered in ms"] > 0
-
-
-def test_crash_recovered_by_the_fallback_loop(stack: Stack,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Window after_effect:3, recovered without a reconciler process: the loop re-enqueues
-    the run once its lease key is gone and its due time has passed."""
-    monkeypatch.setenv("DURABLE_RECOVERY", "loop")
-    out = run_one(stack, "crash")
-    out.assert_ok()
-    assert out.figures["recovery by"] == "loop"
 
 
 def test_timeout_resolved_by_lookup(stack: Stack) -> None:
@@ -100,8 +90,8 @@ def test_unknown_scenario_is_a_usage_error() -> None:
 
 
 def test_a_scenario_runs_on_its_own_as_a_module() -> None:
-    """``python -m durable.scenarios.normal``: its own Redis and world; exit 0 on a pass."""
-    proc = subprocess.run([sys.executable, "-m", "durable.scenarios.normal"],
+    """``python -m examples.scenarios.normal``: its own Redis and world; exit 0 on a pass."""
+    proc = subprocess.run([sys.executable, "-m", "examples.scenarios.normal"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout

@@ -10,13 +10,13 @@ import pytest
 import redis
 from rq import Worker as RQWorker
 
-from durable import keys
 from durable.agents import registry
 from durable.client import Client
 from durable.errors import Refused
-from durable.harness import Server, Worker
-from durable.reconcile import Reconciler
-from durable.verify import verify
+from durable.log import keys
+from durable.log.verify import verify
+from durable.testing import Server, Worker
+from reconciler.sweep import Reconciler
 from tests.agents import applications
 
 
@@ -229,8 +229,8 @@ def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, server: 
 def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
     client: Client, server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from durable import events as ev
-    from durable import migrations
+    from durable.log import events as ev
+    from durable.log import migrations
 
     run = client.start("count", {"steps": 1}, run_id="fut", enqueue=False).run_id
     r.xadd(keys.log(run), {"e": msgspec.msgpack.encode(

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from durable import keys
 from durable.client import Client
-from durable.harness import Server, Worker, wait_for
-from durable.verify import verify
+from durable.log import keys
+from durable.log.verify import verify
+from durable.testing import Server, Worker, wait_for
 from tests.agents import applications
 
 
@@ -44,7 +44,7 @@ def test_crash_window_recovers_with_every_key_applied_once(
     outcome recorded (with the next intent). A fresh worker recovers once the lease expired."""
     monkeypatch.setenv("TEST_DB_DEDUPE", "1" if dedupe else "0")
     run = client.start("writer", {"steps": 3}, run_id=f"crash-{window}-{dedupe}").run_id
-    first = Worker(server.url, **_env(tmp_path, dedupe, DURABLE_FAULT_KILL_AT=f"{window}:2"))
+    first = Worker(server.url, kill_at=f"{window}:2", **_env(tmp_path, dedupe))
     assert first.wait(30) == -signal.SIGKILL
     assert client.status(run).state == "pending"
     assert wait_for(lambda: client.redis.get(keys.lease(run)) is None, 5)

@@ -22,7 +22,9 @@ import pytest
 
 from durable.agents import ToolContext
 from durable.cancellation import Cancelled, CancelToken
-from durable.examples.pipeline import (
+from durable.log.state import Action, RunState
+from durable.testing import wait_for
+from examples.agents.pipeline import (
     DeadlinePassed,
     Fetch,
     Notify,
@@ -31,9 +33,7 @@ from durable.examples.pipeline import (
     WorldUnavailable,
     Write,
 )
-from durable.harness import wait_for
-from durable.state import Action, RunState
-from durable.world import DEADLINE_HEADER, KEY_HEADER, WorldClient, WorldProcess
+from examples.world import DEADLINE_HEADER, KEY_HEADER, WorldClient, WorldProcess
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +316,7 @@ def test_durable_world_serves_shows_and_refuses_a_busy_port(tmp_path: Path) -> N
         proc.terminate()
         out, _ = proc.communicate(timeout=10)
     assert b"world on " + url.encode() in out
-    mismatch = subprocess.run([sys.executable, "-m", "durable.world", "--port", "0",
+    mismatch = subprocess.run([sys.executable, "-m", "examples.world", "--port", "0",
                                "--data-dir", str(tmp_path / "w")], env=env, capture_output=True,
                               text=True, timeout=30)
     assert mismatch.returncode != 0 and "no-dedupe mode" in mismatch.stderr

@@ -1,0 +1,73 @@
+"""Answers to waiting runs: responses, external events and approval decisions.
+
+Each is written with optimistic concurrency against the version the caller folded; a late
+duplicate (the run no longer waits for it) returns the current state and writes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from durable.errors import ConflictError, Refused, UsageError
+from durable.log import events as ev
+from durable.log.state import RunState
+from durable.log.store import EventLog, Spec, now_ms
+from durable.settings import Settings
+
+ATTEMPTS = 20
+
+
+def respond(elog: EventLog, run_id: str, response: Any, *, kind: str = "input",
+            request: str | None = None, by: str = "operator") -> tuple[RunState, bool]:
+    """Answer a ``waiting_input`` (or ``waiting_external``) run. Returns (state, resumed)."""
+    for _ in range(ATTEMPTS):
+        handle = elog.load(run_id, actor=by)
+        wait = handle.state.wait
+        if wait is None or wait.kind != kind or (request and wait.request != request):
+            return handle.state, False
+        try:
+            elog.commit(handle, [Spec(ev.WaitResolved, {
+                "kind": kind, "request": wait.request, "response": response, "by": by})])
+        except ConflictError:
+            continue
+        return handle.state, True
+    raise ConflictError(run_id, -1, -1)
+
+
+def decide_approval(elog: EventLog, settings: Settings, run_id: str, request: str, decision: str,
+           approver: str, note: str = "") -> tuple[RunState, bool]:
+    """Record an approver's decision. Returns (state, whether anything was written).
+
+    Refused (nothing written): an approver without the request's role, a decision the
+    request does not allow, an unknown or expired request.
+    """
+    for _ in range(ATTEMPTS):
+        handle = elog.load(run_id, actor=approver)
+        state = handle.state
+        appr = state.approvals.get(request)
+        if appr is None:
+            raise Refused(run_id, f"no approval request {request!r}")
+        if appr.decision is not None:
+            return state, False  # a late duplicate: the first decision stands
+        if state.terminal or state.state == "quarantined":
+            raise Refused(run_id, f"the run is {state.state}; request {request} is closed")
+        roles = settings.approvers.get(approver, [])
+        if appr.role and appr.role not in roles:
+            raise Refused(run_id, f"{approver} does not have the role {appr.role!r} "
+                                  f"(has: {', '.join(roles) or 'none'})")
+        if decision not in appr.decisions:
+            raise UsageError(f"decision must be one of {', '.join(appr.decisions)}")
+        if appr.expires and appr.expires <= now_ms():
+            raise Refused(run_id, f"approval request {request} expired")
+        specs = [Spec(ev.ApprovalDecided, {"request": request, "decision": decision,
+                                           "approver": approver, "note": note})]
+        if state.wait is not None and state.wait.kind == "approval" \
+                and state.wait.request == request:
+            specs.append(Spec(ev.WaitResolved, {"kind": "approval", "request": request,
+                                                "response": decision, "by": approver}))
+        try:
+            elog.commit(handle, specs)
+        except ConflictError:
+            continue
+        return handle.state, True
+    raise ConflictError(run_id, -1, -1)

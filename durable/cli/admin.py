@@ -1,0 +1,33 @@
+"""The server and the indexes: ``durable redis`` and ``durable repair-index``."""
+
+from __future__ import annotations
+
+import argparse
+
+from durable.cli.output import CHECK_FAILED, OK, Add, client
+from durable.embedded import run_foreground, stop
+from durable.log.index import repair
+from durable.settings import Settings
+
+
+def cmd_redis(args: argparse.Namespace) -> int:
+    settings = Settings()
+    if args.stop:
+        stopped = stop(settings.data_dir)
+        print(f"stopped the server of {settings.data_dir}" if stopped
+              else f"no server runs for {settings.data_dir}")
+        return OK if stopped else CHECK_FAILED
+    return run_foreground(settings, args.port)
+
+
+def cmd_repair_index(args: argparse.Namespace) -> int:
+    print(f"reindexed {repair(client())} runs")
+    return OK
+
+
+def register(add: Add) -> None:
+    sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
+    sp.add_argument("--port", type=int, default=0)
+    sp.add_argument("--stop", action="store_true", help="stop the server of the data dir")
+    add("repair-index", cmd_repair_index, "rebuild the global indexes from the run logs",
+        js=False)

@@ -1,0 +1,103 @@
+"""Reading the evidence: log, replay, verify, export, and fork from an offset."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+
+import msgspec
+
+from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.log.events import to_builtins
+from durable.log.export import export_lines
+from durable.log.replay import fork, replay, summary, trajectory
+from durable.log.verify import verify
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    entries = client().events(args.run, args.start, args.end)
+    if args.json:
+        for e in entries:
+            if e.event is None:
+                json_out({"id": e.id, "type": "undecodable", "error": e.error})
+            else:
+                json_out({"id": e.id, **to_builtins(e.event)})
+        return OK
+    rows = trajectory(entries)
+    table(f"log of {args.run}", ["id", "seq", "type", "actor", "what"],
+          [(r["id"], r["seq"], r["type"], r.get("actor"), r["what"]) for r in rows])
+    return OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    result = replay(c.log, args.run, args.start, args.end)
+    info = summary(result.state)
+    if args.json:
+        json_out({"run_id": args.run, "from_checkpoint": result.started_from,
+                  "state": msgspec.to_builtins(result.state), "summary": info,
+                  "trajectory": result.rows})
+        return OK
+    table(f"trajectory of {args.run} from {args.start} to {args.end}",
+          ["id", "seq", "type", "what"],
+          [(r["id"], r["seq"], r["type"], r["what"]) for r in result.rows])
+    table("folded state" + (f" (from checkpoint {result.started_from})"
+                            if result.started_from else ""),
+          ["", ""], [(k, v) for k, v in info.items()])
+    return OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    report = verify(c.log, args.run)
+    if args.json:
+        json_out({"run_id": args.run, "ok": report.ok, "events": report.events,
+                  "checks": report.checks})
+    else:
+        table(f"verify {args.run}: {'OK' if report.ok else 'FAILED'} ({report.events} events)",
+              ["check", "result"], list(report.checks.items()))
+    return OK if report.ok else CHECK_FAILED
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        for line in export_lines(c.log, args.run):
+            out.write(line + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return OK
+
+
+def cmd_fork(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    new_id = args.new_run_id or f"{args.run[:100]}-fork-{uuid.uuid4().hex[:6]}"
+    handle = fork(c.log, args.run, args.at, new_id)
+    c.enqueue(new_id)
+    if args.json:
+        json_out({"run_id": new_id, "parent": args.run, "at": args.at,
+                  "state": handle.state.state})
+    else:
+        print(new_id)
+    return OK
+
+
+def register(add: Add) -> None:
+    for name, fn, helptext in (("log", cmd_log, "a run's log entries"),
+                               ("replay", cmd_replay, "state and trajectory from an offset")):
+        sp = add(name, fn, helptext, run=True)
+        sp.add_argument("--from", dest="start", default="-", help="first entry id")
+        sp.add_argument("--to", dest="end", default="+", help="last entry id")
+    add("verify", cmd_verify, "check a run's invariants (exit 1 if any fails)", run=True)
+    sp = add("export", cmd_export, "write a run's evidence as JSON lines", run=True, js=False)
+    sp.add_argument("--output", "-o", default=None)
+    sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one", run=True)
+    sp.add_argument("--at", required=True, help="last entry id of the inherited prefix")
+    sp.add_argument("--new-run-id", default=None)

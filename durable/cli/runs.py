@@ -1,0 +1,129 @@
+"""Commands on runs: start, status, runs, cancel, respond, approve, quarantine release."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import msgspec
+
+from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.errors import UsageError
+from durable.log.replay import summary
+
+
+def _json_arg(text: str, flag: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    data = _json_arg(args.input, "--input") if args.input else {}
+    started = client().start(args.agent, data, run_id=args.run_id)
+    if args.json:
+        json_out({"run_id": started.run_id, "created": started.created, "state": started.state})
+    else:
+        print(started.run_id)
+    return OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    state = c.status(args.run)
+    info = summary(state)
+    if args.json:
+        json_out({"run_id": args.run, **msgspec.to_builtins(state), **info})
+        return OK
+    rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
+            *[(k, v) for k, v in info.items()]]
+    if state.cancel:
+        rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
+    if state.wait:
+        rows.append(("wait", f"{state.wait.kind} until {state.wait.until}: {state.wait.reason}"))
+    for appr in state.approvals.values():
+        if appr.decision is None:
+            rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
+                                     f"role {appr.role}, expires {appr.expires}"))
+    table(f"run {args.run}", ["field", "value"], rows)
+    return OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    runs = client().runs(args.state, args.limit)
+    if args.json:
+        for r in runs:
+            json_out(r.__dict__)
+        return OK
+    table("runs", ["run", "state", "agent", "step", "version", "updated", "reason"],
+          [(r.run_id, r.state, r.agent, r.step, r.version, r.updated, r.reason) for r in runs])
+    return OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    state = client().cancel(args.run, args.reason, args.scope)
+    if args.json:
+        json_out({"run_id": args.run, "state": state.state})
+    else:
+        print(f"{args.run}: {state.state}")
+    return OK
+
+
+def cmd_respond(args: argparse.Namespace) -> int:
+    data = _json_arg(args.input, "--input")
+    c = client()
+    c.projection(args.run)
+    if args.external:
+        state = c.external_event(args.run, data, request=args.request)
+    else:
+        state = c.respond(args.run, data, request=args.request)
+    json_out({"run_id": args.run, "state": state.state})
+    return OK
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    state = c.approve(args.run, args.request, args.decision, args.approver, args.note)
+    json_out({"run_id": args.run, "state": state.state})
+    return OK
+
+
+def cmd_quarantine_release(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    state = c.release(args.run, by=args.by)
+    print(f"{args.run}: {state}")
+    return OK if state != "quarantined" else CHECK_FAILED
+
+
+def register(add: Add) -> None:
+    sp = add("start", cmd_start, "start a run; prints its id")
+    sp.add_argument("agent")
+    sp.add_argument("--input", default=None, help="the agent's input as JSON")
+    sp.add_argument("--run-id", default=None, help="idempotent: an existing id returns that run")
+    add("status", cmd_status, "a run's folded state", run=True)
+    sp = add("runs", cmd_runs, "list runs, newest first")
+    sp.add_argument("--state", default=None)
+    sp.add_argument("--limit", type=int, default=100)
+    sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)
+    sp.add_argument("--reason", default="operator request")
+    sp.add_argument("--scope", choices=["run", "call"], default="run")
+    sp = add("respond", cmd_respond, "answer a run waiting for input (or an external event)",
+             run=True)
+    sp.add_argument("--input", required=True, help="the response as JSON")
+    sp.add_argument("--request", default=None, help="only if the run waits for this request")
+    sp.add_argument("--external", action="store_true", help="deliver an external event")
+    sp = add("approve", cmd_approve, "approve or reject an action waiting for approval",
+             run=True)
+    sp.add_argument("--request", required=True)
+    sp.add_argument("--decision", required=True, choices=["approve", "reject"])
+    sp.add_argument("--approver", required=True)
+    sp.add_argument("--note", default="")
+    sp = add("quarantine", cmd_quarantine_release,
+             "quarantine release RUN: retry a quarantined run (after an upgrade)", js=False)
+    sp.add_argument("verb", choices=["release"])
+    sp.add_argument("run")
+    sp.add_argument("--by", default="operator")

@@ -1,0 +1,330 @@
+"""The event schema: a versioned, tagged union of frozen msgspec structs, and its codec.
+
+Every log entry is one event encoded with MessagePack (measured against JSON in
+``bench/codec.py``: smaller and faster to decode) and stored in the stream field ``e``.
+
+Schema-change rules (msgspec's guidance on evolution, applied here):
+
+1. A new field gets a default, so older entries still decode.
+2. A field's type never changes and a field is never renamed; add a new one instead.
+3. A removed event type stays decodable: its class stays here, marked as retired.
+4. A change that older code could misread bumps ``SCHEMA_VERSION`` and registers an
+   upcaster in ``durable.log.migrations`` from the old version; a test decodes a fixture
+   written at the old version.
+5. Readers never crash on an entry they cannot read: an undecodable entry or one written at
+   a future ``SCHEMA_VERSION`` raises ``DecodeError``, and the run is quarantined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from durable.errors import DecodeError
+from durable.log.migrations import upcast
+from durable.log.state import RunState
+
+#: Version written into every new event (field ``v``). v2 added runtime identity: the
+#: ``agent_upgraded`` and ``revalidation_failed`` events and the approval ``kind``; v1
+#: entries are upcast by ``durable.log.migrations``.
+SCHEMA_VERSION = 2
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Fields every entry carries. ``seq`` is the run's version after the event."""
+
+    v: int
+    run: str
+    seq: int
+    ts: int
+    actor: str = ""
+    attempt: int = 0
+
+
+class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
+    agent: str
+    agent_version: str = ""
+    input: Any = None
+    tools: list[str] = []
+    parent: str | None = None
+    forked_at: str | None = None
+
+
+class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
+    """Intent: the step the agent decided to take, with its idempotency key."""
+
+    step: int
+    tool: str
+    args: Any = None
+    key: str
+
+
+class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
+    """The key was claimed in the ledger; the effect is sent with this deadline (ms)."""
+
+    step: int
+    key: str
+    deadline: int
+
+
+class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
+    step: int
+    key: str
+    result: Any = None
+
+
+class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
+    """``retry_at`` > 0: a retryable error; the step is sent again (same key) at that time."""
+
+    step: int
+    key: str
+    error: str
+    error_type: str = ""
+    retryable: bool = False
+    retry_at: int = 0
+
+
+class ActionTimedOut(Event, tag="action_timed_out", kw_only=True, frozen=True):
+    """The deadline passed with no reply: outcome unknown, never a failure."""
+
+    step: int
+    key: str
+
+
+class ActionInterrupted(Event, tag="action_interrupted", kw_only=True, frozen=True):
+    """Stopped mid-flight (cancel or lost worker): outcome unknown."""
+
+    step: int
+    key: str
+    reason: str = ""
+
+
+class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True):
+    """An unknown outcome resolved with the tool's ``lookup``.
+
+    ``resolution``: ``applied`` (counts as succeeded), ``not_applied`` (the step may be
+    dispatched again with the same key) or ``unknown`` (an operator must decide).
+    """
+
+    step: int
+    key: str
+    resolution: str
+    result: Any = None
+
+
+class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):
+    """The step's call was stopped before or without applying its effect."""
+
+    step: int
+    key: str
+    reason: str = ""
+
+
+class CancelRequested(Event, tag="cancel_requested", kw_only=True, frozen=True):
+    reason: str = ""
+    scope: str = "run"
+    requested_ts: int = 0
+    by: str = ""
+
+
+class Canceled(Event, tag="canceled", kw_only=True, frozen=True):
+    reason: str = ""
+    latency_ms: int = 0
+
+
+class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):
+    kind: str
+    reason: str = ""
+    until: int = 0
+    request: str = ""
+    data: Any = None
+
+
+class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
+    kind: str
+    request: str = ""
+    response: Any = None
+    by: str = ""
+
+
+class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
+    kind: str
+    request: str = ""
+    outcome: str = "expired"
+
+
+class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=True):
+    """``kind``: ``action`` (the step's call) or ``version`` (resuming under a new agent)."""
+
+    request: str
+    step: int
+    digest: str
+    role: str = ""
+    decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
+    evidence: list[str] = []
+    expires: int = 0
+    kind: str = "action"
+
+
+class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
+    request: str
+    decision: str
+    approver: str = ""
+    note: str = ""
+
+
+class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):
+    owner: str
+    epoch: int
+
+
+class RetiredLeaseLost(Event, tag="lease_lost", kw_only=True, frozen=True):
+    """Retired: never written (a lost lease is the lease's business, not the log's). Kept
+    decodable by rule 3; not to be confused with the error ``durable.errors.LeaseLost``."""
+
+    owner: str
+    epoch: int
+
+
+class Checkpoint(Event, tag="checkpoint", kw_only=True, frozen=True):
+    """A typed snapshot of the fold of every event before this one."""
+
+    state: RunState
+    state_v: int = 1
+
+
+class Completed(Event, tag="completed", kw_only=True, frozen=True):
+    result: Any = None
+
+
+class Failed(Event, tag="failed", kw_only=True, frozen=True):
+    error: str
+
+
+class Expired(Event, tag="expired", kw_only=True, frozen=True):
+    reason: str = ""
+
+
+class Quarantined(Event, tag="quarantined", kw_only=True, frozen=True):
+    reason: str
+
+
+class Released(Event, tag="released", kw_only=True, frozen=True):
+    by: str = ""
+
+
+class RevalidationFailed(Event, tag="revalidation_failed", kw_only=True, frozen=True):
+    """A fact the agent declared must still hold on resume no longer does.
+
+    ``then``: ``refresh`` (the agent sees ``state.refresh`` and re-gathers), ``reapprove``
+    (the open action needs a new approval) or ``expire`` (the run ends ``expired``).
+    """
+
+    reason: str
+    then: str = "refresh"
+
+
+class AgentUpgraded(Event, tag="agent_upgraded", kw_only=True, frozen=True):
+    """The run goes on under another agent version (its compatibility policy allowed it)."""
+
+    from_version: str
+    to_version: str
+    tools: list[str] = []
+
+
+AnyEvent = (
+    RunStarted
+    | StepDecided
+    | ActionDispatched
+    | ActionSucceeded
+    | ActionFailed
+    | ActionTimedOut
+    | ActionInterrupted
+    | ActionReconciled
+    | CallCanceled
+    | CancelRequested
+    | Canceled
+    | WaitEntered
+    | WaitResolved
+    | WaitExpired
+    | ApprovalRequested
+    | ApprovalDecided
+    | LeaseAcquired
+    | RetiredLeaseLost
+    | Checkpoint
+    | Completed
+    | Failed
+    | Expired
+    | Quarantined
+    | Released
+    | RevalidationFailed
+    | AgentUpgraded
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls
+    for cls in AnyEvent.__args__
+}
+
+TERMINAL_EVENTS = (Completed, Failed, Canceled, Expired)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(AnyEvent)
+_raw_decoder = msgspec.msgpack.Decoder()
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes, entry_id: str = "?") -> Event:
+    """Decode one entry, upcasting older versions; raise ``DecodeError`` otherwise."""
+    try:
+        event: Event = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raw = _peek(data)
+        if isinstance(raw, dict) and isinstance(raw.get("v"), int):
+            if raw["v"] <= SCHEMA_VERSION and raw.get("type") not in EVENT_TYPES:
+                raise DecodeError(entry_id, f"unknown event type {raw.get('type')!r}") from None
+            if raw["v"] > SCHEMA_VERSION:
+                raise DecodeError(entry_id, _future(raw["v"])) from None
+            if raw["v"] < SCHEMA_VERSION:
+                return _upcast(raw, entry_id)
+        raise DecodeError(entry_id, f"undecodable entry: {exc}") from None
+    if event.v != SCHEMA_VERSION:
+        if event.v > SCHEMA_VERSION:
+            raise DecodeError(entry_id, _future(event.v))
+        return _upcast(_raw_decoder.decode(data), entry_id)
+    if not isinstance(event, Event):
+        raise DecodeError(entry_id, "not an event")
+    return event
+
+
+def to_builtins(event: Event) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(event)
+    return out
+
+
+def from_builtins(data: dict[str, Any], entry_id: str = "?") -> Event:
+    """Build an event from plain data (used by upcasters and fixtures)."""
+    try:
+        event: Event = msgspec.convert(data, AnyEvent)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(entry_id, f"invalid entry: {exc}") from None
+    return event
+
+
+def _future(v: int) -> str:
+    return f"written by a newer schema version {v} (this code reads up to {SCHEMA_VERSION})"
+
+
+def _peek(data: bytes) -> Any:
+    try:
+        return _raw_decoder.decode(data)
+    except (msgspec.DecodeError, ValueError):
+        return None
+
+
+def _upcast(raw: dict[str, Any], entry_id: str) -> Event:
+    return from_builtins(upcast(raw, SCHEMA_VERSION, entry_id), entry_id)

@@ -1,0 +1,50 @@
+"""``durable export``: a run's evidence as JSON lines (its log, then its effects).
+
+Each line is one object with a ``kind``: ``event`` (the entry id as ``id`` and the event's
+fields), ``effect`` (an idempotency key with its ledger status and the attempts seen in the
+log) and ``summary``. DuckDB reads it with ``read_json('run.jsonl')``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.fold import fold
+from durable.log.store import EventLog
+
+
+def export_lines(elog: EventLog, run_id: str) -> Iterator[str]:
+    enc = msgspec.json.Encoder()
+    entries = elog.read(run_id)
+    effects: dict[str, dict[str, Any]] = {}
+    decoded = []
+    for entry in entries:
+        if entry.event is None:
+            yield enc.encode({"kind": "event", "run": run_id, "id": entry.id,
+                              "type": "undecodable", "error": entry.error}).decode()
+            continue
+        e = entry.event
+        decoded.append(e)
+        yield enc.encode({"kind": "event", "id": entry.id, **ev.to_builtins(e)}).decode()
+        key = getattr(e, "key", None)
+        if key is not None:
+            fx = effects.setdefault(key, {"kind": "effect", "run": run_id, "key": key,
+                                          "step": getattr(e, "step", None), "dispatches": 0,
+                                          "outcomes": []})
+            if isinstance(e, ev.ActionDispatched):
+                fx["dispatches"] += 1
+            elif not isinstance(e, ev.StepDecided):
+                fx["outcomes"].append(e.__struct_config__.tag)
+    ledger = {k.decode(): v.decode() for k, v in elog.redis.hgetall(keys.ledger(run_id)).items()}
+    for key, fx in effects.items():
+        fx["ledger"] = ledger.get(key)
+        yield enc.encode(fx).decode()
+    state = fold(decoded, window=elog.window)
+    yield enc.encode({"kind": "summary", "run": run_id, "state": state.state,
+                      "version": state.version, "steps": state.step,
+                      "events": len(entries)}).decode()

@@ -1,0 +1,211 @@
+"""The fold: ``RunState`` as a pure function of a run's events.
+
+``apply(state, event)`` advances a state by one event in place; ``fold(events)`` starts from
+nothing (or from a checkpoint's snapshot) and applies them all. The two agree by
+construction, and a property test checks it on random valid histories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from durable.log import events as ev
+from durable.log.state import (
+    TERMINAL,
+    Action,
+    Approval,
+    CancelInfo,
+    RunState,
+    WaitInfo,
+    copy_state,
+)
+
+#: Settled actions kept in the state (older ones are evicted; the log keeps them all).
+DEFAULT_WINDOW = 32
+
+
+def fold(
+    events: Iterable[ev.Event], start: RunState | None = None, window: int = DEFAULT_WINDOW
+) -> RunState:
+    state = copy_state(start) if start is not None else RunState()
+    for event in events:
+        apply(state, event, window)
+    return state
+
+
+def from_checkpoint(checkpoint: ev.Checkpoint) -> RunState:
+    """The state right after a checkpoint event."""
+    state = copy_state(checkpoint.state)
+    state.version = checkpoint.seq
+    state.updated = checkpoint.ts
+    return state
+
+
+def _active(state: RunState) -> str:
+    return "cancel_requested" if state.cancel is not None else "pending"
+
+
+def _settle(state: RunState, act: Action, window: int) -> None:
+    state.settled += 1
+    settled = [s for s, a in state.actions.items() if a.settled]
+    excess = len(settled) - window
+    for step in sorted(settled)[: max(excess, 0)]:
+        del state.actions[step]
+    del act
+
+
+def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
+    state.version = e.seq
+    state.updated = e.ts
+    match e:
+        case ev.RunStarted():
+            state.run_id = e.run
+            state.agent = e.agent
+            state.agent_version = e.agent_version
+            state.input = e.input
+            state.tools = list(e.tools)
+            state.parent = e.parent
+            state.state = "pending"
+            state.created = e.ts
+        case ev.StepDecided():
+            state.step = e.step
+            state.refresh = None
+            state.resumed = False
+            state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key)
+        case ev.ActionDispatched():
+            act = state.actions[e.step]
+            act.status = "dispatched"
+            act.attempts += 1
+            act.deadline = e.deadline
+            act.unknown_reason = None
+            state.resumed = False
+        case ev.ActionSucceeded():
+            act = state.actions[e.step]
+            act.status, act.result = "succeeded", e.result
+            _settle(state, act, window)
+        case ev.ActionFailed():
+            act = state.actions[e.step]
+            act.error, act.error_type, act.retryable = e.error, e.error_type, e.retryable
+            if e.retry_at:
+                act.status = "not_applied"  # refused, safe to send again with the same key
+            else:
+                act.status = "failed"
+                _settle(state, act, window)
+        case ev.ActionTimedOut() | ev.ActionInterrupted():
+            act = state.actions[e.step]
+            act.status = "unknown"
+            act.unknown_reason = "timed_out" if isinstance(e, ev.ActionTimedOut) else "interrupted"
+            if state.state not in TERMINAL:
+                state.state = "outcome_unknown"
+            _consume_call_cancel(state)
+        case ev.ActionReconciled():
+            act = state.actions[e.step]
+            act.resolution = e.resolution
+            if e.resolution == "applied":
+                act.status, act.result = "succeeded", e.result
+                _settle(state, act, window)
+            elif e.resolution == "not_applied":
+                act.status = "not_applied"
+            else:
+                act.status = "unknown"
+            if state.state == "outcome_unknown":
+                state.state = _active(state)
+        case ev.CallCanceled():
+            act = state.actions[e.step]
+            act.status, act.error = "canceled", e.reason or "canceled"
+            _settle(state, act, window)
+            _consume_call_cancel(state)
+            if state.state not in TERMINAL and state.state != "outcome_unknown":
+                state.state = _active(state)
+        case ev.CancelRequested():
+            if state.state not in TERMINAL and state.cancel is None:
+                state.cancel = CancelInfo(
+                    reason=e.reason, scope=e.scope, requested_ts=e.requested_ts, seq=e.seq,
+                    by=e.by,
+                )
+                if state.state != "quarantined":
+                    state.state = "cancel_requested"
+        case ev.Canceled():
+            state.state = "canceled"
+            state.reason = e.reason
+            state.wait = None
+        case ev.WaitEntered():
+            state.wait = WaitInfo(
+                kind=e.kind, reason=e.reason, until=e.until, request=e.request, data=e.data
+            )
+            state.state = f"waiting_{e.kind}"
+        case ev.WaitResolved():
+            if state.wait is not None:
+                state.wait.response, state.wait.by = e.response, e.by
+                state.wait.outcome = "resolved"
+            state.last_wait = state.wait
+            state.wait = None
+            state.state = _active(state)
+            state.resumed = True
+        case ev.WaitExpired():
+            if state.wait is not None:
+                state.wait.outcome = "expired"
+            state.last_wait = state.wait
+            state.wait = None
+            if e.outcome == "expired":
+                state.state = "expired"
+                state.reason = f"{e.kind} wait expired"
+            else:
+                state.state = _active(state)
+                state.resumed = True
+        case ev.ApprovalRequested():
+            state.approvals[e.request] = Approval(
+                request=e.request, step=e.step, digest=e.digest, role=e.role,
+                decisions=list(e.decisions), evidence=list(e.evidence), expires=e.expires,
+                kind=e.kind,
+            )
+            if e.kind == "action" and e.step in state.actions:
+                state.actions[e.step].approval = e.request
+        case ev.ApprovalDecided():
+            appr = state.approvals.get(e.request)
+            if appr is not None:
+                appr.decision, appr.approver = e.decision, e.approver
+                target = state.actions.get(appr.step)
+                if e.decision == "reject" and appr.kind == "action" and target is not None \
+                        and not target.settled:
+                    target.status, target.error = "rejected", f"rejected by {e.approver}"
+                    target.error_type = "ApprovalRejected"
+                    _settle(state, target, window)
+        case ev.Checkpoint() | ev.LeaseAcquired() | ev.RetiredLeaseLost():
+            pass
+        case ev.Completed():
+            state.state, state.result = "completed", e.result
+        case ev.Failed():
+            state.state, state.error = "failed", e.error
+        case ev.Expired():
+            state.state, state.reason = "expired", e.reason
+        case ev.Quarantined():
+            if state.state != "quarantined":
+                state.prior_state = state.state
+            state.state, state.reason = "quarantined", e.reason
+        case ev.Released():
+            state.state = state.prior_state or "pending"
+            state.prior_state = None
+            state.reason = None
+        case ev.RevalidationFailed():
+            state.resumed = False
+            if e.then == "expire":
+                state.state, state.reason = "expired", f"revalidation failed: {e.reason}"
+            elif e.then == "refresh":
+                state.refresh = e.reason
+            else:
+                current = state.current
+                if current is not None and current.approval:
+                    state.approvals[current.approval].decision = None
+                    current.approval = None
+        case ev.AgentUpgraded():
+            state.agent_version = e.to_version
+            state.tools = list(e.tools)
+
+
+def _consume_call_cancel(state: RunState) -> None:
+    """A ``call``-scoped cancel ends once the call it targeted has stopped."""
+    if state.cancel is not None and state.cancel.scope == "call":
+        state.cancel = None
+        if state.state == "cancel_requested":
+            state.state = "pending"

@@ -1,0 +1,227 @@
+"""Replay: the state at any point of a run's stream, the trajectory, and forks.
+
+The state at an entry is rebuilt from the nearest checkpoint at or before it, so its cost
+depends on the events since that checkpoint, not on the log's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from durable.agents import Call, call_signature
+from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.fold import apply, from_checkpoint
+from durable.log.state import RunState
+from durable.log.store import Entry, EventLog, RunHandle, Spec, _s
+
+
+@dataclass
+class Replay:
+    run_id: str
+    state: RunState
+    entries: list[Entry]
+    #: Entry id of the checkpoint the fold started from ("" = from the beginning).
+    started_from: str = ""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _decoded(entry: Entry) -> ev.Event:
+    if entry.event is None:
+        raise DecodeError(entry.id, entry.error or "undecodable")
+    return entry.event
+
+
+def state_at(elog: EventLog, run_id: str, end: str = "+") -> tuple[RunState, str]:
+    """Fold up to ``end`` (inclusive) from the nearest checkpoint at or before it."""
+    if not elog.exists(run_id):
+        raise RunNotFound(run_id)
+    ckpt_id = ""
+    start = "-"
+    cursor = end
+    base: RunState | None = None
+    while base is None:
+        batch = elog.redis.xrevrange(keys.log(run_id), cursor, "-", count=256)
+        if not batch:
+            break
+        for raw_id, fields in batch:
+            entry = elog._entry(raw_id, fields)
+            if isinstance(entry.event, ev.Checkpoint):
+                base, ckpt_id = from_checkpoint(entry.event), entry.id
+                start = f"({entry.id}"
+                break
+        else:
+            cursor = f"({_s(batch[-1][0])}"
+    state = base if base is not None else RunState()
+    for entry in elog.read(run_id, start, end):
+        apply(state, _decoded(entry), elog.window)
+    return state, ckpt_id
+
+
+def replay(elog: EventLog, run_id: str, start: str = "-", end: str = "+") -> Replay:
+    """The state at ``end`` and the trajectory of the entries from ``start`` to ``end``."""
+    state, ckpt = state_at(elog, run_id, end)
+    entries = elog.read(run_id, start, end)
+    return Replay(run_id, state, entries, ckpt, trajectory(entries))
+
+
+def describe(event: ev.Event) -> str:
+    match event:
+        case ev.RunStarted():
+            return f"started {event.agent} v{event.agent_version}" + (
+                f" (fork of {event.parent} at {event.forked_at})" if event.parent else "")
+        case ev.StepDecided():
+            return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
+        case ev.ActionDispatched():
+            return f"dispatched {event.key}, deadline {event.deadline}"
+        case ev.ActionSucceeded():
+            return f"step {event.step} succeeded: {_short(event.result)}"
+        case ev.ActionFailed():
+            return f"step {event.step} failed: {event.error_type} {event.error}"
+        case ev.ActionTimedOut():
+            return f"step {event.step} timed out: outcome unknown"
+        case ev.ActionInterrupted():
+            return f"step {event.step} interrupted mid-flight ({event.reason}): outcome unknown"
+        case ev.ActionReconciled():
+            return f"step {event.step} reconciled by lookup: {event.resolution}"
+        case ev.CallCanceled():
+            return f"step {event.step} call canceled ({event.reason})"
+        case ev.CancelRequested():
+            return f"cancel requested ({event.scope}): {event.reason}"
+        case ev.Canceled():
+            return f"canceled after {event.latency_ms} ms: {event.reason}"
+        case ev.WaitEntered():
+            return f"waits ({event.kind}) until {event.until}: {event.reason}"
+        case ev.WaitResolved():
+            return f"wait ({event.kind}) resolved by {event.by or '?'}"
+        case ev.WaitExpired():
+            return f"wait ({event.kind}) expired -> {event.outcome}"
+        case ev.ApprovalRequested():
+            return f"approval {event.request} requested for step {event.step} (role {event.role})"
+        case ev.ApprovalDecided():
+            return f"approval {event.request}: {event.decision} by {event.approver}"
+        case ev.LeaseAcquired():
+            return f"lease epoch {event.epoch} taken by {event.owner}"
+        case ev.RetiredLeaseLost():
+            return f"lease epoch {event.epoch} lost by {event.owner}"
+        case ev.Checkpoint():
+            return f"checkpoint (state {event.state.state}, step {event.state.step})"
+        case ev.Completed():
+            return f"completed: {_short(event.result)}"
+        case ev.Failed():
+            return f"failed: {event.error}"
+        case ev.Expired():
+            return f"expired: {event.reason}"
+        case ev.Quarantined():
+            return f"quarantined: {event.reason}"
+        case ev.Released():
+            return f"released from quarantine by {event.by}"
+    return type(event).__name__
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def trajectory(entries: list[Entry]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for entry in entries:
+        e = entry.event
+        if e is None:
+            rows.append({"id": entry.id, "seq": None, "type": "undecodable", "what": entry.error})
+            continue
+        rows.append({"id": entry.id, "seq": e.seq, "type": e.__struct_config__.tag,
+                     "ts": e.ts, "actor": e.actor, "what": describe(e)})
+    return rows
+
+
+def summary(state: RunState) -> dict[str, Any]:
+    """Intended, happened, stopped: the three answers, from a folded state."""
+    act = state.last
+    out: dict[str, Any] = {
+        "state": state.state,
+        "version": state.version,
+        "steps": state.step,
+        "intended": f"{act.tool}({_short(act.args)}) key={act.key}" if act else None,
+        "happened": (f"{act.status}" + (f": {_short(act.result)}" if act.result is not None
+                                        else "")) if act else None,
+        "stopped": state.reason or state.error or (state.wait.reason if state.wait else None),
+    }
+    return out
+
+
+def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:
+    """Start ``new_run_id`` whose history is ``run_id``'s log up to ``at`` (inclusive)."""
+    if elog.exists(new_run_id):
+        raise UsageError(f"run {new_run_id} already exists")
+    entries = elog.read(run_id, "-", at)
+    if not entries:
+        raise RunNotFound(run_id)
+    first = _decoded(entries[0])
+    if not isinstance(first, ev.RunStarted):
+        raise DecodeError(entries[0].id, "log does not begin with run_started")
+    specs: list[Spec] = [Spec(ev.RunStarted, {
+        "agent": first.agent, "agent_version": first.agent_version, "input": first.input,
+        "tools": first.tools, "parent": run_id, "forked_at": at})]
+    skip = (ev.RunStarted, ev.Checkpoint, ev.LeaseAcquired, ev.RetiredLeaseLost,
+            *ev.TERMINAL_EVENTS, ev.Quarantined, ev.Released)
+    for entry in entries[1:]:
+        event = _decoded(entry)
+        if isinstance(event, skip):
+            continue
+        data = ev.to_builtins(event)
+        fields = {k: v for k, v in data.items()
+                  if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
+        specs.append(Spec(type(event), fields))
+    handle = RunHandle(new_run_id, RunState(), actor="fork")
+    elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},
+                checkpoint=True)
+    return handle
+
+
+def check_decision(run_id: str, agent: Any, before: RunState, step: int, tool: str,
+                   args: Any) -> None:
+    """Re-decide from ``before`` (the state before ``step``'s intent); the agent must decide
+    the call the log recorded, else ``NondeterminismError``."""
+    decision = agent.decide(before)
+    recorded = call_signature(tool, args)
+    now = (call_signature(decision.tool, decision.args) if isinstance(decision, Call)
+           else type(decision).__name__)
+    if now != recorded:
+        raise NondeterminismError(run_id, step, recorded, now)
+
+
+def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
+    """Re-decide every recorded step from the state before it; raise on a difference.
+
+    Returns the number of intents re-observed. A worker checks the open intent the same way
+    (``check_decision``) when it re-drives a run; this applies it to the whole log (audits,
+    fixtures, upgrades).
+    """
+    state = RunState()
+    checked = 0
+    for entry in elog.read(run_id):
+        event = _decoded(entry)
+        if isinstance(event, ev.StepDecided):
+            check_decision(run_id, agent, state, event.step, event.tool, event.args)
+            checked += 1
+        apply(state, event, elog.window)
+    return checked
+
+
+def import_log(elog: EventLog, run_id: str, events: list[dict[str, Any]]) -> None:
+    """Write recorded events (plain data, e.g. a fixture) as a new run's log."""
+    handle = RunHandle(run_id, RunState(), actor="import")
+    specs = []
+    for data in events:
+        if data.get("type") == "checkpoint":
+            continue  # derived: the commit writes its own
+        event = ev.from_builtins({**data, "run": run_id})
+        fields = {k: v for k, v in ev.to_builtins(event).items()
+                  if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
+        specs.append(Spec(type(event), fields))
+    first = specs[0].fields
+    elog.commit(handle, specs, extra={"agent": str(first.get("agent", ""))})

@@ -1,0 +1,42 @@
+-- Take (or re-take) a run's lease with a new fencing epoch and, in the same round trip,
+-- read what recovery needs: the projection's version and the log from the last checkpoint.
+-- Workers and the reconciler both start their work on a run with this script.
+--
+-- KEYS[1] lease_key   dx:{R}:lease   string "<token>|<epoch>", PX ttl_ms
+-- KEYS[2] fence_key   dx:{R}:fence   counter: grows on every acquisition
+-- KEYS[3] queued_key  dx:{R}:queued  marker: a command for the run is queued
+-- KEYS[4] log_key     dx:{R}:log     stream: the run's log
+-- KEYS[5] run_key     dx:{R}:run     hash: the projection (version, ckpt)
+-- ARGV[1] token        the owner token (a worker or reconciler id)
+-- ARGV[2] ttl_ms       the lease's time to live (ms)
+-- ARGV[3] take_queued  "1": drop the queued marker first (a worker starting a command),
+--                      so a new enqueue is not a duplicate; "0": leave it
+-- Returns {"busy", holder, pttl} while another owner holds the lease, else
+-- {"ok", lease value, version, entries}: version 0 and no entries when the run is unknown.
+
+local lease_key, fence_key, queued_key = KEYS[1], KEYS[2], KEYS[3]
+local log_key, run_key = KEYS[4], KEYS[5]
+local token, ttl_ms, take_queued = ARGV[1], ARGV[2], ARGV[3]
+
+if take_queued == '1' then
+  redis.call('DEL', queued_key)
+end
+local holder = redis.call('GET', lease_key)
+local value
+if holder then
+  if string.sub(holder, 1, string.len(token) + 1) ~= token .. '|' then
+    return {'busy', holder, redis.call('PTTL', lease_key)}
+  end
+  value = holder
+  redis.call('PEXPIRE', lease_key, ttl_ms)
+else
+  local epoch = redis.call('INCR', fence_key)
+  value = token .. '|' .. epoch
+  redis.call('SET', lease_key, value, 'PX', ttl_ms)
+end
+local projection = redis.call('HMGET', run_key, 'version', 'ckpt')
+local version, checkpoint_id = projection[1], projection[2]
+if not version then
+  return {'ok', value, 0, {}}
+end
+return {'ok', value, tonumber(version), redis.call('XRANGE', log_key, checkpoint_id or '-', '+')}

@@ -1,0 +1,140 @@
+"""The folded state of a run: typed, snapshot-able, and nothing but data.
+
+``RunState`` is what ``durable.log.fold`` computes from a run's events and what a checkpoint
+event carries. It is never written by hand: change the events, and the fold follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+#: Version of the ``RunState`` snapshot layout inside checkpoint events.
+STATE_SCHEMA = 1
+
+TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
+WAITING = frozenset({"waiting_input", "waiting_approval", "waiting_external", "waiting_retry"})
+ACTIVE = frozenset({"pending", "cancel_requested", "outcome_unknown", "quarantined"})
+ALL_STATES = TERMINAL | WAITING | ACTIVE
+
+#: Action statuses. ``unknown`` means dispatched with no known outcome (timed out,
+#: interrupted, or found after a crash); ``not_applied`` means lookup proved the effect did
+#: not happen, so the step may be dispatched again with the same key.
+SETTLED = frozenset({"succeeded", "failed", "canceled", "rejected"})
+
+
+class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
+    step: int
+    tool: str
+    args: Any = None
+    key: str
+    status: str = "decided"
+    attempts: int = 0
+    deadline: int = 0
+    result: Any = None
+    error: str | None = None
+    error_type: str | None = None
+    retryable: bool = False
+    unknown_reason: str | None = None
+    resolution: str | None = None
+    approval: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.status in SETTLED
+
+
+class CancelInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    reason: str = ""
+    scope: str = "run"
+    requested_ts: int = 0
+    seq: int = 0
+    by: str = ""
+
+
+class WaitInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    kind: str
+    reason: str = ""
+    until: int = 0
+    request: str = ""
+    data: Any = None
+    #: Set once resolved: the response, who gave it, or "expired".
+    response: Any = None
+    by: str = ""
+    outcome: str = ""
+
+
+class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
+    request: str
+    step: int
+    digest: str
+    role: str = ""
+    decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
+    evidence: list[str] = msgspec.field(default_factory=list)
+    expires: int = 0
+    kind: str = "action"
+    decision: str | None = None
+    approver: str | None = None
+
+
+class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
+    run_id: str = ""
+    agent: str = ""
+    agent_version: str = ""
+    input: Any = None
+    tools: list[str] = msgspec.field(default_factory=list)
+    parent: str | None = None
+    state: str = "pending"
+    version: int = 0
+    step: int = 0
+    #: The open action and the most recent settled ones (bounded: see ``action_window``).
+    actions: dict[int, Action] = msgspec.field(default_factory=dict)
+    settled: int = 0
+    cancel: CancelInfo | None = None
+    wait: WaitInfo | None = None
+    last_wait: WaitInfo | None = None
+    approvals: dict[str, Approval] = msgspec.field(default_factory=dict)
+    result: Any = None
+    error: str | None = None
+    reason: str | None = None
+    prior_state: str | None = None
+    #: Set by a failed revalidation with ``then=refresh``; cleared by the next intent.
+    refresh: str | None = None
+    #: True from a wait's end until the next intent: revalidation is due.
+    resumed: bool = False
+    created: int = 0
+    updated: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING
+
+    @property
+    def current(self) -> Action | None:
+        """The action of the latest step when it is not settled yet."""
+        act = self.actions.get(self.step)
+        if act is None or act.settled:
+            return None
+        return act
+
+    @property
+    def last(self) -> Action | None:
+        return self.actions.get(self.step)
+
+    def results(self) -> dict[str, Any]:
+        """Results of the settled, successful actions still in the window, by tool name."""
+        return {a.tool: a.result for a in self.actions.values() if a.status == "succeeded"}
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(RunState)
+
+
+def copy_state(state: RunState) -> RunState:
+    """A deep copy (the fold mutates the state it is given)."""
+    return _decoder.decode(_encoder.encode(state))

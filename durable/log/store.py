@@ -1,0 +1,364 @@
+"""The run log: appends through ``append.lua``, reads, and recovery from the last checkpoint.
+
+A :class:`RunHandle` is a writer's view of one run: the folded state at a version, and the
+lease it writes under (if any). ``commit`` stamps a batch of events with the next sequence
+numbers, applies them to the state, and calls the script once; on a conflict the handle is
+stale and the caller reloads it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from durable.errors import (
+    CancelPending,
+    Claimed,
+    ConflictError,
+    DecodeError,
+    LeaseLost,
+    RunNotFound,
+    Terminal,
+)
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.fold import apply, from_checkpoint
+from durable.log.scripts import Scripts
+from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Entry:
+    """One stream entry: its id and the event, or the reason it could not be decoded."""
+
+    id: str
+    event: ev.Event | None
+    error: str | None = None
+
+
+#: Events that settle a key, and the status the ledger records for it.
+_LEDGER_OUTCOME: dict[type[ev.Event], str] = {
+    ev.ActionSucceeded: "succeeded",
+    ev.ActionFailed: "failed",
+    ev.CallCanceled: "canceled",
+    ev.ActionReconciled: "succeeded",
+}
+
+
+@dataclass
+class Spec:
+    """An event not yet stamped with its sequence number: the type and its own fields."""
+
+    cls: type[ev.Event]
+    fields: dict[str, Any]
+
+
+@dataclass
+class RunHandle:
+    run_id: str
+    state: RunState
+    last_id: str = "0-0"
+    ckpt_seq: int = 0
+    lease: str = ""
+    actor: str = ""
+    #: State just before the last ``step_decided`` read from the log (for replay checks).
+    pre_intent: RunState | None = None
+    #: Version of the last event known to be in Redis; the state may be ahead (staged).
+    base_version: int = 0
+    staged: list[bytes] = field(default_factory=list)
+    base_state: str = ""
+    staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+class EventLog:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        window: int = 32,
+        checkpoint_every: int = 200,
+        lease_ttl_ms: int = 5000,
+    ) -> None:
+        self.redis = client
+        self.scripts = Scripts(client)
+        self.window = window
+        self.checkpoint_every = checkpoint_every
+        self.lease_ttl_ms = lease_ttl_ms
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, settings: Any) -> EventLog:
+        return cls(client, window=settings.action_window,
+                   checkpoint_every=settings.checkpoint_every,
+                   lease_ttl_ms=settings.lease_ttl_ms)
+
+    # Reading ---------------------------------------------------------------------------
+
+    def read(
+        self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
+    ) -> list[Entry]:
+        raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
+        return [self._entry(i, f) for i, f in raw]
+
+    @staticmethod
+    def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
+        eid = _s(entry_id)
+        data = fields.get(b"e")
+        if data is None:
+            return Entry(eid, None, "entry has no 'e' field")
+        try:
+            return Entry(eid, ev.decode(data, eid))
+        except DecodeError as exc:
+            return Entry(eid, None, exc.reason)
+
+    def exists(self, run_id: str) -> bool:
+        return bool(self.redis.exists(keys.run(run_id)))
+
+    def projection(self, run_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(keys.run(run_id))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle:
+        """Recover a run: fold from its last checkpoint. Raises ``DecodeError`` on a bad entry.
+
+        Two plain reads (the checkpoint id, then the log from it) rather than one script:
+        Lua's copy of a long XRANGE reply costs more than the second round trip (measured
+        in ``bench/whatif.py``). The log and the projection change together, so the entries
+        read are always a consistent prefix of the run, whatever was appended in between.
+        """
+        version, ckpt = self.redis.hmget(keys.run(run_id), "version", "ckpt")
+        if version is None:
+            raise RunNotFound(run_id)
+        start = ckpt.decode() if ckpt else "-"
+        raw = self.redis.xrange(keys.log(run_id), start, "+")
+        return self.handle_from(run_id, int(version), raw, lease=lease, actor=actor,
+                                at_least=True)
+
+    def handle_from(self, run_id: str, version: int, raw: Any, *, lease: str = "",
+                    actor: str = "", at_least: bool = False) -> RunHandle:
+        """Fold the entries read from a checkpoint to the end of the log.
+
+        ``version`` is the projection's, read with them (``lease_acquire.lua``) or just
+        before them (``at_least``: writers may have appended since).
+        """
+        if not version:
+            raise RunNotFound(run_id)
+        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+        entries = [self._entry(i, f if isinstance(f, dict) else
+                               dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
+        # Only the last intent is re-observed on recovery: keep the state just before it.
+        last_intent = max((i for i, e in enumerate(entries)
+                           if isinstance(e.event, ev.StepDecided)), default=-1)
+        for index, entry in enumerate(entries):
+            event = entry.event
+            if event is None:
+                raise DecodeError(entry.id, entry.error or "undecodable")
+            if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
+                if event.state_v != STATE_SCHEMA:
+                    # A snapshot of another layout: refold from the beginning instead.
+                    return self._load_without_checkpoint(run_id, int(version), lease, actor)
+                handle.state = from_checkpoint(event)
+                handle.ckpt_seq = event.seq
+            else:
+                if index == last_intent:
+                    handle.pre_intent = copy_state(handle.state)
+                apply(handle.state, event, self.window)
+            handle.last_id = entry.id
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        if handle.state.version < version or (handle.state.version != version and not at_least):
+            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                              f"projection says {version}")
+        return handle
+
+    def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
+                                 actor: str) -> RunHandle:
+        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+        for entry in self.read(run_id):
+            if entry.event is None:
+                raise DecodeError(entry.id, entry.error or "undecodable")
+            apply(handle.state, entry.event, self.window)
+            handle.last_id = entry.id
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        if handle.state.version != version:
+            raise DecodeError(handle.last_id, "log and projection disagree")
+        return handle
+
+    # Writing ---------------------------------------------------------------------------
+
+    def stamp(self, handle: RunHandle, spec: Spec, seq: int, ts: int) -> ev.Event:
+        return spec.cls(
+            v=ev.SCHEMA_VERSION, run=handle.run_id, seq=seq, ts=ts, actor=handle.actor,
+            **spec.fields,
+        )
+
+    def stage(self, handle: RunHandle, specs: Sequence[Spec]) -> None:
+        """Stamp and apply events now (so a decision can see them); ``commit`` sends them."""
+        ts = now_ms()
+        for spec in specs:
+            event = self.stamp(handle, spec, handle.state.version + 1, ts)
+            apply(handle.state, event, self.window)
+            handle.staged.append(ev.encode(event))
+            settled = _LEDGER_OUTCOME.get(type(event))
+            if settled is not None and not (
+                isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
+            ) and not (isinstance(event, ev.ActionFailed) and event.retry_at):
+                key = event.key  # type: ignore[attr-defined]
+                handle.staged_ops.append(("p", key, f"done|{settled}|{event.seq}"))
+
+    def commit(
+        self,
+        handle: RunHandle,
+        specs: Sequence[Spec] = (),
+        *,
+        ledger: Iterable[tuple[str, str, str]] = (),
+        dispatch: bool = False,
+        allow_terminal: bool = False,
+        if_free: Sequence[Spec] = (),
+        checkpoint: bool = False,
+        extra: dict[str, str] | None = None,
+        release: bool = False,
+    ) -> str:
+        """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
+        as one script call.
+
+        The handle's state is advanced in place. On any refusal it is stale: the caller
+        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed.
+        """
+        state = handle.state
+        expected = handle.base_version
+        old_state = handle.base_state or state.state
+        ts = now_ms()
+        ckpt_pos = 0
+        # Every K events, a checkpoint goes where no action is open: after the staged
+        # outcome and before the next intent (so the tail a recovery folds stays short).
+        if (state.version - handle.ckpt_seq >= self.checkpoint_every and not if_free
+                and state.current is None):
+            ckpt_pos = self._checkpoint(handle, ts)
+        self.stage(handle, specs)
+        if checkpoint and not ckpt_pos:
+            ckpt_pos = self._checkpoint(handle, ts)
+        blobs = handle.staged
+        handle.staged = []
+        n = len(blobs)
+        main_state, main_step = state.state, state.step
+        cancel_flag = "1" if state.cancel is not None else "0"
+        due = self.due_for(state, ts)
+        free_state = main_state
+        if if_free:
+            kept_ops = handle.staged_ops
+            handle.staged_ops = []
+            self.stage(handle, if_free)
+            handle.staged_ops = kept_ops
+            blobs.extend(handle.staged)
+            handle.staged = []
+            free_state = state.state
+            if state.state in TERMINAL:
+                due = self.due_for(state, ts)
+        ops = handle.staged_ops + list(ledger)
+        handle.staged_ops = []
+        fields = dict(extra or {})
+        if state.state != old_state and "reason" not in fields:
+            # What `durable runs` shows next to the state: why it waits, stopped or failed.
+            why = state.wait.reason if state.wait else (state.reason or state.error or "")
+            fields["reason"] = why[:500]
+        extra_pairs = [x for kv in fields.items() for x in kv]
+        flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
+            "r" if release else "")
+        args: list[Any] = [
+            expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
+            len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
+            *blobs, *[x for op in ops for x in op], *extra_pairs,
+        ]
+        reply = self.scripts.append(
+            keys=[
+                keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
+                keys.ledger(handle.run_id), keys.RUNS_BY_UPDATE, keys.DUE,
+                keys.runs_in_state(old_state), keys.runs_in_state(main_state),
+                keys.runs_in_state(free_state),
+            ],
+            args=args,
+        )
+        tag = _s(reply[0])
+        if tag == "ok":
+            version = int(reply[1])
+            handle.last_id = _s(reply[2])
+            if ckpt_pos:
+                handle.ckpt_seq = expected + ckpt_pos
+            if version != state.version:
+                # The conditional events were not appended: a lease was held.
+                fresh = self.load(handle.run_id, lease=handle.lease, actor=handle.actor)
+                handle.state, handle.last_id = fresh.state, fresh.last_id
+                handle.ckpt_seq = fresh.ckpt_seq
+            handle.base_version = handle.state.version
+            handle.base_state = handle.state.state
+            return handle.last_id
+        if tag == "conflict":
+            raise ConflictError(handle.run_id, expected, int(reply[1]))
+        if tag == "lease":
+            epoch = int(handle.lease.rsplit("|", 1)[-1]) if "|" in handle.lease else 0
+            raise LeaseLost(handle.run_id, epoch)
+        if tag == "terminal":
+            raise Terminal(_s(reply[1]))
+        if tag == "canceled":
+            raise CancelPending()
+        if tag == "claimed":
+            raise Claimed(_s(reply[1]), _s(reply[2]))
+        raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
+
+    @staticmethod
+    def _checkpoint(handle: RunHandle, ts: int) -> int:
+        """Stage a snapshot of the state as it is now; returns its position in the batch."""
+        state = handle.state
+        handle.staged.append(ev.encode(ev.Checkpoint(
+            v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
+            actor=handle.actor, state=state, state_v=STATE_SCHEMA,
+        )))
+        state.version += 1
+        return len(handle.staged)
+
+    def due_for(self, state: RunState, ts: int) -> str:
+        """When the reconciler must next look at a run in this state ("-" = never)."""
+        unknown = [a.deadline for a in state.actions.values()
+                   if a.status in ("unknown", "dispatched")]
+        if state.state in TERMINAL:
+            return str(max(unknown) + 1) if unknown else "-"
+        if state.state == "quarantined":
+            return "-"
+        if state.state in WAITING:
+            if state.wait is not None and state.wait.until:
+                return str(state.wait.until)
+            return "-"
+        return str(ts + 2 * self.lease_ttl_ms)
+
+    def quarantine(self, run_id: str, reason: str, actor: str = "") -> bool:
+        """Mark a run quarantined without folding it (its log may be unreadable)."""
+        proj = self.projection(run_id)
+        if not proj:
+            raise RunNotFound(run_id)
+        if proj.get("state") == "quarantined":
+            return False
+        version = int(proj.get("version", "0"))
+        state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
+                         step=int(proj.get("step", "0")))
+        handle = RunHandle(run_id, state, actor=actor, base_version=version,
+                           base_state=state.state)
+        try:
+            self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
+                        extra={"reason": reason[:500]})
+        except (ConflictError, Terminal):
+            return False
+        self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
+        return True

@@ -1,0 +1,90 @@
+"""Audit: check a run's log against the invariants the system promises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.fold import apply
+from durable.log.state import RunState
+from durable.log.store import EventLog
+
+
+@dataclass
+class Report:
+    run_id: str
+    ok: bool = True
+    checks: dict[str, str] = field(default_factory=dict)
+    events: int = 0
+
+    def fail(self, name: str, why: str) -> None:
+        self.ok = False
+        self.checks[name] = why
+
+
+def verify(elog: EventLog, run_id: str) -> Report:
+    report = Report(run_id)
+    names = ["decodable", "contiguous", "projection", "one_success_per_key",
+             "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger"]
+    for name in names:
+        report.checks[name] = "ok"
+    entries = elog.read(run_id)
+    report.events = len(entries)
+    if not entries:
+        report.fail("contiguous", "no log")
+        return report
+    state = RunState()
+    successes: dict[str, int] = {}
+    open_keys: dict[str, int] = {}
+    terminals = 0
+    for i, entry in enumerate(entries, start=1):
+        e = entry.event
+        if e is None:
+            report.fail("decodable", f"{entry.id}: {entry.error}")
+            return report
+        if e.seq != i:
+            report.fail("contiguous", f"{entry.id}: seq {e.seq}, expected {i}")
+        match e:
+            case ev.ActionSucceeded():
+                successes[e.key] = successes.get(e.key, 0) + 1
+                open_keys.pop(e.key, None)
+            case ev.ActionReconciled() if e.resolution == "applied":
+                successes[e.key] = successes.get(e.key, 0) + 1
+                open_keys.pop(e.key, None)
+            case ev.ActionReconciled() if e.resolution == "not_applied":
+                open_keys.pop(e.key, None)
+            case ev.ActionDispatched():
+                open_keys[e.key] = e.seq
+                if state.cancel is not None or state.terminal:
+                    report.fail("no_effect_after_cancel",
+                                f"{e.key} dispatched at seq {e.seq} after a cancel request")
+            case ev.ActionFailed() | ev.CallCanceled():
+                open_keys.pop(e.key, None)
+            case ev.ActionTimedOut() | ev.ActionInterrupted():
+                open_keys[e.key] = -1  # marked unknown: allowed
+            case ev.Completed() | ev.Failed() | ev.Canceled() | ev.Expired():
+                terminals += 1
+        if isinstance(e, ev.Checkpoint):
+            snap = e.state
+            if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
+                report.fail("projection", f"checkpoint {entry.id} differs from the fold")
+        apply(state, e, elog.window)
+    dup = {k: n for k, n in successes.items() if n > 1}
+    if dup:
+        report.fail("one_success_per_key", f"keys with several successes: {dup}")
+    if terminals > 1:
+        report.fail("one_terminal", f"{terminals} terminal events")
+    dangling = [k for k, seq in open_keys.items() if seq > 0]
+    if dangling and state.terminal:
+        report.fail("dispatched_have_outcome", f"dispatched with no outcome: {dangling}")
+    proj = elog.projection(run_id)
+    got = (proj.get("state"), int(proj.get("version", -1)), int(proj.get("step", -1)))
+    want = (state.state, state.version, state.step)
+    if got != want:
+        report.fail("projection", f"projection {got} != fold {want}")
+    ledger = {k.decode(): v.decode() for k, v in elog.redis.hgetall(keys.ledger(run_id)).items()}
+    for key in successes:
+        if key not in ledger:
+            report.fail("ledger", f"{key} succeeded but was never claimed")
+    return report

@@ -1,0 +1,67 @@
+"""The queue: command names and how runs are made ready for a worker.
+
+Commands are RQ jobs, serialized as JSON (never pickle), that carry a run id or a queue name
+alone. The functions they name are the worker's handlers (``workers.handlers``); they are
+named here as strings, so producers enqueue without importing the worker. A worker refuses
+any job whose function is not in ``HANDLERS`` before RQ imports anything.
+"""
+
+from __future__ import annotations
+
+import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from durable.log import keys
+
+ADVANCE = "workers.handlers.advance"
+DRAIN = "workers.handlers.drain"
+
+#: Every function name a job may carry.
+HANDLERS = frozenset({ADVANCE, DRAIN})
+
+#: Names the first release enqueued under: still run, as the handler they became, for one
+#: release (jobs queued before an upgrade). Remove in the release after next.
+LEGACY_HANDLERS = {
+    "durable.commands.advance": ADVANCE,
+    "durable.commands.drain": DRAIN,
+}
+
+#: How long (ms) the "queued" marker of a run lives: enqueues within it are deduplicated.
+QUEUED_TTL_MS = 60_000
+
+#: How long (ms) a pending ``drain`` command suppresses enqueueing another one.
+DRAIN_PENDING_TTL_MS = 5_000
+
+
+def make_queue(client: redis.Redis, name: str) -> Queue:
+    return Queue(name, connection=client, serializer=JSONSerializer)
+
+
+def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False) -> bool:
+    """Make ``run_id`` ready for a worker unless it already is.
+
+    The run id goes on the ready list ``dx:ready:<queue>``; an RQ ``drain`` command is put
+    on the queue when none is pending. A worker's ``drain`` takes runs from the list one at a
+    time, so one RQ job serves many runs instead of one (RQ's own bookkeeping costs about
+    two thirds of a short run's time otherwise).
+    """
+    marker = keys.queued(run_id)
+    if not client.set(marker, b"1", nx=True, px=QUEUED_TTL_MS):
+        if not force:
+            return False
+        client.set(marker, b"1", px=QUEUED_TTL_MS)
+    client.rpush(keys.ready(queue.name), run_id)
+    ensure_drain(client, queue)
+    return True
+
+
+def ensure_drain(client: redis.Redis, queue: Queue) -> bool:
+    """Put a ``drain`` command on the queue unless one is pending already."""
+    if not client.set(keys.drain_pending(queue.name), b"1", nx=True, px=DRAIN_PENDING_TTL_MS):
+        return False
+    queue.enqueue_call(
+        func=DRAIN, args=(queue.name,), result_ttl=0, failure_ttl=7 * 86400, timeout=-1,
+        description=f"drain {queue.name}",
+    )
+    return True

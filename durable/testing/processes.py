@@ -1,0 +1,88 @@
+"""Worker processes for tests, scenarios, the demo and benchmarks: real ``durable worker``
+processes that can be SIGKILLed, optionally with a crash window to die in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+#: The hook that kills a worker at a crash window (``durable.testing.faults``).
+KILL_AT_HOOK = "durable.testing.faults:KillAt"
+
+
+def env_for(url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DURABLE_REDIS_URL"] = url
+    env.update(extra)
+    return env
+
+
+class Worker:
+    """A ``durable worker`` process (``python -m durable worker``).
+
+    ``kill_at="<window>:<step>"`` makes it SIGKILL itself there (see
+    ``durable.testing.faults``); ``hooks`` adds other step hooks; ``env`` is added to the
+    environment (``DURABLE_*`` settings).
+    """
+
+    def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
+                 log_path: Path | None = None, kill_at: str | None = None,
+                 hooks: Sequence[str] = (), **env: str) -> None:
+        args = [sys.executable, "-m", "durable", "worker"]
+        if burst:
+            args.append("--burst")
+        if queue:
+            args += ["--queue", queue]
+        if kill_at:
+            args += ["--hook", f"{KILL_AT_HOOK}={kill_at}"]
+        for hook in hooks:
+            args += ["--hook", hook]
+        self.log_path = log_path
+        if log_path is None:
+            self.proc = subprocess.Popen(args, env=env_for(url, **env),
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        else:
+            with open(log_path, "ab") as out:  # the child keeps its own copy
+                self.proc = subprocess.Popen(args, env=env_for(url, **env), stdout=out,
+                                             stderr=out, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no lease release, no last write."""
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0,
+             interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it is true (True) or ``timeout`` seconds pass (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,3 @@
+"""Example agents. Importing this package registers them (``DURABLE_AGENTS`` default)."""
+
+from examples.agents import approval, basic, pipeline  # noqa: F401

@@ -1,0 +1,21 @@
+"""Six self-checking scenarios of the example agents against real processes.
+
+Each one is a module with ``TITLE``, ``WINDOW`` and ``run(scene, outcome)``, runnable on
+its own (``python -m examples.scenarios.normal``), driven by the tests, and run all together
+by ``durable demo``. Each checks the applications per key in the world, the final state
+and ``verify`` on the run, and fails loudly (exit status 1, or ``Outcome.assert_ok``
+raising ``AssertionError``) when anything differs from what it must be.
+
+- ``normal``: completion, nothing injected;
+- ``crash``: worker SIGKILLed between an effect and its outcome;
+- ``timeout``: a tool's reply never comes in time; resolved by lookup;
+- ``cancel``: cancellation while a tool runs;
+- ``replay``: replay after recovery rebuilds the same state, and re-driving applies nothing;
+- ``approval``: the ``announce`` agent waits for an approver holding no lease and no worker;
+  a wrong role is refused and writes nothing; once approved, the effect happens once.
+"""
+
+from examples.scenarios.runner import NAMES, run_one
+from examples.scenarios.stack import Scene, Stack
+
+__all__ = ["NAMES", "Scene", "Stack", "run_one"]

@@ -1,0 +1,7 @@
+"""``python -m examples.scenarios [NAME ...]``: run scenarios (all six by default)."""
+
+import sys
+
+from examples.scenarios.runner import main
+
+sys.exit(main())

@@ -1,0 +1,114 @@
+"""A pool of worker processes under fire: SIGKILL one at random, replace every dead one.
+
+Some replacements carry a fault point (``kill_at="<window>:<step>"``, see
+``durable.testing.faults``), so that besides kills at random moments the pool also dies
+exactly inside the step protocol's windows (after the intent, after the effect, after the
+outcome). Every death is recorded with the runs whose lease the dead worker held, so that
+the time each one took to come back can be read from its log afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+
+from durable.testing import Worker
+
+WINDOWS = ("after_intent", "after_effect", "after_outcome")
+
+
+@dataclass
+class Death:
+    pid: int
+    ts_ms: int
+    #: ``sigkill`` (killed from outside at a random moment) or the fault point it hit.
+    how: str
+    #: Runs whose lease the worker held when it died.
+    runs: list[str] = field(default_factory=list)
+
+
+def held_by(client: redis.Redis, pid: int) -> list[str]:
+    """Runs whose lease is held by the worker process ``pid`` (owner ``host:pid:tag``)."""
+    runs = []
+    for raw in client.scan_iter(match="dx:{*}:lease", count=1000):
+        value = client.get(raw)
+        if value is None:
+            continue
+        owner = value.decode().rsplit("|", 1)[0]
+        parts = owner.split(":")
+        if len(parts) == 3 and parts[1] == str(pid):
+            key = raw.decode()
+            runs.append(key[key.index("{") + 1: key.rindex("}")])
+    return runs
+
+
+class WorkerPool:
+    """``spawn(fault_spec)`` starts a worker (``fault_spec``: a ``kill_at`` window, or "")."""
+
+    def __init__(self, spawn: Callable[[str], Worker], size: int, client: redis.Redis,
+                 rng: random.Random, fault_rate: float = 0.3, steps: int = 4) -> None:
+        self.spawn, self.size, self.client, self.rng = spawn, size, client, rng
+        self.fault_rate, self.steps = fault_rate, steps
+        self.workers: dict[int, tuple[Worker, str]] = {}
+        self.born: dict[int, float] = {}
+        self.deaths: list[Death] = []
+        self.started = 0
+
+    def _new(self) -> None:
+        spec = ""
+        if self.started >= self.size and self.rng.random() < self.fault_rate:
+            spec = f"{self.rng.choice(WINDOWS)}:{self.rng.randint(1, self.steps)}"
+        w = self.spawn(spec)
+        self.workers[w.pid] = (w, spec)
+        self.born[w.pid] = time.monotonic()
+        self.started += 1
+
+    def start(self) -> WorkerPool:
+        while len(self.workers) < self.size:
+            self._new()
+        return self
+
+    def kill_random(self, min_age: float = 2.0) -> Death | None:
+        """SIGKILL one live worker at a random moment of its work; replace it.
+
+        Only workers older than ``min_age`` seconds are candidates: a worker still importing
+        its modules holds nothing, and killing it tests nothing."""
+        ready = time.monotonic() - min_age
+        alive = [pid for pid, (w, _) in self.workers.items()
+                 if w.alive() and self.born[pid] <= ready]
+        if not alive:
+            return None
+        pid = self.rng.choice(alive)
+        worker, _ = self.workers.pop(pid)
+        os.kill(pid, signal.SIGKILL)
+        ts = int(time.time() * 1000)
+        worker.proc.wait()
+        death = Death(pid, ts, "sigkill", held_by(self.client, pid))
+        self.deaths.append(death)
+        self._new()
+        return death
+
+    def reap(self) -> list[Death]:
+        """Record and replace the workers that died by themselves (at a fault point)."""
+        found = []
+        for pid, (worker, spec) in list(self.workers.items()):
+            if worker.alive():
+                continue
+            del self.workers[pid]
+            how = f"fault point {spec}" if spec else f"exit {worker.proc.returncode}"
+            death = Death(pid, int(time.time() * 1000), how, held_by(self.client, pid))
+            found.append(death)
+            self._new()
+        self.deaths += found
+        return found
+
+    def stop(self) -> None:
+        for worker, _ in self.workers.values():
+            worker.stop()
+        self.workers.clear()

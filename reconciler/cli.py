@@ -1,0 +1,46 @@
+"""``durable reconciler`` and ``durable reconcile RUN``: added to the CLI through the
+``durable.commands`` entry point group."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from durable.client import Client
+from durable.settings import Settings
+from reconciler.process import run_reconciler
+from reconciler.sweep import Reconciler
+
+
+def cmd_reconciler(args: argparse.Namespace) -> int:
+    settings = Settings()
+    if args.once:
+        client = Client(settings)
+        report = Reconciler(settings, client.redis, client.registry).tick()
+        print(msgspec.json.encode({"examined": report.examined, "actions": report.actions})
+              .decode())
+        return 0
+    return run_reconciler(settings, args.interval)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    client = Client(Settings())
+    client.projection(args.run)
+    done = Reconciler(client.settings, client.redis, client.registry).reconcile(args.run)
+    state = client.status(args.run)
+    if args.json:
+        print(msgspec.json.encode({"run_id": args.run, "done": done, "state": state.state})
+              .decode())
+    else:
+        print(f"{args.run}: {done}; state {state.state}")
+    return 0
+
+
+def register(add: Callable[..., Any]) -> None:
+    sp = add("reconciler", cmd_reconciler, "run the reconciler process", js=False)
+    sp.add_argument("--once", action="store_true", help="one pass over what is due, then exit")
+    sp.add_argument("--interval", type=float, default=None, help="seconds between passes")
+    add("reconcile", cmd_reconcile, "reconcile one run now", run=True)

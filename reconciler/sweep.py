@@ -1,0 +1,189 @@
+"""The reconciler's sweep: brings every run that no worker is driving back to a valid next step.
+
+It works from the due-set (``dx:due``: lease checks, wait deadlines, retry timers, late
+reconciliations), which every append keeps up to date, and is safe to run as several
+copies: ``due_claim.lua`` hands each due run to one reconciler at a time, and any write it
+makes is version-checked under a lease like a worker's.
+
+For a due run it:
+- leaves it alone while a worker holds its lease (and looks again after the lease's TTL);
+- resolves *outcome unknown* actions with the tool's ``lookup`` once their deadline passed;
+- finishes a pending cancel when nothing is in flight;
+- wakes retry timers and expires waits past their deadline;
+- re-enqueues runs with work left and nothing queued (a crashed worker, or a stuck run).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from durable.agents import Registry
+from durable.cancellation import finish_specs
+from durable.errors import (
+    ConflictError,
+    DecodeError,
+    LeaseLost,
+    RunNotFound,
+    Terminal,
+    UnknownTool,
+)
+from durable.leases import Leases
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
+from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
+from durable.queue import enqueue_advance, ensure_drain, make_queue
+from durable.settings import Settings
+
+log = logging.getLogger("durable.reconciler")
+
+
+@dataclass
+class Tick:
+    examined: int = 0
+    actions: dict[str, str] = field(default_factory=dict)
+
+
+class Reconciler:
+    def __init__(self, settings: Settings, client: redis.Redis, registry: Registry) -> None:
+        self.settings = settings
+        self.redis = client
+        self.registry = registry
+        self.log = EventLog.from_settings(client, settings)
+        self.leases = Leases(client, settings.lease_ttl_ms)
+        self.queue = make_queue(client, settings.queue)
+        self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
+
+    def tick(self, now: int | None = None, limit: int = 200) -> Tick:
+        now = now if now is not None else now_ms()
+        if self.redis.llen(keys.ready(self.queue.name)):
+            ensure_drain(self.redis, self.queue)  # ready runs, and the drain command was lost
+        ids = self.log.scripts.due_claim(keys=[keys.DUE],
+                                         args=[now, limit, self.settings.lease_ttl_ms])
+        report = Tick()
+        for raw in ids:
+            run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            report.examined += 1
+            try:
+                report.actions[run_id] = self.reconcile(run_id, now)
+            except Exception as exc:  # one bad run must not stop the others
+                log.exception("reconciling %s", run_id)
+                report.actions[run_id] = f"error: {exc!r}"
+        return report
+
+    def _stat(self, name: str) -> None:
+        self.redis.hincrby(keys.STATS, name, 1)
+
+    def reconcile(self, run_id: str, now: int | None = None) -> str:
+        """Do what one run needs now; returns what was done."""
+        now = now if now is not None else now_ms()
+        if not self.log.exists(run_id):
+            self.redis.zrem(keys.DUE, run_id)
+            return "gone"
+        holder = self.leases.holder(run_id)
+        if holder is not None:
+            ttl = max(int(self.redis.pttl(keys.lease(run_id))), 0)
+            self.redis.zadd(keys.DUE, {run_id: now + ttl + self.settings.lease_ttl_ms})
+            return "held"
+        lease, version, raw = self.leases.acquire(run_id, self.token)
+        if lease is None:
+            return "held"
+        try:
+            try:
+                handle = self.log.handle_from(run_id, version, raw, lease=lease.value,
+                                              actor=self.token)
+            except RunNotFound:
+                return "gone"
+            except DecodeError as exc:
+                self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
+                                    self.token)
+                return "quarantined"
+            try:
+                result = self._settle(handle, now)
+            except (ConflictError, Terminal, LeaseLost) as exc:
+                self.redis.zadd(keys.DUE, {run_id: now + 100})
+                return f"retry later ({type(exc).__name__})"
+        finally:
+            self.leases.release(lease)
+        if result == "enqueue":
+            # Queued only if the run id is still on the ready list: a worker killed after
+            # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
+            ready = keys.ready(self.queue.name)
+            if self.redis.exists(keys.queued(run_id)) and \
+                    self.redis.lpos(ready, run_id) is not None:
+                self.redis.zadd(keys.DUE, {run_id: now + 2 * self.settings.lease_ttl_ms})
+                return "queued"
+            enqueue_advance(self.redis, self.queue, run_id, force=True)
+            self._stat("requeued")
+            return "requeued"
+        return result
+
+    def _settle(self, handle: RunHandle, now: int) -> str:
+        state = handle.state
+        skew = self.settings.clock_skew_ms
+        # Unknown outcomes first: nothing else may happen to a step whose effect is unknown.
+        for act in list(state.actions.values()):
+            if act.status not in ("dispatched", "unknown"):
+                continue
+            if act.deadline + skew > now:
+                if state.terminal or state.state == "outcome_unknown":
+                    self.redis.zadd(keys.DUE, {handle.run_id: act.deadline + skew + 1})
+                    return "awaiting deadline"
+                return "enqueue"
+            try:
+                tool = self.registry.tool(act.tool)
+            except UnknownTool:
+                self.log.commit(handle, [Spec(ev.Quarantined, {
+                    "reason": f"unknown tool {act.tool!r} for unknown outcome {act.key}"})])
+                return "quarantined"
+            specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+            if not specs:
+                self.redis.zadd(keys.DUE, {handle.run_id: now + LOOKUP_RETRY_MS})
+                return "lookup failed; asking again later"
+            self.log.commit(handle, specs, checkpoint=not state.terminal,
+                            allow_terminal=state.terminal)
+            self._stat("unknown_resolved")
+            if handle.state.terminal or handle.state.waiting:
+                return f"resolved {act.key}"
+            return "enqueue"
+        if state.terminal:
+            self.redis.zrem(keys.DUE, handle.run_id)
+            return "terminal"
+        if state.state == "quarantined":
+            self.redis.zrem(keys.DUE, handle.run_id)
+            return "quarantined"
+        if state.cancel is not None and state.cancel.scope == "run":
+            specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)
+            self.log.commit(handle, specs)
+            self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+            return "canceled"
+        if state.waiting and state.wait is not None:
+            if state.wait.until and state.wait.until <= now:
+                if state.wait.kind == "retry":
+                    self.log.commit(handle, [Spec(ev.WaitResolved, {
+                        "kind": "retry", "request": state.wait.request, "by": "timer"})])
+                    self._stat("retry_timers_woken")
+                    return "enqueue"
+                self.log.commit(handle, [Spec(ev.WaitExpired, {
+                    "kind": state.wait.kind, "request": state.wait.request,
+                    "outcome": self._expiry_outcome(state.agent)})])
+                self._stat("waits_expired")
+                return "enqueue" if not handle.state.terminal else "expired"
+            return "waiting"
+        self._stat("stuck_runs" if not self._had_worker(handle) else "lease_expired")
+        return "enqueue"
+
+    def _expiry_outcome(self, agent_name: str) -> str:
+        try:
+            agent = self.registry.agent(agent_name)
+        except Exception:
+            return "expired"
+        return str(getattr(agent, "on_wait_expired", "expired"))
+
+    @staticmethod
+    def _had_worker(handle: RunHandle) -> bool:
+        return handle.state.version > 1

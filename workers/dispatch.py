@@ -1,0 +1,124 @@
+"""Calling a tool once: its deadline, quick retries for the errors it names, and the
+events that record what the call observed.
+
+The call runs on the worker's tool thread (``ToolRunner``), so a deadline or a cancel can
+end the wait even when the tool itself does not return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import tenacity
+
+from durable.agents import OutcomeUnknown, Tool, ToolContext
+from durable.cancellation import Cancelled, CancelToken
+from durable.log import events as ev
+from durable.log.state import Action
+from durable.log.store import Spec, now_ms
+from workers.toolrunner import CallResult, ToolRunner
+
+
+class _Retryable(Exception):
+    """Internal: carries a call that raised one of its tool's retryable errors."""
+
+    def __init__(self, result: CallResult) -> None:
+        self.result = result
+        super().__init__(repr(result.error))
+
+
+class _StopWhen(tenacity.stop.stop_base):
+    """Stop retrying when a condition holds (the deadline is near, or a cancel came)."""
+
+    def __init__(self, condition: Callable[[], bool]) -> None:
+        self.condition = condition
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.condition()
+
+
+def _pause(token: CancelToken, seconds: float) -> None:
+    token.wait(max(seconds, 0.0))  # a cancel ends the pause early
+
+
+class Dispatcher:
+    def __init__(self, grace_ms: int, max_payload_bytes: int) -> None:
+        self.runner = ToolRunner()
+        self.grace_ms = grace_ms
+        self.max_payload_bytes = max_payload_bytes
+
+    def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken) -> list[Spec]:
+        """Call the tool once (quick retries for its named retryable errors)."""
+        ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
+                          token=token, attempt=act.attempts)
+        args = dict(act.args or {})
+        grace = self.grace_ms / 1000
+
+        def attempt() -> CallResult:
+            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(),
+                                      token, grace)
+            if result.outcome == "raised" and isinstance(result.error, tool.retryable):
+                raise _Retryable(result)
+            return result
+
+        # Quick retries, for the tool's named retryable errors only, within the deadline.
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(tool.max_quick_retries + 1)
+            | _StopWhen(lambda: ctx.remaining() < 0.1 or token.cancelled),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            sleep=lambda seconds: _pause(token, min(seconds, ctx.remaining() / 2)),
+            reraise=True,
+        )
+        try:
+            result = retrying(attempt)
+        except _Retryable as spent:
+            result = spent.result
+        return self._outcome(tool, act, token, result)
+
+    def _outcome(self, tool: Tool, act: Action, token: CancelToken,
+                 result: CallResult) -> list[Spec]:
+        """The events that record what one dispatch observed."""
+        base = {"step": act.step, "key": act.key}
+        if result.outcome == "returned":
+            return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
+        if result.outcome == "timed_out":
+            return [Spec(ev.ActionTimedOut, base)]
+        if result.outcome == "interrupted":
+            return [Spec(ev.ActionInterrupted, {**base, "reason": token.reason
+                                                or "did not stop in time"})]
+        err = result.error
+        if isinstance(err, OutcomeUnknown):
+            return [Spec(ev.ActionInterrupted, {**base, "reason": f"outcome unknown: {err}"
+                                                [:500]})]
+        if isinstance(err, Cancelled):
+            if tool.cancellable:
+                return [Spec(ev.CallCanceled, {**base, "reason": token.reason
+                                               or "canceled"})]
+            return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
+        assert err is not None
+        retryable = isinstance(err, tool.retryable)
+        fields = {**base, "error": str(err)[:2000] or type(err).__name__,
+                  "error_type": type(err).__name__, "retryable": retryable}
+        if retryable and act.attempts < tool.max_attempts:
+            # Longer backoff: the run waits (no worker held), the step keeps its key.
+            until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
+            return [Spec(ev.ActionFailed, {**fields, "retry_at": until}),
+                    Spec(ev.WaitEntered, {"kind": "retry", "until": until,
+                                          "reason": f"{type(err).__name__}: {err}"[:500],
+                                          "request": act.key})]
+        return [Spec(ev.ActionFailed, fields)]
+
+    def _result(self, value: Any) -> Any:
+        """What the log keeps of a tool's result. The effect happened either way: a result
+        that is not plain data, or too large, is recorded as omitted, never as a failure."""
+        try:
+            data = msgspec.json.encode(value)
+        except (TypeError, ValueError) as exc:
+            return {"_omitted": f"result is not plain data: {exc}"[:300]}
+        if len(data) > self.max_payload_bytes:
+            return {"_omitted": f"result of {len(data)} bytes exceeds "
+                                f"{self.max_payload_bytes}"}
+        return msgspec.json.decode(data)

@@ -1,0 +1,89 @@
+"""The gates a step passes before it is sent: approval of the action, the agent version a
+run resumes under, and the facts the agent declared must still hold after a wait.
+
+A failed check is recorded as an event and handled as declared; it is never silently fed
+back to the agent. An approval is bound to the digest of the action's consequential fields
+(``durable.digests``), recomputed right before the approved call runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from durable.agents import Agent, Registry, Tool
+from durable.digests import action_digest, digest
+from durable.log import events as ev
+from durable.log.state import Action, RunState
+from durable.log.store import Spec, now_ms
+
+
+def request_specs(state: RunState, tool: Tool, act: Action, reason: str) -> list[Spec]:
+    """Ask for an approval of ``act`` and wait for it (the worker then lets go)."""
+    args = dict(act.args or {})
+    expires = now_ms() + int(tool.approval_ttl_s * 1000)
+    asked = sum(1 for a in state.approvals.values() if a.step == act.step and a.kind == "action")
+    request = f"{act.key}:a{asked + 1}"
+    return [
+        Spec(ev.ApprovalRequested, {
+            "request": request, "step": act.step, "digest": action_digest(tool, act),
+            "role": tool.approver_role, "evidence": tool.evidence(args), "expires": expires}),
+        Spec(ev.WaitEntered, {"kind": "approval", "reason": reason, "until": expires,
+                              "request": request, "data": {"tool": tool.name, "args": args}}),
+    ]
+
+
+def gate(state: RunState, tool: Tool, act: Action) -> tuple[str, str]:
+    """Whether ``act`` may be dispatched now: ("go" | "ask" | "rejected", reason)."""
+    if not tool.requires_approval:
+        return "go", ""
+    appr = state.approvals.get(act.approval) if act.approval else None
+    if appr is None or appr.decision is None:
+        return "ask", f"{tool.name} requires approval by role {tool.approver_role}"
+    if appr.decision != "approve":
+        return "rejected", f"rejected by {appr.approver}"
+    if action_digest(tool, act) != appr.digest:
+        return "ask", "the action changed since it was approved: approve it again"
+    return "go", ""
+
+
+Verdict = Literal["ok", "wait", "quarantine"]
+
+
+def version_policy(state: RunState, agent: Agent) -> tuple[Verdict, list[Spec], str]:
+    """Resuming under ``agent.version``: (verdict, events to write, reason)."""
+    if state.agent_version == agent.version:
+        return "ok", [], ""
+    upgrade = Spec(ev.AgentUpgraded, {"from_version": state.agent_version,
+                                      "to_version": agent.version, "tools": list(agent.tools)})
+    what = f"run started under {agent.name} v{state.agent_version}, code is v{agent.version}"
+    if agent.on_version_change == "continue" or state.agent_version in agent.compatible_versions:
+        return "ok", [upgrade], ""
+    if agent.on_version_change == "quarantine":
+        return "quarantine", [], what
+    request = f"{state.run_id}:v{agent.version}"
+    appr = state.approvals.get(request)
+    if appr is not None and appr.decision == "approve":
+        return "ok", [upgrade], ""
+    if appr is not None and appr.decision is not None:
+        return "quarantine", [], f"{what}; the upgrade was rejected by {appr.approver}"
+    expires = now_ms() + 7 * 86400 * 1000
+    return "wait", [
+        Spec(ev.ApprovalRequested, {
+            "request": request, "step": state.step, "kind": "version",
+            "digest": digest("agent", {"name": agent.name, "version": agent.version}, {}),
+            "role": agent.upgrade_role, "expires": expires}),
+        Spec(ev.WaitEntered, {"kind": "approval", "reason": f"{what}: approve to continue",
+                              "until": expires, "request": request}),
+    ], what
+
+
+def revalidate(state: RunState, agent: Agent, registry: Registry) -> tuple[str, Spec | None]:
+    """After a wait: ("ok" | "quarantine" | "failed", the event recording a failed check)."""
+    missing = [t for t in state.tools if t not in registry.tools]
+    if missing:
+        return "quarantine", Spec(ev.Quarantined, {
+            "reason": f"tools no longer available on resume: {', '.join(missing)}"})
+    stale = agent.revalidate(state)
+    if stale is None:
+        return "ok", None
+    return "failed", Spec(ev.RevalidationFailed, {"reason": stale.reason, "then": stale.then})

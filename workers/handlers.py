@@ -1,0 +1,18 @@
+"""The command handlers RQ calls: the only functions a queued job may name
+(``durable.queue.HANDLERS``). Each hands its command to this process's step loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.runtime import current_loop
+
+
+def advance(run_id: str) -> dict[str, Any]:
+    """Drive one run forward in this worker process."""
+    return current_loop().advance(run_id)
+
+
+def drain(queue_name: str) -> dict[str, Any]:
+    """Drive ready runs, one after the other, for a bounded time."""
+    return current_loop().drain(queue_name)

@@ -1,0 +1,451 @@
+"""The step protocol, as run by a worker holding a run's lease.
+
+For each step: the agent decides; the intent (step, tool, args, key) and the ledger claim of
+its key are recorded in one script call; the effect is dispatched with the key and a
+deadline; its outcome is staged and recorded together with the next step's intent (one
+round trip per step). A claimed key with no outcome is *unknown* and is resolved with the
+tool's ``lookup`` once the earlier dispatch's deadline has passed, before anything is sent
+again. Every append checks the lease's fencing epoch: a worker that lost its lease writes
+nothing and drops its work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import redis
+
+from durable.agents import Agent, Fail, Finish, Registry, Tool, Wait
+from durable.cancellation import CancelToken, finish_specs
+from durable.errors import (
+    CancelPending,
+    Claimed,
+    ConflictError,
+    DecodeError,
+    LeaseLost,
+    NondeterminismError,
+    RunNotFound,
+    Terminal,
+    UnknownAgent,
+    UnknownTool,
+)
+from durable.leases import Heartbeats, Lease, Leases
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.keys import RUN_ID_RE
+from durable.log.replay import check_decision
+from durable.log.state import Action, RunState
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
+from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
+from durable.queue import enqueue_advance, ensure_drain, make_queue
+from durable.settings import Settings
+from workers.dispatch import Dispatcher
+from workers.gates import gate, request_specs, revalidate, version_policy
+from workers.hooks import HookChain, StepHooks
+
+log = logging.getLogger("durable.worker")
+
+#: How long one ``drain`` command keeps taking ready runs before it lets RQ schedule again.
+DRAIN_BUDGET_S = 0.25
+
+#: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
+MAX_INLINE_WAIT_S = 30.0
+
+
+@dataclass
+class Slot:
+    """A run this worker holds: the token of its in-flight call."""
+
+    token: CancelToken = field(default_factory=CancelToken)
+
+
+#: Events after which a job has nothing left to do: their batch also releases the lease.
+_LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered,
+                ev.Quarantined)
+
+
+class StepLoop:
+    """Drives the runs this worker holds through the step protocol (see the module doc)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, registry: Registry,
+                 worker_id: str, queue_name: str | None = None,
+                 hooks: StepHooks | None = None) -> None:
+        self.settings = settings
+        self.redis = client
+        self.registry = registry
+        self.worker_id = worker_id
+        self.log = EventLog.from_settings(client, settings)
+        self.leases = Leases(client, settings.lease_ttl_ms)
+        self.heartbeats = Heartbeats(self.leases)
+        #: Leases let go by a job's last write (append.lua's "r" flag).
+        self._released: set[str] = set()
+        self.queue = make_queue(client, queue_name or settings.queue)
+        self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
+        self.held: dict[str, Slot] = {}
+        self.hooks = hooks or HookChain()
+
+    # Entry point ------------------------------------------------------------------------
+
+    def advance(self, run_id: str) -> dict[str, Any]:
+        if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
+            # A malformed command: nothing to drive, nothing to write.
+            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
+            log.error("refused a command naming run %r: not a valid run id", run_id)
+            return {"refused": "invalid run id"}
+        lease, version, raw = self.leases.acquire(run_id, self.worker_id,
+                                                  take_queued=True)
+        if lease is None:
+            return {"run": run_id, "skipped": "lease held by another worker"}
+        slot = Slot()
+        self.held[run_id] = slot
+        self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
+        more = False
+        try:
+            more = self._drive(run_id, lease, slot, version, raw)
+        except LeaseLost as exc:
+            log.warning("run %s: %s; work discarded", run_id, exc)
+        finally:
+            self.heartbeats.drop(lease)
+            self.held.pop(run_id, None)
+            if lease.value in self._released:
+                self._released.discard(lease.value)
+            else:
+                self.leases.release(lease)
+        if more:
+            enqueue_advance(self.redis, self.queue, run_id)
+        return {"run": run_id, "more": more}
+
+    def drain(self, queue_name: str) -> dict[str, Any]:
+        """Advance ready runs one at a time for up to ``DRAIN_BUDGET_S``.
+
+        Another ``drain`` is put on the queue as soon as this one has taken a run and more
+        are waiting, so idle workers join in; the last one re-queues itself if runs remain.
+        """
+        if queue_name != self.queue.name:
+            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
+            log.error("refused a drain of queue %r: this worker serves %r", queue_name,
+                      self.queue.name)
+            return {"refused": "wrong queue"}
+        ready = keys.ready(queue_name)
+        self.redis.delete(keys.drain_pending(queue_name))
+        end = time.monotonic() + DRAIN_BUDGET_S
+        done = 0
+        while time.monotonic() < end:
+            raw = self.redis.lpop(ready)
+            if raw is None:
+                break
+            if done == 0 and self.redis.llen(ready):
+                ensure_drain(self.redis, self.queue)
+            run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                self.advance(run_id)
+            except Exception:  # e.g. Redis unreachable: the reconciler brings the run back
+                log.exception("run %s: advance failed", run_id)
+                with contextlib.suppress(redis.RedisError):
+                    self.redis.hincrby(keys.STATS, "advance_errors", 1)
+            done += 1
+        if self.redis.llen(ready):
+            ensure_drain(self.redis, self.queue)
+        return {"drained": done}
+
+    # The loop -------------------------------------------------------------------------
+
+    def _load(self, run_id: str, lease: Lease, version: int | None = None,
+              raw: Any = None) -> RunHandle | None:
+        try:
+            if version is not None:
+                return self.log.handle_from(run_id, version, raw, lease=lease.value,
+                                            actor=self.worker_id)
+            return self.log.load(run_id, lease=lease.value, actor=self.worker_id)
+        except DecodeError as exc:
+            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
+                                self.worker_id)
+        except RunNotFound:
+            pass
+        return None
+
+    def _drive(self, run_id: str, lease: Lease, slot: Slot, version: int, raw: Any) -> bool:
+        """Run steps until the run stops needing this worker. True when work is left."""
+        handle = self._load(run_id, lease, version, raw)
+        if handle is None or not self._needs_work(handle.state):
+            return False
+        try:
+            agent = self.registry.agent(handle.state.agent)
+        except UnknownAgent as exc:
+            self._quarantine(handle, str(exc))
+            return False
+        self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
+                                                         "epoch": lease.epoch})])
+        verdict, specs, why = version_policy(handle.state, agent)
+        if verdict == "quarantine":
+            self._quarantine(handle, why)
+            return False
+        if verdict == "wait":
+            self.log.commit(handle, specs, checkpoint=True)
+            return False
+        self.log.stage(handle, specs)
+        try:
+            self._check_replay(handle, agent)
+        except NondeterminismError as exc:
+            self._quarantine(handle, str(exc))
+            return False
+        # Outcomes observed but not yet in the log: they survive a reload after a conflict.
+        pending: list[Spec] = []
+        steps = conflicts = 0
+        while True:
+            try:
+                if handle.state.resumed and self._needs_work(handle.state):
+                    self._revalidate(handle, agent, pending)
+                    continue
+                done, stepped = self._step(handle, agent, slot, pending, lease)
+                conflicts = 0
+            except (ConflictError, CancelPending):
+                conflicts += 1
+                if conflicts > 100:  # someone keeps writing: let go, come back later
+                    log.warning("run %s: too many conflicts; re-queued", run_id)
+                    return True
+                handle = self._reload(handle, lease, pending)
+                if handle is None:
+                    return False
+                continue
+            except Terminal:
+                return False
+            steps += stepped
+            if done:
+                return False
+            if steps >= self.settings.steps_per_job:
+                if handle.staged:
+                    self._commit(handle, pending, [])
+                return self._needs_work(handle.state)
+
+    def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
+        verdict, spec = revalidate(handle.state, agent, self.registry)
+        if spec is not None:
+            self._commit(handle, pending, [spec])
+            if verdict == "quarantine":
+                self.redis.hset(keys.QUARANTINE, handle.run_id, str(spec.fields["reason"]))
+        else:
+            handle.state.resumed = False  # checked once per resume; the log need not say so
+
+    def _reload(self, handle: RunHandle, lease: Lease, pending: list[Spec]) -> RunHandle | None:
+        fresh = self._load(handle.run_id, lease)
+        if fresh is None:
+            return None
+        if pending:
+            self.log.stage(fresh, pending)
+        return fresh
+
+    def _commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
+                **kw: Any) -> None:
+        """Commit what is staged plus ``specs``; once in the log, nothing is pending.
+
+        A batch that ends the job's work (terminal, waiting) also lets go of the lease in the
+        same script call.
+        """
+        release = any(issubclass(s.cls, _LAST_WRITES) for s in specs) and not kw.get("if_free")
+        self.log.commit(handle, specs, release=release, **kw)
+        pending.clear()
+        if release:
+            self._released.add(handle.lease)
+
+    @staticmethod
+    def _needs_work(state: RunState) -> bool:
+        return not (state.terminal or state.waiting or state.state == "quarantined")
+
+    def _quarantine(self, handle: RunHandle, reason: str) -> None:
+        log.error("run %s quarantined: %s", handle.run_id, reason)
+        handle.staged = []
+        try:
+            self.log.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
+                            extra={"reason": reason[:500]})
+            self.redis.hset(keys.QUARANTINE, handle.run_id, reason[:500])
+        except (ConflictError, Terminal, LeaseLost):
+            self.log.quarantine(handle.run_id, reason, self.worker_id)
+
+    def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
+        """Re-observe the open intent: the agent must decide what the log recorded."""
+        act, before = handle.state.current, handle.pre_intent
+        if act is None or before is None or before.step + 1 != act.step:
+            return
+        check_decision(handle.run_id, agent, before, act.step, act.tool, act.args)
+        self.redis.hincrby(keys.STATS, "replayed_intents", 1)
+
+    def _step(
+        self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease
+    ) -> tuple[bool, int]:
+        """One pass: returns (stop, steps taken)."""
+        state = handle.state
+        if slot.token.cancelled and slot.token.reason == "lease lost":
+            raise LeaseLost(handle.run_id, lease.epoch)
+        if not self._needs_work(state):
+            if handle.staged:
+                self._commit(handle, pending, [])
+            return True, 0
+        if state.cancel is not None and state.cancel.scope == "run":
+            self._finish_cancel(handle, pending)
+            return True, 0
+        act = state.current
+        if act is None:
+            return self._decide(handle, agent, slot, pending, lease)
+        if act.status in ("decided", "not_applied"):
+            if state.cancel is not None:  # a call-scoped cancel: this call never starts
+                self._commit(handle, pending, [Spec(ev.CallCanceled, {
+                    "step": act.step, "key": act.key, "reason": state.cancel.reason})])
+                return False, 0
+            tool = self.registry.tool(act.tool)
+            asked = self._approval(handle, tool, act, pending)
+            if asked is not None:
+                return asked
+            deadline = now_ms() + int(tool.timeout_s * 1000)
+            self._commit(handle, pending, [Spec(ev.ActionDispatched, {
+                "step": act.step, "key": act.key, "deadline": deadline})],
+                ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
+            return self._run_tool(handle, tool, act, slot, pending)
+        # dispatched or unknown: the earlier attempt may have applied the effect.
+        tool = self.registry.tool(act.tool)
+        wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
+        if wait_s > MAX_INLINE_WAIT_S:
+            if handle.staged:
+                self._commit(handle, pending, [])
+            return True, 0
+        if wait_s > 0 and slot.token.wait(wait_s):
+            return False, 0
+        specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        if not specs:  # the lookup itself failed: the reconciler asks again shortly
+            if handle.staged:
+                self._commit(handle, pending, [])
+            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            return True, 0
+        pending[:] = specs
+        self.log.stage(handle, specs)
+        if handle.state.waiting:
+            self._commit(handle, pending, [], checkpoint=True)
+            return True, 0
+        return False, 0
+
+    def _decide(self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec],
+                lease: Lease) -> tuple[bool, int]:
+        state = handle.state
+        try:
+            decision = agent.decide(state)
+        except Exception as exc:  # an agent bug: keep the evidence, quarantine
+            self._commit(handle, pending, [])
+            self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
+            return True, 0
+        if isinstance(decision, Finish):
+            self._commit(handle, pending, [Spec(ev.Completed, {"result": _plain(decision.result)})])
+            self.hooks.after_outcome(handle.run_id, state.step)
+            return True, 0
+        if isinstance(decision, Fail):
+            self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+            return True, 0
+        if isinstance(decision, Wait):
+            until = now_ms() + int(decision.timeout_s * 1000)
+            self._commit(handle, pending, [Spec(ev.WaitEntered, {
+                "kind": decision.kind, "reason": decision.reason, "until": until,
+                "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data})],
+                checkpoint=True)
+            return True, 0
+        try:
+            if decision.tool not in agent.tools:
+                raise UnknownTool(decision.tool)
+            tool = self.registry.tool(decision.tool)
+            args = _plain(decision.args)
+            if len(msgspec.msgpack.encode(args)) > self.settings.max_payload_bytes:
+                raise ValueError(f"arguments of {decision.tool} exceed "
+                                 f"{self.settings.max_payload_bytes} bytes")
+        except (UnknownTool, ValueError, TypeError) as exc:
+            self._commit(handle, pending, [])
+            self._quarantine(handle, f"step {state.step + 1}: {exc}")
+            return True, 0
+        step = state.step + 1
+        key = step_key(handle.run_id, step)
+        decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": args,
+                                        "key": key})
+        if state.cancel is not None:  # call-scoped cancel pending: record, never send
+            self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
+                "step": step, "key": key, "reason": state.cancel.reason})])
+            return False, 1
+        if tool.requires_approval:
+            self.log.stage(handle, [decided])
+            self._approval(handle, tool, handle.state.actions[step], pending)
+            return True, 1
+        deadline = now_ms() + int(tool.timeout_s * 1000)
+        try:
+            self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
+                "step": step, "key": key, "deadline": deadline})],
+                ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
+        except Claimed as exc:
+            # The ledger knows this key but the log does not: never send it blindly.
+            self.redis.hincrby(keys.STATS, "duplicates_suppressed", 1)
+            fresh = self._load(handle.run_id, lease)
+            if fresh is not None:
+                self._quarantine(fresh, f"key {exc.key} is claimed in the ledger ({exc.value}) "
+                                 "but the log has no dispatch for it")
+            return True, 0
+        act = handle.state.actions[step]
+        self.hooks.after_outcome(handle.run_id, step - 1)
+        self.hooks.after_intent(handle.run_id, step)
+        return self._run_tool(handle, tool, act, slot, pending)
+
+    def _approval(self, handle: RunHandle, tool: Tool, act: Action,
+                  pending: list[Spec]) -> tuple[bool, int] | None:
+        """None when ``act`` may be dispatched now; else ask for an approval and stop.
+
+        The digest needs the tool's facts, read now: if they cannot be read, the intent is
+        kept and the run is looked at again shortly.
+        """
+        try:
+            verdict, reason = gate(handle.state, tool, act)
+            if verdict == "go":
+                return None
+            specs = request_specs(handle.state, tool, act, reason)
+        except Exception as exc:
+            log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
+                        tool.name, exc)
+            if handle.staged:
+                self._commit(handle, pending, [])
+            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            return True, 0
+        self._commit(handle, pending, specs, checkpoint=True)
+        return True, 0
+
+    def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
+                  pending: list[Spec]) -> tuple[bool, int]:
+        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token)
+        self.hooks.after_effect(handle.run_id, act.step)
+        if slot.token.cancelled and slot.token.reason == "lease lost":
+            raise LeaseLost(handle.run_id, Lease(handle.run_id, handle.lease or "|-1").epoch)
+        if slot.token.cancelled:
+            slot.token = CancelToken()
+        pending[:] = spec
+        self.log.stage(handle, spec)
+        if handle.state.waiting or handle.state.state == "outcome_unknown" or (
+            handle.state.cancel is not None
+        ):
+            self._commit(handle, pending, [])
+            self.hooks.after_outcome(handle.run_id, act.step)
+            return False, 1
+        return False, 1
+
+    def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
+        cancel = handle.state.cancel
+        assert cancel is not None
+        specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
+        self._commit(handle, pending, specs)
+        self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+
+
+def step_key(run_id: str, step: int) -> str:
+    """The idempotency key of a step: stable across attempts and workers."""
+    return f"{run_id}:{step}"
+
+
+def _plain(value: Any) -> Any:
+    """JSON-like data only (what the log can carry and every reader can decode)."""
+    return msgspec.json.decode(msgspec.json.encode(value))
