@@ -65,6 +65,14 @@ class Leases:
         return bool(self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
                                              args=[lease.value, self.ttl_ms]))
 
+    def renew_all(self, leases: list[Lease]) -> list[bool]:
+        """Renew many leases in one round trip; one flag per lease, in order."""
+        pipe = self.redis.pipeline(transaction=False)
+        for lease in leases:
+            self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
+                                     args=[lease.value, self.ttl_ms], client=pipe)
+        return [bool(ok) for ok in pipe.execute()]
+
     def release(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_release(keys=[keys.lease(lease.run_id)], args=[lease.value]))
 
@@ -74,10 +82,12 @@ class Leases:
 
 
 class Heartbeats:
-    """One thread per worker process renewing every lease it holds, every third of the TTL.
+    """One thread per worker process renewing every lease it holds, every third of the TTL,
+    all in one round trip (a pipeline of ``lease_renew.lua`` calls).
 
     ``on_lost`` is called once for a lease that could not be renewed (expired, or taken by
-    a newer epoch): the worker must stop writing for that run.
+    a newer epoch): the worker must stop writing for that run. A renewal that fails because
+    Redis did not answer is tried again at the next beat: the TTL has slack for two.
     """
 
     def __init__(self, leases: Leases) -> None:
@@ -95,17 +105,26 @@ class Heartbeats:
         with self._lock:
             self._held.pop(lease.value, None)
 
+    def beat(self) -> int:
+        """Renew every held lease now; returns how many were lost."""
+        with self._lock:
+            held = list(self._held.values())
+        if not held:
+            return 0
+        try:
+            renewed = self.leases.renew_all([lease for lease, _ in held])
+        except Exception:  # a blip: try again next beat, the TTL has slack
+            return 0
+        lost = 0
+        for (lease, on_lost), ok in zip(held, renewed, strict=True):
+            if not ok:
+                self.drop(lease)
+                on_lost()
+                lost += 1
+        return lost
+
     def _run(self) -> None:
         interval = self.leases.ttl_ms / 3000
         stop = threading.Event()
         while not stop.wait(interval):
-            with self._lock:
-                held = list(self._held.values())
-            for lease, on_lost in held:
-                try:
-                    ok = self.leases.renew(lease)
-                except Exception:  # a blip: try again next beat, the TTL has slack
-                    continue
-                if not ok:
-                    self.drop(lease)
-                    on_lost()
+            self.beat()

@@ -26,6 +26,16 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="How long to wait for DURABLE_REDIS_URL to answer."
     )
     lease_ttl_ms: int = Field(default=5000, ge=200, description="Lease time to live.")
+    concurrency: int = Field(
+        default=64, ge=1, le=10_000,
+        description="Runs one worker process drives at once (one thread each). Agents wait "
+        "on models and APIs most of the time: size it to the runs a process should hold.",
+    )
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0,
+        description="On SIGTERM/SIGINT, how long in-flight calls may finish before the "
+        "worker hands its remaining runs back.",
+    )
     steps_per_job: int = Field(
         default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
     )

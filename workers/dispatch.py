@@ -7,6 +7,7 @@ end the wait even when the tool itself does not return.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +45,12 @@ def _pause(token: CancelToken, seconds: float) -> None:
 
 
 class Dispatcher:
+    """Calls tools for every run of a worker. Each call gets a tool thread of its own
+    (``ToolRunner``s are kept for reuse), so runs driven at once never wait for each other's
+    tools."""
+
     def __init__(self, grace_ms: int, max_payload_bytes: int) -> None:
-        self.runner = ToolRunner()
+        self._idle: queue.SimpleQueue[ToolRunner] = queue.SimpleQueue()
         self.grace_ms = grace_ms
         self.max_payload_bytes = max_payload_bytes
 
@@ -56,9 +61,13 @@ class Dispatcher:
         args = dict(act.args or {})
         grace = self.grace_ms / 1000
 
+        try:
+            runner = self._idle.get_nowait()
+        except queue.Empty:
+            runner = ToolRunner()
+
         def attempt() -> CallResult:
-            result = self.runner.call(lambda: tool.run(args, ctx), ctx.remaining(),
-                                      token, grace)
+            result = runner.call(lambda: tool.run(args, ctx), ctx.remaining(), token, grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
             return result
@@ -76,6 +85,8 @@ class Dispatcher:
             result = retrying(attempt)
         except _Retryable as spent:
             result = spent.result
+        finally:
+            self._idle.put(runner)
         return self._outcome(tool, act, token, result)
 
     def _outcome(self, tool: Tool, act: Action, token: CancelToken,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.runtime import current_loop
+from workers.runtime import current_loop, current_pool
 
 
 def advance(run_id: str) -> dict[str, Any]:
@@ -13,6 +13,6 @@ def advance(run_id: str) -> dict[str, Any]:
     return current_loop().advance(run_id)
 
 
-def drain(queue_name: str) -> dict[str, Any]:
-    """Drive ready runs, one after the other, for a bounded time."""
-    return current_loop().drain(queue_name)
+def drain(queue_name: str) -> dict[str, object]:
+    """Fill this worker's free run slots from the ready list."""
+    return current_pool().drain(queue_name)

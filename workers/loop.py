@@ -11,7 +11,6 @@ nothing and drops its work.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from durable.log.replay import check_decision
 from durable.log.state import Action, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
-from durable.queue import enqueue_advance, ensure_drain, make_queue
+from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
 from workers.dispatch import Dispatcher
 from workers.gates import gate, request_specs, revalidate, version_policy
@@ -50,17 +49,15 @@ from workers.hooks import HookChain, StepHooks
 
 log = logging.getLogger("durable.worker")
 
-#: How long one ``drain`` command keeps taking ready runs before it lets RQ schedule again.
-DRAIN_BUDGET_S = 0.25
-
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
 
 
 @dataclass
 class Slot:
-    """A run this worker holds: the token of its in-flight call."""
+    """A run this worker holds: its lease and the token of its in-flight call."""
 
+    lease: Lease | None = None
     token: CancelToken = field(default_factory=CancelToken)
 
 
@@ -101,7 +98,7 @@ class StepLoop:
                                                   take_queued=True)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
-        slot = Slot()
+        slot = Slot(lease)
         self.held[run_id] = slot
         self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
         more = False
@@ -120,38 +117,21 @@ class StepLoop:
             enqueue_advance(self.redis, self.queue, run_id)
         return {"run": run_id, "more": more}
 
-    def drain(self, queue_name: str) -> dict[str, Any]:
-        """Advance ready runs one at a time for up to ``DRAIN_BUDGET_S``.
-
-        Another ``drain`` is put on the queue as soon as this one has taken a run and more
-        are waiting, so idle workers join in; the last one re-queues itself if runs remain.
-        """
-        if queue_name != self.queue.name:
-            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
-            log.error("refused a drain of queue %r: this worker serves %r", queue_name,
-                      self.queue.name)
-            return {"refused": "wrong queue"}
-        ready = keys.ready(queue_name)
-        self.redis.delete(keys.drain_pending(queue_name))
-        end = time.monotonic() + DRAIN_BUDGET_S
-        done = 0
-        while time.monotonic() < end:
-            raw = self.redis.lpop(ready)
-            if raw is None:
-                break
-            if done == 0 and self.redis.llen(ready):
-                ensure_drain(self.redis, self.queue)
-            run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-            try:
-                self.advance(run_id)
-            except Exception:  # e.g. Redis unreachable: the reconciler brings the run back
-                log.exception("run %s: advance failed", run_id)
-                with contextlib.suppress(redis.RedisError):
-                    self.redis.hincrby(keys.STATS, "advance_errors", 1)
-            done += 1
-        if self.redis.llen(ready):
-            ensure_drain(self.redis, self.queue)
-        return {"drained": done}
+    def hand_back(self) -> list[str]:
+        """Let go of every held run at once (shutdown): stop renewing, signal the run's token,
+        release the lease and make the run ready again. A write the run's thread still
+        attempts is refused by fencing; an effect in flight is found ``dispatched`` by the
+        next worker, which asks ``lookup`` once its deadline has passed."""
+        handed = []
+        for run_id, slot in list(self.held.items()):
+            if slot.lease is None:
+                continue
+            self.heartbeats.drop(slot.lease)
+            slot.token.cancel("lease lost")
+            if self.leases.release(slot.lease):
+                enqueue_advance(self.redis, self.queue, run_id, force=True)
+                handed.append(run_id)
+        return handed
 
     # The loop -------------------------------------------------------------------------
 

@@ -1,0 +1,145 @@
+"""Many runs at once in one worker process: a bounded pool of run slots.
+
+Model: one thread per held run, at most ``DURABLE_CONCURRENCY`` of them. Why threads and
+not an asyncio loop: agent code and tools are ordinary, mostly blocking Python (HTTP
+clients, SDKs, database drivers); on a thread each run may block as long as its deadline
+allows without stalling the others, a tool keeps its own thread with a deadline and an
+interrupt (``ToolRunner``), and an agent written as a plain function that calls
+``ctx.call(...)`` maps to one thread per run, with no colouring of user code. The price is
+memory per held run (a thread stack's touched pages); the benchmarks report RSS at 1,000
+held runs.
+
+How work arrives: producers push run ids on the ready list ``dx:ready:<queue>`` and put a
+``drain`` command on RQ when none is pending. A ``drain`` fills this worker's free slots
+from the ready list and returns at once (RQ's own job costs are paid per batch). A slot
+whose run lets go takes the next ready run itself, so a busy worker keeps its slots full
+without a command per run; a run that used its turn (``DURABLE_STEPS_PER_JOB``) goes to the
+back of the ready list, so one run cannot starve the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+
+from durable.log import keys
+from durable.queue import ensure_drain
+from workers.loop import StepLoop
+
+log = logging.getLogger("durable.worker")
+
+
+class RunPool:
+    def __init__(self, loop: StepLoop, size: int) -> None:
+        self.loop = loop
+        self.size = size
+        self.redis = loop.redis
+        self.queue = loop.queue
+        self.ready_key = keys.ready(loop.queue.name)
+        self._free = threading.Semaphore(size)
+        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="run")
+        self._busy = 0
+        self._idle = threading.Condition()
+        #: False once shutdown began: no new runs are taken.
+        self.accepting = True
+
+    @property
+    def busy(self) -> int:
+        """Slots driving a run now."""
+        return self._busy
+
+    # Taking runs ---------------------------------------------------------------------------
+
+    def drain(self, queue_name: str) -> dict[str, object]:
+        """The ``drain`` command: fill the free slots from the ready list."""
+        if queue_name != self.queue.name:
+            self.redis.hincrby(keys.STATS, "malformed_commands", 1)
+            log.error("refused a drain of queue %r: this worker serves %r", queue_name,
+                      self.queue.name)
+            return {"refused": "wrong queue"}
+        self.redis.delete(keys.drain_pending(queue_name))
+        taken = self.fill()
+        if taken and self.redis.llen(self.ready_key):
+            ensure_drain(self.redis, self.queue)  # more are ready: idle workers join in
+        return {"taken": taken, "busy": self._busy}
+
+    def fill(self) -> int:
+        """Start ready runs while a slot is free; returns how many were started."""
+        taken = 0
+        while self.accepting and self._free.acquire(blocking=False):
+            run_id = self._pop()
+            if run_id is None:
+                self._free.release()
+                break
+            with self._idle:
+                self._busy += 1
+            self._executor.submit(self._slot, run_id)
+            taken += 1
+        return taken
+
+    def _pop(self) -> str | None:
+        raw = self.redis.lpop(self.ready_key)
+        if raw is None:
+            return None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def _slot(self, run_id: str | None) -> None:
+        """One slot: drive ``run_id``, then the next ready run, until none is left."""
+        try:
+            while run_id is not None:
+                try:
+                    self.loop.advance(run_id)
+                except Exception:  # e.g. Redis unreachable: the reconciler brings it back
+                    log.exception("run %s: advance failed", run_id)
+                    with contextlib.suppress(redis.RedisError):
+                        self.redis.hincrby(keys.STATS, "advance_errors", 1)
+                run_id = None
+                if self.accepting:
+                    with contextlib.suppress(redis.RedisError):
+                        run_id = self._pop()
+        finally:
+            self._free.release()
+            with self._idle:
+                self._busy -= 1
+                self._idle.notify_all()
+
+    # Ending -------------------------------------------------------------------------------
+
+    def wait_idle(self, timeout: float | None = None,
+                  stop: threading.Event | None = None) -> bool:
+        """Until no slot drives a run (True), ``timeout`` passes or ``stop`` is set (False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._busy:
+                if stop is not None and stop.is_set():
+                    return False
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(0.1 if left is None else min(left, 0.1))
+        return True
+
+    def finish(self) -> None:
+        """Burst mode: drive until the ready list is empty and no slot is busy."""
+        while True:
+            self.fill()
+            self.wait_idle()
+            if not self.redis.llen(self.ready_key):
+                return
+
+    def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:
+        """Take no new runs; let in-flight work finish within ``grace_s``; hand the runs
+        still held back at once (leases released, runs made ready again) so another worker
+        continues without waiting for a lease to expire. Returns the runs handed back."""
+        self.accepting = False
+        if self.wait_idle(grace_s, force):
+            self._executor.shutdown(wait=False)
+            return []
+        handed = self.loop.hand_back()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return handed
