@@ -1,117 +1,155 @@
 -- Append a batch of events to one run's log: the only way run state changes.
+-- One script so that the checks (expected version, lease, terminal state, pending cancel,
+-- ledger claims) and every write that follows (log, projection, ledger, lease, indexes,
+-- due set) happen atomically: a writer either lands its whole batch or nothing.
 --
--- KEYS[1] log stream          dx:{R}:log
--- KEYS[2] projection hash     dx:{R}:run
--- KEYS[3] lease string        dx:{R}:lease
--- KEYS[4] ledger hash         dx:{R}:fx
--- KEYS[5] runs by update      dx:runs            (global, derived)
--- KEYS[6] due set             dx:due             (global, derived)
--- KEYS[7] old state's index   dx:runs:<old>      (global, derived)
--- KEYS[8] new state's index   dx:runs:<new>
--- KEYS[9] index of state_if_free
+-- KEYS[1] log_key          dx:{R}:log       stream: the run's log
+-- KEYS[2] run_key          dx:{R}:run       hash: the projection (version, state, step,
+--                                           last, updated, cancel, ckpt, extra fields)
+-- KEYS[3] lease_key        dx:{R}:lease     string "<token>|<epoch>"
+-- KEYS[4] ledger_key       dx:{R}:fx        hash: idempotency key -> ledger entry
+-- KEYS[5] runs_key         dx:runs          zset run id -> last update (global, derived)
+-- KEYS[6] due_key          dx:due           zset run id -> due time (global, derived)
+-- KEYS[7] old_index_key    dx:runs:<old>    zset of the state the writer folded from
+-- KEYS[8] new_index_key    dx:runs:<new>    zset of new_state
+-- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
 --
--- ARGV[1]  expected version (the run's version the writer folded)
--- ARGV[2]  lease value "<token>|<epoch>" that must hold the lease, or "" for no check
--- ARGV[3]  new state            ARGV[4]  new step          ARGV[5]  now (ms)
--- ARGV[6]  due: "" leave as is, "-" remove, else a time in ms
--- ARGV[7]  position (1-based) of a checkpoint event in the batch, 0 if none
--- ARGV[8]  flags: "d" the batch dispatches an effect (refused while a cancel is pending),
---                 "t" the batch may follow a terminal event (late reconciliation only)
---                 "r" release the writer's lease after the batch (its last write of a job)
--- ARGV[9]  n: events always appended
--- ARGV[10] m: events appended after them only when no lease is held
--- ARGV[11] state when the m events are appended
--- ARGV[12] cancel pending after the batch: "1" or "0"
--- ARGV[13] run id
--- ARGV[14] number of ledger ops, ARGV[15] number of extra projection fields
--- then n + m encoded events, then ledger ops as (op, field, value) with op "c" = claim
--- (refused if the field exists) or "p" = put, then extra (field, value) pairs.
+-- ARGV[1]  expected_version  the run's version the writer folded
+-- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
+-- ARGV[3]  new_state         state after the batch
+-- ARGV[4]  new_step          step after the batch
+-- ARGV[5]  now               current time (ms)
+-- ARGV[6]  due               "" leave the due set as is, "-" remove the run, else a time (ms)
+-- ARGV[7]  checkpoint_pos    position (1-based) of a checkpoint event in the batch, 0 if none
+-- ARGV[8]  flags             "d" the batch dispatches an effect (refused while a cancel is
+--                            pending), "t" the batch may follow a terminal event (late
+--                            reconciliation only), "r" release the writer's lease after the
+--                            batch (its last write of a job)
+-- ARGV[9]  n                 number of events always appended
+-- ARGV[10] m                 number of events appended after them only when no lease is held
+-- ARGV[11] free_state        state after the batch when the m events are appended
+-- ARGV[12] cancel            cancel pending after the batch: "1" or "0"
+-- ARGV[13] run_id            the run id (member of the global zsets)
+-- ARGV[14] nops              number of ledger ops
+-- ARGV[15] nextra            number of extra projection fields
+-- then, in order:
+--   n + m events    one encoded event each
+--   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
+--                   "p" = put; either way field is set to value
+--   nextra extras   (field, value) pairs set on the projection
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
 
+local log_key, run_key, lease_key, ledger_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local runs_key, due_key = KEYS[5], KEYS[6]
+local old_index_key, new_index_key, free_index_key = KEYS[7], KEYS[8], KEYS[9]
+
+local expected_version, lease = tonumber(ARGV[1]), ARGV[2]
+local new_state, new_step, now, due = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local checkpoint_pos, flags = tonumber(ARGV[7]), ARGV[8]
+local n, m, free_state = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
+local cancel, run_id = ARGV[12], ARGV[13]
+local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
+
+-- Where each variable-length group starts (the index just before its first entry).
+local EVENTS_BASE = 15
+local OPS_BASE = EVENTS_BASE + n + m
+local EXTRAS_BASE = OPS_BASE + 3 * nops
+
+-- Event i (1-based) of the batch.
+local function event(i)
+  return ARGV[EVENTS_BASE + i]
+end
+
+-- Ledger op i (1-based): op, field, value.
+local function ledger_op(i)
+  local at = OPS_BASE + 3 * (i - 1)
+  return ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
+end
+
+-- Extra projection field i (1-based): field, value.
+local function extra_field(i)
+  local at = EXTRAS_BASE + 2 * (i - 1)
+  return ARGV[at + 1], ARGV[at + 2]
+end
+
+local function has_flag(flag)
+  return string.find(flags, flag, 1, true) ~= nil
+end
+
 local TERMINAL = {completed = true, failed = true, canceled = true, expired = true}
 
-local proj = redis.call('HMGET', KEYS[2], 'version', 'state', 'cancel')
-local version = tonumber(proj[1]) or 0
-if version ~= tonumber(ARGV[1]) then
+-- Checks: nothing is written until all of them pass.
+local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel')
+local version = tonumber(projection[1]) or 0
+local old_state, cancel_was_pending = projection[2], projection[3] == '1'
+if version ~= expected_version then
   return {'conflict', version}
 end
-if ARGV[2] ~= '' then
-  local holder = redis.call('GET', KEYS[3])
-  if holder ~= ARGV[2] then
+if lease ~= '' then
+  local holder = redis.call('GET', lease_key)
+  if holder ~= lease then
     return {'lease', holder or ''}
   end
 end
-local flags = ARGV[8]
-if proj[2] and TERMINAL[proj[2]] and not string.find(flags, 't', 1, true) then
-  return {'terminal', proj[2]}
+if old_state and TERMINAL[old_state] and not has_flag('t') then
+  return {'terminal', old_state}
 end
 -- Defense in depth: a batch that dispatches while a cancel is still pending after it
 -- (the writer did not consume the cancel) is refused.
-if string.find(flags, 'd', 1, true) and proj[3] == '1' and ARGV[12] == '1' then
+if has_flag('d') and cancel_was_pending and cancel == '1' then
   return {'canceled'}
 end
-
-local n = tonumber(ARGV[9])
-local m = tonumber(ARGV[10])
-local nops = tonumber(ARGV[14])
-local nextra = tonumber(ARGV[15])
-local base = 15
-local opbase = base + n + m
-for i = 0, nops - 1 do
-  local op = ARGV[opbase + 3 * i + 1]
+for i = 1, nops do
+  local op, field = ledger_op(i)
   if op == 'c' then
-    local field = ARGV[opbase + 3 * i + 2]
-    local existing = redis.call('HGET', KEYS[4], field)
+    local existing = redis.call('HGET', ledger_key, field)
     if existing then
       return {'claimed', field, existing}
     end
   end
 end
 
-local new_state = ARGV[3]
-local new_index = KEYS[8]
+-- The m conditional events go in only when no lease is held.
 local count = n
-if m > 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+if m > 0 and redis.call('EXISTS', lease_key) == 0 then
   count = n + m
-  new_state = ARGV[11]
-  new_index = KEYS[9]
+  new_state = free_state
+  new_index_key = free_index_key
 end
 
+-- Writes.
 local last_id = ''
-local ckpt = tonumber(ARGV[7])
 for i = 1, count do
-  last_id = redis.call('XADD', KEYS[1], '*', 'e', ARGV[base + i])
-  if i == ckpt then
-    redis.call('HSET', KEYS[2], 'ckpt', last_id)
+  last_id = redis.call('XADD', log_key, '*', 'e', event(i))
+  if i == checkpoint_pos then
+    redis.call('HSET', run_key, 'ckpt', last_id)
   end
 end
-for i = 0, nops - 1 do
-  redis.call('HSET', KEYS[4], ARGV[opbase + 3 * i + 2], ARGV[opbase + 3 * i + 3])
+for i = 1, nops do
+  local _, field, value = ledger_op(i)
+  redis.call('HSET', ledger_key, field, value)
 end
 local new_version = version + count
-local now = ARGV[5]
-redis.call('HSET', KEYS[2], 'version', new_version, 'state', new_state, 'step', ARGV[4],
-  'last', last_id, 'updated', now, 'cancel', ARGV[12])
-local xbase = opbase + 3 * nops
-for i = 0, nextra - 1 do
-  redis.call('HSET', KEYS[2], ARGV[xbase + 2 * i + 1], ARGV[xbase + 2 * i + 2])
+redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
+  'last', last_id, 'updated', now, 'cancel', cancel)
+for i = 1, nextra do
+  local field, value = extra_field(i)
+  redis.call('HSET', run_key, field, value)
 end
 
-local run_id = ARGV[13]
-if proj[2] and proj[2] ~= new_state then
-  redis.call('ZREM', KEYS[7], run_id)
+if old_state and old_state ~= new_state then
+  redis.call('ZREM', old_index_key, run_id)
 end
-redis.call('ZADD', new_index, now, run_id)
-redis.call('ZADD', KEYS[5], now, run_id)
-if ARGV[2] ~= '' and string.find(flags, 'r', 1, true) then
-  redis.call('DEL', KEYS[3])
+redis.call('ZADD', new_index_key, now, run_id)
+redis.call('ZADD', runs_key, now, run_id)
+if lease ~= '' and has_flag('r') then
+  redis.call('DEL', lease_key)
 end
-local due = ARGV[6]
 if due == '-' then
-  redis.call('ZREM', KEYS[6], run_id)
+  redis.call('ZREM', due_key, run_id)
 elseif due ~= '' then
-  redis.call('ZADD', KEYS[6], due, run_id)
+  redis.call('ZADD', due_key, due, run_id)
 end
 return {'ok', new_version, last_id}

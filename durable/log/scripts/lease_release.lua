@@ -1,10 +1,15 @@
 -- Let go of a lease this owner holds; never deletes another owner's lease.
+-- One script so that the check and the delete are atomic: the lease cannot expire and be
+-- taken by another owner between them.
 --
--- KEYS[1] lease string  dx:{R}:lease
--- ARGV[1] expected value "<token>|<epoch>"
--- Returns 1 when released, 0 otherwise.
+-- KEYS[1] lease_key  dx:{R}:lease  string "<token>|<epoch>", PX ttl_ms
+-- ARGV[1] expected   the lease value this owner holds, "<token>|<epoch>"
+-- Returns 1 when released, 0 when the lease is gone or held by another owner or epoch.
 
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local lease_key = KEYS[1]
+local expected = ARGV[1]
+
+if redis.call('GET', lease_key) == expected then
+  return redis.call('DEL', lease_key)
 end
 return 0
