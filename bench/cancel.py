@@ -17,11 +17,10 @@ from typing import Any
 
 import redis
 
-from bench.common import fresh, median, percentile, settings_for
+from bench.common import fresh, median, percentile, settings_for, worker
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
-from durable.testing import Worker
 
 
 def _wait_for(r: redis.Redis, run_id: str, cls: type[ev.Event], last: bytes,
@@ -75,7 +74,7 @@ def run(servers: Any, quick: bool = False, n: int | None = None,
         r = srv.client()
         fresh(r)
         ctx[fsync] = {"r": r, "client": Client(settings_for(srv.url), r),
-                      "worker": Worker(srv.url), "samples": {"event": [], "wall": [], "call": []}}
+                      "worker": worker(srv.url), "samples": {"event": [], "wall": [], "call": []}}
     try:
         for i in range(n):  # interleaved: one cancel on each server in turn
             for fsync in fsyncs:

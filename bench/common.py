@@ -13,11 +13,17 @@ from typing import Any
 
 import redis
 
+from durable.agents import registry
 from durable.log import keys
 from durable.settings import Settings
-from durable.testing import Server
+from durable.testing import Server, Worker
 
 FSYNCS = ("everysec", "always")
+
+#: Modules defining the agents and tools measured here (``count`` and its ``noop`` tool).
+#: Nothing is registered by default: this process loads them in ``settings_for``, and the
+#: worker processes get them through ``worker``.
+AGENTS = "examples.agents"
 
 
 def median(xs: Sequence[float]) -> float:
@@ -40,7 +46,16 @@ def ms_of(entry_id: bytes | str) -> int:
 
 
 def settings_for(url: str, **kw: Any) -> Settings:
+    """Settings for ``url`` with the bench agents, also registered in this process."""
+    kw.setdefault("agents", AGENTS)
+    registry.load(kw["agents"])
     return Settings(redis_url=url, **kw)
+
+
+def worker(url: str, **kw: Any) -> Worker:
+    """A ``durable worker`` process serving the bench agents."""
+    kw.setdefault("DURABLE_AGENTS", AGENTS)
+    return Worker(url, **kw)
 
 
 @dataclass

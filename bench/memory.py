@@ -15,11 +15,10 @@ from typing import Any
 import psutil
 import redis
 
-from bench.common import fresh, median, settings_for
+from bench.common import fresh, median, settings_for, worker
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
-from durable.testing import Worker
 
 
 def wait_done(r: redis.Redis, ids: list[str], timeout: float = 300.0) -> None:
@@ -56,8 +55,8 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
     r = srv.client()
     fresh(r)
     client = Client(settings_for(srv.url), r)
-    worker = Worker(srv.url)
-    proc = psutil.Process(worker.pid)
+    wproc = worker(srv.url)
+    proc = psutil.Process(wproc.pid)
     rss: list[dict[str, float]] = []
     out: dict[str, Any] = {}
     try:
@@ -94,5 +93,5 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
         out["used_memory_mb"] = r.info("memory")["used_memory"] / 2**20
         return out
     finally:
-        worker.stop()
+        wproc.stop()
         r.close()

@@ -31,13 +31,12 @@ import redis
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
-from bench.common import fresh, median, run_window, settings_for
+from bench.common import AGENTS, fresh, median, run_window, settings_for, worker
 from durable.agents import ToolContext, registry
 from durable.cancellation import CancelToken
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
-from durable.testing import Worker
 from workers.loop import StepLoop
 
 STEPS = 4
@@ -75,7 +74,7 @@ def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
 
 
 def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
-    registry.load("examples.agents")
+    registry.load(AGENTS)
     tool = registry.tool("noop")
     token = CancelToken()
     t0 = time.perf_counter()
@@ -139,7 +138,7 @@ def durable(url: str, r: redis.Redis, runs: int, workers: int,
     client = Client(settings_for(url), r)
     ids = start_runs(client, "w", runs, steps)
     t0 = time.perf_counter()
-    procs = [Worker(url, burst=True) for _ in range(workers)]
+    procs = [worker(url, burst=True) for _ in range(workers)]
     for p in procs:
         try:
             p.wait(300)

@@ -2,11 +2,13 @@
 piece at a time (monkeypatching in the benchmark only; no core file changes).
 
 - ``driver``: ``StepLoop.advance`` in-process on four-step no-op runs, baseline against
-  (a) no per-run heartbeat thread (what one long-lived heartbeat thread per worker costs
-  per run: nothing), (b) the tool called inline on the worker thread (no thread hop), and
-  both. Interleaved rounds, medians.
+  the tool called inline on the worker thread (no thread hop). Interleaved rounds, medians.
+  (A "no per-run heartbeat thread" variant is gone: the core now has one ``Heartbeats``
+  thread per worker, and what a run still pays for it, ``hold``/``drop``, is about a
+  microsecond per step, shown in the profile item's breakdown; below this item's noise.)
 - ``load``: ``load.lua`` (XRANGE inside Lua) against HMGET + a direct XRANGE, and
-  ``EventLog.load`` with and without the per-``step_decided`` ``copy_state`` snapshot.
+  ``EventLog.load`` with and without its ``copy_state`` snapshot of the state before the
+  last ``step_decided`` (``durable.log.store.copy_state``: the name ``EventLog`` calls).
 - ``memory``: bytes per step at several ``stream-node-max-bytes`` (the first listpack node
   of a stream is preallocated up to this size), and the step triplet's size without the
   per-event ``run`` and ``actor`` fields.
@@ -26,59 +28,39 @@ from bench.common import fresh, median, settings_for
 from bench.throughput import start_runs
 from durable.agents import registry
 from durable.client import Client
-from durable.log import keys, state
+from durable.log import keys, store
 from durable.log.store import EventLog
 from workers.loop import StepLoop
-from workers.toolrunner import CallResult
-
-
-class _NoHeartbeat:
-    def __init__(self, *a: Any, **k: Any) -> None:
-        self.lost = False
-
-    def __enter__(self) -> _NoHeartbeat:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+from workers.toolrunner import CallResult, ToolRunner
 
 
 @contextlib.contextmanager
-def _patched(no_heartbeat: bool, inline_tool: bool, driver: StepLoop) -> Iterator[None]:
-    import workers.loop as drv
-
-    saved_hb = getattr(drv, "Heartbeat", None)
-    saved_call = driver.dispatcher.runner.call
-    if no_heartbeat and saved_hb is not None:
-        drv.Heartbeat = _NoHeartbeat  # type: ignore[misc,assignment]
+def _patched(inline_tool: bool) -> Iterator[None]:
+    """Patch ``ToolRunner.call`` on the class, so every runner the loop's dispatcher uses
+    (``loop.dispatcher.runner``) calls the tool on the caller's thread."""
+    saved_call = ToolRunner.call
     if inline_tool:
-        def call(fn: Any, timeout: float, token: Any, grace: float) -> CallResult:
+        def call(self: ToolRunner, fn: Any, timeout: float, token: Any,
+                 grace: float) -> CallResult:
             try:
                 return CallResult("returned", fn())
             except BaseException as exc:
                 return CallResult("raised", error=exc)
-        driver.dispatcher.runner.call = call  # type: ignore[method-assign]
+        ToolRunner.call = call  # type: ignore[method-assign]
     try:
         yield
     finally:
-        if saved_hb is not None:
-            drv.Heartbeat = saved_hb  # type: ignore[misc]
-        driver.dispatcher.runner.call = saved_call  # type: ignore[method-assign]
+        ToolRunner.call = saved_call  # type: ignore[method-assign]
 
 
-VARIANTS = {"baseline": (False, False), "no per-run heartbeat thread": (True, False),
-            "tool inline (no thread hop)": (False, True), "both": (True, True)}
+VARIANTS = {"baseline": False, "tool inline (no thread hop)": True}
 
 
 def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any]:
     """Fine-grained interleaving: every block of ``block`` runs is timed once per variant,
     in a rotated order, so background load hits every variant alike."""
-    import workers.loop as drv
-
     out: dict[str, Any] = {}
-    variants = dict(VARIANTS)
-    if not hasattr(drv, "Heartbeat"):  # the core already shares one heartbeat thread
-        variants = {k: v for k, v in variants.items() if not v[0]}
+    variants = VARIANTS
     for fsync in servers.fsyncs:
         srv = servers.get(fsync)
         r = srv.client()
@@ -94,7 +76,7 @@ def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any
             for name in order:
                 batch = ids[pos:pos + block]
                 pos += block
-                with _patched(*variants[name], driver):
+                with _patched(variants[name]):
                     t0 = time.perf_counter()
                     for rid in batch:
                         driver.advance(rid)
@@ -133,16 +115,17 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
             elog.load(rid)
 
         def load_nocopy(rid: str = rid) -> None:
-            saved = state.copy_state
-            state.copy_state = lambda s: s  # type: ignore[assignment]
+            # store.py imports copy_state by name: patch the name EventLog.load calls.
+            saved = store.copy_state
+            store.copy_state = lambda s: s  # type: ignore[assignment]
             try:
                 elog.load(rid)
             finally:
-                state.copy_state = saved
+                store.copy_state = saved
 
         fns[str(size)] = {"load.lua ms": script, "HMGET + XRANGE(ckpt..last) ms": direct,
                           "EventLog.load ms": load,
-                          "EventLog.load without per-step copy_state ms": load_nocopy}
+                          "EventLog.load without the pre-intent copy_state ms": load_nocopy}
     xs: dict[str, dict[str, list[float]]] = {s: {k: [] for k in f} for s, f in fns.items()}
     for _ in range(reps):  # interleaved
         for size, f in fns.items():
