@@ -36,6 +36,11 @@ class Settings(BaseSettings):
         description="On SIGTERM/SIGINT, how long in-flight calls may finish before the "
         "worker hands its remaining runs back.",
     )
+    decide_timeout_ms: int = Field(
+        default=30_000, ge=10,
+        description="Longest a decide() (or other agent code between steps) may run; past "
+        "it the run is quarantined and the worker goes on with its other runs.",
+    )
     steps_per_job: int = Field(
         default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
     )

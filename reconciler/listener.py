@@ -1,37 +1,31 @@
-"""The reconciler's cancel listener: records published cancels for runs no worker holds (a
-worker records the cancels of the runs it holds), then settles the run at once."""
+"""The reconciler's cancel listener: records every published cancel in the run's log, held
+runs included (a worker that missed the message then finds the request at its next write),
+and settles a run no worker holds at once."""
 
 from __future__ import annotations
 
 import logging
-import threading
 
 import redis
 
-from durable.cancellation import decode_message, record_cancel
-from durable.errors import BadCancelMessage, RunNotFound
-from durable.log import keys
+from durable.cancellation import CancelMessage, record_cancel
+from durable.errors import RunNotFound
+from durable.subscriber import CancelSubscriber
 from reconciler.sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
 
 
-def listen(rec: Reconciler, stop: threading.Event) -> None:
-    pubsub = rec.redis.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.CANCEL_CHANNEL)
-    while not stop.is_set():
-        message = pubsub.get_message(timeout=0.5)
-        if not message:
-            continue
+class ReconcilerListener(CancelSubscriber):
+    def __init__(self, rec: Reconciler) -> None:
+        super().__init__(rec.redis, rec.settings.cancel_secret, self.on_cancel,
+                         lambda: None, log, rec.outage)
+        self.rec = rec
+
+    def on_cancel(self, msg: CancelMessage) -> None:
         try:
-            msg = decode_message(message["data"], rec.settings.cancel_secret)
-        except BadCancelMessage as exc:
-            rec.redis.hincrby(keys.STATS, f"cancel_{exc.kind}", 1)
-            continue
-        try:
-            if rec.leases.holder(msg.run) is None:
-                handle = record_cancel(rec.log, msg, rec.token)
-                if handle is not None:
-                    rec.reconcile(msg.run)
+            handle = record_cancel(self.rec.log, msg, self.rec.token)
+            if handle is not None and self.rec.leases.holder(msg.run) is None:
+                self.rec.reconcile(msg.run)
         except (RunNotFound, redis.RedisError):
             log.exception("cancel hint for %s", msg.run)

@@ -1,6 +1,6 @@
-"""The reconciler process: sweeps what is due at a fixed interval, and listens for cancels of
-runs no worker holds. Safe to run as several copies (``due_claim.lua`` hands each due run to
-one of them at a time)."""
+"""The reconciler process: sweeps what is due at a fixed interval, and listens for cancels.
+Safe to run as several copies (``due_claim.lua`` hands each due run to one of them at a
+time). Redis going away is ordinary: the sweep waits with backoff and says so once."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import sys
 import threading
 import time
 
+import redis
+
 from durable.agents import registry
 from durable.connection import connect
 from durable.settings import Settings
-from reconciler.listener import listen
+from reconciler.listener import ReconcilerListener
 from reconciler.sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
@@ -26,15 +28,23 @@ def build(settings: Settings) -> Reconciler:
 
 def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None = None) -> None:
     stop = stop or threading.Event()
-    listener = threading.Thread(target=listen, args=(rec, stop), name="cancel-listener",
-                                daemon=True)
+    listener = ReconcilerListener(rec)
     listener.start()
-    while not stop.is_set():
-        started = time.monotonic()
-        report = rec.tick()
-        if report.examined:
-            log.info("examined %d: %s", report.examined, report.actions)
-        stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = rec.tick()
+            except redis.RedisError as exc:
+                rec.outage.failed(exc)
+                rec.outage.wait_until_up(rec.redis, stop)
+                continue
+            rec.outage.ok()
+            if report.examined:
+                log.info("examined %d: %s", report.examined, report.actions)
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+    finally:
+        listener.stop.set()
 
 
 def run_reconciler(settings: Settings, interval: float | None = None) -> int:
@@ -42,5 +52,8 @@ def run_reconciler(settings: Settings, interval: float | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     rec = build(settings)
     log.info("reconciler %s: agents %s", rec.token, ", ".join(sorted(registry.agents)) or "none")
-    run_forever(rec, interval or settings.reconcile_interval_s)
+    try:
+        run_forever(rec, interval or settings.reconcile_interval_s)
+    except KeyboardInterrupt:
+        pass
     return 0

@@ -35,6 +35,7 @@ from durable.leases import Leases
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
+from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import enqueue_advance, ensure_drain, make_queue
 from durable.settings import Settings
@@ -57,6 +58,7 @@ class Reconciler:
         self.leases = Leases(client, settings.lease_ttl_ms)
         self.queue = make_queue(client, settings.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
+        self.outage = Outage(log)
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
@@ -70,6 +72,8 @@ class Reconciler:
             report.examined += 1
             try:
                 report.actions[run_id] = self.reconcile(run_id, now)
+            except redis.RedisError:
+                raise  # Redis itself: the process waits for it, then sweeps again
             except Exception as exc:  # one bad run must not stop the others
                 log.exception("reconciling %s", run_id)
                 report.actions[run_id] = f"error: {exc!r}"

@@ -1,54 +1,65 @@
 """The worker's cancel listener: signals the cancel token of runs this worker holds.
 
 A published message is a hint: it is authenticated, then recorded in the run's log (or found
-there) before the token is signalled.
+there) before the token is signalled. After any (re)subscription the listener re-reads the
+held runs' projections, so a cancel published while it was deaf still interrupts the call
+in flight.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import redis
 
-from durable.cancellation import decode_message, record_cancel
-from durable.errors import BadCancelMessage
+from durable.cancellation import CancelMessage, record_cancel
+from durable.errors import DecodeError, RunNotFound
 from durable.log import keys
 from durable.settings import Settings
+from durable.subscriber import CancelSubscriber
 from workers.loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 
 
-class CancelListener(threading.Thread):
-    """Subscribes to the cancel channel; signals the token of runs this worker holds."""
-
+class CancelListener(CancelSubscriber):
     def __init__(self, settings: Settings, client: redis.Redis, loop: StepLoop) -> None:
-        super().__init__(name="cancel-listener", daemon=True)
-        self.settings, self.client, self.loop = settings, client, loop
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(keys.CANCEL_CHANNEL)
-        self.ready.set()
-        for message in pubsub.listen():
-            try:
-                self.handle(message.get("data", b""))
-            except Exception:
-                log.exception("cancel listener")
+        super().__init__(client, settings.cancel_secret, self.on_cancel, self.recheck_held,
+                         log, loop.outage)
+        self.loop = loop
 
     def handle(self, data: Any) -> None:
-        try:
-            msg = decode_message(data, self.settings.cancel_secret)
-        except BadCancelMessage as exc:
-            self.client.hincrby(keys.STATS, f"cancel_{exc.kind}", 1)
-            log.warning("%s", exc)
-            return
+        """One published message (as received from the channel)."""
+        self._handle(data)
+
+    def on_cancel(self, msg: CancelMessage) -> None:
         slot = self.loop.held.get(msg.run)
         if slot is None:
             return
         handle = record_cancel(self.loop.log, msg, self.loop.worker_id)
         if handle is not None and handle.state.cancel is not None:
             slot.token.cancel(handle.state.cancel.reason or "canceled")
+
+    def recheck_held(self) -> int:
+        """Signal every held run whose log holds a cancel request; returns how many."""
+        held = list(self.loop.held.items())
+        if not held:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for run_id, _slot in held:
+            pipe.hget(keys.run(run_id), "state")
+        signalled = 0
+        for (run_id, slot), state in zip(held, pipe.execute(), strict=True):
+            if state != b"cancel_requested" or slot.token.cancelled:
+                continue
+            try:
+                cancel = self.loop.log.load(run_id, actor=self.loop.worker_id).state.cancel
+            except (RunNotFound, DecodeError):
+                continue
+            if cancel is not None:
+                slot.token.cancel(cancel.reason or "canceled")
+                signalled += 1
+        if signalled:
+            self.client.hincrby(keys.STATS, "cancels_found_on_resubscribe", signalled)
+        return signalled

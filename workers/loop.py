@@ -11,8 +11,12 @@ nothing and drops its work.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,7 @@ from durable.log.keys import RUN_ID_RE
 from durable.log.replay import check_decision
 from durable.log.state import Action, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
+from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
@@ -53,12 +58,23 @@ log = logging.getLogger("durable.worker")
 MAX_INLINE_WAIT_S = 30.0
 
 
+class Abandoned(BaseException):
+    """Raised (asynchronously) in a run's thread whose agent code overran its time: the run
+    is quarantined and its slot already given back. A ``BaseException``, so that agent code's
+    ``except Exception`` does not swallow it."""
+
+
 @dataclass
 class Slot:
-    """A run this worker holds: its lease and the token of its in-flight call."""
+    """A run this worker holds: its lease, the token of its in-flight call, and which agent
+    code runs now (and since when, on the monotonic clock) for the watchdog."""
 
     lease: Lease | None = None
     token: CancelToken = field(default_factory=CancelToken)
+    thread_id: int = 0
+    user_code: str = ""
+    user_code_since: float = 0.0
+    abandoned: bool = False
 
 
 #: Events after which a job has nothing left to do: their batch also releases the lease.
@@ -85,6 +101,12 @@ class StepLoop:
         self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
         self.held: dict[str, Slot] = {}
         self.hooks = hooks or HookChain()
+        self.outage = Outage(log)
+        #: Threads whose run was abandoned: their slot was given back already.
+        self.abandoned_threads: set[int] = set()
+        #: Called with nothing when a slot is given back by the watchdog.
+        self.on_abandon: Callable[[], object] = lambda: None
+        self._local = threading.local()
 
     # Entry point ------------------------------------------------------------------------
 
@@ -98,7 +120,8 @@ class StepLoop:
                                                   take_queued=True)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
-        slot = Slot(lease)
+        slot = Slot(lease, thread_id=threading.get_ident())
+        self._local.slot = slot
         self.held[run_id] = slot
         self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
         more = False
@@ -108,7 +131,8 @@ class StepLoop:
             log.warning("run %s: %s; work discarded", run_id, exc)
         finally:
             self.heartbeats.drop(lease)
-            self.held.pop(run_id, None)
+            if self.held.get(run_id) is slot:
+                self.held.pop(run_id, None)
             if lease.value in self._released:
                 self._released.discard(lease.value)
             else:
@@ -132,6 +156,57 @@ class StepLoop:
                 enqueue_advance(self.redis, self.queue, run_id, force=True)
                 handed.append(run_id)
         return handed
+
+    def check_overruns(self, now: float | None = None) -> list[str]:
+        """The watchdog: abandon every run whose agent code has run longer than
+        ``DURABLE_DECIDE_TIMEOUT_MS``. Returns their ids."""
+        limit = self.settings.decide_timeout_ms / 1000
+        now = time.monotonic() if now is None else now
+        overran = []
+        for run_id, slot in list(self.held.items()):
+            since = slot.user_code_since
+            if since and now - since > limit and not slot.abandoned:
+                self.abandon(run_id, slot, f"{slot.user_code} did not return within "
+                                           f"{self.settings.decide_timeout_ms} ms")
+                overran.append(run_id)
+        return overran
+
+    def abandon(self, run_id: str, slot: Slot, reason: str) -> None:
+        """Stop holding a run whose agent code is wedged: quarantine it with ``reason``, let
+        go of its lease, give its slot back, and interrupt its thread (``Abandoned``). A
+        write the thread still attempts is refused (version and fencing)."""
+        slot.abandoned = True
+        self.abandoned_threads.add(slot.thread_id)
+        self.held.pop(run_id, None)
+        if slot.lease is not None:
+            self.heartbeats.drop(slot.lease)
+        log.error("run %s: %s; quarantined, its slot goes on with other runs", run_id, reason)
+        try:
+            quarantined = self.log.quarantine(run_id, reason, self.worker_id)
+            if slot.lease is not None:
+                self.leases.release(slot.lease)
+            if not quarantined:  # it moved on meanwhile: let another attempt continue it
+                enqueue_advance(self.redis, self.queue, run_id, force=True)
+            self.redis.hincrby(keys.STATS, "user_code_overruns", 1)
+        except redis.RedisError as exc:  # the lease expires; the reconciler takes it from there
+            self.outage.failed(exc)
+        finally:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(slot.thread_id),
+                                                       ctypes.py_object(Abandoned))
+            self.on_abandon()
+
+    @contextlib.contextmanager
+    def _user_code(self, what: str) -> Iterator[None]:
+        """Agent code runs inside: the watchdog times it."""
+        slot: Slot | None = getattr(self._local, "slot", None)
+        if slot is None:
+            yield
+            return
+        slot.user_code, slot.user_code_since = what, time.monotonic()
+        try:
+            yield
+        finally:
+            slot.user_code_since = 0.0
 
     # The loop -------------------------------------------------------------------------
 
@@ -204,7 +279,8 @@ class StepLoop:
                 return self._needs_work(handle.state)
 
     def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
-        verdict, spec = revalidate(handle.state, agent, self.registry)
+        with self._user_code(f"{agent.name}.revalidate()"):
+            verdict, spec = revalidate(handle.state, agent, self.registry)
         if spec is not None:
             self._commit(handle, pending, [spec])
             if verdict == "quarantine":
@@ -252,7 +328,8 @@ class StepLoop:
         act, before = handle.state.current, handle.pre_intent
         if act is None or before is None or before.step + 1 != act.step:
             return
-        check_decision(handle.run_id, agent, before, act.step, act.tool, act.args)
+        with self._user_code(f"{agent.name}.decide()"):
+            check_decision(handle.run_id, agent, before, act.step, act.tool, act.args)
         self.redis.hincrby(keys.STATS, "replayed_intents", 1)
 
     def _step(
@@ -312,7 +389,8 @@ class StepLoop:
                 lease: Lease) -> tuple[bool, int]:
         state = handle.state
         try:
-            decision = agent.decide(state)
+            with self._user_code(f"{agent.name}.decide()"):
+                decision = agent.decide(state)
         except Exception as exc:  # an agent bug: keep the evidence, quarantine
             self._commit(handle, pending, [])
             self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
@@ -381,10 +459,11 @@ class StepLoop:
         kept and the run is looked at again shortly.
         """
         try:
-            verdict, reason = gate(handle.state, tool, act)
-            if verdict == "go":
-                return None
-            specs = request_specs(handle.state, tool, act, reason)
+            with self._user_code(f"{tool.name}'s approval facts"):
+                verdict, reason = gate(handle.state, tool, act)
+                if verdict == "go":
+                    return None
+                specs = request_specs(handle.state, tool, act, reason)
         except Exception as exc:
             log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
                         tool.name, exc)

@@ -23,13 +23,12 @@ import contextlib
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
 from durable.log import keys
 from durable.queue import ensure_drain
-from workers.loop import StepLoop
+from workers.loop import Abandoned, StepLoop
 
 log = logging.getLogger("durable.worker")
 
@@ -42,11 +41,11 @@ class RunPool:
         self.queue = loop.queue
         self.ready_key = keys.ready(loop.queue.name)
         self._free = threading.Semaphore(size)
-        self._executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="run")
         self._busy = 0
         self._idle = threading.Condition()
         #: False once shutdown began: no new runs are taken.
         self.accepting = True
+        loop.on_abandon = self.give_back
 
     @property
     def busy(self) -> int:
@@ -78,7 +77,8 @@ class RunPool:
                 break
             with self._idle:
                 self._busy += 1
-            self._executor.submit(self._slot, run_id)
+            threading.Thread(target=self._slot, args=(run_id,), name=f"run-{run_id}",
+                             daemon=True).start()
             taken += 1
         return taken
 
@@ -89,24 +89,60 @@ class RunPool:
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
     def _slot(self, run_id: str | None) -> None:
-        """One slot: drive ``run_id``, then the next ready run, until none is left."""
+        """One slot: drive ``run_id``, then the next ready run, until none is left.
+
+        A thread whose agent code overran its time was abandoned by the watchdog, which gave
+        its slot back already: it ends without giving it back twice.
+        """
+        me = threading.get_ident()
         try:
-            while run_id is not None:
+            while run_id is not None and me not in self.loop.abandoned_threads:
                 try:
                     self.loop.advance(run_id)
-                except Exception:  # e.g. Redis unreachable: the reconciler brings it back
+                    self.loop.outage.ok()
+                except redis.RedisError as exc:  # the reconciler brings the run back
+                    self.loop.outage.failed(exc)
+                except Exception:
                     log.exception("run %s: advance failed", run_id)
                     with contextlib.suppress(redis.RedisError):
                         self.redis.hincrby(keys.STATS, "advance_errors", 1)
                 run_id = None
-                if self.accepting:
+                if self.accepting and me not in self.loop.abandoned_threads:
                     with contextlib.suppress(redis.RedisError):
                         run_id = self._pop()
+        except Abandoned:
+            pass
         finally:
-            self._free.release()
-            with self._idle:
-                self._busy -= 1
-                self._idle.notify_all()
+            if me in self.loop.abandoned_threads:
+                self.loop.abandoned_threads.discard(me)
+            else:
+                self.give_back()
+
+    def give_back(self) -> None:
+        """A slot is free again (its run let go, or its thread was abandoned)."""
+        self._free.release()
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
+
+    def poll(self, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
+        """Look at the ready list every ``interval_s`` while a slot is free (a thread).
+
+        ``drain`` commands wake workers at once; this is the safety net when a command went
+        to a worker that cannot run it now (paused, or saturated): ready runs never wait for
+        more than a second while any worker has a free slot.
+        """
+        stop = stop or threading.Event()
+        while not stop.wait(interval_s):
+            if not self.accepting:
+                return
+            if self._busy >= self.size:
+                continue
+            try:
+                if self.redis.llen(self.ready_key):
+                    self.fill()
+            except redis.RedisError as exc:
+                self.loop.outage.failed(exc)
 
     # Ending -------------------------------------------------------------------------------
 
@@ -138,8 +174,5 @@ class RunPool:
         continues without waiting for a lease to expire. Returns the runs handed back."""
         self.accepting = False
         if self.wait_idle(grace_s, force):
-            self._executor.shutdown(wait=False)
             return []
-        handed = self.loop.hand_back()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        return handed
+        return self.loop.hand_back()

@@ -13,17 +13,21 @@ grace period.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from rq import SimpleWorker
+from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 
@@ -58,22 +62,33 @@ def current_pool() -> RunPool:
 
 
 class DurableWorker(SimpleWorker):  # type: ignore[misc]
-    """Refuses any job that names a function other than a durable command handler."""
+    """Runs durable command handlers only. A job that cannot be decoded (pickled, garbage)
+    or that names any other function is refused and counted before anything is imported or
+    unpickled (the queue's serializer is JSON), and the worker goes on."""
 
     def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:
-        name = job.func_name
+        try:
+            name = job.func_name
+        except Exception as exc:  # rq's DeserializationError, raised from the decode error
+            cause = exc.__cause__ or exc
+            return self._refuse(job, queue, execution, "poison_jobs",
+                                f"refused job {job.id}: undecodable ({cause!r:.200})")
         if name in LEGACY_HANDLERS:
             job.func_name = name = LEGACY_HANDLERS[name]
         if name not in HANDLERS:
-            self.connection.hincrby(keys.STATS, "forged_jobs", 1)
-            log.error("%s", ForbiddenJob(name))
-            try:
-                raise ForbiddenJob(name)
-            except ForbiddenJob:
-                self.handle_job_failure(job, queue=queue, exc_string=str(ForbiddenJob(name)),
-                                        execution=execution)
-            return False
+            return self._refuse(job, queue, execution, "forged_jobs", str(ForbiddenJob(name)))
         return bool(super().perform_job(job, queue, execution))
+
+    def _refuse(self, job: Job, queue: Queue, execution: Any, stat: str, why: str) -> bool:
+        log.error("%s", why)
+        try:
+            self.connection.hincrby(keys.STATS, stat, 1)
+            self.handle_job_failure(job, queue=queue, exc_string=why, execution=execution)
+        except Exception as exc:  # the job is unreadable even to RQ's bookkeeping: drop it
+            log.warning("job %s could not be recorded as failed (%r); deleted", job.id, exc)
+            with contextlib.suppress(Exception):
+                self.connection.delete(job.key)
+        return False
 
 
 def worker_id() -> str:
@@ -94,18 +109,52 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     wid = worker_id()
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     _pool = pool = RunPool(_loop, concurrency or settings.concurrency)
+    threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
+    threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
     listener.start()
     listener.ready.wait(5)
     queue = make_queue(client, queue_name or settings.queue)
     log.info("worker %s: queue %r, %d run slots, agents: %s", wid, queue.name, pool.size,
              ", ".join(sorted(registry.agents)) or "none")
-    worker = DurableWorker([queue], connection=client, name=wid, serializer=queue.serializer)
-    worker.work(burst=burst, logging_level="WARNING")
+    _serve(queue, client, wid, _loop, burst)
     if burst:
         pool.finish()
         return 0
     return _shut_down(pool, settings.shutdown_grace_s)
+
+
+def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: bool) -> None:
+    """RQ's loop, again after any Redis fault: RQ ends its loop when Redis fails outside
+    its dequeue (recording a job, a heartbeat). Returns on a signal or, in burst mode, when
+    the queue is empty."""
+    generation = 0
+    while True:
+        name = wid if not generation else f"{wid}.{generation}"
+        worker = DurableWorker([queue], connection=client, name=name,
+                               serializer=queue.serializer)
+        try:
+            worker.work(burst=burst, logging_level="WARNING")
+        except redis.RedisError as exc:  # its teardown could not reach Redis either
+            loop.outage.failed(exc)
+        if burst or getattr(worker, "_shutdown_requested_date", None) is not None:
+            return
+        try:
+            loop.outage.wait_until_up(client)
+        except StopRequested:  # a signal while waiting for Redis
+            return
+        generation += 1
+
+
+def _watchdog(loop: StepLoop) -> None:
+    """Abandons runs whose agent code overran ``DURABLE_DECIDE_TIMEOUT_MS``."""
+    interval = min(1.0, loop.settings.decide_timeout_ms / 4000)
+    while True:
+        time.sleep(interval)
+        try:
+            loop.check_overruns()
+        except Exception:
+            log.exception("watchdog")
 
 
 def _shut_down(pool: RunPool, grace_s: float) -> int:
