@@ -1,17 +1,24 @@
 """Shared fixtures: one real Redis server per session (random port, private directory),
-flushed before each test, as rq's own tests do."""
+flushed before each test, as rq's own tests do; factories for worker processes and extra
+servers (as arq's tests do), which stop everything they started at teardown."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from durable.client import Client
 from durable.settings import Settings
-from durable.testing import Server
+from durable.testing import Server, Worker
+
+#: ``worker(**opts)``: a ``durable worker`` process on the session's server.
+WorkerFactory = Callable[..., Worker]
+#: ``make_server(**opts)``: another started Redis server (random port, private directory).
+ServerFactory = Callable[..., Server]
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +49,38 @@ def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) ->
 @pytest.fixture()
 def client(settings: Settings, r: redis.Redis) -> Client:
     return Client(settings, r)
+
+
+@pytest.fixture()
+def worker(server: Server, settings: Settings) -> Iterator[WorkerFactory]:
+    """``worker(**opts) -> durable.testing.Worker``: a real worker process on the session's
+    server, with the test's environment (``settings`` and any ``monkeypatch.setenv`` made
+    before the call); ``opts`` are ``Worker``'s (``burst``, ``kill_at``, ``DURABLE_*``...).
+    Every worker started is stopped (SIGTERM, then SIGKILL) before the server is flushed."""
+    started: list[Worker] = []
+
+    def start(**opts: Any) -> Worker:
+        w = Worker(server.url, **opts)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture()
+def make_server() -> Iterator[ServerFactory]:
+    """``make_server(**opts) -> durable.testing.Server``: another started Redis server on a
+    random port in a private directory (``opts`` are ``Server``'s: ``fsync``, ``data_dir``);
+    every one is stopped at teardown."""
+    started: list[Server] = []
+
+    def start(**opts: Any) -> Server:
+        srv = Server(**opts).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()

@@ -14,8 +14,8 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec
 from durable.queue import ADVANCE, DRAIN
-from durable.testing import Server, Worker
 from tests.agents import EchoInput
+from tests.conftest import WorkerFactory
 from workers.loop import StepLoop
 
 
@@ -76,20 +76,19 @@ def test_oversized_or_odd_results_are_recorded_as_omitted_not_lost(client: Clien
 
 
 def test_malformed_commands_are_refused_and_the_worker_keeps_going(
-    client: Client, server: Server, r: redis.Redis
+    client: Client, worker: WorkerFactory, r: redis.Redis
 ) -> None:
     client.queue.enqueue_call(func=ADVANCE, args=("bad {id}",))
     client.queue.enqueue_call(func=DRAIN, args=("other-queue",))
     client.queue.enqueue_call(func=ADVANCE, args=(12,))
     client.start("count", {"steps": 1}, run_id="after-junk")
-    w = Worker(server.url, burst=True)
-    assert w.wait(60) == 0
+    assert worker(burst=True).wait(60) == 0
     assert client.status("after-junk").state == "completed"
     assert int(r.hget(keys.STATS, "malformed_commands") or 0) == 3
 
 
 def test_jobs_queued_under_the_first_release_handler_names_still_run(
-    client: Client, server: Server, r: redis.Redis
+    client: Client, worker: WorkerFactory, r: redis.Redis
 ) -> None:
     """Jobs queued before an upgrade name ``durable.commands.*``: they run as the handlers
     those became, for one release."""
@@ -98,8 +97,7 @@ def test_jobs_queued_under_the_first_release_handler_names_still_run(
     client.queue.enqueue_call(func="durable.commands.advance", args=("old-advance",))
     r.rpush(keys.ready(client.queue.name), "old-drain")
     client.queue.enqueue_call(func="durable.commands.drain", args=(client.queue.name,))
-    w = Worker(server.url, burst=True)
-    assert w.wait(60) == 0
+    assert worker(burst=True).wait(60) == 0
     assert client.status("old-advance").state == "completed"
     assert client.status("old-drain").state == "completed"
     assert r.hget(keys.STATS, "forged_jobs") is None

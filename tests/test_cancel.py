@@ -12,7 +12,8 @@ from durable.client import Client
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.verify import verify
-from durable.testing import Server, Worker, wait_for
+from durable.testing import wait_for
+from tests.conftest import WorkerFactory
 
 
 def _types(client: Client, run: str) -> list[str]:
@@ -33,15 +34,14 @@ def _assert_no_effect_after_cancel(client: Client, run: str) -> None:
     assert report.ok, report.checks
 
 
-def test_cancel_during_a_cancellable_tool(client: Client, server: Server) -> None:
+def test_cancel_during_a_cancellable_tool(client: Client, worker: WorkerFactory) -> None:
+    """Window: step 1 dispatched, its tool running (it checks its token); the cancel
+    arrives as a pub/sub hint and the call ends canceled, nothing dispatched after it."""
     run = client.start("count", {"steps": 3, "sleep_s": 30}, run_id="c1").run_id
-    with_worker = Worker(server.url)
-    try:
-        assert wait_for(lambda: _dispatched(client, run), 15)
-        client.cancel(run, "user changed their mind")
-        final = client.wait(run, timeout=10)
-    finally:
-        with_worker.stop()
+    worker()
+    assert wait_for(lambda: _dispatched(client, run), 15)
+    client.cancel(run, "user changed their mind")
+    final = client.wait(run, timeout=10)
     assert final.state == "canceled"
     types = _types(client, run)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
@@ -49,17 +49,16 @@ def test_cancel_during_a_cancellable_tool(client: Client, server: Server) -> Non
     assert int(client.redis.hget(keys.CANCEL_LATENCY, run) or -1) >= 0
 
 
-def test_cancel_during_a_tool_that_ignores_the_token(client: Client, server: Server) -> None:
-    """The tool swallows exceptions and never checks its token: after the grace period the
-    worker interrupts it and records the call as interrupted, outcome unknown."""
+def test_cancel_during_a_tool_that_ignores_the_token(client: Client,
+                                                     worker: WorkerFactory) -> None:
+    """Window: step 1 dispatched, its tool running; the tool swallows exceptions and never
+    checks its token: after the grace period the worker interrupts it and records the call
+    as interrupted, outcome unknown."""
     run = client.start("echo", {"steps": 2}, run_id="c2").run_id
-    w = Worker(server.url, ECHO_TOOL="stubborn", ECHO_SLEEP="20", DURABLE_CANCEL_GRACE_MS="300")
-    try:
-        assert wait_for(lambda: _dispatched(client, run), 15)
-        client.cancel(run, "stop now")
-        final = client.wait(run, timeout=10)
-    finally:
-        w.stop()
+    worker(ECHO_TOOL="stubborn", ECHO_SLEEP="20", DURABLE_CANCEL_GRACE_MS="300")
+    assert wait_for(lambda: _dispatched(client, run), 15)
+    client.cancel(run, "stop now")
+    final = client.wait(run, timeout=10)
     assert final.state == "canceled"
     types = _types(client, run)
     assert types[-3:] == ["cancel_requested", "action_interrupted", "canceled"], types
@@ -68,6 +67,7 @@ def test_cancel_during_a_tool_that_ignores_the_token(client: Client, server: Ser
 
 
 def test_cancel_while_queued_cancels_at_once(client: Client) -> None:
+    """Window: started and queued, no worker has taken it: canceled without a worker."""
     run = client.start("count", {"steps": 3}, run_id="c3").run_id
     state = client.cancel(run, "never mind")
     assert state.state == "canceled"
@@ -77,73 +77,68 @@ def test_cancel_while_queued_cancels_at_once(client: Client) -> None:
     assert len(_types(client, run)) == 3
 
 
-def test_cancel_while_waiting_cancels_at_once(client: Client, server: Server) -> None:
+def test_cancel_while_waiting_cancels_at_once(client: Client, worker: WorkerFactory) -> None:
+    """Window: the run waits for input, holding no lease: the cancel ends it at once."""
     run = client.start("asker", {"text": "hi"}, run_id="c4").run_id
-    w = Worker(server.url)
-    try:
-        assert client.wait(run, timeout=15).state == "waiting_input"
-        assert client.redis.get(keys.lease(run)) is None  # a waiting run holds no lease
-        assert client.cancel(run, "no answer coming").state == "canceled"
-    finally:
-        w.stop()
+    worker()
+    assert client.wait(run, timeout=15).state == "waiting_input"
+    assert client.redis.get(keys.lease(run)) is None  # a waiting run holds no lease
+    assert client.cancel(run, "no answer coming").state == "canceled"
     _assert_no_effect_after_cancel(client, run)
 
 
 def test_a_lost_message_delays_the_cancel_but_never_loses_it(client: Client,
-                                                              server: Server) -> None:
-    """The request is in the log but no message is published (nobody heard it): the worker
-    finds it at its next checkpoint boundary."""
+                                                              worker: WorkerFactory) -> None:
+    """Window: mid-run (step 2 or later); the request is in the log but no message is
+    published (nobody heard it): the worker finds it at its next checkpoint boundary."""
     run = client.start("count", {"steps": 50, "sleep_s": 0.2}, run_id="c5").run_id
-    w = Worker(server.url)
-    try:
-        assert wait_for(lambda: client.status(run).step >= 2, 15)
-        record_cancel(client.log, CancelMessage(run=run, reason="silent"), "test")
-        final = client.wait(run, timeout=10)
-    finally:
-        w.stop()
+    worker()
+    assert wait_for(lambda: client.status(run).step >= 2, 15)
+    record_cancel(client.log, CancelMessage(run=run, reason="silent"), "test")
+    final = client.wait(run, timeout=10)
     assert final.state == "canceled" and final.step < 50
     _assert_no_effect_after_cancel(client, run)
 
 
 def test_call_scope_cancels_the_call_and_the_agent_goes_on(client: Client,
-                                                           server: Server) -> None:
+                                                           worker: WorkerFactory) -> None:
+    """Window: step 1's tool running; a call-scoped cancel ends that call only, the agent
+    dispatches step 2, and a run-scoped cancel there ends the run."""
     run = client.start("count", {"steps": 2, "sleep_s": 30}, run_id="c6").run_id
-    w = Worker(server.url)
-    try:
-        assert wait_for(lambda: _dispatched(client, run), 15)
-        client.cancel(run, "skip this one", scope="call")
-        assert wait_for(lambda: client.status(run).actions.get(1) is not None
-                        and client.status(run).actions[1].status == "canceled", 10)
-        assert wait_for(lambda: _dispatched(client, run, 2), 10)
-        client.cancel(run, "now all of it")
-        final = client.wait(run, timeout=10)
-    finally:
-        w.stop()
+    worker()
+    assert wait_for(lambda: _dispatched(client, run), 15)
+    client.cancel(run, "skip this one", scope="call")
+    assert wait_for(lambda: client.status(run).actions.get(1) is not None
+                    and client.status(run).actions[1].status == "canceled", 10)
+    assert wait_for(lambda: _dispatched(client, run, 2), 10)
+    client.cancel(run, "now all of it")
+    final = client.wait(run, timeout=10)
     assert final.state == "canceled"
     assert verify(client.log, run).ok
 
 
 @pytest.mark.parametrize("secret", ["s3cret"])
 def test_published_messages_need_a_valid_hmac_when_a_secret_is_set(
-    secret: str, client: Client, server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    secret: str, client: Client, worker: WorkerFactory, r: redis.Redis
 ) -> None:
+    """Window: step 1's tool running; a forged hint, a bad signature and junk change
+    nothing; a signed hint cancels."""
     run = client.start("count", {"steps": 2, "sleep_s": 30}, run_id="c7").run_id
-    w = Worker(server.url, DURABLE_CANCEL_SECRET=secret)
-    try:
-        assert wait_for(lambda: _dispatched(client, run), 15)
-        forged = json.dumps({"run": run, "reason": "forged", "scope": "run", "ts": 0})
-        bad_sig = json.dumps({"run": run, "reason": "x", "scope": "run", "ts": 0, "sig": "00"})
-        assert r.publish(keys.CANCEL_CHANNEL, forged) >= 1
-        r.publish(keys.CANCEL_CHANNEL, bad_sig)
-        r.publish(keys.CANCEL_CHANNEL, b"\xff not json")
-        assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_forged") or 0) >= 2, 5)
-        state: RunState = client.status(run)
-        assert state.cancel is None and state.state == "pending"
-        good = encode_message(CancelMessage(run=run, reason="signed", scope="run", ts=1), secret)
-        r.publish(keys.CANCEL_CHANNEL, good)
-        final = client.wait(run, timeout=10)
-    finally:
-        w.stop()
+    worker(DURABLE_CANCEL_SECRET=secret)
+    assert wait_for(lambda: _dispatched(client, run), 15)
+    forged = json.dumps({"run": run, "reason": "forged", "scope": "run", "ts": 0})
+    bad_sig = json.dumps({"run": run, "reason": "x", "scope": "run", "ts": 0, "sig": "00"})
+    assert r.publish(keys.CANCEL_CHANNEL, forged) == 1  # one worker, one subscriber
+    assert r.publish(keys.CANCEL_CHANNEL, bad_sig) == 1
+    assert r.publish(keys.CANCEL_CHANNEL, b"\xff not json") == 1
+    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1, 5)
+    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_forged") or 0) == 2, 5)
+    state: RunState = client.status(run)
+    assert state.cancel is None and state.state == "pending"
+    good = encode_message(CancelMessage(run=run, reason="signed", scope="run", ts=1), secret)
+    assert r.publish(keys.CANCEL_CHANNEL, good) == 1
+    final = client.wait(run, timeout=10)
     assert final.state == "canceled" and final.reason == "signed"
-    assert int(r.hget(keys.STATS, "cancel_malformed") or 0) >= 1
+    assert int(r.hget(keys.STATS, "cancel_forged") or 0) == 2
+    assert int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1
     _assert_no_effect_after_cancel(client, run)

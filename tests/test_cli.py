@@ -13,7 +13,8 @@ import redis
 from durable.cli import main
 from durable.client import Client
 from durable.log import keys
-from durable.testing import Server, Worker, env_for
+from durable.testing import Server, env_for
+from tests.conftest import WorkerFactory
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -34,14 +35,11 @@ def test_start_prints_the_run_id_alone(server: Server, client: Client) -> None:
 
 
 def test_status_runs_log_replay_verify_export_on_a_finished_run(
-    capsys: pytest.CaptureFixture[str], client: Client, server: Server
+    capsys: pytest.CaptureFixture[str], client: Client, worker: WorkerFactory
 ) -> None:
     assert _run(capsys, "start", "count", "--input", '{"steps": 2}', "--run-id", "cli-2")[0] == 0
-    w = Worker(server.url)
-    try:
-        client.wait("cli-2", 20)
-    finally:
-        w.stop()
+    worker()
+    assert client.wait("cli-2", 20).state == "completed"
     code, out, _ = _run(capsys, "status", "cli-2", "--json")
     assert code == 0 and json.loads(out)["state"] == "completed"
     code, out, _ = _run(capsys, "status", "cli-2")

@@ -35,7 +35,6 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
     import signal
     import subprocess
     import sys
-    import time
 
     from durable.embedded import free_port
     from durable.testing import wait_for
@@ -58,13 +57,8 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
 
         assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
         run = durable("start", "count", "--input", '{"steps": 3}').strip()
-        state = ""
-        for _ in range(100):
-            state = durable("status", run, "--json")
-            if '"state":"completed"' in state:
-                break
-            time.sleep(0.2)
-        assert '"state":"completed"' in state
+        assert wait_for(lambda: '"state":"completed"' in durable("status", run, "--json"),
+                        30, interval=0.2), durable("status", run, "--json")
     finally:
         os.killpg(honcho.pid, signal.SIGTERM)
         output = honcho.communicate(timeout=30)[0].decode()

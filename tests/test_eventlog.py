@@ -14,8 +14,8 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.log.verify import verify
-from durable.testing import Server
 from tests import agents  # noqa: F401 - registers the test agents
+from tests.conftest import ServerFactory
 
 
 def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
@@ -102,49 +102,39 @@ def test_a_future_version_entry_quarantines_with_the_reason(client: Client,
     assert state.state == "quarantined" and "newer schema version 99" in (state.reason or "")
 
 
-def test_acknowledged_events_survive_a_kill_9_of_the_server(tmp_path: object) -> None:
-    """Server killed with SIGKILL right after the appends were acknowledged."""
-    from pathlib import Path
-
-    data = Path(str(tmp_path))
-    srv = Server(fsync="always", data_dir=data).start()
-    try:
-        conn = srv.client()
-        elog = EventLog(conn)
-        handle = RunHandle("dur", RunState(), actor="t")
-        elog.commit(handle, [Spec(ev.RunStarted, {"agent": "count", "input": {"steps": 1}})])
-        for i in range(50):
-            elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "x", "epoch": i})])
-        acknowledged = handle.state.version
-        srv.kill()
-        srv2 = Server(fsync="always", data_dir=data)
-        srv2.port = srv.port
-        srv2.start()
-        try:
-            reloaded = EventLog(srv2.client()).load("dur")
-            assert reloaded.state.version == acknowledged == 51
-        finally:
-            srv2.kill()
-    finally:
-        srv.kill()
+def test_acknowledged_events_survive_a_kill_9_of_the_server(make_server: ServerFactory) -> None:
+    """Window: the server SIGKILLed right after the appends were acknowledged (appendfsync
+    always), then started again on the same port and data."""
+    srv = make_server(fsync="always")
+    elog = EventLog(srv.client())
+    handle = RunHandle("dur", RunState(), actor="t")
+    elog.commit(handle, [Spec(ev.RunStarted, {"agent": "count", "input": {"steps": 1}})])
+    for i in range(50):
+        elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "x", "epoch": i})])
+    acknowledged = handle.state.version
+    srv.restart()  # kill -9, then the same port and data
+    reloaded = EventLog(srv.client()).load("dur")
+    assert reloaded.state.version == acknowledged == 51
 
 
-def test_connecting_to_a_server_that_could_lose_events_warns_clearly() -> None:
+def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
+    make_server: ServerFactory,
+) -> None:
     from durable.connection import connect
     from durable.errors import UnsafeRedis
     from durable.settings import Settings
 
-    with Server(fsync="everysec") as srv:
-        conn = srv.client()
-        with warnings_as_list() as caught:
-            connect(Settings(redis_url=srv.url))
-        assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
-        conn.config_set("appendonly", "no")
-        conn.config_set("maxmemory-policy", "allkeys-lru")
-        with pytest.warns(UnsafeRedis) as record:
-            connect(Settings(redis_url=srv.url))
-        messages = " | ".join(str(w.message) for w in record)
-        assert "appendonly is off" in messages and "allkeys-lru" in messages
+    srv = make_server(fsync="everysec")
+    conn = srv.client()
+    with warnings_as_list() as caught:
+        connect(Settings(redis_url=srv.url))
+    assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
+    conn.config_set("appendonly", "no")
+    conn.config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.warns(UnsafeRedis) as record:
+        connect(Settings(redis_url=srv.url))
+    messages = " | ".join(str(w.message) for w in record)
+    assert "appendonly is off" in messages and "allkeys-lru" in messages
 
 
 def warnings_as_list() -> object:

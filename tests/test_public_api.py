@@ -1,23 +1,104 @@
-"""The package's public surface is chosen: this fails when a name appears or vanishes."""
+"""The package's public surface is chosen: this fails when a name appears or vanishes, when
+a name is re-exported from somewhere other than the module that defines it, or when an
+error leaves the ``DurableError`` tree callers catch."""
+
+import importlib
+
+import pytest
 
 import durable
 
+#: Each public name and the module that defines it.
 EXPECTED = {
-    "Action", "Agent", "Call", "CancelToken", "Cancelled", "Client", "ConflictError",
-    "DecodeError", "DurableError", "Fail", "Finish", "ForbiddenJob", "InvalidInput",
-    "LeaseLost", "Lookup", "NondeterminismError", "OutcomeUnknown", "PayloadTooLarge",
-    "RunNotFound", "RunState",
-    "RunSummary", "Settings", "Started", "Tool", "ToolContext", "UnknownAgent", "UnknownTool",
-    "UnsafeRedis", "UsageError", "Wait", "register", "registry",
+    "Action": "durable.log.state",
+    "Agent": "durable.agents",
+    "Call": "durable.agents",
+    "CancelToken": "durable.cancellation",
+    "Cancelled": "durable.cancellation",
+    "Client": "durable.client",
+    "ConflictError": "durable.errors",
+    "DecodeError": "durable.errors",
+    "DurableError": "durable.errors",
+    "Fail": "durable.agents",
+    "Finish": "durable.agents",
+    "ForbiddenJob": "durable.errors",
+    "InvalidInput": "durable.errors",
+    "LeaseLost": "durable.errors",
+    "Lookup": "durable.agents",
+    "NondeterminismError": "durable.errors",
+    "OutcomeUnknown": "durable.agents",
+    "PayloadTooLarge": "durable.errors",
+    "RunNotFound": "durable.errors",
+    "RunState": "durable.log.state",
+    "RunSummary": "durable.client",
+    "Settings": "durable.settings",
+    "Started": "durable.client",
+    "Tool": "durable.agents",
+    "ToolContext": "durable.agents",
+    "UnknownAgent": "durable.errors",
+    "UnknownTool": "durable.errors",
+    "UnsafeRedis": "durable.errors",
+    "UsageError": "durable.errors",
+    "Wait": "durable.agents",
+    "register": "durable.agents",
+    "registry": "durable.agents",
+}
+
+#: Errors a caller can catch as ``DurableError``, with their direct parent.
+ERRORS = {
+    "UsageError": "DurableError",
+    "UnknownAgent": "UsageError",
+    "UnknownTool": "UsageError",
+    "InvalidInput": "UsageError",
+    "PayloadTooLarge": "UsageError",
+    "RunNotFound": "DurableError",
+    "ConflictError": "DurableError",
+    "LeaseLost": "DurableError",
+    "DecodeError": "DurableError",
+    "NondeterminismError": "DurableError",
+    "ForbiddenJob": "DurableError",
 }
 
 
 def test_public_names_are_exactly_the_chosen_ones() -> None:
-    assert set(durable.__all__) == EXPECTED
-    for name in EXPECTED:
-        assert getattr(durable, name) is not None
+    assert sorted(durable.__all__) == sorted(EXPECTED)
+    assert len(durable.__all__) == len(set(durable.__all__))  # no name listed twice
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_public_name_is_the_object_its_module_defines(name: str) -> None:
+    obj = getattr(durable, name)
+    module = EXPECTED[name]
+    assert getattr(importlib.import_module(module), name) is obj
+    if name == "registry":  # an instance: the one registry every process shares
+        assert type(obj) is importlib.import_module(module).Registry
+    else:
+        assert (obj.__module__, obj.__qualname__) == (module, name)
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_library_errors_derive_from_durable_error(name: str) -> None:
+    error = getattr(durable, name)
+    assert error.__bases__ == (getattr(durable, ERRORS[name]),)
+    assert issubclass(error, durable.DurableError)
+    assert issubclass(durable.DurableError, Exception)
+
+
+def test_names_outside_the_error_tree_stay_outside_it() -> None:
+    """A tool's ``OutcomeUnknown`` is the tool's report, not a library error; ``UnsafeRedis``
+    is a warning category; everything else exported that is a class is not an error."""
+    assert issubclass(durable.OutcomeUnknown, Exception)
+    assert not issubclass(durable.OutcomeUnknown, durable.DurableError)
+    assert issubclass(durable.UnsafeRedis, UserWarning)
+    assert not issubclass(durable.UnsafeRedis, durable.DurableError)
+    exceptions = {name for name in EXPECTED if isinstance(getattr(durable, name), type)
+                  and issubclass(getattr(durable, name), BaseException)}
+    assert exceptions == {*ERRORS, "DurableError", "OutcomeUnknown", "UnsafeRedis",
+                          "Cancelled"}
 
 
 def test_cancellation_is_not_an_exception() -> None:
+    """``except Exception`` in a tool cannot swallow a cancel."""
     assert issubclass(durable.Cancelled, BaseException)
     assert not issubclass(durable.Cancelled, Exception)
+    assert not issubclass(durable.Cancelled, durable.DurableError)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,10 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.log.verify import verify
-from durable.testing import Server, Worker, env_for, wait_for
+from durable.testing import Server, env_for, wait_for
 from reconciler.sweep import Reconciler
 from tests.agents import applications
+from tests.conftest import WorkerFactory
 
 
 @pytest.fixture(autouse=True)
@@ -29,28 +31,40 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
 
 
-def _reconciler_process(url: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "durable", "reconciler", "--interval", "0.1"],
-                            env=env_for(url), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+@pytest.fixture()
+def reconciler_process(server: Server, client: Client) -> Iterator[Callable[[], None]]:
+    """``reconciler_process()`` starts ``durable reconciler`` (a 0.1 s sweep) on the test
+    server; it is terminated at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "durable", "reconciler", "--interval", "0.1"],
+            env=env_for(server.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True))
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
-    client: Client, server: Server, tmp_path: Path
+    client: Client, worker: WorkerFactory, reconciler_process: Callable[[], None],
+    tmp_path: Path,
 ) -> None:
     """Worker SIGKILLed after the effect of step 2, before its outcome is recorded; a second
     worker is idle, and only the reconciler notices the expired lease and re-enqueues."""
     run = client.start("writer", {"steps": 3}, run_id="rec1").run_id
-    doomed = Worker(server.url, kill_at="after_effect:2")
+    doomed = worker(kill_at="after_effect:2")
     assert doomed.wait(30) == -signal.SIGKILL
-    spare = Worker(server.url)
-    rec = _reconciler_process(server.url)
-    try:
-        final = client.wait(run, timeout=40)
-    finally:
-        rec.terminate()
-        rec.wait(5)
-        spare.stop()
+    worker()
+    reconciler_process()
+    final = client.wait(run, timeout=40)
     assert final.state == "completed"
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{i}": 1 for i in (1, 2, 3)}
     assert client.stats().get("requeued", 0) >= 1
@@ -68,6 +82,8 @@ def _unknown_run(client: Client, run: str, *, deadline: int) -> None:
 
 
 def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path: Path) -> None:
+    """Window after_effect: step 1 dispatched, the row written, the worker gone with
+    nothing recorded; past the deadline, lookup says applied and nothing is sent again."""
     from tests.agents import _db
 
     _unknown_run(client, "u1", deadline=now_ms() - 1000)
@@ -84,23 +100,23 @@ def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path:
 
 
 def test_unknown_outcome_not_applied_is_dispatched_again_with_the_same_key(
-    client: Client, server: Server, tmp_path: Path
+    client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:
+    """Window after_intent (dispatched): step 1 dispatched, nothing sent, the worker gone;
+    past the deadline, lookup says not applied and the same key is sent once."""
     _unknown_run(client, "u2", deadline=now_ms() - 1000)
     rec = Reconciler(client.settings, client.redis, registry)
     assert rec.reconcile("u2") == "requeued"
     assert client.status("u2").actions[1].status == "not_applied"
-    w = Worker(server.url)
-    try:
-        assert client.wait("u2", timeout=20).state == "completed"
-    finally:
-        w.stop()
+    worker()
+    assert client.wait("u2", timeout=20).state == "completed"
     assert applications(str(tmp_path / "world.sqlite")) == {"u2:1": 1}
     assert verify(client.log, "u2").ok
 
 
 def test_lookup_is_not_trusted_before_the_deadline(client: Client) -> None:
-    """A slow first attempt could still land: before its deadline nothing is resolved."""
+    """Window: step 1 dispatched and timed out, its deadline not passed: a slow first
+    attempt could still land, so before its deadline nothing is resolved."""
     _unknown_run(client, "u3", deadline=now_ms() + 60_000)
     handle = client.log.load("u3")
     client.log.commit(handle, [Spec(ev.ActionTimedOut, {"step": 1, "key": "u3:1"})])
@@ -161,26 +177,23 @@ def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
 
 
 def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
-    client: Client, server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client: Client, worker: WorkerFactory, reconciler_process: Callable[[], None],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The tool sent its effect and lost the reply (OutcomeUnknown); while the lookup
-    itself fails, nothing is decided and it is asked again; then it says applied."""
+    """Window after_effect: the tool sent its effect and lost the reply (OutcomeUnknown);
+    while the lookup itself fails, nothing is decided and it is asked again; then it says
+    applied."""
     down = tmp_path / "down"
     down.write_text("x")
     monkeypatch.setenv("TEST_LOOKUP_DOWN", str(down))
     run = client.start("unsure", {"steps": 1}, run_id="lost").run_id
-    w = Worker(server.url)
-    rec = _reconciler_process(server.url)
-    try:
-        assert wait_for(lambda: client.stats().get("lookup_errors", 0) >= 2, 20)
-        state = client.status(run)
-        assert state.state == "outcome_unknown" and state.actions[1].status == "unknown"
-        down.unlink()
-        final = client.wait(run, 30)
-    finally:
-        rec.terminate()
-        rec.wait(5)
-        w.stop()
+    worker()
+    reconciler_process()
+    assert wait_for(lambda: client.stats().get("lookup_errors", 0) >= 2, 20)
+    state = client.status(run)
+    assert state.state == "outcome_unknown" and state.actions[1].status == "unknown"
+    down.unlink()
+    final = client.wait(run, 30)
     assert final.state == "completed"
     assert final.actions[1].resolution == "applied"
     assert applications(str(tmp_path / "world.sqlite")) == {"lost:1": 1}

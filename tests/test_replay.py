@@ -16,7 +16,7 @@ from durable.log.replay import check_determinism, fork, import_log, replay, stat
 from durable.log.state import RunState
 from durable.log.store import Spec
 from durable.log.verify import verify
-from durable.testing import Server, Worker
+from tests.conftest import WorkerFactory
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.jsonl"))
 
@@ -38,16 +38,13 @@ def test_recorded_logs_replay_verify_and_re_decide_identically(path: Path, clien
 
 
 def test_replay_from_every_offset_equals_the_incremental_fold(client: Client,
-                                                              server: Server) -> None:
+                                                              worker: WorkerFactory) -> None:
     client.settings.checkpoint_every = 10
     client.log.checkpoint_every = 10
     run = client.start("count", {"steps": 12}, run_id="every", enqueue=False).run_id
-    w = Worker(server.url, DURABLE_CHECKPOINT_EVERY="10")
-    try:
-        client.enqueue(run)
-        assert client.wait(run, 20).state == "completed"
-    finally:
-        w.stop()
+    worker(DURABLE_CHECKPOINT_EVERY="10")
+    client.enqueue(run)
+    assert client.wait(run, 20).state == "completed"
     entries = client.events(run)
     assert any(isinstance(e.event, ev.Checkpoint) for e in entries)
     incremental = RunState()
@@ -61,41 +58,36 @@ def test_replay_from_every_offset_equals_the_incremental_fold(client: Client,
     assert result.state.version == entries[len(entries) // 2].event.seq  # type: ignore[union-attr]
 
 
-def test_re_driving_a_completed_run_performs_no_effect(client: Client, server: Server,
+def test_re_driving_a_completed_run_performs_no_effect(client: Client, worker: WorkerFactory,
                                                        tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.agents import applications
 
     monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
     run = client.start("writer", {"steps": 2}, run_id="redrive").run_id
-    w = Worker(server.url)
-    try:
-        assert client.wait(run, 20).state == "completed"
-        before = client.events(run)
-        client.enqueue(run, force=True)
-        client.enqueue(run, force=True)
-        w2 = Worker(server.url, burst=True)
-        w2.wait(30)
-    finally:
-        w.stop()
+    w = worker()
+    assert client.wait(run, 20).state == "completed"
+    before = client.events(run)
+    client.enqueue(run, force=True)
+    client.enqueue(run, force=True)
+    assert worker(burst=True).wait(30) == 0  # returns once the queue is empty
+    w.stop()
     assert len(client.events(run)) == len(before)
     assert applications(str(tmp_path / "w.sqlite")) == {f"{run}:1": 1, f"{run}:2": 1}
 
 
-def test_fork_then_finish_leaves_the_original_untouched(client: Client, server: Server) -> None:
+def test_fork_then_finish_leaves_the_original_untouched(client: Client,
+                                                       worker: WorkerFactory) -> None:
     run = client.start("count", {"steps": 4}, run_id="orig").run_id
-    w = Worker(server.url)
-    try:
-        assert client.wait(run, 20).state == "completed"
-        entries = client.events(run)
-        at = next(e.id for e in entries
-                  if isinstance(e.event, ev.ActionSucceeded) and e.event.step == 2)
-        original = [e.id for e in entries]
-        fork(client.log, run, at, "orig-fork")
-        client.enqueue("orig-fork")
-        forked = client.wait("orig-fork", 20)
-    finally:
-        w.stop()
+    worker()
+    assert client.wait(run, 20).state == "completed"
+    entries = client.events(run)
+    at = next(e.id for e in entries
+              if isinstance(e.event, ev.ActionSucceeded) and e.event.step == 2)
+    original = [e.id for e in entries]
+    fork(client.log, run, at, "orig-fork")
+    client.enqueue("orig-fork")
+    forked = client.wait("orig-fork", 20)
     assert forked.state == "completed" and forked.parent == run
     assert [e.id for e in client.events(run)] == original
     keys = [e.event.key for e in client.events("orig-fork")
@@ -104,8 +96,9 @@ def test_fork_then_finish_leaves_the_original_untouched(client: Client, server: 
     assert verify(client.log, "orig-fork").ok
 
 
-def test_changed_agent_code_on_an_old_log_is_a_nondeterminism_error(client: Client,
-                                                                     server: Server) -> None:
+def test_changed_agent_code_on_an_old_log_is_a_nondeterminism_error(
+    client: Client, worker: WorkerFactory
+) -> None:
     """The log records an intent the current code would not take: the worker re-driving it
     quarantines the run with a clear error instead of diverging."""
     run = client.start("count", {"steps": 2}, run_id="old", enqueue=False).run_id
@@ -115,11 +108,8 @@ def test_changed_agent_code_on_an_old_log_is_a_nondeterminism_error(client: Clie
                                                      "key": f"{run}:1"})])
     with pytest.raises(NondeterminismError, match="step 1"):
         check_determinism(client.log, run, registry.agent("count"))
-    w = Worker(server.url)
-    try:
-        client.enqueue(run)
-        final = client.wait(run, 20)
-    finally:
-        w.stop()
+    worker()
+    client.enqueue(run)
+    final = client.wait(run, 20)
     assert final.state == "quarantined"
     assert "step 1" in (final.reason or "") and "n\":41" in (final.reason or "")

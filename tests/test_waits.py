@@ -15,9 +15,9 @@ from durable.client import Client
 from durable.errors import Refused
 from durable.log import keys
 from durable.log.verify import verify
-from durable.testing import Server, Worker
 from reconciler.sweep import Reconciler
 from tests.agents import applications
+from tests.conftest import WorkerFactory
 
 
 @pytest.fixture()
@@ -36,60 +36,59 @@ def approver_client(client: Client) -> Client:
     return client
 
 
-def _waiting_for_approval(client: Client, server: Server, run: str) -> str:
-    w = Worker(server.url)
-    try:
-        state = client.wait(run, 20)
-    finally:
-        w.stop()
+def _drive(client: Client, worker: WorkerFactory, run: str) -> None:
+    """Drive the run with a worker until it waits or ends; the worker is then stopped, so
+    that nothing takes the run again until the test says so."""
+    w = worker()
+    client.wait(run, 20, waiting=True)
+    w.stop()
+
+
+def _waiting_for_approval(client: Client, worker: WorkerFactory, run: str) -> str:
+    _drive(client, worker, run)
+    state = client.status(run)
     assert state.state == "waiting_approval", state
     (request,) = [a.request for a in state.approvals.values() if a.decision is None]
     return request
 
 
-def _drive(client: Client, server: Server, run: str) -> None:
-    w = Worker(server.url)
-    try:
-        client.wait(run, 20, waiting=True)
-    finally:
-        w.stop()
-
-
-def test_approve_then_the_action_runs_once(approver_client: Client, server: Server,
+def test_approve_then_the_action_runs_once(approver_client: Client, worker: WorkerFactory,
                                            world: Path, r: redis.Redis) -> None:
     client = approver_client
     run = client.start("payer", {"amount": 42}, run_id="ap1").run_id
-    request = _waiting_for_approval(client, server, run)
-    state = client.status(run)
+    worker()  # stays up: the waiting run must not keep it busy
+    state = client.wait(run, 20)
+    assert state.state == "waiting_approval", state
+    (request,) = [a.request for a in state.approvals.values() if a.decision is None]
     appr = state.approvals[request]
     assert appr.role == "finance" and appr.evidence == ["invoice:42"] and len(appr.digest) == 64
     assert r.get(keys.lease(run)) is None  # a waiting run holds no lease...
-    assert all(w.get_current_job_id() is None for w in RQWorker.all(connection=r))  # ...no worker
+    rq_workers = RQWorker.all(connection=r)
+    assert len(rq_workers) == 1 and rq_workers[0].get_current_job_id() is None  # ...no job
     client.approve(run, request, "approve", "alice")
-    _drive(client, server, run)
-    final = client.status(run)
+    final = client.wait(run, 20)
     assert final.state == "completed" and final.result == {"paid": True, "status": "succeeded"}
     assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
     assert verify(client.log, run).ok
 
 
-def test_reject_is_an_outcome_the_agent_handles(approver_client: Client, server: Server,
+def test_reject_is_an_outcome_the_agent_handles(approver_client: Client, worker: WorkerFactory,
                                                 world: Path) -> None:
     client = approver_client
     run = client.start("payer", {"amount": 5}, run_id="ap2").run_id
-    request = _waiting_for_approval(client, server, run)
+    request = _waiting_for_approval(client, worker, run)
     client.approve(run, request, "reject", "alice", note="not this month")
-    _drive(client, server, run)
+    _drive(client, worker, run)
     final = client.status(run)
     assert final.state == "completed" and final.result == {"paid": False, "status": "rejected"}
     assert applications(str(world / "w.sqlite")) == {}
 
 
-def test_an_unanswered_approval_expires(approver_client: Client, server: Server,
+def test_an_unanswered_approval_expires(approver_client: Client, worker: WorkerFactory,
                                         world: Path) -> None:
     client = approver_client
     run = client.start("payer", {"amount": 5}, run_id="ap3").run_id
-    request = _waiting_for_approval(client, server, run)
+    request = _waiting_for_approval(client, worker, run)
     expires = client.status(run).approvals[request].expires
     Reconciler(client.settings, client.redis, registry).tick(now=expires + 1)
     assert client.status(run).state == "expired"
@@ -98,22 +97,22 @@ def test_an_unanswered_approval_expires(approver_client: Client, server: Server,
     assert applications(str(world / "w.sqlite")) == {}
 
 
-def test_a_late_duplicate_approval_changes_nothing(approver_client: Client, server: Server,
+def test_a_late_duplicate_approval_changes_nothing(approver_client: Client, worker: WorkerFactory,
                                                    world: Path) -> None:
     client = approver_client
     run = client.start("payer", {"amount": 7}, run_id="ap4").run_id
-    request = _waiting_for_approval(client, server, run)
+    request = _waiting_for_approval(client, worker, run)
     client.approve(run, request, "approve", "alice")
     version = client.status(run).version
     state = client.approve(run, request, "reject", "alice")
     assert state.version == version and state.approvals[request].decision == "approve"
 
 
-def test_a_wrong_role_is_refused_and_writes_nothing(approver_client: Client, server: Server,
+def test_a_wrong_role_is_refused_and_writes_nothing(approver_client: Client, worker: WorkerFactory,
                                                     world: Path) -> None:
     client = approver_client
     run = client.start("payer", {"amount": 7}, run_id="ap5").run_id
-    request = _waiting_for_approval(client, server, run)
+    request = _waiting_for_approval(client, worker, run)
     version = client.status(run).version
     with pytest.raises(Refused, match="bob does not have the role 'finance'"):
         client.approve(run, request, "approve", "bob")
@@ -123,53 +122,50 @@ def test_a_wrong_role_is_refused_and_writes_nothing(approver_client: Client, ser
 
 
 def test_approval_after_the_facts_changed_is_refused_and_asked_again(
-    approver_client: Client, server: Server, world: Path
+    approver_client: Client, worker: WorkerFactory, world: Path
 ) -> None:
     """The balance the approver saw changed before the approved call ran: the digest
     recomputed over the action as it is now differs, so the call is refused and a new
     approval is requested."""
     client = approver_client
     run = client.start("payer", {"amount": 9}, run_id="ap6").run_id
-    first = _waiting_for_approval(client, server, run)
+    first = _waiting_for_approval(client, worker, run)
     (world / "balance").write_text("3")
     client.approve(run, first, "approve", "alice")
-    second = _waiting_for_approval(client, server, run)
+    second = _waiting_for_approval(client, worker, run)
     assert second != first
     state = client.status(run)
     assert state.approvals[second].digest != state.approvals[first].digest
     assert "changed since it was approved" in (state.wait.reason if state.wait else "")
     assert applications(str(world / "w.sqlite")) == {}
     client.approve(run, second, "approve", "alice")
-    _drive(client, server, run)
+    _drive(client, worker, run)
     assert client.status(run).state == "completed"
     assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
 
 
 def test_respond_resumes_and_a_late_duplicate_response_changes_nothing(
-    client: Client, server: Server, world: Path
+    client: Client, worker: WorkerFactory, world: Path
 ) -> None:
     run = client.start("quoter", {"text": "q"}, run_id="in1").run_id
-    _drive(client, server, run)
+    _drive(client, worker, run)
     assert client.status(run).state == "waiting_input"
     client.respond(run, {"ok": True})
     version = client.status(run).version
     assert client.respond(run, {"ok": False}).version == version
-    _drive(client, server, run)
+    _drive(client, worker, run)
     assert client.status(run).result == {"answer": {"ok": True}}
 
 
 @pytest.mark.parametrize("then,expected", [("refresh", "completed"), ("expire", "expired")])
 def test_a_failed_revalidation_on_resume_is_handled_as_declared(
-    then: str, expected: str, client: Client, server: Server, world: Path
+    then: str, expected: str, client: Client, worker: WorkerFactory, world: Path
 ) -> None:
     run = client.start("quoter", {"text": "q"}, run_id=f"rv-{then}").run_id
-    _drive(client, server, run)
+    _drive(client, worker, run)
     client.respond(run, {"ok": True})
-    w = Worker(server.url, TEST_QUOTE_STALE=then)
-    try:
-        final = client.wait(run, 20)
-    finally:
-        w.stop()
+    worker(TEST_QUOTE_STALE=then)
+    final = client.wait(run, 20)
     assert final.state == expected
     types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
     assert "revalidation_failed" in types
@@ -178,31 +174,24 @@ def test_a_failed_revalidation_on_resume_is_handled_as_declared(
 
 
 def test_resuming_under_a_new_agent_version_asks_for_approval(
-    approver_client: Client, server: Server, world: Path
+    approver_client: Client, worker: WorkerFactory, world: Path
 ) -> None:
     client = approver_client
     client.settings.approvers = {"alice": ["finance"], "ops": ["operator"]}
     run = client.start("payer", {"amount": 3}, run_id="ver").run_id
-    first = _waiting_for_approval(client, server, run)
+    first = _waiting_for_approval(client, worker, run)
     client.approve(run, first, "approve", "alice")
-    w = Worker(server.url, PAYER_VERSION="2")
-    try:
-        state = client.wait(run, 20)
-    finally:
-        w.stop()
+    worker(PAYER_VERSION="2")
+    state = client.wait(run, 20)
     assert state.state == "waiting_approval"
     assert state.approvals[f"{run}:v2"].kind == "version"
     client.approve(run, f"{run}:v2", "approve", "ops")
-    w = Worker(server.url, PAYER_VERSION="2")
-    try:
-        final = client.wait(run, 20)
-    finally:
-        w.stop()
+    final = client.wait(run, 20)
     assert final.state == "completed" and final.agent_version == "2"
     assert verify(client.log, run).ok
 
 
-def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, server: Server,
+def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, worker: WorkerFactory,
                                                         r: redis.Redis) -> None:
     """Raw v1 entries (the recorded fixture, cut after step 2) are read through the
     registered migration and the run is finished by today's worker."""
@@ -220,14 +209,14 @@ def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, server: 
                                    "agent": "count"})
     assert client.status(run).agent_version == "1"
     client.enqueue(run)
-    _drive(client, server, run)
+    _drive(client, worker, run)
     final = client.status(run)
     assert final.state == "completed" and final.result == {"steps": 4}
     assert verify(client.log, run).ok
 
 
 def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
-    client: Client, server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    client: Client, worker: WorkerFactory, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from durable.log import events as ev
     from durable.log import migrations

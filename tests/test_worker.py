@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,9 @@ import redis
 from durable.client import Client
 from durable.log import keys
 from durable.log.verify import verify
-from durable.testing import Server, Worker, wait_for
+from durable.testing import wait_for
 from tests.agents import applications
+from tests.conftest import WorkerFactory
 
 
 def _env(tmp_path: Path, dedupe: bool, **extra: str) -> dict[str, str]:
@@ -36,7 +36,7 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("dedupe", [True, False], ids=["dedupe", "no-dedupe"])
 @pytest.mark.parametrize("window", ["after_intent", "after_effect", "after_outcome"])
 def test_crash_window_recovers_with_every_key_applied_once(
-    window: str, dedupe: bool, client: Client, server: Server, tmp_path: Path,
+    window: str, dedupe: bool, client: Client, worker: WorkerFactory, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Worker SIGKILLed at step 2: after_intent = intent and ledger claim recorded, nothing
@@ -44,16 +44,13 @@ def test_crash_window_recovers_with_every_key_applied_once(
     outcome recorded (with the next intent). A fresh worker recovers once the lease expired."""
     monkeypatch.setenv("TEST_DB_DEDUPE", "1" if dedupe else "0")
     run = client.start("writer", {"steps": 3}, run_id=f"crash-{window}-{dedupe}").run_id
-    first = Worker(server.url, kill_at=f"{window}:2", **_env(tmp_path, dedupe))
+    first = worker(kill_at=f"{window}:2", **_env(tmp_path, dedupe))
     assert first.wait(30) == -signal.SIGKILL
     assert client.status(run).state == "pending"
     assert wait_for(lambda: client.redis.get(keys.lease(run)) is None, 5)
-    second = Worker(server.url, **_env(tmp_path, dedupe))
-    try:
-        client.enqueue(run, force=True)
-        final = client.wait(run, timeout=30)
-    finally:
-        second.stop()
+    worker(**_env(tmp_path, dedupe))
+    client.enqueue(run, force=True)
+    final = client.wait(run, timeout=30)
     assert final.state == "completed", final
     counts = applications(str(tmp_path / "world.sqlite"))
     assert counts == {f"{run}:1": 1, f"{run}:2": 1, f"{run}:3": 1}
@@ -61,59 +58,53 @@ def test_crash_window_recovers_with_every_key_applied_once(
     assert report.ok, report.checks
 
 
-def test_two_workers_racing_on_one_run_one_proceeds(client: Client, server: Server,
+def test_two_workers_racing_on_one_run_one_proceeds(client: Client, worker: WorkerFactory,
                                                     tmp_path: Path) -> None:
     run = client.start("writer", {"steps": 5}, run_id="race", enqueue=False).run_id
     for _ in range(6):
         client.enqueue(run, force=True)
-    ws = [Worker(server.url, **_env(tmp_path, False)) for _ in range(2)]
-    try:
-        final = client.wait(run, timeout=30)
-    finally:
-        for w in ws:
-            w.stop()
+    for _ in range(2):
+        worker(**_env(tmp_path, False))
+    final = client.wait(run, timeout=30)
     assert final.state == "completed"
     assert set(applications(str(tmp_path / "world.sqlite")).values()) == {1}
     assert verify(client.log, run).ok
 
 
 def test_a_paused_worker_resumed_after_its_lease_moved_on_writes_nothing(
-    client: Client, server: Server, tmp_path: Path, r: redis.Redis
+    client: Client, worker: WorkerFactory, tmp_path: Path, r: redis.Redis
 ) -> None:
     """SIGSTOP in the middle of a tool call (before the row is written); the lease expires,
     a second worker recovers the run; SIGCONT: the first worker's late effect is refused
     past its deadline and its late appends are rejected by the fencing check."""
     run = client.start("writer", {"steps": 2}, run_id="paused").run_id
-    slow = Worker(server.url, **_env(tmp_path, False, TEST_SLOW_S="1.0"))
+    slow_log = tmp_path / "slow.log"
+    slow = worker(log_path=slow_log, **_env(tmp_path, False, TEST_SLOW_S="1.0"))
+    assert wait_for(lambda: client.status(run).state == "pending"
+                    and client.status(run).actions.get(1) is not None
+                    and client.status(run).actions[1].status == "dispatched", 10)
+    os.kill(slow.pid, signal.SIGSTOP)
     try:
-        assert wait_for(lambda: client.status(run).state == "pending"
-                        and client.status(run).actions.get(1) is not None
-                        and client.status(run).actions[1].status == "dispatched", 10)
-        os.kill(slow.pid, signal.SIGSTOP)
         assert wait_for(lambda: r.get(keys.lease(run)) is None, 10)
-        fresh = Worker(server.url, **_env(tmp_path, False))
-        try:
-            client.enqueue(run, force=True)
-            final = client.wait(run, timeout=30)
-            assert final.state == "completed"
-            os.kill(slow.pid, signal.SIGCONT)
-            time.sleep(2.0)  # let the resumed worker try its late write and appends
-        finally:
-            fresh.stop()
+        worker(**_env(tmp_path, False))
+        client.enqueue(run, force=True)
+        final = client.wait(run, timeout=30)
+        assert final.state == "completed"
     finally:
         os.kill(slow.pid, signal.SIGCONT)
-        slow.stop()
+    # The resumed worker tries its late write and appends, is refused, and says so.
+    assert wait_for(lambda: "work discarded" in slow_log.read_text(), 15), slow_log.read_text()
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:1": 1, f"{run}:2": 1}
     assert client.status(run).state == "completed"
     assert verify(client.log, run).ok
 
 
-def test_a_forged_job_naming_an_arbitrary_function_is_refused(client: Client, server: Server,
-                                                             tmp_path: Path) -> None:
+def test_a_forged_job_naming_an_arbitrary_function_is_refused(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
     marker = tmp_path / "pwned"
     client.queue.enqueue_call(func="os.system", args=(f"touch {marker}",))
-    w = Worker(server.url, burst=True)
-    assert w.wait(30) == 0
+    assert worker(burst=True).wait(30) == 0
     assert not marker.exists()
     assert client.stats().get("forged_jobs") == 1
     assert client.queue.failed_job_registry.count == 1

@@ -155,7 +155,7 @@ def test_abort_refuses_the_attempt_but_not_a_later_one(world: WorldProcess) -> N
     held: list[httpx.Response] = []
     t = threading.Thread(target=lambda: held.append(notify(world, k, deadline=deadline)))
     t.start()
-    time.sleep(0.1)
+    assert wait_for(lambda: world.client.requests(k), 5)  # received, held before applying
     abort = httpx.post(f"{world.url}/notify/{k}/abort", headers={DEADLINE_HEADER: str(deadline)})
     assert abort.json() == {"key": k, "applied": False, "aborted": True, "result": None}
     t.join()
@@ -255,7 +255,12 @@ def test_notify_canceled_mid_flight_promises_and_keeps_not_applied(world: WorldP
     k = key()
     world.client.set_faults(slow_next=1, slow_s=1.0, slow_phase="apply")
     token = CancelToken()
-    threading.Timer(0.3, token.cancel, args=("test",)).start()
+
+    def cancel_once_held() -> None:  # the request is received; the API holds it 1 s
+        if wait_for(lambda: world.client.requests(k), 5):
+            token.cancel("test")
+
+    threading.Thread(target=cancel_once_held, daemon=True).start()
     with pytest.raises(Cancelled):
         Notify().run({"recipient": "a@b.c", "message": "m"}, ctx(k, token=token))
     assert wait_for(lambda: world.client.requests(k)[0]["disposition"] != "pending", 10)
@@ -298,10 +303,8 @@ def test_durable_world_serves_shows_and_refuses_a_busy_port(tmp_path: Path) -> N
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         client = WorldClient(url)
-        deadline = time.monotonic() + 15
-        while not client.health():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        assert wait_for(lambda: client.health() or proc.poll() is not None, 15)
+        assert proc.poll() is None, "the world exited before it answered"
         assert client.info()["dedupe"] is False
         show = subprocess.run([sys.executable, "-m", "durable", "world", "--show", "--json"],
                               env=env, capture_output=True, text=True, timeout=30)
