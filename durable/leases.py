@@ -92,18 +92,19 @@ class Heartbeats:
 
     def __init__(self, leases: Leases) -> None:
         self.leases = leases
-        self._held: dict[str, tuple[Lease, Callable[[], object]]] = {}
+        #: By (run, lease value): a value alone ("<worker>|<epoch>") repeats across runs.
+        self._held: dict[tuple[str, str], tuple[Lease, Callable[[], object]]] = {}
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._thread.start()
 
     def hold(self, lease: Lease, on_lost: Callable[[], object]) -> None:
         with self._lock:
-            self._held[lease.value] = (lease, on_lost)
+            self._held[(lease.run_id, lease.value)] = (lease, on_lost)
 
     def drop(self, lease: Lease) -> None:
         with self._lock:
-            self._held.pop(lease.value, None)
+            self._held.pop((lease.run_id, lease.value), None)
 
     def beat(self) -> int:
         """Renew every held lease now; returns how many were lost."""

@@ -96,7 +96,9 @@ class StepLoop:
         self.leases = Leases(client, settings.lease_ttl_ms)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).
-        self._released: set[str] = set()
+        #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
+        #: whose epochs agree, so the run id is part of the key.
+        self._released: set[tuple[str, str]] = set()
         self.queue = make_queue(client, queue_name or settings.queue)
         self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
         self.held: dict[str, Slot] = {}
@@ -107,6 +109,8 @@ class StepLoop:
         #: Called with nothing when a slot is given back by the watchdog.
         self.on_abandon: Callable[[], object] = lambda: None
         self._local = threading.local()
+        #: Set on shutdown: every run lets go at its next step boundary.
+        self.stopping = threading.Event()
 
     # Entry point ------------------------------------------------------------------------
 
@@ -133,8 +137,8 @@ class StepLoop:
             self.heartbeats.drop(lease)
             if self.held.get(run_id) is slot:
                 self.held.pop(run_id, None)
-            if lease.value in self._released:
-                self._released.discard(lease.value)
+            if (run_id, lease.value) in self._released:
+                self._released.discard((run_id, lease.value))
             else:
                 self.leases.release(lease)
         if more:
@@ -273,7 +277,9 @@ class StepLoop:
             steps += stepped
             if done:
                 return False
-            if steps >= self.settings.steps_per_job:
+            if steps >= self.settings.steps_per_job or self.stopping.is_set():
+                # Its turn is used up, or the worker is shutting down: let go at this step
+                # boundary (the run goes back on the ready list).
                 if handle.staged:
                     self._commit(handle, pending, [])
                 return self._needs_work(handle.state)
@@ -307,7 +313,7 @@ class StepLoop:
         self.log.commit(handle, specs, release=release, **kw)
         pending.clear()
         if release:
-            self._released.add(handle.lease)
+            self._released.add((handle.run_id, handle.lease))
 
     @staticmethod
     def _needs_work(state: RunState) -> bool:
