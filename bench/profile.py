@@ -38,6 +38,7 @@ from workers import loop as drv
 from workers import runtime as wr
 from workers import toolrunner
 from workers.loop import StepLoop
+from workers.pool import RunPool
 
 
 class Accounting:
@@ -119,6 +120,8 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     client = Client(settings, r)
     start_runs(client, "pf", runs)
     wr._loop = StepLoop(settings, r, registry, "bench-profile:1:000000")
+    # One slot: runs are driven one at a time, as the exclusive-time accounting expects.
+    wr._pool = RunPool(wr._loop, 1)
     queue = make_queue(r, settings.queue)
     worker = wr.DurableWorker([queue], connection=r, name="bench-profile",
                               serializer=queue.serializer)
@@ -138,11 +141,12 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         worker.work(burst=True, logging_level="WARNING")
+        wr._pool.finish()
     finally:
         total = time.perf_counter() - t0
         StepLoop.advance = adv  # type: ignore[method-assign]
         acct.undo()
-        wr._loop = None
+        wr._loop = wr._pool = None
     per_run_us = {k: v / runs * 1e6 for k, v in sorted(acct.excl.items(), key=lambda kv: -kv[1])}
     return {"runs": runs, "steps_per_run": 4, "total_ms_per_run": total / runs * 1000,
             "us_per_run": per_run_us,

@@ -300,3 +300,26 @@ class Persistent(Agent):
         if last.status == "failed":
             return Fail(f"gave up: {last.error_type}: {last.error}")
         return Finish(last.result)
+
+
+class HangInput(BaseModel):
+    hang: bool = False
+
+
+@register
+class Hang(Agent):
+    """``decide`` never returns when ``hang`` is set (a bug in agent code, a blocking call
+    without a timeout): the worker must quarantine the run and go on with the others."""
+
+    name = "hang"
+    input_model = HangInput
+    tools = ("noop",)
+
+    def decide(self, state: RunState) -> Decision:
+        import time
+
+        while state.input["hang"]:
+            time.sleep(0.05)
+        if state.step >= 1:
+            return Finish("done")
+        return Call("noop", {"n": 1})

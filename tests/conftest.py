@@ -13,10 +13,12 @@ import redis
 
 from durable.client import Client
 from durable.settings import Settings
-from durable.testing import Server, Worker
+from durable.testing import Reconciler, Server, Worker
 
 #: ``worker(**opts)``: a ``durable worker`` process on the session's server.
 WorkerFactory = Callable[..., Worker]
+#: ``reconciler(**opts)``: a ``durable reconciler`` process on the session's server.
+ReconcilerFactory = Callable[..., Reconciler]
 #: ``make_server(**opts)``: another started Redis server (random port, private directory).
 ServerFactory = Callable[..., Server]
 
@@ -67,6 +69,22 @@ def worker(server: Server, settings: Settings) -> Iterator[WorkerFactory]:
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture()
+def reconciler(server: Server, settings: Settings) -> Iterator[ReconcilerFactory]:
+    """``reconciler(**opts) -> durable.testing.Reconciler``: a reconciler process on the
+    session's server with the test's environment; stopped at teardown."""
+    started: list[Reconciler] = []
+
+    def start(**opts: Any) -> Reconciler:
+        rec = Reconciler(server.url, **opts)
+        started.append(rec)
+        return rec
+
+    yield start
+    for rec in started:
+        rec.stop()
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from durable.log.verify import verify
 from durable.testing import Server, env_for, wait_for
 from reconciler.sweep import Reconciler
 from tests.agents import applications
-from tests.conftest import WorkerFactory
+from tests.conftest import ReconcilerFactory, WorkerFactory
 
 
 @pytest.fixture(autouse=True)
@@ -31,30 +30,8 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
 
 
-@pytest.fixture()
-def reconciler_process(server: Server, client: Client) -> Iterator[Callable[[], None]]:
-    """``reconciler_process()`` starts ``durable reconciler`` (a 0.1 s sweep) on the test
-    server; it is terminated at teardown."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "durable", "reconciler", "--interval", "0.1"],
-            env=env_for(server.url), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True))
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
-    client: Client, worker: WorkerFactory, reconciler_process: Callable[[], None],
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path,
 ) -> None:
     """Worker SIGKILLed after the effect of step 2, before its outcome is recorded; a second
@@ -63,7 +40,7 @@ def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
     doomed = worker(kill_at="after_effect:2")
     assert doomed.wait(30) == -signal.SIGKILL
     worker()
-    reconciler_process()
+    reconciler(interval=0.1)
     final = client.wait(run, timeout=40)
     assert final.state == "completed"
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{i}": 1 for i in (1, 2, 3)}
@@ -177,7 +154,7 @@ def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
 
 
 def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
-    client: Client, worker: WorkerFactory, reconciler_process: Callable[[], None],
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Window after_effect: the tool sent its effect and lost the reply (OutcomeUnknown);
@@ -188,7 +165,7 @@ def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
     monkeypatch.setenv("TEST_LOOKUP_DOWN", str(down))
     run = client.start("unsure", {"steps": 1}, run_id="lost").run_id
     worker()
-    reconciler_process()
+    reconciler(interval=0.1)
     assert wait_for(lambda: client.stats().get("lookup_errors", 0) >= 2, 20)
     state = client.status(run)
     assert state.state == "outcome_unknown" and state.actions[1].status == "unknown"

@@ -169,10 +169,12 @@ class RunPool:
                 return
 
     def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:
-        """Take no new runs; let in-flight work finish within ``grace_s``; hand the runs
-        still held back at once (leases released, runs made ready again) so another worker
+        """Take no new runs; every held run lets go at its next step boundary, so in-flight
+        calls finish and their outcomes are recorded, within ``grace_s``; hand the runs
+        still held after it back at once (leases released, runs made ready again) so another worker
         continues without waiting for a lease to expire. Returns the runs handed back."""
         self.accepting = False
+        self.loop.stopping.set()
         if self.wait_idle(grace_s, force):
             return []
         return self.loop.hand_back()

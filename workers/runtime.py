@@ -91,6 +91,21 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
         return False
 
 
+class _QuietReconnects(logging.Filter):
+    """RQ logs each retry of its dequeue, and a traceback when Redis fails under it, while
+    Redis is away; the worker's ``Outage`` says it once and RQ's loop is started again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "could not connect to Redis" in str(record.msg):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if isinstance(exc, redis.RedisError):
+                return False
+            exc = exc.__cause__ or exc.__context__
+        return True
+
+
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -100,6 +115,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     global _loop, _pool
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("rq.worker").addFilter(_QuietReconnects())
     chain = load_hooks(hooks)
     client = connect(settings)
     registry.load(settings.agents)

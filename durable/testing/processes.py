@@ -1,5 +1,6 @@
-"""Worker processes for tests, scenarios, the demo and benchmarks: real ``durable worker``
-processes that can be SIGKILLed, optionally with a crash window to die in."""
+"""Processes for tests, scenarios, the demo and benchmarks: real ``durable worker`` and
+``durable reconciler`` processes that can be SIGKILLed, paused or stopped, a worker
+optionally with a crash window to die in."""
 
 from __future__ import annotations
 
@@ -22,26 +23,13 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-class Worker:
-    """A ``durable worker`` process (``python -m durable worker``).
+class Process:
+    """A ``durable`` subcommand in a process of its own session (so a test can SIGKILL,
+    SIGSTOP or SIGTERM it alone), with ``env`` added to its environment."""
 
-    ``kill_at="<window>:<step>"`` makes it SIGKILL itself there (see
-    ``durable.testing.faults``); ``hooks`` adds other step hooks; ``env`` is added to the
-    environment (``DURABLE_*`` settings).
-    """
-
-    def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
-                 log_path: Path | None = None, kill_at: str | None = None,
-                 hooks: Sequence[str] = (), **env: str) -> None:
-        args = [sys.executable, "-m", "durable", "worker"]
-        if burst:
-            args.append("--burst")
-        if queue:
-            args += ["--queue", queue]
-        if kill_at:
-            args += ["--hook", f"{KILL_AT_HOOK}={kill_at}"]
-        for hook in hooks:
-            args += ["--hook", hook]
+    def __init__(self, url: str, args: Sequence[str], *, log_path: Path | None = None,
+                 **env: str) -> None:
+        args = [sys.executable, "-m", "durable", *args]
         self.log_path = log_path
         if log_path is None:
             self.proc = subprocess.Popen(args, env=env_for(url, **env),
@@ -65,6 +53,10 @@ class Worker:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
+    def send(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signum)
+
     def stop(self, timeout: float = 5.0) -> None:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
@@ -75,6 +67,38 @@ class Worker:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
+
+
+class Worker(Process):
+    """A ``durable worker`` process.
+
+    ``kill_at="<window>:<step>"`` makes it SIGKILL itself there (see
+    ``durable.testing.faults``); ``hooks`` adds other step hooks; ``env`` is added to the
+    environment (``DURABLE_*`` settings).
+    """
+
+    def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
+                 log_path: Path | None = None, kill_at: str | None = None,
+                 hooks: Sequence[str] = (), **env: str) -> None:
+        args = ["worker"]
+        if burst:
+            args.append("--burst")
+        if queue:
+            args += ["--queue", queue]
+        if kill_at:
+            args += ["--hook", f"{KILL_AT_HOOK}={kill_at}"]
+        for hook in hooks:
+            args += ["--hook", hook]
+        super().__init__(url, args, log_path=log_path, **env)
+
+
+class Reconciler(Process):
+    """A ``durable reconciler`` process sweeping every ``interval`` seconds."""
+
+    def __init__(self, url: str, *, interval: float = 0.2, log_path: Path | None = None,
+                 **env: str) -> None:
+        super().__init__(url, ["reconciler", "--interval", str(interval)],
+                         log_path=log_path, **env)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0,

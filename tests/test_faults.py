@@ -1,0 +1,152 @@
+"""Faults of Redis and of agent code are ordinary: no worker or reconciler exits on them,
+no published cancel is lost, and nothing is applied twice.
+
+Each test runs its own Redis server where it kills it (``appendfsync always``: every
+acknowledged write survives the ``kill -9``) and real worker and reconciler processes.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable.client import Client
+from durable.log import keys
+from durable.log.verify import verify
+from durable.settings import Settings
+from durable.testing import Reconciler, Worker, wait_for
+from tests.agents import applications
+from tests.conftest import ServerFactory, WorkerFactory
+
+
+def _subscribers(r: redis.Redis) -> int:
+    return int(dict(r.pubsub_numsub(keys.CANCEL_CHANNEL)).get(keys.CANCEL_CHANNEL.encode(), 0))
+
+
+def _publish_cancel(r: redis.Redis, run: str, reason: str) -> None:
+    """A bare pub/sub hint, as any Redis client can send it: nothing is in the log yet."""
+    r.publish(keys.CANCEL_CHANNEL, json.dumps({"run": run, "reason": reason, "scope": "run",
+                                               "ts": 0}))
+
+
+def _dispatched(client: Client, run: str) -> bool:
+    act = client.status(run).current
+    return act is not None and act.status == "dispatched"
+
+
+def test_a_killed_subscription_comes_back_and_still_interrupts_a_held_run(
+    client: Client, worker: WorkerFactory, r: redis.Redis
+) -> None:
+    """``CLIENT KILL TYPE pubsub`` while a worker holds a run inside a cancellable call: the
+    worker resubscribes, and a cancel published afterwards interrupts the call."""
+    run = client.start("count", {"steps": 3, "sleep_s": 30}, run_id="deaf").run_id
+    worker()
+    assert wait_for(lambda: _dispatched(client, run), 15)
+    assert wait_for(lambda: _subscribers(r) == 1, 5)
+    killed = r.client_kill_filter(_type="pubsub")
+    assert killed >= 1
+    assert wait_for(lambda: _subscribers(r) == 1, 3)
+    _publish_cancel(r, run, "after the kill")
+    final = client.wait(run, timeout=10)
+    assert final.state == "canceled"
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+
+
+def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
+    make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kill -9`` of Redis while two workers hold runs inside their calls (claims recorded,
+    outcomes not), down for two seconds, then restarted: the workers and the reconciler
+    are still running, every run with a published cancel ends ``canceled``, the others
+    complete, and no key is applied twice in a database that never deduplicates."""
+    srv = make_server(fsync="always")
+    env = {"DURABLE_AGENTS": "examples.agents,tests.agents", "DURABLE_LEASE_TTL_MS": "1000",
+           "TEST_DB": str(tmp_path / "world.sqlite"), "TEST_DB_DEDUPE": "0",
+           "TEST_SLOW_S": "0.3"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DURABLE_REDIS_URL", srv.url)
+    client = Client(Settings())
+    runs = [client.start("writer", {"steps": 12}, run_id=f"outage-{i}").run_id
+            for i in range(10)]
+    procs = [Worker(srv.url, log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    procs.append(Reconciler(srv.url, log_path=tmp_path / "rec.log"))
+    try:
+        assert wait_for(lambda: sum(client.redis.exists(keys.lease(r)) for r in runs) >= 8,
+                        20)
+        srv.kill()
+        wait_for(lambda: False, 2.0)  # the outage itself: two seconds without Redis
+        srv.start()
+        r = srv.client()
+        assert wait_for(lambda: _subscribers(r) == 3, 30)  # 2 workers, the reconciler
+        doomed = runs[:5]
+        for run in doomed:
+            _publish_cancel(r, run, "published after the restart")
+
+        def settled() -> bool:
+            states = [client.redis.hget(keys.run(run), "state") for run in runs]
+            return all(s in (b"completed", b"canceled") for s in states)
+
+        assert wait_for(settled, 90)
+        assert all(p.alive() for p in procs), [p.log_path for p in procs if not p.alive()]
+    finally:
+        for p in procs:
+            p.stop()
+    for run in runs:
+        state = client.status(run).state
+        assert state == ("canceled" if run in doomed else "completed"), (run, state)
+        assert verify(client.log, run).ok
+    applied = applications(str(tmp_path / "world.sqlite"))
+    assert applied and max(applied.values()) == 1, applied
+    completed = [r for r in runs if r not in doomed]
+    assert all(applied.get(f"{run}:{s}") == 1 for run in completed for s in range(1, 13))
+    logs = [p.log_path.read_text() for p in procs if p.log_path is not None]
+    assert any("Redis unavailable" in text for text in logs)
+    assert not any("Traceback" in text for text in logs)  # one line per outage instead
+
+
+def test_agent_code_that_never_returns_is_quarantined_and_the_worker_goes_on(
+    client: Client, worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``decide()`` never returns (window: lease held, nothing decided): past
+    ``DURABLE_DECIDE_TIMEOUT_MS`` the run is quarantined with that reason and its lease let
+    go; the same worker completes other runs; a cancel then ends the stuck run."""
+    monkeypatch.setenv("DURABLE_DECIDE_TIMEOUT_MS", "500")
+    stuck = client.start("hang", {"hang": True}, run_id="stuck").run_id
+    w = worker(DURABLE_CONCURRENCY="2")
+    state = client.wait(stuck, timeout=20)
+    assert state.state == "quarantined"
+    assert "hang.decide() did not return within 500 ms" in (state.reason or "")
+    assert wait_for(lambda: client.redis.get(keys.lease(stuck)) is None, 5)
+    others = [client.start("hang", {"hang": False}, run_id=f"fine-{i}").run_id
+              for i in range(4)]
+    for run in others:
+        assert client.wait(run, timeout=20).state == "completed"
+    assert w.alive()
+    assert client.cancel(stuck, "operator gave up").state == "canceled"
+    assert client.stats().get("user_code_overruns") == 1
+
+
+def test_a_pickled_job_and_a_garbage_job_leave_the_worker_serving(
+    client: Client, worker: WorkerFactory, r: redis.Redis
+) -> None:
+    """Jobs RQ cannot decode with the queue's JSON serializer: refused and counted before
+    anything is unpickled; the worker keeps running and serves the next run."""
+    w = worker()
+    marker = Path("/nonexistent-durable-test-marker")
+    evil = pickle.dumps(("os.system", None, (f"touch {marker}",), {}))
+    for job_id, data in (("pickled", evil), ("garbage", b"\x00\xffnot a job")):
+        r.hset(f"rq:job:{job_id}", mapping={"data": data, "status": "queued",
+                                            "origin": client.queue.name,
+                                            "created_at": "2026-01-01T00:00:00.000000Z"})
+        r.rpush(f"rq:queue:{client.queue.name}", job_id)
+    assert wait_for(lambda: client.stats().get("poison_jobs") == 2, 15)
+    run = client.start("count", {"steps": 2}, run_id="after-poison").run_id
+    assert client.wait(run, timeout=15).state == "completed"
+    assert w.alive()
+    assert not marker.exists()

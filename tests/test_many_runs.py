@@ -1,0 +1,162 @@
+"""One worker process drives many runs at once and hands them back on shutdown; a crash of
+a worker holding many runs loses and repeats nothing.
+
+The external system is a real SQLite database without a unique key (``TEST_DB_DEDUPE=0``):
+it applies every request it gets, so only the ledger, the leases and ``lookup`` stand
+between a recovery and a duplicate row.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable.client import Client
+from durable.log import keys
+from durable.log.verify import verify
+from durable.testing import wait_for
+from tests.agents import applications
+from tests.conftest import ReconcilerFactory, WorkerFactory
+
+RUNS = 50
+
+
+@pytest.fixture(autouse=True)
+def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+
+
+def _start(client: Client, prefix: str, steps: int) -> list[str]:
+    return [client.start("writer", {"steps": steps}, run_id=f"{prefix}-{i}").run_id
+            for i in range(RUNS)]
+
+
+def _held(r: redis.Redis, runs: list[str]) -> int:
+    pipe = r.pipeline(transaction=False)
+    for run in runs:
+        pipe.exists(keys.lease(run))
+    return int(sum(pipe.execute()))
+
+
+def _states(r: redis.Redis, runs: list[str]) -> list[str]:
+    pipe = r.pipeline(transaction=False)
+    for run in runs:
+        pipe.hget(keys.run(run), "state")
+    return [s.decode() for s in pipe.execute()]
+
+
+def _all(state: str, r: redis.Redis, runs: list[str]) -> bool:
+    return all(s == state for s in _states(r, runs))
+
+
+def _assert_each_key_applied_once(tmp_path: Path, client: Client, runs: list[str],
+                                  steps: int) -> None:
+    applied = applications(str(tmp_path / "world.sqlite"))
+    assert applied == {f"{run}:{s}": 1 for run in runs for s in range(1, steps + 1)}
+    for run in runs:
+        assert verify(client.log, run).ok
+
+
+def test_one_worker_holds_many_runs_at_once(client: Client, worker: WorkerFactory,
+                                            r: redis.Redis, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 runs whose one-second calls overlap: one worker process holds all 50 leases at
+    the same moment, and each key is applied once."""
+    monkeypatch.setenv("TEST_SLOW_S", "1.0")
+    runs = _start(client, "many", 2)
+    worker(DURABLE_CONCURRENCY="64")
+    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
+    assert wait_for(lambda: _all("completed", r, runs), 30)
+    _assert_each_key_applied_once(tmp_path, client, runs, 2)
+
+
+def test_concurrency_bounds_the_runs_a_worker_holds(client: Client, worker: WorkerFactory,
+                                                    r: redis.Redis,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--concurrency 5``: never more than five leases at once, and all runs finish."""
+    monkeypatch.setenv("TEST_SLOW_S", "0.2")
+    runs = _start(client, "bounded", 2)
+    worker(DURABLE_CONCURRENCY="5")
+    most = 0
+
+    def done() -> bool:
+        nonlocal most
+        most = max(most, _held(r, runs))
+        return _all("completed", r, runs)
+
+    assert wait_for(done, 60, interval=0.02)
+    assert 1 <= most <= 5
+
+
+def test_a_worker_killed_with_50_runs_in_flight_loses_and_repeats_nothing(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGKILL while the worker holds 50 runs, each inside a one-second call (intent and
+    claim recorded, the row maybe written, the outcome not recorded): another worker and
+    the reconciler finish all 50 once the leases expire, every key applied exactly once."""
+    monkeypatch.setenv("TEST_SLOW_S", "1.0")
+    runs = _start(client, "killed", 3)
+    doomed = worker(DURABLE_CONCURRENCY="64")
+    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
+    doomed.kill()
+    assert doomed.wait(5) == -signal.SIGKILL
+    monkeypatch.setenv("TEST_SLOW_S", "0.05")
+    worker(DURABLE_CONCURRENCY="64")
+    reconciler()
+    assert wait_for(lambda: _all("completed", r, runs), 60)
+    _assert_each_key_applied_once(tmp_path, client, runs, 3)
+
+
+def test_sigterm_hands_every_run_back_without_waiting_for_a_lease(
+    client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM while the worker holds 50 runs inside their calls: the calls finish, their
+    outcomes are recorded, each run lets go at that step boundary and goes back on the
+    ready list; a second worker finishes them all although the leases (60 s) never
+    expire, and the first worker exits 0."""
+    monkeypatch.setenv("DURABLE_LEASE_TTL_MS", "60000")
+    monkeypatch.setenv("TEST_SLOW_S", "1.0")
+    runs = _start(client, "termed", 3)
+    first = worker(DURABLE_CONCURRENCY="64", DURABLE_SHUTDOWN_GRACE_S="20")
+    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
+    first.send(signal.SIGTERM)
+    assert first.wait(20) == 0
+    assert _held(r, runs) == 0  # every lease was let go, none left to expire
+    monkeypatch.setenv("TEST_SLOW_S", "0.05")
+    worker(DURABLE_CONCURRENCY="64")
+    assert wait_for(lambda: _all("completed", r, runs), 30)
+    _assert_each_key_applied_once(tmp_path, client, runs, 3)
+
+
+def test_a_second_signal_hands_runs_back_mid_call(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second SIGTERM skips the grace period: runs are handed back while their calls are
+    in flight (intent and claim recorded, outcome not): their leases are released at once,
+    and the next worker resolves each open call by ``lookup`` after its deadline, applying
+    nothing twice."""
+    monkeypatch.setenv("DURABLE_LEASE_TTL_MS", "60000")
+    monkeypatch.setenv("TEST_SLOW_S", "1.5")
+    runs = _start(client, "twice", 2)
+    log = tmp_path / "first.log"
+    first = worker(DURABLE_CONCURRENCY="64", DURABLE_SHUTDOWN_GRACE_S="60", log_path=log)
+    assert wait_for(lambda: _held(r, runs) == len(runs), 20)
+    first.send(signal.SIGTERM)
+    assert wait_for(lambda: "shutting down" in log.read_text(), 10)
+    first.send(signal.SIGTERM)
+    assert first.wait(20) == 0
+    assert _held(r, runs) == 0
+    assert "handed back" in log.read_text()
+    monkeypatch.setenv("TEST_SLOW_S", "0.05")
+    worker(DURABLE_CONCURRENCY="64")
+    reconciler()
+    assert wait_for(lambda: _all("completed", r, runs), 40)
+    applied = applications(str(tmp_path / "world.sqlite"))
+    assert all(applied.get(f"{run}:{s}") == 1 for run in runs for s in (1, 2)), applied
