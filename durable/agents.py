@@ -13,14 +13,17 @@ only ever carries a run id.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from durable.cancellation import CancelToken
+from durable.cancellation import Cancelled, CancelToken
 from durable.errors import UnknownAgent, UnknownTool
 from durable.log.state import RunState
 
@@ -123,6 +126,34 @@ class ToolContext:
         self.token.check()
 
 
+def resolve_awaitable(value: Any, token: CancelToken | None = None) -> Any:
+    """A tool's ``run`` and ``lookup`` may be ``async def``: drive the coroutine to its end
+    on an event loop of the calling thread (a tool thread), so it never blocks another run.
+    A cancel of ``token`` cancels the task, and ``Cancelled`` is raised."""
+    if not inspect.isawaitable(value):
+        return value
+    awaitable = value
+
+    async def drive() -> Any:
+        task = asyncio.ensure_future(awaitable)
+        loop = asyncio.get_running_loop()
+
+        def cancel() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        if token is not None:
+            token.add_listener(cancel)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            raise Cancelled(token.reason if token is not None else "cancelled") from None
+        finally:
+            if token is not None:
+                token.remove_listener(cancel)
+
+    return asyncio.run(drive())
+
+
 class Tool:
     """Subclass and set the class attributes; implement ``run`` and ``lookup``."""
 
@@ -153,9 +184,12 @@ class Tool:
         return []
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """The effect; a plain method or ``async def`` (awaited on the tool's own thread)."""
         raise NotImplementedError
 
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
+        """Ask the authoritative system whether the effect keyed ``key`` happened; a plain
+        method or ``async def``."""
         return Lookup.unknown()
 
 

@@ -12,7 +12,7 @@ import logging
 
 import redis
 
-from durable.agents import Tool
+from durable.agents import Tool, resolve_awaitable
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import Action
@@ -32,7 +32,7 @@ def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -
     lookup itself failed (the caller tries again later)."""
     base = {"step": act.step, "key": act.key}
     try:
-        found = tool.lookup(act.key, dict(act.args or {}))
+        found = resolve_awaitable(tool.lookup(act.key, dict(act.args or {})))
     except Exception as exc:
         # The authoritative system did not answer: ask again later (an explicit
         # ``Lookup.unknown()`` is what sends the run to an operator).

@@ -323,3 +323,38 @@ class Hang(Agent):
         if state.step >= 1:
             return Finish("done")
         return Call("noop", {"n": 1})
+
+
+@register
+class AsyncSleep(Tool):
+    """An ``async def`` tool: awaits on its own thread's event loop; a cancel cancels it."""
+
+    name = "asyncsleep"
+    timeout_s = 30.0
+    cancellable = True
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        import asyncio
+
+        await asyncio.sleep(float(args.get("sleep_s", 0)))
+        return {"slept": args.get("sleep_s", 0), "key": ctx.key}
+
+    async def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()
+
+
+class AsyncerInput(BaseModel):
+    steps: int = 2
+    sleep_s: float = 0.0
+
+
+@register
+class Asyncer(Agent):
+    name = "asyncer"
+    input_model = AsyncerInput
+    tools = ("asyncsleep",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step >= state.input["steps"]:
+            return Finish([a.result for a in state.actions.values()])
+        return Call("asyncsleep", {"sleep_s": state.input["sleep_s"]})

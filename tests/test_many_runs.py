@@ -160,3 +160,24 @@ def test_a_second_signal_hands_runs_back_mid_call(
     assert wait_for(lambda: _all("completed", r, runs), 40)
     applied = applications(str(tmp_path / "world.sqlite"))
     assert all(applied.get(f"{run}:{s}") == 1 for run in runs for s in (1, 2)), applied
+
+
+def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
+    client: Client, worker: WorkerFactory, r: redis.Redis
+) -> None:
+    """``async def`` tools: 20 runs whose awaits overlap complete on one worker; a cancel
+    while one awaits (window: dispatched, no outcome) cancels its task at once."""
+    runs = [client.start("asyncer", {"steps": 2, "sleep_s": 0.5}, run_id=f"aio-{i}").run_id
+            for i in range(20)]
+    stuck = client.start("asyncer", {"steps": 1, "sleep_s": 30}, run_id="aio-long").run_id
+    worker(DURABLE_CONCURRENCY="32")
+    assert wait_for(lambda: _all("completed", r, runs), 30)
+    assert client.status(runs[0]).result == [{"slept": 0.5, "key": f"{runs[0]}:1"},
+                                             {"slept": 0.5, "key": f"{runs[0]}:2"}]
+    assert wait_for(lambda: client.status(stuck).current is not None
+                    and client.status(stuck).current.status == "dispatched", 10)
+    client.cancel(stuck, "no longer needed")
+    final = client.wait(stuck, timeout=10)
+    assert final.state == "canceled"
+    types = [e.event.__struct_config__.tag for e in client.events(stuck) if e.event]
+    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]

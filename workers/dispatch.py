@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import tenacity
 
-from durable.agents import OutcomeUnknown, Tool, ToolContext
+from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
 from durable.cancellation import Cancelled, CancelToken
 from durable.log import events as ev
 from durable.log.state import Action
@@ -67,7 +67,8 @@ class Dispatcher:
             runner = ToolRunner()
 
         def attempt() -> CallResult:
-            result = runner.call(lambda: tool.run(args, ctx), ctx.remaining(), token, grace)
+            result = runner.call(lambda: resolve_awaitable(tool.run(args, ctx), token),
+                                 ctx.remaining(), token, grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
             return result
