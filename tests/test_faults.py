@@ -83,7 +83,9 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
         wait_for(lambda: False, 2.0)  # the outage itself: two seconds without Redis
         srv.start()
         r = srv.client()
-        assert wait_for(lambda: _subscribers(r) == 3, 30)  # 2 workers, the reconciler
+        # Two workers and the reconciler listen again.
+        assert wait_for(lambda: _subscribers(r) == 3, 30), (
+            _subscribers(r), [p.log_path.read_text()[-2000:] for p in procs if p.log_path])
         doomed = runs[:5]
         for run in doomed:
             _publish_cancel(r, run, "published after the restart")
