@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal
@@ -116,6 +116,13 @@ class ToolContext:
     deadline_ms: int
     token: CancelToken
     attempt: int = 1
+    #: Publishes partial output (tokens, progress) to the run's followers; not logged.
+    publish: Callable[[Any], None] = field(default=lambda data: None, repr=False)
+
+    def emit(self, data: Any) -> None:
+        """Partial output for whoever follows the run (``Client.follow``): tokens,
+        progress. Only the step's final result enters the log."""
+        self.publish(data)
 
     def remaining(self) -> float:
         import time
