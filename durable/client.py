@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from pydantic import ValidationError
 
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
+from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, encode_message, finish_specs
 from durable.connection import connect
 from durable.errors import (
@@ -64,9 +66,13 @@ class Client:
     # Producers ---------------------------------------------------------------------------
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
-              *, enqueue: bool = True) -> Started:
-        """Start a run; the same ``run_id`` again returns the existing run, writing nothing."""
+              *, enqueue: bool = True, budgets: Mapping[str, int] | None = None) -> Started:
+        """Start a run; the same ``run_id`` again returns the existing run, writing nothing.
+
+        ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
+        run; they are recorded in its log."""
         spec = self.registry.agent(agent)
+        limits = checked_budgets({**spec.budgets, **(budgets or {})})
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         if not keys.RUN_ID_RE.match(run_id):
@@ -89,8 +95,8 @@ class Client:
         try:
             self.log.commit(handle, [Spec(ev.RunStarted, {
                 "agent": spec.name, "agent_version": spec.version, "input": data,
-                "tools": list(spec.tools)})], extra={"agent": spec.name,
-                                                     "created": str(now_ms())})
+                "tools": list(spec.tools), "budgets": limits})],
+                extra={"agent": spec.name, "created": str(now_ms())})
         except ConflictError:
             return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
         if enqueue:
