@@ -14,6 +14,7 @@ only ever carries a run id.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import inspect
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal
 
+import msgspec
 from pydantic import BaseModel
 
 from durable.cancellation import Cancelled, CancelToken
@@ -59,11 +61,31 @@ class Wait:
 Decision = Call | Finish | Fail | Wait
 
 
-def call_signature(tool: str, args: Any) -> str:
-    """A call as canonical text: what replay compares between a recorded intent and a
-    decision taken again."""
-    import msgspec
+def args_digest(args: Any) -> str:
+    """SHA-256 of the canonical (sorted-key JSON) encoding of a call's arguments."""
+    return hashlib.sha256(msgspec.json.encode(args, order="sorted")).hexdigest()
 
+
+def digest_placeholder(args: Any) -> dict[str, Any]:
+    """What the log records of arguments a tool keeps out of it (``log_args = "digest"``):
+    their digest and size. A model call's request holds the whole conversation; recording
+    it at every turn would grow the log with the square of the turns."""
+    data = msgspec.json.encode(args, order="sorted")
+    return {"_digest": hashlib.sha256(data).hexdigest(), "_bytes": len(data)}
+
+
+def is_placeholder(args: Any) -> bool:
+    return isinstance(args, dict) and set(args) == {"_digest", "_bytes"}
+
+
+def call_signature(tool: str, args: Any, *, digest: bool = False) -> str:
+    """A call as canonical text: what replay compares between a recorded intent and a
+    decision taken again. With ``digest`` (or when ``args`` is a recorded placeholder), the
+    arguments are compared by their digest."""
+    if is_placeholder(args):
+        return f"call {tool}(sha256:{args['_digest']})"
+    if digest:
+        return f"call {tool}(sha256:{args_digest(args)})"
     return f"call {tool}({msgspec.json.encode(args, order='sorted').decode()})"
 
 
@@ -180,6 +202,16 @@ class Tool:
     requires_approval: ClassVar[bool] = False
     approver_role: ClassVar[str] = "approver"
     approval_ttl_s: ClassVar[float] = 86400.0
+    #: The call changes nothing outside (a model call, a read): after a crash it is sent
+    #: again at once, with no deadline wait and no ``lookup``.
+    effect_free: ClassVar[bool] = False
+    #: A model call: counted against the run's "model_calls" budget, its result's
+    #: ``usage.total_tokens`` against "tokens".
+    model: ClassVar[bool] = False
+    #: ``digest``: the log records the arguments' digest and size, not the arguments (a
+    #: model request carries the whole conversation). Only for agents that can give the
+    #: arguments again on recovery: code agents, which are re-executed.
+    log_args: ClassVar[Literal["full", "digest"]] = "full"
 
     def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
         """Facts, read now, that the approver's decision depends on (digested with the
@@ -214,9 +246,15 @@ class Agent:
     #: What an expired wait means: ``expired`` (the run ends) or ``continue`` (decide again,
     #: with ``state.last_wait.outcome == "expired"``).
     on_wait_expired: ClassVar[Literal["expired", "continue"]] = "expired"
+    #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
+    #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
+    budgets: ClassVar[dict[str, int]] = {}
 
     def decide(self, state: RunState) -> Decision:
         raise NotImplementedError
+
+    def close_run(self, run_id: str) -> None:
+        """The worker stopped driving ``run_id`` (for now): drop what was kept for it."""
 
     def revalidate(self, state: RunState) -> Stale | None:
         """What must still hold when the run resumes after a wait; None when all does."""

@@ -133,21 +133,27 @@ class Reconciler:
         for act in list(state.actions.values()):
             if act.status not in ("dispatched", "unknown"):
                 continue
-            if act.deadline + skew > now:
-                if state.terminal or state.state == "outcome_unknown":
-                    self.redis.zadd(keys.DUE, {handle.run_id: act.deadline + skew + 1})
-                    return "awaiting deadline"
-                return "enqueue"
-            try:
-                tool = self.registry.tool(act.tool)
-            except UnknownTool:
-                self.log.commit(handle, [Spec(ev.Quarantined, {
-                    "reason": f"unknown tool {act.tool!r} for unknown outcome {act.key}"})])
-                return "quarantined"
-            specs = resolve_unknown(self.redis, tool, act, handle.run_id)
-            if not specs:
-                self.redis.zadd(keys.DUE, {handle.run_id: now + LOOKUP_RETRY_MS})
-                return "lookup failed; asking again later"
+            known = self.registry.tools.get(act.tool)
+            if known is not None and known.effect_free:
+                # Nothing outside changed: no deadline to wait for, nothing to ask.
+                specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
+                                                    "resolution": "not_applied"})]
+            else:
+                if act.deadline + skew > now:
+                    if state.terminal or state.state == "outcome_unknown":
+                        self.redis.zadd(keys.DUE, {handle.run_id: act.deadline + skew + 1})
+                        return "awaiting deadline"
+                    return "enqueue"
+                try:
+                    tool = self.registry.tool(act.tool)
+                except UnknownTool:
+                    self.log.commit(handle, [Spec(ev.Quarantined, {
+                        "reason": f"unknown tool {act.tool!r} for unknown outcome {act.key}"})])
+                    return "quarantined"
+                specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+                if not specs:
+                    self.redis.zadd(keys.DUE, {handle.run_id: now + LOOKUP_RETRY_MS})
+                    return "lookup failed; asking again later"
             self.log.commit(handle, specs, checkpoint=not state.terminal,
                             allow_terminal=state.terminal)
             self._stat("unknown_resolved")

@@ -358,3 +358,7 @@ class Asyncer(Agent):
         if state.step >= state.input["steps"]:
             return Finish([a.result for a in state.actions.values()])
         return Call("asyncsleep", {"sleep_s": state.input["sleep_s"]})
+
+
+# Code agents (ordinary functions) register on import too.
+import tests.code_agents  # noqa: E402, F401

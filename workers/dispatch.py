@@ -54,11 +54,13 @@ class Dispatcher:
         self.grace_ms = grace_ms
         self.max_payload_bytes = max_payload_bytes
 
-    def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken) -> list[Spec]:
-        """Call the tool once (quick retries for its named retryable errors)."""
+    def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
+                 args: Any = None) -> list[Spec]:
+        """Call the tool once (quick retries for its named retryable errors) with ``args``
+        (the recorded ones by default)."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
-        args = dict(act.args or {})
+        args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 
         try:

@@ -23,8 +23,19 @@ from typing import Any
 import msgspec
 import redis
 
-from durable.agents import Agent, Fail, Finish, Registry, Tool, Wait
+from durable import budgets
+from durable.agents import (
+    Agent,
+    Fail,
+    Finish,
+    Registry,
+    Tool,
+    Wait,
+    digest_placeholder,
+    is_placeholder,
+)
 from durable.cancellation import CancelToken, finish_specs
+from durable.code import CodeAgent
 from durable.errors import (
     CancelPending,
     Claimed,
@@ -238,6 +249,15 @@ class StepLoop:
         except UnknownAgent as exc:
             self._quarantine(handle, str(exc))
             return False
+        if isinstance(agent, CodeAgent):
+            agent.bind(self.log)
+        try:
+            return self._drive_agent(handle, agent, lease, slot)
+        finally:
+            agent.close_run(run_id)
+
+    def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot) -> bool:
+        run_id = handle.run_id
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
         verdict, specs, why = version_policy(handle.state, agent)
@@ -252,6 +272,9 @@ class StepLoop:
             self._check_replay(handle, agent)
         except NondeterminismError as exc:
             self._quarantine(handle, str(exc))
+            return False
+        except Exception as exc:  # an agent bug met while re-observing: keep the evidence
+            self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery")
             return False
         # Outcomes observed but not yet in the log: they survive a reload after a conflict.
         pending: list[Spec] = []
@@ -268,9 +291,10 @@ class StepLoop:
                 if conflicts > 100:  # someone keeps writing: let go, come back later
                     log.warning("run %s: too many conflicts; re-queued", run_id)
                     return True
-                handle = self._reload(handle, lease, pending)
-                if handle is None:
+                fresh = self._reload(handle, lease, pending)
+                if fresh is None:
                     return False
+                handle = fresh
                 continue
             except Terminal:
                 return False
@@ -298,6 +322,7 @@ class StepLoop:
         fresh = self._load(handle.run_id, lease)
         if fresh is None:
             return None
+        fresh.live_args = handle.live_args
         if pending:
             self.log.stage(fresh, pending)
         return fresh
@@ -332,10 +357,16 @@ class StepLoop:
     def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
         """Re-observe the open intent: the agent must decide what the log recorded."""
         act, before = handle.state.current, handle.pre_intent
-        if act is None or before is None or before.step + 1 != act.step:
+        if act is None:
             return
+        if before is None or before.step + 1 != act.step:
+            if not isinstance(agent, CodeAgent):
+                return  # the intent is older than the checkpoint the load started from
+            before = handle.state  # a code agent rebuilds its history from the whole log
         with self._user_code(f"{agent.name}.decide()"):
-            check_decision(handle.run_id, agent, before, act.step, act.tool, act.args)
+            decision = check_decision(handle.run_id, agent, before, act.step, act.tool,
+                                      act.args)
+        handle.live_args[act.step] = decision.args
         self.redis.hincrby(keys.STATS, "replayed_intents", 1)
 
     def _step(
@@ -371,6 +402,13 @@ class StepLoop:
             return self._run_tool(handle, tool, act, slot, pending)
         # dispatched or unknown: the earlier attempt may have applied the effect.
         tool = self.registry.tool(act.tool)
+        if tool.effect_free:  # nothing outside changed: send it again at once
+            specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
+                                                "resolution": "not_applied"})]
+            self.redis.hincrby(keys.STATS, "effect_free_resent", 1)
+            pending[:] = specs
+            self.log.stage(handle, specs)
+            return False, 0
         wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
         if wait_s > MAX_INLINE_WAIT_S:
             if handle.staged:
@@ -420,17 +458,26 @@ class StepLoop:
                 raise UnknownTool(decision.tool)
             tool = self.registry.tool(decision.tool)
             args = _plain(decision.args)
-            if len(msgspec.msgpack.encode(args)) > self.settings.max_payload_bytes:
+            if tool.log_args == "full" and \
+                    len(msgspec.msgpack.encode(args)) > self.settings.max_payload_bytes:
                 raise ValueError(f"arguments of {decision.tool} exceed "
                                  f"{self.settings.max_payload_bytes} bytes")
         except (UnknownTool, ValueError, TypeError) as exc:
             self._commit(handle, pending, [])
             self._quarantine(handle, f"step {state.step + 1}: {exc}")
             return True, 0
+        why = budgets.exhausted(state, tool.model)
+        if why is not None:
+            self._commit(handle, pending, [Spec(ev.Failed, {
+                "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+            self.redis.hincrby(keys.STATS, "budgets_exhausted", 1)
+            return True, 0
         step = state.step + 1
         key = step_key(handle.run_id, step)
-        decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": args,
-                                        "key": key})
+        recorded = digest_placeholder(args) if tool.log_args == "digest" else args
+        handle.live_args[step] = args
+        decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
+                                        "key": key, "model": tool.model})
         if state.cancel is not None:  # call-scoped cancel pending: record, never send
             self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
@@ -482,7 +529,13 @@ class StepLoop:
 
     def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                   pending: list[Spec]) -> tuple[bool, int]:
-        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token)
+        args = handle.live_args.get(act.step, act.args)
+        if is_placeholder(args):
+            self._commit(handle, pending, [])
+            self._quarantine(handle, f"step {act.step} ({act.tool}): its arguments were kept "
+                                     "out of the log and the agent did not give them again")
+            return True, 0
+        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
         self.hooks.after_effect(handle.run_id, act.step)
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise LeaseLost(handle.run_id, Lease(handle.run_id, handle.lease or "|-1").epoch)

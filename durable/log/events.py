@@ -49,6 +49,8 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     tools: list[str] = []
     parent: str | None = None
     forked_at: str | None = None
+    #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
+    budgets: dict[str, int] = {}
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
@@ -58,6 +60,8 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     tool: str
     args: Any = None
     key: str
+    #: A model call (counted against the "model_calls" budget; its usage against "tokens").
+    model: bool = False
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
@@ -200,6 +204,8 @@ class Completed(Event, tag="completed", kw_only=True, frozen=True):
 
 class Failed(Event, tag="failed", kw_only=True, frozen=True):
     error: str
+    #: Why, when it is not the agent's own failure (e.g. ``budget_exhausted``).
+    reason: str = ""
 
 
 class Expired(Event, tag="expired", kw_only=True, frozen=True):

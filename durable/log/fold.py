@@ -54,6 +54,13 @@ def _settle(state: RunState, act: Action, window: int) -> None:
     del act
 
 
+def _tokens(result: object) -> int:
+    """Tokens a model call used, from the OpenAI-style ``usage`` of its recorded result."""
+    usage = result.get("usage") if isinstance(result, dict) else None
+    total = usage.get("total_tokens", 0) if isinstance(usage, dict) else 0
+    return total if isinstance(total, int) and total > 0 else 0
+
+
 def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
     state.version = e.seq
     state.updated = e.ts
@@ -65,13 +72,17 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.input = e.input
             state.tools = list(e.tools)
             state.parent = e.parent
+            state.budgets = dict(e.budgets)
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():
             state.step = e.step
             state.refresh = None
             state.resumed = False
-            state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key)
+            state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
+                                           model=e.model)
+            if e.model:
+                state.model_calls += 1
         case ev.ActionDispatched():
             act = state.actions[e.step]
             act.status = "dispatched"
@@ -82,6 +93,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
         case ev.ActionSucceeded():
             act = state.actions[e.step]
             act.status, act.result = "succeeded", e.result
+            if act.model:
+                state.tokens += _tokens(e.result)
             _settle(state, act, window)
         case ev.ActionFailed():
             act = state.actions[e.step]
@@ -177,6 +190,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.state, state.result = "completed", e.result
         case ev.Failed():
             state.state, state.error = "failed", e.error
+            if e.reason:
+                state.reason = e.reason
         case ev.Expired():
             state.state, state.reason = "expired", e.reason
         case ev.Quarantined():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.agents import Call, call_signature
+from durable.agents import Call, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import events as ev
 from durable.log import keys
@@ -183,15 +183,17 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:
 
 
 def check_decision(run_id: str, agent: Any, before: RunState, step: int, tool: str,
-                   args: Any) -> None:
+                   args: Any) -> Call:
     """Re-decide from ``before`` (the state before ``step``'s intent); the agent must decide
-    the call the log recorded, else ``NondeterminismError``."""
+    the call the log recorded, else ``NondeterminismError``. Returns the call decided again
+    (its arguments are the live ones when the log kept only their digest)."""
     decision = agent.decide(before)
     recorded = call_signature(tool, args)
-    now = (call_signature(decision.tool, decision.args) if isinstance(decision, Call)
-           else type(decision).__name__)
-    if now != recorded:
+    now = (call_signature(decision.tool, decision.args, digest=is_placeholder(args))
+           if isinstance(decision, Call) else type(decision).__name__)
+    if now != recorded or not isinstance(decision, Call):
         raise NondeterminismError(run_id, step, recorded, now)
+    return decision
 
 
 def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:

@@ -39,6 +39,8 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     unknown_reason: str | None = None
     resolution: str | None = None
     approval: str | None = None
+    #: A model call: counted against the run's budgets.
+    model: bool = False
 
     @property
     def settled(self) -> bool:
@@ -105,6 +107,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     resumed: bool = False
     created: int = 0
     updated: int = 0
+    #: Limits recorded at start ("steps", "model_calls", "tokens") and what was used.
+    budgets: dict[str, int] = msgspec.field(default_factory=dict)
+    model_calls: int = 0
+    tokens: int = 0
 
     @property
     def terminal(self) -> bool:

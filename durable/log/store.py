@@ -80,6 +80,9 @@ class RunHandle:
     staged: list[bytes] = field(default_factory=list)
     base_state: str = ""
     staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Arguments of steps whose log entry keeps only their digest (``Tool.log_args``), as
+    #: the agent gave them: what is sent. Never written anywhere.
+    live_args: dict[int, Any] = field(default_factory=dict)
 
 
 class EventLog:

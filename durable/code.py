@@ -1,0 +1,313 @@
+"""Agents as ordinary code: a function, sync or async, whose steps go through a context.
+
+::
+
+    @agent(input_model=CheckoutInput, tools=("charge", "email"))
+    def checkout(ctx: RunContext, inp: CheckoutInput) -> dict:
+        receipt = ctx.call("charge", {"amount": inp.amount})
+        ctx.call("email", {"to": inp.email, "receipt": receipt})
+        return receipt
+
+The worker drives a code agent through the same step protocol as a ``decide(state)`` agent
+(intent, ledger claim, dispatch with key and deadline, outcome; waits, approvals, cancel,
+budgets, ``verify``): the function runs on a thread of its own, and each ``ctx.call`` hands
+its call to the worker and blocks until the outcome is in the log.
+
+Recovery re-executes the function from the start. Every step already in the log returns its
+recorded outcome without being sent; an open intent is resolved as for any agent (lookup
+after its deadline, or sent again at once when the tool is ``effect_free``); the first step
+not in the log is recorded and dispatched. Each step's identity — its position, tool and the
+digest of its arguments — is checked against the log: a difference quarantines the run with
+a ``NondeterminismError``. The function's variables (a conversation, say) are rebuilt by
+re-execution: there is no window. So the function must decide the same calls from the same
+outcomes: no clock, randomness or I/O outside ``ctx.call``.
+
+Steps run one at a time: do not run two ``ctx.call`` concurrently (``asyncio.gather``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import msgspec
+from pydantic import BaseModel, ConfigDict
+
+from durable.agents import (
+    Agent,
+    Call,
+    Decision,
+    Fail,
+    Finish,
+    Wait,
+    call_signature,
+    is_placeholder,
+    registry,
+)
+from durable.errors import NondeterminismError
+from durable.log import events as ev
+from durable.log.fold import fold
+from durable.log.state import Action, RunState, WaitInfo
+from durable.log.store import EventLog
+
+#: Every action of the run is kept when its history is rebuilt (no window).
+_ALL = 1 << 62
+
+
+class StepFailed(Exception):
+    """Raised by ``ctx.call`` when the step failed, was canceled or its approval rejected.
+    Not caught, it fails the run with this message."""
+
+    def __init__(self, act: Action) -> None:
+        self.step, self.tool, self.status = act.step, act.tool, act.status
+        self.error, self.error_type = act.error or act.status, act.error_type
+        super().__init__(f"step {act.step} ({act.tool}) {act.status}: {self.error}")
+
+
+class WaitExpired(Exception):
+    """Raised by ``ctx.wait`` when the wait expired and the agent continues
+    (``on_wait_expired = "continue"``)."""
+
+
+class _Unwind(BaseException):
+    """Internal: the worker let go of the run; the function's thread ends."""
+
+
+_UNWIND = object()
+
+
+class FreeInput(BaseModel):
+    """The input model of a code agent that declares none: any JSON object."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RunContext:
+    """What a code agent's function is given: its run, and the steps it may take."""
+
+    def __init__(self, session: _Session) -> None:
+        self._session = session
+
+    @property
+    def run_id(self) -> str:
+        return self._session.run_id
+
+    @property
+    def step(self) -> int:
+        """Steps taken so far (the next ``call`` is step ``step + 1``)."""
+        return self._session.pos
+
+    @property
+    def replaying(self) -> bool:
+        """True while recorded steps are being returned (recovery); do no side effects
+        outside ``call`` either way."""
+        return self._session.replaying
+
+    def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
+        """Take a step: the tool's result, from the log when it was already recorded.
+        Raises ``StepFailed`` when the step failed, was canceled or rejected."""
+        return self._session.call(tool, dict(args or {}))
+
+    def wait(self, kind: str = "input", reason: str = "", timeout_s: float = 3600.0,
+             data: Any = None) -> Any:
+        """Wait for input (``durable respond``) or an external event without holding a
+        worker; returns the response. Raises ``WaitExpired`` when it expired and the agent
+        continues."""
+        return self._session.wait(kind, reason, timeout_s, data)
+
+
+class AsyncRunContext(RunContext):
+    """The context of an ``async def`` agent: ``await ctx.call(...)``."""
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
+        return self._session.call(tool, dict(args or {}))
+
+    async def wait(self, kind: str = "input", reason: str = "",
+                   timeout_s: float = 3600.0, data: Any = None) -> Any:
+        return self._session.wait(kind, reason, timeout_s, data)
+
+
+class _Session:
+    """One execution of a code agent's function, for as long as a worker drives the run."""
+
+    def __init__(self, agent: CodeAgent, run_id: str, actions: dict[int, Action],
+                 waits: list[WaitInfo], inp: Any) -> None:
+        self.agent, self.run_id = agent, run_id
+        self.actions, self.waits, self.input = actions, waits, inp
+        self.pos = 0
+        self.waits_seen = 0
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: The call handed to the worker and not answered yet (its position).
+        self.pending: int | None = None
+        self.thread = threading.Thread(target=self._main, name=f"agent-{run_id}", daemon=True)
+        self.started = False
+
+    @property
+    def replaying(self) -> bool:
+        return self.pos < max(self.actions, default=0)
+
+    # The function's side --------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            if inspect.iscoroutinefunction(self.agent.fn):
+                value = asyncio.run(self.agent.fn(AsyncRunContext(self), self.input))
+            else:
+                value = self.agent.fn(RunContext(self), self.input)
+            if isinstance(value, BaseModel):
+                value = value.model_dump(mode="json")
+            self.outbox.put(Finish(value))
+        except _Unwind:
+            return
+        except StepFailed as exc:
+            self.outbox.put(Fail(str(exc)[:2000]))
+        except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
+            self.outbox.put(exc)
+
+    def call(self, tool: str, args: dict[str, Any]) -> Any:
+        self.pos += 1
+        step = self.pos
+        recorded = self.actions.get(step)
+        if recorded is not None:
+            self._check(recorded, tool, args)
+            if recorded.settled:
+                return self._outcome(recorded)
+        self.pending = step
+        self.outbox.put(Call(tool, args))
+        answer = self.inbox.get()
+        if answer is _UNWIND:
+            raise _Unwind
+        act: Action = answer
+        self.actions[step] = act
+        return self._outcome(act)
+
+    def wait(self, kind: str, reason: str, timeout_s: float, data: Any) -> Any:
+        self.waits_seen += 1
+        if self.waits_seen <= len(self.waits):
+            done = self.waits[self.waits_seen - 1]
+            if done.kind != kind:
+                raise NondeterminismError(self.run_id, self.pos, f"wait {done.kind}",
+                                          f"wait {kind}")
+            if done.outcome == "expired":
+                raise WaitExpired(f"{kind} wait expired: {done.reason}")
+            return done.response
+        self.outbox.put(Wait(kind, reason, timeout_s, data))  # type: ignore[arg-type]
+        self.inbox.get()  # the worker lets go of the run while it waits: always an unwind
+        raise _Unwind
+
+    def _check(self, recorded: Action, tool: str, args: dict[str, Any]) -> None:
+        was = call_signature(recorded.tool, recorded.args)
+        now = call_signature(tool, args, digest=is_placeholder(recorded.args))
+        if was != now:
+            raise NondeterminismError(self.run_id, recorded.step, was, now)
+
+    @staticmethod
+    def _outcome(act: Action) -> Any:
+        if act.status == "succeeded":
+            return act.result
+        raise StepFailed(act)
+
+    # The worker's side ----------------------------------------------------------------
+
+    def next_decision(self, state: RunState) -> Decision:
+        if not self.started:
+            self.started = True
+            self.thread.start()
+        elif self.pending is not None:
+            act = state.actions.get(self.pending)
+            if act is None or not act.settled:
+                raise RuntimeError(f"step {self.pending} of {self.run_id} is not settled")
+            self.pending = None
+            self.inbox.put(act)
+        while True:
+            try:
+                item = self.outbox.get(timeout=0.1)  # short: the watchdog can interrupt
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            decision: Decision = item
+            return decision
+
+    def close(self) -> None:
+        self.inbox.put(_UNWIND)
+
+
+class CodeAgent(Agent):
+    """An agent whose steps are taken by ordinary code (``@agent``)."""
+
+    fn: ClassVar[Callable[..., Any]]
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._log: EventLog | None = None
+
+    def bind(self, log: EventLog) -> None:
+        """The worker's log, read to rebuild a run's history on recovery."""
+        self._log = log
+
+    def decide(self, state: RunState) -> Decision:
+        session = self._sessions.get(state.run_id)
+        if session is None:
+            session = self._sessions[state.run_id] = self._session(state)
+        return session.next_decision(state)
+
+    def close_run(self, run_id: str) -> None:
+        session = self._sessions.pop(run_id, None)
+        if session is not None:
+            session.close()
+
+    def _session(self, state: RunState) -> _Session:
+        actions: dict[int, Action] = {}
+        waits: list[WaitInfo] = []
+        if self._log is not None:
+            events = [e.event for e in self._log.read(state.run_id) if e.event is not None]
+            full = fold(events, window=_ALL)
+            actions = full.actions
+            waits = _waits(events)
+        for step, act in state.actions.items():  # newer than the log: staged outcomes
+            actions[step] = msgspec.structs.replace(act)
+        inp = self.input_model.model_validate(state.input or {})
+        return _Session(self, state.run_id, actions, waits, inp)
+
+
+def _waits(events: list[Any]) -> list[WaitInfo]:
+    """The input and external waits of a run, in order, with how each ended."""
+    waits: list[WaitInfo] = []
+    for e in events:
+        if isinstance(e, ev.WaitEntered) and e.kind in ("input", "external"):
+            waits.append(WaitInfo(kind=e.kind, reason=e.reason, request=e.request))
+        elif isinstance(e, ev.WaitResolved) and waits and waits[-1].request == e.request:
+            waits[-1].response, waits[-1].outcome = e.response, "resolved"
+        elif isinstance(e, ev.WaitExpired) and waits and waits[-1].request == e.request:
+            waits[-1].outcome = "expired"
+    return [w for w in waits if w.outcome]
+
+
+def agent(name: str | None = None, *, input_model: type[BaseModel] = FreeInput,
+          tools: tuple[str, ...] = (), version: str = "1",
+          budgets: Mapping[str, int] | None = None,
+          **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a function as a code agent: ``fn(ctx, input)``, sync or ``async def``.
+
+    ``name`` defaults to the function's name; ``options`` are ``Agent`` class attributes
+    (``on_version_change``, ``on_wait_expired``...). Returns the function unchanged, with
+    the registered agent as its ``agent`` attribute.
+    """
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        cls = type(f"{fn.__name__}_agent", (CodeAgent,), {
+            "name": name or fn.__name__, "input_model": input_model, "tools": tuple(tools),
+            "version": version, "budgets": dict(budgets or {}), "fn": staticmethod(fn),
+            **options})
+        instance = cls()
+        registry.add_agent(instance)
+        fn.agent = instance  # type: ignore[attr-defined]
+        return fn
+
+    return wrap

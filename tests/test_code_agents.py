@@ -1,0 +1,161 @@
+"""Agents as ordinary code: steps through ``ctx``, recovery by re-execution, identity checked
+against the log, budgets, effect-free model calls recorded as digests.
+
+The external system is a real SQLite database that never deduplicates
+(``TEST_DB_DEDUPE=0``), and the model is a tool that counts its requests per key in another
+SQLite file: a recorded step sent again would show in either.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable.client import Client
+from durable.log import keys
+from durable.log.verify import verify
+from tests.agents import applications
+from tests.conftest import ReconcilerFactory, WorkerFactory
+
+
+@pytest.fixture(autouse=True)
+def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+
+
+def _model_requests(tmp_path: Path) -> dict[str, int]:
+    conn = sqlite3.connect(tmp_path / "model.sqlite")
+    try:
+        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        conn.close()
+
+
+def _types(client: Client, run: str) -> list[str]:
+    return [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+
+
+def test_a_code_agent_runs_its_steps_through_the_protocol(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    run = client.start("code_writer", {"steps": 3}, run_id="cw").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "completed"
+    assert state.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
+    assert _types(client, run).count("step_decided") == 3
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
+    assert verify(client.log, run).ok
+
+
+def test_an_async_code_agent_awaits_its_steps(client: Client, worker: WorkerFactory) -> None:
+    run = client.start("async_counter", {"steps": 4}, run_id="ac").run_id
+    worker(burst=True).wait(60)
+    assert client.status(run).result == 1 + 2 + 3 + 4
+
+
+@pytest.mark.parametrize("window", ["after_intent", "after_effect", "after_outcome"])
+def test_a_killed_code_agent_is_re_executed_without_repeating_a_step(
+    window: str, client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    tmp_path: Path,
+) -> None:
+    """SIGKILL at step 2's window (intent and claim recorded / row written, outcome not /
+    outcome recorded): the function is executed again from the start; step 1 returns its
+    recorded row without being sent, step 2 is resolved by lookup, step 3 is new."""
+    run = client.start("code_writer", {"steps": 3}, run_id=f"cwk-{window}").run_id
+    doomed = worker(kill_at=f"{window}:2")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=30)
+    assert final.state == "completed"
+    assert final.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
+    assert verify(client.log, run).ok
+
+
+def test_changed_code_is_quarantined_not_driven(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed after step 2's outcome; the next worker runs code whose third call differs:
+    re-execution reaches it... the recorded steps match, the new one is not in the log, so
+    the run continues. Killed after step 3's intent instead, the recorded intent differs
+    from what the changed code decides: the run is quarantined with a NondeterminismError."""
+    run = client.start("variant", {}, run_id="nd").run_id
+    doomed = worker(kill_at="after_intent:3", CODE_VARIANT="a")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker(CODE_VARIANT="b")
+    reconciler()
+    final = client.wait(run, timeout=30)
+    assert final.state == "quarantined"
+    assert "step 3" in (final.reason or "") and "33" in (final.reason or "")
+    assert _types(client, run).count("action_dispatched") == 3  # nothing sent after the change
+
+
+def test_a_wait_returns_its_response_to_the_function(client: Client,
+                                                     worker: WorkerFactory) -> None:
+    run = client.start("asks_first", {}, run_id="ask").run_id
+    w = worker()
+    assert client.wait(run, timeout=20).state == "waiting_input"
+    client.respond(run, {"name": "Ada"})
+    final = client.wait(run, timeout=20)
+    assert final.state == "completed" and final.result == "hello Ada"
+    w.stop()
+
+
+def test_a_looping_agent_stops_exactly_at_its_step_budget(client: Client,
+                                                          worker: WorkerFactory) -> None:
+    run = client.start("loops_forever", {}, run_id="loop").run_id
+    over = client.start("loops_forever", {}, run_id="loop-8", budgets={"steps": 8}).run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "failed" and state.reason == "budget_exhausted"
+    assert state.step == 5 and _types(client, run).count("step_decided") == 5
+    assert client.status(over).step == 8
+
+
+def test_a_model_call_budget_stops_a_talkative_agent(client: Client, worker: WorkerFactory,
+                                                     tmp_path: Path) -> None:
+    run = client.start("talkative", {}, run_id="talk").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "failed" and state.reason == "budget_exhausted"
+    assert state.model_calls == 3 and state.tokens == 30
+    assert len(_model_requests(tmp_path)) == 3
+
+
+def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200 turns of 2 KB replies, each model call given the whole conversation: the log
+    records each request as a digest, so the run's Redis bytes stay within twice the bytes
+    of its messages. Killed after turn 150's model call returned (effect-free: its outcome
+    not recorded), the run resumes: no recorded model call is sent again."""
+    turns, size = 200, 2000
+    run = client.start("chatter", {"turns": turns, "text_bytes": size}, run_id="chat").run_id
+    doomed = worker(kill_at="after_effect:150")
+    assert doomed.wait(120) == -signal.SIGKILL
+    assert client.status(run).step == 150
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=120)
+    assert final.state == "completed" and final.result == 1 + 2 * turns
+    requests = _model_requests(tmp_path)
+    assert len(requests) == turns
+    assert {k: n for k, n in requests.items() if n != 1} == {f"{run}:150": 2}
+    message_bytes = turns * (size + len("turn 200 ")) + sum(
+        len(f"question {t}") for t in range(turns))
+    run_bytes = sum(int(r.memory_usage(k) or 0) for k in
+                    (keys.log(run), keys.run(run), keys.ledger(run)))
+    assert run_bytes < 2 * message_bytes, (run_bytes, message_bytes)
+    assert verify(client.log, run).ok
