@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import tenacity
@@ -25,8 +26,22 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
         _wait_until_up(client, settings.connect_timeout_s)
     if check and settings.redis_url:
         for problem in safety_problems(client):
-            warnings.warn(f"{url}: {problem}", UnsafeRedis, stacklevel=2)
+            warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
     return client
+
+
+def safe_url(url: str) -> str:
+    """``url`` fit to print: any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _wait_until_up(client: redis.Redis, timeout_s: float) -> None:

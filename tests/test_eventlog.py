@@ -8,7 +8,13 @@ import pytest
 import redis
 
 from durable.client import Client
-from durable.errors import ConflictError, InvalidInput, PayloadTooLarge, UnknownAgent
+from durable.errors import (
+    ConflictError,
+    InvalidInput,
+    PayloadTooLarge,
+    RunIdConflict,
+    UnknownAgent,
+)
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
@@ -23,8 +29,10 @@ def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
     first = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
     assert first.created and first.state == "pending"
     before = r.xlen(keys.log("same"))
-    again = client.start("count", {"steps": 99}, run_id="same", enqueue=False)
+    again = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
     assert not again.created and again.run_id == "same"
+    with pytest.raises(RunIdConflict):  # another input under the same id is refused
+        client.start("count", {"steps": 99}, run_id="same", enqueue=False)
     assert r.xlen(keys.log("same")) == before == 1
     assert client.status("same").input == {"steps": 2, "sleep_s": 0.0}
 
@@ -135,6 +143,15 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
         connect(Settings(redis_url=srv.url))
     messages = " | ".join(str(w.message) for w in record)
     assert "appendonly is off" in messages and "allkeys-lru" in messages
+
+    # The same with a password: the warning names the server without it.
+    conn.config_set("requirepass", "s3cret-pw")
+    url = srv.url.replace("redis://", "redis://:s3cret-pw@")
+    with pytest.warns(UnsafeRedis) as record:
+        connect(Settings(redis_url=url))
+    messages = " | ".join(str(w.message) for w in record)
+    assert "s3cret-pw" not in messages and ":***@127.0.0.1" in messages
+    redis.Redis.from_url(url).config_set("requirepass", "")
 
 
 def warnings_as_list() -> object:

@@ -1,0 +1,82 @@
+"""Finding the embedded server: one per user from any directory, never a foreign one, and
+a taken port is an error the user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from durable import embedded
+from durable.settings import Settings
+from tests.conftest import ServerFactory
+
+
+def _durable(args: list[str], cwd: Path, env: dict[str, str],
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture()
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """A user's environment with no server named: the per-user state dir is under tmp."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["DURABLE_AGENTS"] = "examples.agents"
+    return env
+
+
+def test_every_directory_finds_the_same_server(tmp_path: Path,
+                                               user_env: dict[str, str]) -> None:
+    """`durable start` in one folder, `durable runs` in another: the same server, and only
+    the command that had to start one says so."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    try:
+        first = _durable(["start", "count", "--run-id", "r1", "--input", '{"steps": 1}'],
+                         here, user_env)
+        assert first.returncode == 0, first.stderr
+        assert "started one at redis://127.0.0.1:" in first.stderr
+        second = _durable(["runs", "--json"], there, user_env)
+        assert second.returncode == 0, second.stderr
+        assert [json.loads(line)["run_id"] for line in second.stdout.splitlines()] == ["r1"]
+        assert "started" not in second.stderr
+        assert (tmp_path / "state" / "durable" / embedded.ADDRESS_FILE).exists()
+    finally:
+        assert _durable(["redis", "--stop"], there, user_env).returncode == 0
+
+
+def test_a_recorded_address_now_served_by_another_server_is_not_used(
+    tmp_path: Path, make_server: ServerFactory
+) -> None:
+    """The recorded port is now held by a foreign redis-server (another process id): the
+    client starts its own instead of writing into the foreign one."""
+    foreign = make_server(fsync="everysec")
+    foreign.client().set("foreign", "1")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / embedded.ADDRESS_FILE).write_text(json.dumps({"url": foreign.url, "pid": 1}))
+    assert embedded.recorded_url(data) is None
+    url = embedded.ensure_server(Settings(data_dir=data, redis_url=None))
+    try:
+        assert url != foreign.url
+        assert embedded.recorded_url(data) == url
+    finally:
+        assert embedded.stop(data)
+
+
+def test_durable_redis_on_a_taken_port_fails_in_the_foreground(
+    tmp_path: Path, make_server: ServerFactory, user_env: dict[str, str]
+) -> None:
+    taken = make_server(fsync="everysec")
+    out = _durable(["redis", "--port", str(taken.port)], tmp_path, user_env, timeout=30)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {taken.port}" in lines[0] and "taken" in lines[0]
+    assert not (tmp_path / "state" / "durable" / embedded.ADDRESS_FILE).exists()
