@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -23,7 +24,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
         url = ensure_server(settings)
     client = redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
     if settings.redis_url:
-        _wait_until_up(client, settings.connect_timeout_s)
+        _wait_until_up(client, settings.connect_timeout_s, url)
     if check and settings.redis_url:
         for problem in safety_problems(client):
             warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
@@ -44,12 +45,22 @@ def safe_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def _wait_until_up(client: redis.Redis, timeout_s: float) -> None:
-    """Processes started together (the Procfile) may come up before their server does."""
+def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None:
+    """Processes started together (the Procfile) may come up before their server does; a
+    wait longer than a moment is said once on stderr."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 3:
+            print(f"durable: waiting for Redis at {safe_url(url)} (up to {timeout_s:g} s, "
+                  "DURABLE_CONNECT_TIMEOUT_S)", file=sys.stderr, flush=True)
+
     for attempt in tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(redis.ConnectionError),
+        # Not up yet is worth waiting for; refused credentials are not.
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, redis.ConnectionError)
+                                          and not isinstance(e, redis.AuthenticationError)),
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+        before_sleep=say,
         reraise=True,
     ):
         with attempt:

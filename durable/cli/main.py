@@ -1,6 +1,7 @@
 """The parser, the exit codes, and ``main``. Tables for people, ``--json`` for scripts.
 
-Exit codes: 0 ok, 1 a check failed or the run was not found, 2 a usage error.
+Exit codes: 0 ok, 1 a check failed or the run was not found, 2 a usage error, 3 Redis
+could not be used (unreachable, credentials, permissions).
 
 The processes built on the library (``workers``, ``reconciler``) and the examples add their
 commands through the ``durable.commands`` entry point group: each entry names a
@@ -9,13 +10,17 @@ commands through the ``durable.commands`` entry point group: each entry names a
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+import redis
+
 from durable.cli import admin, audit, runs
-from durable.cli.output import CHECK_FAILED, USAGE, Parser
+from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
+from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
 
 #: The entry point group other packages register their commands in.
@@ -64,16 +69,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.fn(args)
         return code
     except RunNotFound as exc:
-        print(f"durable: {exc}", file=sys.stderr)
-        return CHECK_FAILED
+        return _fail(str(exc), CHECK_FAILED)
     except UsageError as exc:
-        print(f"durable: {exc}", file=sys.stderr)
-        return USAGE
+        return _fail(str(exc), USAGE)
     except DurableError as exc:
-        print(f"durable: {exc}", file=sys.stderr)
-        return CHECK_FAILED
+        return _fail(str(exc), CHECK_FAILED)
+    except redis.RedisError as exc:
+        return _fail(redis_problem(exc), UNAVAILABLE)
+    except BrokenPipeError:
+        # The reader went away (``durable log RUN --json | head``): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return OK
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"durable: {message}", file=sys.stderr)
+    return code
+
+
+def redis_problem(exc: redis.RedisError) -> str:
+    """One line a user can act on, for a failure talking to Redis (no password in it)."""
+    where = os.environ.get("DURABLE_REDIS_URL")
+    server = safe_url(where) if where else "the embedded server"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or \
+            "NOAUTH" in text:
+        return f"Redis at {server} refused the credentials: {text} (check the user and " \
+               "password in DURABLE_REDIS_URL)"
+    if "NOPERM" in text:
+        return f"Redis at {server} denied a command to this user: {text} (grant the ACL " \
+               "permissions the README lists)"
+    if isinstance(exc, redis.TimeoutError):
+        return f"Redis at {server} did not answer in time: {text}"
+    if isinstance(exc, redis.ConnectionError):
+        return f"cannot reach Redis at {server}: {text} (is it running? is " \
+               "DURABLE_REDIS_URL right?)"
+    return f"Redis at {server} answered with an error: {text}"
 
 
 if __name__ == "__main__":

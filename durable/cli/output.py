@@ -12,7 +12,7 @@ import msgspec
 from durable.client import Client
 from durable.settings import Settings
 
-OK, CHECK_FAILED, USAGE = 0, 1, 2
+OK, CHECK_FAILED, USAGE, UNAVAILABLE = 0, 1, 2, 3
 
 #: ``add(name, fn, help, run=False, js=True)``: how a module adds its subcommands.
 Add = Callable[..., argparse.ArgumentParser]

@@ -17,6 +17,8 @@ def _json_arg(text: str, flag: str) -> object:
         return json.loads(text)
     except ValueError as exc:
         raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{flag} is nested too deeply") from None
 
 
 def cmd_start(args: argparse.Namespace) -> int:

@@ -1,0 +1,79 @@
+"""What a user meets when something is wrong: one line on stderr naming what to do, the
+documented exit code, no traceback, and never a password."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ServerFactory
+
+
+def _durable(*args: str, env: dict[str, str], stdin: str | None = None,
+             timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "durable", *args], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
+    out.update(DURABLE_AGENTS="examples.agents", DURABLE_CONNECT_TIMEOUT_S="0.5",
+               XDG_STATE_HOME=str(tmp_path / "state"))
+    return out
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if not line.startswith("durable: waiting")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_redis_down_is_one_line_and_exit_3(env: dict[str, str]) -> None:
+    env["DURABLE_REDIS_URL"] = "redis://127.0.0.1:1/0"
+    out = _durable("runs", env=env)
+    assert out.returncode == 3
+    line = _one_line(out.stderr)
+    assert line.startswith("durable: cannot reach Redis at redis://127.0.0.1:1/0")
+
+
+def test_a_wrong_password_is_one_line_without_the_password(
+    env: dict[str, str], make_server: ServerFactory
+) -> None:
+    srv = make_server(fsync="everysec")
+    srv.client().config_set("requirepass", "right-one")
+    env["DURABLE_REDIS_URL"] = srv.url.replace("redis://", "redis://:wrong-one@")
+    out = _durable("runs", env=env)
+    assert out.returncode == 3
+    line = _one_line(out.stderr)
+    assert "refused the credentials" in line and "wrong-one" not in out.stderr
+
+
+def test_a_closed_pipe_ends_quietly(env: dict[str, str], make_server: ServerFactory) -> None:
+    """``durable log RUN --json | head -1`` on a log far larger than a pipe's buffer."""
+    srv = make_server(fsync="everysec")
+    env["DURABLE_REDIS_URL"] = srv.url
+    assert _durable("start", "count", "--run-id", "big", "--input", '{"steps": 400}',
+                    env=env).returncode == 0
+    assert _durable("worker", "--burst", env=env, timeout=120).returncode == 0
+    whole = _durable("log", "big", "--json", env=env)
+    assert len(whole.stdout) > 200_000  # well past a 64 KiB pipe
+    shell = f"{sys.executable} -m durable log big --json | head -1"
+    out = subprocess.run(shell, shell=True, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.count("\n") == 1
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+def test_an_input_nested_too_deeply_is_a_usage_error(env: dict[str, str],
+                                                     make_server: ServerFactory) -> None:
+    env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
+    deep = "[" * 10_000 + "]" * 10_000
+    out = _durable("start", "count", "--input", deep, env=env)
+    assert out.returncode == 2
+    assert _one_line(out.stderr) == "durable: --input is nested too deeply"
