@@ -31,6 +31,13 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     return client
 
 
+def client_url(client: redis.Redis) -> str:
+    """The URL a client talks to (with its password: pass it through ``safe_url``)."""
+    kw = client.connection_pool.connection_kwargs
+    auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
+    return f"redis://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+
 def safe_url(url: str) -> str:
     """``url`` fit to print: any password replaced by ``***``."""
     parts = urlsplit(url)

@@ -12,7 +12,7 @@ import time
 import redis
 
 from durable.agents import registry
-from durable.connection import connect
+from durable.connection import client_url, connect, safe_url
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
 from reconciler.sweep import Reconciler
@@ -51,7 +51,8 @@ def run_reconciler(settings: Settings, interval: float | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     rec = build(settings)
-    log.info("reconciler %s: agents %s", rec.token, ", ".join(sorted(registry.agents)) or "none")
+    log.info("reconciler %s started: agents %s, Redis %s", rec.token,
+             ", ".join(sorted(registry.agents)) or "none", safe_url(client_url(rec.redis)))
     try:
         run_forever(rec, interval or settings.reconcile_interval_s)
     except KeyboardInterrupt:

@@ -234,3 +234,24 @@ def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
     monkeypatch.setitem(migrations.UPCASTERS, ("*", ev.SCHEMA_VERSION - 1), lambda d: d)
     assert client.release(run) == "pending"
     assert client.status(run).state == "pending"
+
+
+def test_a_second_decision_from_the_command_line_says_who_decided_and_when(
+    approver_client: Client, worker: WorkerFactory, world: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``durable approve`` of a request already decided writes nothing, says who decided it
+    and when, and exits 1."""
+    from durable.cli import main
+
+    run = approver_client.start("payer", {"amount": 3}, run_id="ap-cli").run_id
+    request = _waiting_for_approval(approver_client, worker, run)
+    assert main(["approve", run, "--request", request, "--decision", "approve",
+                 "--approver", "alice"]) == 0
+    version = approver_client.status(run).version
+    capsys.readouterr()
+    assert main(["approve", run, "--request", request, "--decision", "reject",
+                 "--approver", "alice"]) == 1
+    err = capsys.readouterr().err
+    assert f"request {request} is already decided: approve by alice at 20" in err
+    assert approver_client.status(run).version == version

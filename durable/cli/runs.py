@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 
 import msgspec
 
@@ -88,6 +90,12 @@ def cmd_respond(args: argparse.Namespace) -> int:
 def cmd_approve(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
+    before = c.status(args.run).approvals.get(args.request)
+    if before is not None and before.decision is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(before.decided_at / 1000))
+        print(f"durable: request {args.request} is already decided: {before.decision} by "
+              f"{before.approver} at {when}; nothing written", file=sys.stderr)
+        return CHECK_FAILED
     state = c.approve(args.run, args.request, args.decision, args.approver, args.note)
     json_out({"run_id": args.run, "state": state.state})
     return OK

@@ -78,6 +78,8 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     kind: str = "action"
     decision: str | None = None
     approver: str | None = None
+    #: When the decision was recorded (ms since the epoch).
+    decided_at: int = 0
 
 
 class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
