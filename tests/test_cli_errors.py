@@ -77,3 +77,19 @@ def test_an_input_nested_too_deeply_is_a_usage_error(env: dict[str, str],
     out = _durable("start", "count", "--input", deep, env=env)
     assert out.returncode == 2
     assert _one_line(out.stderr) == "durable: --input is nested too deeply"
+
+
+def test_times_are_shown_for_people_and_kept_as_milliseconds_in_json(
+    env: dict[str, str], make_server: ServerFactory
+) -> None:
+    from durable.cli.output import age
+
+    assert age(1_000, now_ms=4_000) == "3 s ago"
+    assert age(4_000 + 120_000, now_ms=4_000) == "in 2 min"
+    assert age(0) == ""
+    env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
+    assert _durable("start", "count", "--run-id", "t1", env=env).returncode == 0
+    table = _durable("runs", env=env).stdout
+    assert "s ago" in table
+    row = _durable("runs", "--json", env=env).stdout
+    assert '"updated":1' in row  # epoch milliseconds for scripts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,32 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     for row in rows:
         out.add_row(*["" if v is None else str(v) for v in row])
     Console(width=160).print(out)
+
+
+def age(ms: int, now_ms: int | None = None) -> str:
+    """How long ago (or from now) an epoch-millisecond time is, for people: "3 s ago"."""
+    if not ms:
+        return ""
+    now = time.time() * 1000 if now_ms is None else now_ms
+    delta = (now - ms) / 1000
+    later = delta < 0
+    delta = abs(delta)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if delta >= size:
+            text = f"{delta / size:.0f} {unit}"
+            break
+    else:
+        text = f"{delta:.0f} s"
+    return f"in {text}" if later else f"{text} ago"
+
+
+def local_time(ms: int) -> str:
+    """An epoch-millisecond time as local ISO time with its age: "2026-11-29 17:03:04 (3 s
+    ago)"; ``--json`` output keeps the milliseconds."""
+    if not ms:
+        return ""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+    return f"{stamp} ({age(ms)})"
 
 
 def client() -> Client:

@@ -9,7 +9,16 @@ import time
 
 import msgspec
 
-from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.cli.output import (
+    CHECK_FAILED,
+    OK,
+    Add,
+    age,
+    client,
+    json_out,
+    local_time,
+    table,
+)
 from durable.errors import UsageError
 from durable.log.replay import summary
 
@@ -46,11 +55,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.cancel:
         rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
     if state.wait:
-        rows.append(("wait", f"{state.wait.kind} until {state.wait.until}: {state.wait.reason}"))
+        rows.append(("wait", f"{state.wait.kind} until {local_time(state.wait.until)}: "
+                             f"{state.wait.reason}"))
     for appr in state.approvals.values():
         if appr.decision is None:
             rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
-                                     f"role {appr.role}, expires {appr.expires}"))
+                                     f"role {appr.role}, expires {local_time(appr.expires)}"))
     table(f"run {args.run}", ["field", "value"], rows)
     return OK
 
@@ -62,7 +72,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             json_out(r.__dict__)
         return OK
     table("runs", ["run", "state", "agent", "step", "version", "updated", "reason"],
-          [(r.run_id, r.state, r.agent, r.step, r.version, r.updated, r.reason) for r in runs])
+          [(r.run_id, r.state, r.agent, r.step, r.version, age(r.updated), r.reason)
+           for r in runs])
     return OK
 
 
