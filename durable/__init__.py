@@ -28,6 +28,7 @@ from durable.errors import (
     LeaseLost,
     NondeterminismError,
     PayloadTooLarge,
+    RunIdConflict,
     RunNotFound,
     UnknownAgent,
     UnknownTool,
@@ -36,6 +37,7 @@ from durable.errors import (
 )
 from durable.log.state import Action, RunState
 from durable.settings import Settings
+from durable.streaming import Partial
 
 __all__ = [
     "Action",
@@ -55,7 +57,9 @@ __all__ = [
     "Lookup",
     "NondeterminismError",
     "OutcomeUnknown",
+    "Partial",
     "PayloadTooLarge",
+    "RunIdConflict",
     "RunNotFound",
     "RunState",
     "RunSummary",

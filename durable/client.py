@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import redis
+import redis.asyncio
 from pydantic import ValidationError
 
+from durable import catalog
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.budgets import checked as checked_budgets
@@ -22,8 +24,10 @@ from durable.errors import (
     DecodeError,
     InvalidInput,
     PayloadTooLarge,
+    RunIdConflict,
     RunNotFound,
     Terminal,
+    UnknownAgent,
     UsageError,
 )
 from durable.log import events as ev
@@ -33,6 +37,7 @@ from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
 from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
+from durable.streaming import Follower, Partial, afollow, async_twin
 
 
 @dataclass(frozen=True)
@@ -62,46 +67,86 @@ class Client:
         self.registry.load(self.settings.agents)
         self.log = EventLog.from_settings(self.redis, self.settings)
         self.queue = make_queue(self.redis, self.settings.queue)
+        #: Agents this client published to the catalog already.
+        self._published: set[str] = set()
 
     # Producers ---------------------------------------------------------------------------
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
               *, enqueue: bool = True, budgets: Mapping[str, int] | None = None) -> Started:
-        """Start a run; the same ``run_id`` again returns the existing run, writing nothing.
+        """Start a run; the same ``run_id`` with the same agent and input returns the
+        existing run, writing nothing; with another agent or input it raises
+        ``RunIdConflict``.
+
+        An agent this process imports is validated with its input model (and published to
+        the catalog if no one has); any other is looked up in the catalog workers publish
+        (``durable.catalog``), its input checked against the published JSON schema, and the
+        run records the published version.
 
         ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
         run; they are recorded in its log."""
-        spec = self.registry.agent(agent)
-        limits = checked_budgets({**spec.budgets, **(budgets or {})})
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         if not keys.RUN_ID_RE.match(run_id):
             raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        existing = self.log.projection(run_id)
-        if existing:
-            return Started(run_id, False, existing.get("state", "?"))
+        name, version, tools, defaults, data = self._checked_input(agent, input)
+        limits = checked_budgets({**defaults, **(budgets or {})})
+        size = len(msgspec.msgpack.encode(data))
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
+        if self.log.projection(run_id):
+            return self._existing(run_id, name, data)
+        handle = RunHandle(run_id, RunState(), actor="client")
         try:
-            model = spec.input_model.model_validate(input if input is not None else {})
+            self.log.commit(handle, [Spec(ev.RunStarted, {
+                "agent": name, "agent_version": version, "input": data,
+                "tools": tools, "budgets": limits})],
+                extra={"agent": name, "created": str(now_ms())})
+        except ConflictError:
+            return self._existing(run_id, name, data)
+        if enqueue:
+            enqueue_advance(self.redis, self.queue, run_id)
+        return Started(run_id, True, handle.state.state)
+
+    def _checked_input(self, agent: str,
+                       input: Any) -> tuple[str, str, list[str], dict[str, int], Any]:
+        """(name, version, tools, budgets, input as the run records it), or a
+        ``UsageError``."""
+        data = input if input is not None else {}
+        try:
+            spec = self.registry.agent(agent)
+        except UnknownAgent:
+            found = catalog.published(self.redis, agent)
+            if found is None:
+                known = sorted(set(self.registry.agents) | set(catalog.names(self.redis)))
+                raise UnknownAgent(agent, known, "no worker has registered it") from None
+            return (found.name, found.version, list(found.tools), dict(found.budgets),
+                    catalog.validate(found, data))
+        try:
+            model = spec.input_model.model_validate(data)
         except ValidationError as exc:
             msg = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
             )
             raise InvalidInput(agent, msg) from None
-        data = model.model_dump(mode="json")
-        size = len(msgspec.msgpack.encode(data))
-        if size > self.settings.max_payload_bytes:
-            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
-        handle = RunHandle(run_id, RunState(), actor="client")
-        try:
-            self.log.commit(handle, [Spec(ev.RunStarted, {
-                "agent": spec.name, "agent_version": spec.version, "input": data,
-                "tools": list(spec.tools), "budgets": limits})],
-                extra={"agent": spec.name, "created": str(now_ms())})
-        except ConflictError:
-            return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
-        if enqueue:
-            enqueue_advance(self.redis, self.queue, run_id)
-        return Started(run_id, True, handle.state.state)
+        if spec.name not in self._published:
+            catalog.publish(self.redis, [spec], catalog.producer_id(), replace=False)
+            self._published.add(spec.name)
+        return (spec.name, spec.version, list(spec.tools), dict(spec.budgets),
+                model.model_dump(mode="json"))
+
+    def _existing(self, run_id: str, agent: str, data: Any) -> Started:
+        """The run already started under ``run_id``, if it was started with this agent and
+        input; else ``RunIdConflict``."""
+        first = self.log.read(run_id, "-", "+", count=1)
+        started = first[0].event if first else None
+        if not isinstance(started, ev.RunStarted):
+            raise RunIdConflict(run_id, "a log that does not begin with run_started")
+        if started.agent != agent:
+            raise RunIdConflict(run_id, f"agent {started.agent!r}, not {agent!r}")
+        if _canonical(started.input) != _canonical(data):
+            raise RunIdConflict(run_id, "a different input")
+        return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
 
     def enqueue(self, run_id: str, *, force: bool = False) -> bool:
         return enqueue_advance(self.redis, self.queue, run_id, force=force)
@@ -162,6 +207,24 @@ class Client:
                 raise TimeoutError(f"run {run_id} is still {state.decode()} after {timeout}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.1)
+
+    def follow(self, run_id: str, *, from_id: str = "0", partial: bool = True) -> Follower:
+        """Follow a run: a sync iterator of its log events in order (``Entry``: ``id``,
+        ``event``), interleaved with the partial outputs its steps emit as they arrive
+        (``Partial``) while following. It ends after a terminal event; ``close()`` stops it
+        earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
+        ``Entry.id`` seen: resume). Raises ``RunNotFound``."""
+        return Follower(self.redis, run_id, after=from_id, partial=partial,
+                        reconnect_s=self.settings.connect_timeout_s)
+
+    def afollow(self, run_id: str, *, from_id: str = "0", partial: bool = True,
+                client: redis.asyncio.Redis | None = None) -> AsyncIterator[Entry | Partial]:
+        """``follow`` as an async iterator (``redis.asyncio``; ``client``: use this one
+        instead of a new client for the same server). ``RunNotFound`` is raised on first
+        iteration."""
+        return afollow(client or async_twin(self.redis), run_id, after=from_id,
+                       partial=partial, reconnect_s=self.settings.connect_timeout_s,
+                       close_client=client is None)
 
     def stats(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.redis.hgetall(keys.STATS).items()}
@@ -237,3 +300,7 @@ class Client:
         except DecodeError as exc:
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
             raise
+
+
+def _canonical(data: Any) -> bytes:
+    return msgspec.json.encode(data, order="sorted")

@@ -4,9 +4,11 @@
 
     DurableError
      ├── UsageError              bad input from a caller: refused before anything is written
-     │    ├── UnknownAgent
+     │    ├── UnknownAgent        neither imported here nor published by a worker
+     │    ├── UnknownTool
      │    ├── InvalidInput
-     │    └── PayloadTooLarge
+     │    ├── PayloadTooLarge
+     │    └── RunIdConflict       a start reusing a run id with another agent or input
      ├── RunNotFound
      ├── ConflictError           a stale writer: the expected version moved on
      ├── LeaseLost               this worker's fencing epoch is no longer the lease's
@@ -38,10 +40,11 @@ class UsageError(DurableError):
 
 
 class UnknownAgent(UsageError):
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], why: str = "") -> None:
         self.name = name
         self.known = known
-        super().__init__(f"unknown agent {name!r} (known: {', '.join(known) or 'none'})")
+        super().__init__(f"unknown agent {name!r}{': ' + why if why else ''} "
+                         f"(known: {', '.join(known) or 'none'})")
 
 
 class UnknownTool(UsageError):
@@ -61,6 +64,16 @@ class PayloadTooLarge(UsageError):
     def __init__(self, what: str, size: int, limit: int) -> None:
         self.what, self.size, self.limit = what, size, limit
         super().__init__(f"{what} is {size} bytes, over the limit of {limit}")
+
+
+class RunIdConflict(UsageError):
+    """A start with the id of an existing run but another agent or input: refused, since
+    returning the existing run would silently drop the caller's input."""
+
+    def __init__(self, run_id: str, detail: str) -> None:
+        self.run_id, self.detail = run_id, detail
+        super().__init__(f"run {run_id!r} already exists with {detail}: choose another run "
+                         "id, or start again with the same input to get the existing run")
 
 
 class RunNotFound(DurableError):

@@ -43,7 +43,7 @@ def r(server: Server) -> Iterator[redis.Redis]:
 def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings pointing at the test server; also exported for child processes."""
     monkeypatch.setenv("DURABLE_REDIS_URL", server.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents")
+    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents,tests.streaming_agents")
     monkeypatch.setenv("DURABLE_LEASE_TTL_MS", os.environ.get("TEST_LEASE_TTL_MS", "1000"))
     return Settings()
 

@@ -19,6 +19,7 @@ from durable.cancellation import Cancelled, CancelToken
 from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
+from durable.streaming import Publisher
 from workers.toolrunner import CallResult, ToolRunner
 
 
@@ -49,10 +50,13 @@ class Dispatcher:
     (``ToolRunner``s are kept for reuse), so runs driven at once never wait for each other's
     tools."""
 
-    def __init__(self, grace_ms: int, max_payload_bytes: int) -> None:
+    def __init__(self, grace_ms: int, max_payload_bytes: int,
+                 publisher: Publisher | None = None) -> None:
         self._idle: queue.SimpleQueue[ToolRunner] = queue.SimpleQueue()
         self.grace_ms = grace_ms
         self.max_payload_bytes = max_payload_bytes
+        #: Where a call's ``ctx.emit`` goes (the run's stream channel); None: nowhere.
+        self.publisher = publisher
 
     def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
                  args: Any = None) -> list[Spec]:
@@ -60,6 +64,8 @@ class Dispatcher:
         (the recorded ones by default)."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
+        if self.publisher is not None:
+            ctx.publish = self.publisher.for_call(run_id, act.step, act.attempts)
         args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 

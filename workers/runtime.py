@@ -31,12 +31,14 @@ from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.queue import Queue
 
+from durable import catalog
 from durable.agents import registry
 from durable.connection import connect
 from durable.errors import ForbiddenJob
 from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS, make_queue
 from durable.settings import Settings
+from durable.streaming import Publisher
 from workers.hooks import load_hooks
 from workers.listener import CancelListener
 from workers.loop import StepLoop
@@ -123,7 +125,13 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         log.warning("no agents registered: set DURABLE_AGENTS to the modules that define "
                     "them (every run this worker takes will be quarantined as unknown)")
     wid = worker_id()
+    try:  # producers that do not import the agents start them by name from this catalog
+        catalog.publish(client, registry.agents.values(), f"worker:{wid}")
+    except redis.RedisError as exc:
+        log.warning("could not publish the agents to %s: %r", keys.AGENTS, exc)
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
+    # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
+    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
     _pool = pool = RunPool(_loop, concurrency or settings.concurrency)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()

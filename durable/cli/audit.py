@@ -9,13 +9,17 @@ import uuid
 import msgspec
 
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.errors import UsageError
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.replay import fork, replay, summary, trajectory
 from durable.log.verify import verify
+from durable.streaming import Partial
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    if args.follow:
+        return _follow(args)
     entries = client().events(args.run, args.start, args.end)
     if args.json:
         for e in entries:
@@ -28,6 +32,45 @@ def cmd_log(args: argparse.Namespace) -> int:
     table(f"log of {args.run}", ["id", "seq", "type", "actor", "what"],
           [(r["id"], r["seq"], r["type"], r.get("actor"), r["what"]) for r in rows])
     return OK
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """``durable log RUN --follow``: each event (and partial output) as it comes, one line
+    each, until the run is terminal."""
+    if args.end != "+":
+        raise UsageError("--to cannot be combined with --follow")
+    with client().follow(args.run, from_id=_before(args.start)) as items:
+        for item in items:
+            if isinstance(item, Partial):
+                if args.json:
+                    json_out({"type": "partial", "run": item.run, "step": item.step,
+                              "attempt": item.attempt, "seq": item.seq, "data": item.data})
+                else:
+                    print(f"  step {item.step} partial {item.seq}: "
+                          f"{msgspec.json.encode(item.data).decode()[:300]}")
+            elif args.json:
+                json_out({"id": item.id, "type": "undecodable", "error": item.error}
+                         if item.event is None else {"id": item.id, **to_builtins(item.event)})
+            else:
+                row = trajectory([item])[0]
+                print(f"{row['id']}  {row['seq'] or '-':>4}  {row['type']:<20} "
+                      f"{row.get('actor') or '':<24} {row['what']}")
+            sys.stdout.flush()
+    return OK
+
+
+def _before(entry_id: str) -> str:
+    """The stream id just before ``entry_id`` (``--from`` is inclusive, following reads
+    the entries after an id)."""
+    if entry_id in ("-", "0", "0-0", ""):
+        return "0"
+    ms, _, seq = entry_id.partition("-")
+    try:
+        if seq and int(seq) > 0:
+            return f"{int(ms)}-{int(seq) - 1}"
+        return f"{int(ms) - 1}-18446744073709551615" if int(ms) > 0 else "0"
+    except ValueError:
+        raise UsageError(f"--from {entry_id!r} is not a stream entry id") from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -95,6 +138,10 @@ def register(add: Add) -> None:
         sp = add(name, fn, helptext, run=True)
         sp.add_argument("--from", dest="start", default="-", help="first entry id")
         sp.add_argument("--to", dest="end", default="+", help="last entry id")
+        if name == "log":
+            sp.add_argument("--follow", "-f", action="store_true",
+                            help="print events and partial output as they come; exit when "
+                                 "the run is terminal")
     add("verify", cmd_verify, "check a run's invariants (exit 1 if any fails)", run=True)
     sp = add("export", cmd_export, "write a run's evidence as JSON lines", run=True, js=False)
     sp.add_argument("--output", "-o", default=None)

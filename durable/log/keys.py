@@ -45,6 +45,13 @@ def queued(run_id: str) -> str:
     return f"{PREFIX}:{{{run_id}}}:queued"
 
 
+def stream(run_id: str) -> str:
+    """Pub/sub channel: a run's partial outputs (``ToolContext.emit``), JSON messages
+    ``{"run", "step", "attempt", "seq", "data"}``. Best-effort, never logged: a follower
+    gets them only while it is subscribed (``Client.follow``)."""
+    return f"{PREFIX}:{{{run_id}}}:stream"
+
+
 # Global, derived and repairable -------------------------------------------------------
 
 #: ZSET run id -> last update (ms since epoch).
@@ -77,6 +84,13 @@ CANCEL_CHANNEL = f"{PREFIX}:cancel"
 
 #: Hash run id -> cancellation latency in ms (request -> canceled event).
 CANCEL_LATENCY = f"{PREFIX}:cancel_latency_ms"
+
+#: Hash agent name -> JSON ``{name, version, schema, tools, published_at, by, budgets}``:
+#: the agents workers serve, with their input's JSON schema, so a producer can start a run
+#: by name without importing the agent (``durable.catalog``). A worker writes its entries
+#: when it starts; a producer that imports an agent adds one only where none exists. Not
+#: derived from the logs.
+AGENTS = f"{PREFIX}:agents"
 
 #: Hash name -> "host:port" of the embedded server (also written to the data dir).
 SERVER_INFO = f"{PREFIX}:server"

@@ -1,0 +1,365 @@
+"""Following a run: every log event in order, with the partial output its steps emit.
+
+Two sources, two guarantees:
+
+- **Log events** are read from the run's stream with ``XREAD BLOCK`` from the last entry id
+  seen, so a follower that joins late, or reconnects, gets every event in order, each once.
+  Following ends after a terminal event (completed, failed, canceled, expired).
+- **Partial outputs** (``ToolContext.emit`` in a tool) are published by the worker on the
+  run's pub/sub channel ``dx:{R}:stream`` as JSON ``{"run", "step", "attempt", "seq",
+  "data"}`` and never logged: best-effort, seen only while a follower is subscribed.
+
+A follower yields :class:`durable.log.store.Entry` items (``id``, the decoded ``event``, or
+``error`` when the entry cannot be decoded) and :class:`Partial` items, in the order they
+arrive. Pass the last ``Entry.id`` seen as ``after`` to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+import redis.asyncio
+
+from durable.errors import RunNotFound
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.state import TERMINAL
+from durable.log.store import Entry, EventLog
+
+#: Entries read per XREAD.
+BATCH = 256
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Partial output a step emitted (``ToolContext.emit``): not in the log."""
+
+    run: str
+    step: int
+    seq: int
+    data: Any
+    attempt: int = 1
+
+
+def encode_partial(run_id: str, step: int, attempt: int, seq: int, data: Any,
+                   max_bytes: int) -> bytes:
+    """The message published for one ``emit``. Data that is not plain JSON, or that is
+    larger than ``max_bytes``, is replaced by ``{"_omitted": why}``: an emit never fails
+    its step."""
+    try:
+        body = msgspec.json.encode(data)
+    except (TypeError, ValueError) as exc:
+        body = msgspec.json.encode({"_omitted": f"not plain data: {exc}"[:300]})
+    if len(body) > max_bytes:
+        body = msgspec.json.encode({"_omitted": f"{len(body)} bytes exceeds {max_bytes}"})
+    head = msgspec.json.encode({"run": run_id, "step": step, "attempt": attempt, "seq": seq})
+    return head[:-1] + b',"data":' + body + b"}"
+
+
+def decode_partial(raw: Any) -> Partial | None:
+    """A published message as a ``Partial``; None when it is not one."""
+    try:
+        msg = json.loads(raw)
+        return Partial(run=str(msg["run"]), step=int(msg["step"]), seq=int(msg["seq"]),
+                       data=msg.get("data"), attempt=int(msg.get("attempt", 1)))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class Publisher:
+    """Gives each tool call a ``publish`` for its ``ToolContext``: one PUBLISH per emit on
+    the run's channel, numbered from 1 within the call. Best-effort: a Redis fault drops the
+    message and the tool goes on."""
+
+    def __init__(self, client: redis.Redis, max_bytes: int) -> None:
+        self.redis = client
+        self.max_bytes = max_bytes
+
+    def for_call(self, run_id: str, step: int, attempt: int) -> Callable[[Any], None]:
+        channel = keys.stream(run_id)
+        counter = itertools.count(1)
+
+        def publish(data: Any) -> None:
+            msg = encode_partial(run_id, step, attempt, next(counter), data, self.max_bytes)
+            try:
+                self.redis.publish(channel, msg)
+            except redis.RedisError:
+                pass
+
+        return publish
+
+
+# Reading the log -------------------------------------------------------------------------
+
+
+def _entries(reply: Any) -> list[Entry]:
+    """An XREAD reply for one stream as entries (RESP2: ``[[key, rows]]``; RESP3:
+    ``{key: [rows]}``)."""
+    if not reply:
+        return []
+    out = []
+    if isinstance(reply, dict):
+        groups = [rows for value in reply.values() for rows in value]
+    else:
+        groups = [rows for _key, rows in reply]
+    for rows in groups:
+        for entry_id, fields in rows:
+            out.append(EventLog._entry(entry_id, fields))
+    return out
+
+
+def _ends(entry: Entry) -> bool:
+    return isinstance(entry.event, ev.TERMINAL_EVENTS)
+
+
+def _after_arg(after: str) -> str:
+    return "0-0" if after in ("", "0", "-") else after
+
+
+class _Stop:
+    """Marks the end of a follow (a terminal event was read, or the run is gone)."""
+
+
+_END = _Stop()
+
+
+class Follower:
+    """A sync iterator over a run's log events and partial outputs (see the module doc).
+
+    Subscribes to partial output at once, then reads the log on a thread of its own;
+    ``close()`` (or leaving a ``with`` block) stops both. A Redis connection fault is
+    retried from the last entry read for ``reconnect_s`` seconds, then raised from
+    ``next()``.
+    """
+
+    def __init__(self, client: redis.Redis, run_id: str, *, after: str = "0",
+                 partial: bool = True, block_ms: int = 1000,
+                 reconnect_s: float = 30.0) -> None:
+        self._stop = threading.Event()
+        self._done = False
+        if not client.exists(keys.run(run_id)):
+            raise RunNotFound(run_id)
+        self.run_id = run_id
+        #: The id of the last log entry returned: pass it as ``after`` to resume.
+        self.last = _after_arg(after)
+        self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        if partial:
+            pubsub = client.pubsub()
+            pubsub.subscribe(keys.stream(run_id))
+            _await_confirmation(pubsub)  # partials published from now on are seen
+            threading.Thread(target=_pump_partials, args=(pubsub, self._items, self._stop),
+                             daemon=True, name=f"follow-partials-{run_id}").start()
+        threading.Thread(target=_pump_log, daemon=True, name=f"follow-log-{run_id}",
+                         args=(client, run_id, self.last, block_ms, reconnect_s,
+                               self._items, self._stop)).start()
+
+    def __iter__(self) -> Follower:
+        return self
+
+    def __next__(self) -> Entry | Partial:
+        if self._done:
+            raise StopIteration
+        item = self._items.get()
+        if isinstance(item, Entry):
+            self.last = item.id
+            return item
+        if isinstance(item, Partial):
+            return item
+        self.close()
+        if isinstance(item, BaseException):
+            raise item
+        raise StopIteration
+
+    def close(self) -> None:
+        self._done = True
+        self._stop.set()
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
+_RETRIED = (redis.ConnectionError, redis.TimeoutError)
+
+
+def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconnect_s: float,
+              out: queue.SimpleQueue[object], stop: threading.Event) -> None:
+    """Puts the log's entries after ``last`` on ``out``, then the end marker after a
+    terminal event (or an error)."""
+    key, run_key = keys.log(run_id), keys.run(run_id)
+    failing_since = 0.0
+    while not stop.is_set():
+        try:
+            got = _entries(client.xread({key: last}, count=BATCH, block=block_ms))
+            if not got:
+                state = client.hget(run_key, "state")
+                if state is not None and state.decode() not in TERMINAL:
+                    continue
+                # Terminal (or gone): what was appended since the last read, then stop.
+                got = _entries(client.xread({key: last}, count=BATCH))
+                if not got:
+                    out.put(_END)
+                    return
+            failing_since = 0.0
+        except _RETRIED as exc:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > reconnect_s:
+                out.put(exc)
+                return
+            stop.wait(0.2)
+            continue
+        except Exception as exc:
+            out.put(exc)
+            return
+        for entry in got:
+            out.put(entry)
+            last = entry.id
+            if _ends(entry):
+                out.put(_END)
+                return
+
+
+def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.Event) -> None:
+    try:
+        while not stop.is_set():
+            try:
+                msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            except redis.RedisError:
+                stop.wait(0.2)  # the next call reconnects and resubscribes
+                continue
+            if msg and msg.get("type") == "message":
+                found = decode_partial(msg["data"])
+                if found is not None:
+                    out.put(found)
+    finally:
+        try:
+            pubsub.close()
+        except redis.RedisError:
+            pass
+
+
+def _await_confirmation(pubsub: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        msg = pubsub.get_message(timeout=0.1)
+        if msg and msg.get("type") == "subscribe":
+            return
+
+
+async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
+                  partial: bool = True, block_ms: int = 1000, reconnect_s: float = 30.0,
+                  close_client: bool = False) -> AsyncIterator[Entry | Partial]:
+    """The async twin of :class:`Follower` (``redis.asyncio``): the same items, in the
+    same order, ending after a terminal event. Raises ``RunNotFound`` on first iteration
+    when the run does not exist. ``close_client``: close ``client`` at the end."""
+    items: asyncio.Queue[object] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+    pubsub: Any = None
+    try:
+        if not await client.exists(keys.run(run_id)):
+            raise RunNotFound(run_id)
+        if partial:
+            pubsub = client.pubsub()
+            await pubsub.subscribe(keys.stream(run_id))
+            end = time.monotonic() + 5.0
+            while time.monotonic() < end:
+                msg = await pubsub.get_message(timeout=0.1)
+                if msg and msg.get("type") == "subscribe":
+                    break
+            tasks.append(asyncio.create_task(_apump_partials(pubsub, items)))
+        tasks.append(asyncio.create_task(_apump_log(client, run_id, _after_arg(after),
+                                                    block_ms, reconnect_s, items)))
+        while True:
+            item = await items.get()
+            if isinstance(item, Entry | Partial):
+                yield item
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if pubsub is not None:
+            try:
+                await pubsub.aclose()
+            except redis.RedisError:
+                pass
+        if close_client:
+            await client.aclose()
+
+
+async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_ms: int,
+                     reconnect_s: float, out: asyncio.Queue[object]) -> None:
+    key, run_key = keys.log(run_id), keys.run(run_id)
+    failing_since = 0.0
+    while True:
+        try:
+            got = _entries(await client.xread({key: last}, count=BATCH, block=block_ms))
+            if not got:
+                state = await client.hget(run_key, "state")
+                if state is not None and state.decode() not in TERMINAL:
+                    continue
+                got = _entries(await client.xread({key: last}, count=BATCH))
+                if not got:
+                    out.put_nowait(_END)
+                    return
+            failing_since = 0.0
+        except _RETRIED as exc:
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > reconnect_s:
+                out.put_nowait(exc)
+                return
+            await asyncio.sleep(0.2)
+            continue
+        except Exception as exc:
+            out.put_nowait(exc)
+            return
+        for entry in got:
+            out.put_nowait(entry)
+            last = entry.id
+            if _ends(entry):
+                out.put_nowait(_END)
+                return
+
+
+async def _apump_partials(pubsub: Any, out: asyncio.Queue[object]) -> None:
+    while True:
+        try:
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+        except redis.RedisError:
+            await asyncio.sleep(0.2)
+            continue
+        if msg and msg.get("type") == "message":
+            found = decode_partial(msg["data"])
+            if found is not None:
+                out.put_nowait(found)
+
+
+def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client for the server ``client`` talks to (address, database,
+    credentials; TLS and other options are not carried over: pass your own client then)."""
+    kw = client.connection_pool.connection_kwargs
+    common: dict[str, Any] = {k: kw[k] for k in ("db", "username", "password")
+                              if kw.get(k) is not None}
+    if kw.get("path"):
+        return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
+    ssl = "SSL" in client.connection_pool.connection_class.__name__
+    return redis.asyncio.Redis(host=kw.get("host", "localhost"), port=kw.get("port", 6379),
+                               ssl=ssl, **common)

@@ -1,0 +1,167 @@
+"""Following a run: every log event in order with the partial output its steps emit
+(``ToolContext.emit`` -> the run's stream channel), live, late, resumed, async, and through
+``durable log RUN --follow``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+
+from durable.client import Client
+from durable.errors import RunNotFound
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.store import Entry
+from durable.streaming import Partial, decode_partial, encode_partial
+from durable.testing import Server, env_for, wait_for
+from tests.conftest import WorkerFactory
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _tags(items: list[Any]) -> list[str]:
+    return ["partial" if isinstance(i, Partial) else i.event.__struct_config__.tag
+            for i in items]
+
+
+def _ids(items: list[Any]) -> list[str]:
+    return [i.id for i in items if isinstance(i, Entry)]
+
+
+def _check_live(items: list[Any], client: Client, run_id: str) -> None:
+    """Every event in log order, and the tool's partial output after its dispatch and
+    before its outcome."""
+    assert _ids(items) == [e.id for e in client.events(run_id)]
+    tags = _tags(items)
+    assert tags[-1] == "completed"
+    partials = [i for i in items if isinstance(i, Partial)]
+    assert [(p.run, p.step, p.seq, p.data) for p in partials] == [
+        (run_id, 1, n + 1, {"token": f"tok{n}"}) for n in range(3)]
+    first = tags.index("partial")
+    assert tags.index("action_dispatched") < first
+    assert max(i for i, t in enumerate(tags) if t == "partial") < tags.index(
+        "action_succeeded")
+
+
+def test_a_follower_sees_partial_output_before_the_steps_outcome(
+    client: Client, worker: WorkerFactory
+) -> None:
+    client.start("chat", {"parts": 3, "pause_s": 0.5}, run_id="live-1")
+    with client.follow("live-1") as follower:  # subscribed from here on
+        worker()
+        items = list(follower)
+    _check_live(items, client, "live-1")
+    assert client.status("live-1").result == {"said": ["tok0", "tok1", "tok2"]}
+
+
+def test_a_follower_that_joins_after_the_end_gets_every_event(
+    client: Client, worker: WorkerFactory
+) -> None:
+    client.start("chat", {"parts": 2, "pause_s": 0.0}, run_id="late-1")
+    worker()
+    assert client.wait("late-1", 30).state == "completed"
+    logged = client.events("late-1")
+
+    items = list(client.follow("late-1"))
+    assert _ids(items) == [e.id for e in logged]
+    assert not [i for i in items if isinstance(i, Partial)]  # best-effort: only live
+    assert isinstance(items[-1].event, ev.Completed)
+
+    # Resuming after an entry yields the entries after it; after the last one, nothing.
+    assert _ids(list(client.follow("late-1", from_id=logged[2].id))) == [
+        e.id for e in logged[3:]]
+    assert list(client.follow("late-1", from_id=logged[-1].id, partial=False)) == []
+    with pytest.raises(RunNotFound):
+        client.follow("no-such-run")
+
+
+def test_a_follower_reconnecting_mid_run_misses_no_event(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """A follower stopped after the first event and started again from its last id gets
+    the rest of the log, in order, each event once."""
+    client.start("chat", {"parts": 2, "pause_s": 0.3}, run_id="resume-1")
+    first = client.follow("resume-1", partial=False)
+    head = [next(first)]
+    first.close()
+    worker()
+    rest = list(client.follow("resume-1", from_id=head[-1].id, partial=False))
+    assert _ids(head + rest) == [e.id for e in client.events("resume-1")]
+
+
+def test_the_async_follower_sees_the_same(client: Client, worker: WorkerFactory) -> None:
+    client.start("chat", {"parts": 3, "pause_s": 0.5}, run_id="async-1")
+
+    async def follow() -> list[Any]:
+        items: list[Any] = []
+        async for item in client.afollow("async-1"):
+            items.append(item)
+            if len(items) == 1:  # subscribed and reading: now let a worker take the run
+                worker()
+        return items
+
+    items = asyncio.run(follow())
+    _check_live(items, client, "async-1")
+
+    async def missing() -> None:
+        async for _ in client.afollow("no-such-run"):
+            pass
+
+    with pytest.raises(RunNotFound):
+        asyncio.run(missing())
+
+
+def test_durable_log_follow_json_prints_every_event_and_exits_at_the_end(
+    server: Server, client: Client, r: redis.Redis, worker: WorkerFactory
+) -> None:
+    client.start("chat", {"parts": 3, "pause_s": 0.3}, run_id="cli-follow-1")
+    proc = subprocess.Popen([sys.executable, "-m", "durable", "log", "cli-follow-1",
+                             "--follow", "--json"], env=env_for(server.url),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Once it listens for partial output, start the worker.
+        channel = keys.stream("cli-follow-1")
+        assert wait_for(lambda: r.pubsub_numsub(channel)[0][1] >= 1, 30)
+        worker()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    events = [x for x in lines if x["type"] != "partial"]
+    assert [x["id"] for x in events] == [e.id for e in client.events("cli-follow-1")]
+    assert events[-1]["type"] == "completed"
+    assert [x["data"]["token"] for x in lines if x["type"] == "partial"] == [
+        "tok0", "tok1", "tok2"]
+
+
+def test_durable_log_follow_prints_lines_for_people(
+    server: Server, client: Client, worker: WorkerFactory
+) -> None:
+    client.start("chat", {"parts": 1, "pause_s": 0.0}, run_id="cli-follow-2")
+    worker()
+    assert client.wait("cli-follow-2", 30).state == "completed"
+    first = client.events("cli-follow-2")[1].id
+    out = subprocess.run([sys.executable, "-m", "durable", "log", "cli-follow-2", "--follow",
+                          "--from", first], env=env_for(server.url), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(first) and "completed" in lines[-1]
+    assert len(lines) == len(client.events("cli-follow-2")) - 1
+
+
+def test_partial_output_that_is_not_plain_data_is_omitted_not_fatal() -> None:
+    raw = encode_partial("r1", 2, 1, 5, {"x": object()}, 1024)
+    found = decode_partial(raw)
+    assert found is not None and (found.run, found.step, found.seq) == ("r1", 2, 5)
+    assert "_omitted" in found.data
+    big = decode_partial(encode_partial("r1", 2, 1, 6, "x" * 5000, 1024))
+    assert big is not None and "exceeds 1024" in big.data["_omitted"]
+    assert decode_partial(b"not json") is None
