@@ -4,7 +4,7 @@
     python -m bench --quick              # a fast smoke run
     python -m bench --only throughput,cancel
 
-Items: codec, throughput, profile, cancel, recovery, memory, whatif. Outputs go to
+Items: codec, throughput, profile, cancel, recovery, memory, whatif, iobound. Outputs go to
 ``bench/results/``: ``results.md`` (also printed), ``results.json`` and ``chart.png``.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "memory", "whatif")
+ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "memory", "whatif", "iobound")
 
 
 def _log(msg: str) -> None:
@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
                 from bench import whatif
 
                 res[item] = whatif.run(srv, quick=args.quick, log=_log)
+            elif item == "iobound":
+                from bench import iobound
+
+                res[item] = iobound.run(srv, quick=args.quick, out_dir=args.out, log=_log)
             _log(f"[bench] {item} done in {time.time() - t0:.1f}s")
     elapsed = time.time() - started
     busy = _busy_cpu() - busy0

@@ -7,7 +7,8 @@ Configurations, each against a server with ``appendfsync everysec`` and one with
   key in the ledger and updates the projection under a version check. No agent, no RQ.
 - ``plain loop``: the same four no-op tool calls in a Python loop (the non-durable limit).
 - ``plain RQ``: four jobs per run of a no-op function on an in-process ``SimpleWorker``
-  (burst mode, JSON serializer, ``result_ttl=0`` as the durable commands use).
+  (burst mode, JSON serializer, ``result_ttl=0`` as the durable commands use), timed from
+  the first job's start to the last job's end.
 - ``driver in-process``: ``StepLoop.advance`` called in this process on pre-started runs (the
   durable step loop with its lease, heartbeat and tool thread, but no RQ and no worker).
 - ``durable, N worker(s)``: K four-step ``count`` runs enqueued with ``Client.start``, then
@@ -87,28 +88,43 @@ def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
     return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
 
 
+class _TimedWorker(SimpleWorker):
+    """Times its jobs from the start of the first to the end of the last: the worker's
+    start-up and teardown are not counted (subtracting a separately measured start-up
+    gave negative rates on a busy machine)."""
+
+    first: float | None = None
+    last: float | None = None
+
+    def execute_job(self, job: Any, queue: Any) -> Any:
+        if self.first is None:
+            self.first = time.perf_counter()
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            self.last = time.perf_counter()
+
+
 def plain_rq(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
     q = Queue("bench-rq", connection=r, serializer=JSONSerializer)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    jobs = runs * steps
     try:
-        # Bootstrap cost of a worker on an empty queue, subtracted below.
-        t0 = time.perf_counter()
-        SimpleWorker([q], connection=r, serializer=JSONSerializer).work(
-            burst=True, logging_level="WARNING")
-        boot = time.perf_counter() - t0
         q.enqueue_many([Queue.prepare_data("bench.rqjobs.noop", args=(n,), result_ttl=0,
                                            timeout=-1, failure_ttl=86400)
-                        for n in range(runs * steps)])
-        worker = SimpleWorker([q], connection=r, serializer=JSONSerializer)
+                        for n in range(jobs)])
+        worker = _TimedWorker([q], connection=r, serializer=JSONSerializer)
         t0 = time.perf_counter()
         worker.work(burst=True, logging_level="WARNING")
-        dt = time.perf_counter() - t0 - boot
+        total = time.perf_counter() - t0
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
     assert q.count == 0
-    jobs = runs * steps
-    return {"steps": jobs, "seconds": dt, "steps_per_s": jobs / dt, "bootstrap_s": boot}
+    assert worker.first is not None and worker.last is not None
+    dt = worker.last - worker.first
+    return {"steps": jobs, "seconds": dt, "steps_per_s": jobs / dt,
+            "worker_total_s": total}
 
 
 def start_runs(client: Client, prefix: str, runs: int, steps: int = STEPS,
@@ -221,6 +237,8 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
             "durable_1w / floor": one / row["floor"]["steps_per_s"],
             "durable_1w steps/s / plain RQ jobs/s": one / row["plain RQ"]["steps_per_s"],
             "durable_2w / durable_1w": row["durable, 2 workers"]["steps_per_s"] / one,
+            "durable_2w per worker process / floor": row["durable, 2 workers"]["steps_per_s"]
+            / 2 / row["floor"]["steps_per_s"],
             "driver_inproc / floor": row["driver in-process"]["steps_per_s"]
             / row["floor"]["steps_per_s"],
             "plain loop / durable_1w": median(loop) / one,
