@@ -22,7 +22,13 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
         from durable.embedded import ensure_server
 
         url = ensure_server(settings)
-    client = redis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
+    # A worker's run threads each hold a connection while they talk to Redis: the pool is
+    # sized from DURABLE_CONCURRENCY and waits for a free connection rather than failing
+    # (redis-py's default pool refuses past 100, which a busy worker took for an outage).
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=2 * settings.concurrency + 32, timeout=settings.connect_timeout_s,
+        health_check_interval=30)
+    client = redis.Redis(connection_pool=pool)
     if settings.redis_url:
         _wait_until_up(client, settings.connect_timeout_s, url)
     if check and settings.redis_url:

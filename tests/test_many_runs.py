@@ -17,7 +17,8 @@ import redis
 from durable.client import Client
 from durable.log import keys
 from durable.log.verify import verify
-from durable.testing import wait_for
+from durable.settings import Settings
+from durable.testing import Server, wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
@@ -181,3 +182,31 @@ def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
     assert final.state == "canceled"
     types = [e.event.__struct_config__.tag for e in client.events(stuck) if e.event]
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+
+
+def test_the_connection_pool_serves_as_many_threads_as_the_worker_has_slots(
+    server: Server, settings: Settings
+) -> None:
+    """300 threads of one process each holding a connection at the same moment (a blocking
+    read): the pool is sized from DURABLE_CONCURRENCY and waits for a free connection, so
+    none fails (redis-py's default pool refuses the 101st: a busy worker took that for a
+    Redis outage and stranded runs)."""
+    import threading
+
+    from durable.connection import connect
+
+    conn = connect(settings.model_copy(update={"concurrency": 300}))
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            conn.blpop(["nothing-comes"], timeout=1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hold) for _ in range(300)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert errors == []
