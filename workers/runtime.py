@@ -33,7 +33,7 @@ from rq.queue import Queue
 
 from durable import catalog
 from durable.agents import registry
-from durable.connection import connect
+from durable.connection import client_url, connect, safe_url
 from durable.errors import ForbiddenJob
 from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS, make_queue
@@ -139,8 +139,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener.start()
     listener.ready.wait(5)
     queue = make_queue(client, queue_name or settings.queue)
-    log.info("worker %s: queue %r, %d run slots, agents: %s", wid, queue.name, pool.size,
-             ", ".join(sorted(registry.agents)) or "none")
+    log.info("worker %s started: queue %r, %d run slots, agents: %s, Redis %s", wid,
+             queue.name, pool.size, ", ".join(sorted(registry.agents)) or "none",
+             safe_url(client_url(client)))
     _serve(queue, client, wid, _loop, burst)
     if burst:
         pool.finish()
