@@ -134,7 +134,7 @@ def register(add: Callable[..., Any]) -> None:
                     help="print the running world's applications per key, then exit")
     sp.add_argument("--faults", default=None, metavar="JSON",
                     help='set faults on the running world, e.g. \'{"fail_next": 2}\'')
-    sp = add("demo", cmd_demo, "the example through six scenarios on real processes")
+    sp = add("demo", cmd_demo, "the example through seven scenarios on real processes")
     sp.add_argument("--only", nargs="+", default=None, metavar="SCENARIO",
                     help="normal, crash, timeout, cancel, replay (default: all)")
     sp.add_argument("--redis-url", default=None, help="default: a fresh embedded Redis")

@@ -1,13 +1,14 @@
-"""``durable demo``: the example agents through six scenarios, on real processes.
+"""``durable demo``: the example agents through seven scenarios, on real processes.
 
 It starts an embedded Redis server (``appendfsync always``) in a temporary directory, the
 example's world (in its non-deduplicating mode: only the system prevents duplicates) and,
 per scenario, real worker processes and the reconciler; then runs ``normal``, ``crash``,
 ``timeout``, ``cancel`` and ``replay`` (the ``pipeline`` agent) and ``approval`` (the
-``announce`` agent, whose ``publish`` waits for an approver). For each it prints the log as
-a timeline, the effects table (log, ledger and world, per key), the approval requests and
-decisions when there are any, and the recovery trajectory, then a summary table. Exit
-status 0 only when all six pass.
+``announce`` agent, whose ``publish`` waits for an approver) and ``assistant`` (the LLM
+tool-calling agent against the world's scripted model, killed mid-conversation). For each
+it prints the log as a timeline, the effects table (log, ledger and world, per key), the
+approval requests and decisions when there are any, and the recovery trajectory, then a
+summary table. Exit status 0 only when all pass.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from examples.scenarios.stack import Stack
 
 
 def _figure(out: Outcome) -> str:
+    if "model requests" in out.figures:
+        return (f"model calls {out.figures.get('model calls')}, requests "
+                f"{out.figures['model requests']}, recovered in ms "
+                f"{out.figures.get('recovered in ms', '-')}")
     for name in ("recovered in ms", "cancel latency ms", "reply held s", "checkpoints",
                  "approval wait ms"):
         if name in out.figures:

@@ -1,4 +1,4 @@
-"""``python -m examples.scenarios [NAME ...]``: run scenarios (all six by default)."""
+"""``python -m examples.scenarios [NAME ...]``: run scenarios (all seven by default)."""
 
 import sys
 

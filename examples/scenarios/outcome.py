@@ -27,7 +27,7 @@ E = TypeVar("E", bound=ev.Event)
 
 #: Which system of the world each of the examples' tools touches.
 SYSTEM_OF = {"fetch": "source", "transform": "-", "write": "db", "notify": "api",
-             "publish": "api"}
+             "publish": "api", "chat": "model"}
 
 
 @dataclass
@@ -123,7 +123,8 @@ def effects(entries: list[Entry], ledger: dict[str, str],
         e = entry.event
         if isinstance(e, ev.StepDecided):
             system = SYSTEM_OF.get(e.tool, "?")
-            world = {"api": apps.api, "db": apps.db, "source": apps.reads}.get(system, {})
+            world = {"api": apps.api, "db": apps.db, "source": apps.reads,
+                     "model": apps.model}.get(system, {})
             rows[e.key] = {"step": e.step, "tool": e.tool, "key": e.key, "system": system,
                            "dispatches": 0, "log": [], "ledger": ledger.get(e.key, "-"),
                            "applied": world.get(e.key, 0) if system != "-" else "-"}
@@ -151,6 +152,8 @@ def collect(out: Outcome, scene: Scene, run_id: str,
     entries = scene.client.events(run_id)
     apps = scene.world.applications(run_id)
     out.applications = {"api": apps.api, "db": apps.db, "source reads": apps.reads}
+    if apps.model:
+        out.applications["model requests"] = apps.model
     out.timeline = trajectory(entries)
     raw = scene.client.redis.hgetall(keys.ledger(run_id))
     ledger = {k.decode(): v.decode() for k, v in raw.items()}

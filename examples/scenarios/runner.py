@@ -1,6 +1,6 @@
 """Running scenarios: one at a time, each in its own scene, failures caught and reported.
 
-``python -m examples.scenarios [NAME ...]`` runs the named ones (all six by default)
+``python -m examples.scenarios [NAME ...]`` runs the named ones (all seven by default)
 against a fresh embedded Redis and world; ``python -m examples.scenarios.<name>`` runs one.
 Exit status 0 only when every scenario passed.
 """
@@ -19,7 +19,7 @@ from durable.log.replay import trajectory
 from examples.scenarios.outcome import Outcome
 from examples.scenarios.stack import Stack
 
-NAMES = ("normal", "crash", "timeout", "cancel", "replay", "approval")
+NAMES = ("normal", "crash", "timeout", "cancel", "replay", "approval", "assistant")
 
 
 def load(name: str) -> ModuleType:

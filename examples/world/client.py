@@ -127,8 +127,9 @@ class WorldProcess:
         return self._client
 
     def env(self) -> dict[str, str]:
-        """What child processes need to find the world."""
-        return {"DURABLE_WORLD_URL": self.url}
+        """What child processes need to find the world, and its model (``durable.models``)."""
+        return {"DURABLE_WORLD_URL": self.url, "DURABLE_MODEL_BASE_URL": f"{self.url}/v1",
+                "DURABLE_MODEL_NAME": "scripted"}
 
     def applications(self, run_id: str | None = None) -> Applications:
         return self.client.applications(run_id)

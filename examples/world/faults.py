@@ -3,7 +3,8 @@
 Kinds (each one keeps the world's contract: a fault never lies about what was applied):
 
 - ``fail``: answer ``503`` without applying anything;
-- ``drop``: apply, then close the connection without a reply;
+- ``drop``: apply, then close the connection without a reply (the model: answer, then cut
+  the reply, or a stream halfway);
 - ``slow``: with phase ``reply``, apply at once and reply ``slow_s`` seconds later (past the
   caller's timeout); with phase ``apply``, hold the request ``slow_s`` seconds *before*
   applying, so that it reaches the point of applying after the caller's deadline and is
@@ -29,7 +30,8 @@ from typing import Any, Literal
 
 Kind = Literal["fail", "drop", "slow"]
 Phase = Literal["reply", "apply"]
-TARGETS = ("notify", "source")
+#: The faultable endpoints: the notification API, the data source, the model.
+TARGETS = ("notify", "source", "model")
 
 
 @dataclass(frozen=True)

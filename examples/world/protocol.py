@@ -15,6 +15,11 @@ missing or bad headers; ``404`` unknown source; ``408`` refused, past the deadli
 applied); ``409`` refused, the key was aborted (not applied); ``503`` failed (not applied).
 A dropped connection tells nothing: ask ``GET /notify/{key}``.
 
+The model (``POST /v1/chat/completions``, OpenAI-compatible) takes the same two headers,
+optional: it records every request under its key (a completion changes nothing, so these
+are requests, not applications), answers ``408`` past the deadline and ``503`` on an
+injected failure.
+
 ``POST /notify/{key}/abort`` with the abandoned attempt's ``X-Deadline-Ms`` makes the API
 refuse every request for the key with that deadline or an earlier one, unless the key was
 applied already (the reply says which). A caller that was canceled mid-request uses it to
@@ -41,17 +46,21 @@ SYSTEMS = ("api", "db")
 @dataclass
 class Applications:
     """How many times each key was applied, per system (``api``: the notification API,
-    ``db``: the example's database), and reads served by the data source per key."""
+    ``db``: the example's database), reads served by the data source per key, and requests
+    the model received per key (``model``: a completion changes nothing, so these are not
+    applications and never duplicates; a recorded model call sent again shows here)."""
 
     api: dict[str, int] = field(default_factory=dict)
     db: dict[str, int] = field(default_factory=dict)
     reads: dict[str, int] = field(default_factory=dict)
+    model: dict[str, int] = field(default_factory=dict)
     dedupe: bool = True
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Applications:
         return cls(api=dict(data.get("api", {})), db=dict(data.get("db", {})),
-                   reads=dict(data.get("reads", {})), dedupe=bool(data.get("dedupe", True)))
+                   reads=dict(data.get("reads", {})), model=dict(data.get("model", {})),
+                   dedupe=bool(data.get("dedupe", True)))
 
     @property
     def duplicates(self) -> dict[str, int]:
@@ -71,6 +80,7 @@ class Applications:
             api={k: n for k, n in self.api.items() if k.startswith(prefix)},
             db={k: n for k, n in self.db.items() if k.startswith(prefix)},
             reads={k: n for k, n in self.reads.items() if k.startswith(prefix)},
+            model={k: n for k, n in self.model.items() if k.startswith(prefix)},
             dedupe=self.dedupe,
         )
 
@@ -79,4 +89,5 @@ class Applications:
         out = [("api", k, n) for k, n in self.api.items()]
         out += [("db", k, n) for k, n in self.db.items()]
         out += [("source", k, n) for k, n in self.reads.items()]
+        out += [("model", k, n) for k, n in self.model.items()]
         return sorted(out, key=lambda r: (r[1], r[0]))

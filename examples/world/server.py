@@ -8,7 +8,10 @@ GET    /source/{name}              the data source: a read (faultable)
 POST   /notify                     the notification API: an effect (faultable)
 GET    /notify/{key}               lookup: applied or not, with the stored result
 POST   /notify/{key}/abort         refuse an attempt (by deadline) unless applied
-GET    /applications[?prefix=P]    applications per key (api and db), reads per key
+POST   /v1/chat/completions        the model: scripted, OpenAI-compatible (faultable)
+GET    /v1/models                  the model's name
+GET    /applications[?prefix=P]    applications per key (api and db), reads and model
+                                   requests per key
 GET    /applications/rows          every application with its times
 GET    /requests?key=K             every request for a key and what became of it
 GET    /control/faults             the fault plan and the faults injected so far
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from examples.world import model
 from examples.world.faults import Fault, FaultPlan
 from examples.world.protocol import DEADLINE_HEADER, KEY_HEADER, REPLAYED_HEADER
 from examples.world.store import ApiStore, ExampleDb, ModeMismatch, now_ms
@@ -201,6 +205,56 @@ class Handler(BaseHTTPRequestHandler):
             self._after(fault, 200, {"applied": True, "result": result},
                         {REPLAYED_HEADER: "true"} if disposition == "replayed" else None)
 
+    def chat_completions(self, query: dict[str, str]) -> None:
+        """The model (``examples.world.model``): every request is recorded under its
+        ``Idempotency-Key`` whatever becomes of it, so a test can count how many times a
+        call was sent. Faults: ``fail`` (503), ``slow`` (before answering, or before the
+        reply), ``drop`` (answer, then close the connection; a stream is cut halfway)."""
+        key, deadline = self._effect_headers(required=False)
+        body = self._json()
+        reply = model.completion(body)  # a malformed request is a 400, and not counted
+        received = now_ms()
+        fault = self.world.faults.take("model", key)
+        req = self.world.api.request("model", key, received, fault.label() if fault else "")
+        if self._before(fault, req):
+            return
+        if now_ms() > deadline:
+            self.world.api.settle(req, "refused_deadline")
+            self._reply(408, {"error": "past the deadline", "applied": False})
+            return
+        dropped = fault is not None and fault.kind == "drop"
+        self.world.api.settle(req, "answered" + ("+dropped" if dropped else ""))
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(fault, model.chunks(reply, usage))
+        else:
+            self._after(fault, 200, reply)
+
+    def _stream(self, fault: Fault | None, chunks: list[dict[str, Any]]) -> None:
+        """Server-sent events, ``data: [DONE]`` last; a ``drop`` fault cuts the stream
+        halfway (no ``[DONE]``), a ``slow`` reply fault holds it before the first event."""
+        if fault is not None and fault.kind == "slow" and fault.phase == "reply":
+            time.sleep(fault.slow_s)
+        dropped = fault is not None and fault.kind == "drop"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            for chunk in chunks[:len(chunks) // 2] if dropped else chunks:
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            if not dropped:
+                self.wfile.write(b"data: [DONE]\n\n")
+        except ConnectionError:
+            pass
+        self.close_connection = True
+
+    def models(self, query: dict[str, str]) -> None:
+        self._reply(200, {"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "durable-world"}
+            for name in model.MODELS]})
+
     def _before(self, fault: Fault | None, req: int) -> bool:
         """Faults that strike before the effect; True when the request is answered."""
         if fault is not None and fault.kind == "fail":
@@ -240,6 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         prefix = query.get("prefix")
         api, reads = self.world.api.counts(prefix)
         self._reply(200, {"api": api, "db": self.world.db.counts(prefix), "reads": reads,
+                          "model": self.world.api.model_requests(prefix),
                           "dedupe": self.world.dedupe})
 
     def application_rows(self, query: dict[str, str]) -> None:
@@ -286,6 +341,8 @@ ROUTES: list[tuple[str, str, str]] = [
     ("POST", r"/notify", "notify"),
     ("GET", r"/notify/([^/]+)", "lookup"),
     ("POST", r"/notify/([^/]+)/abort", "abort"),
+    ("POST", r"/v1/chat/completions", "chat_completions"),
+    ("GET", r"/v1/models", "models"),
     ("GET", r"/applications", "applications"),
     ("GET", r"/applications/rows", "application_rows"),
     ("GET", r"/requests", "requests"),

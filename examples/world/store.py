@@ -1,10 +1,11 @@
 """The world's two SQLite files.
 
 ``api.sqlite`` is the notification API's own store: every application of every key (a new
-row each time the effect happens), every request with what became of it, and the keys
-callers aborted. ``example.sqlite`` is the database the example agent writes to: table
-``reports`` whose ``idem_key`` column is ``UNIQUE``, except in the non-deduplicating mode,
-where nothing but the system's ledger and lookups stands between a retry and a second row.
+row each time the effect happens), every request with what became of it (the data
+source's and the model's too), and the keys callers aborted. ``example.sqlite`` is the
+database the example agent writes to: table ``reports`` whose ``idem_key`` column is
+``UNIQUE``, except in the non-deduplicating mode, where nothing but the system's ledger and
+lookups stands between a retry and a second row.
 """
 
 from __future__ import annotations
@@ -167,6 +168,16 @@ class ApiStore:
                 f"SELECT key, COUNT(*) FROM requests{where}{extra} endpoint = 'source' "
                 "AND disposition = 'applied' GROUP BY key", args).fetchall()
         return {k: n for k, n in api}, {k: n for k, n in reads}
+
+    def model_requests(self, prefix: str | None) -> dict[str, int]:
+        """Requests the model received per key, whatever became of each."""
+        where, args = _prefix_clause("key", prefix)
+        extra = " AND" if where else " WHERE"
+        with self.lock:
+            found = self.conn.execute(
+                f"SELECT key, COUNT(*) FROM requests{where}{extra} endpoint = 'model' "
+                "GROUP BY key", args).fetchall()
+        return {k: n for k, n in found}
 
     def rows(self, prefix: str | None) -> list[dict[str, Any]]:
         where, args = _prefix_clause("key", prefix)
