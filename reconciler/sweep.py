@@ -137,7 +137,8 @@ class Reconciler:
             if known is not None and known.effect_free:
                 # Nothing outside changed: no deadline to wait for, nothing to ask.
                 specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
-                                                    "resolution": "not_applied"})]
+                                                    "resolution": "not_applied",
+                                                    "by": "effect_free"})]
             else:
                 if act.deadline + skew > now:
                     if state.terminal or state.state == "outcome_unknown":

@@ -121,3 +121,25 @@ def handles_failure(ctx: RunContext, inp: Any) -> str:
     except StepFailed as exc:
         return f"recovered from {exc.status}"
     return "no failure"
+
+
+@register
+class NeverAnswers(Tool):
+    """An effect-free call whose reply always comes after its deadline."""
+
+    name = "never_answers"
+    timeout_s = 0.3
+    effect_free = True
+    max_attempts = 2
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        time.sleep(1.0)
+        return "too late"
+
+
+@agent(tools=("never_answers",))
+def stalls(ctx: RunContext, inp: Any) -> str:
+    try:
+        return str(ctx.call("never_answers", {}))
+    except StepFailed as exc:
+        return f"gave up: {exc.error_type}"

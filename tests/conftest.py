@@ -5,8 +5,11 @@ servers (as arq's tests do), which stop everything they started at teardown."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -14,6 +17,8 @@ import redis
 from durable.client import Client
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker
+
+T = TypeVar("T")
 
 #: ``worker(**opts)``: a ``durable worker`` process on the session's server.
 WorkerFactory = Callable[..., Worker]
@@ -53,19 +58,25 @@ def client(settings: Settings, r: redis.Redis) -> Client:
     return Client(settings, r)
 
 
+def _started(make: Callable[..., T]) -> tuple[Callable[..., T], list[T]]:
+    """A factory that remembers what it started, for a fixture to stop at teardown."""
+    started: list[T] = []
+
+    def start(**opts: Any) -> T:
+        thing = make(**opts)
+        started.append(thing)
+        return thing
+
+    return start, started
+
+
 @pytest.fixture()
 def worker(server: Server, settings: Settings) -> Iterator[WorkerFactory]:
     """``worker(**opts) -> durable.testing.Worker``: a real worker process on the session's
     server, with the test's environment (``settings`` and any ``monkeypatch.setenv`` made
     before the call); ``opts`` are ``Worker``'s (``burst``, ``kill_at``, ``DURABLE_*``...).
     Every worker started is stopped (SIGTERM, then SIGKILL) before the server is flushed."""
-    started: list[Worker] = []
-
-    def start(**opts: Any) -> Worker:
-        w = Worker(server.url, **opts)
-        started.append(w)
-        return w
-
+    start, started = _started(lambda **opts: Worker(server.url, **opts))
     yield start
     for w in started:
         w.stop()
@@ -75,13 +86,7 @@ def worker(server: Server, settings: Settings) -> Iterator[WorkerFactory]:
 def reconciler(server: Server, settings: Settings) -> Iterator[ReconcilerFactory]:
     """``reconciler(**opts) -> durable.testing.Reconciler``: a reconciler process on the
     session's server with the test's environment; stopped at teardown."""
-    started: list[Reconciler] = []
-
-    def start(**opts: Any) -> Reconciler:
-        rec = Reconciler(server.url, **opts)
-        started.append(rec)
-        return rec
-
+    start, started = _started(lambda **opts: Reconciler(server.url, **opts))
     yield start
     for rec in started:
         rec.stop()
@@ -92,13 +97,14 @@ def make_server() -> Iterator[ServerFactory]:
     """``make_server(**opts) -> durable.testing.Server``: another started Redis server on a
     random port in a private directory (``opts`` are ``Server``'s: ``fsync``, ``data_dir``);
     every one is stopped at teardown."""
-    started: list[Server] = []
-
-    def start(**opts: Any) -> Server:
-        srv = Server(**opts).start()
-        started.append(srv)
-        return srv
-
+    start, started = _started(lambda **opts: Server(**opts).start())
     yield start
     for srv in started:
         srv.stop()
+
+
+def run_durable(*args: str, env: dict[str, str], cwd: Path | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``durable ARGS`` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServerFactory
-
-
-def _durable(*args: str, env: dict[str, str], stdin: str | None = None,
-             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "durable", *args], env=env, input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+from tests.conftest import ServerFactory, run_durable
 
 
 @pytest.fixture()
@@ -36,7 +30,7 @@ def _one_line(err: str) -> str:
 
 def test_redis_down_is_one_line_and_exit_3(env: dict[str, str]) -> None:
     env["DURABLE_REDIS_URL"] = "redis://127.0.0.1:1/0"
-    out = _durable("runs", env=env)
+    out = run_durable("runs", env=env)
     assert out.returncode == 3
     line = _one_line(out.stderr)
     assert line.startswith("durable: cannot reach Redis at redis://127.0.0.1:1/0")
@@ -48,7 +42,7 @@ def test_a_wrong_password_is_one_line_without_the_password(
     srv = make_server(fsync="everysec")
     srv.client().config_set("requirepass", "right-one")
     env["DURABLE_REDIS_URL"] = srv.url.replace("redis://", "redis://:wrong-one@")
-    out = _durable("runs", env=env)
+    out = run_durable("runs", env=env)
     assert out.returncode == 3
     line = _one_line(out.stderr)
     assert "refused the credentials" in line and "wrong-one" not in out.stderr
@@ -58,10 +52,10 @@ def test_a_closed_pipe_ends_quietly(env: dict[str, str], make_server: ServerFact
     """``durable log RUN --json | head -1`` on a log far larger than a pipe's buffer."""
     srv = make_server(fsync="everysec")
     env["DURABLE_REDIS_URL"] = srv.url
-    assert _durable("start", "count", "--run-id", "big", "--input", '{"steps": 400}',
+    assert run_durable("start", "count", "--run-id", "big", "--input", '{"steps": 400}',
                     env=env).returncode == 0
-    assert _durable("worker", "--burst", env=env, timeout=120).returncode == 0
-    whole = _durable("log", "big", "--json", env=env)
+    assert run_durable("worker", "--burst", env=env, timeout=120).returncode == 0
+    whole = run_durable("log", "big", "--json", env=env)
     assert len(whole.stdout) > 200_000  # well past a 64 KiB pipe
     shell = f"{sys.executable} -m durable log big --json | head -1"
     out = subprocess.run(shell, shell=True, env=env, capture_output=True, text=True,
@@ -74,7 +68,7 @@ def test_an_input_nested_too_deeply_is_a_usage_error(env: dict[str, str],
                                                      make_server: ServerFactory) -> None:
     env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
     deep = "[" * 10_000 + "]" * 10_000
-    out = _durable("start", "count", "--input", deep, env=env)
+    out = run_durable("start", "count", "--input", deep, env=env)
     assert out.returncode == 2
     assert _one_line(out.stderr) == "durable: --input is nested too deeply"
 
@@ -88,8 +82,8 @@ def test_times_are_shown_for_people_and_kept_as_milliseconds_in_json(
     assert age(4_000 + 120_000, now_ms=4_000) == "in 2 min"
     assert age(0) == ""
     env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
-    assert _durable("start", "count", "--run-id", "t1", env=env).returncode == 0
-    table = _durable("runs", env=env).stdout
+    assert run_durable("start", "count", "--run-id", "t1", env=env).returncode == 0
+    table = run_durable("runs", env=env).stdout
     assert "s ago" in table
-    row = _durable("runs", "--json", env=env).stdout
+    row = run_durable("runs", "--json", env=env).stdout
     assert '"updated":1' in row  # epoch milliseconds for scripts

@@ -159,3 +159,16 @@ def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
                     (keys.log(run), keys.run(run), keys.ledger(run)))
     assert run_bytes < 2 * message_bytes, (run_bytes, message_bytes)
     assert verify(client.log, run).ok
+
+
+def test_an_effect_free_call_that_never_answers_is_sent_again_only_max_attempts_times(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """Window: dispatched, timed out (outcome unknown) each time. Effect-free, so it is sent
+    again at once with no lookup, but only ``max_attempts`` times in all: then the step
+    fails and the agent decides."""
+    run = client.start("stalls", {}, run_id="stall").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "completed" and state.result == "gave up: NoOutcome"
+    assert _types(client, run).count("action_dispatched") == 2

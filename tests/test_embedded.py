@@ -6,20 +6,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from durable import embedded
 from durable.settings import Settings
-from tests.conftest import ServerFactory
+from tests.conftest import ServerFactory, run_durable
 
 
 def _durable(args: list[str], cwd: Path, env: dict[str, str],
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_durable(*args, env=env, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture()

@@ -402,10 +402,17 @@ class StepLoop:
             return self._run_tool(handle, tool, act, slot, pending)
         # dispatched or unknown: the earlier attempt may have applied the effect.
         tool = self.registry.tool(act.tool)
-        if tool.effect_free:  # nothing outside changed: send it again at once
-            specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
-                                                "resolution": "not_applied"})]
-            self.redis.hincrby(keys.STATS, "effect_free_resent", 1)
+        if tool.effect_free:  # nothing outside changed: send it again at once...
+            if act.attempts >= tool.max_attempts:  # ...but not forever
+                specs = [Spec(ev.ActionFailed, {
+                    "step": act.step, "key": act.key, "error_type": "NoOutcome",
+                    "error": f"no outcome after {act.attempts} attempts "
+                             f"(last: {act.unknown_reason or 'lost'})"})]
+            else:
+                specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
+                                                    "resolution": "not_applied",
+                                                    "by": "effect_free"})]
+                self.redis.hincrby(keys.STATS, "effect_free_resent", 1)
             pending[:] = specs
             self.log.stage(handle, specs)
             return False, 0

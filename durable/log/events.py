@@ -115,6 +115,8 @@ class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True
     key: str
     resolution: str
     result: Any = None
+    #: How: "" (the tool's ``lookup``) or "effect_free" (nothing to ask: sent again).
+    by: str = ""
 
 
 class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):

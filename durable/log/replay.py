@@ -85,6 +85,8 @@ def describe(event: ev.Event) -> str:
         case ev.ActionInterrupted():
             return f"step {event.step} interrupted mid-flight ({event.reason}): outcome unknown"
         case ev.ActionReconciled():
+            if event.by == "effect_free":
+                return f"step {event.step} has no outcome; effect-free, so sent again"
             return f"step {event.step} reconciled by lookup: {event.resolution}"
         case ev.CallCanceled():
             return f"step {event.step} call canceled ({event.reason})"
