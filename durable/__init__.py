@@ -19,6 +19,7 @@ from durable.agents import (
 )
 from durable.cancellation import Cancelled, CancelToken
 from durable.client import Client, RunSummary, Started
+from durable.code import RunContext, StepFailed, WaitExpired, agent
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -28,6 +29,7 @@ from durable.errors import (
     LeaseLost,
     NondeterminismError,
     PayloadTooLarge,
+    Refused,
     RunIdConflict,
     RunNotFound,
     UnknownAgent,
@@ -59,12 +61,15 @@ __all__ = [
     "OutcomeUnknown",
     "Partial",
     "PayloadTooLarge",
+    "Refused",
+    "RunContext",
     "RunIdConflict",
     "RunNotFound",
     "RunState",
     "RunSummary",
     "Settings",
     "Started",
+    "StepFailed",
     "Tool",
     "ToolContext",
     "UnknownAgent",
@@ -72,6 +77,8 @@ __all__ = [
     "UnsafeRedis",
     "UsageError",
     "Wait",
+    "WaitExpired",
+    "agent",
     "register",
     "registry",
 ]

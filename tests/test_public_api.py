@@ -30,11 +30,14 @@ EXPECTED = {
     "Partial": "durable.streaming",
     "PayloadTooLarge": "durable.errors",
     "RunIdConflict": "durable.errors",
+    "Refused": "durable.errors",
+    "RunContext": "durable.code",
     "RunNotFound": "durable.errors",
     "RunState": "durable.log.state",
     "RunSummary": "durable.client",
     "Settings": "durable.settings",
     "Started": "durable.client",
+    "StepFailed": "durable.code",
     "Tool": "durable.agents",
     "ToolContext": "durable.agents",
     "UnknownAgent": "durable.errors",
@@ -42,6 +45,8 @@ EXPECTED = {
     "UnsafeRedis": "durable.errors",
     "UsageError": "durable.errors",
     "Wait": "durable.agents",
+    "WaitExpired": "durable.code",
+    "agent": "durable.code",
     "register": "durable.agents",
     "registry": "durable.agents",
 }
@@ -60,6 +65,7 @@ ERRORS = {
     "DecodeError": "DurableError",
     "NondeterminismError": "DurableError",
     "ForbiddenJob": "DurableError",
+    "Refused": "DurableError",
 }
 
 
@@ -97,7 +103,11 @@ def test_names_outside_the_error_tree_stay_outside_it() -> None:
     exceptions = {name for name in EXPECTED if isinstance(getattr(durable, name), type)
                   and issubclass(getattr(durable, name), BaseException)}
     assert exceptions == {*ERRORS, "DurableError", "OutcomeUnknown", "UnsafeRedis",
-                          "Cancelled"}
+                          "Cancelled", "StepFailed", "WaitExpired"}
+    # Raised into a code agent's function: what happened to its step or wait, for it to
+    # handle; not a library failure.
+    for name in ("StepFailed", "WaitExpired"):
+        assert not issubclass(getattr(durable, name), durable.DurableError)
 
 
 def test_cancellation_is_not_an_exception() -> None:
