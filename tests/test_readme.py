@@ -1,0 +1,44 @@
+"""The README's configuration table is the settings: a setting added, removed or given
+another default in ``durable/settings.py`` fails here until the table says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from durable.settings import Settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _table() -> dict[str, str]:
+    """``DURABLE_X`` -> its default cell, from the Configuration section's table."""
+    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(DURABLE_[A-Z_]+)` \| ([^|]*) \|", section, re.MULTILINE)
+    return {name: default.strip() for name, default in rows}
+
+
+def _shown(value: object) -> str | None:
+    """How the table writes a scalar default; None for the ones it describes in words."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return f"`{int(value)}`"
+    if isinstance(value, int | float | str) and value != "":
+        return f"`{value}`"
+    return None
+
+
+def test_the_configuration_table_lists_every_setting_and_nothing_else() -> None:
+    table = _table()
+    assert sorted(table) == sorted(f"DURABLE_{name.upper()}" for name in Settings.model_fields)
+
+
+def test_the_configuration_table_shows_each_default() -> None:
+    table = _table()
+    for name, field in Settings.model_fields.items():
+        shown = _shown(field.default)
+        if shown is not None:
+            assert table[f"DURABLE_{name.upper()}"].startswith(shown), name
+        elif field.default is None:
+            assert table[f"DURABLE_{name.upper()}"] == "unset", name
