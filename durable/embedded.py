@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -197,12 +198,20 @@ def ensure_server(settings: Settings) -> str:
         return url
 
 
-def run_foreground(settings: Settings, port: int = 0) -> int:
-    """``durable redis``: run the server in this process's place (for the Procfile)."""
+def run_foreground(settings: Settings, port: int = 0, linger_s: float = 4.0) -> int:
+    """``durable redis``: the server as a foreground process (for the Procfile).
+
+    The server runs as a child in a session of its own (a Ctrl-C in the terminal does not
+    reach it). On SIGTERM or SIGINT this process waits, up to ``linger_s``, until the other
+    processes (workers handing their runs back, the reconciler) have disconnected, then
+    shuts the server down: stopping a formation stops Redis last. A second signal shuts it
+    down at once.
+    """
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     if recorded_url(data_dir):
-        print(f"a server already runs for {data_dir}: {recorded_url(data_dir)}", flush=True)
+        print(f"durable: a server already runs for {data_dir}: {recorded_url(data_dir)}",
+              file=sys.stderr, flush=True)
         return 1
     port = port or int(os.environ.get("DURABLE_REDIS_PORT", "0")) or free_port()
     url = f"redis://127.0.0.1:{port}/0"
@@ -210,12 +219,61 @@ def run_foreground(settings: Settings, port: int = 0) -> int:
         print(f"durable: port {port} on 127.0.0.1 is taken by another process; choose "
               "another with --port (nothing was started or recorded)", file=sys.stderr)
         return 1
-    args = server_args(data_dir, port, settings.fsync)
-    args[args.index("--logfile") + 1] = ""
-    _record(data_dir, url, os.getpid())
-    print(f"embedded redis on {url} (data in {data_dir}, appendfsync {settings.fsync})", flush=True)
-    os.execv(args[0], args)
-    return 0  # pragma: no cover
+    proc = subprocess.Popen(server_args(data_dir, port, settings.fsync),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        _wait_ready(url, proc)
+    except RuntimeError as exc:
+        print(f"durable: {exc}", file=sys.stderr)
+        proc.kill()
+        return 1
+    _record(data_dir, url, proc.pid)
+    print(f"embedded redis on {url} (data in {data_dir}, appendfsync {settings.fsync})",
+          flush=True)
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        signals.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while proc.poll() is None and not signals:
+        time.sleep(0.1)
+    if proc.poll() is not None:
+        print(f"durable: redis-server exited with {proc.returncode}; see "
+              f"{data_dir / 'redis.log'}", file=sys.stderr)
+        return 1
+    end = time.monotonic() + linger_s
+    while len(signals) < 2 and time.monotonic() < end and _others_connected(url) > 0:
+        time.sleep(0.1)
+    _shutdown(url)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    with contextlib.suppress(OSError):
+        (data_dir / ADDRESS_FILE).unlink()
+    print("embedded redis stopped", flush=True)
+    return 0
+
+
+def _others_connected(url: str) -> int:
+    """Clients connected to the server besides the one asking."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=0.5)
+        try:
+            return max(0, len(client.client_list()) - 1)
+        finally:
+            client.close()
+    except redis.RedisError:
+        return 0
+
+
+def _shutdown(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    with contextlib.suppress(redis.RedisError):
+        client.shutdown(nosave=True)
 
 
 def stop(data_dir: Path) -> bool:
@@ -223,9 +281,7 @@ def stop(data_dir: Path) -> bool:
     url = recorded_url(data_dir)
     if not url:
         return False
-    client = redis.Redis.from_url(url)
-    with contextlib.suppress(redis.ConnectionError):
-        client.shutdown(nosave=True)
+    _shutdown(url)
     with contextlib.suppress(OSError):
         (data_dir / ADDRESS_FILE).unlink()
     return True

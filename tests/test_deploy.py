@@ -21,16 +21,30 @@ def test_the_safety_check_catches_what_would_lose_events() -> None:
     assert config_problems({"appendonly": "yes", "maxmemory-policy": "allkeys-lru"})
 
 
-def test_procfile_runs_the_project_processes() -> None:
-    lines = dict(line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines())
-    assert lines["worker"].strip().endswith("durable worker")
-    assert lines["reconciler"].strip().endswith("durable reconciler")
-    assert lines["redis"].strip().startswith("durable redis")
+def _procfile(name: str) -> dict[str, str]:
+    text = (ROOT / name).read_text()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines())}
 
 
-def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
-    """`honcho start -c worker=2`: the embedded server, two workers and the reconciler;
-    a run started from outside (through the address the server recorded) completes."""
+def test_the_production_procfile_names_no_embedded_server() -> None:
+    """Production: workers and the reconciler against DURABLE_REDIS_URL, nothing else."""
+    assert _procfile("Procfile") == {"worker": "durable worker",
+                                     "reconciler": "durable reconciler"}
+
+
+def test_the_development_procfile_runs_the_embedded_server_too() -> None:
+    lines = _procfile("Procfile.dev")
+    assert lines["redis"].startswith("durable redis")
+    assert lines["worker"].endswith("durable worker")
+    assert lines["reconciler"].endswith("durable reconciler")
+
+
+def test_ctrl_c_stops_the_development_formation_workers_first_and_redis_last(
+    tmp_path: Path,
+) -> None:
+    """`honcho -f Procfile.dev start -c worker=2`, 20 runs in flight (each inside a
+    one-second call) when SIGINT arrives: the workers hand their runs back and exit, Redis
+    stops last, nothing prints a traceback, and after a restart every run completes."""
     import os
     import signal
     import subprocess
@@ -45,8 +59,71 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
     env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
     # The Procfile names the `durable` script: the one installed next to this Python.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())
-    honcho = subprocess.Popen([sys.executable, "-m", "honcho", "start", "-c", "worker=2"],
+    (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())
+
+    def formation() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "honcho", "-f", "Procfile.dev", "start", "-c", "worker=2"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def durable(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "durable", *args], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def states() -> list[str]:
+        return [line.split('"state":"')[1].split('"')[0]
+                for line in durable("runs", "--json", "--limit", "100").splitlines()]
+
+    honcho = formation()
+    try:
+        assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
+        for i in range(20):
+            durable("start", "count", "--run-id", f"f{i}", "--input",
+                    '{"steps": 3, "sleep_s": 1.0}')
+        assert wait_for(lambda: states().count("completed") < 20 and
+                        len(states()) == 20, 30)
+        wait_for(lambda: False, 1.5)  # the runs are inside their calls now
+    finally:
+        os.killpg(honcho.pid, signal.SIGINT)
+        first = honcho.communicate(timeout=60)[0].decode()
+    assert "Traceback" not in first, first
+    assert "embedded redis stopped" in first
+    assert first.rindex("embedded redis stopped") > max(
+        first.rfind("worker.1 stopped"), first.rfind("worker.2 stopped"))
+    honcho = formation()
+    try:
+        assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
+        assert wait_for(lambda: states().count("completed") == 20, 60, interval=0.5), states()
+    finally:
+        os.killpg(honcho.pid, signal.SIGINT)
+        second = honcho.communicate(timeout=60)[0].decode()
+    assert "Traceback" not in second, second
+
+
+def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
+    """`honcho -f Procfile.dev start -c worker=2`: the embedded server, two workers and the
+    reconciler; a run started from outside (through the address the server recorded)
+    completes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from durable.embedded import free_port
+    from durable.testing import wait_for
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
+    env["DURABLE_PORT"] = str(free_port())
+    env["DURABLE_AGENTS"] = "examples.agents"
+    env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
+    # The Procfile names the `durable` script: the one installed next to this Python.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())
+    honcho = subprocess.Popen([sys.executable, "-m", "honcho", "-f", "Procfile.dev", "start",
+                               "-c", "worker=2"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:

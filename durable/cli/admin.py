@@ -17,7 +17,7 @@ def cmd_redis(args: argparse.Namespace) -> int:
         print(f"stopped the server of {settings.data_dir}" if stopped
               else f"no server runs for {settings.data_dir}")
         return OK if stopped else CHECK_FAILED
-    return run_foreground(settings, args.port)
+    return run_foreground(settings, args.port, args.linger)
 
 
 def cmd_repair_index(args: argparse.Namespace) -> int:
@@ -29,5 +29,8 @@ def register(add: Add) -> None:
     sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
     sp.add_argument("--port", type=int, default=0)
     sp.add_argument("--stop", action="store_true", help="stop the server of the data dir")
+    sp.add_argument("--linger", type=float, default=4.0, metavar="S",
+                    help="on a signal, wait up to S seconds for the other processes to "
+                         "disconnect before shutting down (Redis stops last)")
     add("repair-index", cmd_repair_index, "rebuild the global indexes from the run logs",
         js=False)

@@ -1,0 +1,6 @@
+"""Integrations with agent frameworks, each an optional extra: nothing here is imported by the
+library itself, and each module imports its framework when it is imported.
+
+- ``durable.integrations.pydantic_ai``: a pydantic-ai ``Agent`` as a durable run
+  (``pip install 'durable-agents[pydantic-ai]'``).
+"""

@@ -1,0 +1,229 @@
+"""The pydantic-ai integration: an unchanged pydantic-ai ``Agent`` run as a durable run, its
+model requests and tool calls steps of the log (``durable.integrations.pydantic_ai``).
+
+Real worker processes, SIGKILLed for real; the models are pydantic-ai ``FunctionModel``s
+that count their requests per idempotency key in a SQLite file, and the tools write their
+effects into a SQLite database that never deduplicates (``TEST_DB_DEDUPE=0``): a model
+request sent again or an effect applied twice would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic_ai import FunctionToolset, ModelRetry, ToolFailed
+from pydantic_ai.messages import ToolReturn
+
+from durable.agents import is_placeholder, registry
+from durable.client import Client
+from durable.integrations import pydantic_ai as integration
+from durable.log import events as ev
+from durable.log.verify import verify
+from durable.settings import Settings
+from durable.testing import wait_for
+from tests import pydantic_ai_agents
+from tests.agents import applications
+from tests.conftest import ReconcilerFactory, WorkerFactory
+
+AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
+
+
+@pytest.fixture(autouse=True)
+def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"]}')
+
+
+def _model_requests(tmp_path: Path) -> dict[str, int]:
+    conn = sqlite3.connect(tmp_path / "model.sqlite")
+    try:
+        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        conn.close()
+
+
+def _steps(client: Client, run: str) -> list[ev.StepDecided]:
+    return [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
+
+
+BOOKER_STEPS = ["pai_booker.model", "pai_booker.tool.book", "pai_booker.model",
+                "pai_booker.tool.book", "pai_booker.tool.note", "pai_booker.model"]
+
+
+def test_an_agent_runs_as_a_durable_run_its_requests_and_calls_steps(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    run = client.start("pai_booker", {"prompt": "book slots 1 and 2"}, run_id="pb").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "completed", (state.state, state.reason)
+    assert state.result == "booked: slot 1, slot 2"
+    steps = _steps(client, run)
+    assert [s.tool for s in steps] == BOOKER_STEPS  # two calls of one response: in order
+    models = [s for s in steps if s.tool == "pai_booker.model"]
+    assert all(s.model and is_placeholder(s.args) for s in models)  # digest, not the chat
+    assert steps[1].args == {"slot": 1} and steps[4].args == {"text": "two"}
+    assert state.model_calls == 3 and state.tokens == 3 * 10  # usage counted: budgets work
+    assert _model_requests(tmp_path) == {f"{run}:{n}": 1 for n in (1, 3, 6)}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
+    # The tools saw their step's idempotency key; the model saw the tools' results.
+    note = state.actions[5].result
+    assert note == {"return": f"noted two ({run}:5)"}
+    assert verify(client.log, run).ok
+
+
+@pytest.mark.parametrize(("step", "repeated"), [
+    (4, {}),             # after a tool's effect, before its outcome: resolved by lookup
+    (3, {3: 2}),         # after a model request returned: effect-free, sent again once
+])
+def test_a_killed_run_resumes_without_repeating_requests_or_effects(
+    step: int, repeated: dict[int, int], client: Client, worker: WorkerFactory,
+    reconciler: ReconcilerFactory, tmp_path: Path,
+) -> None:
+    """SIGKILL at step ``step``'s after-effect window; another worker re-executes the agent:
+    the recorded model responses and tool results come back from the log."""
+    run = client.start("pai_booker", {"prompt": "book"}, run_id=f"pbk{step}").run_id
+    doomed = worker(kill_at=f"after_effect:{step}")
+    assert doomed.wait(30) == -signal.SIGKILL
+    assert client.status(run).step == step
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == "booked: slot 1, slot 2"
+    assert [s.tool for s in _steps(client, run)] == BOOKER_STEPS
+    requests = _model_requests(tmp_path)
+    assert requests == {f"{run}:{n}": repeated.get(n, 1) for n in (1, 3, 6)}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
+    assert verify(client.log, run).ok
+
+
+def test_a_cancel_stops_a_model_request_in_flight(
+    client: Client, worker: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model step is cancellable: a cancel cancels the request's coroutine on the
+    steps' event loop, and the run ends canceled long before the request would return."""
+    monkeypatch.setenv("TEST_MODEL_SLOW_S", "30")
+    run = client.start("pai_booker", {"prompt": "book"}, run_id="pbc").run_id
+    worker()
+    assert wait_for(lambda: _model_requests(tmp_path) != {}, 15)
+    client.cancel(run, "user changed their mind")
+    final = client.wait(run, timeout=10)
+    assert final.state == "canceled"
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+    assert applications(str(tmp_path / "world.sqlite")) == {}
+    assert verify(client.log, run).ok
+
+
+def _waiting_approval(client: Client, worker: WorkerFactory, run: str) -> str:
+    worker()
+    state = client.wait(run, 30)
+    assert state.state == "waiting_approval", (state.state, state.reason)
+    (request,) = [a.request for a in state.approvals.values() if a.decision is None]
+    assert state.approvals[request].role == "finance"
+    return request
+
+
+def test_a_tool_requiring_approval_waits_for_the_approver(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    client.settings.approvers = {"alice": ["finance"]}
+    run = client.start("pai_refunder", {"prompt": "refund A1"}, run_id="pr").run_id
+    request = _waiting_approval(client, worker, run)
+    waits = [e.event for e in client.events(run) if isinstance(e.event, ev.WaitEntered)]
+    assert waits[-1].data == {"tool": "pai_refunder.tool.refund",
+                              "args": {"order": "A1", "cents": 500}}  # what the approver sees
+    assert applications(str(tmp_path / "world.sqlite")) == {}  # nothing before the decision
+    client.approve(run, request, "approve", "alice")
+    final = client.wait(run, 30)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == "refunded: refund A1 500"
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1}
+    # Re-executed after the wait: the first model request was not sent again.
+    assert _model_requests(tmp_path) == {f"{run}:1": 1, f"{run}:3": 1}
+    assert verify(client.log, run).ok
+
+
+def test_a_rejected_tool_call_is_told_to_the_model_as_denied(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    client.settings.approvers = {"alice": ["finance"]}
+    run = client.start("pai_refunder", {"prompt": "refund A1"}, run_id="prx").run_id
+    request = _waiting_approval(client, worker, run)
+    client.approve(run, request, "reject", "alice", note="not this one")
+    final = client.wait(run, 30)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == "not refunded: The tool call was denied: rejected by alice."
+    assert applications(str(tmp_path / "world.sqlite")) == {}
+
+
+def test_a_conversation_continues_from_its_message_history(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """``return_messages``-style continuation: the next run's input carries the history."""
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    history = [ModelRequest(parts=[UserPromptPart("earlier question")])]
+    inp = integration.DurableAgent.prompt_input("book", history)
+    assert inp["message_history"][0]["parts"][0]["content"] == "earlier question"
+    run = client.start("pai_booker", inp, run_id="pbh").run_id
+    worker(burst=True).wait(60)
+    assert client.status(run).result == "booked: slot 1, slot 2"
+
+
+# In-process: the wire format of a tool step's outcome, and what construction refuses.
+
+
+def test_a_tool_outcome_round_trips_through_its_recorded_json() -> None:
+    async def outcome(value: Any = None, exc: BaseException | None = None) -> Any:
+        async def call() -> Any:
+            if exc is not None:
+                raise exc
+            return value
+
+        return await integration._tool_outcome(call())
+
+    def run(coro: Any) -> Any:
+        return asyncio.run(coro)
+
+    assert integration._decode_outcome(run(outcome({"a": [1, 2]}))) == {"a": [1, 2]}
+    back = integration._decode_outcome(run(outcome(ToolReturn(return_value=3, content="c"))))
+    assert isinstance(back, ToolReturn) and back.return_value == 3 and back.content == "c"
+    with pytest.raises(ModelRetry, match="again"):
+        integration._decode_outcome(run(outcome(exc=ModelRetry("again"))))
+    with pytest.raises(ToolFailed, match="gone"):
+        integration._decode_outcome(run(outcome(exc=ToolFailed("gone"))))
+
+
+def test_step_context_outside_a_step_says_so() -> None:
+    with pytest.raises(LookupError):
+        integration.step_context()
+
+
+def test_construction_refuses_what_it_cannot_make_durable() -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    with pytest.raises(ValueError, match="unknown tools"):
+        integration.DurableAgent(Agent(TestModel()), name="pai_typo",
+                                 tools={"nope": integration.StepOptions()})
+    anonymous = FunctionToolset([lambda: 1])
+    with pytest.raises(ValueError, match="needs an id"):
+        integration.DurableAgent(Agent(TestModel(), toolsets=[anonymous]), name="pai_anon")
+    assert not [n for n in [*registry.agents, *registry.tools] if n.startswith(("pai_typo",
+                                                                              "pai_anon"))]
+    assert pydantic_ai_agents.booker.name == "pai_booker"  # the agent itself is unchanged
