@@ -176,20 +176,37 @@ class Client:
             raise RunNotFound(run_id)
         return self.log.read(run_id, start, end)
 
-    def runs(self, state: str | None = None, limit: int = 100) -> list[RunSummary]:
+    def runs(self, state: str | None = None, limit: int = 100, *, agent: str | None = None,
+             after: str | None = None) -> list[RunSummary]:
+        """Runs by update time, newest first: in ``state``, of ``agent``; ``after`` a run id
+        of the previous page (the next page starts below it)."""
         index = keys.runs_in_state(state) if state else keys.RUNS_BY_UPDATE
-        ids = [i.decode() for i in self.redis.zrevrange(index, 0, limit - 1)]
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in ids:
-            pipe.hgetall(keys.run(rid))
-        out = []
-        for rid, raw in zip(ids, pipe.execute(), strict=True):
-            p = {k.decode(): v.decode() for k, v in raw.items()}
-            if not p or (state and p.get("state") != state):
-                continue
-            out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
-                                  int(p.get("step", 0)), int(p.get("version", 0)),
-                                  int(p.get("updated", 0)), p.get("reason", "")))
+        start = 0
+        if after is not None:
+            rank = self.redis.zrevrank(index, after)
+            if rank is None:
+                raise RunNotFound(after)
+            start = rank + 1
+        out: list[RunSummary] = []
+        batch = max(limit, 100)
+        while len(out) < limit:
+            ids = [i.decode() for i in self.redis.zrevrange(index, start, start + batch - 1)]
+            if not ids:
+                break
+            start += len(ids)
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in ids:
+                pipe.hgetall(keys.run(rid))
+            for rid, raw in zip(ids, pipe.execute(), strict=True):
+                p = {k.decode(): v.decode() for k, v in raw.items()}
+                if not p or (state and p.get("state") != state) or \
+                        (agent and p.get("agent") != agent):
+                    continue
+                out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
+                                      int(p.get("step", 0)), int(p.get("version", 0)),
+                                      int(p.get("updated", 0)), p.get("reason", "")))
+                if len(out) == limit:
+                    break
         return out
 
     def wait(self, run_id: str, timeout: float = 30.0, *, waiting: bool = True) -> RunState:

@@ -3,6 +3,7 @@ documented exit code, no traceback, and never a password."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -87,3 +88,27 @@ def test_times_are_shown_for_people_and_kept_as_milliseconds_in_json(
     assert "s ago" in table
     row = run_durable("runs", "--json", env=env).stdout
     assert '"updated":1' in row  # epoch milliseconds for scripts
+
+
+def test_runs_page_and_filter_by_agent(env: dict[str, str],
+                                       make_server: ServerFactory) -> None:
+    env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
+    env["DURABLE_AGENTS"] = "examples.agents,tests.agents"
+    for i in range(5):
+        assert run_durable("start", "count", "--run-id", f"c{i}", env=env).returncode == 0
+        assert run_durable("start", "echo", "--run-id", f"e{i}", env=env).returncode == 0
+
+    def ids(*args: str) -> list[str]:
+        out = run_durable("runs", "--json", *args, env=env)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line)["run_id"] for line in out.stdout.splitlines()]
+
+    everything = ids()
+    assert len(everything) == 10
+    first = ids("--limit", "4")
+    second = ids("--limit", "4", "--after", first[-1])
+    third = ids("--limit", "4", "--after", second[-1])
+    assert first + second + third == everything
+    assert sorted(ids("--agent", "count")) == [f"c{i}" for i in range(5)]
+    assert ids("--agent", "count", "--limit", "2") == [r for r in everything
+                                                       if r.startswith("c")][:2]

@@ -66,7 +66,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    runs = client().runs(args.state, args.limit)
+    runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after)
     if args.json:
         for r in runs:
             json_out(r.__dict__)
@@ -128,7 +128,10 @@ def register(add: Add) -> None:
     add("status", cmd_status, "a run's folded state", run=True)
     sp = add("runs", cmd_runs, "list runs, newest first")
     sp.add_argument("--state", default=None)
-    sp.add_argument("--limit", type=int, default=100)
+    sp.add_argument("--limit", type=int, default=100, help="runs per page")
+    sp.add_argument("--after", default=None, metavar="RUN",
+                    help="the next page: runs listed after this one")
+    sp.add_argument("--agent", default=None, help="only this agent's runs")
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)
     sp.add_argument("--reason", default="operator request")
     sp.add_argument("--scope", choices=["run", "call"], default="run")
