@@ -15,7 +15,7 @@ def test_chaos_short_form_has_no_duplicates_and_every_run_terminal() -> None:
     themselves after_intent / after_effect / after_outcome of a random step; world faults
     fail (503), drop (applied, no reply), slow (reply late or applied past the deadline)
     and database locks. Must end with every run terminal, each key applied once."""
-    cfg = ChaosConfig(runs=60, workers=4, seed=11, kill_every=(0.4, 1.2), fault_workers=0.4,
+    cfg = ChaosConfig(runs=60, workers=4, seed=11, kill_every=(0.2, 0.6), fault_workers=0.4,
                       p_fail=0.06, p_drop=0.06, p_slow=0.04, time_bound_s=70)
     report = run_chaos(cfg)
     print(report.to_json())
