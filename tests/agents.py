@@ -120,6 +120,19 @@ class Writer(Agent):
         return Call("sqlwrite", {"n": state.step + 1})
 
 
+def model_requests(db_path: str) -> dict[str, int]:
+    """Requests per idempotency key that a test model counted in its SQLite file."""
+    import sqlite3
+
+    conn = sqlite3.connect(db_path)
+    try:
+        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
+    except sqlite3.OperationalError:
+        return {}
+    finally:
+        conn.close()
+
+
 def applications(db_path: str) -> dict[str, int]:
     import sqlite3
 

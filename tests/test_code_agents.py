@@ -9,7 +9,6 @@ SQLite file: a recorded step sent again would show in either.
 from __future__ import annotations
 
 import signal
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import redis
 from durable.client import Client
 from durable.log import keys
 from durable.log.verify import verify
-from tests.agents import applications
+from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
 
@@ -30,13 +29,7 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _model_requests(tmp_path: Path) -> dict[str, int]:
-    conn = sqlite3.connect(tmp_path / "model.sqlite")
-    try:
-        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        conn.close()
+    return model_requests(str(tmp_path / "model.sqlite"))
 
 
 def _types(client: Client, run: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import wait_for
 from tests import pydantic_ai_agents
-from tests.agents import applications
+from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
 AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
@@ -46,13 +45,7 @@ def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _model_requests(tmp_path: Path) -> dict[str, int]:
-    conn = sqlite3.connect(tmp_path / "model.sqlite")
-    try:
-        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        conn.close()
+    return model_requests(str(tmp_path / "model.sqlite"))
 
 
 def _steps(client: Client, run: str) -> list[ev.StepDecided]:
