@@ -83,6 +83,11 @@ def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None
 def safety_problems(client: redis.Redis) -> list[str]:
     """Why acknowledged events could be lost on this server (empty when safe)."""
     cfg = _config(client)
+    if not cfg:
+        # Managed services and restricted ACL users may not run CONFIG GET: say what could
+        # not be checked instead of guessing.
+        return ["its persistence settings cannot be read (CONFIG GET is not allowed): make "
+                "sure it runs with appendonly yes and maxmemory-policy noeviction"]
     problems = []
     if cfg.get("appendonly") != "yes":
         problems.append(

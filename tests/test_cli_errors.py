@@ -23,7 +23,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if not line.startswith("durable: waiting")]
+    lines = [line for line in err.splitlines() if not line.startswith("durable: waiting")
+             and not line.startswith("durable: warning:")]
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
@@ -112,3 +113,27 @@ def test_runs_page_and_filter_by_agent(env: dict[str, str],
     assert sorted(ids("--agent", "count")) == [f"c{i}" for i in range(5)]
     assert ids("--agent", "count", "--limit", "2") == [r for r in everything
                                                        if r.startswith("c")][:2]
+
+
+def test_an_acl_user_without_a_needed_permission_is_one_line(
+    env: dict[str, str], make_server: ServerFactory
+) -> None:
+    """A user that may read but not write: starting a run is refused by Redis (NOPERM)."""
+    srv = make_server(fsync="everysec")
+    srv.client().execute_command("ACL", "SETUSER", "reader", "on", ">reader-pw", "~*",
+                                 "&*", "+@read", "+@connection", "-@write", "-@scripting")
+    env["DURABLE_REDIS_URL"] = srv.url.replace("redis://", "redis://reader:reader-pw@")
+    out = run_durable("start", "count", env=env)
+    assert out.returncode == 3
+    line = _one_line(out.stderr)
+    assert "denied a command to this user" in line and "reader-pw" not in out.stderr
+    assert "durable: warning: redis://reader:***@" in out.stderr  # settings it cannot read
+
+
+def test_tls_against_a_server_without_tls_is_one_line(env: dict[str, str],
+                                                      make_server: ServerFactory) -> None:
+    srv = make_server(fsync="everysec")
+    env["DURABLE_REDIS_URL"] = srv.url.replace("redis://", "rediss://")
+    out = run_durable("runs", env=env)
+    assert out.returncode == 3
+    assert _one_line(out.stderr).startswith("durable: cannot reach Redis at rediss://")

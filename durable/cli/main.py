@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, TextIO
 
 import redis
 
@@ -62,7 +63,13 @@ def build_parser() -> Parser:
     return p
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+    print(f"durable: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _one_line_warning  # for people: one line, no source quoted
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -95,13 +102,19 @@ def redis_problem(exc: redis.RedisError) -> str:
     where = os.environ.get("DURABLE_REDIS_URL")
     server = safe_url(where) if where else "the embedded server"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "caused error: " in text:  # a pipeline's error: the command's own message is enough
+        text = text.split("caused error: ", 1)[1]
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or \
             "NOAUTH" in text:
         return f"Redis at {server} refused the credentials: {text} (check the user and " \
                "password in DURABLE_REDIS_URL)"
-    if "NOPERM" in text:
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text:
         return f"Redis at {server} denied a command to this user: {text} (grant the ACL " \
                "permissions the README lists)"
+    if where and where.startswith("rediss://") and \
+            isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return f"cannot reach Redis at {server} over TLS: {text} (does the server speak " \
+               "TLS on that port? are the certificates right?)"
     if isinstance(exc, redis.TimeoutError):
         return f"Redis at {server} did not answer in time: {text}"
     if isinstance(exc, redis.ConnectionError):
