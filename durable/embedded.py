@@ -281,7 +281,18 @@ def stop(data_dir: Path) -> bool:
     url = recorded_url(data_dir)
     if not url:
         return False
+    pid = _server_pid(url)
     _shutdown(url)
     with contextlib.suppress(OSError):
         (data_dir / ADDRESS_FILE).unlink()
+    for proc in [p for p in _BACKGROUND if p.pid == pid and _reap(p)]:
+        _BACKGROUND.remove(proc)  # started by this process, now gone: reaped
+    return True
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> bool:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
     return True
