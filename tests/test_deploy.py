@@ -26,6 +26,23 @@ def _procfile(name: str) -> dict[str, str]:
     return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines())}
 
 
+def _dev_formation(tmp_path: Path) -> dict[str, str]:
+    """A folder holding Procfile.dev, and the environment to run it from: its own port and
+    data dir, the example agents, and the `durable` script next to this Python on PATH."""
+    import os
+    import sys
+
+    from durable.embedded import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
+    env["DURABLE_PORT"] = str(free_port())
+    env["DURABLE_AGENTS"] = "examples.agents"
+    env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())
+    return env
+
+
 def test_the_production_procfile_names_no_embedded_server() -> None:
     """Production: workers and the reconciler against DURABLE_REDIS_URL, nothing else."""
     assert _procfile("Procfile") == {"worker": "durable worker",
@@ -50,16 +67,9 @@ def test_ctrl_c_stops_the_development_formation_workers_first_and_redis_last(
     import subprocess
     import sys
 
-    from durable.embedded import free_port
     from durable.testing import wait_for
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
-    env["DURABLE_PORT"] = str(free_port())
-    env["DURABLE_AGENTS"] = "examples.agents"
-    env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
-    # The Procfile names the `durable` script: the one installed next to this Python.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())
+    env = _dev_formation(tmp_path)
 
     def formation() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -112,16 +122,9 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from durable.embedded import free_port
     from durable.testing import wait_for
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
-    env["DURABLE_PORT"] = str(free_port())
-    env["DURABLE_AGENTS"] = "examples.agents"
-    env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
-    # The Procfile names the `durable` script: the one installed next to this Python.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())
+    env = _dev_formation(tmp_path)
     honcho = subprocess.Popen([sys.executable, "-m", "honcho", "-f", "Procfile.dev", "start",
                                "-c", "worker=2"],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,

@@ -25,11 +25,9 @@ from durable.log import keys
 from durable.log.store import now_ms
 from examples.scenarios.outcome import (
     Outcome,
-    collect,
     expect_common,
-    first_after,
     of_type,
-    recovery_rows,
+    recover,
 )
 from examples.scenarios.stack import Scene
 
@@ -63,16 +61,7 @@ def run(scene: Scene, out: Outcome) -> None:
     recorded = [f"{run_id}:{s}" for s in MODEL_STEPS
                 if s in before.actions and before.actions[s].status == "succeeded"]
 
-    scene.worker()
-    rec = scene.recovery()
-    out.figures["recovery by"] = rec.mode
-    final = scene.wait(run_id, 30)
-    entries, apps = collect(out, scene, run_id, final)
-    resumed = first_after(entries, killed_at)
-    if resumed is not None:
-        out.recovery = recovery_rows(scene, run_id, resumed[0])
-        out.figures["recovered in ms"] = resumed[1].ts - killed_at
-    out.figures["completed in ms"] = final.updated - killed_at
+    final, entries, apps = recover(out, scene, run_id, killed_at)
     model_keys = [f"{run_id}:{s}" for s in MODEL_STEPS]
     requests = {k: apps.model.get(k, 0) for k in model_keys}
     out.figures["model calls"] = final.model_calls

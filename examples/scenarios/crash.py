@@ -19,11 +19,9 @@ from durable.log import keys
 from durable.log.store import now_ms
 from examples.scenarios.outcome import (
     Outcome,
-    collect,
     expect_common,
-    first_after,
     of_type,
-    recovery_rows,
+    recover,
 )
 from examples.scenarios.stack import Scene
 
@@ -47,16 +45,7 @@ def run(scene: Scene, out: Outcome) -> None:
     out.expect("run left without an outcome", "dispatched",
                scene.client.status(run_id).actions[STEP].status)
 
-    scene.worker()
-    rec = scene.recovery()
-    out.figures["recovery by"] = rec.mode
-    final = scene.wait(run_id, 30)
-    entries, apps = collect(out, scene, run_id, final)
-    resumed = first_after(entries, killed_at)
-    if resumed is not None:
-        out.recovery = recovery_rows(scene, run_id, resumed[0])
-        out.figures["recovered in ms"] = resumed[1].ts - killed_at
-    out.figures["completed in ms"] = final.updated - killed_at
+    final, entries, apps = recover(out, scene, run_id, killed_at)
     expect_common(out, scene, run_id, apps, state="completed", final=final,
                   api={f"{run_id}:4": 1}, db={key: 1})
     out.expect("dispatches of the crashed key", 1,

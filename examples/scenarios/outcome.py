@@ -162,6 +162,24 @@ def collect(out: Outcome, scene: Scene, run_id: str,
     return entries, apps
 
 
+def recover(out: Outcome, scene: Scene, run_id: str, killed_at: int,
+            timeout: float = 30) -> tuple[RunState, list[Entry], Applications]:
+    """After a worker was killed: a fresh worker and the reconciler bring the run back.
+    Records how (``recovery by``), how soon after the kill the log moved again, and the
+    trajectory from there; returns the final state, the log and the world's applications."""
+    scene.worker()
+    rec = scene.recovery()
+    out.figures["recovery by"] = rec.mode
+    final = scene.wait(run_id, timeout)
+    entries, apps = collect(out, scene, run_id, final)
+    resumed = first_after(entries, killed_at)
+    if resumed is not None:
+        out.recovery = recovery_rows(scene, run_id, resumed[0])
+        out.figures["recovered in ms"] = resumed[1].ts - killed_at
+    out.figures["completed in ms"] = final.updated - killed_at
+    return final, entries, apps
+
+
 def expect_common(out: Outcome, scene: Scene, run_id: str, apps: Applications, *, state: str,
                   final: RunState, api: dict[str, int], db: dict[str, int]) -> None:
     """The checks every scenario makes: end state, applications per key, ``verify``."""
