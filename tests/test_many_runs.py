@@ -210,3 +210,25 @@ def test_the_connection_pool_serves_as_many_threads_as_the_worker_has_slots(
     for th in threads:
         th.join(30)
     assert errors == []
+
+
+def test_a_run_whose_lease_expired_under_its_worker_goes_back_on_the_ready_list(
+    client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path
+) -> None:
+    """The worker is paused (SIGSTOP) inside a call until its lease expires (intent and
+    claim recorded, no outcome), then resumed: its late write is refused, and the run goes
+    back on the ready list at once, so the same worker finishes it with no reconciler
+    running (it used to wait for one)."""
+    run = client.start("count", {"steps": 2, "sleep_s": 2.0}, run_id="expired").run_id
+    log = tmp_path / "w.log"
+    w = worker(log_path=log)
+    assert wait_for(lambda: (a := client.status(run).current) is not None
+                    and a.status == "dispatched", 15)
+    w.send(signal.SIGSTOP)
+    try:
+        assert wait_for(lambda: r.get(keys.lease(run)) is None, 10)
+    finally:
+        w.send(signal.SIGCONT)
+    assert client.wait(run, timeout=40).state == "completed"
+    assert "work discarded" in log.read_text()
+    assert verify(client.log, run).ok

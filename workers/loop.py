@@ -144,6 +144,10 @@ class StepLoop:
             more = self._drive(run_id, lease, slot, version, raw)
         except LeaseLost as exc:
             log.warning("run %s: %s; work discarded", run_id, exc)
+            # Back on the ready list at once: if the lease only expired (nobody took it),
+            # the run would otherwise wait for the reconciler. A newer holder makes the next
+            # attempt a no-op; fencing keeps anything stale out of the log either way.
+            more = not slot.abandoned
         finally:
             self.heartbeats.drop(lease)
             if self.held.get(run_id) is slot:

@@ -283,7 +283,7 @@ class EventLog:
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
-            *blobs, *[x for op in ops for x in op], *extra_pairs,
+            self.lease_ttl_ms, *blobs, *[x for op in ops for x in op], *extra_pairs,
         ]
         reply = self.scripts.append(
             keys=[

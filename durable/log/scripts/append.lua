@@ -32,6 +32,9 @@
 -- ARGV[13] run_id            the run id (member of the global zsets)
 -- ARGV[14] nops              number of ledger ops
 -- ARGV[15] nextra            number of extra projection fields
+-- ARGV[16] lease_ttl_ms      the lease's time to live (ms): a write by the lease's holder
+--                            renews it (a worker that writes is alive, even when its
+--                            heartbeat thread waits for the interpreter)
 -- then, in order:
 --   n + m events    one encoded event each
 --   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
@@ -51,9 +54,10 @@ local checkpoint_pos, flags = tonumber(ARGV[7]), ARGV[8]
 local n, m, free_state = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
+local lease_ttl_ms = ARGV[16]
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 15
+local EVENTS_BASE = 16
 local OPS_BASE = EVENTS_BASE + n + m
 local EXTRAS_BASE = OPS_BASE + 3 * nops
 
@@ -146,6 +150,8 @@ redis.call('ZADD', new_index_key, now, run_id)
 redis.call('ZADD', runs_key, now, run_id)
 if lease ~= '' and has_flag('r') then
   redis.call('DEL', lease_key)
+elseif lease ~= '' then
+  redis.call('PEXPIRE', lease_key, lease_ttl_ms)
 end
 if due == '-' then
   redis.call('ZREM', due_key, run_id)
