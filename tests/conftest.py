@@ -17,6 +17,7 @@ import redis
 from durable.client import Client
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker
+from examples.world import WorldProcess
 
 T = TypeVar("T")
 
@@ -101,6 +102,23 @@ def make_server() -> Iterator[ServerFactory]:
     yield start
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def raw_world() -> Iterator[WorldProcess]:
+    """The example's world (HTTP API, database, model) in its non-deduplicating mode, one
+    per test module."""
+    with WorldProcess(dedupe=False) as world:
+        yield world
+
+
+@pytest.fixture()
+def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProcess:
+    """The world, faults cleared, exported (its URL, its model's) to the processes."""
+    raw_world.client.reset_faults()
+    for name, value in raw_world.env().items():
+        monkeypatch.setenv(name, value)
+    return raw_world
 
 
 def run_durable(*args: str, env: dict[str, str], cwd: Path | None = None,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -31,21 +30,6 @@ from examples.world import WorldProcess
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
 TASK = {"task": "Tell bob@example.com that the invoices are paid, and record it."}
-
-
-@pytest.fixture(scope="module")
-def raw_world() -> Iterator[WorldProcess]:
-    with WorldProcess(dedupe=False) as world:
-        yield world
-
-
-@pytest.fixture()
-def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProcess:
-    """The world, faults cleared, exported (its URL, its model's) to the processes."""
-    raw_world.client.reset_faults()
-    for name, value in raw_world.env().items():
-        monkeypatch.setenv(name, value)
-    return raw_world
 
 
 def _ctx(key: str, timeout_s: float = 5.0, emitted: list[Any] | None = None) -> ToolContext:

@@ -42,20 +42,6 @@ def dedupe_world() -> Iterator[WorldProcess]:
         yield world
 
 
-@pytest.fixture(scope="module")
-def raw_world() -> Iterator[WorldProcess]:
-    with WorldProcess(dedupe=False) as world:
-        yield world
-
-
-@pytest.fixture()
-def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProcess:
-    """The non-deduplicating world, faults cleared, exported to the tools."""
-    raw_world.client.reset_faults()
-    monkeypatch.setenv("DURABLE_WORLD_URL", raw_world.url)
-    return raw_world
-
-
 _n = iter(range(1_000_000))
 
 

@@ -167,15 +167,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def source(self, name: str, query: dict[str, str]) -> None:
         key, deadline = self._effect_headers(required=False)
-        received = now_ms()
-        fault = self.world.faults.take("source", key) if key else None
-        req = self.world.api.request("source", key, received, fault.label() if fault else "")
-        if self._before(fault, req):
+        admitted = self._admit("source", key, deadline, faults=bool(key))
+        if admitted is None:
             return
-        if now_ms() > deadline:
-            self.world.api.settle(req, "refused_deadline")
-            self._reply(408, {"error": "past the deadline", "applied": False})
-            return
+        fault, req, _ = admitted
         if name not in SOURCES:
             self.world.api.settle(req, "not_found")
             self._reply(404, {"error": f"no source {name!r}", "sources": list(SOURCES)})
@@ -189,11 +184,11 @@ class Handler(BaseHTTPRequestHandler):
         body = self._json()
         if not isinstance(body.get("recipient"), str) or not body["recipient"]:
             raise BadRequest("'recipient' (a string) is required")
-        received = now_ms()
-        fault = self.world.faults.take("notify", key)
-        req = self.world.api.request("notify", key, received, fault.label() if fault else "")
-        if self._before(fault, req):
+        # The notification API settles a late request itself (refused_deadline, below).
+        admitted = self._admit("notify", key, deadline, refuse_late=False)
+        if admitted is None:
             return
+        fault, req, received = admitted
         disposition, result = self.world.api.apply(key, body, received, deadline)
         dropped = fault is not None and fault.kind == "drop" and result is not None
         self.world.api.settle(req, disposition + ("+dropped" if dropped else ""))
@@ -213,15 +208,10 @@ class Handler(BaseHTTPRequestHandler):
         key, deadline = self._effect_headers(required=False)
         body = self._json()
         reply = model.completion(body)  # a malformed request is a 400, and not counted
-        received = now_ms()
-        fault = self.world.faults.take("model", key)
-        req = self.world.api.request("model", key, received, fault.label() if fault else "")
-        if self._before(fault, req):
+        admitted = self._admit("model", key, deadline)
+        if admitted is None:
             return
-        if now_ms() > deadline:
-            self.world.api.settle(req, "refused_deadline")
-            self._reply(408, {"error": "past the deadline", "applied": False})
-            return
+        fault, req, _ = admitted
         dropped = fault is not None and fault.kind == "drop"
         self.world.api.settle(req, "answered" + ("+dropped" if dropped else ""))
         if body.get("stream"):
@@ -254,6 +244,22 @@ class Handler(BaseHTTPRequestHandler):
         self._reply(200, {"object": "list", "data": [
             {"id": name, "object": "model", "owned_by": "durable-world"}
             for name in model.MODELS]})
+
+    def _admit(self, system: str, key: str, deadline: int, *, faults: bool = True,
+               refuse_late: bool = True) -> tuple[Fault | None, int, int] | None:
+        """Record a request to ``system`` (whatever becomes of it), strike it with the faults
+        that come first, and refuse it past its deadline. Returns (fault, request, received)
+        to go on with, or None when it was answered already."""
+        received = now_ms()
+        fault = self.world.faults.take(system, key) if faults else None
+        req = self.world.api.request(system, key, received, fault.label() if fault else "")
+        if self._before(fault, req):
+            return None
+        if refuse_late and now_ms() > deadline:
+            self.world.api.settle(req, "refused_deadline")
+            self._reply(408, {"error": "past the deadline", "applied": False})
+            return None
+        return fault, req, received
 
     def _before(self, fault: Fault | None, req: int) -> bool:
         """Faults that strike before the effect; True when the request is answered."""
