@@ -186,9 +186,10 @@ def test_model_faults_are_asked_again_under_the_same_key(
     assert [r["disposition"] for r in world.client.requests(f"{run}:1")] == [
         "failed_503", "answered+dropped", "answered"]
 
-    world.client.set_faults(target="model", slow_next=1, slow_s=2.5, slow_phase="reply")
+    # The timeout leaves the prompt replies (milliseconds) room on a loaded machine.
+    world.client.set_faults(target="model", slow_next=1, slow_s=8, slow_phase="reply")
     late = client.start("assistant", TASK, run_id="assist-late").run_id
-    worker(burst=True, DURABLE_MODEL_TIMEOUT_S="1").wait(60)
+    worker(burst=True, DURABLE_MODEL_TIMEOUT_S="4").wait(90)
     final = client.status(late)
     assert final.state == "completed"
     events = _events(client, late)

@@ -135,12 +135,12 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
     srv = make_server(fsync="everysec")
     conn = srv.client()
     with warnings_as_list() as caught:
-        connect(Settings(redis_url=srv.url))
+        connect(Settings(redis_url=srv.url)).close()
     assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
     conn.config_set("appendonly", "no")
     conn.config_set("maxmemory-policy", "allkeys-lru")
     with pytest.warns(UnsafeRedis) as record:
-        connect(Settings(redis_url=srv.url))
+        connect(Settings(redis_url=srv.url)).close()
     messages = " | ".join(str(w.message) for w in record)
     assert "appendonly is off" in messages and "allkeys-lru" in messages
 
@@ -148,10 +148,11 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
     conn.config_set("requirepass", "s3cret-pw")
     url = srv.url.replace("redis://", "redis://:s3cret-pw@")
     with pytest.warns(UnsafeRedis) as record:
-        connect(Settings(redis_url=url))
+        connect(Settings(redis_url=url)).close()
     messages = " | ".join(str(w.message) for w in record)
     assert "s3cret-pw" not in messages and ":***@127.0.0.1" in messages
-    redis.Redis.from_url(url).config_set("requirepass", "")
+    with redis.Redis.from_url(url) as again:
+        again.config_set("requirepass", "")
 
 
 def warnings_as_list() -> object:

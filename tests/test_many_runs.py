@@ -209,6 +209,7 @@ def test_the_connection_pool_serves_as_many_threads_as_the_worker_has_slots(
         th.start()
     for th in threads:
         th.join(30)
+    conn.close()
     assert errors == []
 
 

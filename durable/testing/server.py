@@ -22,13 +22,17 @@ class Server:
         self.port = embedded.free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._clients: list[redis.Redis] = []
 
     def start(self) -> Server:
         self.url, self.proc = embedded.start(self.data_dir, self.fsync, self.port)
         return self
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
+        """A client of this server, closed when the server stops."""
+        client = redis.Redis.from_url(self.url)
+        self._clients.append(client)
+        return client
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -41,6 +45,9 @@ class Server:
         return self.start()
 
     def stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
         self.kill()
         if self._tmp is not None:
             self._tmp.cleanup()
