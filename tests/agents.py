@@ -88,20 +88,26 @@ class SqlWrite(Tool):
         import time
 
         time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
-        if time.time() * 1000 > ctx.deadline_ms:
-            raise TimeoutError("refused: past the deadline")
         conn = _db()
         try:
+            # The deadline is checked under the database's write lock, which a lookup takes
+            # too: a write is either visible to a lookup or refused, never applied after a
+            # lookup has answered "not applied" (waiting for the lock can cross the deadline).
+            conn.execute("BEGIN IMMEDIATE")
+            if time.time() * 1000 > ctx.deadline_ms:
+                raise TimeoutError("refused: past the deadline")
             conn.execute("INSERT INTO effects VALUES (?, ?)", (ctx.key, time.time()))
+            conn.execute("COMMIT")
         except sqlite3.IntegrityError:
             pass  # deduplicated by the unique key
         finally:
-            conn.close()
+            conn.close()  # an open transaction is rolled back
         return {"row": ctx.key}
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         conn = _db()
         try:
+            conn.execute("BEGIN IMMEDIATE")
             n = conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?", (key,)).fetchone()[0]
         finally:
             conn.close()
