@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from durable.log import keys
-from durable.log.scripts import Scripts
+from durable.log.scripts import Scripts, source
 
 
 def _s(v: object) -> str:
@@ -67,11 +67,20 @@ class Leases:
 
     def renew_all(self, leases: list[Lease]) -> list[bool]:
         """Renew many leases in one round trip; one flag per lease, in order."""
-        pipe = self.redis.pipeline(transaction=False)
-        for lease in leases:
-            self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
-                                     args=[lease.value, self.ttl_ms], client=pipe)
-        return [bool(ok) for ok in pipe.execute()]
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for lease in leases:
+                self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
+                                         args=[lease.value, self.ttl_ms], client=pipe)
+            try:
+                return [bool(ok) for ok in pipe.execute()]
+            except redis.exceptions.NoScriptError:
+                # A cluster pipeline does not load scripts first (a plain one does): a
+                # master that never saw it (new, or promoted) gets it on all masters now.
+                if attempt:
+                    raise
+                self.redis.script_load(source("lease_renew"))
+        raise AssertionError("unreachable")
 
     def release(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_release(keys=[keys.lease(lease.run_id)], args=[lease.value]))
