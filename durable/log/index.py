@@ -18,10 +18,11 @@ def repair(client: Any) -> int:
     r = client.redis
     count = 0
     for shard in keys.shard_ids():
+        # One call (a cluster pipeline deletes one key at a time): the shard's keys share
+        # a slot.
+        r.delete(keys.runs_index(shard), keys.due(shard),
+                 *[keys.runs_in_state(s, shard) for s in ALL_STATES])
         pipe = r.pipeline(transaction=False)
-        pipe.delete(keys.runs_index(shard), keys.due(shard),
-                    *[keys.runs_in_state(s, shard) for s in ALL_STATES])
-        pipe.execute()
         for raw in r.scan_iter(match=keys.log_pattern(shard), count=500):
             run_id = keys.run_of_log(raw.decode())
             try:
