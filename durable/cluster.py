@@ -125,6 +125,18 @@ class LocalCluster:
                 raise RuntimeError("the cluster did not reach state ok in time")
             time.sleep(0.1)
 
+    def wait_failover(self, dead: Node, timeout: float = 60.0) -> None:
+        """Until a replica of the ``dead`` master serves its slots and the cluster is ok."""
+        end = time.monotonic() + timeout
+        while True:
+            live = [n for n in self.nodes if self.alive(n)]
+            if all(_cluster_ok(n) for n in live) and \
+                    all(dead.port not in _slot_masters(n) for n in live):
+                return
+            if time.monotonic() > end:
+                raise RuntimeError(f"no replica took over from {dead.address} in time")
+            time.sleep(0.1)
+
     def alive(self, node: Node) -> bool:
         if node.proc is not None:
             return node.proc.poll() is None
@@ -148,6 +160,11 @@ class LocalCluster:
                         _serves(c, int(slot)):
                     return node
         raise RuntimeError(f"no live master serves {key!r}")
+
+    def restart(self, node: Node) -> None:
+        """Start a killed node again on its port and data: it rejoins the cluster (a master
+        that was replaced comes back as its successor's replica)."""
+        self._start_node(node)
 
     def kill(self, node: Node) -> None:
         """``kill -9`` one node."""
@@ -211,6 +228,15 @@ def _cluster_ok(node: Node) -> bool:
         return False
     return bool(info.get("cluster_state") == "ok"
                 and int(info.get("cluster_slots_ok", 0)) == 16384)
+
+
+def _slot_masters(node: Node) -> set[int]:
+    """The ports of the masters ``node`` believes serve slots."""
+    try:
+        with node.client() as c:
+            return {int(entry[2][1]) for entry in c.execute_command("CLUSTER SLOTS")}
+    except (redis.RedisError, OSError):
+        return set()
 
 
 def _serves(c: redis.Redis, slot: int) -> bool:
