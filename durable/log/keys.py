@@ -84,18 +84,27 @@ def _global(name: str, shard: int | None) -> str:
     return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:{name}"
 
 
-def log_pattern(shard: int | None) -> str:
-    """SCAN pattern of the run logs of one shard; ``run_of_log`` reads the id back."""
+def pattern(name: str, shard: int | None) -> str:
+    """SCAN pattern of one per-run key (``log``, ``lease``...) of the runs of one shard;
+    ``run_of`` reads the run id back from a key found."""
     if shard is None:
-        return f"{PREFIX}:{{*}}:log"
-    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:*:log"
+        return f"{PREFIX}:{{*}}:{name}"
+    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:*:{name}"
+
+
+def run_of(key: str) -> str:
+    """The run id of a per-run key (either layout)."""
+    tail = key[len(PREFIX) + 2:key.rindex(":")]  # after "dx:{", before ":<name>"
+    tag, _, rest = tail.partition("}")
+    return rest[1:] if _shards else tag
+
+
+def log_pattern(shard: int | None) -> str:
+    return pattern("log", shard)
 
 
 def run_of_log(key: str) -> str:
-    """The run id of a log key (either layout)."""
-    tail = key[len(PREFIX) + 2:-len(":log")]  # after "dx:{", before ":log"
-    tag, _, rest = tail.partition("}")
-    return rest[1:] if _shards else tag
+    return run_of(key)
 
 
 def log(run_id: str) -> str:
