@@ -50,11 +50,22 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     client = redis.Redis(connection_pool=pool)
     if settings.redis_url:
         _wait_until_up(client, settings.connect_timeout_s, url)
+    if settings.redis_url and _cluster_enabled(client):
+        client.close()
+        raise UsageError(f"{safe_url(url)} is a Redis Cluster node: set DURABLE_REDIS_CLUSTER=1 "
+                         "(and DURABLE_QUEUE_URL to a plain server for RQ)")
     if check and settings.redis_url:
         for problem in safety_problems(client):
             warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
     check_layout(client, settings.layout_shards)
     return client
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:  # INFO not allowed: the first MOVED reply will say it
+        return False
 
 
 def _connect_cluster(settings: Settings, url: str) -> redis.Redis:
@@ -96,7 +107,10 @@ def is_cluster(client: object) -> bool:
 def check_layout(client: redis.Redis, shards: int) -> None:
     """Record the layout on first use; refuse a process configured for another one (its
     keys would not find the runs)."""
-    client.set(keys.LAYOUT, shards, nx=True)
+    try:
+        client.set(keys.LAYOUT, shards, nx=True)
+    except redis.ResponseError:  # a read-only user or replica: compare only
+        pass
     found = client.get(keys.LAYOUT)
     if found is not None and int(found) != shards:
         raise UsageError(f"the data on this Redis was written with DURABLE_SHARDS="

@@ -152,7 +152,9 @@ def test_losing_the_queue_server_loses_no_run(
 
 
 def test_a_cluster_without_a_queue_server_is_refused_in_one_line(tmp_path: Path) -> None:
-    """RQ does not run on a cluster: DURABLE_REDIS_CLUSTER needs DURABLE_QUEUE_URL."""
+    """RQ does not run on a cluster: DURABLE_REDIS_CLUSTER needs DURABLE_QUEUE_URL; a
+    cluster node named without DURABLE_REDIS_CLUSTER is refused the same way (no MOVED
+    traceback)."""
     from durable.cluster import LocalCluster
 
     with LocalCluster(3, 0) as cluster:
@@ -163,6 +165,12 @@ def test_a_cluster_without_a_queue_server_is_refused_in_one_line(tmp_path: Path)
         assert out.stderr.strip().splitlines() == [
             "durable: DURABLE_QUEUE_URL must name a plain Redis server when "
             "DURABLE_REDIS_CLUSTER is set: RQ does not run on a cluster"]
+        del env["DURABLE_REDIS_CLUSTER"]  # as the issue's user did: a node, a plain client
+        out = run_durable("start", "count", "--input", '{"n": 1}', env=env)
+        assert out.returncode == 2, out
+        assert out.stderr.strip().splitlines() == [
+            f"durable: {cluster.url} is a Redis Cluster node: set DURABLE_REDIS_CLUSTER=1 "
+            "(and DURABLE_QUEUE_URL to a plain server for RQ)"]
 
 
 def test_durable_cluster_starts_and_stops_a_local_cluster(tmp_path: Path) -> None:
