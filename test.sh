@@ -7,4 +7,6 @@ PY="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check durable workers reconciler examples tests bench
 .venv/bin/mypy durable workers reconciler examples
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+# The tests marked `cluster` again, on a real 3-master Redis Cluster (README, "Scaling out").
+exec .venv/bin/python -m pytest -q --cluster "$@"

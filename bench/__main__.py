@@ -4,7 +4,8 @@
     python -m bench --quick              # a fast smoke run
     python -m bench --only throughput,cancel
 
-Items: codec, throughput, profile, cancel, recovery, memory, whatif, iobound. Outputs go to
+Items: codec, throughput, profile, cancel, recovery, memory, whatif, iobound, cluster. Outputs
+go to
 ``bench/results/``: ``results.md`` (also printed), ``results.json`` and ``chart.png``.
 """
 
@@ -20,7 +21,8 @@ from typing import Any
 
 import psutil
 
-ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "memory", "whatif", "iobound")
+ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "memory", "whatif", "iobound",
+         "cluster")
 
 
 def _log(msg: str) -> None:
@@ -130,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                 from bench import iobound
 
                 res[item] = iobound.run(srv, quick=args.quick, out_dir=args.out, log=_log)
+            elif item == "cluster":
+                from bench import cluster
+
+                res[item] = cluster.run(srv, quick=args.quick, rounds=args.rounds,
+                                        runs=args.runs, log=_log)
             _log(f"[bench] {item} done in {time.time() - t0:.1f}s")
     elapsed = time.time() - started
     busy = _busy_cpu() - busy0

@@ -192,6 +192,8 @@ def markdown(res: dict[str, Any]) -> str:
         out.append("| metric | measured | target | met |\n|---|---:|---:|:---:|")
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in t]
         out.append("")
+    if res.get("cluster"):
+        out += _cluster(res["cluster"])
     tp = res.get("throughput")
     if tp:
         fs = list(tp["by_fsync"])
@@ -337,6 +339,26 @@ def markdown(res: dict[str, Any]) -> str:
                            f"{x['json_bytes_per_entry']:.0f} |")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _cluster(cl: dict[str, Any]) -> list[str]:
+    out = [f"## Scaling out: the log on a Redis Cluster (3 masters + 3 replicas on loopback, "
+           f"{cl['runs_per_batch']} four-step runs per batch, {cl['workers']} workers, "
+           f"{cl['rounds']} interleaved rounds, {cl['cpus']} CPUs shared by every process)\n",
+           "| configuration | steps/s (median) | all rounds | bytes per run |",
+           "|---|---:|---|---:|"]
+    for name, row in cl["rows"].items():
+        size = row.get("bytes_per_run", {}).get("total")
+        out.append(f"| {name} | {row['steps_per_s']:.0f} | {row['all']} | "
+                   f"{'' if size is None else f'{size:.0f}'} |")
+    ratios = ", ".join(f"{k}: {v:.2f}" for k, v in cl["ratios"].items())
+    lat = cl["append_latency"]
+    out.append(f"\nRatios: {ratios}. One append, sequential: "
+               + "; ".join(f"{k} {v['median_ms']:.3f} ms (p95 {v['p95_ms']:.3f})"
+                           for k, v in lat.items())
+               + f": MIN_REPLICAS=1 adds {cl['min_replicas_ms_per_append']:.3f} ms per "
+               "append (WAIT's round trip to a replica).\n")
+    return out
 
 
 def chart(res: dict[str, Any], path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -18,7 +19,7 @@ from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, encode_message, finish_specs
-from durable.connection import connect
+from durable.connection import connect, connect_queue
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -32,6 +33,7 @@ from durable.errors import (
 )
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.index import newest
 from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
@@ -62,13 +64,25 @@ class Client:
     def __init__(self, settings: Settings | None = None, client: redis.Redis | None = None,
                  agents: Registry | None = None) -> None:
         self.settings = settings or Settings()
+        self._owned: list[redis.Redis] = []
         self.redis = client if client is not None else connect(self.settings)
+        if client is None:
+            self._owned.append(self.redis)
         self.registry = agents or registry
         self.registry.load(self.settings.agents)
         self.log = EventLog.from_settings(self.redis, self.settings)
-        self.queue = make_queue(self.redis, self.settings.queue)
+        queue_client = connect_queue(self.settings, self.redis)
+        if queue_client is not self.redis:
+            self._owned.append(queue_client)
+        self.queue = make_queue(queue_client, self.settings.queue)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
+
+    def close(self) -> None:
+        """Close the connections this client opened (not one it was given)."""
+        for owned in self._owned:
+            owned.close()
+        self._owned = []
 
     # Producers ---------------------------------------------------------------------------
 
@@ -180,24 +194,17 @@ class Client:
              after: str | None = None) -> list[RunSummary]:
         """Runs by update time, newest first: in ``state``, of ``agent``; ``after`` a run id
         of the previous page (the next page starts below it)."""
-        index = keys.runs_in_state(state) if state else keys.RUNS_BY_UPDATE
-        start = 0
-        if after is not None:
-            rank = self.redis.zrevrank(index, after)
-            if rank is None:
-                raise RunNotFound(after)
-            start = rank + 1
+        ids = newest(self.redis, state, after)
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:
-            ids = [i.decode() for i in self.redis.zrevrange(index, start, start + batch - 1)]
-            if not ids:
+            page = list(itertools.islice(ids, batch))
+            if not page:
                 break
-            start += len(ids)
             pipe = self.redis.pipeline(transaction=False)
-            for rid in ids:
+            for rid in page:
                 pipe.hgetall(keys.run(rid))
-            for rid, raw in zip(ids, pipe.execute(), strict=True):
+            for rid, raw in zip(page, pipe.execute(), strict=True):
                 p = {k.decode(): v.decode() for k, v in raw.items()}
                 if not p or (state and p.get("state") != state) or \
                         (agent and p.get("agent") != agent):

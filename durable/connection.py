@@ -4,18 +4,37 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import tenacity
 
-from durable.errors import UnsafeRedis
+from durable.errors import UnsafeRedis, UsageError
+from durable.log import keys
 from durable.settings import Settings
 
 
 def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
-    """A client for the configured server, starting the embedded one when none is set."""
+    """A client for the configured server, starting the embedded one when none is set.
+
+    With ``DURABLE_REDIS_CLUSTER`` it is redis-py's cluster client (typed as ``redis.Redis``:
+    it answers the same commands, each routed to the node of its key's slot). Either way
+    the process's key layout is set from the settings and checked against the one the data
+    was written with (``dx:layout``).
+    """
+    keys.use_shards(settings.layout_shards)
+    if settings.redis_cluster:
+        if not settings.redis_url:
+            raise UsageError("DURABLE_REDIS_CLUSTER needs DURABLE_REDIS_URL naming a node of "
+                             "the cluster")
+        cluster = _connect_cluster(settings, settings.redis_url)
+        if check:
+            for problem in safety_problems(cluster):
+                warnings.warn(f"{safe_url(settings.redis_url)}: {problem}", UnsafeRedis,
+                              stacklevel=2)
+        check_layout(cluster, settings.layout_shards)
+        return cluster
     if settings.redis_url:
         url = settings.redis_url
     else:
@@ -31,14 +50,79 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     client = redis.Redis(connection_pool=pool)
     if settings.redis_url:
         _wait_until_up(client, settings.connect_timeout_s, url)
+    if settings.redis_url and _cluster_enabled(client):
+        client.close()
+        raise UsageError(f"{safe_url(url)} is a Redis Cluster node: set DURABLE_REDIS_CLUSTER=1 "
+                         "(and DURABLE_QUEUE_URL to a plain server for RQ)")
     if check and settings.redis_url:
         for problem in safety_problems(client):
             warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
+    check_layout(client, settings.layout_shards)
     return client
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    try:
+        return bool(client.info("cluster").get("cluster_enabled"))
+    except redis.ResponseError:  # INFO not allowed: the first MOVED reply will say it
+        return False
+
+
+def _connect_cluster(settings: Settings, url: str) -> redis.Redis:
+    def make() -> Any:
+        return redis.RedisCluster.from_url(
+            url, max_connections=2 * settings.concurrency + 32,
+            socket_connect_timeout=settings.connect_timeout_s or None)
+
+    for attempt in tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(redis.RedisClusterException | redis.ConnectionError),
+        stop=tenacity.stop_after_delay(settings.connect_timeout_s),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=1.0), reraise=True,
+    ):
+        with attempt:
+            cluster = make()
+    return cast(redis.Redis, cluster)
+
+
+def connect_queue(settings: Settings, log_client: redis.Redis) -> redis.Redis:
+    """The server RQ's commands and the ready lists live on: ``DURABLE_QUEUE_URL``, else the
+    log's own server (refused on a cluster: RQ's transactions span many slots)."""
+    if settings.queue_url:
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.queue_url, max_connections=2 * settings.concurrency + 32,
+            timeout=settings.connect_timeout_s, health_check_interval=30)
+        client = redis.Redis(connection_pool=pool)
+        _wait_until_up(client, settings.connect_timeout_s, settings.queue_url)
+        return client
+    if is_cluster(log_client):
+        raise UsageError("DURABLE_QUEUE_URL must name a plain Redis server when "
+                         "DURABLE_REDIS_CLUSTER is set: RQ does not run on a cluster")
+    return log_client
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, redis.RedisCluster)
+
+
+def check_layout(client: redis.Redis, shards: int) -> None:
+    """Record the layout on first use; refuse a process configured for another one (its
+    keys would not find the runs)."""
+    try:
+        client.set(keys.LAYOUT, shards, nx=True)
+    except redis.ResponseError:  # a read-only user or replica: compare only
+        pass
+    found = client.get(keys.LAYOUT)
+    if found is not None and int(found) != shards:
+        raise UsageError(f"the data on this Redis was written with DURABLE_SHARDS="
+                         f"{int(found)}, this process is configured for {shards}: set "
+                         f"DURABLE_SHARDS={int(found)} (see the README, 'Scaling out')")
 
 
 def client_url(client: redis.Redis) -> str:
     """The URL a client talks to (with its password: pass it through ``safe_url``)."""
+    if is_cluster(client):
+        node: Any = cast(Any, client).get_default_node()
+        return f"redis://{node.host}:{node.port}/0 (cluster)"
     kw = client.connection_pool.connection_kwargs
     auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
     return f"redis://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"

@@ -17,6 +17,7 @@
      ├── ForbiddenJob            an RQ job naming a function that is not a command handler
      ├── Refused                 an operator action the run's state or policy does not allow
      ├── BadCancelMessage        a published cancel that is malformed or forged (ignored)
+     ├── ReplicationTimeout      fewer replicas than DURABLE_MIN_REPLICAS confirmed an append
      └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
           ├── Terminal           the run reached a terminal state before this write
           ├── CancelPending      a dispatch refused because a cancel is pending
@@ -29,6 +30,8 @@ from ``BaseException`` so that a tool's ``except Exception`` cannot swallow it.
 """
 
 from __future__ import annotations
+
+import redis
 
 
 class DurableError(Exception):
@@ -130,6 +133,18 @@ class BadCancelMessage(DurableError):
         self.kind = kind  # "malformed" or "forged"
         self.detail = detail
         super().__init__(f"{kind} cancel message: {detail}")
+
+
+class ReplicationTimeout(DurableError, redis.exceptions.ConnectionError):  # type: ignore[misc]
+    """Fewer replicas than ``DURABLE_MIN_REPLICAS`` confirmed an append in time: it is not
+    acknowledged (it may still be on the master). A redis ``ConnectionError`` too, so processes
+    treat it as the Redis fault it is: they wait, reload the run and go on."""
+
+    def __init__(self, run_id: str, confirmed: int, wanted: int, timeout_ms: int) -> None:
+        self.run_id, self.confirmed, self.wanted = run_id, confirmed, wanted
+        self.timeout_ms = timeout_ms
+        super().__init__(f"run {run_id}: append confirmed by {confirmed} of "
+                         f"{wanted} replicas within {timeout_ms} ms (DURABLE_MIN_REPLICAS)")
 
 
 class WriteRefused(DurableError):

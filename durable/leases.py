@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from durable.log import keys
-from durable.log.scripts import Scripts
+from durable.log.scripts import Scripts, source
 
 
 def _s(v: object) -> str:
@@ -67,11 +67,53 @@ class Leases:
 
     def renew_all(self, leases: list[Lease]) -> list[bool]:
         """Renew many leases in one round trip; one flag per lease, in order."""
-        pipe = self.redis.pipeline(transaction=False)
-        for lease in leases:
-            self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
-                                     args=[lease.value, self.ttl_ms], client=pipe)
-        return [bool(ok) for ok in pipe.execute()]
+        if hasattr(self.redis, "get_node_from_key"):
+            return self._renew_on_cluster(leases)
+        for attempt in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            for lease in leases:
+                self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
+                                         args=[lease.value, self.ttl_ms], client=pipe)
+            try:
+                return [bool(ok) for ok in pipe.execute()]
+            except redis.exceptions.NoScriptError:
+                # A cluster pipeline does not load scripts first (a plain one does): a
+                # master that never saw it (new, or promoted) gets it on all masters now.
+                if attempt:
+                    raise
+                self.redis.script_load(source("lease_renew"))
+        raise AssertionError("unreachable")
+
+    def _renew_on_cluster(self, leases: list[Lease]) -> list[bool]:
+        """A cluster pipeline refuses scripts: one plain pipeline per master instead, each
+        with the leases of the slots it serves (a moved slot raises: the next beat asks
+        again, the TTL has slack for two)."""
+        cluster: Any = self.redis
+        by_node: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for i, lease in enumerate(leases):
+            node = cluster.get_node_from_key(keys.lease(lease.run_id))
+            by_node.setdefault(node.name, []).append(i)
+            nodes[node.name] = node
+        out = [False] * len(leases)
+        sha = self.scripts.lease_renew.sha
+        for name, positions in by_node.items():
+            conn = cluster.get_redis_connection(nodes[name])
+            for attempt in range(2):
+                with conn.pipeline(transaction=False) as pipe:
+                    for i in positions:
+                        pipe.evalsha(sha, 1, keys.lease(leases[i].run_id), leases[i].value,
+                                     self.ttl_ms)
+                    try:
+                        replies = pipe.execute()
+                        break
+                    except redis.exceptions.NoScriptError:
+                        if attempt:
+                            raise
+                        conn.script_load(source("lease_renew"))
+            for i, ok in zip(positions, replies, strict=True):
+                out[i] = bool(ok)
+        return out
 
     def release(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_release(keys=[keys.lease(lease.run_id)], args=[lease.value]))

@@ -45,19 +45,26 @@ def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bo
     on the queue when none is pending. A worker's ``drain`` takes runs from the list one at a
     time, so one RQ job serves many runs instead of one (RQ's own bookkeeping costs about
     two thirds of a short run's time otherwise).
+
+    ``client`` is the log's server (the run's "queued" marker lives with its lease); the
+    ready list and the command go to the queue's (``queue.connection``, which may be
+    another server: ``DURABLE_QUEUE_URL``). Losing the queue's server loses no run: the
+    reconciler finds every run with work left in its due set, sees it on no ready list,
+    and enqueues it again.
     """
     marker = keys.queued(run_id)
     if not client.set(marker, b"1", nx=True, px=QUEUED_TTL_MS):
         if not force:
             return False
         client.set(marker, b"1", px=QUEUED_TTL_MS)
-    client.rpush(keys.ready(queue.name), run_id)
-    ensure_drain(client, queue)
+    queue.connection.rpush(keys.ready(queue.name), run_id)
+    ensure_drain(queue)
     return True
 
 
-def ensure_drain(client: redis.Redis, queue: Queue) -> bool:
+def ensure_drain(queue: Queue) -> bool:
     """Put a ``drain`` command on the queue unless one is pending already."""
+    client = queue.connection
     if not client.set(keys.drain_pending(queue.name), b"1", nx=True, px=DRAIN_PENDING_TTL_MS):
         return False
     queue.enqueue_call(

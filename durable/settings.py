@@ -25,6 +25,30 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         default=None, description="Use this server instead of the embedded one."
     )
+    redis_cluster: bool = Field(
+        default=False,
+        description="DURABLE_REDIS_URL names a node of a Redis Cluster: use the cluster "
+        "client and the sharded key layout.",
+    )
+    shards: int | None = Field(
+        default=None, ge=0, le=1024,
+        description="Index shards of the key layout, fixed for the life of the data (0: the "
+        "unsharded single-server layout). Default: 16 on a cluster, else 0.",
+    )
+    queue_url: str | None = Field(
+        default=None,
+        description="Plain Redis for RQ's commands and the ready lists (default: the log's "
+        "server; required with DURABLE_REDIS_CLUSTER, RQ does not run on a cluster).",
+    )
+    min_replicas: int = Field(
+        default=0, ge=0,
+        description="Acknowledge an append only after WAIT confirms this many replicas have "
+        "it (and WAITAOF, on Redis >= 7.2, that they wrote it to their AOF).",
+    )
+    replica_timeout_ms: int = Field(
+        default=2000, ge=1,
+        description="How long an append waits for DURABLE_MIN_REPLICAS before failing.",
+    )
     data_dir: Path = Field(
         default_factory=lambda: default_data_dir(),
         description="Embedded server's data and address file: one per user by default, so "
@@ -82,6 +106,13 @@ class Settings(BaseSettings):
         description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
     )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
+
+    @property
+    def layout_shards(self) -> int:
+        """The shard count of the key layout (``durable.log.keys``)."""
+        if self.shards is not None:
+            return self.shards
+        return 16 if self.redis_cluster else 0
 
 
 def load_settings() -> Settings:

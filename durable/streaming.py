@@ -30,7 +30,7 @@ import msgspec
 import redis
 import redis.asyncio
 
-from durable.errors import RunNotFound
+from durable.errors import RunNotFound, UsageError
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import TERMINAL
@@ -355,6 +355,9 @@ async def _apump_partials(pubsub: Any, out: asyncio.Queue[object]) -> None:
 def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client for the server ``client`` talks to (address, database,
     credentials; TLS and other options are not carried over: pass your own client then)."""
+    if isinstance(client, redis.RedisCluster):
+        raise UsageError("afollow on a Redis Cluster needs its client: pass "
+                         "client=redis.asyncio.RedisCluster(...) (not tested here)")
     kw = client.connection_pool.connection_kwargs
     common: dict[str, Any] = {k: kw[k] for k in ("db", "username", "password")
                               if kw.get(k) is not None}

@@ -58,6 +58,8 @@ class ChaosConfig:
 @dataclass
 class ChaosReport:
     config: ChaosConfig
+    #: Where the log lived: "one server" or "a 3-master Redis Cluster".
+    redis: str = "one server"
     runs: int = 0
     terminal: int = 0
     states: dict[str, int] = field(default_factory=dict)
@@ -167,12 +169,13 @@ def _recovery_times(scene: Scene, pool: WorkerPool,
     return out
 
 
-def run_chaos(cfg: ChaosConfig, *, redis_url: str | None = None,
+def run_chaos(cfg: ChaosConfig, *, redis_url: str | None = None, cluster: bool = False,
               progress: Progress | None = None) -> ChaosReport:
-    report = ChaosReport(cfg, runs=cfg.runs)
+    report = ChaosReport(cfg, runs=cfg.runs,
+                         redis="a 3-master Redis Cluster" if cluster else "one server")
     rng = random.Random(cfg.seed)
     t0 = time.monotonic()
-    with Stack.up(redis_url, dedupe=False, fsync="everysec") as stack, \
+    with Stack.up(redis_url, dedupe=False, fsync="everysec", cluster=cluster) as stack, \
             stack.scene("chaos") as scene:
         scene.world.set_faults(random={
             "p_fail": cfg.p_fail, "p_drop": cfg.p_drop, "p_slow": cfg.p_slow,
@@ -231,7 +234,7 @@ def print_report(report: ChaosReport) -> None:
 
     rec = report.recovery()
     table = Table(title=f"chaos: {report.runs} runs, {report.config.workers} workers, seed "
-                  f"{report.config.seed}", title_justify="left")
+                  f"{report.config.seed}, the log on {report.redis}", title_justify="left")
     table.add_column("figure")
     table.add_column("value", overflow="fold")
     rows: list[tuple[str, Any]] = [

@@ -102,7 +102,9 @@ def cmd_chaos(args: argparse.Namespace) -> int:
                       kill_every=(every * 0.5, every * 1.5), time_bound_s=args.time_bound)
     if args.no_faults:
         cfg.p_fail = cfg.p_drop = cfg.p_slow = cfg.db_lock_s = 0.0
-    report = run_chaos(cfg, redis_url=args.redis_url,
+    if args.cluster and args.redis_url:
+        raise UsageError("--cluster starts its own cluster: leave out --redis-url")
+    report = run_chaos(cfg, redis_url=args.redis_url, cluster=args.cluster,
                        progress=None if args.json else _progress_line)
     if args.json:
         print(json.dumps(report.to_json(), default=str))
@@ -149,4 +151,6 @@ def register(add: Callable[..., Any]) -> None:
     sp.add_argument("--time-bound", type=float, default=180.0, metavar="SECONDS",
                     help="every run must be terminal within this (else exit 1)")
     sp.add_argument("--no-faults", action="store_true", help="kills only, no world faults")
+    sp.add_argument("--cluster", action="store_true",
+                    help="the log on a local 3-master Redis Cluster, RQ on a plain server")
     sp.add_argument("--redis-url", default=None, help="default: a fresh embedded Redis")

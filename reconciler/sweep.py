@@ -23,6 +23,7 @@ import redis
 
 from durable.agents import Registry
 from durable.cancellation import finish_specs
+from durable.connection import connect_queue
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -56,16 +57,19 @@ class Reconciler:
         self.registry = registry
         self.log = EventLog.from_settings(client, settings)
         self.leases = Leases(client, settings.lease_ttl_ms)
-        self.queue = make_queue(client, settings.queue)
+        #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
+        self.queue = make_queue(connect_queue(settings, client), settings.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
         self.outage = Outage(log)
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
-        if self.redis.llen(keys.ready(self.queue.name)):
-            ensure_drain(self.redis, self.queue)  # ready runs, and the drain command was lost
-        ids = self.log.scripts.due_claim(keys=[keys.DUE],
-                                         args=[now, limit, self.settings.lease_ttl_ms])
+        if self.queue.connection.llen(keys.ready(self.queue.name)):
+            ensure_drain(self.queue)  # ready runs, and the drain command was lost
+        ids: list[bytes | str] = []
+        for shard in keys.shard_ids():  # each shard's due set is in its own slot
+            ids += self.log.scripts.due_claim(keys=[keys.due(shard)],
+                                              args=[now, limit, self.settings.lease_ttl_ms])
         report = Tick()
         for raw in ids:
             run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -86,12 +90,12 @@ class Reconciler:
         """Do what one run needs now; returns what was done."""
         now = now if now is not None else now_ms()
         if not self.log.exists(run_id):
-            self.redis.zrem(keys.DUE, run_id)
+            self.redis.zrem(keys.due_of(run_id), run_id)
             return "gone"
         holder = self.leases.holder(run_id)
         if holder is not None:
             ttl = max(int(self.redis.pttl(keys.lease(run_id))), 0)
-            self.redis.zadd(keys.DUE, {run_id: now + ttl + self.settings.lease_ttl_ms})
+            self.redis.zadd(keys.due_of(run_id), {run_id: now + ttl + self.settings.lease_ttl_ms})
             return "held"
         lease, version, raw = self.leases.acquire(run_id, self.token)
         if lease is None:
@@ -109,7 +113,7 @@ class Reconciler:
             try:
                 result = self._settle(handle, now)
             except (ConflictError, Terminal, LeaseLost) as exc:
-                self.redis.zadd(keys.DUE, {run_id: now + 100})
+                self.redis.zadd(keys.due_of(run_id), {run_id: now + 100})
                 return f"retry later ({type(exc).__name__})"
         finally:
             self.leases.release(lease)
@@ -118,8 +122,8 @@ class Reconciler:
             # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
             ready = keys.ready(self.queue.name)
             if self.redis.exists(keys.queued(run_id)) and \
-                    self.redis.lpos(ready, run_id) is not None:
-                self.redis.zadd(keys.DUE, {run_id: now + 2 * self.settings.lease_ttl_ms})
+                    self.queue.connection.lpos(ready, run_id) is not None:
+                self.redis.zadd(keys.due_of(run_id), {run_id: now + 2 * self.settings.lease_ttl_ms})
                 return "queued"
             enqueue_advance(self.redis, self.queue, run_id, force=True)
             self._stat("requeued")
@@ -142,7 +146,8 @@ class Reconciler:
             else:
                 if act.deadline + skew > now:
                     if state.terminal or state.state == "outcome_unknown":
-                        self.redis.zadd(keys.DUE, {handle.run_id: act.deadline + skew + 1})
+                        self.redis.zadd(keys.due_of(handle.run_id),
+                                        {handle.run_id: act.deadline + skew + 1})
                         return "awaiting deadline"
                     return "enqueue"
                 try:
@@ -153,7 +158,8 @@ class Reconciler:
                     return "quarantined"
                 specs = resolve_unknown(self.redis, tool, act, handle.run_id)
                 if not specs:
-                    self.redis.zadd(keys.DUE, {handle.run_id: now + LOOKUP_RETRY_MS})
+                    self.redis.zadd(keys.due_of(handle.run_id),
+                                    {handle.run_id: now + LOOKUP_RETRY_MS})
                     return "lookup failed; asking again later"
             self.log.commit(handle, specs, checkpoint=not state.terminal,
                             allow_terminal=state.terminal)
@@ -162,10 +168,10 @@ class Reconciler:
                 return f"resolved {act.key}"
             return "enqueue"
         if state.terminal:
-            self.redis.zrem(keys.DUE, handle.run_id)
+            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
             return "terminal"
         if state.state == "quarantined":
-            self.redis.zrem(keys.DUE, handle.run_id)
+            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
             return "quarantined"
         if state.cancel is not None and state.cancel.scope == "run":
             specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)

@@ -1,6 +1,10 @@
 """Shared fixtures: one real Redis server per session (random port, private directory),
 flushed before each test, as rq's own tests do; factories for worker processes and extra
-servers (as arq's tests do), which stop everything they started at teardown."""
+servers (as arq's tests do), which stop everything they started at teardown.
+
+``pytest --cluster`` (or ``DURABLE_TEST_CLUSTER=1``) runs the tests marked ``cluster``
+against a real 3-master Redis Cluster on loopback instead (the log, ledger, leases and
+indexes on the cluster, RQ on a plain server: ``DURABLE_QUEUE_URL``), and only them."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import pytest
 import redis
 
 from durable.client import Client
+from durable.cluster import LocalCluster
+from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker
 from examples.world import WorldProcess
@@ -29,19 +35,64 @@ ReconcilerFactory = Callable[..., Reconciler]
 ServerFactory = Callable[..., Server]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cluster", action="store_true",
+                     help="run the tests marked 'cluster' against a 3-master Redis Cluster")
+
+
+def on_cluster(config: pytest.Config) -> bool:
+    return bool(config.getoption("--cluster") or os.environ.get("DURABLE_TEST_CLUSTER") == "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not on_cluster(config):
+        return
+    keep = [i for i in items if i.get_closest_marker("cluster")]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
+
+
+class ClusterServer:
+    """The session's Redis Cluster where tests expect a ``Server``: ``url`` names a node,
+    ``client()`` is a cluster client; ``queue`` is the plain server RQ uses."""
+
+    def __init__(self) -> None:
+        self.cluster = LocalCluster(3, 0).start()
+        self.queue = Server(fsync="everysec").start()
+        self.url = self.cluster.url
+
+    def client(self) -> redis.Redis:
+        client: redis.Redis = redis.RedisCluster.from_url(self.url)  # type: ignore[assignment]
+        return client
+
+    def flush(self) -> None:
+        with self.queue.client() as q:
+            q.flushall()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+        self.queue.stop()
+
+
 @pytest.fixture(scope="session")
-def server() -> Iterator[Server]:
-    srv = Server(fsync="everysec").start()
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    srv: Any = ClusterServer() if on_cluster(request.config) else Server(fsync="everysec").start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture()
 def r(server: Server) -> Iterator[redis.Redis]:
+    clustered = isinstance(server, ClusterServer)
+    keys.use_shards(16 if clustered else 0)
     client = server.client()
     client.flushall()
+    if clustered:
+        server.flush()
     yield client
     client.flushall()
+    if clustered:
+        server.flush()
     client.close()
 
 
@@ -49,6 +100,9 @@ def r(server: Server) -> Iterator[redis.Redis]:
 def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """Settings pointing at the test server; also exported for child processes."""
     monkeypatch.setenv("DURABLE_REDIS_URL", server.url)
+    if isinstance(server, ClusterServer):
+        monkeypatch.setenv("DURABLE_REDIS_CLUSTER", "1")
+        monkeypatch.setenv("DURABLE_QUEUE_URL", server.queue.url)
     monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents,tests.streaming_agents")
     monkeypatch.setenv("DURABLE_LEASE_TTL_MS", os.environ.get("TEST_LEASE_TTL_MS", "1000"))
     return Settings()

@@ -34,6 +34,7 @@ def _assert_no_effect_after_cancel(client: Client, run: str) -> None:
     assert report.ok, report.checks
 
 
+@pytest.mark.cluster
 def test_cancel_during_a_cancellable_tool(client: Client, worker: WorkerFactory) -> None:
     """Window: step 1 dispatched, its tool running (it checks its token); the cancel
     arrives as a pub/sub hint and the call ends canceled, nothing dispatched after it."""
@@ -49,6 +50,7 @@ def test_cancel_during_a_cancellable_tool(client: Client, worker: WorkerFactory)
     assert int(client.redis.hget(keys.CANCEL_LATENCY, run) or -1) >= 0
 
 
+@pytest.mark.cluster
 def test_cancel_during_a_tool_that_ignores_the_token(client: Client,
                                                      worker: WorkerFactory) -> None:
     """Window: step 1 dispatched, its tool running; the tool swallows exceptions and never
@@ -66,6 +68,7 @@ def test_cancel_during_a_tool_that_ignores_the_token(client: Client,
     _assert_no_effect_after_cancel(client, run)
 
 
+@pytest.mark.cluster
 def test_cancel_while_queued_cancels_at_once(client: Client) -> None:
     """Window: started and queued, no worker has taken it: canceled without a worker."""
     run = client.start("count", {"steps": 3}, run_id="c3").run_id
@@ -77,6 +80,7 @@ def test_cancel_while_queued_cancels_at_once(client: Client) -> None:
     assert len(_types(client, run)) == 3
 
 
+@pytest.mark.cluster
 def test_cancel_while_waiting_cancels_at_once(client: Client, worker: WorkerFactory) -> None:
     """Window: the run waits for input, holding no lease: the cancel ends it at once."""
     run = client.start("asker", {"text": "hi"}, run_id="c4").run_id
@@ -87,6 +91,7 @@ def test_cancel_while_waiting_cancels_at_once(client: Client, worker: WorkerFact
     _assert_no_effect_after_cancel(client, run)
 
 
+@pytest.mark.cluster
 def test_a_lost_message_delays_the_cancel_but_never_loses_it(client: Client,
                                                               worker: WorkerFactory) -> None:
     """Window: mid-run (step 2 or later); the request is in the log but no message is
@@ -100,6 +105,7 @@ def test_a_lost_message_delays_the_cancel_but_never_loses_it(client: Client,
     _assert_no_effect_after_cancel(client, run)
 
 
+@pytest.mark.cluster
 def test_call_scope_cancels_the_call_and_the_agent_goes_on(client: Client,
                                                            worker: WorkerFactory) -> None:
     """Window: step 1's tool running; a call-scoped cancel ends that call only, the agent

@@ -28,6 +28,21 @@ def test_chaos_short_form_has_no_duplicates_and_every_run_terminal() -> None:
     assert report.api_keys == report.db_keys == 60
 
 
+def test_chaos_on_a_cluster_has_no_duplicates_and_every_run_terminal() -> None:
+    """The same windows with the log on a 3-master Redis Cluster (RQ on a plain server):
+    SIGKILLed workers, world faults; every run terminal, each key applied once."""
+    cfg = ChaosConfig(runs=20, workers=3, seed=5, kill_every=(0.3, 0.8), fault_workers=0.4,
+                      time_bound_s=90)
+    report = run_chaos(cfg, cluster=True)
+    print(report.to_json())
+    assert report.redis == "a 3-master Redis Cluster"
+    assert report.ok, report.failures()
+    assert report.duplicates == {}
+    assert report.terminal == report.runs == 20
+    assert report.kills >= 3
+    assert report.api_keys == report.db_keys == 20
+
+
 def test_chaos_cli_refuses_bad_arguments() -> None:
     proc = subprocess.run([sys.executable, "-m", "durable", "chaos", "--runs", "0"],
                           capture_output=True, text=True, timeout=60)

@@ -24,6 +24,7 @@ from tests import agents  # noqa: F401 - registers the test agents
 from tests.conftest import ServerFactory
 
 
+@pytest.mark.cluster
 def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
                                                                 r: redis.Redis) -> None:
     first = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
@@ -37,6 +38,7 @@ def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
     assert client.status("same").input == {"steps": 2, "sleep_s": 0.0}
 
 
+@pytest.mark.cluster
 def test_invalid_input_is_refused_before_anything_is_written(client: Client,
                                                              r: redis.Redis) -> None:
     with pytest.raises(InvalidInput, match="steps"):
@@ -53,6 +55,7 @@ def test_oversized_input_is_refused(client: Client, r: redis.Redis) -> None:
     assert not r.exists(keys.log("big"))
 
 
+@pytest.mark.cluster
 def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Client,
                                                                    r: redis.Redis) -> None:
     """N threads append at the same expected version, M trials: one winner each time."""
@@ -88,6 +91,7 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
     assert verify(elog, "race").ok
 
 
+@pytest.mark.cluster
 def test_an_undecodable_entry_quarantines_the_run_and_never_raises(client: Client,
                                                                    r: redis.Redis) -> None:
     client.start("count", {"steps": 1}, run_id="junk", enqueue=False)
@@ -98,6 +102,7 @@ def test_an_undecodable_entry_quarantines_the_run_and_never_raises(client: Clien
     assert "junk" in [s.run_id for s in client.runs("quarantined")]
 
 
+@pytest.mark.cluster
 def test_a_future_version_entry_quarantines_with_the_reason(client: Client,
                                                             r: redis.Redis) -> None:
     import msgspec

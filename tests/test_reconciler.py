@@ -30,6 +30,7 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
 
 
+@pytest.mark.cluster
 def test_a_killed_worker_s_run_is_brought_back_by_the_reconciler_alone(
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path,
@@ -58,6 +59,7 @@ def _unknown_run(client: Client, run: str, *, deadline: int) -> None:
     ], ledger=[("c", f"{run}:1", f"claimed|{deadline}")])
 
 
+@pytest.mark.cluster
 def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path: Path) -> None:
     """Window after_effect: step 1 dispatched, the row written, the worker gone with
     nothing recorded; past the deadline, lookup says applied and nothing is sent again."""
@@ -76,6 +78,7 @@ def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path:
     assert "action_reconciled" in types and types[-1] == "checkpoint"
 
 
+@pytest.mark.cluster
 def test_unknown_outcome_not_applied_is_dispatched_again_with_the_same_key(
     client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:
@@ -91,6 +94,7 @@ def test_unknown_outcome_not_applied_is_dispatched_again_with_the_same_key(
     assert verify(client.log, "u2").ok
 
 
+@pytest.mark.cluster
 def test_lookup_is_not_trusted_before_the_deadline(client: Client) -> None:
     """Window: step 1 dispatched and timed out, its deadline not passed: a slow first
     attempt could still land, so before its deadline nothing is resolved."""
@@ -153,6 +157,7 @@ def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
     assert rec.reconcile("done1") == "terminal"
 
 
+@pytest.mark.cluster
 def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -33,6 +33,7 @@ def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("dedupe", [True, False], ids=["dedupe", "no-dedupe"])
 @pytest.mark.parametrize("window", ["after_intent", "after_effect", "after_outcome"])
 def test_crash_window_recovers_with_every_key_applied_once(
@@ -58,6 +59,7 @@ def test_crash_window_recovers_with_every_key_applied_once(
     assert report.ok, report.checks
 
 
+@pytest.mark.cluster
 def test_two_workers_racing_on_one_run_one_proceeds(client: Client, worker: WorkerFactory,
                                                     tmp_path: Path) -> None:
     run = client.start("writer", {"steps": 5}, run_id="race", enqueue=False).run_id
@@ -71,6 +73,7 @@ def test_two_workers_racing_on_one_run_one_proceeds(client: Client, worker: Work
     assert verify(client.log, run).ok
 
 
+@pytest.mark.cluster
 def test_a_paused_worker_resumed_after_its_lease_moved_on_writes_nothing(
     client: Client, worker: WorkerFactory, tmp_path: Path, r: redis.Redis
 ) -> None:

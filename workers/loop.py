@@ -36,6 +36,7 @@ from durable.agents import (
 )
 from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
+from durable.connection import connect_queue
 from durable.errors import (
     CancelPending,
     Claimed,
@@ -110,7 +111,8 @@ class StepLoop:
         #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
         #: whose epochs agree, so the run id is part of the key.
         self._released: set[tuple[str, str]] = set()
-        self.queue = make_queue(client, queue_name or settings.queue)
+        #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
+        self.queue = make_queue(connect_queue(settings, client), queue_name or settings.queue)
         self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
         self.held: dict[str, Slot] = {}
         self.hooks = hooks or HookChain()
@@ -431,7 +433,7 @@ class StepLoop:
         if not specs:  # the lookup itself failed: the reconciler asks again shortly
             if handle.staged:
                 self._commit(handle, pending, [])
-            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
             return True, 0
         pending[:] = specs
         self.log.stage(handle, specs)
@@ -533,7 +535,7 @@ class StepLoop:
                         tool.name, exc)
             if handle.staged:
                 self._commit(handle, pending, [])
-            self.redis.zadd(keys.DUE, {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
+            self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
             return True, 0
         self._commit(handle, pending, specs, checkpoint=True)
         return True, 0

@@ -40,6 +40,8 @@ class RunPool:
         self.redis = loop.redis
         self.queue = loop.queue
         self.ready_key = keys.ready(loop.queue.name)
+        #: The queue's server: the ready list and the drain marker live there.
+        self.queues = loop.queue.connection
         self._free = threading.Semaphore(size)
         self._busy = 0
         self._idle = threading.Condition()
@@ -61,10 +63,10 @@ class RunPool:
             log.error("refused a drain of queue %r: this worker serves %r", queue_name,
                       self.queue.name)
             return {"refused": "wrong queue"}
-        self.redis.delete(keys.drain_pending(queue_name))
+        self.queues.delete(keys.drain_pending(queue_name))
         taken = self.fill()
-        if taken and self.redis.llen(self.ready_key):
-            ensure_drain(self.redis, self.queue)  # more are ready: idle workers join in
+        if taken and self.queues.llen(self.ready_key):
+            ensure_drain(self.queue)  # more are ready: idle workers join in
         return {"taken": taken, "busy": self._busy}
 
     def fill(self) -> int:
@@ -83,7 +85,7 @@ class RunPool:
         return taken
 
     def _pop(self) -> str | None:
-        raw = self.redis.lpop(self.ready_key)
+        raw = self.queues.lpop(self.ready_key)
         if raw is None:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -139,7 +141,7 @@ class RunPool:
             if self._busy >= self.size:
                 continue
             try:
-                if self.redis.llen(self.ready_key):
+                if self.queues.llen(self.ready_key):
                     self.fill()
             except redis.RedisError as exc:
                 self.loop.outage.failed(exc)
@@ -165,7 +167,7 @@ class RunPool:
         while True:
             self.fill()
             self.wait_idle()
-            if not self.redis.llen(self.ready_key):
+            if not self.queues.llen(self.ready_key):
                 return
 
     def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:

@@ -36,7 +36,7 @@ from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
 from durable.errors import ForbiddenJob
 from durable.log import keys
-from durable.queue import HANDLERS, LEGACY_HANDLERS, make_queue
+from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.settings import Settings
 from durable.streaming import Publisher
 from workers.hooks import load_hooks
@@ -84,7 +84,7 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
     def _refuse(self, job: Job, queue: Queue, execution: Any, stat: str, why: str) -> bool:
         log.error("%s", why)
         try:
-            self.connection.hincrby(keys.STATS, stat, 1)
+            (_loop.redis if _loop else self.connection).hincrby(keys.STATS, stat, 1)
             self.handle_job_failure(job, queue=queue, exc_string=why, execution=execution)
         except Exception as exc:  # the job is unreadable even to RQ's bookkeeping: drop it
             log.warning("job %s could not be recorded as failed (%r); deleted", job.id, exc)
@@ -138,11 +138,11 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener = CancelListener(settings, connect(settings, check=False), _loop)
     listener.start()
     listener.ready.wait(5)
-    queue = make_queue(client, queue_name or settings.queue)
+    queue = _loop.queue
     log.info("worker %s started: queue %r, %d run slots, agents: %s, Redis %s", wid,
              queue.name, pool.size, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
-    _serve(queue, client, wid, _loop, burst)
+    _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.finish()
         return 0

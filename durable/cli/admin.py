@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from durable.cli.output import CHECK_FAILED, OK, Add, client
+from durable.cluster import STATE_FILE, LocalCluster
 from durable.embedded import run_foreground, stop
+from durable.errors import UsageError
 from durable.log.index import repair
 from durable.settings import Settings
 
@@ -25,6 +28,28 @@ def cmd_repair_index(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    where = Path(args.dir) if args.dir else Settings().data_dir / "cluster"
+    found = LocalCluster.recorded(where)
+    if args.action == "stop":
+        if found is None or not found.nodes:
+            print(f"no cluster runs for {where}")
+            return CHECK_FAILED
+        found.stop()
+        (where / STATE_FILE).unlink(missing_ok=True)
+        print(f"stopped the cluster of {where} ({len(found.nodes)} nodes)")
+        return OK
+    if found is not None and found.nodes:
+        raise UsageError(f"a cluster runs for {where} already ({found.url}): "
+                         "`durable cluster stop` first")
+    cluster = LocalCluster(args.masters, args.replicas, data_dir=where,
+                           node_timeout_ms=args.node_timeout_ms).start()
+    print(f"started a cluster of {args.masters} masters and {args.replicas} replicas each "
+          f"under {where}:\n  export DURABLE_REDIS_CLUSTER=1 DURABLE_REDIS_URL={cluster.url}"
+          "\n  (and DURABLE_QUEUE_URL: a plain server for RQ, e.g. `durable redis`'s)")
+    return OK
+
+
 def register(add: Add) -> None:
     sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
     sp.add_argument("--port", type=int, default=0)
@@ -32,5 +57,13 @@ def register(add: Add) -> None:
     sp.add_argument("--linger", type=float, default=4.0, metavar="S",
                     help="on a signal, wait up to S seconds for the other processes to "
                          "disconnect before shutting down (Redis stops last)")
+    sp = add("cluster", cmd_cluster, "start or stop a local Redis Cluster on loopback (for "
+             "development and tests)", js=False)
+    sp.add_argument("action", choices=["start", "stop"])
+    sp.add_argument("--masters", type=int, default=3)
+    sp.add_argument("--replicas", type=int, default=0, help="replicas per master")
+    sp.add_argument("--node-timeout-ms", type=int, default=2000,
+                    help="how long a silent master has before its replica takes over")
+    sp.add_argument("--dir", default="", help="data directory (default: <data dir>/cluster)")
     add("repair-index", cmd_repair_index, "rebuild the global indexes from the run logs",
         js=False)

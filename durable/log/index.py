@@ -1,35 +1,104 @@
-"""The global indexes are derived data: rebuild them from the run projections and logs."""
+"""The global indexes are derived data: rebuild them from the run projections and logs, and
+read them across the layout's shards (``durable.log.keys``)."""
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
 from typing import Any
 
+from durable.errors import RunNotFound
 from durable.log import keys
 from durable.log.state import ALL_STATES
 
 
 def repair(client: Any) -> int:
-    """Rebuild ``dx:runs``, ``dx:runs:<state>`` and the due-set from every run's log."""
+    """Rebuild ``dx:runs``, ``dx:runs:<state>`` and the due-set from every run's log, shard
+    by shard."""
     r = client.redis
-    pipe = r.pipeline(transaction=False)
-    pipe.delete(keys.RUNS_BY_UPDATE, keys.DUE, *[keys.runs_in_state(s) for s in ALL_STATES])
-    pipe.execute()
     count = 0
-    for raw in r.scan_iter(match=f"{keys.PREFIX}:{{*}}:log", count=500):
-        name = raw.decode()
-        run_id = name[len(keys.PREFIX) + 2: -len("}:log")]
-        try:
-            handle = client.log.load(run_id)
-        except Exception:
-            continue
-        state = handle.state
-        pipe.zadd(keys.RUNS_BY_UPDATE, {run_id: state.updated})
-        pipe.zadd(keys.runs_in_state(state.state), {run_id: state.updated})
-        pipe.hset(keys.run(run_id), mapping={"state": state.state, "version": state.version,
-                                             "step": state.step})
-        due = client.log.due_for(state, state.updated)
-        if due != "-":
-            pipe.zadd(keys.DUE, {run_id: int(due)})
-        count += 1
-    pipe.execute()
+    for shard in keys.shard_ids():
+        # One call (a cluster pipeline deletes one key at a time): the shard's keys share
+        # a slot.
+        r.delete(keys.runs_index(shard), keys.due(shard),
+                 *[keys.runs_in_state(s, shard) for s in ALL_STATES])
+        pipe = r.pipeline(transaction=False)
+        for raw in r.scan_iter(match=keys.log_pattern(shard), count=500):
+            run_id = keys.run_of_log(raw.decode())
+            try:
+                handle = client.log.load(run_id)
+            except Exception:
+                continue
+            state = handle.state
+            pipe.zadd(keys.runs_index(shard), {run_id: state.updated})
+            pipe.zadd(keys.runs_in_state(state.state, shard), {run_id: state.updated})
+            pipe.hset(keys.run(run_id), mapping={"state": state.state,
+                                                 "version": state.version,
+                                                 "step": state.step})
+            due = client.log.due_for(state, state.updated)
+            if due != "-":
+                pipe.zadd(keys.due(shard), {run_id: int(due)})
+            count += 1
+        pipe.execute()
     return count
+
+
+def newest(r: Any, state: str | None, after: str | None = None,
+           batch: int = 100) -> Iterator[str]:
+    """Run ids by update time, newest first (ties: the greater id first, as ``ZREVRANGE``),
+    across every shard of the index of ``state`` (all runs when None); ``after``: start
+    below that run. Raises ``RunNotFound`` for an ``after`` not in the index."""
+    shards = keys.shard_ids()
+
+    def index(shard: int | None) -> str:
+        return keys.runs_in_state(state, shard) if state else keys.runs_index(shard)
+
+    if len(shards) == 1:
+        start = 0
+        if after is not None:
+            rank = r.zrevrank(index(shards[0]), after)
+            if rank is None:
+                raise RunNotFound(after)
+            start = rank + 1
+        yield from _walk(r, index(shards[0]), start, batch)
+        return
+    starts = {s: 0 for s in shards}
+    if after is not None:
+        score = r.zscore(index(keys.shard_of(after)), after)
+        if score is None:
+            raise RunNotFound(after)
+        for s in shards:
+            above = r.zcount(index(s), f"({score}", "+inf")
+            ties = r.zrangebyscore(index(s), score, score)
+            starts[s] = above + sum(1 for t in ties if t.decode() >= after)
+    walks = [_walk_scored(r, index(s), starts[s], batch) for s in shards]
+    for _neg_score, _neg_id, run_id in heapq.merge(*walks):
+        yield run_id
+
+
+def _walk(r: Any, index: str, start: int, batch: int) -> Iterator[str]:
+    while True:
+        ids = r.zrevrange(index, start, start + batch - 1)
+        if not ids:
+            return
+        start += len(ids)
+        yield from (i.decode() for i in ids)
+
+
+class _Desc(str):
+    """A string that sorts in reverse (a merge key for 'greater id first')."""
+
+    def __lt__(self, other: object) -> bool:
+        return str.__gt__(self, other)  # type: ignore[operator]
+
+
+def _walk_scored(r: Any, index: str, start: int,
+                 batch: int) -> Iterator[tuple[float, _Desc, str]]:
+    while True:
+        page = r.zrevrange(index, start, start + batch - 1, withscores=True)
+        if not page:
+            return
+        start += len(page)
+        for member, score in page:
+            run_id = member.decode()
+            yield -score, _Desc(run_id), run_id

@@ -1,66 +1,182 @@
 """Every Redis key and channel the system uses, in one place.
 
-Per-run keys carry the hash tag ``{run_id}`` so that one Lua script can touch all of them
-atomically and the layout works unchanged on Redis Cluster. Global keys are derived data:
-they can be rebuilt from the run logs (``durable repair-index``).
+Two layouts, chosen by ``DURABLE_SHARDS`` (``Settings.layout_shards``) and fixed for the
+life of the data (``dx:layout`` records it; a process configured otherwise refuses to start):
+
+- **unsharded** (0, the single-server default): a run's keys carry the hash tag
+  ``{run_id}`` (``dx:{R}:log``); the derived indexes are one key each (``dx:runs``,
+  ``dx:runs:<state>``, ``dx:due``).
+- **N shards** (Redis Cluster; 16 by default there): a run belongs to shard
+  ``crc16(run_id) mod N``, and its keys carry that shard's hash tag (``dx:{<tag>}:R:log``),
+  so do the shard's indexes (``dx:{<tag>}:runs``, ``dx:{<tag>}:runs:<state>``,
+  ``dx:{<tag>}:due``): ``append.lua`` still writes a run's log and its indexes atomically,
+  in one slot. Readers (``Client.runs``, the reconciler, ``repair-index``) read across the
+  N shards. The tags are chosen so that shard k hashes into the k-th N-th of the slot
+  space: the shards spread evenly over masters that split the slots evenly.
+
+Global keys are derived data: they can be rebuilt from the run logs (``durable
+repair-index``). Keys of the queue (ready lists, drain markers, RQ's own) live on the
+queue's server (``DURABLE_QUEUE_URL``), not the log's.
 """
 
 from __future__ import annotations
 
 import re
+from functools import cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 PREFIX = "dx"
 
 #: run ids are short, printable and safe inside a hash tag (no braces).
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
+#: Shards of this process's layout: 0 = unsharded (see the module's docstring).
+_shards = 0
+
+
+def use_shards(n: int) -> None:
+    """Set the layout of this process (``durable.connection.connect`` does it)."""
+    global _shards
+    if n < 0:
+        raise ValueError(f"shards must be >= 0, not {n}")
+    _shards = n
+
+
+def shards() -> int:
+    return _shards
+
+
+@cache
+def shard_tag(k: int, n: int) -> str:
+    """The hash tag of shard ``k`` of ``n``: the first ``"<k>.<j>"`` whose slot lies in the
+    k-th n-th of the slot space (deterministic: every process computes the same tags)."""
+    low = k * REDIS_CLUSTER_HASH_SLOTS // n
+    high = (k + 1) * REDIS_CLUSTER_HASH_SLOTS // n
+    j = 0
+    while not low <= key_slot(f"{k}.{j}".encode()) < high:
+        j += 1
+    return f"{k}.{j}"
+
+
+def shard_of(run_id: str) -> int | None:
+    """The run's shard, or None when the layout is unsharded."""
+    if not _shards:
+        return None
+    return int(key_slot(run_id.encode())) % _shards
+
+
+def shard_ids() -> list[int | None]:
+    """Every shard a reader must look at: ``[None]`` when unsharded."""
+    return list(range(_shards)) if _shards else [None]
+
+
+def _per_run(run_id: str, name: str) -> str:
+    if not _shards:
+        return f"{PREFIX}:{{{run_id}}}:{name}"
+    return f"{PREFIX}:{{{shard_tag(key_slot(run_id.encode()) % _shards, _shards)}}}:" \
+           f"{run_id}:{name}"
+
+
+def _global(name: str, shard: int | None) -> str:
+    if shard is None:
+        return f"{PREFIX}:{name}"
+    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:{name}"
+
+
+def pattern(name: str, shard: int | None) -> str:
+    """SCAN pattern of one per-run key (``log``, ``lease``...) of the runs of one shard;
+    ``run_of`` reads the run id back from a key found."""
+    if shard is None:
+        return f"{PREFIX}:{{*}}:{name}"
+    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:*:{name}"
+
+
+def run_of(key: str) -> str:
+    """The run id of a per-run key (either layout)."""
+    tail = key[len(PREFIX) + 2:key.rindex(":")]  # after "dx:{", before ":<name>"
+    tag, _, rest = tail.partition("}")
+    return rest[1:] if _shards else tag
+
+
+def log_pattern(shard: int | None) -> str:
+    return pattern("log", shard)
+
+
+def run_of_log(key: str) -> str:
+    return run_of(key)
+
 
 def log(run_id: str) -> str:
     """Stream: the run's append-only log. Never trimmed while the run lives."""
-    return f"{PREFIX}:{{{run_id}}}:log"
+    return _per_run(run_id, "log")
 
 
 def run(run_id: str) -> str:
     """Hash: cached projection (state, version, step, last entry id, checkpoint id, due)."""
-    return f"{PREFIX}:{{{run_id}}}:run"
+    return _per_run(run_id, "run")
 
 
 def ledger(run_id: str) -> str:
     """Hash: idempotency key -> ``claimed|<deadline ms>`` or ``done|<outcome>``."""
-    return f"{PREFIX}:{{{run_id}}}:fx"
+    return _per_run(run_id, "fx")
 
 
 def lease(run_id: str) -> str:
     """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business state."""
-    return f"{PREFIX}:{{{run_id}}}:lease"
+    return _per_run(run_id, "lease")
 
 
 def fence(run_id: str) -> str:
     """Integer: the fencing epoch, incremented on every lease acquisition."""
-    return f"{PREFIX}:{{{run_id}}}:fence"
+    return _per_run(run_id, "fence")
 
 
 def queued(run_id: str) -> str:
-    """String with PX TTL (ms): an ``advance`` command for the run is on the queue."""
-    return f"{PREFIX}:{{{run_id}}}:queued"
+    """String with PX TTL (ms): an ``advance`` command for the run is on the queue. On the
+    log's server (``lease_acquire.lua`` drops it with the lease), not the queue's."""
+    return _per_run(run_id, "queued")
 
 
 def stream(run_id: str) -> str:
     """Pub/sub channel: a run's partial outputs (``ToolContext.emit``), JSON messages
     ``{"run", "step", "attempt", "seq", "data"}``. Best-effort, never logged: a follower
     gets them only while it is subscribed (``Client.follow``)."""
-    return f"{PREFIX}:{{{run_id}}}:stream"
+    return _per_run(run_id, "stream")
 
 
 # Global, derived and repairable -------------------------------------------------------
 
-#: ZSET run id -> last update (ms since epoch).
+#: Hash ``shards`` -> the layout's shard count: written once, checked by every process.
+LAYOUT = f"{PREFIX}:layout"
+
+#: ZSET run id -> last update (ms since epoch), unsharded layout (``runs_index``).
 RUNS_BY_UPDATE = f"{PREFIX}:runs"
 
 
-def runs_in_state(state: str) -> str:
-    """ZSET run id -> last update (ms), one per state."""
-    return f"{PREFIX}:runs:{state}"
+def runs_index(shard: int | None = None) -> str:
+    """ZSET run id -> last update (ms since epoch) of one shard."""
+    return _global("runs", shard)
+
+
+def runs_of(run_id: str) -> str:
+    """The ``runs_index`` of the run's shard."""
+    return runs_index(shard_of(run_id))
+
+
+def runs_in_state(state: str, shard: int | None = None) -> str:
+    """ZSET run id -> last update (ms), one per state (and shard)."""
+    return _global(f"runs:{state}", shard)
+
+
+def due(shard: int | None = None) -> str:
+    """ZSET run id -> time (ms) at which the reconciler must look at the run, per shard."""
+    return _global("due", shard)
+
+
+def due_of(run_id: str) -> str:
+    """The due set of the run's shard."""
+    return due(shard_of(run_id))
 
 
 def ready(queue: str) -> str:
@@ -73,7 +189,7 @@ def drain_pending(queue: str) -> str:
     return f"{PREFIX}:drain:{queue}"
 
 
-#: ZSET run id -> time (ms) at which the reconciler must look at the run.
+#: The due set of the unsharded layout (``due``/``due_of`` for either layout).
 DUE = f"{PREFIX}:due"
 
 #: Hash of counters (duplicates suppressed, forged cancels, stuck runs, ...).

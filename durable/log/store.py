@@ -27,6 +27,7 @@ from durable.errors import (
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import apply, from_checkpoint
+from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
 
@@ -93,18 +94,23 @@ class EventLog:
         window: int = 32,
         checkpoint_every: int = 200,
         lease_ttl_ms: int = 5000,
+        min_replicas: int = 0,
+        replica_timeout_ms: int = 2000,
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
+        self.replicas = Replicated(client, self.scripts, min_replicas, replica_timeout_ms)
         self.window = window
         self.checkpoint_every = checkpoint_every
         self.lease_ttl_ms = lease_ttl_ms
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any) -> EventLog:
+        keys.use_shards(settings.layout_shards)
         return cls(client, window=settings.action_window,
                    checkpoint_every=settings.checkpoint_every,
-                   lease_ttl_ms=settings.lease_ttl_ms)
+                   lease_ttl_ms=settings.lease_ttl_ms, min_replicas=settings.min_replicas,
+                   replica_timeout_ms=settings.replica_timeout_ms)
 
     # Reading ---------------------------------------------------------------------------
 
@@ -285,15 +291,14 @@ class EventLog:
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
             self.lease_ttl_ms, *blobs, *[x for op in ops for x in op], *extra_pairs,
         ]
-        reply = self.scripts.append(
-            keys=[
+        shard = keys.shard_of(handle.run_id)
+        reply = self.replicas.append(handle.run_id, keys=[
                 keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
-                keys.ledger(handle.run_id), keys.RUNS_BY_UPDATE, keys.DUE,
-                keys.runs_in_state(old_state), keys.runs_in_state(main_state),
-                keys.runs_in_state(free_state),
+                keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
+                keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
+                keys.runs_in_state(free_state, shard),
             ],
-            args=args,
-        )
+            args=args)
         tag = _s(reply[0])
         if tag == "ok":
             version = int(reply[1])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from durable.log import keys
 from durable.testing import Worker
 
 WINDOWS = ("after_intent", "after_effect", "after_outcome")
@@ -36,15 +37,15 @@ class Death:
 def held_by(client: redis.Redis, pid: int) -> list[str]:
     """Runs whose lease is held by the worker process ``pid`` (owner ``host:pid:tag``)."""
     runs = []
-    for raw in client.scan_iter(match="dx:{*}:lease", count=1000):
-        value = client.get(raw)
-        if value is None:
-            continue
-        owner = value.decode().rsplit("|", 1)[0]
-        parts = owner.split(":")
-        if len(parts) == 3 and parts[1] == str(pid):
-            key = raw.decode()
-            runs.append(key[key.index("{") + 1: key.rindex("}")])
+    for shard in keys.shard_ids():
+        for raw in client.scan_iter(match=keys.pattern("lease", shard), count=1000):
+            value = client.get(raw)
+            if value is None:
+                continue
+            owner = value.decode().rsplit("|", 1)[0]
+            parts = owner.split(":")
+            if len(parts) == 3 and parts[1] == str(pid):
+                runs.append(keys.run_of(raw.decode()))
     return runs
 
 

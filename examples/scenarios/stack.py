@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from durable.client import Client
+from durable.cluster import LocalCluster
 from durable.log.state import RunState
 from durable.settings import Settings
 from durable.testing import Server, Worker, wait_for
@@ -36,16 +37,27 @@ class Stack:
     redis_url: str
     world: WorldProcess
     workdir: Path
+    #: Set when the log is on a Redis Cluster: the plain server RQ uses.
+    queue_url: str | None = None
 
     @classmethod
     @contextlib.contextmanager
     def up(cls, redis_url: str | None = None, *, dedupe: bool = False, fsync: str = "always",
-           workdir: Path | None = None) -> Iterator[Stack]:
-        """Start what is missing (Redis, the world); stop it all on exit."""
+           workdir: Path | None = None, cluster: bool = False) -> Iterator[Stack]:
+        """Start what is missing (Redis, the world); stop it all on exit. ``cluster``: the
+        log on a local 3-master Redis Cluster, RQ on a plain server."""
         with contextlib.ExitStack() as stack:
             if workdir is None:
                 workdir = Path(stack.enter_context(
                     tempfile.TemporaryDirectory(prefix="durable-scenarios-")))
+            queue_url = None
+            if cluster:
+                nodes = LocalCluster(3, 0, data_dir=workdir / "cluster", fsync=fsync)
+                stack.callback(nodes.stop)
+                redis_url = nodes.start().url
+                queue = Server(fsync=fsync, data_dir=workdir / "queue")
+                stack.callback(queue.stop)
+                queue_url = queue.start().url
             if redis_url is None:
                 server = Server(fsync=fsync, data_dir=workdir / "redis")
                 stack.callback(server.stop)
@@ -54,7 +66,7 @@ class Stack:
                                  log_path=workdir / "world.log")
             stack.callback(world.stop)
             world.start()
-            yield cls(redis_url, world, workdir)
+            yield cls(redis_url, world, workdir, queue_url)
 
     @contextlib.contextmanager
     def scene(self, name: str) -> Iterator[Scene]:
@@ -77,15 +89,19 @@ class Scene:
         self.queue = f"scenario-{self.name}-{uuid.uuid4().hex[:6]}"
         self.settings = Settings(redis_url=self.stack.redis_url, queue=self.queue,
                                  lease_ttl_ms=LEASE_TTL_MS,
-                                 agents="examples.agents")
+                                 agents="examples.agents",
+                                 redis_cluster=self.stack.queue_url is not None,
+                                 queue_url=self.stack.queue_url)
         self.client = Client(self.settings)
         self.world: WorldClient = self.stack.world.client
         self.world.reset_faults()
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of this scene's child processes."""
+        cluster = {"DURABLE_REDIS_CLUSTER": "1", "DURABLE_QUEUE_URL": self.stack.queue_url} \
+            if self.stack.queue_url else {}
         return {"DURABLE_QUEUE": self.queue, "DURABLE_LEASE_TTL_MS": str(LEASE_TTL_MS),
-                "DURABLE_AGENTS": "examples.agents",
+                "DURABLE_AGENTS": "examples.agents", **cluster,
                 **self.stack.world.env(), **extra}
 
     def log_path(self, what: str) -> Path:
@@ -126,4 +142,5 @@ class Scene:
 
     def close(self) -> None:
         self.stop_processes()
+        self.client.close()
         self.client.redis.close()
