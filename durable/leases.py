@@ -16,8 +16,11 @@ from typing import Any
 
 import redis
 
-from durable.log import keys
+from durable.log import counters, keys
 from durable.log.scripts import Scripts
+
+#: The shared counter a lease taken after an expired one adds to (``lease_acquire.lua``).
+EXPIRY_FIELD = counters.field(counters.LEASE_EXPIRIES)
 
 
 def _s(v: object) -> str:
@@ -55,8 +58,8 @@ class Leases:
         """
         reply = self.scripts.lease_acquire(
             keys=[keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
-                  keys.log(run_id), keys.run(run_id)],
-            args=[token, self.ttl_ms, "1" if take_queued else "0"])
+                  keys.log(run_id), keys.run(run_id), keys.METRICS],
+            args=[token, self.ttl_ms, "1" if take_queued else "0", EXPIRY_FIELD])
         if _s(reply[0]) != "ok":
             return None, 0, None
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
@@ -74,7 +77,8 @@ class Leases:
         return [bool(ok) for ok in pipe.execute()]
 
     def release(self, lease: Lease) -> bool:
-        return bool(self.scripts.lease_release(keys=[keys.lease(lease.run_id)], args=[lease.value]))
+        return bool(self.scripts.lease_release(
+            keys=[keys.lease(lease.run_id), keys.run(lease.run_id)], args=[lease.value]))
 
     def holder(self, run_id: str) -> str | None:
         value = self.redis.get(keys.lease(run_id))

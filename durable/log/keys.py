@@ -21,7 +21,9 @@ def log(run_id: str) -> str:
 
 
 def run(run_id: str) -> str:
-    """Hash: cached projection (state, version, step, last entry id, checkpoint id, due)."""
+    """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
+    and ``held``: the lease taken last, until it is released (an expiry is counted when a
+    new lease is taken while it is still set)."""
     return f"{PREFIX}:{{{run_id}}}:run"
 
 
@@ -78,6 +80,12 @@ DUE = f"{PREFIX}:due"
 
 #: Hash of counters (duplicates suppressed, forged cancels, stuck runs, ...).
 STATS = f"{PREFIX}:stats"
+
+#: Hash of the shared Prometheus counters and histogram buckets (``durable.log.counters``):
+#: field = JSON ``[metric, label values..., bucket]``, value = integer count (durations in
+#: ms). Written by ``append.lua`` with the events they count, so every process shares them
+#: and they survive restarts. Not derived: a counter that is rebuilt is a reset.
+METRICS = f"{PREFIX}:metrics"
 
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"
