@@ -25,14 +25,13 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable.client import Client
-from durable.log import counters
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.metrics import exposition
 from durable.testing import Server, wait_for
 from examples.world import WorldProcess
-from workers import metrics as worker_metrics
 from tests.conftest import WorkerFactory
+from workers import metrics as worker_metrics
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -216,7 +215,7 @@ def test_durable_metrics_serves_the_same_over_http(server: Server, client: Clien
         served = samples(scrape(url))
     finally:
         proc.terminate()
-        out, err = proc.communicate(timeout=10)
+        proc.communicate(timeout=10)
     assert served["durable_steps_total"] == samples(exposition(client)[0].decode())[
         "durable_steps_total"]
     assert served["durable_steps_total"][
