@@ -19,9 +19,6 @@ import redis
 from durable.log import counters, keys
 from durable.log.scripts import Scripts
 
-#: The shared counter a lease taken after an expired one adds to (``lease_acquire.lua``).
-EXPIRY_FIELD = counters.field(counters.LEASE_EXPIRIES)
-
 
 def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
@@ -58,10 +55,14 @@ class Leases:
         """
         reply = self.scripts.lease_acquire(
             keys=[keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
-                  keys.log(run_id), keys.run(run_id), keys.METRICS],
-            args=[token, self.ttl_ms, "1" if take_queued else "0", EXPIRY_FIELD])
+                  keys.log(run_id), keys.run(run_id)],
+            args=[token, self.ttl_ms, "1" if take_queued else "0"])
         if _s(reply[0]) != "ok":
             return None, 0, None
+        if int(reply[4]):
+            # The lease before this one ran out. Counted here, not in the script, which
+            # touches one run's keys only.
+            counters.incr(self.redis, counters.LEASE_EXPIRIES)
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
 
     def renew(self, lease: Lease) -> bool:

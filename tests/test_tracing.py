@@ -7,6 +7,7 @@ whose in-memory exporter also writes every finished span to a file this test rea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.testing import Server, wait_for
 from durable.testing.spans import read
+from tests import traced_agents
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
 HOOK = "durable.testing.spans:SpansToFile"
@@ -132,3 +134,22 @@ def test_without_opentelemetry_nothing_is_traced(server: Server, client: Client,
     assert _started(client, run).trace == ""
     worker()
     assert client.wait(run, timeout=30).state == "completed"
+
+
+def test_spans_a_tool_opens_are_children_of_its_step(client: Client, worker: WorkerFactory,
+                                                     exporter: InMemorySpanExporter,
+                                                     tmp_path: Path) -> None:
+    """The tool runs on the worker's tool thread; the step's context goes with it."""
+    assert traced_agents.Tracer.name == "tracer"  # imported: this producer validates it
+    spans_file = tmp_path / "spans.jsonl"
+    with trace.get_tracer("test").start_as_current_span("request"):
+        run = client.start("tracer", {"steps": 2}).run_id
+    worker(hooks=[f"{HOOK}={spans_file}"],
+           DURABLE_AGENTS=f"{os.environ['DURABLE_AGENTS']},tests.traced_agents")
+    assert client.wait(run, timeout=30).state == "completed"
+    assert wait_for(lambda: len([s for s in read(spans_file) if s["name"] == "tool work"]) == 2,
+                    10)
+    spans = read(spans_file)
+    steps = {s["span_id"]: s for s in spans if s["name"] == "durable.step traced"}
+    work = [s for s in spans if s["name"] == "tool work"]
+    assert len(steps) == 2 and {w["parent_id"] for w in work} == set(steps)

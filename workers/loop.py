@@ -352,6 +352,7 @@ class StepLoop:
     def _quarantine(self, handle: RunHandle, reason: str) -> None:
         log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
+        handle.staged_counts = []  # what the dropped events would have counted
         try:
             self.log.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
                             extra={"reason": reason[:500]})

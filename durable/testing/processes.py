@@ -79,7 +79,7 @@ class Worker(Process):
 
     def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
                  log_path: Path | None = None, kill_at: str | None = None,
-                 hooks: Sequence[str] = (), metrics_port: int | None = None,
+                 hooks: Sequence[str] = (), metrics_port: int | str | None = None,
                  **env: str) -> None:
         args = ["worker"]
         if burst:
