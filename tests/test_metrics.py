@@ -259,3 +259,20 @@ def test_the_dashboard_and_scrape_config_use_metrics_that_exist(r: Any) -> None:
             "durable_lease_expiries_total", "durable_reconciler_actions_total"} <= served
     scrape = (root / "deploy" / "prometheus.yml").read_text()
     assert "job_name: durable\n" in scrape and "job_name: durable-workers" in scrape
+
+
+def test_a_worker_whose_metrics_port_is_taken_says_so_and_takes_nothing(
+        client: Client, worker: WorkerFactory) -> None:
+    """Bad input: ``--metrics-port`` on a port in use ends the worker at once with one line
+    (exit 2), before it takes any run."""
+    run = client.start("count", {"steps": 1}).run_id
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "durable", "worker", "--metrics-port",
+                               str(port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == \
+        f"durable: --metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert client.status(run).state == "pending" and client.status(run).version == 1

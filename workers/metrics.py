@@ -36,13 +36,18 @@ class MetricsHook(StepHooks):
         CALL_SECONDS.labels(tool).observe(seconds)
 
 
-def serve(host: str, port: int, loop: StepLoop, pool: RunPool) -> None:
-    """Serve ``/metrics`` on a daemon thread (the loop's hooks must include a
-    :class:`MetricsHook`)."""
-    HELD.set_function(lambda: len(loop.held))
-    SLOTS.set(pool.size)
+def listen(host: str, port: int) -> None:
+    """Serve ``/metrics`` on a daemon thread; first, so that a port in use stops the worker
+    before it takes anything."""
     try:
         start_http_server(port, addr=host)
     except OSError as exc:
         raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: "
                          f"{exc.strerror or exc}") from None
+
+
+def watch(loop: StepLoop, pool: RunPool) -> None:
+    """The gauges read the loop and the pool (the counters come from a :class:`MetricsHook`
+    in the loop's hooks)."""
+    HELD.set_function(lambda: len(loop.held))
+    SLOTS.set(pool.size)

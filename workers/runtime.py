@@ -122,6 +122,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     logging.getLogger("rq.worker").addFilter(_QuietReconnects())
     chain = load_hooks(hooks)
     if metrics_port is not None:
+        worker_metrics.listen(metrics_host, metrics_port)
         chain.hooks.append(worker_metrics.MetricsHook())
     client = connect(settings)
     registry.load(settings.agents)
@@ -138,7 +139,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
     _pool = pool = RunPool(_loop, concurrency or settings.concurrency)
     if metrics_port is not None:
-        worker_metrics.serve(metrics_host, metrics_port, _loop, pool)
+        worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
