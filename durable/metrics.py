@@ -119,7 +119,7 @@ class DurableCollector(Collector):
         pipe = self.redis.pipeline(transaction=False)
         for state in states:
             pipe.zcard(keys.runs_in_state(state))
-        for state in waiting:
+        for state in [*waiting, "outcome_unknown"]:
             pipe.zrange(keys.runs_in_state(state), 0, 0, withscores=True)
         replies = pipe.execute()
         now = time.time()
@@ -132,10 +132,15 @@ class DurableCollector(Collector):
             "durable_oldest_waiting_seconds",
             "Age of the longest-waiting run in each waiting state (0: none waits).",
             labels=("state",))
-        for state, first in zip(waiting, replies[len(states):], strict=True):
-            age = max(now - float(first[0][1]) / 1000, 0.0) if first else 0.0
+        ages = [max(now - float(first[0][1]) / 1000, 0.0) if first else 0.0
+                for first in replies[len(states):]]
+        for state, age in zip(waiting, ages, strict=False):
             oldest.add_metric((state,), age)
         yield oldest
+        yield GaugeMetricFamily(
+            "durable_oldest_outcome_unknown_seconds",
+            "Age of the oldest run whose dispatched effect awaits reconciliation (0: none).",
+            value=ages[-1])
 
 
 def registry_for(client: redis.Redis) -> CollectorRegistry:

@@ -160,6 +160,7 @@ def test_counters_equal_the_events_in_the_logs(client: Client, worker: WorkerFac
     oldest = shared["durable_oldest_waiting_seconds"]
     assert oldest[(("state", "waiting_input"),)] > 0
     assert oldest[(("state", "waiting_approval"),)] == 0
+    assert shared["durable_oldest_outcome_unknown_seconds"][()] == 0  # all were resolved
 
     # The worker's own endpoint: the calls this process made, by tool and outcome.
     own = samples(worker_text)
