@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tools", type=int, default=100,
+                   help="before the scrape, add series for this many more tools (x 6 "
+                        "outcomes x 10 agents, and a duration histogram each)")
     args = p.parse_args(argv)
     real = counters.for_event
 
@@ -70,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
             without_s.append(_steps(client, f"without{n}-", args.runs, args.steps))
             counters.for_event = real  # type: ignore[assignment]
             with_s.append(_steps(client, f"with{n}-", args.runs, args.steps))
+        pipe = r.pipeline(transaction=False)
+        for t in range(args.tools):
+            for a in range(10):
+                for outcome in set(counters.OUTCOMES.values()):
+                    counters.incr(pipe, counters.STEPS, f"agent{a}", f"tool{t}", outcome)
+            for bound in counters.STEP_BUCKETS_S:
+                counters.incr(pipe, counters.STEP_DURATION, f"tool{t}", repr(bound))
+        pipe.execute()
         fields = r.hlen("dx:metrics")
         began = time.perf_counter()
         scrapes = 50
@@ -81,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per step, median of {args.rounds} rounds of {args.runs}x{args.steps} steps:")
     print(f"  without counters {wo:8.1f} us")
     print(f"  with counters    {w:8.1f} us  ({(w - wo) / wo:+.1%})")
-    print(f"scrape: {scrape_ms:.2f} ms for {fields} counter fields and "
+    print(f"scrape (exposition): {scrape_ms:.2f} ms for {fields} counter fields and "
           f"{args.rounds * args.runs * 2} runs ({len(body)} bytes)")
     return 0
 
