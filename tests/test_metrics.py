@@ -111,7 +111,9 @@ def test_counters_equal_the_events_in_the_logs(client: Client, worker: WorkerFac
     monkeypatch.setenv("TEST_DB", str(tmp_path / "effects.sqlite"))
     monkeypatch.setenv("TEST_FLAKY_FILE", str(tmp_path / "flaky"))
     port = free_port()
-    proc = worker(metrics_port=port)
+    # A lease that outlasts a loaded machine's pauses: a lost lease would discard a call's
+    # outcome the worker's own counter already has.
+    proc = worker(metrics_port=port, DURABLE_LEASE_TTL_MS="5000")
     try:
         done = [client.start("count", {"steps": 3}).run_id for _ in range(3)]
         done.append(client.start("pipeline", {}).run_id)
@@ -178,10 +180,10 @@ def test_lease_expiries_and_reconciler_actions(client: Client, worker: WorkerFac
     expiry once) and requeues it; a second worker finishes it, releasing its lease (no
     expiry). Counted from the logs: one lease taken per job, one of them after the kill."""
     run = client.start("count", {"steps": 2}).run_id
-    killed = worker(kill_at="after_effect:1")
+    killed = worker(kill_at="after_effect:1")  # the test's 1 s lease: it expires soon
     assert killed.wait(30) != 0
-    reconciler()
-    worker()
+    reconciler(DURABLE_LEASE_TTL_MS="5000")  # leases no pause of a loaded machine outlasts
+    worker(DURABLE_LEASE_TTL_MS="5000")
     assert client.wait(run, timeout=60).state == "completed"
     shared = samples(exposition(client.redis)[0].decode())
     stats = client.stats()
