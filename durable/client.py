@@ -14,7 +14,7 @@ import redis
 import redis.asyncio
 from pydantic import ValidationError
 
-from durable import catalog
+from durable import catalog, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.budgets import checked as checked_budgets
@@ -111,15 +111,16 @@ class Client:
         if self.log.projection(run_id):
             return self._existing(run_id, name, data)
         handle = RunHandle(run_id, RunState(), actor="client")
-        try:
-            self.log.commit(handle, [Spec(ev.RunStarted, {
-                "agent": name, "agent_version": version, "input": data,
-                "tools": tools, "budgets": limits})],
-                extra={"agent": name, "created": str(now_ms())})
-        except ConflictError:
-            return self._existing(run_id, name, data)
-        if enqueue:
-            enqueue_advance(self.redis, self.queue, run_id)
+        with tracing.start_span(run_id, name):
+            try:
+                self.log.commit(handle, [Spec(ev.RunStarted, {
+                    "agent": name, "agent_version": version, "input": data,
+                    "tools": tools, "budgets": limits, "trace": tracing.traceparent()})],
+                    extra={"agent": name, "created": str(now_ms())})
+            except ConflictError:
+                return self._existing(run_id, name, data)
+            if enqueue:
+                enqueue_advance(self.redis, self.queue, run_id)
         return Started(run_id, True, handle.state.state)
 
     def _checked_input(self, agent: str,

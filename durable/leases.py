@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from durable.log import keys
+from durable.log import counters, keys
 from durable.log.scripts import Scripts, source
 
 
@@ -59,6 +59,10 @@ class Leases:
             args=[token, self.ttl_ms, "1" if take_queued else "0"])
         if _s(reply[0]) != "ok":
             return None, 0, None
+        if int(reply[4]):
+            # The lease before this one ran out. Counted here, not in the script, which
+            # touches one run's keys only.
+            counters.incr(self.redis, counters.LEASE_EXPIRIES)
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
 
     def renew(self, lease: Lease) -> bool:
@@ -116,7 +120,8 @@ class Leases:
         return out
 
     def release(self, lease: Lease) -> bool:
-        return bool(self.scripts.lease_release(keys=[keys.lease(lease.run_id)], args=[lease.value]))
+        return bool(self.scripts.lease_release(
+            keys=[keys.lease(lease.run_id), keys.run(lease.run_id)], args=[lease.value]))
 
     def holder(self, run_id: str) -> str | None:
         value = self.redis.get(keys.lease(run_id))

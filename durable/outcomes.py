@@ -13,8 +13,8 @@ import logging
 import redis
 
 from durable.agents import Tool, resolve_awaitable
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
 
@@ -38,6 +38,7 @@ def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -
         # ``Lookup.unknown()`` is what sends the run to an operator).
         log.warning("lookup of %s failed: %r; will ask again", act.key, exc)
         client.hincrby(keys.STATS, "lookup_errors", 1)
+        counters.incr(client, counters.LOOKUPS, "error")
         return []
     if found.status == "applied":
         client.hincrby(keys.STATS, "duplicates_suppressed", 1)

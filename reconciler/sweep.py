@@ -33,8 +33,8 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.leases import Leases
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
@@ -86,6 +86,10 @@ class Reconciler:
     def _stat(self, name: str) -> None:
         self.redis.hincrby(keys.STATS, name, 1)
 
+    def _did(self, action: str) -> None:
+        """Count what the sweep did (``durable_reconciler_actions_total``)."""
+        counters.incr(self.redis, counters.RECONCILER_ACTIONS, action)
+
     def reconcile(self, run_id: str, now: int | None = None) -> str:
         """Do what one run needs now; returns what was done."""
         now = now if now is not None else now_ms()
@@ -109,6 +113,7 @@ class Reconciler:
             except DecodeError as exc:
                 self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
                                     self.token)
+                self._did("quarantined")
                 return "quarantined"
             try:
                 result = self._settle(handle, now)
@@ -127,6 +132,7 @@ class Reconciler:
                 return "queued"
             enqueue_advance(self.redis, self.queue, run_id, force=True)
             self._stat("requeued")
+            self._did("requeued")
             return "requeued"
         return result
 
@@ -155,6 +161,7 @@ class Reconciler:
                 except UnknownTool:
                     self.log.commit(handle, [Spec(ev.Quarantined, {
                         "reason": f"unknown tool {act.tool!r} for unknown outcome {act.key}"})])
+                    self._did("quarantined")
                     return "quarantined"
                 specs = resolve_unknown(self.redis, tool, act, handle.run_id)
                 if not specs:
@@ -164,6 +171,7 @@ class Reconciler:
             self.log.commit(handle, specs, checkpoint=not state.terminal,
                             allow_terminal=state.terminal)
             self._stat("unknown_resolved")
+            self._did("resolved_unknown")
             if handle.state.terminal or handle.state.waiting:
                 return f"resolved {act.key}"
             return "enqueue"
@@ -177,6 +185,7 @@ class Reconciler:
             specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)
             self.log.commit(handle, specs)
             self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+            self._did("finished_cancel")
             return "canceled"
         if state.waiting and state.wait is not None:
             if state.wait.until and state.wait.until <= now:
@@ -184,11 +193,13 @@ class Reconciler:
                     self.log.commit(handle, [Spec(ev.WaitResolved, {
                         "kind": "retry", "request": state.wait.request, "by": "timer"})])
                     self._stat("retry_timers_woken")
+                    self._did("woke_retry")
                     return "enqueue"
                 self.log.commit(handle, [Spec(ev.WaitExpired, {
                     "kind": state.wait.kind, "request": state.wait.request,
                     "outcome": self._expiry_outcome(state.agent)})])
                 self._stat("waits_expired")
+                self._did("expired_wait")
                 return "enqueue" if not handle.state.terminal else "expired"
             return "waiting"
         self._stat("stuck_runs" if not self._had_worker(handle) else "lease_expired")

@@ -14,8 +14,11 @@ from workers.runtime import run_worker
 def cmd_worker(args: argparse.Namespace) -> int:
     if args.concurrency is not None and args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise UsageError("--metrics-port must be a port number (0-65535)")
     return run_worker(Settings(), burst=args.burst, queue_name=args.queue, hooks=args.hook,
-                      concurrency=args.concurrency)
+                      concurrency=args.concurrency, metrics_port=args.metrics_port,
+                      metrics_host=args.metrics_host)
 
 
 def register(add: Callable[..., Any]) -> None:
@@ -27,3 +30,7 @@ def register(add: Callable[..., Any]) -> None:
     sp.add_argument("--hook", action="append", default=[], metavar="MODULE:ATTR[=ARG]",
                     help="a step hook (repeatable), e.g. durable.testing.faults:KillAt="
                          "after_effect:2")
+    sp.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                    help="serve this process's Prometheus metrics on port N (/metrics)")
+    sp.add_argument("--metrics-host", default="127.0.0.1", metavar="H",
+                    help="address of --metrics-port (default 127.0.0.1; 0.0.0.0 for all)")

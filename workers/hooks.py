@@ -7,6 +7,11 @@ The windows, in the order a step passes them:
 - ``after_effect``: the tool returned; its outcome is not recorded yet.
 - ``after_outcome``: the outcome is recorded (with the next intent, when there is one).
 
+and, for observers (the worker's own metrics, ``workers.metrics``):
+
+- ``step_done(tool, outcome, seconds)``: a call returned (right after ``after_effect``);
+  ``outcome`` is the label of the event that records it (``durable.log.counters.OUTCOMES``).
+
 A worker is given hooks with ``durable worker --hook MODULE:ATTR[=ARG]``: ``ATTR`` is called
 (with ``ARG`` when given) and returns an object with any of these methods.
 """
@@ -32,6 +37,9 @@ class StepHooks:
     def after_outcome(self, run_id: str, step: int) -> None:
         """The step's outcome is in the log."""
 
+    def step_done(self, tool: str, outcome: str, seconds: float) -> None:
+        """A dispatched call returned with ``outcome`` after ``seconds``."""
+
 
 class HookChain(StepHooks):
     """Calls each hook of a list in order."""
@@ -53,6 +61,12 @@ class HookChain(StepHooks):
 
     def after_outcome(self, run_id: str, step: int) -> None:
         self._emit("after_outcome", run_id, step)
+
+    def step_done(self, tool: str, outcome: str, seconds: float) -> None:
+        for hook in self.hooks:
+            fn = getattr(hook, "step_done", None)
+            if fn is not None:
+                fn(tool, outcome, seconds)
 
 
 def load_hook(spec: str) -> Any:

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import redis
 
-from durable import budgets
+from durable import budgets, tracing
 from durable.agents import (
     Agent,
     Fail,
@@ -50,8 +50,8 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.leases import Heartbeats, Lease, Leases
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.keys import RUN_ID_RE
 from durable.log.replay import check_decision
 from durable.log.state import Action, RunState
@@ -258,7 +258,8 @@ class StepLoop:
         if isinstance(agent, CodeAgent):
             agent.bind(self.log)
         try:
-            return self._drive_agent(handle, agent, lease, slot)
+            with tracing.run_span(run_id, handle.state.agent, handle.state.trace):
+                return self._drive_agent(handle, agent, lease, slot)
         finally:
             agent.close_run(run_id)
 
@@ -353,6 +354,7 @@ class StepLoop:
     def _quarantine(self, handle: RunHandle, reason: str) -> None:
         log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
+        handle.staged_counts = []  # what the dropped events would have counted
         try:
             self.log.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
                             extra={"reason": reason[:500]})
@@ -507,6 +509,7 @@ class StepLoop:
         except Claimed as exc:
             # The ledger knows this key but the log does not: never send it blindly.
             self.redis.hincrby(keys.STATS, "duplicates_suppressed", 1)
+            counters.incr(self.redis, counters.DUPLICATES)
             fresh = self._load(handle.run_id, lease)
             if fresh is not None:
                 self._quarantine(fresh, f"key {exc.key} is claimed in the ledger ({exc.value}) "
@@ -548,8 +551,14 @@ class StepLoop:
             self._quarantine(handle, f"step {act.step} ({act.tool}): its arguments were kept "
                                      "out of the log and the agent did not give them again")
             return True, 0
-        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
+        began = time.monotonic()
+        with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
+                               act.attempts) as span:
+            spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
+            outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
+            span.outcome(outcome)
         self.hooks.after_effect(handle.run_id, act.step)
+        self.hooks.step_done(act.tool, outcome, time.monotonic() - began)
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise LeaseLost(handle.run_id, Lease(handle.run_id, handle.lease or "|-1").epoch)
         if slot.token.cancelled:

@@ -39,6 +39,7 @@ from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.settings import Settings
 from durable.streaming import Publisher
+from workers import metrics as worker_metrics
 from workers.hooks import load_hooks
 from workers.listener import CancelListener
 from workers.loop import StepLoop
@@ -113,12 +114,16 @@ def worker_id() -> str:
 
 
 def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | None = None,
-               hooks: Sequence[str] = (), concurrency: int | None = None) -> int:
+               hooks: Sequence[str] = (), concurrency: int | None = None,
+               metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:
     global _loop, _pool
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("rq.worker").addFilter(_QuietReconnects())
     chain = load_hooks(hooks)
+    if metrics_port is not None:
+        worker_metrics.listen(metrics_host, metrics_port)
+        chain.hooks.append(worker_metrics.MetricsHook())
     client = connect(settings)
     registry.load(settings.agents)
     if not registry.agents:
@@ -133,6 +138,8 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
     _pool = pool = RunPool(_loop, concurrency or settings.concurrency)
+    if metrics_port is not None:
+        worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)

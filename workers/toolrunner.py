@@ -8,7 +8,9 @@ outcome unknown. Its late effect, if any, is refused downstream past its deadlin
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -66,7 +68,9 @@ class ToolRunner:
 
     def call(self, fn: Callable[[], Any], timeout: float, token: CancelToken,
              grace: float) -> CallResult:
-        job = _Job(fn)
+        # The tool sees the caller's context variables (its trace span, for one): spans a
+        # tool opens, or its instrumented HTTP client, are children of the step's span.
+        job = _Job(functools.partial(contextvars.copy_context().run, fn))
         token.add_listener(job.wake.set)
         try:
             self._inbox.put(job)

@@ -1,4 +1,5 @@
-"""The server and the indexes: ``durable redis`` and ``durable repair-index``."""
+"""The server, the indexes and the metrics: ``durable redis``, ``durable repair-index`` and
+``durable metrics``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from durable.cluster import STATE_FILE, LocalCluster
 from durable.embedded import run_foreground, stop
 from durable.errors import UsageError
 from durable.log.index import repair
+from durable.metrics import serve
 from durable.settings import Settings
 
 
@@ -50,6 +52,18 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    conn = client().redis
+    try:
+        serve(conn, args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: "
+                         f"{exc.strerror or exc}") from None
+    finally:
+        conn.close()
+    return OK
+
+
 def register(add: Add) -> None:
     sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
     sp.add_argument("--port", type=int, default=0)
@@ -67,3 +81,8 @@ def register(add: Add) -> None:
     sp.add_argument("--dir", default="", help="data directory (default: <data dir>/cluster)")
     add("repair-index", cmd_repair_index, "rebuild the global indexes from the run logs",
         js=False)
+    sp = add("metrics", cmd_metrics, "serve the system's Prometheus metrics at /metrics",
+             js=False)
+    sp.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for every one)")
+    sp.add_argument("--port", type=int, default=9464, help="port (default 9464)")

@@ -51,6 +51,8 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     forked_at: str | None = None
     #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
     budgets: dict[str, int] = {}
+    #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
+    trace: str = ""
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

@@ -73,6 +73,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.tools = list(e.tools)
             state.parent = e.parent
             state.budgets = dict(e.budgets)
+            state.trace = e.trace
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():
@@ -88,6 +89,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             act.status = "dispatched"
             act.attempts += 1
             act.deadline = e.deadline
+            act.dispatched_at = e.ts
             act.unknown_reason = None
             state.resumed = False
         case ev.ActionSucceeded():

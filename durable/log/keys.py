@@ -113,7 +113,9 @@ def log(run_id: str) -> str:
 
 
 def run(run_id: str) -> str:
-    """Hash: cached projection (state, version, step, last entry id, checkpoint id, due)."""
+    """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
+    and ``held``: the lease taken last, until it is released (an expiry is counted when a
+    new lease is taken while it is still set)."""
     return _per_run(run_id, "run")
 
 
@@ -194,6 +196,20 @@ DUE = f"{PREFIX}:due"
 
 #: Hash of counters (duplicates suppressed, forged cancels, stuck runs, ...).
 STATS = f"{PREFIX}:stats"
+
+def metrics(shard: int | None = None) -> str:
+    """Hash of the shared Prometheus counters and histogram buckets (``durable.log.counters``):
+    field = JSON ``[metric, label values..., bucket]``, value = integer count (durations in
+    ms). ``append.lua`` adds to the one of the run's shard, in the call that writes the events
+    counted, so every process shares them and they survive restarts; counts with no event go
+    to the unsharded one (``shard`` None). Not derived: a counter that is rebuilt is a reset.
+    """
+    return _global("metrics", shard)
+
+
+def metrics_keys() -> list[str]:
+    """Every counters hash a reader sums: each shard's, and the unsharded one."""
+    return list(dict.fromkeys([*(metrics(s) for s in shard_ids()), metrics(None)]))
 
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"

@@ -41,6 +41,8 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     approval: str | None = None
     #: A model call: counted against the run's budgets.
     model: bool = False
+    #: When the latest dispatch was recorded (ms since the epoch): a step's duration.
+    dispatched_at: int = 0
 
     @property
     def settled(self) -> bool:
@@ -113,6 +115,8 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     budgets: dict[str, int] = msgspec.field(default_factory=dict)
     model_calls: int = 0
     tokens: int = 0
+    #: W3C ``traceparent`` the producer recorded at start ("" without tracing).
+    trace: str = ""
 
     @property
     def terminal(self) -> bool:

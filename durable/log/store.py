@@ -24,8 +24,8 @@ from durable.errors import (
     RunNotFound,
     Terminal,
 )
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.fold import apply, from_checkpoint
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
@@ -81,6 +81,8 @@ class RunHandle:
     staged: list[bytes] = field(default_factory=list)
     base_state: str = ""
     staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
+    #: What the staged events add to the shared counters (``durable.log.counters``).
+    staged_counts: list[tuple[str, int]] = field(default_factory=list)
     #: Arguments of steps whose log entry keeps only their digest (``Tool.log_args``), as
     #: the agent gave them: what is sent. Never written anywhere.
     live_args: dict[int, Any] = field(default_factory=dict)
@@ -218,6 +220,7 @@ class EventLog:
         ts = now_ms()
         for spec in specs:
             event = self.stamp(handle, spec, handle.state.version + 1, ts)
+            handle.staged_counts.extend(counters.for_event(handle.state, event))
             apply(handle.state, event, self.window)
             handle.staged.append(ev.encode(event))
             settled = _LEDGER_OUTCOME.get(type(event))
@@ -266,11 +269,14 @@ class EventLog:
         cancel_flag = "1" if state.cancel is not None else "0"
         due = self.due_for(state, ts)
         free_state = main_state
+        counts, handle.staged_counts = handle.staged_counts, []
+        free_counts: list[tuple[str, int]] = []
         if if_free:
             kept_ops = handle.staged_ops
             handle.staged_ops = []
             self.stage(handle, if_free)
             handle.staged_ops = kept_ops
+            free_counts, handle.staged_counts = handle.staged_counts, []
             blobs.extend(handle.staged)
             handle.staged = []
             free_state = state.state
@@ -289,14 +295,16 @@ class EventLog:
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
-            self.lease_ttl_ms, *blobs, *[x for op in ops for x in op], *extra_pairs,
+            self.lease_ttl_ms, len(counts), len(free_counts), *blobs,
+            *[x for op in ops for x in op], *extra_pairs,
+            *[x for c in counts for x in c], *[x for c in free_counts for x in c],
         ]
         shard = keys.shard_of(handle.run_id)
         reply = self.replicas.append(handle.run_id, keys=[
                 keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
                 keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
                 keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
-                keys.runs_in_state(free_state, shard),
+                keys.runs_in_state(free_state, shard), keys.metrics(shard),
             ],
             args=args)
         tag = _s(reply[0])

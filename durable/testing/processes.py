@@ -73,16 +73,19 @@ class Worker(Process):
     """A ``durable worker`` process.
 
     ``kill_at="<window>:<step>"`` makes it SIGKILL itself there (see
-    ``durable.testing.faults``); ``hooks`` adds other step hooks; ``env`` is added to the
-    environment (``DURABLE_*`` settings).
+    ``durable.testing.faults``); ``hooks`` adds other step hooks; ``metrics_port`` serves
+    its own metrics there; ``env`` is added to the environment (``DURABLE_*`` settings).
     """
 
     def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
                  log_path: Path | None = None, kill_at: str | None = None,
-                 hooks: Sequence[str] = (), **env: str) -> None:
+                 hooks: Sequence[str] = (), metrics_port: int | str | None = None,
+                 **env: str) -> None:
         args = ["worker"]
         if burst:
             args.append("--burst")
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port)]
         if queue:
             args += ["--queue", queue]
         if kill_at:

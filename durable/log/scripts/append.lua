@@ -13,6 +13,7 @@
 -- KEYS[7] old_index_key    dx:runs:<old>    zset of the state the writer folded from
 -- KEYS[8] new_index_key    dx:runs:<new>    zset of new_state
 -- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
+-- KEYS[10] metrics_key     dx:metrics       hash: shared counters (global, not derived)
 --
 -- ARGV[1]  expected_version  the run's version the writer folded
 -- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
@@ -35,11 +36,15 @@
 -- ARGV[16] lease_ttl_ms      the lease's time to live (ms): a write by the lease's holder
 --                            renews it (a worker that writes is alive, even when its
 --                            heartbeat thread waits for the interpreter)
+-- ARGV[17] ncounts           number of counter increments for the n events
+-- ARGV[18] nfree_counts      number of counter increments for the m conditional events
 -- then, in order:
 --   n + m events    one encoded event each
 --   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
 --                   "p" = put; either way field is set to value
 --   nextra extras   (field, value) pairs set on the projection
+--   ncounts + nfree_counts increments (field, amount) of the metrics hash: a counter moves
+--                   in the same call as the events it counts (durable.log.counters)
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
@@ -55,11 +60,14 @@ local n, m, free_state = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms = ARGV[16]
+local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
+local metrics_key = KEYS[10]
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 16
+local EVENTS_BASE = 18
 local OPS_BASE = EVENTS_BASE + n + m
 local EXTRAS_BASE = OPS_BASE + 3 * nops
+local COUNTS_BASE = EXTRAS_BASE + 2 * nextra
 
 -- Event i (1-based) of the batch.
 local function event(i)
@@ -75,6 +83,12 @@ end
 -- Extra projection field i (1-based): field, value.
 local function extra_field(i)
   local at = EXTRAS_BASE + 2 * (i - 1)
+  return ARGV[at + 1], ARGV[at + 2]
+end
+
+-- Counter increment i (1-based): field, amount.
+local function count_op(i)
+  local at = COUNTS_BASE + 2 * (i - 1)
   return ARGV[at + 1], ARGV[at + 2]
 end
 
@@ -117,8 +131,10 @@ end
 
 -- The m conditional events go in only when no lease is held.
 local count = n
+local counted = ncounts
 if m > 0 and redis.call('EXISTS', lease_key) == 0 then
   count = n + m
+  counted = ncounts + nfree_counts
   new_state = free_state
   new_index_key = free_index_key
 end
@@ -142,6 +158,10 @@ for i = 1, nextra do
   local field, value = extra_field(i)
   redis.call('HSET', run_key, field, value)
 end
+for i = 1, counted do
+  local field, amount = count_op(i)
+  redis.call('HINCRBY', metrics_key, field, amount)
+end
 
 if old_state and old_state ~= new_state then
   redis.call('ZREM', old_index_key, run_id)
@@ -150,6 +170,7 @@ redis.call('ZADD', new_index_key, now, run_id)
 redis.call('ZADD', runs_key, now, run_id)
 if lease ~= '' and has_flag('r') then
   redis.call('DEL', lease_key)
+  redis.call('HDEL', run_key, 'held')
 elseif lease ~= '' then
   redis.call('PEXPIRE', lease_key, lease_ttl_ms)
 end

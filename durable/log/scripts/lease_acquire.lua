@@ -6,13 +6,19 @@
 -- KEYS[2] fence_key   dx:{R}:fence   counter: grows on every acquisition
 -- KEYS[3] queued_key  dx:{R}:queued  marker: a command for the run is queued
 -- KEYS[4] log_key     dx:{R}:log     stream: the run's log
--- KEYS[5] run_key     dx:{R}:run     hash: the projection (version, ckpt)
+-- KEYS[5] run_key     dx:{R}:run     hash: the projection (version, ckpt, held)
 -- ARGV[1] token        the owner token (a worker or reconciler id)
 -- ARGV[2] ttl_ms       the lease's time to live (ms)
 -- ARGV[3] take_queued  "1": drop the queued marker first (a worker starting a command),
 --                      so a new enqueue is not a duplicate; "0": leave it
+--
+-- The projection's "held" field names the lease taken last and is cleared when it is
+-- released (lease_release.lua, append.lua's "r" flag): a new lease taken while "held" is
+-- still set means the last one expired (its holder died or stalled), and the reply says so
+-- (the caller counts it: this script touches one run's keys only).
 -- Returns {"busy", holder, pttl} while another owner holds the lease, else
--- {"ok", lease value, version, entries}: version 0 and no entries when the run is unknown.
+-- {"ok", lease value, version, entries, expired}: version 0 and no entries when the run is
+-- unknown; expired 1 when the lease taken before this one expired instead of being released.
 
 local lease_key, fence_key, queued_key = KEYS[1], KEYS[2], KEYS[3]
 local log_key, run_key = KEYS[4], KEYS[5]
@@ -34,9 +40,17 @@ else
   value = token .. '|' .. epoch
   redis.call('SET', lease_key, value, 'PX', ttl_ms)
 end
-local projection = redis.call('HMGET', run_key, 'version', 'ckpt')
-local version, checkpoint_id = projection[1], projection[2]
+local projection = redis.call('HMGET', run_key, 'version', 'ckpt', 'held')
+local version, checkpoint_id, held = projection[1], projection[2], projection[3]
 if not version then
-  return {'ok', value, 0, {}}
+  return {'ok', value, 0, {}, 0}
 end
-return {'ok', value, tonumber(version), redis.call('XRANGE', log_key, checkpoint_id or '-', '+')}
+local expired = 0
+if held ~= value then
+  if held then
+    expired = 1
+  end
+  redis.call('HSET', run_key, 'held', value)
+end
+return {'ok', value, tonumber(version), redis.call('XRANGE', log_key, checkpoint_id or '-', '+'),
+  expired}

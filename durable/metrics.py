@@ -1,0 +1,191 @@
+"""Prometheus metrics of the whole system, read from Redis at scrape time.
+
+Why Redis and not each process's memory: a step is taken by one of many worker processes,
+a lookup answered by a worker or the reconciler, a run started by any producer. Counters
+kept in a process would need every process scraped and summed, would reset on every
+restart and would miss what short-lived processes did. Here:
+
+- **Counters and histograms** live in the hash ``dx:metrics`` (``durable.log.counters``),
+  incremented by ``append.lua`` in the same call as the events they count, so they equal a
+  count over the logs, are shared by every process and survive restarts.
+- **Gauges** (runs by state, the oldest waiting run per waiting state) are computed when
+  scraped, from the per-state indexes (``dx:runs:<state>``): nothing to keep up to date.
+
+:func:`exposition` is what ``/metrics`` serves (the console, or ``durable metrics``). A
+worker's own ``--metrics-port`` serves that process's metrics only (``workers.metrics``),
+under other names, so that summing over processes never counts a step twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import redis
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from durable.log import counters as c
+from durable.log import keys
+from durable.log.state import ALL_STATES, WAITING
+
+if TYPE_CHECKING:
+    from durable.client import Client
+
+#: Prometheus name, help and label names of each counter kept in ``dx:metrics``.
+COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    c.STEPS: ("durable_steps", "Step outcomes recorded in the logs (one per outcome event).",
+              ("agent", "tool", "outcome")),
+    c.DUPLICATES: ("durable_duplicates_suppressed",
+                   "Effects not sent again because the ledger or the tool's lookup showed "
+                   "they had happened.", ()),
+    c.LOOKUPS: ("durable_lookups", "Answers of tools' lookups of unknown outcomes "
+                "(applied, not_applied, unknown; error: the lookup raised).", ("answer",)),
+    c.LEASE_EXPIRIES: ("durable_lease_expiries",
+                       "Leases that expired instead of being released (their holder died "
+                       "or stalled), counted when the run's lease is next taken.", ()),
+    c.RECONCILER_ACTIONS: ("durable_reconciler_actions",
+                           "What the reconciler did to due runs.", ("action",)),
+}
+
+#: Prometheus name, help, label names and buckets of each histogram.
+HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
+    c.STEP_DURATION: ("durable_step_duration_seconds",
+                      "Dispatch to recorded outcome of a step, by tool.", ("tool",),
+                      c.STEP_BUCKETS_S),
+    c.CANCEL_LATENCY: ("durable_cancel_latency_seconds",
+                       "Cancel requested to run canceled.", (), c.CANCEL_BUCKETS_S),
+}
+
+
+class DurableCollector(Collector):
+    """Reads the shared counters and the state indexes on every scrape."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+
+    def collect(self) -> Iterator[Metric]:
+        raw: dict[Any, int] = defaultdict(int)
+        for key in keys.metrics_keys():  # one hash per shard: their sum is the total
+            for f, v in self.redis.hgetall(key).items():
+                raw[f] += int(v)
+        yield from self._counters(raw)
+        yield from self._histograms(raw)
+        yield from self._gauges()
+
+    def _counters(self, raw: dict[Any, Any]) -> Iterator[Metric]:
+        values: dict[str, dict[tuple[str, ...], int]] = defaultdict(dict)
+        for f, v in raw.items():
+            parts = c.parse(_s(f))
+            if parts and parts[0] in COUNTERS and len(parts) - 1 == len(COUNTERS[parts[0]][2]):
+                values[parts[0]][tuple(parts[1:])] = int(v)
+        for metric, (name, doc, labels) in COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=labels)
+            for label_values, value in sorted(values[metric].items()):
+                family.add_metric(label_values, value)
+            if not labels and not values[metric]:
+                family.add_metric((), 0)
+            yield family
+
+    def _histograms(self, raw: dict[Any, Any]) -> Iterator[Metric]:
+        for metric, (name, doc, labels, bounds) in HISTOGRAMS.items():
+            series: dict[tuple[str, ...], dict[str, int]] = defaultdict(dict)
+            for f, v in raw.items():
+                parts = c.parse(_s(f))
+                if parts and parts[0] == metric and len(parts) == len(labels) + 2:
+                    series[tuple(parts[1:-1])][parts[-1]] = int(v)
+            if not labels and not series:
+                series[()] = {}
+            family = HistogramMetricFamily(name, doc, labels=labels)
+            for label_values, cells in sorted(series.items()):
+                cumulative, buckets = 0, []
+                for bound in bounds:
+                    cumulative += cells.get(repr(bound), 0)
+                    buckets.append((_le(bound), cumulative))
+                buckets.append(("+Inf", cells.get("count", 0)))
+                family.add_metric(list(label_values), buckets, cells.get("sum_ms", 0) / 1000)
+            yield family
+
+    def _gauges(self) -> Iterator[Metric]:
+        states = sorted(ALL_STATES)
+        waiting = sorted(WAITING)
+        shards = keys.shard_ids()
+        aged = [*waiting, "outcome_unknown"]
+        pipe = self.redis.pipeline(transaction=False)
+        for state in states:
+            for shard in shards:
+                pipe.zcard(keys.runs_in_state(state, shard))
+        for state in aged:
+            for shard in shards:
+                pipe.zrange(keys.runs_in_state(state, shard), 0, 0, withscores=True)
+        replies = pipe.execute()
+        per = len(shards)
+        counts = [sum(int(n) for n in replies[i * per:(i + 1) * per])
+                  for i in range(len(states))]
+        firsts = replies[len(states) * per:]
+        now = time.time()
+        runs = GaugeMetricFamily("durable_runs", "Runs by state (from the state indexes).",
+                                 labels=("state",))
+        for state, count in zip(states, counts, strict=True):
+            runs.add_metric((state,), count)
+        yield runs
+        oldest = GaugeMetricFamily(
+            "durable_oldest_waiting_seconds",
+            "Age of the longest-waiting run in each waiting state (0: none waits).",
+            labels=("state",))
+        ages = []
+        for i in range(len(aged)):
+            scores = [float(first[0][1]) for first in firsts[i * per:(i + 1) * per] if first]
+            ages.append(max(now - min(scores) / 1000, 0.0) if scores else 0.0)
+        for state, age in zip(waiting, ages, strict=False):
+            oldest.add_metric((state,), age)
+        yield oldest
+        yield GaugeMetricFamily(
+            "durable_oldest_outcome_unknown_seconds",
+            "Age of the oldest run whose dispatched effect awaits reconciliation (0: none).",
+            value=ages[-1])
+
+
+def registry_for(client: redis.Redis) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DurableCollector(client))
+    return registry
+
+
+def exposition(client: Client | redis.Redis) -> tuple[bytes, str]:
+    """The system's metrics in Prometheus' text format: ``(body, content type)``.
+
+    ``client`` is a :class:`durable.client.Client` or a ``redis.Redis`` on the log's server.
+    """
+    conn: redis.Redis = client if isinstance(client, redis.Redis) else client.redis
+    return generate_latest(registry_for(conn)), CONTENT_TYPE_LATEST
+
+
+def serve(client: redis.Redis, host: str, port: int) -> None:
+    """Serve ``/metrics`` in the foreground until interrupted (``durable metrics``)."""
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    app = make_wsgi_app(registry_for(client))
+    with make_server(host, port, app, handler_class=_Quiet) as httpd:
+        print(f"durable: metrics on http://{host}:{httpd.server_port}/metrics", flush=True)
+        httpd.serve_forever()
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
