@@ -5,6 +5,6 @@ cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/ruff check durable workers reconciler examples tests bench
-.venv/bin/mypy durable workers reconciler examples
+.venv/bin/ruff check durable workers reconciler console examples tests bench
+.venv/bin/mypy durable workers reconciler console examples
 exec .venv/bin/python -m pytest -q "$@"
