@@ -48,8 +48,8 @@ def _action(role: str, act: Act) -> Callable[[Request], Awaitable[Response]]:
         user = require(request, role)
         run_id = request.path_params["run_id"]
         client: Client = request.app.state.client
-        back = str(form.get("back") or f"/runs/{run_id}")
-        if not back.startswith("/"):
+        back = str(form.get("back") or "")
+        if not back.startswith("/") or back.startswith("//"):  # this site's pages only
             back = f"/runs/{run_id}"
         try:
             message = await run_in_threadpool(act, client, user, run_id, form)

@@ -28,6 +28,7 @@ from durable.client import Client
 from durable.embedded import free_port
 from durable.errors import UsageError
 from durable.log import events as ev
+from durable.log import keys
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
 from tests.conftest import WorkerFactory
@@ -248,6 +249,38 @@ def test_the_runs_page_counts_filters_and_updates_live(
     page.goto(console.url + "/workers")
     expect(page.locator("#workers tbody tr")).to_have_count(1)
     expect(page.locator("#sweeps")).to_contain_text("reconciler:")
+
+
+def test_an_operator_forks_from_the_slider_releases_and_reconciles(
+        console: Console, page: Page, client: Client, worker: WorkerFactory,
+        r: redis.Redis) -> None:
+    run = client.start("count", {"steps": 2}, run_id="src-1").run_id
+    worker()
+    assert client.wait(run, 30).state == "completed"
+    entries = client.events(run)
+    login(page, console, "alice", f"/runs/{run}")
+    page.locator("#slider").fill("3")  # run_started, lease, step 1's intent, its dispatch
+    expect(page.locator("#fork-at")).to_have_value(entries[3].id)
+    page.fill("#fork-form input[name=new_run_id]", "src-1-again")
+    page.click("#fork")
+    expect(page.locator("#flash")).to_contain_text("as src-1-again")
+    first = client.events("src-1-again")[0].event
+    assert isinstance(first, ev.RunStarted)
+    assert (first.parent, first.forked_at, first.actor) == (run, entries[3].id, "alice")
+    assert client.wait("src-1-again", 30).state == "completed"  # a worker drove the fork
+
+    stuck = client.start("count", {"steps": 1}, run_id="stuck-1", enqueue=False).run_id
+    client.log.quarantine(stuck, "for the test", "test")
+    page.goto(f"{console.url}/runs/{stuck}")
+    expect(page.locator("#run-state")).to_have_attribute("data-state", "quarantined")
+    page.click("#reconcile")
+    expect(page.locator("#flash")).to_contain_text("due now")
+    assert r.zscore(keys.DUE, stuck) is not None
+    page.click("#release")
+    expect(page.locator("#flash")).to_contain_text("released by alice")
+    (released,) = events_of(client, stuck, ev.Released)
+    assert (released.by, released.actor) == ("alice", "alice")
+    assert client.wait(stuck, 30).state == "completed"
 
 
 # Without a browser ---------------------------------------------------------------------
