@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -22,6 +23,7 @@ from starlette.templating import Jinja2Templates
 
 from console import actions, live, pages
 from console.auth import Access, LoginRequired
+from durable.cli.main import redis_problem
 from durable.cli.output import age
 from durable.client import Client
 from durable.streaming import async_twin
@@ -49,6 +51,13 @@ def templates() -> Jinja2Templates:
 async def _login_required(request: Request, exc: Exception) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return RedirectResponse(f"/login?next={quote(target)}", 303)
+
+
+async def _redis_down(request: Request, exc: Exception) -> Response:
+    """Redis could not be used: one line saying so (no password), not a traceback."""
+    assert isinstance(exc, redis.RedisError)
+    return pages.render(request, "error.html", {"status": 503, "detail": redis_problem(exc)},
+                        503)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -97,7 +106,8 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
                              same_site="strict", https_only=https_only)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={LoginRequired: _login_required,
-                                        HTTPException: _http_error})
+                                        HTTPException: _http_error,
+                                        redis.RedisError: _redis_down})
     app.state.client = client
     app.state.access = access
     app.state.dev = access.dev_user is not None

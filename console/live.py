@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import redis
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -47,7 +48,10 @@ async def runs_events(request: Request) -> Response:
         quiet = 0.0
         yield "retry: 2000\n\n"
         while not await request.is_disconnected():
-            sig = await run_in_threadpool(_runs_signature, c)
+            try:
+                sig = await run_in_threadpool(_runs_signature, c)
+            except redis.RedisError as exc:  # Redis away: say so, look again later
+                sig = {"unavailable": str(exc)[:200]}
             if sig != last:
                 yield message("runs", sig)
                 last, quiet = sig, 0.0

@@ -189,8 +189,8 @@ async def state_at(request: Request) -> Response:
         state, ckpt = await run_in_threadpool(client(request).state_at, run_id, at)
     except RunNotFound:
         raise HTTPException(404, f"run {run_id} not found") from None
-    except Exception as exc:  # a malformed id is Redis's error: say it, change nothing
-        raise HTTPException(400, f"cannot fold up to {at!r}: {exc}") from None
+    except UsageError as exc:
+        raise HTTPException(400, str(exc)) from None
     shown = msgspec.json.format(msgspec.json.encode(masked(msgspec.to_builtins(state))),
                                 indent=2).decode()
     return render(request, "state.html", {"at": at, "ckpt": ckpt, "summary": summary(state),

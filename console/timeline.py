@@ -86,10 +86,14 @@ class Step:
 def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
     """One row per step in the whole log (the folded state keeps only a window)."""
     by_step: dict[int, Step] = {}
+    requests: dict[str, Step] = {}
     for entry in entries:
         e = entry.event
         if isinstance(e, ev.StepDecided):
             by_step[e.step] = Step(e.step, e.tool, e.key, masked(e.args))
+            continue
+        if isinstance(e, ev.ApprovalDecided) and e.request in requests:
+            requests[e.request].approval = f"{e.request}: {e.decision} by {e.approver}"
             continue
         step = by_step.get(getattr(e, "step", -1))
         if step is None:
@@ -115,7 +119,8 @@ def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
             case ev.CallCanceled():
                 step.outcome, step.detail = "canceled", e.reason
             case ev.ApprovalRequested():
-                step.approval = e.request
+                step.approval = f"{e.request}: requested"
+                requests[e.request] = step
     for step in by_step.values():
         step.ledger = ledger.get(step.key, "")
     return [by_step[k] for k in sorted(by_step)]

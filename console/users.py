@@ -127,8 +127,10 @@ def _user(path: Path, name: str, entry: Any) -> User:
     key = entry.get("approver_key")
     if key is not None and not isinstance(key, str):
         raise UsageError(f"{where}: approver_key must be a file path")
-    return User(name, frozenset(roles) | {"viewer"}, stored,
-                (path.parent / key) if key else None)
+    key_path = (path.parent / key) if key else None
+    if key_path is not None and not key_path.is_file():
+        raise UsageError(f"{where}: approver_key {key_path} is not a file")
+    return User(name, frozenset(roles) | {"viewer"}, stored, key_path)
 
 
 _DUMMY = hash_password("", salt=b"\0" * 16)

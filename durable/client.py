@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -238,6 +239,7 @@ class Client:
         """The folded state at ``entry_id`` (inclusive), from the nearest checkpoint at or
         before it, and that checkpoint's id ("" = from the start), as ``durable replay
         --to``."""
+        _check_entry_id(entry_id, "+")
         return state_at(self.log, run_id, entry_id)
 
     def ledger(self, run_id: str) -> dict[str, str]:
@@ -372,6 +374,7 @@ class Client:
         """Start a new run whose history is ``run_id``'s log up to entry ``at``
         (inclusive), written with ``by`` as its actor, and make it ready."""
         self.projection(run_id)
+        _check_entry_id(at)
         new_id = new_run_id or f"{run_id[:100]}-fork-{uuid.uuid4().hex[:6]}"
         if not keys.RUN_ID_RE.match(new_id):
             raise UsageError(f"invalid run id {new_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
@@ -391,6 +394,14 @@ class Client:
         except DecodeError as exc:
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
             raise
+
+
+_ENTRY_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
+
+
+def _check_entry_id(entry_id: str, *special: str) -> None:
+    if entry_id not in special and not _ENTRY_ID.match(entry_id):
+        raise UsageError(f"{entry_id!r} is not a log entry id (like 1700000000000-0)")
 
 
 def _canonical(data: Any) -> bytes:

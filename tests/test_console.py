@@ -283,6 +283,28 @@ def test_an_operator_forks_from_the_slider_releases_and_reconciles(
     assert client.wait(stuck, 30).state == "completed"
 
 
+def test_bad_input_is_one_line_refusal_and_writes_nothing(
+        console: Console, page: Page, client: Client, worker: WorkerFactory) -> None:
+    run = "pay-4"
+    _waiting_for_approval(client, worker, run)
+    version = client.status(run).version
+    login(page, console, "alice", f"/runs/{run}")
+    csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+    for action, form, said in (
+            ("approve", {"request": "nope", "decision": "approve"}, "no approval request"),
+            ("approve", {"request": client.status(run).wait.request,  # type: ignore[union-attr]
+                         "decision": "maybe"}, "decision must be one of"),
+            ("cancel", {"scope": "everything"}, "scope must be"),
+            ("fork", {"at": "not-an-id"}, "is not a log entry id")):
+        reply = page.request.post(f"{console.url}/runs/{run}/{action}",
+                                  form={**form, "csrf": csrf})
+        assert reply.ok and "refused: " in reply.text() and said in reply.text(), action
+    reply = page.request.get(f"{console.url}/runs/{run}/state?at=garbage")
+    assert reply.status == 400 and "is not a log entry id" in reply.text()
+    assert page.request.get(f"{console.url}/runs/nothing-here").status == 404
+    assert client.status(run).version == version  # nothing was written
+
+
 # Without a browser ---------------------------------------------------------------------
 
 def test_passwords_are_scrypt_hashes_checked_in_constant_time() -> None:
@@ -310,6 +332,7 @@ def test_a_bad_users_file_is_one_clear_error(tmp_path: Path, text: str, error: s
 
 def test_a_users_file_in_json_names_the_approvers_key(tmp_path: Path) -> None:
     path = tmp_path / "users.json"
+    (tmp_path / "al.pem").write_text("a key file")
     path.write_text(json.dumps({"users": {"al": {
         "password": hash_password("pw"), "roles": ["approver"], "approver_key": "al.pem"}}}))
     user = Users.load(path).get("al")

@@ -31,7 +31,10 @@
     const refresh = refresher(runs);
     const es = new EventSource(runs.dataset.events);
     let first = true;
-    es.addEventListener("runs", function () {
+    es.addEventListener("runs", function (m) {
+      const d = JSON.parse(m.data);
+      if (d.unavailable) { mark("live-runs", "Redis unavailable", false); return; }
+      mark("live-runs", "live", true);
       if (first) { first = false; return; }  // the page is already this fresh
       refresh();
     });
