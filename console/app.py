@@ -16,12 +16,12 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from console import actions, live, pages
+from console import actions, api, live, pages
 from console.auth import Access, LoginRequired
 from durable.cli.main import redis_problem
 from durable.cli.output import age
@@ -48,7 +48,13 @@ def templates() -> Jinja2Templates:
     return t
 
 
+def _api(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
 async def _login_required(request: Request, exc: Exception) -> Response:
+    if _api(request):
+        return JSONResponse({"error": "log in first"}, 401)
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return RedirectResponse(f"/login?next={quote(target)}", 303)
 
@@ -56,12 +62,16 @@ async def _login_required(request: Request, exc: Exception) -> Response:
 async def _redis_down(request: Request, exc: Exception) -> Response:
     """Redis could not be used: one line saying so (no password), not a traceback."""
     assert isinstance(exc, redis.RedisError)
+    if _api(request):
+        return JSONResponse({"error": redis_problem(exc)}, 503)
     return pages.render(request, "error.html", {"status": 503, "detail": redis_problem(exc)},
                         503)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if _api(request):
+        return JSONResponse({"error": exc.detail}, exc.status_code)
     return pages.render(request, "error.html", {"status": exc.status_code,
                                                 "detail": exc.detail}, exc.status_code)
 
@@ -89,6 +99,9 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route("/runs/table", pages.runs_table),
         Route("/approvals", pages.approvals_page),
         Route("/workers", pages.workers_page),
+        Route("/api/runs", api.runs),
+        Route("/api/runs/{run_id:str}", api.run),
+        Route("/api/workers", api.workers),
         Route("/live/runs", live.runs_events),
         Route("/live" + run, live.run_events),
         Route(run, pages.run_page),

@@ -110,12 +110,12 @@ async def runs_page(request: Request) -> Response:
     current(request)
     f = Filters.of(request)
     c = client(request)
-    runs, counts, waiting = await run_in_threadpool(_runs_reads, c, f)
+    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
     return render(request, "runs.html", {"f": f, "runs": runs, "counts": counts,
                                          "waiting": waiting, "ages": AGES, "page": PAGE})
 
 
-def _runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting]]:
+def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting]]:
     try:
         runs = list_runs(c, f)
     except UsageError as exc:
@@ -128,7 +128,7 @@ async def runs_table(request: Request) -> Response:
     current(request)
     f = Filters.of(request)
     c = client(request)
-    runs, counts, waiting = await run_in_threadpool(_runs_reads, c, f)
+    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
     return render(request, "runs_table.html", {"f": f, "runs": runs, "counts": counts,
                                                "waiting": waiting, "page": PAGE})
 
@@ -154,7 +154,7 @@ def open_approvals(state: RunState) -> list[OpenApproval]:
     return out
 
 
-def _run_reads(c: Client, run_id: str) -> dict[str, Any]:
+def run_reads(c: Client, run_id: str) -> dict[str, Any]:
     try:
         projection = c.projection(run_id)
         entries = c.events(run_id)
@@ -169,14 +169,14 @@ def _run_reads(c: Client, run_id: str) -> dict[str, Any]:
 
 async def run_page(request: Request) -> Response:
     current(request)
-    data = await run_in_threadpool(_run_reads, client(request), request.path_params["run_id"])
+    data = await run_in_threadpool(run_reads, client(request), request.path_params["run_id"])
     return render(request, "run.html", data)
 
 
 async def run_panel(request: Request) -> Response:
     """The run's status, steps and timeline alone (the live refresh of the run page)."""
     current(request)
-    data = await run_in_threadpool(_run_reads, client(request), request.path_params["run_id"])
+    data = await run_in_threadpool(run_reads, client(request), request.path_params["run_id"])
     return render(request, "run_panel.html", data)
 
 
@@ -215,14 +215,14 @@ async def approvals_page(request: Request) -> Response:
     return render(request, "approvals.html", {"approvals": found, "now": now_ms()})
 
 
-def _workers(c: Client) -> dict[str, Any]:
+def workers_reads(c: Client) -> dict[str, Any]:
     return {"workers": c.workers(), "depth": c.queue_depth(), "sweeps": c.sweeps(),
             "counts": c.counts(), "now": now_ms()}
 
 
 async def workers_page(request: Request) -> Response:
     current(request)
-    data = await run_in_threadpool(_workers, client(request))
+    data = await run_in_threadpool(workers_reads, client(request))
     return render(request, "workers.html", data)
 
 

@@ -303,6 +303,12 @@ def test_bad_input_is_one_line_refusal_and_writes_nothing(
     assert reply.status == 400 and "is not a log entry id" in reply.text()
     assert page.request.get(f"{console.url}/runs/nothing-here").status == 404
     assert client.status(run).version == version  # nothing was written
+    api = page.request.get(f"{console.url}/api/runs/{run}").json()
+    assert api["summary"]["state"] == "waiting_approval" and api["steps"][0]["key"] == f"{run}:1"
+    assert api["open_approvals"][0]["evidence"] == ["invoice:42"]
+    assert page.request.get(f"{console.url}/api/runs/nothing-here").json() == {
+        "error": "run nothing-here not found"}
+    assert httpx.get(f"{console.url}/api/runs", timeout=10).status_code == 401
 
 
 # Without a browser ---------------------------------------------------------------------
@@ -376,3 +382,45 @@ def test_the_run_page_follows_the_run_and_its_streamed_output_live(
     page.locator("#slider").fill("0")  # the state after the first entry
     expect(page.locator("#state-entry")).to_have_text(client.events(run)[0].id)
     expect(page.locator("#state-at-state")).to_have_text("pending")
+
+
+def test_the_timeline_puts_each_event_in_its_column_and_masks_secrets(
+        client: Client, worker: WorkerFactory) -> None:
+    """Intended (start, intents), happened (lease, dispatch, outcomes), stopped (the end);
+    the steps table takes every step from the log, with its ledger entry."""
+    from console.timeline import MASK, masked, timeline
+
+    run = client.start("count", {"steps": 2}, run_id="tl-1").run_id
+    worker()
+    assert client.wait(run, 30).state == "completed"
+    tl = timeline(client.events(run), client.ledger(run))
+    cols = {r.type: r.column for r in tl.rows}
+    assert cols["run_started"] == cols["step_decided"] == "intended"
+    assert cols["action_dispatched"] == cols["action_succeeded"] == "happened"
+    assert cols["completed"] == "stopped"
+    assert [(s.step, s.attempts, s.outcome) for s in tl.steps] == \
+        [(1, 1, "succeeded"), (2, 1, "succeeded")]
+    assert all(s.ledger.startswith("done|") and s.deadline > 0 for s in tl.steps)
+    assert tl.ids == [e.id for e in client.events(run)]
+    assert masked({"to": "a", "api_key": "k", "nested": [{"Password": "p", "n": 1}]}) == \
+        {"to": "a", "api_key": MASK, "nested": [{"Password": MASK, "n": 1}]}
+
+
+def test_development_mode_on_loopback_needs_no_login(server: Server, settings: Any) -> None:
+    port = free_port()
+    proc = Process(server.url, ["console", "--dev", "--dev-user", "dora", "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+
+    def page() -> httpx.Response | None:
+        try:
+            return httpx.get(f"{url}/workers", timeout=2)
+        except httpx.HTTPError:
+            return None
+
+    try:
+        assert wait_for(lambda: page() is not None, 30, interval=0.2)
+        reply = page()
+        assert reply is not None and reply.status_code == 200
+        assert 'id="whoami">dora<' in reply.text and "dev mode" in reply.text
+    finally:
+        proc.stop()
