@@ -94,7 +94,7 @@ def waiting_runs(c: Client, limit: int = 20) -> list[Waiting]:
     """Waiting runs, oldest wait first, with what each waits for and until when."""
     found: list[RunSummary] = []
     for state in sorted(WAITING):
-        found += c.runs(state, limit)
+        found += c.runs(state, limit, oldest_first=True)
     out = []
     for run in sorted(found, key=lambda r: r.updated)[:limit]:
         try:

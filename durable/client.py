@@ -179,21 +179,25 @@ class Client:
         return self.log.read(run_id, start, end)
 
     def runs(self, state: str | None = None, limit: int = 100, *, agent: str | None = None,
-             after: str | None = None, since: int | None = None) -> list[RunSummary]:
-        """Runs by update time, newest first: in ``state``, of ``agent``, updated at or
-        after ``since`` (ms since the epoch); ``after`` a run id of the previous page (the
-        next page starts below it)."""
+             after: str | None = None, since: int | None = None,
+             oldest_first: bool = False) -> list[RunSummary]:
+        """Runs by update time, newest first (or ``oldest_first``): in ``state``, of
+        ``agent``, updated at or after ``since`` (ms since the epoch); ``after`` a run id
+        of the previous page (the next page starts below it)."""
         index = keys.runs_in_state(state) if state else keys.RUNS_BY_UPDATE
+        if oldest_first and since is not None:
+            raise UsageError("since and oldest_first cannot be combined")
         start = 0
         if after is not None:
-            rank = self.redis.zrevrank(index, after)
+            rank = (self.redis.zrank if oldest_first else self.redis.zrevrank)(index, after)
             if rank is None:
                 raise RunNotFound(after)
             start = rank + 1
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:
-            scored = self.redis.zrevrange(index, start, start + batch - 1, withscores=True)
+            scored = (self.redis.zrange if oldest_first else self.redis.zrevrange)(
+                index, start, start + batch - 1, withscores=True)
             ids = [i.decode() for i, score in scored if since is None or score >= since]
             if not ids:
                 break

@@ -40,6 +40,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 #: Generous: the machine may be loaded by other test runs.
 TIMEOUT_MS = 30_000
+expect.set_options(timeout=TIMEOUT_MS)  # every `expect` waits as long as an action may
 
 PASSWORDS = {"alice": "alice-pw-1", "vera": "vera-pw-1"}
 

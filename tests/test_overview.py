@@ -28,6 +28,10 @@ def test_counts_search_and_the_age_filter(client: Client, r: redis.Redis) -> Non
     recent = client.runs(since=now_ms() - 60_000)
     assert sorted(s.run_id for s in recent) == ["alpha-1", "alpha-2", "beta-0"]
     assert len(client.runs()) == 4
+    oldest = [s.run_id for s in client.runs(oldest_first=True)]
+    assert oldest == ["alpha-0", "alpha-1", "alpha-2", "beta-0"]  # by time, then by id
+    assert [s.run_id for s in client.runs(oldest_first=True, limit=2, after="alpha-1")] == \
+        ["alpha-2", "beta-0"]
 
 
 def test_leases_workers_and_the_queue(client: Client, worker: WorkerFactory,
