@@ -240,6 +240,7 @@ def test_the_runs_page_counts_filters_and_updates_live(
     expect(page.locator("#runs tbody tr")).to_have_count(1)
     page.goto(console.url + "/runs?state=pending")
     expect(page.locator("#runs tbody tr")).to_have_count(3)
+    expect(page.locator("#live-runs")).to_have_text("live")
     for i in range(3):
         client.enqueue(f"done-{i}")
     worker()

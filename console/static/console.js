@@ -30,15 +30,14 @@
   if (runs) {
     const refresh = refresher(runs);
     const es = new EventSource(runs.dataset.events);
-    let first = true;
+    // The first event comes when the stream starts: refreshing then too covers whatever
+    // changed between the page's rendering and the stream's start.
     es.addEventListener("runs", function (m) {
       const d = JSON.parse(m.data);
       if (d.unavailable) { mark("live-runs", "Redis unavailable", false); return; }
       mark("live-runs", "live", true);
-      if (first) { first = false; return; }  // the page is already this fresh
       refresh();
     });
-    es.onopen = function () { mark("live-runs", "live", true); };
     es.onerror = function () { mark("live-runs", "reconnecting", false); };
   }
 
@@ -52,8 +51,12 @@
     const out = document.getElementById("partial");
     let step = null;
     const es = new EventSource(run.dataset.events);
+    // The stream starts at the page's last entry but one: its first event (that entry)
+    // comes once the partial output channel is subscribed, so from then on nothing is
+    // missed.
     es.addEventListener("entry", function (m) {
       const d = JSON.parse(m.data);
+      mark("live-run", "live", true);
       if (!known.has(d.id)) {
         known.add(d.id); ids.push(d.id);
         if (slider) {
@@ -80,7 +83,6 @@
       mark("live-run", "ended", false);
       refresh();
     });
-    es.onopen = function () { mark("live-run", "live", true); };
     es.onerror = function () { if (es.readyState !== 2) { mark("live-run", "reconnecting", false); } };
   }
 
