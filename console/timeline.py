@@ -148,12 +148,17 @@ class Timeline:
     ids: list[str] = field(default_factory=list)
     #: Rows left out of ``rows`` at the start (only the last ``limit`` are shown).
     hidden: int = 0
+    #: Steps left out of ``steps`` at the start (only the last ``step_limit``).
+    hidden_steps: int = 0
 
 
-def timeline(entries: list[Entry], ledger: dict[str, str], limit: int = 500) -> Timeline:
+def timeline(entries: list[Entry], ledger: dict[str, str], limit: int = 500,
+             step_limit: int = 200) -> Timeline:
     all_rows = rows(entries)
-    return Timeline(all_rows[-limit:], steps(entries, ledger), checkpoints(entries),
-                    [e.id for e in entries], max(len(all_rows) - limit, 0))
+    all_steps = steps(entries, ledger)
+    return Timeline(all_rows[-limit:], all_steps[-step_limit:], checkpoints(entries),
+                    [e.id for e in entries], max(len(all_rows) - limit, 0),
+                    max(len(all_steps) - step_limit, 0))
 
 
 def _short(value: Any, limit: int = 80) -> str:
