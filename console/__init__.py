@@ -8,6 +8,6 @@ logged-in user's roles, and recorded in the run's log under the user's name.
 Modules: ``users`` (the users file, password hashes, roles), ``auth`` (login, sessions,
 CSRF, role checks), ``timeline`` (a run's log as three columns and a steps table),
 ``pages`` (the GET pages), ``api`` (their JSON twins), ``actions`` (the POSTs), ``live``
-(server-sent events), ``app``
-(the Starlette application), ``cli`` (the ``durable console`` command).
+(server-sent events), ``app`` (the Starlette application), ``cli`` (the ``durable
+console`` command).
 """
