@@ -161,6 +161,23 @@ def test_an_approver_finds_a_waiting_run_approves_it_and_watches_it_complete(
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
+def test_a_rejection_from_the_approvals_page_is_an_outcome_the_agent_handles(
+        console: Console, page: Page, client: Client, worker: WorkerFactory) -> None:
+    run = "pay-5"
+    _waiting_for_approval(client, worker, run)
+    login(page, console, "alice", "/approvals")
+    row = page.locator(f"#approvals tr[data-run='{run}']")
+    row.locator("input[name=note]").fill("not this month")
+    row.locator("button.reject").click()
+    expect(page).to_have_url(f"{console.url}/approvals")
+    expect(page.locator("#flash")).to_contain_text("reject")
+    expect(page.locator(f"#approvals tr[data-run='{run}']")).to_have_count(0)
+    assert client.wait(run, 30).result == {"paid": False, "status": "rejected"}
+    (decided,) = events_of(client, run, ev.ApprovalDecided)
+    assert (decided.decision, decided.approver, decided.note) == \
+        ("reject", "alice", "not this month")
+
+
 def test_an_operator_cancels_a_running_run_and_sees_it_canceled(
         console: Console, page: Page, client: Client, worker: WorkerFactory) -> None:
     run = client.start("count", {"steps": 200, "sleep_s": 0.5}, run_id="long-1").run_id
