@@ -97,7 +97,7 @@ def test_ctrl_c_stops_the_development_formation_workers_first_and_redis_last(
         assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
         for i in range(20):
             durable("start", "count", "--run-id", f"f{i}", "--input",
-                    '{"steps": 3, "sleep_s": 1.0}')
+                    '{"steps": 10, "sleep_s": 1.0}')
         assert wait_for(lambda: states().count("completed") < 20 and
                         len(states()) == 20, 30)
         wait_for(lambda: False, 1.5)  # the runs are inside their calls now
