@@ -5,8 +5,8 @@ cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/ruff check durable workers reconciler examples tests bench
-.venv/bin/mypy durable workers reconciler examples
+.venv/bin/ruff check durable workers reconciler console examples tests bench
+.venv/bin/mypy durable workers reconciler console examples
 .venv/bin/python -m pytest -q "$@"
 # The tests marked `cluster` again, on a real 3-master Redis Cluster (README, "Scaling out").
 exec .venv/bin/python -m pytest -q --cluster "$@"

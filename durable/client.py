@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -14,7 +15,7 @@ import redis
 import redis.asyncio
 from pydantic import ValidationError
 
-from durable import catalog, tracing
+from durable import catalog, overview, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.budgets import checked as checked_budgets
@@ -33,7 +34,8 @@ from durable.errors import (
 )
 from durable.log import events as ev
 from durable.log import keys
-from durable.log.index import newest
+from durable.log.index import ordered
+from durable.log.replay import fork, state_at
 from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
@@ -192,14 +194,19 @@ class Client:
         return self.log.read(run_id, start, end)
 
     def runs(self, state: str | None = None, limit: int = 100, *, agent: str | None = None,
-             after: str | None = None) -> list[RunSummary]:
-        """Runs by update time, newest first: in ``state``, of ``agent``; ``after`` a run id
+             after: str | None = None, since: int | None = None,
+             oldest_first: bool = False) -> list[RunSummary]:
+        """Runs by update time, newest first (or ``oldest_first``): in ``state``, of
+        ``agent``, updated at or after ``since`` (ms since the epoch); ``after`` a run id
         of the previous page (the next page starts below it)."""
-        ids = newest(self.redis, state, after)
+        if oldest_first and since is not None:
+            raise UsageError("since and oldest_first cannot be combined")
+        walk = ordered(self.redis, state, after, oldest_first=oldest_first)
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:
-            page = list(itertools.islice(ids, batch))
+            scored = list(itertools.islice(walk, batch))
+            page = [rid for rid, score in scored if since is None or score >= since]
             if not page:
                 break
             pipe = self.redis.pipeline(transaction=False)
@@ -215,7 +222,60 @@ class Client:
                                       int(p.get("updated", 0)), p.get("reason", "")))
                 if len(out) == limit:
                     break
+            if len(page) < len(scored):
+                break  # the rest were updated before ``since``
         return out
+
+    def search(self, text: str, limit: int = 50) -> list[RunSummary]:
+        """Runs whose id contains ``text``, newest first (a ``ZSCAN`` of the index: its
+        cost grows with the number of runs)."""
+        if not keys.RUN_ID_RE.match(text):
+            raise UsageError(f"search {text!r}: a run id has only A-Z a-z 0-9 _ . : -")
+        found = [(score, rid.decode()) for shard in keys.shard_ids() for rid, score in
+                 self.redis.zscan_iter(keys.runs_index(shard), match=f"*{text}*", count=1000)]
+        out = []
+        for _score, rid in sorted(found, reverse=True)[:limit]:
+            p = self.log.projection(rid)
+            if p:
+                out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
+                                      int(p.get("step", 0)), int(p.get("version", 0)),
+                                      int(p.get("updated", 0)), p.get("reason", "")))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Runs per state (from the state indexes)."""
+        return overview.counts(self.redis)
+
+    def state_at(self, run_id: str, entry_id: str = "+") -> tuple[RunState, str]:
+        """The folded state at ``entry_id`` (inclusive), from the nearest checkpoint at or
+        before it, and that checkpoint's id ("" = from the start), as ``durable replay
+        --to``."""
+        _check_entry_id(entry_id, "+")
+        return state_at(self.log, run_id, entry_id)
+
+    def ledger(self, run_id: str) -> dict[str, str]:
+        """The run's action ledger: idempotency key -> ``claimed|<deadline>`` or
+        ``done|<outcome>``."""
+        return {k.decode(): v.decode() for k, v in self.redis.hgetall(keys.ledger(run_id)).items()}
+
+    def lease(self, run_id: str) -> overview.LeaseInfo | None:
+        """Who holds the run now, and how long ago its lease was renewed (None: nobody)."""
+        return overview.lease(self.redis, run_id, self.settings.lease_ttl_ms)
+
+    def leases(self) -> list[overview.LeaseInfo]:
+        """Every lease held now (a ``SCAN``: for operators' pages)."""
+        return overview.leases(self.redis, self.settings.lease_ttl_ms)
+
+    def workers(self) -> list[overview.WorkerInfo]:
+        """The live worker processes, each with the runs it holds."""
+        return overview.workers(self.redis, self.queue, self.leases())
+
+    def queue_depth(self) -> dict[str, int]:
+        return overview.queue_depth(self.redis, self.queue)
+
+    def sweeps(self) -> list[overview.Sweep]:
+        """Each reconciler's last sweep and what its last busy sweep did."""
+        return overview.sweeps(self.redis)
 
     def wait(self, run_id: str, timeout: float = 30.0, *, waiting: bool = True) -> RunState:
         """Block until the run is terminal (or waiting, or quarantined); raise TimeoutError."""
@@ -256,22 +316,23 @@ class Client:
 
     # Operators ---------------------------------------------------------------------------
 
-    def cancel(self, run_id: str, reason: str = "", scope: str = "run") -> RunState:
+    def cancel(self, run_id: str, reason: str = "", scope: str = "run",
+               by: str = "operator") -> RunState:
         """Record a cancel request (durable first), then publish the hint.
 
         A terminal run is left as it is. A run no worker holds, with nothing in flight, is
-        canceled at once.
+        canceled at once. ``by``: who asked (the request's ``by`` and actor).
         """
         if scope not in ("run", "call"):
             raise UsageError(f"scope must be 'run' or 'call', not {scope!r}")
         requested = now_ms()
         for _ in range(20):
-            handle = self._load(run_id)
+            handle = self._load(run_id, actor=by)
             state = handle.state
             if state.terminal or (state.cancel is not None and state.cancel.scope == scope):
                 return state
             request = Spec(ev.CancelRequested, {"reason": reason, "scope": scope,
-                                                "requested_ts": requested, "by": "operator"})
+                                                "requested_ts": requested, "by": by})
             in_flight = any(a.status in ("dispatched", "unknown") for a in state.actions.values())
             now_specs = (finish_specs(state, reason, requested)
                          if scope == "run" and not in_flight else [])
@@ -319,12 +380,39 @@ class Client:
         """Retry a quarantined run with the current code; returns its state afterwards."""
         return release(self, run_id, by=by)
 
-    def _load(self, run_id: str) -> RunHandle:
+    def fork(self, run_id: str, at: str, new_run_id: str | None = None,
+             by: str = "fork") -> RunState:
+        """Start a new run whose history is ``run_id``'s log up to entry ``at``
+        (inclusive), written with ``by`` as its actor, and make it ready."""
+        self.projection(run_id)
+        _check_entry_id(at)
+        new_id = new_run_id or f"{run_id[:100]}-fork-{uuid.uuid4().hex[:6]}"
+        if not keys.RUN_ID_RE.match(new_id):
+            raise UsageError(f"invalid run id {new_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+        handle = fork(self.log, run_id, at, new_id, by=by)
+        self.enqueue(new_id)
+        return handle.state
+
+    def reconcile_soon(self, run_id: str) -> None:
+        """Make the run due in the reconciler's due-set now: the next sweep of a running
+        ``durable reconciler`` looks at it (a held run is left to its holder)."""
+        self.projection(run_id)
+        self.redis.zadd(keys.due_of(run_id), {run_id: now_ms()})
+
+    def _load(self, run_id: str, actor: str = "operator") -> RunHandle:
         try:
-            return self.log.load(run_id, actor="operator")
+            return self.log.load(run_id, actor=actor)
         except DecodeError as exc:
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
             raise
+
+
+_ENTRY_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
+
+
+def _check_entry_id(entry_id: str, *special: str) -> None:
+    if entry_id not in special and not _ENTRY_ID.match(entry_id):
+        raise UsageError(f"{entry_id!r} is not a log entry id (like 1700000000000-0)")
 
 
 def _canonical(data: Any) -> bytes:

@@ -167,7 +167,8 @@ def exposition(client: Client | redis.Redis) -> tuple[bytes, str]:
 
     ``client`` is a :class:`durable.client.Client` or a ``redis.Redis`` on the log's server.
     """
-    conn: redis.Redis = client if isinstance(client, redis.Redis) else client.redis
+    conn: redis.Redis = client if isinstance(client, (redis.Redis, redis.RedisCluster)) \
+        else client.redis
     return generate_latest(registry_for(conn)), CONTENT_TYPE_LATEST
 
 

@@ -106,6 +106,16 @@ class Settings(BaseSettings):
         description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
     )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
+    console_users: Path | None = Field(
+        default=None,
+        description="The console's users file (TOML or JSON): name -> scrypt password hash "
+        "and roles (viewer, operator, approver). Required unless `durable console --dev`.",
+    )
+    console_secret: str | None = Field(
+        default=None,
+        description="Key that signs the console's session cookies; unset: a random one per "
+        "process (everyone logs in again after a restart).",
+    )
 
     @property
     def layout_shards(self) -> int:

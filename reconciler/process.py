@@ -13,6 +13,7 @@ import redis
 
 from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
+from durable.overview import Sweep, record_sweep
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
 from reconciler.sweep import Reconciler
@@ -30,6 +31,7 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
     stop = stop or threading.Event()
     listener = ReconcilerListener(rec)
     listener.start()
+    last: Sweep | None = None
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -40,6 +42,10 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
                 rec.outage.wait_until_up(rec.redis, stop)
                 continue
             rec.outage.ok()
+            try:  # for operators (the console's workers page); never stops a sweep
+                last = record_sweep(rec.redis, rec.token, report.examined, report.actions, last)
+            except redis.RedisError as exc:
+                log.warning("could not record the sweep: %r", exc)
             if report.examined:
                 log.info("examined %d: %s", report.examined, report.actions)
             stop.wait(max(0.0, interval - (time.monotonic() - started)))

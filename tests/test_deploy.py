@@ -36,6 +36,7 @@ def _dev_formation(tmp_path: Path) -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["DURABLE_PORT"] = str(free_port())
+    env["DURABLE_CONSOLE_PORT"] = str(free_port())
     env["DURABLE_AGENTS"] = "examples.agents"
     env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -44,9 +45,12 @@ def _dev_formation(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_production_procfile_names_no_embedded_server() -> None:
-    """Production: workers and the reconciler against DURABLE_REDIS_URL, nothing else."""
-    assert _procfile("Procfile") == {"worker": "durable worker",
-                                     "reconciler": "durable reconciler"}
+    """Production: workers, the reconciler and the console against DURABLE_REDIS_URL,
+    nothing else; the console asks for a login (no --dev)."""
+    assert _procfile("Procfile") == {
+        "worker": "durable worker", "reconciler": "durable reconciler",
+        "console": "durable console --host ${DURABLE_CONSOLE_HOST:-127.0.0.1} "
+                   "--port ${DURABLE_CONSOLE_PORT:-8700}"}
 
 
 def test_the_development_procfile_runs_the_embedded_server_too() -> None:
@@ -54,6 +58,7 @@ def test_the_development_procfile_runs_the_embedded_server_too() -> None:
     assert lines["redis"].startswith("durable redis")
     assert lines["worker"].endswith("durable worker")
     assert lines["reconciler"].endswith("durable reconciler")
+    assert "durable console --dev" in lines["console"]  # loopback only: no login
 
 
 def test_ctrl_c_stops_the_development_formation_workers_first_and_redis_last(
@@ -92,7 +97,7 @@ def test_ctrl_c_stops_the_development_formation_workers_first_and_redis_last(
         assert wait_for(lambda: (tmp_path / ".durable" / "server.json").exists(), 30)
         for i in range(20):
             durable("start", "count", "--run-id", f"f{i}", "--input",
-                    '{"steps": 3, "sleep_s": 1.0}')
+                    '{"steps": 10, "sleep_s": 1.0}')
         assert wait_for(lambda: states().count("completed") < 20 and
                         len(states()) == 20, 30)
         wait_for(lambda: False, 1.5)  # the runs are inside their calls now

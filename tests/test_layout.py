@@ -4,9 +4,12 @@ Every import counts, including those inside functions (a function-local import t
 cycle is a cycle); only imports under ``if TYPE_CHECKING:`` are left out, since they exist
 for the type checker alone.
 
-- ``durable`` (the library) imports nothing from ``workers``, ``reconciler`` or ``examples``;
-- ``reconciler`` imports nothing from ``workers`` or ``examples``; ``workers`` nothing from
-  ``reconciler`` or ``examples``;
+- ``durable`` (the library) imports nothing from ``workers``, ``reconciler``, ``console`` or
+  ``examples``;
+- the processes import no other process and no example: ``reconciler`` nothing from
+  ``workers``, ``console`` or ``examples``; ``workers`` nothing from ``reconciler``,
+  ``console`` or ``examples``; ``console`` nothing from ``workers``, ``reconciler`` or
+  ``examples``;
 - no module reaches itself through its imports.
 """
 
@@ -17,13 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("durable", "workers", "reconciler", "examples")
+PACKAGES = ("durable", "workers", "reconciler", "console", "examples")
 
 #: package -> the packages it must never import.
 FORBIDDEN = {
-    "durable": {"workers", "reconciler", "examples"},
-    "workers": {"reconciler", "examples"},
-    "reconciler": {"workers", "examples"},
+    "durable": {"workers", "reconciler", "console", "examples"},
+    "workers": {"reconciler", "console", "examples"},
+    "reconciler": {"workers", "console", "examples"},
+    "console": {"workers", "reconciler", "examples"},
 }
 
 

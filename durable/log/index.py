@@ -48,41 +48,39 @@ def newest(r: Any, state: str | None, after: str | None = None,
     """Run ids by update time, newest first (ties: the greater id first, as ``ZREVRANGE``),
     across every shard of the index of ``state`` (all runs when None); ``after``: start
     below that run. Raises ``RunNotFound`` for an ``after`` not in the index."""
+    for run_id, _score in ordered(r, state, after, batch=batch):
+        yield run_id
+
+
+def ordered(r: Any, state: str | None, after: str | None = None, *,
+            oldest_first: bool = False, batch: int = 100) -> Iterator[tuple[str, float]]:
+    """(run id, update time) across every shard of the index of ``state`` (all runs when
+    None), newest first (ties: the greater id first, as ``ZREVRANGE``) or ``oldest_first``
+    (ties: the smaller id first, as ``ZRANGE``); ``after``: start past that run. Raises
+    ``RunNotFound`` for an ``after`` not in the index."""
     shards = keys.shard_ids()
 
     def index(shard: int | None) -> str:
         return keys.runs_in_state(state, shard) if state else keys.runs_index(shard)
 
-    if len(shards) == 1:
-        start = 0
-        if after is not None:
-            rank = r.zrevrank(index(shards[0]), after)
-            if rank is None:
-                raise RunNotFound(after)
-            start = rank + 1
-        yield from _walk(r, index(shards[0]), start, batch)
-        return
     starts = {s: 0 for s in shards}
     if after is not None:
-        score = r.zscore(index(keys.shard_of(after)), after)
+        home = shards[0] if len(shards) == 1 else keys.shard_of(after)
+        score = r.zscore(index(home), after)
         if score is None:
             raise RunNotFound(after)
         for s in shards:
-            above = r.zcount(index(s), f"({score}", "+inf")
-            ties = r.zrangebyscore(index(s), score, score)
-            starts[s] = above + sum(1 for t in ties if t.decode() >= after)
-    walks = [_walk_scored(r, index(s), starts[s], batch) for s in shards]
-    for _neg_score, _neg_id, run_id in heapq.merge(*walks):
-        yield run_id
-
-
-def _walk(r: Any, index: str, start: int, batch: int) -> Iterator[str]:
-    while True:
-        ids = r.zrevrange(index, start, start + batch - 1)
-        if not ids:
-            return
-        start += len(ids)
-        yield from (i.decode() for i in ids)
+            if oldest_first:
+                before = r.zcount(index(s), "-inf", f"({score}")
+                ties = r.zrangebyscore(index(s), score, score)
+                starts[s] = before + sum(1 for t in ties if t.decode() <= after)
+            else:
+                above = r.zcount(index(s), f"({score}", "+inf")
+                ties = r.zrangebyscore(index(s), score, score)
+                starts[s] = above + sum(1 for t in ties if t.decode() >= after)
+    walks = [_walk_scored(r, index(s), starts[s], batch, oldest_first) for s in shards]
+    for _key, _tie, run_id, score in heapq.merge(*walks):
+        yield run_id, score
 
 
 class _Desc(str):
@@ -92,13 +90,17 @@ class _Desc(str):
         return str.__gt__(self, other)  # type: ignore[operator]
 
 
-def _walk_scored(r: Any, index: str, start: int,
-                 batch: int) -> Iterator[tuple[float, _Desc, str]]:
+def _walk_scored(r: Any, index: str, start: int, batch: int,
+                 oldest_first: bool) -> Iterator[tuple[float, str, str, float]]:
+    read = r.zrange if oldest_first else r.zrevrange
     while True:
-        page = r.zrevrange(index, start, start + batch - 1, withscores=True)
+        page = read(index, start, start + batch - 1, withscores=True)
         if not page:
             return
         start += len(page)
         for member, score in page:
             run_id = member.decode()
-            yield -score, _Desc(run_id), run_id
+            if oldest_first:
+                yield score, run_id, run_id, score
+            else:
+                yield -score, _Desc(run_id), run_id, score

@@ -229,3 +229,9 @@ SERVER_INFO = f"{PREFIX}:server"
 
 #: Hash of quarantined runs' reasons, run id -> reason (also in each run's log).
 QUARANTINE = f"{PREFIX}:quarantine"
+
+#: Hash reconciler token -> JSON ``{at, examined, actions, did_at, did}``: each reconciler
+#: process's last sweep (``at``, ms) and the last sweep that did something (``did``: run id
+#: -> what was done, at most 20). Expires 300 s after the last write of any reconciler: not
+#: derived from the logs, only a view for operators (``durable console``).
+SWEEPS = f"{PREFIX}:sweeps"

@@ -155,8 +155,10 @@ def summary(state: RunState) -> dict[str, Any]:
     return out
 
 
-def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:
-    """Start ``new_run_id`` whose history is ``run_id``'s log up to ``at`` (inclusive)."""
+def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
+         by: str = "fork") -> RunHandle:
+    """Start ``new_run_id`` whose history is ``run_id``'s log up to ``at`` (inclusive);
+    ``by`` is the new events' actor."""
     if elog.exists(new_run_id):
         raise UsageError(f"run {new_run_id} already exists")
     entries = elog.read(run_id, "-", at)
@@ -178,7 +180,7 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str) -> RunHandle:
         fields = {k: v for k, v in data.items()
                   if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
         specs.append(Spec(type(event), fields))
-    handle = RunHandle(new_run_id, RunState(), actor="fork")
+    handle = RunHandle(new_run_id, RunState(), actor=by)
     elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},
                 checkpoint=True)
     return handle

@@ -1,0 +1,7 @@
+"""``python -m console`` is ``durable console``."""
+
+import sys
+
+from durable.cli import main
+
+sys.exit(main(["console", *sys.argv[1:]]))

@@ -1,0 +1,107 @@
+"""The actions (POST, CSRF-checked, role-checked): cancel, approve or reject, fork, reconcile
+now, release from quarantine. Each goes through the ``Client`` under the logged-in user's
+name, which the run's log records: ``cancel_requested.by`` and the event's actor,
+``approval_decided.approver``, ``released.by``, the fork's events' actor.
+
+The library's answer (refused, not found, a bad input) comes back to the run's page as a
+one-line message; nothing is written when it refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from console.auth import check_csrf, require
+from console.users import User
+from durable.client import Client
+from durable.errors import DurableError
+from durable.log.state import RunState
+
+log = logging.getLogger("durable.console")
+
+
+def approve(client: Client, user: User, run_id: str, request: str, decision: str,
+            note: str = "") -> RunState:
+    """Decide an approval as ``user``: the one place the console does.
+
+    The decision records ``user.name`` as the approver, and the library checks the
+    approval's role against ``DURABLE_APPROVERS`` under that name. When decisions must be
+    signed (an Ed25519 key registered for the approver), this is where the console signs
+    it with the private key the users file names for this user (``user.approver_key``),
+    which never leaves the server.
+    """
+    return client.approve(run_id, request, decision, approver=user.name, note=note)
+
+
+Act = Callable[[Client, User, str, dict[str, Any]], str]
+
+
+def _action(role: str, act: Act) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        form = await check_csrf(request)
+        user = require(request, role)
+        run_id = request.path_params["run_id"]
+        client: Client = request.app.state.client
+        back = str(form.get("back") or "")
+        if not back.startswith("/") or back.startswith("//"):  # this site's pages only
+            back = f"/runs/{run_id}"
+        try:
+            message = await run_in_threadpool(act, client, user, run_id, form)
+        except DurableError as exc:
+            message = f"refused: {exc}"
+        log.info("%s: %s %s: %s", user.name, request.url.path.rsplit("/", 1)[-1], run_id,
+                 message)
+        request.session["flash"] = message
+        return RedirectResponse(back, 303)
+
+    return endpoint
+
+
+def _text(form: dict[str, Any], name: str, default: str = "") -> str:
+    value = form.get(name, default)
+    return value.strip() if isinstance(value, str) else default
+
+
+def _cancel(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    scope = _text(form, "scope", "run")
+    reason = _text(form, "reason") or f"canceled by {user.name} in the console"
+    state = c.cancel(run_id, reason, scope=scope, by=user.name)
+    return f"cancel ({scope}) requested by {user.name}: run is {state.state}"
+
+
+def _approve(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    decision = _text(form, "decision")
+    request = _text(form, "request")
+    state = approve(c, user, run_id, request, decision, _text(form, "note"))
+    return f"{decision} of {request} recorded for {user.name}: run is {state.state}"
+
+
+def _fork(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    at = _text(form, "at")
+    if not at:
+        return "refused: choose an entry to fork at"
+    new_id = _text(form, "new_run_id") or None
+    state = c.fork(run_id, at, new_id, by=user.name)
+    return f"forked at {at} as {state.run_id} ({state.state})"
+
+
+def _reconcile(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    c.reconcile_soon(run_id)
+    return "due now: the reconciler's next sweep looks at it"
+
+
+def _release(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    return f"released by {user.name}: run is {c.release(run_id, by=user.name)}"
+
+
+cancel = _action("operator", _cancel)
+decide = _action("approver", _approve)
+fork = _action("operator", _fork)
+reconcile = _action("operator", _reconcile)
+release = _action("operator", _release)

@@ -1,0 +1,79 @@
+"""``durable console``: added to the CLI through the ``durable.commands`` entry point group.
+
+``durable console --hash-password`` reads a password on stdin and prints the hash to put
+in the users file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from durable.client import Client
+from durable.errors import UsageError
+from durable.settings import Settings
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    from console.users import hash_password
+
+    if args.hash_password:
+        password = getpass.getpass("password: ") if sys.stdin.isatty() else \
+            sys.stdin.readline().rstrip("\n")
+        if not password:
+            raise UsageError("an empty password")
+        print(hash_password(password))
+        return 0
+    return serve(Settings(), args.host, args.port, dev=args.dev, dev_user=args.dev_user)
+
+
+def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
+          dev_user: str = "dev") -> int:
+    import uvicorn
+
+    from console.app import build_app
+    from console.auth import LOOPBACK, Access
+    from console.users import Users
+
+    if dev and host not in LOOPBACK:
+        raise UsageError(f"--dev serves without a login: only on a loopback address, not "
+                         f"{host!r} (use 127.0.0.1)")
+    if dev:
+        access = Access(None, dev_user)
+    elif settings.console_users is None:
+        raise UsageError("set DURABLE_CONSOLE_USERS to the users file (see the README's "
+                         "Console section), or use --dev on a loopback address")
+    else:
+        access = Access(Users.load(settings.console_users))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if settings.console_secret is None:
+        logging.getLogger("durable.console").warning(
+            "DURABLE_CONSOLE_SECRET is unset: sessions end when this process does")
+    client = Client(settings)
+    app = build_app(client, access, secret=settings.console_secret)
+    logging.getLogger("durable.console").info(
+        "console on http://%s:%d/%s", host, port,
+        f" (development mode: no login, every request is {dev_user!r})" if dev else "")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=2)
+    finally:
+        client.redis.close()
+    return 0
+
+
+def register(add: Callable[..., Any]) -> None:
+    sp = add("console", cmd_console, "run the web console", js=False)
+    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sp.add_argument("--port", type=int, default=8700, help="port to listen on (8700)")
+    sp.add_argument("--dev", action="store_true",
+                    help="development mode: no login (only on a loopback address)")
+    sp.add_argument("--dev-user", default="dev", metavar="NAME",
+                    help="the identity every request has in development mode (dev)")
+    sp.add_argument("--hash-password", action="store_true",
+                    help="read a password on stdin, print its hash for the users file")

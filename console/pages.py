@@ -1,0 +1,263 @@
+"""The pages (GET): runs, one run, approvals, workers, and the fragments the live parts
+reload. Every read goes through the ``Client``, on Starlette's thread pool (the client is
+synchronous)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import msgspec
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from console.auth import check_csrf, csrf_token, current
+from console.timeline import masked, timeline
+from durable.client import Client, RunSummary
+from durable.errors import DecodeError, RunNotFound, UsageError
+from durable.log.replay import summary
+from durable.log.state import ALL_STATES, WAITING, Approval, RunState
+from durable.log.store import now_ms
+
+PAGE = 25
+#: The age filter's choices: seconds -> label.
+AGES = {"": "any age", "300": "5 min", "3600": "1 hour", "86400": "1 day", "604800": "7 days"}
+
+
+def render(request: Request, name: str, context: dict[str, Any],
+           status_code: int = 200) -> Response:
+    user = request.app.state.access.user(request)
+    base = {"user": user, "csrf": csrf_token(request), "dev": request.app.state.dev,
+            "flash": request.session.pop("flash", None)}
+    response: Response = request.app.state.templates.TemplateResponse(
+        request, name, {**base, **context}, status_code=status_code)
+    return response
+
+
+def client(request: Request) -> Client:
+    c: Client = request.app.state.client
+    return c
+
+
+# Runs -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Filters:
+    state: str = ""
+    agent: str = ""
+    age: str = ""
+    q: str = ""
+    after: str = ""
+
+    @classmethod
+    def of(cls, request: Request) -> Filters:
+        p = request.query_params
+        f = cls(p.get("state", ""), p.get("agent", "").strip(), p.get("age", ""),
+                p.get("q", "").strip(), p.get("after", ""))
+        if f.state and f.state not in ALL_STATES:
+            raise HTTPException(400, f"unknown state {f.state!r}")
+        if f.age not in AGES:
+            raise HTTPException(400, f"unknown age {f.age!r}")
+        return f
+
+    def query(self, **changes: str) -> str:
+        data = {**self.__dict__, **changes}
+        return urlencode({k: v for k, v in data.items() if v})
+
+
+def list_runs(c: Client, f: Filters) -> list[RunSummary]:
+    if f.q:
+        found = c.search(f.q, limit=PAGE)
+        return [r for r in found if (not f.state or r.state == f.state)
+                and (not f.agent or r.agent == f.agent)]
+    since = now_ms() - int(f.age) * 1000 if f.age else None
+    try:
+        return c.runs(f.state or None, PAGE, agent=f.agent or None, after=f.after or None,
+                      since=since)
+    except RunNotFound:
+        return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    run: RunSummary
+    kind: str
+    reason: str
+    request: str
+    until: int
+
+
+def waiting_runs(c: Client, limit: int = 20) -> list[Waiting]:
+    """Waiting runs, oldest wait first, with what each waits for and until when."""
+    found: list[RunSummary] = []
+    for state in sorted(WAITING):
+        found += c.runs(state, limit, oldest_first=True)
+    out = []
+    for run in sorted(found, key=lambda r: r.updated)[:limit]:
+        try:
+            wait = c.status(run.run_id).wait
+        except (RunNotFound, DecodeError):
+            continue
+        out.append(Waiting(run, wait.kind if wait else "?", wait.reason if wait else "",
+                           wait.request if wait else "", wait.until if wait else 0))
+    return out
+
+
+async def runs_page(request: Request) -> Response:
+    current(request)
+    f = Filters.of(request)
+    c = client(request)
+    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
+    return render(request, "runs.html", {"f": f, "runs": runs, "counts": counts,
+                                         "waiting": waiting, "ages": AGES, "page": PAGE})
+
+
+def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting]]:
+    try:
+        runs = list_runs(c, f)
+    except UsageError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return runs, c.counts(), waiting_runs(c)
+
+
+async def runs_table(request: Request) -> Response:
+    """The runs list alone (the live refresh of the runs page)."""
+    current(request)
+    f = Filters.of(request)
+    c = client(request)
+    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
+    return render(request, "runs_table.html", {"f": f, "runs": runs, "counts": counts,
+                                               "waiting": waiting, "page": PAGE})
+
+
+# One run -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpenApproval:
+    run_id: str
+    approval: Approval
+    tool: str
+    args: Any
+
+
+def open_approvals(state: RunState) -> list[OpenApproval]:
+    out = []
+    for appr in state.approvals.values():
+        if appr.decision is not None:
+            continue
+        act = state.actions.get(appr.step)
+        out.append(OpenApproval(state.run_id, appr, act.tool if act else "?",
+                                masked(act.args) if act else None))
+    return out
+
+
+def run_reads(c: Client, run_id: str) -> dict[str, Any]:
+    try:
+        projection = c.projection(run_id)
+        entries = c.events(run_id)
+    except RunNotFound:
+        raise HTTPException(404, f"run {run_id} not found") from None
+    state = c.status(run_id)
+    return {"run_id": run_id, "projection": projection, "state": state,
+            "summary": summary(state), "lease": c.lease(run_id),
+            "tl": timeline(entries, c.ledger(run_id)),
+            "approvals": open_approvals(state), "now": now_ms()}
+
+
+async def run_page(request: Request) -> Response:
+    current(request)
+    data = await run_in_threadpool(run_reads, client(request), request.path_params["run_id"])
+    return render(request, "run.html", data)
+
+
+async def run_panel(request: Request) -> Response:
+    """The run's status, steps and timeline alone (the live refresh of the run page)."""
+    current(request)
+    data = await run_in_threadpool(run_reads, client(request), request.path_params["run_id"])
+    return render(request, "run_panel.html", data)
+
+
+async def state_at(request: Request) -> Response:
+    """The folded state at one entry (the slider), as ``durable replay --to``."""
+    current(request)
+    run_id = request.path_params["run_id"]
+    at = request.query_params.get("at", "+")
+    try:
+        state, ckpt = await run_in_threadpool(client(request).state_at, run_id, at)
+    except RunNotFound:
+        raise HTTPException(404, f"run {run_id} not found") from None
+    except UsageError as exc:
+        raise HTTPException(400, str(exc)) from None
+    shown = msgspec.json.format(msgspec.json.encode(masked(msgspec.to_builtins(state))),
+                                indent=2).decode()
+    return render(request, "state.html", {"at": at, "ckpt": ckpt, "summary": summary(state),
+                                          "state_json": shown})
+
+
+# Approvals and workers -----------------------------------------------------------------
+
+def _approvals(c: Client) -> list[OpenApproval]:
+    out = []
+    for run in c.runs("waiting_approval", 200):
+        try:
+            out += open_approvals(c.status(run.run_id))
+        except (RunNotFound, DecodeError):
+            continue
+    return out
+
+
+async def approvals_page(request: Request) -> Response:
+    current(request)
+    found = await run_in_threadpool(_approvals, client(request))
+    return render(request, "approvals.html", {"approvals": found, "now": now_ms()})
+
+
+def workers_reads(c: Client) -> dict[str, Any]:
+    return {"workers": c.workers(), "depth": c.queue_depth(), "sweeps": c.sweeps(),
+            "counts": c.counts(), "now": now_ms()}
+
+
+async def workers_page(request: Request) -> Response:
+    current(request)
+    data = await run_in_threadpool(workers_reads, client(request))
+    return render(request, "workers.html", data)
+
+
+async def home(request: Request) -> Response:
+    return RedirectResponse("/runs", 303)
+
+
+# Login ----------------------------------------------------------------------------------
+
+async def login_page(request: Request) -> Response:
+    if request.app.state.access.user(request) is not None:
+        return RedirectResponse("/runs", 303)
+    return render(request, "login.html", {"next": _next(request.query_params.get("next"))})
+
+
+async def login(request: Request) -> Response:
+    form = await check_csrf(request)
+    name, password = str(form.get("username", "")), str(form.get("password", ""))
+    users = request.app.state.access.users
+    user = await run_in_threadpool(users.check, name, password) if users else None
+    if user is None:
+        return render(request, "login.html", {"error": "wrong name or password",
+                                              "next": _next(form.get("next"))}, 401)
+    request.session.clear()  # a new session (and CSRF token) on every login
+    request.session["user"] = user.name
+    return RedirectResponse(_next(form.get("next")), 303)
+
+
+async def logout(request: Request) -> Response:
+    await check_csrf(request)
+    request.session.clear()
+    return RedirectResponse("/login", 303)
+
+
+def _next(value: object) -> str:
+    """Where to go after logging in: a path of this site only."""
+    text = value if isinstance(value, str) else ""
+    return text if text.startswith("/") and not text.startswith("//") else "/runs"
