@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import tenacity
 
-from durable.errors import UnsafeRedis
+from durable.errors import UnsafeRedis, UsageError
 from durable.settings import Settings
 
 
@@ -27,7 +27,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     # (redis-py's default pool refuses past 100, which a busy worker took for an outage).
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=2 * settings.concurrency + 32, timeout=settings.connect_timeout_s,
-        health_check_interval=30)
+        health_check_interval=30, **connection_options(settings, url))
     client = redis.Redis(connection_pool=pool)
     if settings.redis_url:
         _wait_until_up(client, settings.connect_timeout_s, url)
@@ -37,11 +37,40 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     return client
 
 
+def connection_options(settings: Settings, url: str) -> dict[str, Any]:
+    """redis-py connection arguments from the settings: the ACL user and its password, and
+    for a ``rediss://`` URL the CA, client certificate and key. TLS files with a plain
+    ``redis://`` URL are a ``UsageError``: the connection would not be encrypted."""
+    options: dict[str, Any] = {}
+    if settings.redis_username:
+        options["username"] = settings.redis_username
+    if settings.redis_password is not None:
+        options["password"] = settings.redis_password.get_secret_value()
+    files = {"ssl_ca_certs": settings.redis_tls_ca, "ssl_certfile": settings.redis_tls_cert,
+             "ssl_keyfile": settings.redis_tls_key}
+    given = {name: path for name, path in files.items() if path is not None}
+    if not given:
+        return options
+    if urlsplit(url).scheme != "rediss":
+        raise UsageError(f"DURABLE_REDIS_TLS_* is set but {safe_url(url)} is not a rediss:// "
+                         "URL: the connection would not be encrypted")
+    for name, path in given.items():
+        if not path.is_file():
+            setting = {"ssl_ca_certs": "CA", "ssl_certfile": "CERT", "ssl_keyfile": "KEY"}[name]
+            raise UsageError(f"DURABLE_REDIS_TLS_{setting}: no such file: {path}")
+        options[name] = str(path)
+    if settings.redis_tls_cert is not None and settings.redis_tls_key is None:
+        raise UsageError("DURABLE_REDIS_TLS_CERT is set without DURABLE_REDIS_TLS_KEY")
+    return options
+
+
 def client_url(client: redis.Redis) -> str:
     """The URL a client talks to (with its password: pass it through ``safe_url``)."""
     kw = client.connection_pool.connection_kwargs
-    auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
-    return f"redis://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    user = kw.get("username") or ""
+    auth = f"{user}:{kw['password']}@" if kw.get("password") else (f"{user}@" if user else "")
+    scheme = "rediss" if "SSL" in client.connection_pool.connection_class.__name__ else "redis"
+    return f"{scheme}://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 
 def safe_url(url: str) -> str:

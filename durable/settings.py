@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,6 +24,24 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(
         default=None, description="Use this server instead of the embedded one."
+    )
+    redis_username: str | None = Field(
+        default=None,
+        description="ACL user to authenticate as (overrides a user in DURABLE_REDIS_URL): "
+        "each process runs as its role's user of deploy/users.acl.",
+    )
+    redis_password: SecretStr | None = Field(
+        default=None, description="Password of DURABLE_REDIS_USERNAME (never printed)."
+    )
+    redis_tls_ca: Path | None = Field(
+        default=None, description="CA certificate (PEM) that signed the server's: a "
+        "rediss:// URL is verified against it (else against the system's CAs)."
+    )
+    redis_tls_cert: Path | None = Field(
+        default=None, description="Client certificate (PEM) for servers that require one."
+    )
+    redis_tls_key: Path | None = Field(
+        default=None, description="Private key (PEM) of DURABLE_REDIS_TLS_CERT."
     )
     data_dir: Path = Field(
         default_factory=lambda: default_data_dir(),
