@@ -97,9 +97,8 @@ def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None
                   "DURABLE_CONNECT_TIMEOUT_S)", file=sys.stderr, flush=True)
 
     for attempt in tenacity.Retrying(
-        # Not up yet is worth waiting for; refused credentials are not.
-        retry=tenacity.retry_if_exception(lambda e: isinstance(e, redis.ConnectionError)
-                                          and not isinstance(e, redis.AuthenticationError)),
+        # Not up yet is worth waiting for; refused credentials or certificates are not.
+        retry=tenacity.retry_if_exception(_worth_waiting),
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
         before_sleep=say,
@@ -107,6 +106,14 @@ def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None
     ):
         with attempt:
             client.ping()
+
+
+def _worth_waiting(exc: BaseException) -> bool:
+    """A server that is not up yet may come up; refused credentials or a certificate that
+    does not verify will not change by waiting."""
+    if not isinstance(exc, redis.ConnectionError) or isinstance(exc, redis.AuthenticationError):
+        return False
+    return "CERTIFICATE_VERIFY_FAILED" not in str(exc)
 
 
 def safety_problems(client: redis.Redis) -> list[str]:
