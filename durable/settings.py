@@ -100,6 +100,19 @@ class Settings(BaseSettings):
         description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
     )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys that seal sensitive fields, as id:base64key,... (32-byte keys; the "
+        "first seals, all open): rotate by putting a new key first.",
+    )
+    retention: str | None = Field(
+        default=None,
+        description="How long a terminal run's keys live (e.g. 30d, 12h); unset = forever.",
+    )
+    max_pending_runs: int | None = Field(
+        default=None, ge=1,
+        description="Refuse new runs while this many runs are pending (unset = no limit).",
+    )
 
 
 def load_settings() -> Settings:

@@ -103,6 +103,11 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
             assert shown.returncode == 0, (args, shown.stderr)
         swept = durable_as("reconciler", "reconciler", "--once")
         assert swept.returncode == 0, swept.stderr
+        archived = durable_as("operator", "archive", "--older-than", "1ms", "--to",
+                              str(tmp_path / "archive"), "--json")
+        assert archived.returncode == 0, archived.stderr
+        assert sorted(json.loads(archived.stdout)["archived"]) == ["c1", "p1", "q1"]
+        assert not admin.exists("dx:{c1}:log")
     finally:
         worker.stop()
     log = (tmp_path / "worker.log").read_text()
@@ -166,6 +171,7 @@ def test_default_user_is_off(acl: AclServer, admin: redis.Redis) -> None:
 @pytest.mark.parametrize("role,args,said", [
     ("producer", ("repair-index",), "denied a command to producer"),
     ("approver", ("repair-index",), "denied a command to approver"),
+    ("producer", ("archive", "--older-than", "1ms"), "denied a command to producer"),
 ])
 def test_refusal_is_one_line(durable_as: Cli, admin: redis.Redis, role: str,
                              args: tuple[str, ...], said: str) -> None:

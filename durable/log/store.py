@@ -13,8 +13,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import redis
 
+from durable.durations import parse_duration_ms
 from durable.errors import (
     CancelPending,
     Claimed,
@@ -22,13 +24,16 @@ from durable.errors import (
     DecodeError,
     LeaseLost,
     RunNotFound,
+    SealError,
     Terminal,
+    UsageError,
 )
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import apply, from_checkpoint
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
+from durable.sealing import Keyring, contains_envelope, open_all, seal_payloads
 
 
 def now_ms() -> int:
@@ -47,6 +52,11 @@ class Entry:
     event: ev.Event | None
     error: str | None = None
 
+
+#: Events whose payload may hold sensitive fields (``durable.sealing.PAYLOAD_FIELDS``).
+_SEALABLE: frozenset[type[ev.Event]] = frozenset({
+    ev.RunStarted, ev.StepDecided, ev.ActionSucceeded, ev.ActionReconciled, ev.WaitEntered,
+    ev.WaitResolved, ev.Completed, ev.Checkpoint})
 
 #: Events that settle a key, and the status the ledger records for it.
 _LEDGER_OUTCOME: dict[type[ev.Event], str] = {
@@ -93,18 +103,43 @@ class EventLog:
         window: int = 32,
         checkpoint_every: int = 200,
         lease_ttl_ms: int = 5000,
+        keyring: Keyring | None = None,
+        open_sealed: bool = False,
+        sealed_names: Iterable[str] = (),
+        retention_ms: int = 0,
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
         self.window = window
         self.checkpoint_every = checkpoint_every
         self.lease_ttl_ms = lease_ttl_ms
+        #: Keys for sensitive fields (``durable.sealing``); empty = none configured.
+        self.keyring = keyring or Keyring({}, None)
+        #: Open sealed fields when reading (the worker and the reconciler, which run agent
+        #: and tool code); other readers keep them sealed in what they fold.
+        self.open_sealed = open_sealed
+        #: Field names sealed in every event written (the registry's sensitive names, and
+        #: those found sealed in the logs read), so a checkpoint seals them again.
+        self.sealed_names: set[str] = set(sealed_names)
+        #: Terminal runs' keys expire after this many ms (``DURABLE_RETENTION``); 0 = never.
+        self.retention_ms = retention_ms
 
     @classmethod
-    def from_settings(cls, client: redis.Redis, settings: Any) -> EventLog:
+    def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
+                      sealed_names: Iterable[str] = ()) -> EventLog:
+        keys_text = settings.encryption_keys.get_secret_value() \
+            if settings.encryption_keys is not None else None
+        keyring = Keyring.parse(keys_text)
+        names = sorted(set(sealed_names))
+        if names and not keyring:
+            raise UsageError(f"fields marked sensitive ({', '.join(names[:5])}) cannot be "
+                             "sealed: set DURABLE_ENCRYPTION_KEYS")
         return cls(client, window=settings.action_window,
                    checkpoint_every=settings.checkpoint_every,
-                   lease_ttl_ms=settings.lease_ttl_ms)
+                   lease_ttl_ms=settings.lease_ttl_ms, keyring=keyring,
+                   open_sealed=open_sealed, sealed_names=sealed_names,
+                   retention_ms=parse_duration_ms(settings.retention) if settings.retention
+                   else 0)
 
     # Reading ---------------------------------------------------------------------------
 
@@ -112,7 +147,7 @@ class EventLog:
         self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[Entry]:
         raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
-        return [self._entry(i, f) for i, f in raw]
+        return [self._opened(self._entry(i, f)) for i, f in raw]
 
     @staticmethod
     def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
@@ -124,6 +159,29 @@ class EventLog:
             return Entry(eid, ev.decode(data, eid))
         except DecodeError as exc:
             return Entry(eid, None, exc.reason)
+
+    def _opened(self, entry: Entry) -> Entry:
+        """The entry with its sealed fields opened, when this log opens them; one that
+        cannot be opened is an undecodable entry (the run is quarantined, never guessed)."""
+        event = entry.event
+        if not self.open_sealed or event is None or type(event) not in _SEALABLE:
+            return entry
+        data = msgspec.to_builtins(event)
+        if not contains_envelope(data):
+            return entry
+        try:
+            opened = open_all(data, self.keyring, self.sealed_names)
+        except SealError as exc:
+            return Entry(entry.id, None, str(exc))
+        return Entry(entry.id, msgspec.convert(opened, type(event)))
+
+    def _encode(self, event: ev.Event) -> bytes:
+        """The event as written: its sensitive fields sealed."""
+        if not self.sealed_names or type(event) not in _SEALABLE:
+            return ev.encode(event)
+        data = msgspec.to_builtins(event)
+        seal_payloads(data, self.sealed_names, self.keyring)
+        return ev.encode(msgspec.convert(data, type(event)))
 
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))
@@ -158,8 +216,9 @@ class EventLog:
         if not version:
             raise RunNotFound(run_id)
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        entries = [self._entry(i, f if isinstance(f, dict) else
-                               dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
+        entries = [self._opened(self._entry(i, f if isinstance(f, dict) else
+                                            dict(zip(f[::2], f[1::2], strict=True))))
+                   for i, f in raw]
         # Only the last intent is re-observed on recovery: keep the state just before it.
         last_intent = max((i for i, e in enumerate(entries)
                            if isinstance(e.event, ev.StepDecided)), default=-1)
@@ -213,7 +272,7 @@ class EventLog:
         for spec in specs:
             event = self.stamp(handle, spec, handle.state.version + 1, ts)
             apply(handle.state, event, self.window)
-            handle.staged.append(ev.encode(event))
+            handle.staged.append(self._encode(event))
             settled = _LEDGER_OUTCOME.get(type(event))
             if settled is not None and not (
                 isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
@@ -283,14 +342,15 @@ class EventLog:
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
-            self.lease_ttl_ms, *blobs, *[x for op in ops for x in op], *extra_pairs,
+            self.lease_ttl_ms, self.retention_ms, *blobs, *[x for op in ops for x in op],
+            *extra_pairs,
         ]
         reply = self.scripts.append(
             keys=[
                 keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
                 keys.ledger(handle.run_id), keys.RUNS_BY_UPDATE, keys.DUE,
                 keys.runs_in_state(old_state), keys.runs_in_state(main_state),
-                keys.runs_in_state(free_state),
+                keys.runs_in_state(free_state), keys.fence(handle.run_id),
             ],
             args=args,
         )
@@ -321,11 +381,10 @@ class EventLog:
             raise Claimed(_s(reply[1]), _s(reply[2]))
         raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
 
-    @staticmethod
-    def _checkpoint(handle: RunHandle, ts: int) -> int:
+    def _checkpoint(self, handle: RunHandle, ts: int) -> int:
         """Stage a snapshot of the state as it is now; returns its position in the batch."""
         state = handle.state
-        handle.staged.append(ev.encode(ev.Checkpoint(
+        handle.staged.append(self._encode(ev.Checkpoint(
             v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
             actor=handle.actor, state=state, state_v=STATE_SCHEMA,
         )))
