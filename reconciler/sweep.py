@@ -87,7 +87,8 @@ class Reconciler:
 
     def prune_expired(self, now: int, limit: int = 100) -> int:
         """Drop from the global indexes the terminal runs whose keys expired
-        (``DURABLE_RETENTION``): their projection is gone. Returns how many were dropped."""
+        (``DURABLE_RETENTION``: their projection is gone), and their fence counter.
+        Returns how many were dropped."""
         cutoff = now - self.log.retention_ms
         dropped = 0
         for state in sorted(TERMINAL):
@@ -105,6 +106,7 @@ class Reconciler:
                 pipe.zrem(keys.DUE, *gone)
                 pipe.hdel(keys.QUARANTINE, *gone)
                 pipe.hdel(keys.CANCEL_LATENCY, *gone)
+                pipe.delete(*[keys.fence(rid) for rid in gone])  # outlives the run's keys
                 pipe.execute()
                 dropped += len(gone)
         if dropped:

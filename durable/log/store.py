@@ -350,7 +350,7 @@ class EventLog:
                 keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
                 keys.ledger(handle.run_id), keys.RUNS_BY_UPDATE, keys.DUE,
                 keys.runs_in_state(old_state), keys.runs_in_state(main_state),
-                keys.runs_in_state(free_state), keys.fence(handle.run_id),
+                keys.runs_in_state(free_state),
             ],
             args=args,
         )

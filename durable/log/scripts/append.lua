@@ -13,7 +13,6 @@
 -- KEYS[7] old_index_key    dx:runs:<old>    zset of the state the writer folded from
 -- KEYS[8] new_index_key    dx:runs:<new>    zset of new_state
 -- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
--- KEYS[10] fence_key       dx:{R}:fence     counter: the lease's fencing epoch
 --
 -- ARGV[1]  expected_version  the run's version the writer folded
 -- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
@@ -37,9 +36,10 @@
 --                            renews it (a worker that writes is alive, even when its
 --                            heartbeat thread waits for the interpreter)
 -- ARGV[17] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
---                            ledger, fence) expire this many ms after its last write
---                            (DURABLE_RETENTION); the global indexes are pruned by the
---                            reconciler
+--                            ledger) expire this many ms after its last write
+--                            (DURABLE_RETENTION); the reconciler then prunes the global
+--                            indexes and deletes the fence (not a KEY here: a producer's
+--                            ACL user may not name it)
 -- then, in order:
 --   n + m events    one encoded event each
 --   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
@@ -60,7 +60,6 @@ local n, m, free_state = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[17])
-local fence_key = KEYS[10]
 
 -- Where each variable-length group starts (the index just before its first entry).
 local EVENTS_BASE = 17
@@ -168,6 +167,5 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', log_key, retention_ms)
   redis.call('PEXPIRE', run_key, retention_ms)
   redis.call('PEXPIRE', ledger_key, retention_ms)
-  redis.call('PEXPIRE', fence_key, retention_ms)
 end
 return {'ok', new_version, last_id}
