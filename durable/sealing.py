@@ -105,6 +105,21 @@ class Keyring:
                                  "(altered, or another key under the same id)") from None
 
 
+def settings_keyring(settings: Any) -> Keyring:
+    """The keyring of ``DURABLE_ENCRYPTION_KEYS``."""
+    keys = settings.encryption_keys
+    return Keyring.parse(keys.get_secret_value() if keys is not None else None)
+
+
+def require_keys(names: Iterable[str], settings: Any) -> None:
+    """For a process that runs agent and tool code (a worker, the reconciler): refuse to
+    start when what it serves marks fields sensitive and no key can seal them."""
+    wanted = sorted(set(names))
+    if wanted and not settings_keyring(settings):
+        raise UsageError(f"fields marked sensitive ({', '.join(wanted[:5])}) cannot be "
+                         "sealed: set DURABLE_ENCRYPTION_KEYS")
+
+
 def is_envelope(value: Any) -> bool:
     return isinstance(value, dict) and value.get(TAG) == ALGORITHM and "ct" in value
 

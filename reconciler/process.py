@@ -13,6 +13,7 @@ import redis
 
 from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
+from durable.sealing import require_keys
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
 from reconciler.sweep import Reconciler
@@ -23,6 +24,7 @@ log = logging.getLogger("durable.reconciler")
 def build(settings: Settings) -> Reconciler:
     client = connect(settings)
     registry.load(settings.agents)
+    require_keys(registry.sensitive_names(), settings)
     return Reconciler(settings, client, registry)
 
 

@@ -26,14 +26,19 @@ from durable.errors import (
     RunNotFound,
     SealError,
     Terminal,
-    UsageError,
 )
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import apply, from_checkpoint
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
-from durable.sealing import Keyring, contains_envelope, open_all, seal_payloads
+from durable.sealing import (
+    Keyring,
+    contains_envelope,
+    open_all,
+    seal_payloads,
+    settings_keyring,
+)
 
 
 def now_ms() -> int:
@@ -127,16 +132,9 @@ class EventLog:
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
                       sealed_names: Iterable[str] = ()) -> EventLog:
-        keys_text = settings.encryption_keys.get_secret_value() \
-            if settings.encryption_keys is not None else None
-        keyring = Keyring.parse(keys_text)
-        names = sorted(set(sealed_names))
-        if names and not keyring:
-            raise UsageError(f"fields marked sensitive ({', '.join(names[:5])}) cannot be "
-                             "sealed: set DURABLE_ENCRYPTION_KEYS")
         return cls(client, window=settings.action_window,
                    checkpoint_every=settings.checkpoint_every,
-                   lease_ttl_ms=settings.lease_ttl_ms, keyring=keyring,
+                   lease_ttl_ms=settings.lease_ttl_ms, keyring=settings_keyring(settings),
                    open_sealed=open_sealed, sealed_names=sealed_names,
                    retention_ms=parse_duration_ms(settings.retention) if settings.retention
                    else 0)
