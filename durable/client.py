@@ -38,7 +38,13 @@ from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
 from durable.queue import enqueue_advance, make_queue
-from durable.sealing import contains_envelope, open_all, seal_fields, secret_fields
+from durable.sealing import (
+    contains_envelope,
+    contains_sensitive,
+    open_all,
+    seal_fields,
+    secret_fields,
+)
 from durable.settings import Settings
 from durable.streaming import Follower, Partial, afollow, async_twin
 
@@ -325,10 +331,27 @@ class Client:
 
     def _resume(self, run_id: str, data: Any, kind: str, request: str | None,
                 by: str) -> RunState:
+        data = self._sealed_answer(run_id, data)
         state, resumed = respond(self.log, run_id, data, kind=kind, request=request, by=by)
         if resumed:
             self.enqueue(run_id)
         return state
+
+    def _sealed_answer(self, run_id: str, data: Any) -> Any:
+        """An answer to a waiting run, with the fields its agent marks sensitive sealed
+        (refused without keys, nothing written)."""
+        agent = self.log.projection(run_id).get("agent", "")
+        try:
+            names = self.registry.agent(agent).sensitive_input()
+        except UnknownAgent:
+            found = catalog.published(self.redis, agent)
+            names = found.sensitive if found is not None else ()
+        if not names or not contains_sensitive(data, names):
+            return data
+        if not self.log.keyring:
+            raise UsageError(f"agent {agent!r} marks {', '.join(names)} sensitive: set "
+                             "DURABLE_ENCRYPTION_KEYS to answer it (nothing was written)")
+        return seal_fields(data, names, self.log.keyring)
 
     def approve(self, run_id: str, request: str, decision: str, approver: str,
                 note: str = "") -> RunState:

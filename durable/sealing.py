@@ -173,6 +173,16 @@ def shown(value: Any, keyring: Keyring | None = None) -> Any:
     return _walk(value, show)
 
 
+def contains_sensitive(value: Any, names: Iterable[str]) -> bool:
+    """Whether ``value`` has a dict key in ``names`` at any depth."""
+    wanted = frozenset(names)
+    if isinstance(value, dict):
+        return any(k in wanted or contains_sensitive(v, wanted) for k, v in value.items())
+    if isinstance(value, list):
+        return any(contains_sensitive(v, wanted) for v in value)
+    return False
+
+
 def seal_fields(value: Any, names: Iterable[str], keyring: Keyring) -> Any:
     """``value`` with the value of every dict key in ``names`` (at any depth) sealed;
     envelopes already there are left as they are."""

@@ -57,3 +57,25 @@ class Checkout(Agent):
         last = state.last
         assert last is not None and last.status == "succeeded", last
         return Finish({"receipt": last.result["auth_code"], "holder": state.input["holder"]})
+
+
+class AskInput(BaseModel):
+    question: str = "code?"
+
+
+@register
+class SecretAsker(Agent):
+    """Waits for an answer holding a one-time code (sensitive), then says whether it got
+    the code in clear."""
+
+    name = "secret_asker"
+    input_model = AskInput
+    sensitive = ("otp",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Wait
+
+        if state.last_wait is None:
+            return Wait("input", reason=state.input["question"])
+        response = state.last_wait.response
+        return Finish({"otp_length": len(response["otp"]), "clear": response["otp"].isdigit()})

@@ -194,3 +194,27 @@ def test_checkpoint_seals_what_the_worker_holds_in_clear(r: redis.Redis) -> None
     loaded = elog.load("ckpt1")
     assert loaded.state.input == {"card_number": CARD}
     assert loaded.state.actions[1].result == {"auth": "A-1"}
+
+
+def test_an_answer_with_a_sensitive_field_is_sealed(keyed: str, r: redis.Redis,
+                                                    worker: WorkerFactory,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``respond`` seals the fields the waiting run's agent marks sensitive; the agent gets
+    them in clear; without keys the answer is refused and nothing is written."""
+    client = Client(Settings(), r)
+    client.start("secret_asker", {}, run_id="otp1")
+    worker()
+    assert client.wait("otp1", 60).state == "waiting_input"
+    monkeypatch.setenv("DURABLE_ENCRYPTION_KEYS", "")
+    before = r.xlen(keys_log("otp1"))
+    with pytest.raises(UsageError, match="DURABLE_ENCRYPTION_KEYS"):
+        Client(Settings(), r).respond("otp1", {"otp": "918273"})
+    assert r.xlen(keys_log("otp1")) == before
+    client.respond("otp1", {"otp": "918273"})
+    state = client.wait("otp1", 60)
+    assert state.state == "completed" and state.result == {"otp_length": 6, "clear": True}
+    assert b"918273" not in raw_log(r, "otp1")
+
+
+def keys_log(run_id: str) -> str:
+    return f"dx:{{{run_id}}}:log"
