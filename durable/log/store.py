@@ -33,6 +33,7 @@ from durable.log.fold import apply, from_checkpoint
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
 from durable.sealing import (
+    TAG,
     Keyring,
     contains_envelope,
     open_all,
@@ -57,6 +58,9 @@ class Entry:
     event: ev.Event | None
     error: str | None = None
 
+
+#: Every envelope's bytes hold its tag (msgpack keeps map keys as they are).
+TAG_BYTES = TAG.encode()
 
 #: Events whose payload may hold sensitive fields (``durable.sealing.PAYLOAD_FIELDS``).
 _SEALABLE: frozenset[type[ev.Event]] = frozenset({
@@ -145,7 +149,7 @@ class EventLog:
         self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[Entry]:
         raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
-        return [self._opened(self._entry(i, f)) for i, f in raw]
+        return [self._opened(self._entry(i, f), f.get(b"e")) for i, f in raw]
 
     @staticmethod
     def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
@@ -158,11 +162,14 @@ class EventLog:
         except DecodeError as exc:
             return Entry(eid, None, exc.reason)
 
-    def _opened(self, entry: Entry) -> Entry:
+    def _opened(self, entry: Entry, blob: Any = None) -> Entry:
         """The entry with its sealed fields opened, when this log opens them; one that
-        cannot be opened is an undecodable entry (the run is quarantined, never guessed)."""
+        cannot be opened is an undecodable entry (the run is quarantined, never guessed).
+        ``blob``: the entry's bytes, to skip at once the entries without an envelope."""
         event = entry.event
         if not self.open_sealed or event is None or type(event) not in _SEALABLE:
+            return entry
+        if isinstance(blob, bytes) and TAG_BYTES not in blob:
             return entry
         data = msgspec.to_builtins(event)
         if not contains_envelope(data):
@@ -214,9 +221,9 @@ class EventLog:
         if not version:
             raise RunNotFound(run_id)
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        entries = [self._opened(self._entry(i, f if isinstance(f, dict) else
-                                            dict(zip(f[::2], f[1::2], strict=True))))
-                   for i, f in raw]
+        fields = [(i, f if isinstance(f, dict) else dict(zip(f[::2], f[1::2], strict=True)))
+                  for i, f in raw]
+        entries = [self._opened(self._entry(i, f), f.get(b"e")) for i, f in fields]
         # Only the last intent is re-observed on recovery: keep the state just before it.
         last_intent = max((i for i, e in enumerate(entries)
                            if isinstance(e.event, ev.StepDecided)), default=-1)
