@@ -79,3 +79,29 @@ class SecretAsker(Agent):
             return Wait("input", reason=state.input["question"])
         response = state.last_wait.response
         return Finish({"otp_length": len(response["otp"]), "clear": response["otp"].isdigit()})
+
+
+@register
+class ApprovedCharge(ChargeCard):
+    """A card charge an approver with the role ``finance`` must approve: the approval's
+    digest covers the card number in clear."""
+
+    name = "approved_charge"
+    requires_approval = True
+    approver_role = "finance"
+    approval_ttl_s = 120.0
+
+
+@register
+class SecretPayer(Agent):
+    name = "secret_payer"
+    input_model = CardInput
+    tools = ("approved_charge",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step == 0:
+            return Call("approved_charge", {"card_number": state.input["card_number"],
+                                            "amount": state.input["amount"]})
+        last = state.last
+        assert last is not None
+        return Finish({"status": last.status})

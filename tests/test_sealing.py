@@ -218,3 +218,30 @@ def test_an_answer_with_a_sensitive_field_is_sealed(keyed: str, r: redis.Redis,
 
 def keys_log(run_id: str) -> str:
     return f"dx:{{{run_id}}}:log"
+
+
+def test_approval_digest_is_over_the_values_in_clear(keyed: str, r: redis.Redis,
+                                                     worker: WorkerFactory,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The approval is bound to the digest of the arguments in clear: after the wait, the
+    worker that takes the run again opens the sealed arguments and recomputes the same
+    digest (over envelopes, with their random nonces, it never would), so the approved call
+    runs."""
+    from durable.digests import digest
+
+    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"]}')
+    client = Client(Settings(), r)
+    client.start("secret_payer", {"holder": "Fay", "card_number": CARD, "amount": 9},
+                 run_id="appr1")
+    first = worker()
+    state = client.wait("appr1", 60)
+    assert state.state == "waiting_approval", (state.reason, state.error)
+    first.stop()  # the approved call is run by another worker, from the log
+    request = next(iter(state.approvals.values()))
+    assert request.digest == digest("approved_charge", {"card_number": CARD, "amount": 9}, {})
+    client.approve("appr1", request.request, "approve", "alice")
+    worker()
+    state = client.wait("appr1", 60)
+    assert state.state == "completed" and state.result == {"status": "succeeded"}, \
+        (state.reason, state.error, state.result)
+    assert CARD.encode() not in raw_log(r, "appr1")
