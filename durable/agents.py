@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from durable.cancellation import Cancelled, CancelToken
 from durable.errors import UnknownAgent, UnknownTool
 from durable.log.state import RunState
+from durable.sealing import secret_fields
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,10 @@ class Tool:
     #: model request carries the whole conversation). Only for agents that can give the
     #: arguments again on recovery: code agents, which are re-executed.
     log_args: ClassVar[Literal["full", "digest"]] = "full"
+    #: Names of argument and result fields (at any depth) that are sealed at rest with
+    #: AES-GCM (``durable.sealing``): the tool gets them in clear, the log, the AOF and
+    #: ``durable log``/``export`` do not.
+    sensitive: ClassVar[tuple[str, ...]] = ()
 
     def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
         """Facts, read now, that the approver's decision depends on (digested with the
@@ -249,6 +254,15 @@ class Agent:
     #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
     #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
     budgets: ClassVar[dict[str, int]] = {}
+    #: Names of input and result fields sealed at rest (``durable.sealing``); the
+    #: ``SecretStr`` fields of ``input_model`` are sealed too.
+    sensitive: ClassVar[tuple[str, ...]] = ()
+
+    def sensitive_input(self) -> tuple[str, ...]:
+        """The input fields sealed when a run starts: ``sensitive`` and the model's
+        ``SecretStr`` fields."""
+        model = getattr(self, "input_model", None)
+        return tuple(dict.fromkeys((*self.sensitive, *secret_fields(model))))
 
     def decide(self, state: RunState) -> Decision:
         raise NotImplementedError
@@ -284,6 +298,15 @@ class Registry:
             return self.tools[name]
         except KeyError:
             raise UnknownTool(name) from None
+
+    def sensitive_names(self) -> frozenset[str]:
+        """Every field name a registered agent or tool marks sensitive."""
+        names: set[str] = set()
+        for tool in self.tools.values():
+            names.update(tool.sensitive)
+        for agent in self.agents.values():
+            names.update(agent.sensitive_input())
+        return frozenset(names)
 
     def load(self, modules: str) -> None:
         """Import each module named in a comma-separated list, then the entry points."""

@@ -53,6 +53,8 @@ class Published:
     by: str
     #: The agent's default budgets ("steps", "model_calls", "tokens"), recorded by a run.
     budgets: dict[str, int] = field(default_factory=dict)
+    #: Input fields a producer must seal (``Agent.sensitive_input``).
+    sensitive: tuple[str, ...] = ()
 
 
 def entry(agent: Agent, by: str) -> Published:
@@ -63,13 +65,14 @@ def entry(agent: Agent, by: str) -> Published:
         schema = None
     return Published(name=agent.name, version=str(agent.version), schema=schema,
                      tools=tuple(agent.tools), published_at=now_ms(), by=by,
-                     budgets=dict(agent.budgets))
+                     budgets=dict(agent.budgets), sensitive=agent.sensitive_input())
 
 
 def _encode(item: Published) -> str:
     return json.dumps({"name": item.name, "version": item.version, "schema": item.schema,
                        "tools": list(item.tools), "published_at": item.published_at,
-                       "by": item.by, "budgets": item.budgets}, sort_keys=True)
+                       "by": item.by, "budgets": item.budgets,
+                       "sensitive": list(item.sensitive)}, sort_keys=True)
 
 
 def publish(client: redis.Redis, agents: Iterable[Agent], by: str, *,
@@ -102,7 +105,8 @@ def published(client: redis.Redis, name: str) -> Published | None:
                          published_at=int(data.get("published_at") or 0),
                          by=str(data.get("by", "")),
                          budgets={str(k): int(v) for k, v in
-                                  (data.get("budgets") or {}).items()})
+                                  (data.get("budgets") or {}).items()},
+                         sensitive=tuple(str(n) for n in data.get("sensitive") or ()))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 

@@ -28,7 +28,9 @@ from durable.errors import (
     PayloadTooLarge,
     RunIdConflict,
     RunNotFound,
+    SealError,
     Terminal,
+    TooManyPendingRuns,
     UnknownAgent,
     UsageError,
 )
@@ -40,6 +42,13 @@ from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
 from durable.queue import enqueue_advance, make_queue
+from durable.sealing import (
+    contains_envelope,
+    contains_sensitive,
+    open_all,
+    seal_fields,
+    secret_fields,
+)
 from durable.settings import Settings
 from durable.streaming import Follower, Partial, afollow, async_twin
 
@@ -105,13 +114,21 @@ class Client:
             run_id = uuid.uuid4().hex[:16]
         if not keys.RUN_ID_RE.match(run_id):
             raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        name, version, tools, defaults, data = self._checked_input(agent, input)
+        name, version, tools, defaults, data, sensitive = self._checked_input(agent, input)
         limits = checked_budgets({**defaults, **(budgets or {})})
         size = len(msgspec.msgpack.encode(data))
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
         if self.log.projection(run_id):
             return self._existing(run_id, name, data)
+        if sensitive and not self.log.keyring:
+            raise UsageError(f"agent {name!r} has sensitive input fields "
+                             f"({', '.join(sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
+                             "start it (nothing was written)")
+        self._admit()
+        plain = data
+        if sensitive:
+            data = seal_fields(data, sensitive, self.log.keyring)
         handle = RunHandle(run_id, RunState(), actor="client")
         with tracing.start_span(run_id, name):
             try:
@@ -120,15 +137,25 @@ class Client:
                     "tools": tools, "budgets": limits, "trace": tracing.traceparent()})],
                     extra={"agent": name, "created": str(now_ms())})
             except ConflictError:
-                return self._existing(run_id, name, data)
+                return self._existing(run_id, name, plain)
             if enqueue:
                 enqueue_advance(self.redis, self.queue, run_id)
         return Started(run_id, True, handle.state.state)
 
-    def _checked_input(self, agent: str,
-                       input: Any) -> tuple[str, str, list[str], dict[str, int], Any]:
-        """(name, version, tools, budgets, input as the run records it), or a
-        ``UsageError``."""
+    def _admit(self) -> None:
+        """Refuse a new run while ``DURABLE_MAX_PENDING_RUNS`` runs are pending."""
+        limit = self.settings.max_pending_runs
+        if limit is None:
+            return
+        pending = sum(int(self.redis.zcard(keys.runs_in_state("pending", shard)))
+                      for shard in keys.shard_ids())
+        if pending >= limit:
+            raise TooManyPendingRuns(pending, limit)
+
+    def _checked_input(self, agent: str, input: Any
+                       ) -> tuple[str, str, list[str], dict[str, int], Any, tuple[str, ...]]:
+        """(name, version, tools, budgets, input in clear as the run records it, its
+        sensitive fields), or a ``UsageError``."""
         data = input if input is not None else {}
         try:
             spec = self.registry.agent(agent)
@@ -138,7 +165,7 @@ class Client:
                 known = sorted(set(self.registry.agents) | set(catalog.names(self.redis)))
                 raise UnknownAgent(agent, known, "no worker has registered it") from None
             return (found.name, found.version, list(found.tools), dict(found.budgets),
-                    catalog.validate(found, data))
+                    catalog.validate(found, data), found.sensitive)
         try:
             model = spec.input_model.model_validate(data)
         except ValidationError as exc:
@@ -149,8 +176,14 @@ class Client:
         if spec.name not in self._published:
             catalog.publish(self.redis, [spec], catalog.producer_id(), replace=False)
             self._published.add(spec.name)
-        return (spec.name, spec.version, list(spec.tools), dict(spec.budgets),
-                model.model_dump(mode="json"))
+        dumped = model.model_dump(mode="json")
+        for secret in secret_fields(type(model)):  # dumped as "**********": keep the value
+            value = getattr(model, secret)
+            if value is not None:
+                plain = value.get_secret_value()
+                dumped[secret] = plain.decode() if isinstance(plain, bytes) else plain
+        return (spec.name, spec.version, list(spec.tools), dict(spec.budgets), dumped,
+                spec.sensitive_input())
 
     def _existing(self, run_id: str, agent: str, data: Any) -> Started:
         """The run already started under ``run_id``, if it was started with this agent and
@@ -161,7 +194,13 @@ class Client:
             raise RunIdConflict(run_id, "a log that does not begin with run_started")
         if started.agent != agent:
             raise RunIdConflict(run_id, f"agent {started.agent!r}, not {agent!r}")
-        if _canonical(started.input) != _canonical(data):
+        recorded = started.input
+        if self.log.keyring and contains_envelope(recorded):
+            try:
+                recorded = open_all(recorded, self.log.keyring)
+            except SealError:
+                raise RunIdConflict(run_id, "an input sealed with a key not held here") from None
+        if _canonical(recorded) != _canonical(data):
             raise RunIdConflict(run_id, "a different input")
         return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
 
@@ -362,10 +401,27 @@ class Client:
 
     def _resume(self, run_id: str, data: Any, kind: str, request: str | None,
                 by: str) -> RunState:
+        data = self._sealed_answer(run_id, data)
         state, resumed = respond(self.log, run_id, data, kind=kind, request=request, by=by)
         if resumed:
             self.enqueue(run_id)
         return state
+
+    def _sealed_answer(self, run_id: str, data: Any) -> Any:
+        """An answer to a waiting run, with the fields its agent marks sensitive sealed
+        (refused without keys, nothing written)."""
+        agent = self.log.projection(run_id).get("agent", "")
+        try:
+            names = self.registry.agent(agent).sensitive_input()
+        except UnknownAgent:
+            found = catalog.published(self.redis, agent)
+            names = found.sensitive if found is not None else ()
+        if not names or not contains_sensitive(data, names):
+            return data
+        if not self.log.keyring:
+            raise UsageError(f"agent {agent!r} marks {', '.join(names)} sensitive: set "
+                             "DURABLE_ENCRYPTION_KEYS to answer it (nothing was written)")
+        return seal_fields(data, names, self.log.keyring)
 
     def approve(self, run_id: str, request: str, decision: str, approver: str,
                 note: str = "") -> RunState:

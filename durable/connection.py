@@ -46,7 +46,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     # (redis-py's default pool refuses past 100, which a busy worker took for an outage).
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=2 * settings.concurrency + 32, timeout=settings.connect_timeout_s,
-        health_check_interval=30)
+        health_check_interval=30, **connection_options(settings, url))
     client = redis.Redis(connection_pool=pool)
     if settings.redis_url:
         _wait_until_up(client, settings.connect_timeout_s, url)
@@ -72,7 +72,8 @@ def _connect_cluster(settings: Settings, url: str) -> redis.Redis:
     def make() -> Any:
         return redis.RedisCluster.from_url(
             url, max_connections=2 * settings.concurrency + 32,
-            socket_connect_timeout=settings.connect_timeout_s or None)
+            socket_connect_timeout=settings.connect_timeout_s or None,
+            **connection_options(settings, url))
 
     for attempt in tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(redis.RedisClusterException | redis.ConnectionError),
@@ -90,7 +91,8 @@ def connect_queue(settings: Settings, log_client: redis.Redis) -> redis.Redis:
     if settings.queue_url:
         pool = redis.BlockingConnectionPool.from_url(
             settings.queue_url, max_connections=2 * settings.concurrency + 32,
-            timeout=settings.connect_timeout_s, health_check_interval=30)
+            timeout=settings.connect_timeout_s, health_check_interval=30,
+            **connection_options(settings, settings.queue_url))
         client = redis.Redis(connection_pool=pool)
         _wait_until_up(client, settings.connect_timeout_s, settings.queue_url)
         return client
@@ -118,14 +120,43 @@ def check_layout(client: redis.Redis, shards: int) -> None:
                          f"DURABLE_SHARDS={int(found)} (see the README, 'Scaling out')")
 
 
+def connection_options(settings: Settings, url: str) -> dict[str, Any]:
+    """redis-py connection arguments from the settings: the ACL user and its password, and
+    for a ``rediss://`` URL the CA, client certificate and key. TLS files with a plain
+    ``redis://`` URL are a ``UsageError``: the connection would not be encrypted."""
+    options: dict[str, Any] = {}
+    if settings.redis_username:
+        options["username"] = settings.redis_username
+    if settings.redis_password is not None:
+        options["password"] = settings.redis_password.get_secret_value()
+    files = {"ssl_ca_certs": settings.redis_tls_ca, "ssl_certfile": settings.redis_tls_cert,
+             "ssl_keyfile": settings.redis_tls_key}
+    given = {name: path for name, path in files.items() if path is not None}
+    if not given:
+        return options
+    if urlsplit(url).scheme != "rediss":
+        raise UsageError(f"DURABLE_REDIS_TLS_* is set but {safe_url(url)} is not a rediss:// "
+                         "URL: the connection would not be encrypted")
+    for name, path in given.items():
+        if not path.is_file():
+            setting = {"ssl_ca_certs": "CA", "ssl_certfile": "CERT", "ssl_keyfile": "KEY"}[name]
+            raise UsageError(f"DURABLE_REDIS_TLS_{setting}: no such file: {path}")
+        options[name] = str(path)
+    if settings.redis_tls_cert is not None and settings.redis_tls_key is None:
+        raise UsageError("DURABLE_REDIS_TLS_CERT is set without DURABLE_REDIS_TLS_KEY")
+    return options
+
+
 def client_url(client: redis.Redis) -> str:
     """The URL a client talks to (with its password: pass it through ``safe_url``)."""
     if is_cluster(client):
         node: Any = cast(Any, client).get_default_node()
         return f"redis://{node.host}:{node.port}/0 (cluster)"
     kw = client.connection_pool.connection_kwargs
-    auth = f"{kw.get('username') or ''}:{kw['password']}@" if kw.get("password") else ""
-    return f"redis://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    user = kw.get("username") or ""
+    auth = f"{user}:{kw['password']}@" if kw.get("password") else (f"{user}@" if user else "")
+    scheme = "rediss" if "SSL" in client.connection_pool.connection_class.__name__ else "redis"
+    return f"{scheme}://{auth}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 
 def safe_url(url: str) -> str:
@@ -152,9 +183,8 @@ def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None
                   "DURABLE_CONNECT_TIMEOUT_S)", file=sys.stderr, flush=True)
 
     for attempt in tenacity.Retrying(
-        # Not up yet is worth waiting for; refused credentials are not.
-        retry=tenacity.retry_if_exception(lambda e: isinstance(e, redis.ConnectionError)
-                                          and not isinstance(e, redis.AuthenticationError)),
+        # Not up yet is worth waiting for; refused credentials or certificates are not.
+        retry=tenacity.retry_if_exception(_worth_waiting),
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
         before_sleep=say,
@@ -162,6 +192,14 @@ def _wait_until_up(client: redis.Redis, timeout_s: float, url: str = "") -> None
     ):
         with attempt:
             client.ping()
+
+
+def _worth_waiting(exc: BaseException) -> bool:
+    """A server that is not up yet may come up; refused credentials or a certificate that
+    does not verify will not change by waiting."""
+    if not isinstance(exc, redis.ConnectionError) or isinstance(exc, redis.AuthenticationError):
+        return False
+    return "CERTIFICATE_VERIFY_FAILED" not in str(exc)
 
 
 def safety_problems(client: redis.Redis) -> list[str]:

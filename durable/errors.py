@@ -18,6 +18,8 @@
      ├── Refused                 an operator action the run's state or policy does not allow
      ├── BadCancelMessage        a published cancel that is malformed or forged (ignored)
      ├── ReplicationTimeout      fewer replicas than DURABLE_MIN_REPLICAS confirmed an append
+     ├── SealError               a sealed (encrypted) field that this process cannot open
+     ├── TooManyPendingRuns      a start refused: DURABLE_MAX_PENDING_RUNS runs are pending
      └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
           ├── Terminal           the run reached a terminal state before this write
           ├── CancelPending      a dispatch refused because a cancel is pending
@@ -173,3 +175,24 @@ class Claimed(WriteRefused):
 
 class UnsafeRedis(UserWarning):
     """Emitted when the server's settings could lose acknowledged events."""
+
+
+class SealError(DurableError):
+    """A sensitive field sealed with key ``kid`` could not be opened here (``durable.sealing``):
+    the key is not held, or the envelope was altered."""
+
+    def __init__(self, kid: str, reason: str) -> None:
+        self.kid = kid
+        self.reason = reason
+        super().__init__(f"sealed field (key {kid!r}): {reason}")
+
+
+class TooManyPendingRuns(DurableError):
+    """``DURABLE_MAX_PENDING_RUNS`` runs are pending already: a new run is refused, nothing
+    is written."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        self.pending = pending
+        self.limit = limit
+        super().__init__(f"{pending} runs are pending, the limit is {limit} "
+                         "(DURABLE_MAX_PENDING_RUNS): start it later or add workers")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -48,6 +48,24 @@ class Settings(BaseSettings):
     replica_timeout_ms: int = Field(
         default=2000, ge=1,
         description="How long an append waits for DURABLE_MIN_REPLICAS before failing.",
+    )
+    redis_username: str | None = Field(
+        default=None,
+        description="ACL user to authenticate as (overrides a user in DURABLE_REDIS_URL): "
+        "each process runs as its role's user of deploy/users.acl.",
+    )
+    redis_password: SecretStr | None = Field(
+        default=None, description="Password of DURABLE_REDIS_USERNAME (never printed)."
+    )
+    redis_tls_ca: Path | None = Field(
+        default=None, description="CA certificate (PEM) that signed the server's: a "
+        "rediss:// URL is verified against it (else against the system's CAs)."
+    )
+    redis_tls_cert: Path | None = Field(
+        default=None, description="Client certificate (PEM) for servers that require one."
+    )
+    redis_tls_key: Path | None = Field(
+        default=None, description="Private key (PEM) of DURABLE_REDIS_TLS_CERT."
     )
     data_dir: Path = Field(
         default_factory=lambda: default_data_dir(),
@@ -115,6 +133,20 @@ class Settings(BaseSettings):
         default=None,
         description="Key that signs the console's session cookies; unset: a random one per "
         "process (everyone logs in again after a restart).",
+    )
+
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description="Keys that seal sensitive fields, as id:base64key,... (32-byte keys; the "
+        "first seals, all open): rotate by putting a new key first.",
+    )
+    retention: str | None = Field(
+        default=None,
+        description="How long a terminal run's keys live (e.g. 30d, 12h); unset = forever.",
+    )
+    max_pending_runs: int | None = Field(
+        default=None, ge=1,
+        description="Refuse new runs while this many runs are pending (unset = no limit).",
     )
 
     @property

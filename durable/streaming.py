@@ -354,13 +354,15 @@ async def _apump_partials(pubsub: Any, out: asyncio.Queue[object]) -> None:
 
 def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client for the server ``client`` talks to (address, database,
-    credentials; TLS and other options are not carried over: pass your own client then)."""
+    credentials, TLS files; other options are not carried over: pass your own client
+    then)."""
     if isinstance(client, redis.RedisCluster):
         raise UsageError("afollow on a Redis Cluster needs its client: pass "
                          "client=redis.asyncio.RedisCluster(...) (not tested here)")
     kw = client.connection_pool.connection_kwargs
     common: dict[str, Any] = {k: kw[k] for k in ("db", "username", "password")
                               if kw.get(k) is not None}
+    common.update({k: v for k, v in kw.items() if k.startswith("ssl_") and v is not None})
     if kw.get("path"):
         return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
     ssl = "SSL" in client.connection_pool.connection_class.__name__

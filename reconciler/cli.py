@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from durable.client import Client
+from durable.sealing import require_keys
 from durable.settings import Settings
 from reconciler.process import run_reconciler
 from reconciler.sweep import Reconciler
@@ -19,6 +20,7 @@ def cmd_reconciler(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.once:
         client = Client(settings)
+        require_keys(client.registry.sensitive_names(), settings)
         report = Reconciler(settings, client.redis, client.registry).tick()
         print(msgspec.json.encode({"examined": report.examined, "actions": report.actions})
               .decode())
@@ -28,6 +30,7 @@ def cmd_reconciler(args: argparse.Namespace) -> int:
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
     client = Client(Settings())
+    require_keys(client.registry.sensitive_names(), client.settings)
     client.projection(args.run)
     done = Reconciler(client.settings, client.redis, client.registry).reconcile(args.run)
     state = client.status(args.run)

@@ -14,6 +14,7 @@ import redis
 from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
 from durable.overview import Sweep, record_sweep
+from durable.sealing import require_keys
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
 from reconciler.sweep import Reconciler
@@ -24,6 +25,7 @@ log = logging.getLogger("durable.reconciler")
 def build(settings: Settings) -> Reconciler:
     client = connect(settings)
     registry.load(settings.agents)
+    require_keys(registry.sensitive_names(), settings)
     return Reconciler(settings, client, registry)
 
 

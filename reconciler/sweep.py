@@ -35,6 +35,7 @@ from durable.errors import (
 from durable.leases import Leases
 from durable.log import counters, keys
 from durable.log import events as ev
+from durable.log.state import TERMINAL
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
@@ -55,7 +56,10 @@ class Reconciler:
         self.settings = settings
         self.redis = client
         self.registry = registry
-        self.log = EventLog.from_settings(client, settings)
+        # Agent and tool code runs here: sealed fields are opened when read, and sealed
+        # again when written (checkpoints too).
+        self.log = EventLog.from_settings(client, settings, open_sealed=True,
+                                          sealed_names=registry.sensitive_names())
         self.leases = Leases(client, settings.lease_ttl_ms)
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), settings.queue)
@@ -71,6 +75,8 @@ class Reconciler:
             ids += self.log.scripts.due_claim(keys=[keys.due(shard)],
                                               args=[now, limit, self.settings.lease_ttl_ms])
         report = Tick()
+        if self.log.retention_ms:
+            report.examined += self.prune_expired(now)
         for raw in ids:
             run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             report.examined += 1
@@ -82,6 +88,37 @@ class Reconciler:
                 log.exception("reconciling %s", run_id)
                 report.actions[run_id] = f"error: {exc!r}"
         return report
+
+    def prune_expired(self, now: int, limit: int = 100) -> int:
+        """Drop from the global indexes the terminal runs whose keys expired
+        (``DURABLE_RETENTION``: their projection is gone), and their fence counter.
+        Returns how many were dropped."""
+        cutoff = now - self.log.retention_ms
+        dropped = 0
+        for state in sorted(TERMINAL):
+            for shard in keys.shard_ids():  # the runs of one shard share its slot
+                index = keys.runs_in_state(state, shard)
+                ids = [i.decode() for i in
+                       self.redis.zrangebyscore(index, "-inf", cutoff, 0, limit)]
+                if not ids:
+                    continue
+                pipe = self.redis.pipeline(transaction=False)
+                for run_id in ids:
+                    pipe.exists(keys.run(run_id))
+                gone = [rid for rid, alive in zip(ids, pipe.execute(), strict=True)
+                        if not alive]
+                if gone:
+                    pipe.zrem(index, *gone)
+                    pipe.zrem(keys.runs_index(shard), *gone)
+                    pipe.zrem(keys.due(shard), *gone)
+                    pipe.hdel(keys.QUARANTINE, *gone)
+                    pipe.hdel(keys.CANCEL_LATENCY, *gone)
+                    pipe.delete(*[keys.fence(rid) for rid in gone])  # outlives the run's keys
+                    pipe.execute()
+                    dropped += len(gone)
+        if dropped:
+            self.redis.hincrby(keys.STATS, "expired_runs_pruned", dropped)
+        return dropped
 
     def _stat(self, name: str) -> None:
         self.redis.hincrby(keys.STATS, name, 1)

@@ -104,7 +104,10 @@ class StepLoop:
         self.redis = client
         self.registry = registry
         self.worker_id = worker_id
-        self.log = EventLog.from_settings(client, settings)
+        # Agent and tool code runs here: sealed fields are opened when read, and sealed
+        # again when written (checkpoints too).
+        self.log = EventLog.from_settings(client, settings, open_sealed=True,
+                                          sealed_names=registry.sensitive_names())
         self.leases = Leases(client, settings.lease_ttl_ms)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).

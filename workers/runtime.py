@@ -37,6 +37,7 @@ from durable.connection import client_url, connect, safe_url
 from durable.errors import ForbiddenJob
 from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS
+from durable.sealing import require_keys
 from durable.settings import Settings
 from durable.streaming import Publisher
 from workers import metrics as worker_metrics
@@ -134,6 +135,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         catalog.publish(client, registry.agents.values(), f"worker:{wid}")
     except redis.RedisError as exc:
         log.warning("could not publish the agents to %s: %r", keys.AGENTS, exc)
+    require_keys(registry.sensitive_names(), settings)
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)

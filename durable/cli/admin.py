@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from durable.cli.output import CHECK_FAILED, OK, Add, client
+from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out
 from durable.cluster import STATE_FILE, LocalCluster
+from durable.durations import parse_duration_ms
 from durable.embedded import run_foreground, stop
 from durable.errors import UsageError
+from durable.log.archive import archive
 from durable.log.index import repair
+from durable.log.store import now_ms
 from durable.metrics import serve
 from durable.settings import Settings
 
@@ -64,6 +67,18 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    cutoff = now_ms() - parse_duration_ms(args.older_than)
+    report = archive(client().log, Path(args.to), cutoff, limit=args.limit)
+    if args.json:
+        json_out({"archived": report.written, "skipped": report.skipped, "to": args.to})
+    else:
+        print(f"archived {len(report.written)} runs to {args.to}")
+        for run_id, why in report.skipped.items():
+            print(f"  kept {run_id}: {why}")
+    return OK
+
+
 def register(add: Add) -> None:
     sp = add("redis", cmd_redis, "run the embedded Redis server in the foreground", js=False)
     sp.add_argument("--port", type=int, default=0)
@@ -86,3 +101,10 @@ def register(add: Add) -> None:
     sp.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (default 127.0.0.1; 0.0.0.0 for every one)")
     sp.add_argument("--port", type=int, default=9464, help="port (default 9464)")
+    sp = add("archive", cmd_archive, "write terminal runs' evidence to DIR/<run>.jsonl.gz, "
+             "then delete their keys")
+    sp.add_argument("--older-than", required=True, metavar="AGE",
+                    help="terminal runs last updated longer ago than AGE (30d, 12h, 90m)")
+    sp.add_argument("--to", default="durable-archive", metavar="DIR",
+                    help="directory of the archive files (default ./durable-archive)")
+    sp.add_argument("--limit", type=int, default=1000, help="at most this many runs")

@@ -13,14 +13,17 @@ from durable.errors import UsageError
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.replay import fork, replay, summary, trajectory
+from durable.log.store import Entry
 from durable.log.verify import verify
+from durable.sealing import Keyring, shown_struct
 from durable.streaming import Partial
 
 
 def cmd_log(args: argparse.Namespace) -> int:
     if args.follow:
         return _follow(args)
-    entries = client().events(args.run, args.start, args.end)
+    c = client()
+    entries = [shown_entry(e, c.log.keyring) for e in c.events(args.run, args.start, args.end)]
     if args.json:
         for e in entries:
             if e.event is None:
@@ -39,8 +42,11 @@ def _follow(args: argparse.Namespace) -> int:
     each, until the run is terminal."""
     if args.end != "+":
         raise UsageError("--to cannot be combined with --follow")
-    with client().follow(args.run, from_id=_before(args.start)) as items:
+    c = client()
+    with c.follow(args.run, from_id=_before(args.start)) as items:
         for item in items:
+            if not isinstance(item, Partial):
+                item = shown_entry(item, c.log.keyring)
             if isinstance(item, Partial):
                 if args.json:
                     json_out({"type": "partial", "run": item.run, "step": item.step,
@@ -57,6 +63,14 @@ def _follow(args: argparse.Namespace) -> int:
                       f"{row.get('actor') or '':<24} {row['what']}")
             sys.stdout.flush()
     return OK
+
+
+def shown_entry(entry: Entry, keyring: Keyring) -> Entry:
+    """The entry for display: sealed fields opened if this caller holds their key, else
+    ``***``."""
+    if entry.event is None:
+        return entry
+    return Entry(entry.id, shown_struct(entry.event, keyring), entry.error)
 
 
 def _before(entry_id: str) -> str:
@@ -77,6 +91,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
     result = replay(c.log, args.run, args.start, args.end)
+    result.state = shown_struct(result.state, c.log.keyring)
+    result.rows = trajectory([shown_entry(e, c.log.keyring) for e in result.entries])
     info = summary(result.state)
     if args.json:
         json_out({"run_id": args.run, "from_checkpoint": result.started_from,

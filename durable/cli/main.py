@@ -107,10 +107,12 @@ def redis_problem(exc: redis.RedisError) -> str:
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in text or \
             "NOAUTH" in text:
         return f"Redis at {server} refused the credentials: {text} (check the user and " \
-               "password in DURABLE_REDIS_URL)"
-    if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text:
-        return f"Redis at {server} denied a command to this user: {text} (grant the ACL " \
-               "permissions the README lists)"
+               "password: DURABLE_REDIS_USERNAME, DURABLE_REDIS_PASSWORD or the URL)"
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text or \
+            "can't run this command" in text:
+        user = os.environ.get("DURABLE_REDIS_USERNAME") or "this user"
+        return f"Redis at {server} denied a command to {user}: {text} (this role may not " \
+               "do that; see deploy/users.acl)"
     if where and where.startswith("rediss://") and \
             isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         return f"cannot reach Redis at {server} over TLS: {text} (does the server speak " \

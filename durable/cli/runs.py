@@ -21,6 +21,7 @@ from durable.cli.output import (
 )
 from durable.errors import UsageError
 from durable.log.replay import summary
+from durable.sealing import shown_struct
 
 
 def _json_arg(text: str, flag: str) -> object:
@@ -45,7 +46,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
-    state = c.status(args.run)
+    state = shown_struct(c.status(args.run), c.log.keyring)
     info = summary(state)
     if args.json:
         json_out({"run_id": args.run, **msgspec.to_builtins(state), **info})

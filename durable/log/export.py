@@ -16,9 +16,12 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import fold
 from durable.log.store import EventLog
+from durable.sealing import shown_struct
 
 
-def export_lines(elog: EventLog, run_id: str) -> Iterator[str]:
+def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False) -> Iterator[str]:
+    """The evidence lines. Sealed fields are shown in clear to a caller holding their key,
+    else as ``***``; ``keep_sealed`` keeps their envelopes as they are (an archive)."""
     enc = msgspec.json.Encoder()
     entries = elog.read(run_id)
     effects: dict[str, dict[str, Any]] = {}
@@ -30,7 +33,10 @@ def export_lines(elog: EventLog, run_id: str) -> Iterator[str]:
             continue
         e = entry.event
         decoded.append(e)
-        yield enc.encode({"kind": "event", "id": entry.id, **ev.to_builtins(e)}).decode()
+        # Sealed fields: in clear for a caller holding their key, else "***".
+        yield enc.encode({"kind": "event", "id": entry.id,
+                          **ev.to_builtins(e if keep_sealed else
+                                           shown_struct(e, elog.keyring))}).decode()
         key = getattr(e, "key", None)
         if key is not None:
             fx = effects.setdefault(key, {"kind": "effect", "run": run_id, "key": key,

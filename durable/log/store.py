@@ -13,8 +13,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import redis
 
+from durable.durations import parse_duration_ms
 from durable.errors import (
     CancelPending,
     Claimed,
@@ -22,6 +24,7 @@ from durable.errors import (
     DecodeError,
     LeaseLost,
     RunNotFound,
+    SealError,
     Terminal,
 )
 from durable.log import counters, keys
@@ -30,6 +33,14 @@ from durable.log.fold import apply, from_checkpoint
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
+from durable.sealing import (
+    TAG,
+    Keyring,
+    contains_envelope,
+    open_all,
+    seal_payloads,
+    settings_keyring,
+)
 
 
 def now_ms() -> int:
@@ -48,6 +59,14 @@ class Entry:
     event: ev.Event | None
     error: str | None = None
 
+
+#: Every envelope's bytes hold its tag (msgpack keeps map keys as they are).
+TAG_BYTES = TAG.encode()
+
+#: Events whose payload may hold sensitive fields (``durable.sealing.PAYLOAD_FIELDS``).
+_SEALABLE: frozenset[type[ev.Event]] = frozenset({
+    ev.RunStarted, ev.StepDecided, ev.ActionSucceeded, ev.ActionReconciled, ev.WaitEntered,
+    ev.WaitResolved, ev.Completed, ev.Checkpoint})
 
 #: Events that settle a key, and the status the ledger records for it.
 _LEDGER_OUTCOME: dict[type[ev.Event], str] = {
@@ -98,6 +117,10 @@ class EventLog:
         lease_ttl_ms: int = 5000,
         min_replicas: int = 0,
         replica_timeout_ms: int = 2000,
+        keyring: Keyring | None = None,
+        open_sealed: bool = False,
+        sealed_names: Iterable[str] = (),
+        retention_ms: int = 0,
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
@@ -105,14 +128,29 @@ class EventLog:
         self.window = window
         self.checkpoint_every = checkpoint_every
         self.lease_ttl_ms = lease_ttl_ms
+        #: Keys for sensitive fields (``durable.sealing``); empty = none configured.
+        self.keyring = keyring or Keyring({}, None)
+        #: Open sealed fields when reading (the worker and the reconciler, which run agent
+        #: and tool code); other readers keep them sealed in what they fold.
+        self.open_sealed = open_sealed
+        #: Field names sealed in every event written (the registry's sensitive names, and
+        #: those found sealed in the logs read), so a checkpoint seals them again.
+        self.sealed_names: set[str] = set(sealed_names)
+        #: Terminal runs' keys expire after this many ms (``DURABLE_RETENTION``); 0 = never.
+        self.retention_ms = retention_ms
 
     @classmethod
-    def from_settings(cls, client: redis.Redis, settings: Any) -> EventLog:
+    def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
+                      sealed_names: Iterable[str] = ()) -> EventLog:
         keys.use_shards(settings.layout_shards)
         return cls(client, window=settings.action_window,
                    checkpoint_every=settings.checkpoint_every,
                    lease_ttl_ms=settings.lease_ttl_ms, min_replicas=settings.min_replicas,
-                   replica_timeout_ms=settings.replica_timeout_ms)
+                   replica_timeout_ms=settings.replica_timeout_ms,
+                   keyring=settings_keyring(settings),
+                   open_sealed=open_sealed, sealed_names=sealed_names,
+                   retention_ms=parse_duration_ms(settings.retention) if settings.retention
+                   else 0)
 
     # Reading ---------------------------------------------------------------------------
 
@@ -120,7 +158,7 @@ class EventLog:
         self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[Entry]:
         raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
-        return [self._entry(i, f) for i, f in raw]
+        return [self._opened(self._entry(i, f), f.get(b"e")) for i, f in raw]
 
     @staticmethod
     def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
@@ -132,6 +170,32 @@ class EventLog:
             return Entry(eid, ev.decode(data, eid))
         except DecodeError as exc:
             return Entry(eid, None, exc.reason)
+
+    def _opened(self, entry: Entry, blob: Any = None) -> Entry:
+        """The entry with its sealed fields opened, when this log opens them; one that
+        cannot be opened is an undecodable entry (the run is quarantined, never guessed).
+        ``blob``: the entry's bytes, to skip at once the entries without an envelope."""
+        event = entry.event
+        if not self.open_sealed or event is None or type(event) not in _SEALABLE:
+            return entry
+        if isinstance(blob, bytes) and TAG_BYTES not in blob:
+            return entry
+        data = msgspec.to_builtins(event)
+        if not contains_envelope(data):
+            return entry
+        try:
+            opened = open_all(data, self.keyring, self.sealed_names)
+        except SealError as exc:
+            return Entry(entry.id, None, str(exc))
+        return Entry(entry.id, msgspec.convert(opened, type(event)))
+
+    def _encode(self, event: ev.Event) -> bytes:
+        """The event as written: its sensitive fields sealed."""
+        if not self.sealed_names or type(event) not in _SEALABLE:
+            return ev.encode(event)
+        data = msgspec.to_builtins(event)
+        seal_payloads(data, self.sealed_names, self.keyring)
+        return ev.encode(msgspec.convert(data, type(event)))
 
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))
@@ -166,8 +230,9 @@ class EventLog:
         if not version:
             raise RunNotFound(run_id)
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        entries = [self._entry(i, f if isinstance(f, dict) else
-                               dict(zip(f[::2], f[1::2], strict=True))) for i, f in raw]
+        fields = [(i, f if isinstance(f, dict) else dict(zip(f[::2], f[1::2], strict=True)))
+                  for i, f in raw]
+        entries = [self._opened(self._entry(i, f), f.get(b"e")) for i, f in fields]
         # Only the last intent is re-observed on recovery: keep the state just before it.
         last_intent = max((i for i, e in enumerate(entries)
                            if isinstance(e.event, ev.StepDecided)), default=-1)
@@ -222,7 +287,7 @@ class EventLog:
             event = self.stamp(handle, spec, handle.state.version + 1, ts)
             handle.staged_counts.extend(counters.for_event(handle.state, event))
             apply(handle.state, event, self.window)
-            handle.staged.append(ev.encode(event))
+            handle.staged.append(self._encode(event))
             settled = _LEDGER_OUTCOME.get(type(event))
             if settled is not None and not (
                 isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
@@ -295,7 +360,7 @@ class EventLog:
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
-            self.lease_ttl_ms, len(counts), len(free_counts), *blobs,
+            self.lease_ttl_ms, len(counts), len(free_counts), self.retention_ms, *blobs,
             *[x for op in ops for x in op], *extra_pairs,
             *[x for c in counts for x in c], *[x for c in free_counts for x in c],
         ]
@@ -334,11 +399,10 @@ class EventLog:
             raise Claimed(_s(reply[1]), _s(reply[2]))
         raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
 
-    @staticmethod
-    def _checkpoint(handle: RunHandle, ts: int) -> int:
+    def _checkpoint(self, handle: RunHandle, ts: int) -> int:
         """Stage a snapshot of the state as it is now; returns its position in the batch."""
         state = handle.state
-        handle.staged.append(ev.encode(ev.Checkpoint(
+        handle.staged.append(self._encode(ev.Checkpoint(
             v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
             actor=handle.actor, state=state, state_v=STATE_SCHEMA,
         )))

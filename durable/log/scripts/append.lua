@@ -38,6 +38,11 @@
 --                            heartbeat thread waits for the interpreter)
 -- ARGV[17] ncounts           number of counter increments for the n events
 -- ARGV[18] nfree_counts      number of counter increments for the m conditional events
+-- ARGV[19] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
+--                            ledger) expire this many ms after its last write
+--                            (DURABLE_RETENTION); the reconciler then prunes the global
+--                            indexes and deletes the fence (not a KEY here: a producer's
+--                            ACL user may not name it)
 -- then, in order:
 --   n + m events    one encoded event each
 --   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
@@ -59,12 +64,12 @@ local checkpoint_pos, flags = tonumber(ARGV[7]), ARGV[8]
 local n, m, free_state = tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11]
 local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
-local lease_ttl_ms = ARGV[16]
+local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
 local metrics_key = KEYS[10]
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 18
+local EVENTS_BASE = 19
 local OPS_BASE = EVENTS_BASE + n + m
 local EXTRAS_BASE = OPS_BASE + 3 * nops
 local COUNTS_BASE = EXTRAS_BASE + 2 * nextra
@@ -178,5 +183,10 @@ if due == '-' then
   redis.call('ZREM', due_key, run_id)
 elseif due ~= '' then
   redis.call('ZADD', due_key, due, run_id)
+end
+if retention_ms > 0 and TERMINAL[new_state] then
+  redis.call('PEXPIRE', log_key, retention_ms)
+  redis.call('PEXPIRE', run_key, retention_ms)
+  redis.call('PEXPIRE', ledger_key, retention_ms)
 end
 return {'ok', new_version, last_id}

