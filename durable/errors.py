@@ -127,7 +127,7 @@ class BadCancelMessage(DurableError):
     """A published cancel hint that cannot be used; it changes nothing and is counted."""
 
     def __init__(self, kind: str, detail: str) -> None:
-        self.kind = kind  # "malformed" or "forged"
+        self.kind = kind  # "malformed", "forged", "stale" (too old) or "replayed"
         self.detail = detail
         super().__init__(f"{kind} cancel message: {detail}")
 

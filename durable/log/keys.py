@@ -97,3 +97,8 @@ SERVER_INFO = f"{PREFIX}:server"
 
 #: Hash of quarantined runs' reasons, run id -> reason (also in each run's log).
 QUARANTINE = f"{PREFIX}:quarantine"
+
+#: Hash approver name -> JSON ``{roles, public_key, fingerprint, added, by, revoked}``: the
+#: registered approver keys (``durable.approvals``). Written by operators only (``durable
+#: approvers``); not derived from the logs. A name is never re-used.
+APPROVERS = f"{PREFIX}:approvers"

@@ -85,6 +85,29 @@ class RunHandle:
     live_args: dict[int, Any] = field(default_factory=dict)
 
 
+def _check_seq(entry_id: str, event: ev.Event, version: int, *, first: bool) -> None:
+    """Every entry the append script writes carries the next sequence number: a gap or a
+    repeat is an entry written some other way (a raw ``XADD``), and the log is not
+    trusted (``DecodeError``: the run is quarantined). The first entry read is the
+    checkpoint a load starts from, or the run's first event."""
+    if first and isinstance(event, ev.Checkpoint):
+        return
+    if event.seq != version + 1:
+        what = "repeats" if event.seq <= version else "skips to"
+        raise DecodeError(entry_id, f"seq {event.seq} {what} after seq {version}: an entry "
+                          "not written by the append script (log not continuous)")
+
+
+def continuity(entries: Sequence[Entry]) -> str | None:
+    """Why a whole log is not one continuous sequence 1, 2, 3... (None when it is). An
+    undecodable entry is taken to hold its place (whether it can be read is another
+    question, which a load answers)."""
+    for expected, entry in enumerate(entries, start=1):
+        if entry.event is not None and entry.event.seq != expected:
+            return f"entry {entry.id} has seq {entry.event.seq} where seq {expected} belongs"
+    return None
+
+
 class EventLog:
     def __init__(
         self,
@@ -167,6 +190,7 @@ class EventLog:
             event = entry.event
             if event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
+            _check_seq(entry.id, event, handle.state.version, first=index == 0)
             if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
                 if event.state_v != STATE_SCHEMA:
                     # A snapshot of another layout: refold from the beginning instead.
@@ -183,14 +207,27 @@ class EventLog:
         if handle.state.version < version or (handle.state.version != version and not at_least):
             raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
                               f"projection says {version}")
+        if handle.state.version > version and self._projected_version(run_id) < \
+                handle.state.version:
+            # A writer may have appended between the two reads, but then the projection
+            # (changed with the log, in one script) has moved too: entries past it were not
+            # written by the append script.
+            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                              f"beyond the projection's {version}: an entry not written "
+                              "by the append script")
         return handle
+
+    def _projected_version(self, run_id: str) -> int:
+        version = self.redis.hget(keys.run(run_id), "version")
+        return int(version) if version is not None else 0
 
     def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
                                  actor: str) -> RunHandle:
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        for entry in self.read(run_id):
+        for index, entry in enumerate(self.read(run_id)):
             if entry.event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
+            _check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
             apply(handle.state, entry.event, self.window)
             handle.last_id = entry.id
         handle.base_version = handle.state.version
