@@ -9,6 +9,7 @@ import time
 
 import msgspec
 
+from durable.approvals import load_private_key
 from durable.cli.approvers import read_key_file
 from durable.cli.output import (
     CHECK_FAILED,
@@ -100,6 +101,8 @@ def cmd_respond(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
+    private_key = read_key_file(args.key)
+    load_private_key(private_key)  # a bad key file is a usage error, before anything else
     c = client()
     c.projection(args.run)
     before = c.status(args.run).approvals.get(args.request)
@@ -112,7 +115,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         print("durable: warning: DURABLE_APPROVERS grants nothing; approvers are registered "
               "keys (durable approvers add)", file=sys.stderr)
     state = c.sign_and_approve(args.run, args.request, args.decision, args.approver,
-                               read_key_file(args.key), args.note)
+                               private_key, args.note)
     json_out({"run_id": args.run, "state": state.state})
     return OK
 

@@ -22,6 +22,7 @@ from durable.errors import (
     DecodeError,
     LeaseLost,
     RunNotFound,
+    Tampered,
     Terminal,
 )
 from durable.log import events as ev
@@ -270,12 +271,16 @@ class EventLog:
         checkpoint: bool = False,
         extra: dict[str, str] | None = None,
         release: bool = False,
+        quarantine: bool = False,
     ) -> str:
         """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
         as one script call.
 
         The handle's state is advanced in place. On any refusal it is stale: the caller
-        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed.
+        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed,
+        and ``Tampered`` (a ``Terminal``) after quarantining a run whose log ends with an
+        entry the script did not write. ``quarantine``: the batch quarantines the run and is
+        written even then.
         """
         state = handle.state
         expected = handle.base_version
@@ -316,7 +321,7 @@ class EventLog:
             fields["reason"] = why[:500]
         extra_pairs = [x for kv in fields.items() for x in kv]
         flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
-            "r" if release else "")
+            "r" if release else "") + ("q" if quarantine else "")
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
@@ -356,6 +361,12 @@ class EventLog:
             raise CancelPending()
         if tag == "claimed":
             raise Claimed(_s(reply[1]), _s(reply[2]))
+        if tag == "foreign":
+            tail = _s(reply[1])
+            self.quarantine(handle.run_id, f"log entry {tail} was not written by the append "
+                            "script (appended around it); nothing is built on it",
+                            handle.actor)
+            raise Tampered(handle.run_id, tail)
         raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
 
     @staticmethod
@@ -397,7 +408,7 @@ class EventLog:
                            base_state=state.state)
         try:
             self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
-                        extra={"reason": reason[:500]})
+                        extra={"reason": reason[:500]}, quarantine=True)
         except (ConflictError, Terminal):
             return False
         self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
