@@ -9,8 +9,8 @@ log holds every cancel request.
 Messages it cannot use (malformed, forged, too old, replayed: ``durable.cancellation``)
 change nothing and cost no Redis write and no log line each: they are counted here, and
 once per ``report_interval_s`` the counts of that interval go to ``dx:stats`` in one round
-trip and to the log in one line ("1200 forged cancel messages in the last 10 s"). A flood
-of forged messages therefore costs each subscriber a JSON parse and an HMAC per message.
+trip and to the log in one line ("1200 forged cancel message(s) refused in the last 10 s").
+A flood of forged messages therefore costs each subscriber a JSON parse and an HMAC each.
 """
 
 from __future__ import annotations
