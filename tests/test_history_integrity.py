@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import redis
 
 from durable.client import Client
+from durable.errors import Tampered, Terminal
 from durable.log import events as ev
 from durable.log import keys
-from durable.log.store import now_ms
+from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
@@ -108,3 +110,19 @@ def test_release_still_works_for_a_continuous_log(client: Client) -> None:
     assert client.log.quarantine(run, "held by an operator", "test")
     assert client.release(run) == "pending"
     assert verify(client.log, run).ok
+
+
+def test_a_write_on_top_of_a_foreign_tail_is_refused_and_quarantines(client: Client,
+                                                                      r: redis.Redis) -> None:
+    """Window: a writer folded the run, then a raw XADD landed (with the projection left as
+    it was); the writer's next batch is refused (``Tampered``, a ``Terminal``) and the run
+    quarantined by that same call, naming the foreign entry."""
+    run = client.start("count", {"steps": 1}, run_id="tail", enqueue=False).run_id
+    handle = client.log.load(run, actor="w")
+    forged = _forge(r, run, _version(r, run) + 1)
+    with pytest.raises(Tampered) as exc:
+        client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1})])
+    assert isinstance(exc.value, Terminal) and exc.value.entry_id == forged
+    assert client.projection(run)["state"] == "quarantined"
+    assert forged in client.projection(run)["reason"]
+
