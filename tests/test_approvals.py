@@ -176,14 +176,14 @@ def test_a_decision_after_the_expiry_is_refused(client: Client, worker: WorkerFa
 
 
 def _forge_decision(client: Client, run: str, request: str, approver: str = "alice",
-                    sig: str = "") -> None:
+                    sig: str = "", decision: str = "approve") -> None:
     """What any client that reaches Redis can do: write a decision through the append
     script without the client's checks."""
     handle = client.log.load(run, actor="mallory")
     client.log.commit(handle, [
-        Spec(ev.ApprovalDecided, {"request": request, "decision": "approve",
+        Spec(ev.ApprovalDecided, {"request": request, "decision": decision,
                                   "approver": approver, "sig": sig}),
-        Spec(ev.WaitResolved, {"kind": "approval", "request": request, "response": "approve",
+        Spec(ev.WaitResolved, {"kind": "approval", "request": request, "response": decision,
                                "by": approver})])
     client.enqueue(run)
 
@@ -209,6 +209,24 @@ def test_the_worker_does_not_act_on_an_unsigned_decision(
     worker()
     assert client.wait(run, 30).state == "completed"
     assert _paid(world) == {f"{run}:1": 1}
+
+
+def test_an_unsigned_rejection_is_never_fed_to_the_agent(
+    client: Client, worker: WorkerFactory, world: Path, approver: ApproverFactory
+) -> None:
+    """Window: a rejection written around the client (no signature) while the run waits.
+    The fold settles the action as rejected, so the worker checks every recorded rejection
+    when it takes the run: this one does not hold, and the run is quarantined instead of
+    finishing as rejected."""
+    approver("alice", "finance")
+    run = client.start("payer", {"amount": 9}, run_id="forged-reject").run_id
+    request = _waiting(client, worker, run)
+    _forge_decision(client, run, request, decision="reject")
+    worker()
+    state = client.wait(run, 30)
+    assert state.state == "quarantined", state
+    assert "the rejection of" in (state.reason or "") and "no signature" in (state.reason or "")
+    assert _paid(world) == {}
 
 
 def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(

@@ -34,7 +34,7 @@ from durable.agents import (
     digest_placeholder,
     is_placeholder,
 )
-from durable.approvals import Approvers, check_recorded
+from durable.approvals import Approvers, check_history, check_recorded
 from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
 from durable.errors import (
@@ -267,6 +267,10 @@ class StepLoop:
         run_id = handle.run_id
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
+        forged = self._unsigned_rejection(handle)
+        if forged is not None:
+            self._quarantine(handle, forged)
+            return False
         verdict, specs, why = version_policy(handle.state, agent,
                                              self._approval_check(run_id))
         if verdict == "quarantine":
@@ -518,6 +522,17 @@ class StepLoop:
         self.hooks.after_outcome(handle.run_id, step - 1)
         self.hooks.after_intent(handle.run_id, step)
         return self._run_tool(handle, tool, act, slot, pending)
+
+    def _unsigned_rejection(self, handle: RunHandle) -> str | None:
+        """A rejection the fold already applied (the action settled as rejected) must have
+        been valid when it was made; one that was not (written around the client) is never
+        fed to the agent: the run is quarantined. Approvals are checked at the gate."""
+        for appr in handle.state.approvals.values():
+            if appr.decision is not None and appr.decision != "approve":
+                problem = check_history(self.approvers, handle.run_id, appr)
+                if problem is not None:
+                    return f"the rejection of {appr.request} does not hold: {problem}"
+        return None
 
     def _approval_check(self, run_id: str) -> Check:
         """How this worker checks a recorded decision: against the approver registry, now."""
