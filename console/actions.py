@@ -20,7 +20,7 @@ from starlette.responses import RedirectResponse, Response
 from console.auth import check_csrf, require
 from console.users import User
 from durable.client import Client
-from durable.errors import DurableError
+from durable.errors import DurableError, Refused
 from durable.log.state import RunState
 
 log = logging.getLogger("durable.console")
@@ -30,13 +30,20 @@ def approve(client: Client, user: User, run_id: str, request: str, decision: str
             note: str = "") -> RunState:
     """Decide an approval as ``user``: the one place the console does.
 
-    The decision records ``user.name`` as the approver, and the library checks the
-    approval's role against ``DURABLE_APPROVERS`` under that name. When decisions must be
-    signed (an Ed25519 key registered for the approver), this is where the console signs
-    it with the private key the users file names for this user (``user.approver_key``),
-    which never leaves the server.
+    The console signs the decision with the private key the users file names for this user
+    (``approver_key``, read here and never sent anywhere), and the library checks it against
+    the approver registry under the user's name (``durable approvers add NAME``): the key's
+    roles, not the console's, say which requests the user may decide.
     """
-    return client.approve(run_id, request, decision, approver=user.name, note=note)
+    if user.approver_key is None:
+        raise Refused(run_id, f"{user.name} has no approver_key in the console's users file: "
+                      "a decision must be signed by a registered approver key")
+    try:
+        pem = user.approver_key.read_bytes()
+    except OSError as exc:
+        raise Refused(run_id, f"{user.name}'s approver key cannot be read: "
+                      f"{exc.strerror or exc}") from None
+    return client.sign_and_approve(run_id, request, decision, user.name, pem, note=note)
 
 
 Act = Callable[[Client, User, str, dict[str, Any]], str]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from durable.approvals import Approvers, check_decision
 from durable.errors import ConflictError, Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import RunState
 from durable.log.store import EventLog, Spec, now_ms
-from durable.settings import Settings
 
 ATTEMPTS = 20
 
@@ -34,12 +34,15 @@ def respond(elog: EventLog, run_id: str, response: Any, *, kind: str = "input",
     raise ConflictError(run_id, -1, -1)
 
 
-def decide_approval(elog: EventLog, settings: Settings, run_id: str, request: str, decision: str,
-           approver: str, note: str = "") -> tuple[RunState, bool]:
-    """Record an approver's decision. Returns (state, whether anything was written).
+def decide_approval(elog: EventLog, approvers: Approvers, run_id: str, request: str,
+                    decision: str, approver: str, signature: str,
+                    note: str = "") -> tuple[RunState, bool]:
+    """Record an approver's signed decision. Returns (state, whether anything was written).
 
-    Refused (nothing written): an approver without the request's role, a decision the
-    request does not allow, an unknown or expired request.
+    Refused (nothing written): a signature that is not the registered key of ``approver``
+    over this run, request, digest, decision and expiry; an unknown or revoked key; an
+    approver without the request's role; a decision the request does not allow; an
+    unknown, closed or expired request. The caller's environment grants nothing.
     """
     for _ in range(ATTEMPTS):
         handle = elog.load(run_id, actor=approver)
@@ -51,16 +54,16 @@ def decide_approval(elog: EventLog, settings: Settings, run_id: str, request: st
             return state, False  # a late duplicate: the first decision stands
         if state.terminal or state.state == "quarantined":
             raise Refused(run_id, f"the run is {state.state}; request {request} is closed")
-        roles = settings.approvers.get(approver, [])
-        if appr.role and appr.role not in roles:
-            raise Refused(run_id, f"{approver} does not have the role {appr.role!r} "
-                                  f"(has: {', '.join(roles) or 'none'})")
         if decision not in appr.decisions:
             raise UsageError(f"decision must be one of {', '.join(appr.decisions)}")
-        if appr.expires and appr.expires <= now_ms():
-            raise Refused(run_id, f"approval request {request} expired")
+        entry = approvers.get(approver)
+        problem = check_decision(entry, approver, run_id, appr, decision, signature,
+                                 now=now_ms())
+        if problem is not None or entry is None:
+            raise Refused(run_id, problem or f"unknown approver {approver!r}")
         specs = [Spec(ev.ApprovalDecided, {"request": request, "decision": decision,
-                                           "approver": approver, "note": note})]
+                                           "approver": approver, "note": note,
+                                           "key": entry.fingerprint, "sig": signature})]
         if state.wait is not None and state.wait.kind == "approval" \
                 and state.wait.request == request:
             specs.append(Spec(ev.WaitResolved, {"kind": "approval", "request": request,

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from durable import catalog, overview, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
+from durable.approvals import Approvers, sign_decision
 from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, encode_message, finish_specs
 from durable.connection import connect, connect_queue
@@ -26,6 +27,7 @@ from durable.errors import (
     DecodeError,
     InvalidInput,
     PayloadTooLarge,
+    Refused,
     RunIdConflict,
     RunNotFound,
     SealError,
@@ -86,6 +88,8 @@ class Client:
         if queue_client is not self.redis:
             self._owned.append(queue_client)
         self.queue = make_queue(queue_client, self.settings.queue)
+        #: The approver registry (``durable approvers``).
+        self.approvers = Approvers(self.redis)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
 
@@ -384,7 +388,7 @@ class Client:
             if handle.state.state == "canceled":
                 self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
             self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
-                CancelMessage(run=run_id, reason=reason, scope=scope, ts=requested),
+                CancelMessage(run=run_id, reason=reason, scope=scope, ts=now_ms()),
                 self.settings.cancel_secret))
             return handle.state
         raise ConflictError(run_id, -1, -1)
@@ -424,13 +428,29 @@ class Client:
         return seal_fields(data, names, self.log.keyring)
 
     def approve(self, run_id: str, request: str, decision: str, approver: str,
-                note: str = "") -> RunState:
-        """Record an approval decision (role, openness and expiry are checked)."""
-        state, written = decide_approval(self.log, self.settings, run_id, request, decision,
-                                         approver, note)
+                note: str = "", *, signature: str) -> RunState:
+        """Record a decision signed by the registered approver key ``approver``
+        (``durable.approvals.sign_decision`` over the run, the request, its digest, the
+        decision and its expiry). The signature, the key (registered, not revoked), its
+        role, the request (open, not expired) and the decision are checked first; a refused
+        decision raises ``Refused`` and writes nothing."""
+        state, written = decide_approval(self.log, self.approvers, run_id, request, decision,
+                                         approver, signature, note)
         if written and not (state.terminal or state.waiting):
             self.enqueue(run_id)
         return state
+
+    def sign_and_approve(self, run_id: str, request: str, decision: str, approver: str,
+                         private_key_pem: bytes, note: str = "") -> RunState:
+        """Sign ``decision`` on ``request`` as it is recorded now with ``private_key_pem``
+        (the key ``approver`` registered), then ``approve``: what a CLI or a console does
+        for a logged-in approver whose key file it holds."""
+        appr = self.status(run_id).approvals.get(request)
+        if appr is None:
+            raise Refused(run_id, f"no approval request {request!r}")
+        signature = sign_decision(private_key_pem, run_id, request, appr.digest, decision,
+                                  appr.expires)
+        return self.approve(run_id, request, decision, approver, note, signature=signature)
 
     def release(self, run_id: str, by: str = "operator") -> str:
         """Retry a quarantined run with the current code; returns its state afterwards."""

@@ -22,6 +22,8 @@
      ├── TooManyPendingRuns      a start refused: DURABLE_MAX_PENDING_RUNS runs are pending
      └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
           ├── Terminal           the run reached a terminal state before this write
+          │    └── Tampered       the log ends with an entry the append script did not
+          │                       write: the run was quarantined instead
           ├── CancelPending      a dispatch refused because a cancel is pending
           └── Claimed            the ledger already holds the key the batch claims
 
@@ -132,7 +134,7 @@ class BadCancelMessage(DurableError):
     """A published cancel hint that cannot be used; it changes nothing and is counted."""
 
     def __init__(self, kind: str, detail: str) -> None:
-        self.kind = kind  # "malformed" or "forged"
+        self.kind = kind  # "malformed", "forged", "stale" (too old) or "replayed"
         self.detail = detail
         super().__init__(f"{kind} cancel message: {detail}")
 
@@ -159,6 +161,18 @@ class Terminal(WriteRefused):
     def __init__(self, state: str) -> None:
         self.state = state
         super().__init__(state)
+
+
+class Tampered(Terminal):
+    """The log ends with ``entry_id``, which the append script did not write (a raw
+    ``XADD``): the batch was refused and the run quarantined. A ``Terminal`` for its
+    writer: it must stop driving the run."""
+
+    def __init__(self, run_id: str, entry_id: str) -> None:
+        self.run_id, self.entry_id = run_id, entry_id
+        super().__init__("quarantined")
+        self.args = (f"run {run_id}: the log ends with entry {entry_id}, which the append "
+                     "script did not write; the run is quarantined",)
 
 
 class CancelPending(WriteRefused):

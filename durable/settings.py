@@ -105,6 +105,16 @@ class Settings(BaseSettings):
     cancel_secret: str | None = Field(
         default=None, description="Shared secret: published cancels must carry its HMAC."
     )
+    cancel_max_age_ms: int = Field(
+        default=5000, ge=100,
+        description="With a cancel secret: a signed cancel message is accepted only this "
+        "long after its `ts` (and only once within that window).",
+    )
+    cancel_report_interval_s: float = Field(
+        default=10.0, gt=0,
+        description="Rejected cancel messages (forged, malformed, stale, replayed) are "
+        "counted and logged once per this interval per process, never one line each.",
+    )
     cancel_grace_ms: int = Field(
         default=1000, ge=0, description="How long a tool may take to honour a cancel."
     )
@@ -121,7 +131,8 @@ class Settings(BaseSettings):
     )
     approvers: dict[str, list[str]] = Field(
         default_factory=dict,
-        description='Approver name -> roles, as JSON: {"alice": ["finance"]}.',
+        description="Retired: grants nothing (read only so that an old environment still "
+        "parses). Approvers are keys an operator registers: `durable approvers add`.",
     )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     console_users: Path | None = Field(

@@ -19,7 +19,9 @@ log = logging.getLogger("durable.reconciler")
 class ReconcilerListener(CancelSubscriber):
     def __init__(self, rec: Reconciler) -> None:
         super().__init__(rec.redis, rec.settings.cancel_secret, self.on_cancel,
-                         lambda: None, log, rec.outage)
+                         lambda: None, log, rec.outage,
+                         max_age_ms=rec.settings.cancel_max_age_ms,
+                         report_interval_s=rec.settings.cancel_report_interval_s)
         self.rec = rec
 
     def on_cancel(self, msg: CancelMessage) -> None:

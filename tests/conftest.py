@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from durable.approvals import Approvers, keygen, load_public_key
 from durable.client import Client
 from durable.cluster import LocalCluster
 from durable.log import keys
@@ -31,6 +32,8 @@ T = TypeVar("T")
 WorkerFactory = Callable[..., Worker]
 #: ``reconciler(**opts)``: a ``durable reconciler`` process on the session's server.
 ReconcilerFactory = Callable[..., Reconciler]
+#: ``approver(name, *roles) -> bytes``: a new key registered for an approver; its private PEM.
+ApproverFactory = Callable[..., bytes]
 #: ``make_server(**opts)``: another started Redis server (random port, private directory).
 ServerFactory = Callable[..., Server]
 
@@ -145,6 +148,18 @@ def reconciler(server: Server, settings: Settings) -> Iterator[ReconcilerFactory
     yield start
     for rec in started:
         rec.stop()
+
+
+@pytest.fixture()
+def approver(r: redis.Redis) -> ApproverFactory:
+    """``approver(name, *roles) -> private key PEM``: makes an Ed25519 key pair and
+    registers its public key for ``name`` with ``roles`` (``durable approvers add``)."""
+    def make(name: str, *roles: str) -> bytes:
+        private, public = keygen()
+        Approvers(r).add(name, list(roles), load_public_key(public), by="test")
+        return private
+
+    return make
 
 
 @pytest.fixture()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.approvals import Approvers, keygen, load_public_key
 from durable.testing import Worker, wait_for
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 
@@ -93,9 +94,12 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
 
         request = json.loads(durable_as("operator", "status", "p1", "--json").stdout)
         request_id = next(iter(request["approvals"]))
+        private, public = keygen()  # an operator registers alice's key (admin here)
+        Approvers(admin).add("alice", ["finance"], load_public_key(public), by="test")
+        (tmp_path / "alice.key").write_bytes(private)
         decided = durable_as("approver", "approve", "p1", "--request", request_id,
                              "--decision", "approve", "--approver", "alice",
-                             DURABLE_APPROVERS='{"alice": ["finance"]}')
+                             "--key", str(tmp_path / "alice.key"))
         assert decided.returncode == 0, decided.stderr
         assert wait_for(lambda: state(admin, "p1") == "completed", 60), state(admin, "p1")
 

@@ -114,5 +114,6 @@ def test_malformed_pubsub_messages_change_nothing(payload: bytes, client: Client
     before = client.status("x").version
     listener = CancelListener(client.settings, r, _driver(client))
     listener.handle(payload)
+    assert listener.report(force=True) == {"malformed": 1}
     assert int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1
     assert client.status("x").version == before

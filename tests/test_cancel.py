@@ -11,6 +11,7 @@ from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
 from durable.log import keys
 from durable.log.state import RunState
+from durable.log.store import now_ms
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
@@ -130,18 +131,19 @@ def test_published_messages_need_a_valid_hmac_when_a_secret_is_set(
     """Window: step 1's tool running; a forged hint, a bad signature and junk change
     nothing; a signed hint cancels."""
     run = client.start("count", {"steps": 2, "sleep_s": 30}, run_id="c7").run_id
-    worker(DURABLE_CANCEL_SECRET=secret)
+    worker(DURABLE_CANCEL_SECRET=secret, DURABLE_CANCEL_REPORT_INTERVAL_S="0.5")
     assert wait_for(lambda: _dispatched(client, run), 15)
     forged = json.dumps({"run": run, "reason": "forged", "scope": "run", "ts": 0})
     bad_sig = json.dumps({"run": run, "reason": "x", "scope": "run", "ts": 0, "sig": "00"})
     assert r.publish(keys.CANCEL_CHANNEL, forged) == 1  # one worker, one subscriber
     assert r.publish(keys.CANCEL_CHANNEL, bad_sig) == 1
     assert r.publish(keys.CANCEL_CHANNEL, b"\xff not json") == 1
-    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1, 5)
-    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_forged") or 0) == 2, 5)
+    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1, 15)
+    assert wait_for(lambda: int(r.hget(keys.STATS, "cancel_forged") or 0) == 2, 15)
     state: RunState = client.status(run)
     assert state.cancel is None and state.state == "pending"
-    good = encode_message(CancelMessage(run=run, reason="signed", scope="run", ts=1), secret)
+    good = encode_message(CancelMessage(run=run, reason="signed", scope="run", ts=now_ms()),
+                          secret)
     assert r.publish(keys.CANCEL_CHANNEL, good) == 1
     final = client.wait(run, timeout=10)
     assert final.state == "canceled" and final.reason == "signed"

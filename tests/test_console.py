@@ -31,7 +31,7 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
-from tests.conftest import WorkerFactory
+from tests.conftest import ApproverFactory, WorkerFactory
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -72,12 +72,13 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 @pytest.fixture()
-def apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The payer agent's database and fact; alice may approve what role finance may."""
+def apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, approver: ApproverFactory) -> Path:
+    """The payer agent's database and fact; alice's key is registered with the role
+    finance, and her private key lies where the console's users file names it."""
     monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
     (tmp_path / "balance").write_text("1000")
     monkeypatch.setenv("TEST_FACT_FILE", str(tmp_path / "balance"))
-    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"]}')
+    (tmp_path / "alice.pem").write_bytes(approver("alice", "finance"))
     return tmp_path
 
 
@@ -89,7 +90,7 @@ def console(server: Server, settings: Any, apps: Path, tmp_path: Path,
     users = tmp_path / "users.toml"
     users.write_text(
         f'[users.alice]\npassword = "{hash_password(PASSWORDS["alice"])}"\n'
-        'roles = ["operator", "approver"]\n\n'
+        'roles = ["operator", "approver"]\napprover_key = "alice.pem"\n\n'
         f'[users.vera]\npassword = "{hash_password(PASSWORDS["vera"])}"\nroles = ["viewer"]\n')
     monkeypatch.setenv("DURABLE_CONSOLE_USERS", str(users))
     monkeypatch.setenv("DURABLE_CONSOLE_SECRET", "test-secret-" + "x" * 20)

@@ -30,7 +30,7 @@ from durable.settings import Settings
 from durable.testing import wait_for
 from tests import pydantic_ai_agents
 from tests.agents import applications, model_requests
-from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
 
 AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
 
@@ -41,7 +41,6 @@ def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
     monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
-    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"]}')
 
 
 def _model_requests(tmp_path: Path) -> dict[str, int]:
@@ -132,16 +131,16 @@ def _waiting_approval(client: Client, worker: WorkerFactory, run: str) -> str:
 
 
 def test_a_tool_requiring_approval_waits_for_the_approver(
-    client: Client, worker: WorkerFactory, tmp_path: Path
+    client: Client, worker: WorkerFactory, tmp_path: Path, approver: ApproverFactory
 ) -> None:
-    client.settings.approvers = {"alice": ["finance"]}
+    alice = approver("alice", "finance")
     run = client.start("pai_refunder", {"prompt": "refund A1"}, run_id="pr").run_id
     request = _waiting_approval(client, worker, run)
     waits = [e.event for e in client.events(run) if isinstance(e.event, ev.WaitEntered)]
     assert waits[-1].data == {"tool": "pai_refunder.tool.refund",
                               "args": {"order": "A1", "cents": 500}}  # what the approver sees
     assert applications(str(tmp_path / "world.sqlite")) == {}  # nothing before the decision
-    client.approve(run, request, "approve", "alice")
+    client.sign_and_approve(run, request, "approve", "alice", alice)
     final = client.wait(run, 30)
     assert final.state == "completed", (final.state, final.reason)
     assert final.result == "refunded: refund A1 500"
@@ -152,12 +151,12 @@ def test_a_tool_requiring_approval_waits_for_the_approver(
 
 
 def test_a_rejected_tool_call_is_told_to_the_model_as_denied(
-    client: Client, worker: WorkerFactory, tmp_path: Path
+    client: Client, worker: WorkerFactory, tmp_path: Path, approver: ApproverFactory
 ) -> None:
-    client.settings.approvers = {"alice": ["finance"]}
+    alice = approver("alice", "finance")
     run = client.start("pai_refunder", {"prompt": "refund A1"}, run_id="prx").run_id
     request = _waiting_approval(client, worker, run)
-    client.approve(run, request, "reject", "alice", note="not this one")
+    client.sign_and_approve(run, request, "reject", "alice", alice, note="not this one")
     final = client.wait(run, 30)
     assert final.state == "completed", (final.state, final.reason)
     assert final.result == "not refunded: The tool call was denied: rejected by alice."

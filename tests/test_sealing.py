@@ -19,7 +19,7 @@ from durable.errors import UsageError
 from durable.sealing import Keyring, is_envelope
 from durable.settings import Settings
 from durable.testing import Server, wait_for
-from tests.conftest import WorkerFactory
+from tests.conftest import ApproverFactory, WorkerFactory
 
 CARD = "4111222233334444"
 AGENTS = "examples.agents,tests.agents,tests.sensitive_agents"
@@ -222,14 +222,14 @@ def keys_log(run_id: str) -> str:
 
 def test_approval_digest_is_over_the_values_in_clear(keyed: str, r: redis.Redis,
                                                      worker: WorkerFactory,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     approver: ApproverFactory) -> None:
     """The approval is bound to the digest of the arguments in clear: after the wait, the
     worker that takes the run again opens the sealed arguments and recomputes the same
     digest (over envelopes, with their random nonces, it never would), so the approved call
     runs."""
     from durable.digests import digest
 
-    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"]}')
+    alice = approver("alice", "finance")
     client = Client(Settings(), r)
     client.start("secret_payer", {"holder": "Fay", "card_number": CARD, "amount": 9},
                  run_id="appr1")
@@ -239,7 +239,7 @@ def test_approval_digest_is_over_the_values_in_clear(keyed: str, r: redis.Redis,
     first.stop()  # the approved call is run by another worker, from the log
     request = next(iter(state.approvals.values()))
     assert request.digest == digest("approved_charge", {"card_number": CARD, "amount": 9}, {})
-    client.approve("appr1", request.request, "approve", "alice")
+    client.sign_and_approve("appr1", request.request, "approve", "alice", alice)
     worker()
     state = client.wait("appr1", 60)
     assert state.state == "completed" and state.result == {"status": "succeeded"}, \

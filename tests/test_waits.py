@@ -11,13 +11,15 @@ import redis
 from rq import Worker as RQWorker
 
 from durable.agents import registry
+from durable.approvals import keygen
 from durable.client import Client
 from durable.errors import Refused
 from durable.log import keys
+from durable.log.state import RunState
 from durable.log.verify import verify
 from reconciler.sweep import Reconciler
 from tests.agents import applications
-from tests.conftest import WorkerFactory
+from tests.conftest import ApproverFactory, WorkerFactory
 
 
 @pytest.fixture()
@@ -26,14 +28,21 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fact = tmp_path / "balance"
     fact.write_text("1000")
     monkeypatch.setenv("TEST_FACT_FILE", str(fact))
-    monkeypatch.setenv("DURABLE_APPROVERS", '{"alice": ["finance"], "bob": ["support"]}')
     return tmp_path
 
 
+#: Private keys of the registered approvers (``keys``), by name.
+Keys = dict[str, bytes]
+
+
 @pytest.fixture()
-def approver_client(client: Client) -> Client:
-    client.settings.approvers = {"alice": ["finance"], "bob": ["support"]}
-    return client
+def keys_(approver: ApproverFactory) -> Keys:
+    return {"alice": approver("alice", "finance"), "bob": approver("bob", "support")}
+
+
+def _approve(client: Client, keys_: Keys, run: str, request: str, decision: str,
+             who: str, note: str = "") -> RunState:
+    return client.sign_and_approve(run, request, decision, who, keys_[who], note)
 
 
 def _drive(client: Client, worker: WorkerFactory, run: str) -> None:
@@ -52,9 +61,8 @@ def _waiting_for_approval(client: Client, worker: WorkerFactory, run: str) -> st
     return request
 
 
-def test_approve_then_the_action_runs_once(approver_client: Client, worker: WorkerFactory,
+def test_approve_then_the_action_runs_once(client: Client, keys_: Keys, worker: WorkerFactory,
                                            world: Path, r: redis.Redis) -> None:
-    client = approver_client
     run = client.start("payer", {"amount": 42}, run_id="ap1").run_id
     worker()  # stays up: the waiting run must not keep it busy
     state = client.wait(run, 20)
@@ -65,80 +73,76 @@ def test_approve_then_the_action_runs_once(approver_client: Client, worker: Work
     assert r.get(keys.lease(run)) is None  # a waiting run holds no lease...
     rq_workers = RQWorker.all(connection=r)
     assert len(rq_workers) == 1 and rq_workers[0].get_current_job_id() is None  # ...no job
-    client.approve(run, request, "approve", "alice")
+    _approve(client, keys_, run, request, "approve", "alice")
     final = client.wait(run, 20)
     assert final.state == "completed" and final.result == {"paid": True, "status": "succeeded"}
     assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
     assert verify(client.log, run).ok
 
 
-def test_reject_is_an_outcome_the_agent_handles(approver_client: Client, worker: WorkerFactory,
+def test_reject_is_an_outcome_the_agent_handles(client: Client, keys_: Keys, worker: WorkerFactory,
                                                 world: Path) -> None:
-    client = approver_client
     run = client.start("payer", {"amount": 5}, run_id="ap2").run_id
     request = _waiting_for_approval(client, worker, run)
-    client.approve(run, request, "reject", "alice", note="not this month")
+    _approve(client, keys_, run, request, "reject", "alice", note="not this month")
     _drive(client, worker, run)
     final = client.status(run)
     assert final.state == "completed" and final.result == {"paid": False, "status": "rejected"}
     assert applications(str(world / "w.sqlite")) == {}
 
 
-def test_an_unanswered_approval_expires(approver_client: Client, worker: WorkerFactory,
+def test_an_unanswered_approval_expires(client: Client, keys_: Keys, worker: WorkerFactory,
                                         world: Path) -> None:
-    client = approver_client
     run = client.start("payer", {"amount": 5}, run_id="ap3").run_id
     request = _waiting_for_approval(client, worker, run)
     expires = client.status(run).approvals[request].expires
     Reconciler(client.settings, client.redis, registry).tick(now=expires + 1)
     assert client.status(run).state == "expired"
     with pytest.raises(Refused):
-        client.approve(run, request, "approve", "alice")  # too late: nothing written
+        _approve(client, keys_, run, request, "approve", "alice")  # too late: nothing written
     assert applications(str(world / "w.sqlite")) == {}
 
 
-def test_a_late_duplicate_approval_changes_nothing(approver_client: Client, worker: WorkerFactory,
-                                                   world: Path) -> None:
-    client = approver_client
+def test_a_late_duplicate_approval_changes_nothing(client: Client, keys_: Keys,
+                                                   worker: WorkerFactory, world: Path) -> None:
     run = client.start("payer", {"amount": 7}, run_id="ap4").run_id
     request = _waiting_for_approval(client, worker, run)
-    client.approve(run, request, "approve", "alice")
+    _approve(client, keys_, run, request, "approve", "alice")
     version = client.status(run).version
-    state = client.approve(run, request, "reject", "alice")
+    state = _approve(client, keys_, run, request, "reject", "alice")
     assert state.version == version and state.approvals[request].decision == "approve"
 
 
-def test_a_wrong_role_is_refused_and_writes_nothing(approver_client: Client, worker: WorkerFactory,
-                                                    world: Path) -> None:
-    client = approver_client
+def test_a_wrong_role_is_refused_and_writes_nothing(client: Client, keys_: Keys,
+                                                    worker: WorkerFactory, world: Path) -> None:
     run = client.start("payer", {"amount": 7}, run_id="ap5").run_id
     request = _waiting_for_approval(client, worker, run)
     version = client.status(run).version
     with pytest.raises(Refused, match="bob does not have the role 'finance'"):
-        client.approve(run, request, "approve", "bob")
-    with pytest.raises(Refused):
-        client.approve(run, request, "approve", "mallory")
+        _approve(client, keys_, run, request, "approve", "bob")
+    keys_["mallory"] = keygen()[0]  # a key nobody registered
+    with pytest.raises(Refused, match="unknown approver 'mallory'"):
+        _approve(client, keys_, run, request, "approve", "mallory")
     assert client.status(run).version == version
 
 
 def test_approval_after_the_facts_changed_is_refused_and_asked_again(
-    approver_client: Client, worker: WorkerFactory, world: Path
+    client: Client, keys_: Keys, worker: WorkerFactory, world: Path
 ) -> None:
     """The balance the approver saw changed before the approved call ran: the digest
     recomputed over the action as it is now differs, so the call is refused and a new
     approval is requested."""
-    client = approver_client
     run = client.start("payer", {"amount": 9}, run_id="ap6").run_id
     first = _waiting_for_approval(client, worker, run)
     (world / "balance").write_text("3")
-    client.approve(run, first, "approve", "alice")
+    _approve(client, keys_, run, first, "approve", "alice")
     second = _waiting_for_approval(client, worker, run)
     assert second != first
     state = client.status(run)
     assert state.approvals[second].digest != state.approvals[first].digest
     assert "changed since it was approved" in (state.wait.reason if state.wait else "")
     assert applications(str(world / "w.sqlite")) == {}
-    client.approve(run, second, "approve", "alice")
+    _approve(client, keys_, run, second, "approve", "alice")
     _drive(client, worker, run)
     assert client.status(run).state == "completed"
     assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
@@ -174,18 +178,17 @@ def test_a_failed_revalidation_on_resume_is_handled_as_declared(
 
 
 def test_resuming_under_a_new_agent_version_asks_for_approval(
-    approver_client: Client, worker: WorkerFactory, world: Path
+    client: Client, keys_: Keys, worker: WorkerFactory, world: Path, approver: ApproverFactory
 ) -> None:
-    client = approver_client
-    client.settings.approvers = {"alice": ["finance"], "ops": ["operator"]}
+    keys_["ops"] = approver("ops", "operator")
     run = client.start("payer", {"amount": 3}, run_id="ver").run_id
     first = _waiting_for_approval(client, worker, run)
-    client.approve(run, first, "approve", "alice")
+    _approve(client, keys_, run, first, "approve", "alice")
     worker(PAYER_VERSION="2")
     state = client.wait(run, 20)
     assert state.state == "waiting_approval"
     assert state.approvals[f"{run}:v2"].kind == "version"
-    client.approve(run, f"{run}:v2", "approve", "ops")
+    _approve(client, keys_, run, f"{run}:v2", "approve", "ops")
     final = client.wait(run, 20)
     assert final.state == "completed" and final.agent_version == "2"
     assert verify(client.log, run).ok
@@ -237,21 +240,23 @@ def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
 
 
 def test_a_second_decision_from_the_command_line_says_who_decided_and_when(
-    approver_client: Client, worker: WorkerFactory, world: Path,
+    client: Client, keys_: Keys, worker: WorkerFactory, world: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``durable approve`` of a request already decided writes nothing, says who decided it
     and when, and exits 1."""
     from durable.cli import main
 
-    run = approver_client.start("payer", {"amount": 3}, run_id="ap-cli").run_id
-    request = _waiting_for_approval(approver_client, worker, run)
+    run = client.start("payer", {"amount": 3}, run_id="ap-cli").run_id
+    request = _waiting_for_approval(client, worker, run)
+    key_file = world / "alice.key"
+    key_file.write_bytes(keys_["alice"])
     assert main(["approve", run, "--request", request, "--decision", "approve",
-                 "--approver", "alice"]) == 0
-    version = approver_client.status(run).version
+                 "--approver", "alice", "--key", str(key_file)]) == 0
+    version = client.status(run).version
     capsys.readouterr()
     assert main(["approve", run, "--request", request, "--decision", "reject",
-                 "--approver", "alice"]) == 1
+                 "--approver", "alice", "--key", str(key_file)]) == 1
     err = capsys.readouterr().err
     assert f"request {request} is already decided: approve by alice at 20" in err
-    assert approver_client.status(run).version == version
+    assert client.status(run).version == version

@@ -3,17 +3,21 @@ run resumes under, and the facts the agent declared must still hold after a wait
 
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
-(``durable.digests``), recomputed right before the approved call runs.
+(``durable.digests``), recomputed right before the approved call runs, and its signature
+is checked against the approver registry then too (``durable.approvals.check_recorded``:
+registered, not revoked, the request's role, before its expiry): a decision that does not
+hold is never acted on, and a new approval is requested.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from durable.agents import Agent, Registry, Tool
 from durable.digests import action_digest, digest
 from durable.log import events as ev
-from durable.log.state import Action, RunState
+from durable.log.state import Action, Approval, RunState
 from durable.log.store import Spec, now_ms
 
 
@@ -32,13 +36,21 @@ def request_specs(state: RunState, tool: Tool, act: Action, reason: str) -> list
     ]
 
 
-def gate(state: RunState, tool: Tool, act: Action) -> tuple[str, str]:
+#: Why a recorded decision does not hold (None when it does): the approver registry's check.
+Check = Callable[[Approval], "str | None"]
+
+
+def gate(state: RunState, tool: Tool, act: Action, check: Check) -> tuple[str, str]:
     """Whether ``act`` may be dispatched now: ("go" | "ask" | "rejected", reason)."""
     if not tool.requires_approval:
         return "go", ""
     appr = state.approvals.get(act.approval) if act.approval else None
     if appr is None or appr.decision is None:
         return "ask", f"{tool.name} requires approval by role {tool.approver_role}"
+    problem = check(appr)
+    if problem is not None:
+        return "ask", f"the decision on {appr.request} does not hold ({problem}): " \
+                      "approve it again"
     if appr.decision != "approve":
         return "rejected", f"rejected by {appr.approver}"
     if action_digest(tool, act) != appr.digest:
@@ -49,8 +61,10 @@ def gate(state: RunState, tool: Tool, act: Action) -> tuple[str, str]:
 Verdict = Literal["ok", "wait", "quarantine"]
 
 
-def version_policy(state: RunState, agent: Agent) -> tuple[Verdict, list[Spec], str]:
-    """Resuming under ``agent.version``: (verdict, events to write, reason)."""
+def version_policy(state: RunState, agent: Agent,
+                   check: Check) -> tuple[Verdict, list[Spec], str]:
+    """Resuming under ``agent.version``: (verdict, events to write, reason). A decision that
+    does not hold (``check``) is asked for again under the same request id."""
     if state.agent_version == agent.version:
         return "ok", [], ""
     upgrade = Spec(ev.AgentUpgraded, {"from_version": state.agent_version,
@@ -62,6 +76,8 @@ def version_policy(state: RunState, agent: Agent) -> tuple[Verdict, list[Spec], 
         return "quarantine", [], what
     request = f"{state.run_id}:v{agent.version}"
     appr = state.approvals.get(request)
+    if appr is not None and appr.decision is not None and check(appr) is not None:
+        appr = None
     if appr is not None and appr.decision == "approve":
         return "ok", [upgrade], ""
     if appr is not None and appr.decision is not None:

@@ -34,6 +34,7 @@ from durable.agents import (
     digest_placeholder,
     is_placeholder,
 )
+from durable.approvals import Approvers, check_history, check_recorded
 from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
 from durable.connection import connect_queue
@@ -61,7 +62,7 @@ from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
 from workers.dispatch import Dispatcher
-from workers.gates import gate, request_specs, revalidate, version_policy
+from workers.gates import Check, gate, request_specs, revalidate, version_policy
 from workers.hooks import HookChain, StepHooks
 
 log = logging.getLogger("durable.worker")
@@ -109,6 +110,8 @@ class StepLoop:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names())
         self.leases = Leases(client, settings.lease_ttl_ms)
+        #: The approver registry: a decision is checked again before its call is sent.
+        self.approvers = Approvers(client)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).
         #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
@@ -270,7 +273,12 @@ class StepLoop:
         run_id = handle.run_id
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
-        verdict, specs, why = version_policy(handle.state, agent)
+        forged = self._unsigned_rejection(handle)
+        if forged is not None:
+            self._quarantine(handle, forged)
+            return False
+        verdict, specs, why = version_policy(handle.state, agent,
+                                             self._approval_check(run_id))
         if verdict == "quarantine":
             self._quarantine(handle, why)
             return False
@@ -523,6 +531,21 @@ class StepLoop:
         self.hooks.after_intent(handle.run_id, step)
         return self._run_tool(handle, tool, act, slot, pending)
 
+    def _unsigned_rejection(self, handle: RunHandle) -> str | None:
+        """A rejection the fold already applied (the action settled as rejected) must have
+        been valid when it was made; one that was not (written around the client) is never
+        fed to the agent: the run is quarantined. Approvals are checked at the gate."""
+        for appr in handle.state.approvals.values():
+            if appr.decision is not None and appr.decision != "approve":
+                problem = check_history(self.approvers, handle.run_id, appr)
+                if problem is not None:
+                    return f"the rejection of {appr.request} does not hold: {problem}"
+        return None
+
+    def _approval_check(self, run_id: str) -> Check:
+        """How this worker checks a recorded decision: against the approver registry, now."""
+        return lambda appr: check_recorded(self.approvers, run_id, appr)
+
     def _approval(self, handle: RunHandle, tool: Tool, act: Action,
                   pending: list[Spec]) -> tuple[bool, int] | None:
         """None when ``act`` may be dispatched now; else ask for an approval and stop.
@@ -532,7 +555,8 @@ class StepLoop:
         """
         try:
             with self._user_code(f"{tool.name}'s approval facts"):
-                verdict, reason = gate(handle.state, tool, act)
+                verdict, reason = gate(handle.state, tool, act,
+                                       self._approval_check(handle.run_id))
                 if verdict == "go":
                     return None
                 specs = request_specs(handle.state, tool, act, reason)

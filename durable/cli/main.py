@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import redis
 
-from durable.cli import admin, audit, runs
+from durable.cli import admin, approvers, audit, runs
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
 from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
@@ -56,7 +56,7 @@ def build_parser() -> Parser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    for module in (runs, audit, admin):
+    for module in (runs, audit, approvers, admin):
         module.register(add)
     for _name, register in plugins():
         register(add)

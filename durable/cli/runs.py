@@ -9,6 +9,8 @@ import time
 
 import msgspec
 
+from durable.approvals import load_private_key
+from durable.cli.approvers import read_key_file
 from durable.cli.output import (
     CHECK_FAILED,
     OK,
@@ -100,6 +102,8 @@ def cmd_respond(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
+    private_key = read_key_file(args.key)
+    load_private_key(private_key)  # a bad key file is a usage error, before anything else
     c = client()
     c.projection(args.run)
     before = c.status(args.run).approvals.get(args.request)
@@ -108,7 +112,11 @@ def cmd_approve(args: argparse.Namespace) -> int:
         print(f"durable: request {args.request} is already decided: {before.decision} by "
               f"{before.approver} at {when}; nothing written", file=sys.stderr)
         return CHECK_FAILED
-    state = c.approve(args.run, args.request, args.decision, args.approver, args.note)
+    if c.settings.approvers:
+        print("durable: warning: DURABLE_APPROVERS grants nothing; approvers are registered "
+              "keys (durable approvers add)", file=sys.stderr)
+    state = c.sign_and_approve(args.run, args.request, args.decision, args.approver,
+                               private_key, args.note)
     json_out({"run_id": args.run, "state": state.state})
     return OK
 
@@ -145,7 +153,10 @@ def register(add: Add) -> None:
              run=True)
     sp.add_argument("--request", required=True)
     sp.add_argument("--decision", required=True, choices=["approve", "reject"])
-    sp.add_argument("--approver", required=True)
+    sp.add_argument("--approver", required=True, metavar="NAME",
+                    help="the registered approver key that signs (durable approvers add)")
+    sp.add_argument("--key", required=True, metavar="PRIVATE_KEY_FILE",
+                    help="NAME's Ed25519 private key (PEM): the decision is signed locally")
     sp.add_argument("--note", default="")
     sp = add("quarantine", cmd_quarantine_release,
              "quarantine release RUN: retry a quarantined run (after an upgrade)", js=False)

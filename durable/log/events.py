@@ -176,10 +176,16 @@ class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=Tr
 
 
 class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
+    """``approver`` names the registered key that signed the decision, ``key`` is its
+    fingerprint and ``sig`` the Ed25519 signature (``durable.approvals``); decisions
+    recorded before signatures existed have neither, and ``verify`` reports them."""
+
     request: str
     decision: str
     approver: str = ""
     note: str = ""
+    key: str = ""
+    sig: str = ""
 
 
 class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):

@@ -180,6 +180,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             appr = state.approvals.get(e.request)
             if appr is not None:
                 appr.decision, appr.approver, appr.decided_at = e.decision, e.approver, e.ts
+                appr.key, appr.sig = e.key, e.sig
                 target = state.actions.get(appr.step)
                 if e.decision == "reject" and appr.kind == "action" and target is not None \
                         and not target.settled:

@@ -235,3 +235,8 @@ QUARANTINE = f"{PREFIX}:quarantine"
 #: -> what was done, at most 20). Expires 300 s after the last write of any reconciler: not
 #: derived from the logs, only a view for operators (``durable console``).
 SWEEPS = f"{PREFIX}:sweeps"
+
+#: Hash approver name -> JSON ``{roles, public_key, fingerprint, added, by, revoked}``: the
+#: registered approver keys (``durable.approvals``). Written by operators only (``durable
+#: approvers``); not derived from the logs. A name is never re-used.
+APPROVERS = f"{PREFIX}:approvers"

@@ -82,6 +82,10 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     approver: str | None = None
     #: When the decision was recorded (ms since the epoch).
     decided_at: int = 0
+    #: Fingerprint of the approver key that signed the decision, and its signature
+    #: (``durable.approvals``).
+    key: str = ""
+    sig: str = ""
 
 
 class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):

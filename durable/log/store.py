@@ -25,6 +25,7 @@ from durable.errors import (
     LeaseLost,
     RunNotFound,
     SealError,
+    Tampered,
     Terminal,
 )
 from durable.log import counters, keys
@@ -105,6 +106,29 @@ class RunHandle:
     #: Arguments of steps whose log entry keeps only their digest (``Tool.log_args``), as
     #: the agent gave them: what is sent. Never written anywhere.
     live_args: dict[int, Any] = field(default_factory=dict)
+
+
+def _check_seq(entry_id: str, event: ev.Event, version: int, *, first: bool) -> None:
+    """Every entry the append script writes carries the next sequence number: a gap or a
+    repeat is an entry written some other way (a raw ``XADD``), and the log is not
+    trusted (``DecodeError``: the run is quarantined). The first entry read is the
+    checkpoint a load starts from, or the run's first event."""
+    if first and isinstance(event, ev.Checkpoint):
+        return
+    if event.seq != version + 1:
+        what = "repeats" if event.seq <= version else "skips to"
+        raise DecodeError(entry_id, f"seq {event.seq} {what} after seq {version}: an entry "
+                          "not written by the append script (log not continuous)")
+
+
+def continuity(entries: Sequence[Entry]) -> str | None:
+    """Why a whole log is not one continuous sequence 1, 2, 3... (None when it is). An
+    undecodable entry is taken to hold its place (whether it can be read is another
+    question, which a load answers)."""
+    for expected, entry in enumerate(entries, start=1):
+        if entry.event is not None and entry.event.seq != expected:
+            return f"entry {entry.id} has seq {entry.event.seq} where seq {expected} belongs"
+    return None
 
 
 class EventLog:
@@ -240,6 +264,7 @@ class EventLog:
             event = entry.event
             if event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
+            _check_seq(entry.id, event, handle.state.version, first=index == 0)
             if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
                 if event.state_v != STATE_SCHEMA:
                     # A snapshot of another layout: refold from the beginning instead.
@@ -256,14 +281,27 @@ class EventLog:
         if handle.state.version < version or (handle.state.version != version and not at_least):
             raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
                               f"projection says {version}")
+        if handle.state.version > version and self._projected_version(run_id) < \
+                handle.state.version:
+            # A writer may have appended between the two reads, but then the projection
+            # (changed with the log, in one script) has moved too: entries past it were not
+            # written by the append script.
+            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                              f"beyond the projection's {version}: an entry not written "
+                              "by the append script")
         return handle
+
+    def _projected_version(self, run_id: str) -> int:
+        version = self.redis.hget(keys.run(run_id), "version")
+        return int(version) if version is not None else 0
 
     def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
                                  actor: str) -> RunHandle:
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        for entry in self.read(run_id):
+        for index, entry in enumerate(self.read(run_id)):
             if entry.event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
+            _check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
             apply(handle.state, entry.event, self.window)
             handle.last_id = entry.id
         handle.base_version = handle.state.version
@@ -307,12 +345,16 @@ class EventLog:
         checkpoint: bool = False,
         extra: dict[str, str] | None = None,
         release: bool = False,
+        quarantine: bool = False,
     ) -> str:
         """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
         as one script call.
 
         The handle's state is advanced in place. On any refusal it is stale: the caller
-        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed.
+        must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed,
+        and ``Tampered`` (a ``Terminal``) after quarantining a run whose log ends with an
+        entry the script did not write. ``quarantine``: the batch quarantines the run and is
+        written even then.
         """
         state = handle.state
         expected = handle.base_version
@@ -356,7 +398,7 @@ class EventLog:
             fields["reason"] = why[:500]
         extra_pairs = [x for kv in fields.items() for x in kv]
         flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
-            "r" if release else "")
+            "r" if release else "") + ("q" if quarantine else "")
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
             len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
@@ -397,6 +439,12 @@ class EventLog:
             raise CancelPending()
         if tag == "claimed":
             raise Claimed(_s(reply[1]), _s(reply[2]))
+        if tag == "foreign":
+            tail = _s(reply[1])
+            self.quarantine(handle.run_id, f"log entry {tail} was not written by the append "
+                            "script (appended around it); nothing is built on it",
+                            handle.actor)
+            raise Tampered(handle.run_id, tail)
         raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
 
     def _checkpoint(self, handle: RunHandle, ts: int) -> int:
@@ -437,7 +485,7 @@ class EventLog:
                            base_state=state.state)
         try:
             self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
-                        extra={"reason": reason[:500]})
+                        extra={"reason": reason[:500]}, quarantine=True)
         except (ConflictError, Terminal):
             return False
         self.redis.hset(keys.QUARANTINE, run_id, reason[:500])

@@ -1,9 +1,16 @@
-"""Audit: check a run's log against the invariants the system promises."""
+"""Audit: check a run's log against the invariants the system promises.
+
+``approvals_signed`` re-checks every recorded approval decision against the approver
+registry (``durable.approvals.check_history``): a registered key, not revoked when it
+signed, with the request's role, before the request expired, and a signature over this
+run, request, digest, decision and expiry.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from durable.approvals import Approvers, check_history
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import apply
@@ -26,7 +33,8 @@ class Report:
 def verify(elog: EventLog, run_id: str) -> Report:
     report = Report(run_id)
     names = ["decodable", "contiguous", "projection", "one_success_per_key",
-             "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger"]
+             "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
+             "approvals_signed"]
     for name in names:
         report.checks[name] = "ok"
     entries = elog.read(run_id)
@@ -38,6 +46,7 @@ def verify(elog: EventLog, run_id: str) -> Report:
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
     terminals = 0
+    approvers = Approvers(elog.redis)
     for i, entry in enumerate(entries, start=1):
         e = entry.event
         if e is None:
@@ -70,6 +79,10 @@ def verify(elog: EventLog, run_id: str) -> Report:
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
                 report.fail("projection", f"checkpoint {entry.id} differs from the fold")
         apply(state, e, elog.window)
+        if isinstance(e, ev.ApprovalDecided) and e.request in state.approvals:
+            problem = check_history(approvers, run_id, state.approvals[e.request])
+            if problem is not None:
+                report.fail("approvals_signed", f"{entry.id}: {problem}")
     dup = {k: n for k, n in successes.items() if n > 1}
     if dup:
         report.fail("one_success_per_key", f"keys with several successes: {dup}")

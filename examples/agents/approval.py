@@ -6,8 +6,9 @@ pipeline's ``notify`` (the key and the deadline downstream, ``lookup`` by key) p
 - ``requires_approval = True``: the worker does not dispatch the call. It records an
   approval request, bound to a digest of the tool, its arguments and its facts, and lets
   go: the run is ``waiting_approval``, holds no lease and no worker, and nothing is sent.
-- ``approver_role = "comms"``: only an approver with that role (``DURABLE_APPROVERS``, as
-  JSON: ``{"alice": ["comms"]}``) may decide; anyone else is refused and nothing is written.
+- ``approver_role = "comms"``: only a decision signed by an approver key registered with
+  that role (``durable approvers add alice --role comms --public-key alice.pub``) counts;
+  any other is refused and nothing is written.
 - ``approval_facts(args)``: what the decision depends on besides the arguments, read now
   from the authoritative system (the source's figures the message reports). They are read
   again right before the approved call runs: if they changed, the approval no longer holds
@@ -18,12 +19,13 @@ Once approved, the call goes out like any other: ``publish`` is sent once, and a
 unknown outcome it is looked up by key, never sent blindly. A rejection is an outcome the
 agent handles (it finishes, unpublished). Try it::
 
-    export DURABLE_APPROVERS='{"alice": ["comms"], "bob": ["support"]}'
+    durable approvers keygen alice                              # alice.key, alice.pub
+    durable approvers add alice --role comms --public-key alice.pub
     durable world &
     durable worker &
     durable start announce --input '{"source": "orders"}'      # prints the run id
     durable status RUN              # waiting_approval: the request id, its role
-    durable approve RUN --request REQUEST --decision approve --approver alice
+    durable approve RUN --request REQUEST --decision approve --approver alice --key alice.key
 """
 
 from __future__ import annotations

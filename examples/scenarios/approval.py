@@ -4,39 +4,48 @@ The ``announce`` agent (``examples.agents.approval``) fetches a source, sums it 
 publishes the summary through the notification API; ``publish`` requires an approval by
 the role ``comms``. The worker records the request (a digest of the tool, its arguments and
 the source's figures read then) and lets go: the run is ``waiting_approval``, its lease key
-is gone, no worker holds a job for it, the key is not claimed and nothing was sent. An
-approver without the role is refused and nothing is written; an approver with it approves;
-the run resumes, the worker reads the facts again (same digest), dispatches ``publish``
-once and completes: one notification, applied after the decision.
+is gone, no worker holds a job for it, the key is not claimed and nothing was sent.
 
-Approvers come from ``DURABLE_APPROVERS`` in the environment of the scene's processes and
-from ``Settings.approvers`` for the in-process client that records the decisions.
+Approvers are keys: at the start the scene makes Ed25519 key pairs for alice (role comms)
+and bob (role support) and registers their public keys (``durable approvers add``); each
+decision is signed with a private key file (``Client.sign_and_approve``, what ``durable
+approve --key`` does). Refused, and nothing written: bob (a valid signature, the wrong
+role), mallory (a key nobody registered) and a decision in alice's name signed with
+mallory's key. Alice's own signed approval is recorded with her key's fingerprint and
+signature; the run resumes, the worker checks the signature again and reads the facts
+again (same digest), dispatches ``publish`` once and completes: one notification, applied
+after the decision; ``verify`` re-checks the recorded signature.
 
 Run it on its own: ``python -m examples.scenarios.approval``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rq import Worker as RQWorker
 
+from durable.approvals import keygen, load_public_key
 from durable.digests import digest
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import Approval, RunState
 from durable.log.store import now_ms
+from durable.log.verify import verify
 from examples.scenarios.outcome import Outcome, collect, expect_common, of_type, recovery_rows
 from examples.scenarios.stack import Scene
 
 TITLE = "Approval wait"
-WINDOW = "publish waits for role comms; a wrong role is refused, then approved"
+WINDOW = "publish waits for role comms; wrong role, unknown key, forged signature refused; " \
+         "a signed approval"
 AGENT = "announce"
 STEP = 3
 ROLE = "comms"
+#: Registered approvers and their roles; mallory's key is made but never registered.
 APPROVERS = {"alice": [ROLE], "bob": ["support"]}
 INPUT = {"source": "orders", "recipient": "customers@example.com", "threshold": 250.0}
 
@@ -47,19 +56,49 @@ def busy_jobs(scene: Scene) -> list[str]:
             if (job := w.get_current_job_id()) is not None]
 
 
+@dataclass
+class Keys:
+    """The scene's approver names (unique per scene: the registry outlives a scene on a
+    shared server) and their private key files."""
+
+    names: dict[str, str]
+    files: dict[str, Path]
+
+
+def make_keys(scene: Scene) -> Keys:
+    """Key pairs for alice, bob and mallory; alice's and bob's public keys registered."""
+    suffix = scene.queue.rsplit("-", 1)[-1]
+    names = {who: f"{who}-{suffix}" for who in ("alice", "bob", "mallory")}
+    files = {}
+    for who, name in names.items():
+        private, public = keygen()
+        path = scene.stack.workdir / f"{name}.key"
+        path.write_bytes(private)
+        path.chmod(0o600)
+        files[who] = path
+        if who in APPROVERS:
+            scene.client.approvers.add(name, APPROVERS[who], load_public_key(public),
+                                       by="scenario")
+    return Keys(names, files)
+
+
 def attempt(scene: Scene, out: Outcome, run_id: str, request: str, decision: str,
-            approver: str) -> RunState | None:
-    """One decision through the client; records what it answered and what it wrote."""
+            who: str, keys_: Keys, signer: str | None = None) -> RunState | None:
+    """One decision in ``who``'s name, signed with ``signer``'s key file (``who``'s by
+    default), through the client; records what it answered and what it wrote."""
     before = scene.client.status(run_id).version
     n_before = len(scene.client.events(run_id))
     state: RunState | None = None
+    signer = signer or who
     try:
-        state = scene.client.approve(run_id, request, decision, approver)
+        state = scene.client.sign_and_approve(run_id, request, decision, keys_.names[who],
+                                              keys_.files[signer].read_bytes())
         answer = f"recorded; run {state.state}"
     except Refused as exc:
         answer = f"Refused: {exc.reason}"
     out.decisions.append({
-        "approver": approver, "roles": APPROVERS.get(approver, []), "decision": decision,
+        "approver": who + ("" if signer == who else f" (signed with {signer}'s key)"),
+        "roles": APPROVERS.get(who, []), "decision": decision,
         "answer": answer, "version before": before,
         "version after": scene.client.status(run_id).version,
         "events written": len(scene.client.events(run_id)) - n_before})
@@ -74,8 +113,8 @@ def request_row(appr: Approval, now: int) -> dict[str, Any]:
 
 
 def run(scene: Scene, out: Outcome) -> None:
-    scene.client.settings.approvers = APPROVERS  # the in-process client records decisions
-    scene.worker(DURABLE_APPROVERS=json.dumps(APPROVERS))
+    keys_ = make_keys(scene)
+    scene.worker()
     run_id = scene.start(INPUT, agent=AGENT)
     out.run_id = run_id
     key = f"{run_id}:{STEP}"
@@ -86,18 +125,22 @@ def run(scene: Scene, out: Outcome) -> None:
     check_waiting(scene, out, run_id, key, waiting)
     (request,) = [a.request for a in waiting.approvals.values() if a.decision is None]
 
-    refused = attempt(scene, out, run_id, request, "approve", "bob")
-    out.expect("bob (role support) is refused", True, refused is None and "does not have the "
-               f"role '{ROLE}'" in out.decisions[-1]["answer"])
-    out.expect("the refusal wrote nothing (events written)", 0,
-               out.decisions[-1]["events written"])
-    out.expect("the run still waits after the refusal", "waiting_approval",
+    for who, signer, why in (("bob", None, f"does not have the role '{ROLE}'"),
+                             ("mallory", None, "unknown approver"),
+                             ("alice", "mallory", "signature is not")):
+        refused = attempt(scene, out, run_id, request, "approve", who, keys_, signer)
+        tried = out.decisions[-1]["approver"]
+        out.expect(f"{tried} is refused ({why})", True,
+                   refused is None and why in out.decisions[-1]["answer"])
+        out.expect(f"the refusal of {tried} wrote nothing (events written)", 0,
+                   out.decisions[-1]["events written"])
+    out.expect("the run still waits after the refusals", "waiting_approval",
                scene.client.status(run_id).state)
-    approved = attempt(scene, out, run_id, request, "approve", "alice")
-    out.expect("alice (role comms) approves: decision and wait resolved written, run pending",
-               (2, "pending"), (out.decisions[-1]["events written"],
-                                approved.state if approved is not None
-                                else out.decisions[-1]["answer"]))
+    approved = attempt(scene, out, run_id, request, "approve", "alice", keys_)
+    out.expect("alice (role comms, her key) approves: decision and wait resolved written, "
+               "run pending", (2, "pending"),
+               (out.decisions[-1]["events written"],
+                approved.state if approved is not None else out.decisions[-1]["answer"]))
 
     final = scene.wait(run_id, 20)
     entries, apps = collect(out, scene, run_id, final)
@@ -110,8 +153,14 @@ def run(scene: Scene, out: Outcome) -> None:
     out.expect("source reads per key", {f"{run_id}:1": 1}, apps.reads)
     out.expect("approval requests in the log (facts unchanged: no second one)", [request],
                [e.request for e in of_type(entries, ev.ApprovalRequested)])
-    out.expect("decisions in the log", [(request, "approve", "alice")],
-               [(e.request, e.decision, e.approver) for e in of_type(entries, ev.ApprovalDecided)])
+    alice = scene.client.approvers.get(keys_.names["alice"])
+    out.expect("decisions in the log: alice's, naming her key, signed",
+               [(request, "approve", keys_.names["alice"], alice.fingerprint if alice else "?",
+                 True)],
+               [(e.request, e.decision, e.approver, e.key, bool(e.sig))
+                for e in of_type(entries, ev.ApprovalDecided)])
+    out.expect("verify re-checks the recorded signature", "ok",
+               verify(scene.client.log, run_id).checks.get("approvals_signed"))
     out.expect("dispatches of the key", 1, len(of_type(entries, ev.ActionDispatched, key=key)))
     out.expect("requests the API received for the key", ["applied"],
                [r["disposition"] for r in scene.world.requests(key)])

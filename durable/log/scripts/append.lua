@@ -25,7 +25,8 @@
 -- ARGV[8]  flags             "d" the batch dispatches an effect (refused while a cancel is
 --                            pending), "t" the batch may follow a terminal event (late
 --                            reconciliation only), "r" release the writer's lease after the
---                            batch (its last write of a job)
+--                            batch (its last write of a job), "q" the batch quarantines
+--                            the run: written even after a foreign entry (see below)
 -- ARGV[9]  n                 number of events always appended
 -- ARGV[10] m                 number of events appended after them only when no lease is held
 -- ARGV[11] free_state        state after the batch when the m events are appended
@@ -53,6 +54,9 @@
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
+-- {"foreign", tail_id}: the log does not end with the entry this script wrote last (the
+-- projection's "last"): something appended around it (a raw XADD). Nothing is written but
+-- a quarantine ("q"), so that no writer builds on an entry nobody can vouch for.
 
 local log_key, run_key, lease_key, ledger_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local runs_key, due_key = KEYS[5], KEYS[6]
@@ -104,11 +108,18 @@ end
 local TERMINAL = {completed = true, failed = true, canceled = true, expired = true}
 
 -- Checks: nothing is written until all of them pass.
-local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel')
+local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel', 'last')
 local version = tonumber(projection[1]) or 0
 local old_state, cancel_was_pending = projection[2], projection[3] == '1'
+local last_written = projection[4]
 if version ~= expected_version then
   return {'conflict', version}
+end
+if last_written and last_written ~= '' and not has_flag('q') then
+  local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
+  if tail[1] and tail[1][1] ~= last_written then
+    return {'foreign', tail[1][1]}
+  end
 end
 if lease ~= '' then
   local holder = redis.call('GET', lease_key)
