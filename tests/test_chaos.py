@@ -31,8 +31,10 @@ def test_chaos_short_form_has_no_duplicates_and_every_run_terminal() -> None:
 def test_chaos_on_a_cluster_has_no_duplicates_and_every_run_terminal() -> None:
     """The same windows with the log on a 3-master Redis Cluster (RQ on a plain server):
     SIGKILLed workers, world faults; every run terminal, each key applied once."""
+    # Slower calls keep the runs in flight past the two seconds a worker must live before it
+    # may be killed (with the default latency all the runs could finish first: 0 kills).
     cfg = ChaosConfig(runs=20, workers=3, seed=5, kill_every=(0.3, 0.8), fault_workers=0.4,
-                      time_bound_s=90)
+                      p_slow=0.04, latency_ms=(150.0, 400.0), time_bound_s=90)
     report = run_chaos(cfg, cluster=True)
     print(report.to_json())
     assert report.redis == "a 3-master Redis Cluster"
