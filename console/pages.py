@@ -107,12 +107,7 @@ def waiting_runs(c: Client, limit: int = 20) -> list[Waiting]:
 
 
 async def runs_page(request: Request) -> Response:
-    current(request)
-    f = Filters.of(request)
-    c = client(request)
-    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
-    return render(request, "runs.html", {"f": f, "runs": runs, "counts": counts,
-                                         "waiting": waiting, "ages": AGES, "page": PAGE})
+    return await _runs(request, "runs.html", ages=AGES)
 
 
 def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting]]:
@@ -125,12 +120,15 @@ def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int],
 
 async def runs_table(request: Request) -> Response:
     """The runs list alone (the live refresh of the runs page)."""
+    return await _runs(request, "runs_table.html")
+
+
+async def _runs(request: Request, template: str, **more: Any) -> Response:
     current(request)
     f = Filters.of(request)
-    c = client(request)
-    runs, counts, waiting = await run_in_threadpool(runs_reads, c, f)
-    return render(request, "runs_table.html", {"f": f, "runs": runs, "counts": counts,
-                                               "waiting": waiting, "page": PAGE})
+    runs, counts, waiting = await run_in_threadpool(runs_reads, client(request), f)
+    return render(request, template, {"f": f, "runs": runs, "counts": counts,
+                                       "waiting": waiting, "page": PAGE, **more})
 
 
 # One run -------------------------------------------------------------------------------

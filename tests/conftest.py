@@ -163,6 +163,17 @@ def approver(r: redis.Redis) -> ApproverFactory:
 
 
 @pytest.fixture()
+def payer_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The ``payer`` test agent's files: its SQLite database (``w.sqlite``, ``TEST_DB``) and
+    the account balance it reads as a fact (``balance``, 1000, ``TEST_FACT_FILE``)."""
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
+    fact = tmp_path / "balance"
+    fact.write_text("1000")
+    monkeypatch.setenv("TEST_FACT_FILE", str(fact))
+    return tmp_path
+
+
+@pytest.fixture()
 def make_server() -> Iterator[ServerFactory]:
     """``make_server(**opts) -> durable.testing.Server``: another started Redis server on a
     random port in a private directory (``opts`` are ``Server``'s: ``fsync``, ``data_dir``);

@@ -29,15 +29,6 @@ from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
 
-@pytest.fixture()
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
-    fact = tmp_path / "balance"
-    fact.write_text("1000")
-    monkeypatch.setenv("TEST_FACT_FILE", str(fact))
-    return tmp_path
-
-
 def _waiting(client: Client, worker: WorkerFactory, run: str) -> str:
     """Drive ``run`` until it waits for approval (the worker is then stopped); its request."""
     w = worker()
@@ -48,12 +39,13 @@ def _waiting(client: Client, worker: WorkerFactory, run: str) -> str:
     return request
 
 
-def _paid(world: Path) -> dict[str, int]:
-    return applications(str(world / "w.sqlite"))
+def _paid(payer_files: Path) -> dict[str, int]:
+    return applications(str(payer_files / "w.sqlite"))
 
 
 def test_the_callers_environment_grants_nothing(client: Client, worker: WorkerFactory,
-                                                world: Path, approver: ApproverFactory) -> None:
+                                                payer_files: Path,
+                                                approver: ApproverFactory) -> None:
     """The probe of the issue: ``DURABLE_APPROVERS='{"mallory":["finance"]}' durable approve
     ... --approver mallory`` published the payment. Now mallory's own key, unregistered,
     is refused with one line and exit 1, and so is a decision in alice's name signed with
@@ -63,12 +55,12 @@ def test_the_callers_environment_grants_nothing(client: Client, worker: WorkerFa
     request = _waiting(client, worker, run)
     version = client.status(run).version
     env = {**os.environ, "DURABLE_APPROVERS": json.dumps({"mallory": ["finance"]})}
-    made = run_durable("approvers", "keygen", "mallory", "--dir", str(world), env=env)
+    made = run_durable("approvers", "keygen", "mallory", "--dir", str(payer_files), env=env)
     assert made.returncode == 0, made.stderr
     for name, why in (("mallory", "unknown approver 'mallory'"),
                       ("alice", "the signature is not alice's")):
         res = run_durable("approve", run, "--request", request, "--decision", "approve",
-                          "--approver", name, "--key", str(world / "mallory.key"), env=env)
+                          "--approver", name, "--key", str(payer_files / "mallory.key"), env=env)
         assert res.returncode == 1, (res.stdout, res.stderr)
         lines = [x for x in res.stderr.splitlines() if not x.startswith("durable: warning")]
         assert len(lines) == 1 and why in lines[0], res.stderr
@@ -76,61 +68,61 @@ def test_the_callers_environment_grants_nothing(client: Client, worker: WorkerFa
     assert client.status(run).version == version
     assert client.status(run).state == "waiting_approval"
     worker(burst=True).wait(60)
-    assert _paid(world) == {}
+    assert _paid(payer_files) == {}
 
 
 def test_keygen_add_list_approve_from_the_command_line(client: Client, worker: WorkerFactory,
-                                                       world: Path) -> None:
+                                                       payer_files: Path) -> None:
     """The way in for a user: ``keygen`` writes a 0600 private key and the public key,
     ``approvers add`` registers it, ``approve --key`` signs locally; the recorded decision
     names the key and carries the signature; ``verify`` re-checks it."""
     env = dict(os.environ)
-    assert run_durable("approvers", "keygen", "alice", "--dir", str(world),
+    assert run_durable("approvers", "keygen", "alice", "--dir", str(payer_files),
                        env=env).returncode == 0
-    assert stat.S_IMODE((world / "alice.key").stat().st_mode) == 0o600
-    again = run_durable("approvers", "keygen", "alice", "--dir", str(world), env=env)
+    assert stat.S_IMODE((payer_files / "alice.key").stat().st_mode) == 0o600
+    again = run_durable("approvers", "keygen", "alice", "--dir", str(payer_files), env=env)
     assert again.returncode == 2 and "exists already" in again.stderr
     added = run_durable("approvers", "add", "alice", "--role", "finance", "--public-key",
-                        str(world / "alice.pub"), "--json", env=env)
+                        str(payer_files / "alice.pub"), "--json", env=env)
     assert added.returncode == 0, added.stderr
     key = json.loads(added.stdout)["key"]
     listed = run_durable("approvers", "list", "--json", env=env)
     assert [json.loads(x)["name"] for x in listed.stdout.splitlines()] == ["alice"]
     dup = run_durable("approvers", "add", "alice", "--role", "finance", "--public-key",
-                      str(world / "alice.pub"), env=env)
+                      str(payer_files / "alice.pub"), env=env)
     assert dup.returncode == 2 and "exists already" in dup.stderr
 
     run = client.start("payer", {"amount": 7}, run_id="cli-ok").run_id
     request = _waiting(client, worker, run)
     res = run_durable("approve", run, "--request", request, "--decision", "approve",
-                      "--approver", "alice", "--key", str(world / "alice.key"), env=env)
+                      "--approver", "alice", "--key", str(payer_files / "alice.key"), env=env)
     assert res.returncode == 0, res.stderr
     worker()
     final = client.wait(run, 30)
-    assert final.state == "completed" and _paid(world) == {f"{run}:1": 1}
+    assert final.state == "completed" and _paid(payer_files) == {f"{run}:1": 1}
     (decided,) = [e.event for e in client.events(run) if isinstance(e.event, ev.ApprovalDecided)]
     assert (decided.approver, decided.key) == ("alice", key) and decided.sig
     assert run_durable("verify", run, env=env).returncode == 0
 
 
-def test_a_missing_or_wrong_key_file_is_one_line(client: Client, world: Path) -> None:
+def test_a_missing_or_wrong_key_file_is_one_line(client: Client, payer_files: Path) -> None:
     env = dict(os.environ)
-    (world / "junk.key").write_text("not a key")
-    for path, why in ((world / "nope.key", "cannot read key file"),
-                      (world / "junk.key", "not a usable private key")):
+    (payer_files / "junk.key").write_text("not a key")
+    for path, why in ((payer_files / "nope.key", "cannot read key file"),
+                      (payer_files / "junk.key", "not a usable private key")):
         res = run_durable("approve", "r1", "--request", "x", "--decision", "approve",
                           "--approver", "alice", "--key", str(path), env=env)
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and why in res.stderr, \
             res.stderr
     bad = run_durable("approvers", "add", "bob", "--role", "x", "--public-key",
-                      str(world / "junk.key"), env=env)
+                      str(payer_files / "junk.key"), env=env)
     assert bad.returncode == 2 and "not a usable public key" in bad.stderr
 
 
 @pytest.mark.parametrize("case", ["wrong role", "revoked", "another request", "no signature",
                                   "tampered decision"])
 def test_a_decision_that_does_not_hold_is_refused_and_writes_nothing(
-    case: str, client: Client, worker: WorkerFactory, world: Path, approver: ApproverFactory
+    case: str, client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
 ) -> None:
     alice = approver("alice", "finance")
     bob = approver("bob", "support")
@@ -160,7 +152,8 @@ def test_a_decision_that_does_not_hold_is_refused_and_writes_nothing(
 
 
 def test_a_decision_after_the_expiry_is_refused(client: Client, worker: WorkerFactory,
-                                                world: Path, approver: ApproverFactory) -> None:
+                                                payer_files: Path,
+                                                approver: ApproverFactory) -> None:
     """The request's expiry is inside the signature and checked against the clock (the
     reconciler expiring the run is covered in test_waits)."""
     alice = approver("alice", "finance")
@@ -189,7 +182,7 @@ def _forge_decision(client: Client, run: str, request: str, approver: str = "ali
 
 
 def test_the_worker_does_not_act_on_an_unsigned_decision(
-    client: Client, worker: WorkerFactory, world: Path, approver: ApproverFactory
+    client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
 ) -> None:
     """Window: a decision written around the client (no signature) while the run waits; the
     worker checks it before sending the call, sends nothing and asks again; ``verify``
@@ -200,7 +193,7 @@ def test_the_worker_does_not_act_on_an_unsigned_decision(
     _forge_decision(client, run, first)
     assert client.status(run).state == "pending"
     second = _waiting(client, worker, run)
-    assert second != first and _paid(world) == {}
+    assert second != first and _paid(payer_files) == {}
     state = client.status(run)
     assert "does not hold" in (state.wait.reason if state.wait else ""), state.wait
     report = verify(client.log, run)
@@ -208,11 +201,11 @@ def test_the_worker_does_not_act_on_an_unsigned_decision(
     client.sign_and_approve(run, second, "approve", "alice", alice)
     worker()
     assert client.wait(run, 30).state == "completed"
-    assert _paid(world) == {f"{run}:1": 1}
+    assert _paid(payer_files) == {f"{run}:1": 1}
 
 
 def test_an_unsigned_rejection_is_never_fed_to_the_agent(
-    client: Client, worker: WorkerFactory, world: Path, approver: ApproverFactory
+    client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
 ) -> None:
     """Window: a rejection written around the client (no signature) while the run waits.
     The fold settles the action as rejected, so the worker checks every recorded rejection
@@ -226,11 +219,11 @@ def test_an_unsigned_rejection_is_never_fed_to_the_agent(
     state = client.wait(run, 30)
     assert state.state == "quarantined", state
     assert "the rejection of" in (state.reason or "") and "no signature" in (state.reason or "")
-    assert _paid(world) == {}
+    assert _paid(payer_files) == {}
 
 
 def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(
-    client: Client, worker: WorkerFactory, world: Path, approver: ApproverFactory
+    client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
 ) -> None:
     """Window: alice approved while no worker ran, then her key was revoked. The worker
     sends nothing and asks again; alice's new key (rotation: added under a new name, the old
@@ -242,14 +235,14 @@ def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(
     client.sign_and_approve(run, first, "approve", "alice", alice)
     client.approvers.revoke("alice")
     second = _waiting(client, worker, run)
-    assert second != first and _paid(world) == {}
+    assert second != first and _paid(payer_files) == {}
     with pytest.raises(Refused, match="revoked"):
         client.sign_and_approve(run, second, "approve", "alice", alice)
     alice2 = approver("alice-2027", "finance")
     client.sign_and_approve(run, second, "approve", "alice-2027", alice2)
     worker()
     assert client.wait(run, 30).state == "completed"
-    assert _paid(world) == {f"{run}:1": 1}
+    assert _paid(payer_files) == {f"{run}:1": 1}
     report = verify(client.log, run)
     assert report.ok, report.checks
 

@@ -72,14 +72,11 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 @pytest.fixture()
-def apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, approver: ApproverFactory) -> Path:
+def apps(payer_files: Path, approver: ApproverFactory) -> Path:
     """The payer agent's database and fact; alice's key is registered with the role
     finance, and her private key lies where the console's users file names it."""
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
-    (tmp_path / "balance").write_text("1000")
-    monkeypatch.setenv("TEST_FACT_FILE", str(tmp_path / "balance"))
-    (tmp_path / "alice.pem").write_bytes(approver("alice", "finance"))
-    return tmp_path
+    (payer_files / "alice.pem").write_bytes(approver("alice", "finance"))
+    return payer_files
 
 
 @pytest.fixture()

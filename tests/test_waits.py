@@ -21,16 +21,6 @@ from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory
 
-
-@pytest.fixture()
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
-    fact = tmp_path / "balance"
-    fact.write_text("1000")
-    monkeypatch.setenv("TEST_FACT_FILE", str(fact))
-    return tmp_path
-
-
 #: Private keys of the registered approvers (``keys``), by name.
 Keys = dict[str, bytes]
 
@@ -62,7 +52,7 @@ def _waiting_for_approval(client: Client, worker: WorkerFactory, run: str) -> st
 
 
 def test_approve_then_the_action_runs_once(client: Client, keys_: Keys, worker: WorkerFactory,
-                                           world: Path, r: redis.Redis) -> None:
+                                           payer_files: Path, r: redis.Redis) -> None:
     run = client.start("payer", {"amount": 42}, run_id="ap1").run_id
     worker()  # stays up: the waiting run must not keep it busy
     state = client.wait(run, 20)
@@ -76,23 +66,23 @@ def test_approve_then_the_action_runs_once(client: Client, keys_: Keys, worker: 
     _approve(client, keys_, run, request, "approve", "alice")
     final = client.wait(run, 20)
     assert final.state == "completed" and final.result == {"paid": True, "status": "succeeded"}
-    assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
+    assert applications(str(payer_files / "w.sqlite")) == {f"{run}:1": 1}
     assert verify(client.log, run).ok
 
 
 def test_reject_is_an_outcome_the_agent_handles(client: Client, keys_: Keys, worker: WorkerFactory,
-                                                world: Path) -> None:
+                                                payer_files: Path) -> None:
     run = client.start("payer", {"amount": 5}, run_id="ap2").run_id
     request = _waiting_for_approval(client, worker, run)
     _approve(client, keys_, run, request, "reject", "alice", note="not this month")
     _drive(client, worker, run)
     final = client.status(run)
     assert final.state == "completed" and final.result == {"paid": False, "status": "rejected"}
-    assert applications(str(world / "w.sqlite")) == {}
+    assert applications(str(payer_files / "w.sqlite")) == {}
 
 
 def test_an_unanswered_approval_expires(client: Client, keys_: Keys, worker: WorkerFactory,
-                                        world: Path) -> None:
+                                        payer_files: Path) -> None:
     run = client.start("payer", {"amount": 5}, run_id="ap3").run_id
     request = _waiting_for_approval(client, worker, run)
     expires = client.status(run).approvals[request].expires
@@ -100,11 +90,12 @@ def test_an_unanswered_approval_expires(client: Client, keys_: Keys, worker: Wor
     assert client.status(run).state == "expired"
     with pytest.raises(Refused):
         _approve(client, keys_, run, request, "approve", "alice")  # too late: nothing written
-    assert applications(str(world / "w.sqlite")) == {}
+    assert applications(str(payer_files / "w.sqlite")) == {}
 
 
 def test_a_late_duplicate_approval_changes_nothing(client: Client, keys_: Keys,
-                                                   worker: WorkerFactory, world: Path) -> None:
+                                                   worker: WorkerFactory,
+                                                   payer_files: Path) -> None:
     run = client.start("payer", {"amount": 7}, run_id="ap4").run_id
     request = _waiting_for_approval(client, worker, run)
     _approve(client, keys_, run, request, "approve", "alice")
@@ -114,7 +105,8 @@ def test_a_late_duplicate_approval_changes_nothing(client: Client, keys_: Keys,
 
 
 def test_a_wrong_role_is_refused_and_writes_nothing(client: Client, keys_: Keys,
-                                                    worker: WorkerFactory, world: Path) -> None:
+                                                    worker: WorkerFactory,
+                                                    payer_files: Path) -> None:
     run = client.start("payer", {"amount": 7}, run_id="ap5").run_id
     request = _waiting_for_approval(client, worker, run)
     version = client.status(run).version
@@ -127,29 +119,29 @@ def test_a_wrong_role_is_refused_and_writes_nothing(client: Client, keys_: Keys,
 
 
 def test_approval_after_the_facts_changed_is_refused_and_asked_again(
-    client: Client, keys_: Keys, worker: WorkerFactory, world: Path
+    client: Client, keys_: Keys, worker: WorkerFactory, payer_files: Path
 ) -> None:
     """The balance the approver saw changed before the approved call ran: the digest
     recomputed over the action as it is now differs, so the call is refused and a new
     approval is requested."""
     run = client.start("payer", {"amount": 9}, run_id="ap6").run_id
     first = _waiting_for_approval(client, worker, run)
-    (world / "balance").write_text("3")
+    (payer_files / "balance").write_text("3")
     _approve(client, keys_, run, first, "approve", "alice")
     second = _waiting_for_approval(client, worker, run)
     assert second != first
     state = client.status(run)
     assert state.approvals[second].digest != state.approvals[first].digest
     assert "changed since it was approved" in (state.wait.reason if state.wait else "")
-    assert applications(str(world / "w.sqlite")) == {}
+    assert applications(str(payer_files / "w.sqlite")) == {}
     _approve(client, keys_, run, second, "approve", "alice")
     _drive(client, worker, run)
     assert client.status(run).state == "completed"
-    assert applications(str(world / "w.sqlite")) == {f"{run}:1": 1}
+    assert applications(str(payer_files / "w.sqlite")) == {f"{run}:1": 1}
 
 
 def test_respond_resumes_and_a_late_duplicate_response_changes_nothing(
-    client: Client, worker: WorkerFactory, world: Path
+    client: Client, worker: WorkerFactory, payer_files: Path
 ) -> None:
     run = client.start("quoter", {"text": "q"}, run_id="in1").run_id
     _drive(client, worker, run)
@@ -163,7 +155,7 @@ def test_respond_resumes_and_a_late_duplicate_response_changes_nothing(
 
 @pytest.mark.parametrize("then,expected", [("refresh", "completed"), ("expire", "expired")])
 def test_a_failed_revalidation_on_resume_is_handled_as_declared(
-    then: str, expected: str, client: Client, worker: WorkerFactory, world: Path
+    then: str, expected: str, client: Client, worker: WorkerFactory, payer_files: Path
 ) -> None:
     run = client.start("quoter", {"text": "q"}, run_id=f"rv-{then}").run_id
     _drive(client, worker, run)
@@ -178,7 +170,7 @@ def test_a_failed_revalidation_on_resume_is_handled_as_declared(
 
 
 def test_resuming_under_a_new_agent_version_asks_for_approval(
-    client: Client, keys_: Keys, worker: WorkerFactory, world: Path, approver: ApproverFactory
+    client: Client, keys_: Keys, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
 ) -> None:
     keys_["ops"] = approver("ops", "operator")
     run = client.start("payer", {"amount": 3}, run_id="ver").run_id
@@ -240,7 +232,7 @@ def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
 
 
 def test_a_second_decision_from_the_command_line_says_who_decided_and_when(
-    client: Client, keys_: Keys, worker: WorkerFactory, world: Path,
+    client: Client, keys_: Keys, worker: WorkerFactory, payer_files: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``durable approve`` of a request already decided writes nothing, says who decided it
@@ -249,7 +241,7 @@ def test_a_second_decision_from_the_command_line_says_who_decided_and_when(
 
     run = client.start("payer", {"amount": 3}, run_id="ap-cli").run_id
     request = _waiting_for_approval(client, worker, run)
-    key_file = world / "alice.key"
+    key_file = payer_files / "alice.key"
     key_file.write_bytes(keys_["alice"])
     assert main(["approve", run, "--request", request, "--decision", "approve",
                  "--approver", "alice", "--key", str(key_file)]) == 0
