@@ -26,7 +26,7 @@ import msgspec
 from pydantic import BaseModel
 
 from durable.cancellation import Cancelled, CancelToken
-from durable.errors import UnknownAgent, UnknownTool
+from durable.errors import UnknownAgent, UnknownTool, UsageError
 from durable.log.state import RunState
 from durable.sealing import secret_fields
 
@@ -312,7 +312,16 @@ class Registry:
         """Import each module named in a comma-separated list, then the entry points."""
         for name in [m.strip() for m in modules.split(",") if m.strip()]:
             if name not in self._loaded:
-                importlib.import_module(name)
+                try:
+                    importlib.import_module(name)
+                except ModuleNotFoundError as exc:
+                    itself = exc.name is not None and f"{name}.".startswith(f"{exc.name}.")
+                    where = "it" if itself else f"its import of {exc.name!r}"
+                    raise UsageError(
+                        f"DURABLE_AGENTS names {name!r}, but {where} cannot be found: is it "
+                        "installed, or on PYTHONPATH? (the installed `durable` command does "
+                        "not look in the current directory; `python -m durable` does)"
+                    ) from None
                 self._loaded.add(name)
         if "entry-points" not in self._loaded:
             self._loaded.add("entry-points")

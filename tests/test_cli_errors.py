@@ -75,6 +75,27 @@ def test_an_input_nested_too_deeply_is_a_usage_error(env: dict[str, str],
     assert _one_line(out.stderr) == "durable: --input is nested too deeply"
 
 
+@pytest.mark.parametrize("modules, missing", [("nosuch_agents", "it"),
+                                               ("examples.agents,nosuch.sub", "it"),
+                                               ("mine.needs_more", "its import of")])
+def test_an_agents_module_that_cannot_be_found_is_one_line(
+        env: dict[str, str], make_server: ServerFactory, tmp_path: Path, modules: str,
+        missing: str) -> None:
+    """``DURABLE_AGENTS`` naming a module that is not importable (a typo, a module outside
+    the path, a dependency not installed): one line naming it, exit 2, for a worker too."""
+    env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
+    env["DURABLE_AGENTS"] = modules
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "needs_more.py").write_text("import not_installed_here\n")
+    env["PYTHONPATH"] = str(tmp_path)
+    for args in (("worker", "--burst"), ("start", "count")):
+        out = run_durable(*args, env=env, cwd=tmp_path)
+        assert out.returncode == 2, out.stderr
+        line = _one_line(out.stderr)
+        named = modules.split(",")[-1]
+        assert f"DURABLE_AGENTS names '{named}', but {missing}" in line, line
+
+
 def test_times_are_shown_for_people_and_kept_as_milliseconds_in_json(
     env: dict[str, str], make_server: ServerFactory
 ) -> None:
