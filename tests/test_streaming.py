@@ -157,6 +157,26 @@ def test_durable_log_follow_prints_lines_for_people(
     assert len(lines) == len(client.events("cli-follow-2")) - 1
 
 
+def test_following_a_quarantined_run_stops_and_says_so(
+    server: Server, client: Client, worker: WorkerFactory
+) -> None:
+    """A quarantined run writes nothing more until an operator releases it: ``--follow``
+    prints the quarantine, says so on stderr and exits 1 instead of waiting for ever."""
+    from durable.log.state import RunState
+    from durable.log.store import RunHandle, Spec
+
+    handle = RunHandle("ghost-follow", RunState(), actor="t")
+    client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "ghost-agent", "input": {}})])
+    client.enqueue("ghost-follow")
+    worker()
+    assert client.wait("ghost-follow", 30).state == "quarantined"
+    out = subprocess.run([sys.executable, "-m", "durable", "log", "ghost-follow", "--follow"],
+                         env=env_for(server.url), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "quarantined" in out.stdout.splitlines()[-1]
+    assert out.stderr.startswith("durable: ghost-follow is quarantined (unknown agent")
+
+
 def test_partial_output_that_is_not_plain_data_is_omitted_not_fatal() -> None:
     raw = encode_partial("r1", 2, 1, 5, {"x": object()}, 1024)
     found = decode_partial(raw)

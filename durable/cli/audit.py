@@ -10,6 +10,7 @@ import msgspec
 
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
+from durable.log import events as ev
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.replay import fork, replay, summary, trajectory
@@ -39,7 +40,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 def _follow(args: argparse.Namespace) -> int:
     """``durable log RUN --follow``: each event (and partial output) as it comes, one line
-    each, until the run is terminal."""
+    each, until the run is terminal (or quarantined: exit 1)."""
     if args.end != "+":
         raise UsageError("--to cannot be combined with --follow")
     c = client()
@@ -62,6 +63,13 @@ def _follow(args: argparse.Namespace) -> int:
                 print(f"{row['id']}  {row['seq'] or '-':>4}  {row['type']:<20} "
                       f"{row.get('actor') or '':<24} {row['what']}")
             sys.stdout.flush()
+            if isinstance(item, Entry) and isinstance(item.event, ev.Quarantined) \
+                    and c.status(args.run).state == "quarantined":
+                # Nothing more comes until an operator releases it: stop, and say so.
+                print(f"durable: {args.run} is quarantined ({item.event.reason}): nothing "
+                      f"more happens until `durable quarantine release {args.run}`",
+                      file=sys.stderr)
+                return CHECK_FAILED
     return OK
 
 
