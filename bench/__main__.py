@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                      f"{elapsed * cpus:.0f} available")
     md = report.write(res, args.out)
     print(md)
-    _log(f"[bench] wrote {args.out}/results.md, results.json, chart.png in {elapsed:.0f}s")
+    chart = ", chart.png" if (Path(args.out) / "chart.png").exists() else ""
+    _log(f"[bench] wrote {args.out}/results.md, results.json{chart} in {elapsed:.0f}s")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -417,5 +418,10 @@ def write(res: dict[str, Any], out_dir: Path) -> str:
     md = markdown(res)
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    chart(res, out_dir / "chart.png")
+    (out_dir / "chart.png").unlink(missing_ok=True)  # never a chart of an earlier run
+    try:
+        chart(res, out_dir / "chart.png")
+    except ModuleNotFoundError as exc:  # the chart needs the bench extra; the figures do not
+        print(f"[bench] no chart: {exc.name} is not installed (pip install -e '.[bench]')",
+              file=sys.stderr)
     return md

@@ -151,8 +151,10 @@ class Client:
         limit = self.settings.max_pending_runs
         if limit is None:
             return
-        pending = sum(int(self.redis.zcard(keys.runs_in_state("pending", shard)))
-                      for shard in keys.shard_ids())
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in keys.shard_ids():  # one round trip, however many shards
+            pipe.zcard(keys.runs_in_state("pending", shard))
+        pending = sum(int(n) for n in pipe.execute())
         if pending >= limit:
             raise TooManyPendingRuns(pending, limit)
 
