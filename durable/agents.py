@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 from pydantic import BaseModel
 
-from durable.cancellation import Cancelled, CancelToken
+from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import UnknownAgent, UnknownTool, UsageError
 from durable.log.state import RunState
 from durable.sealing import secret_fields
@@ -156,10 +156,12 @@ class ToolContext:
         self.token.check()
 
 
-def resolve_awaitable(value: Any, token: CancelToken | None = None) -> Any:
+def resolve_awaitable(value: Any, token: CancelToken | None = None,
+                      timeout: float | None = None) -> Any:
     """A tool's ``run`` and ``lookup`` may be ``async def``: drive the coroutine to its end
-    on an event loop of the calling thread (a tool thread), so it never blocks another run.
-    A cancel of ``token`` cancels the task, and ``Cancelled`` is raised."""
+    on an event loop of the calling thread (the run's own), so it never blocks another run.
+    A cancel of ``token`` cancels the task, and ``Cancelled`` is raised; past ``timeout``
+    seconds the task is cancelled too, and ``Overrun`` is raised."""
     if not inspect.isawaitable(value):
         return value
     awaitable = value
@@ -174,9 +176,11 @@ def resolve_awaitable(value: Any, token: CancelToken | None = None) -> Any:
         if token is not None:
             token.add_listener(cancel)
         try:
-            return await task
+            return await asyncio.wait_for(task, timeout)
         except asyncio.CancelledError:
             raise Cancelled(token.reason if token is not None else "cancelled") from None
+        except TimeoutError:
+            raise Overrun("deadline") from None
         finally:
             if token is not None:
                 token.remove_listener(cancel)

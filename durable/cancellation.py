@@ -50,6 +50,11 @@ class Cancelled(BaseException):
     """
 
 
+class Overrun(Cancelled):
+    """Raised inside a tool call that ran past its deadline, or past its cancel's grace
+    period: the worker stops it and records its outcome as unknown."""
+
+
 class CancelToken:
     def __init__(self) -> None:
         self._event = threading.Event()

@@ -6,7 +6,7 @@ import itertools
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from durable.log.replay import fork, state_at
 from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
-from durable.queue import enqueue_advance, make_queue
+from durable.queue import enqueue_advance, enqueue_many, make_queue
 from durable.sealing import (
     contains_envelope,
     contains_sensitive,
@@ -53,6 +53,11 @@ from durable.sealing import (
 )
 from durable.settings import Settings
 from durable.streaming import Follower, Partial, afollow, async_twin
+
+#: Runs ``Client.start_many`` appends in one pipeline before making them ready (a
+#: pipeline per chunk bounds the memory of a huge batch; smaller chunks made the batch
+#: slower to run: its later chunks competed with the workers already busy on the first).
+START_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -146,8 +151,75 @@ class Client:
                 enqueue_advance(self.redis, self.queue, run_id)
         return Started(run_id, True, handle.state.state)
 
-    def _admit(self) -> None:
-        """Refuse a new run while ``DURABLE_MAX_PENDING_RUNS`` runs are pending."""
+    def start_many(self, agent: str, inputs: Sequence[Any], *,
+                   run_ids: Sequence[str] | None = None, enqueue: bool = True,
+                   budgets: Mapping[str, int] | None = None) -> list[Started]:
+        """Start one run of ``agent`` per input, in a few round trips whatever their number
+        (one pipeline of appends, one push to the ready list), with ``start``'s guarantees
+        for each: a ``run_id`` already started with the same agent and input is returned as
+        it is, with another input it raises ``RunIdConflict`` before anything is written.
+
+        Every input is validated first: one invalid input writes nothing. With
+        ``DURABLE_MAX_PENDING_RUNS`` the whole batch must fit. On a cluster, or with
+        ``DURABLE_MIN_REPLICAS``, the appends are made one by one."""
+        inputs = list(inputs)
+        ids = list(run_ids) if run_ids is not None else [uuid.uuid4().hex[:16] for _ in inputs]
+        if len(ids) != len(inputs):
+            raise UsageError(f"{len(ids)} run ids for {len(inputs)} inputs")
+        if len(set(ids)) != len(ids):
+            raise UsageError("start_many: run ids repeat")
+        checked = []
+        for run_id, data in zip(ids, inputs, strict=True):
+            if not keys.RUN_ID_RE.match(run_id):
+                raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+            name, version, tools, defaults, plain, sensitive = self._checked_input(agent, data)
+            size = len(msgspec.msgpack.encode(plain))
+            if size > self.settings.max_payload_bytes:
+                raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
+            if sensitive and not self.log.keyring:
+                raise UsageError(f"agent {name!r} has sensitive input fields "
+                                 f"({', '.join(sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
+                                 "start it (nothing was written)")
+            limits = checked_budgets({**defaults, **(budgets or {})})
+            checked.append((run_id, name, version, tools, limits, plain, sensitive))
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.exists(keys.run(run_id))
+        exists = [bool(n) for n in pipe.execute()]
+        found = {c[0]: self._existing(c[0], c[1], c[5]) for c, e in zip(checked, exists,
+                                                                          strict=True) if e}
+        fresh = [c for c in checked if c[0] not in found]
+        self._admit(len(fresh))
+        trace = tracing.traceparent()
+        batch = []
+        for run_id, name, version, tools, limits, plain, sensitive in fresh:
+            data = seal_fields(plain, sensitive, self.log.keyring) if sensitive else plain
+            batch.append((RunHandle(run_id, RunState(), actor="client"), [Spec(ev.RunStarted, {
+                "agent": name, "agent_version": version, "input": data, "tools": tools,
+                "budgets": limits, "trace": trace})],
+                {"agent": name, "created": str(now_ms())}))
+        # In chunks, each made ready as soon as it is written: workers start on the first
+        # runs while the rest are appended.
+        failed: Exception | None = None
+        for at in range(0, len(batch), START_CHUNK):
+            chunk, started = batch[at:at + START_CHUNK], []
+            for (handle, _, _), c, answer in zip(chunk, fresh[at:at + START_CHUNK],
+                                                 self.log.commit_many(chunk), strict=True):
+                if isinstance(answer, ConflictError):  # started meanwhile by someone else
+                    found[handle.run_id] = self._existing(handle.run_id, c[1], c[5])
+                elif isinstance(answer, Exception):
+                    failed = failed or answer
+                else:
+                    started.append(handle.run_id)
+                    found[handle.run_id] = Started(handle.run_id, True, handle.state.state)
+            if enqueue and started:
+                enqueue_many(self.redis, self.queue, started)
+            if failed is not None:  # what was written is ready; the caller learns the rest
+                raise failed
+        return [found[run_id] for run_id in ids]
+
+    def _admit(self, new: int = 1) -> None:
+        """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
         limit = self.settings.max_pending_runs
         if limit is None:
             return
@@ -155,7 +227,7 @@ class Client:
         for shard in keys.shard_ids():  # one round trip, however many shards
             pipe.zcard(keys.runs_in_state("pending", shard))
         pending = sum(int(n) for n in pipe.execute())
-        if pending >= limit:
+        if pending + new > limit:
             raise TooManyPendingRuns(pending, limit)
 
     def _checked_input(self, agent: str, input: Any

@@ -10,6 +10,15 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import tenacity
 
+try:  # redis-py >= 7: one driver description for every connection of a pool
+    from redis.driver_info import DriverInfo
+
+    #: redis-py otherwise builds one per new connection, reading its own package metadata
+    #: from disk each time: a worker opening hundreds of connections paid for it in CPU.
+    _DRIVER: dict[str, Any] = {"driver_info": DriverInfo()}
+except ImportError:  # older redis-py: it takes the version from its own module
+    _DRIVER = {"lib_version": redis.__version__}
+
 from durable.errors import UnsafeRedis, UsageError
 from durable.log import keys
 from durable.settings import Settings
@@ -124,7 +133,7 @@ def connection_options(settings: Settings, url: str) -> dict[str, Any]:
     """redis-py connection arguments from the settings: the ACL user and its password, and
     for a ``rediss://`` URL the CA, client certificate and key. TLS files with a plain
     ``redis://`` URL are a ``UsageError``: the connection would not be encrypted."""
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = dict(_DRIVER)
     if settings.redis_username:
         options["username"] = settings.redis_username
     if settings.redis_password is not None:

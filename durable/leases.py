@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from durable.log import counters, keys
+from durable.log.batching import ScriptBatcher
 from durable.log.scripts import Scripts, source
 
 
@@ -43,6 +44,8 @@ class Leases:
         self.scripts = Scripts(client)
         self.redis = client
         self.ttl_ms = ttl_ms
+        #: Sends ``acquire`` together with other threads' script calls (a worker's).
+        self.batcher: ScriptBatcher | None = None
 
     def acquire(self, run_id: str, token: str, *,
                 take_queued: bool = False) -> tuple[Lease | None, int, Any]:
@@ -53,10 +56,13 @@ class Leases:
         ``take_queued`` also drops the run's "queued" marker: a worker starting a command
         makes a new enqueue no longer a duplicate.
         """
-        reply = self.scripts.lease_acquire(
-            keys=[keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
-                  keys.log(run_id), keys.run(run_id)],
-            args=[token, self.ttl_ms, "1" if take_queued else "0"])
+        run_keys = [keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
+                    keys.log(run_id), keys.run(run_id)]
+        args = [token, self.ttl_ms, "1" if take_queued else "0"]
+        if self.batcher is not None:
+            reply = self.batcher.call("lease_acquire", run_keys, args)
+        else:
+            reply = self.scripts.lease_acquire(keys=run_keys, args=args)
         if _s(reply[0]) != "ok":
             return None, 0, None
         if int(reply[4]):

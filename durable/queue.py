@@ -62,6 +62,19 @@ def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bo
     return True
 
 
+def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str]) -> list[str]:
+    """``enqueue_advance`` for many runs: their markers in one pipeline, the ready ones in
+    one push, one drain command. Returns the runs made ready (not queued already)."""
+    pipe = client.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.set(keys.queued(run_id), b"1", nx=True, px=QUEUED_TTL_MS)
+    ready = [run_id for run_id, ok in zip(run_ids, pipe.execute(), strict=True) if ok]
+    if ready:
+        queue.connection.rpush(keys.ready(queue.name), *ready)
+        ensure_drain(queue)
+    return ready
+
+
 def ensure_drain(queue: Queue) -> bool:
     """Put a ``drain`` command on the queue unless one is pending already."""
     client = queue.connection

@@ -32,6 +32,15 @@ TRACER = "durable"
 _propagator = TraceContextTextMapPropagator() if trace is not None else None
 
 
+def _recording() -> bool:
+    """Whether spans go anywhere: the API is installed and an SDK provider is set (the
+    API's default proxy and no-op providers record nothing, yet cost a span each)."""
+    if trace is None:
+        return False
+    return not isinstance(trace.get_tracer_provider(),
+                          (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 class StepSpan:
     """What a step's code may add to its span (nothing happens without a span)."""
 
@@ -47,7 +56,9 @@ class StepSpan:
 
 def traceparent() -> str:
     """The W3C ``traceparent`` of the current span, or "" (no OTel, nothing recording)."""
-    if _propagator is None or not trace.get_current_span().get_span_context().is_valid:
+    if _propagator is None or not _recording():
+        return ""
+    if not trace.get_current_span().get_span_context().is_valid:
         return ""
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
@@ -58,7 +69,7 @@ def traceparent() -> str:
 def start_span(run_id: str, agent: str) -> Iterator[None]:
     """The producer's span around ``Client.start``: current while the run is recorded, so
     :func:`traceparent` names it."""
-    if trace is None:
+    if not _recording():
         yield
         return
     tracer = trace.get_tracer(TRACER)
@@ -71,7 +82,7 @@ def start_span(run_id: str, agent: str) -> Iterator[None]:
 @contextlib.contextmanager
 def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
     """A worker driving a run: a span under the producer's context ``parent``."""
-    if trace is None:
+    if not _recording():
         yield
         return
     ctx = _propagator.extract({"traceparent": parent}) if parent and _propagator else None
@@ -86,7 +97,7 @@ def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
 def step_span(run_id: str, agent: str, tool: str, key: str, step: int,
               attempt: int) -> Iterator[StepSpan]:
     """One dispatched call of a step, under the current run span."""
-    if trace is None:
+    if not _recording():
         yield StepSpan()
         return
     tracer = trace.get_tracer(TRACER)

@@ -45,10 +45,29 @@ class Stubborn(Tool):
 
 
 @register
+class Blocker(Tool):
+    """Blocks in C (one long ``time.sleep``) past its deadline on the first attempt of step
+    1, where no interrupt can land: the worker must give the run up."""
+
+    name = "blocker"
+    timeout_s = 1.0
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        import time
+
+        if args.get("n") == 1 and ctx.attempt <= 1:
+            time.sleep(float(args.get("sleep_s", 4)))
+        return {"n": args.get("n"), "attempt": ctx.attempt}
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()
+
+
+@register
 class Echo(Agent):
     name = "echo"
     input_model = EchoInput
-    tools = ("noop", "stubborn")
+    tools = ("noop", "stubborn", "blocker")
 
     def decide(self, state: RunState) -> Decision:
         if state.step >= state.input["steps"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,57 @@ def test_agent_code_that_never_returns_is_quarantined_and_the_worker_goes_on(
     assert w.alive()
     assert client.cancel(stuck, "operator gave up").state == "canceled"
     assert client.stats().get("user_code_overruns") == 1
+
+
+def test_a_tool_stuck_in_c_gives_its_run_up_and_the_worker_goes_on(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """Window: step 1 dispatched, its tool blocked in C past its deadline, where the
+    interrupt cannot land: the run is handed back (lease released, ready again) and another
+    slot continues it, resolving the call with ``lookup`` and sending it again; the stuck
+    thread's late return writes nothing, and the worker keeps serving."""
+    run = client.start("echo", {"steps": 2, "text": "t"}, run_id="blocked").run_id
+    w = worker(DURABLE_CONCURRENCY="4", ECHO_TOOL="blocker", ECHO_SLEEP="4")
+    final = client.wait(run, timeout=30)
+    assert final.state == "completed"
+    entries = client.log.read(run)
+    types = [e.event.__struct_config__.tag for e in entries if e.event]
+    assert types.count("action_dispatched") == 3, types  # step 1 twice, step 2 once
+    assert "action_reconciled" in types
+    assert client.stats().get("stuck_calls") == 1
+    length = len(entries)
+    others = [client.start("echo", {"steps": 1, "text": "x"}, run_id=f"after-{i}").run_id
+              for i in range(3)]
+    for other in others:
+        assert client.wait(other, timeout=20).state == "completed"
+    time.sleep(3.5)  # the stuck call returns meanwhile (4 s after it began)
+    assert len(client.log.read(run)) == length
+    assert w.alive()
+    assert verify(client.log, run).ok
+
+
+def test_scripts_flushed_under_a_busy_worker_are_loaded_again(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """Window: the server forgets its scripts (``SCRIPT FLUSH``, as after a restart without
+    persistence of the script cache) while a worker's batched appends are in flight: each
+    refused call (``NOSCRIPT``: it did not run) is sent again after a reload, every run
+    completes, and nothing is applied twice."""
+    ids = [f"flush-{i}" for i in range(40)]
+    client.start_many("count", [{"steps": 6, "sleep_s": 0.05}] * len(ids), run_ids=ids)
+    worker(DURABLE_CONCURRENCY="40")
+    for _ in range(15):
+        client.redis.script_flush()
+        time.sleep(0.05)
+    for run in ids:
+        final = client.wait(run, timeout=30)
+        assert final.state == "completed", (run, final.state, final.reason)
+        assert verify(client.log, run).ok
+        steps = [e.event.step for e in client.log.read(run)
+                 if e.event.__struct_config__.tag == "action_succeeded"]
+        assert steps == [1, 2, 3, 4, 5, 6], steps
+    refused = client.redis.info("errorstats").get("errorstat_NOSCRIPT", {})
+    assert int(refused.get("count", 0)) > 0  # the refusals did happen, and were sent again
 
 
 def test_a_pickled_job_and_a_garbage_job_leave_the_worker_serving(

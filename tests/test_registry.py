@@ -50,7 +50,7 @@ def test_a_client_without_the_agent_starts_a_run_a_worker_published(
     entry = _published(r, "echo")
     assert entry["name"] == "echo" and entry["version"] == registry.agent("echo").version
     assert entry["schema"] == EchoInput.model_json_schema()
-    assert entry["tools"] == ["noop", "stubborn"]
+    assert entry["tools"] == ["noop", "stubborn", "blocker"]
     assert str(entry["by"]).startswith("worker:") and int(str(entry["published_at"])) > 0
 
     out = _start_cli(server, "echo", "--input", '{"text": "by name"}', "--run-id", "name-1")

@@ -1,13 +1,13 @@
 """Calling a tool once: its deadline, quick retries for the errors it names, and the
 events that record what the call observed.
 
-The call runs on the worker's tool thread (``ToolRunner``), so a deadline or a cancel can
-end the wait even when the tool itself does not return.
+The call runs on its run's own thread, watched by the worker's ``CallWatch``
+(``workers.calls``): a deadline or a cancel stops it even when the tool itself does not.
 """
 
 from __future__ import annotations
 
-import queue
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +20,10 @@ from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
 from durable.streaming import Publisher
-from workers.toolrunner import CallResult, ToolRunner
+from workers.calls import CallResult, CallWatch
+
+#: How much later than an ``async`` tool's own deadline the watcher interrupts it.
+ASYNC_MARGIN_S = 0.05
 
 
 class _Retryable(Exception):
@@ -46,22 +49,23 @@ def _pause(token: CancelToken, seconds: float) -> None:
 
 
 class Dispatcher:
-    """Calls tools for every run of a worker. Each call gets a tool thread of its own
-    (``ToolRunner``s are kept for reuse), so runs driven at once never wait for each other's
-    tools."""
+    """Calls tools for every run of a worker, each on its run's own thread; one
+    ``CallWatch`` stops calls past their deadline or their cancel's grace."""
 
     def __init__(self, grace_ms: int, max_payload_bytes: int,
-                 publisher: Publisher | None = None) -> None:
-        self._idle: queue.SimpleQueue[ToolRunner] = queue.SimpleQueue()
+                 publisher: Publisher | None = None,
+                 on_stuck: Callable[[int], object] = lambda tid: None) -> None:
         self.grace_ms = grace_ms
         self.max_payload_bytes = max_payload_bytes
         #: Where a call's ``ctx.emit`` goes (the run's stream channel); None: nowhere.
         self.publisher = publisher
+        self.watch = CallWatch(on_stuck)
 
     def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
                  args: Any = None) -> list[Spec]:
         """Call the tool once (quick retries for its named retryable errors) with ``args``
-        (the recorded ones by default)."""
+        (the recorded ones by default). Raises ``CallAbandoned`` when the call got stuck and
+        the worker gave its run up."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
         if self.publisher is not None:
@@ -69,18 +73,21 @@ class Dispatcher:
         args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 
-        try:
-            runner = self._idle.get_nowait()
-        except queue.Empty:
-            runner = ToolRunner()
+        # An async tool stops itself at its deadline (its task is cancelled); the watcher
+        # is its backstop, a moment later.
+        margin = ASYNC_MARGIN_S if inspect.iscoroutinefunction(tool.run) else 0.0
 
         def attempt() -> CallResult:
-            result = runner.call(lambda: resolve_awaitable(tool.run(args, ctx), token),
-                                 ctx.remaining(), token, grace)
+            left = ctx.remaining()
+            result = self.watch.call(lambda: resolve_awaitable(tool.run(args, ctx), token,
+                                                               left),
+                                     left + margin, token, grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
             return result
 
+        if not tool.retryable or tool.max_quick_retries <= 0:
+            return self._outcome(tool, act, token, attempt())  # nothing to retry
         # Quick retries, for the tool's named retryable errors only, within the deadline.
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
@@ -94,8 +101,6 @@ class Dispatcher:
             result = retrying(attempt)
         except _Retryable as spent:
             result = spent.result
-        finally:
-            self._idle.put(runner)
         return self._outcome(tool, act, token, result)
 
     def _outcome(self, tool: Tool, act: Action, token: CancelToken,

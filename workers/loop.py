@@ -70,6 +70,15 @@ log = logging.getLogger("durable.worker")
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
 
+#: Threads of one worker that may drive steps at once (load, fold, append) -- not counting
+#: those waiting on agent code or a tool, which give their turn back. Step code is mostly
+#: Python under the GIL: with hundreds of held runs ready at once (their tools returned
+#: together), every thread contending for the GIL at each Redis reply made a step take
+#: far longer than its CPU time (a step's commit came 0.6-1.2 s after its tool returned,
+#: at 500 runs a process). Waiting for a turn costs no CPU; 32 turns still overlap the
+#: Redis round trips of a process's steps many times over.
+STEP_TURNS = 32
+
 
 class Abandoned(BaseException):
     """Raised (asynchronously) in a run's thread whose agent code overran its time: the run
@@ -110,6 +119,8 @@ class StepLoop:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names())
         self.leases = Leases(client, settings.lease_ttl_ms)
+        # The run threads' appends and lease acquisitions go out together.
+        self.leases.batcher = self.log.batch_appends()
         #: The approver registry: a decision is checked again before its call is sent.
         self.approvers = Approvers(client)
         self.heartbeats = Heartbeats(self.leases)
@@ -119,7 +130,8 @@ class StepLoop:
         self._released: set[tuple[str, str]] = set()
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), queue_name or settings.queue)
-        self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes)
+        self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes,
+                                     on_stuck=self.stuck_call)
         self.held: dict[str, Slot] = {}
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)
@@ -128,12 +140,18 @@ class StepLoop:
         #: Called with nothing when a slot is given back by the watchdog.
         self.on_abandon: Callable[[], object] = lambda: None
         self._local = threading.local()
+        #: Turns for driving steps: see ``STEP_TURNS``.
+        self._turns = threading.Semaphore(STEP_TURNS)
         #: Set on shutdown: every run lets go at its next step boundary.
         self.stopping = threading.Event()
 
     # Entry point ------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> dict[str, Any]:
+        with self._inside():
+            return self._advance(run_id)
+
+    def _advance(self, run_id: str) -> dict[str, Any]:
         if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
             # A malformed command: nothing to drive, nothing to write.
             self.redis.hincrby(keys.STATS, "malformed_commands", 1)
@@ -202,24 +220,43 @@ class StepLoop:
         """Stop holding a run whose agent code is wedged: quarantine it with ``reason``, let
         go of its lease, give its slot back, and interrupt its thread (``Abandoned``). A
         write the thread still attempts is refused (version and fencing)."""
+        log.error("run %s: %s; quarantined, its slot goes on with other runs", run_id, reason)
+        self._let_go(run_id, slot, reason, "user_code_overruns")
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(slot.thread_id),
+                                                   ctypes.py_object(Abandoned))
+
+    def stuck_call(self, thread_id: int) -> None:
+        """A tool call on ``thread_id`` did not stop when interrupted (blocked in C, or it
+        swallows the interrupt): give its run up -- lease released, run ready again -- so
+        another thread continues it from the log and resolves the call with ``lookup``
+        once its deadline has passed. The stuck thread is abandoned with its slot given
+        back; if it ever returns, nothing of its call is written (``CallAbandoned``)."""
+        for run_id, slot in list(self.held.items()):
+            if slot.thread_id == thread_id and not slot.abandoned:
+                log.error("run %s: its tool call did not stop when interrupted; the run is "
+                          "handed back and its slot goes on with other runs", run_id)
+                self._let_go(run_id, slot, None, "stuck_calls")
+
+    def _let_go(self, run_id: str, slot: Slot, quarantine: str | None, stat: str) -> None:
+        """Abandon ``slot``'s thread: quarantine the run with the reason given, or make it
+        ready again; release its lease; give the slot back."""
         slot.abandoned = True
         self.abandoned_threads.add(slot.thread_id)
         self.held.pop(run_id, None)
         if slot.lease is not None:
             self.heartbeats.drop(slot.lease)
-        log.error("run %s: %s; quarantined, its slot goes on with other runs", run_id, reason)
         try:
-            quarantined = self.log.quarantine(run_id, reason, self.worker_id)
+            moved_on = False
+            if quarantine is not None:
+                moved_on = not self.log.quarantine(run_id, quarantine, self.worker_id)
             if slot.lease is not None:
                 self.leases.release(slot.lease)
-            if not quarantined:  # it moved on meanwhile: let another attempt continue it
+            if quarantine is None or moved_on:  # let another attempt continue it
                 enqueue_advance(self.redis, self.queue, run_id, force=True)
-            self.redis.hincrby(keys.STATS, "user_code_overruns", 1)
+            self.redis.hincrby(keys.STATS, stat, 1)
         except redis.RedisError as exc:  # the lease expires; the reconciler takes it from there
             self.outage.failed(exc)
         finally:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(slot.thread_id),
-                                                       ctypes.py_object(Abandoned))
             self.on_abandon()
 
     @contextlib.contextmanager
@@ -229,11 +266,39 @@ class StepLoop:
         if slot is None:
             yield
             return
-        slot.user_code, slot.user_code_since = what, time.monotonic()
+        with self._outside():  # its turn is taken again after the timing stops
+            slot.user_code, slot.user_code_since = what, time.monotonic()
+            try:
+                yield
+            finally:
+                slot.user_code_since = 0.0
+
+    @contextlib.contextmanager
+    def _inside(self) -> Iterator[None]:
+        """This thread drives a run's steps: hold one of the step turns (``STEP_TURNS``)
+        while it does, except while it waits on user code (``_outside``)."""
+        self._turns.acquire()
+        self._local.inside = True
         try:
             yield
         finally:
-            slot.user_code_since = 0.0
+            if self._local.inside:
+                self._local.inside = False
+                self._turns.release()
+
+    @contextlib.contextmanager
+    def _outside(self) -> Iterator[None]:
+        """This thread waits on user code, a tool, or a deadline: give its turn back."""
+        if not getattr(self._local, "inside", False):
+            yield
+            return
+        self._local.inside = False
+        self._turns.release()
+        try:
+            yield
+        finally:
+            self._turns.acquire()
+            self._local.inside = True
 
     # The loop -------------------------------------------------------------------------
 
@@ -440,9 +505,10 @@ class StepLoop:
             if handle.staged:
                 self._commit(handle, pending, [])
             return True, 0
-        if wait_s > 0 and slot.token.wait(wait_s):
-            return False, 0
-        specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        with self._outside():
+            if wait_s > 0 and slot.token.wait(wait_s):
+                return False, 0
+            specs = resolve_unknown(self.redis, tool, act, handle.run_id)
         if not specs:  # the lookup itself failed: the reconciler asks again shortly
             if handle.staged:
                 self._commit(handle, pending, [])
@@ -581,7 +647,8 @@ class StepLoop:
         began = time.monotonic()
         with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
                                act.attempts) as span:
-            spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
+            with self._outside():
+                spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
             span.outcome(outcome)
         self.hooks.after_effect(handle.run_id, act.step)

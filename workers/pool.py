@@ -3,11 +3,11 @@
 Model: one thread per held run, at most ``DURABLE_CONCURRENCY`` of them. Why threads and
 not an asyncio loop: agent code and tools are ordinary, mostly blocking Python (HTTP
 clients, SDKs, database drivers); on a thread each run may block as long as its deadline
-allows without stalling the others, a tool keeps its own thread with a deadline and an
-interrupt (``ToolRunner``), and an agent written as a plain function that calls
-``ctx.call(...)`` maps to one thread per run, with no colouring of user code. The price is
-memory per held run (a thread stack's touched pages); the benchmarks report RSS at 1,000
-held runs.
+allows without stalling the others, a tool runs on its run's thread with a deadline and an
+interrupt enforced by one watcher (``workers.calls``), and an agent written as a plain
+function that calls ``ctx.call(...)`` maps to one thread per run, with no colouring of
+user code. The price is memory per held run (a thread stack's touched pages) and CPU for
+thread switches; the benchmarks report both at 1,000 held runs.
 
 How work arrives: producers push run ids on the ready list ``dx:ready:<queue>`` and put a
 ``drain`` command on RQ when none is pending. A ``drain`` fills this worker's free slots
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 
@@ -28,6 +29,7 @@ import redis
 
 from durable.log import keys
 from durable.queue import ensure_drain
+from workers.calls import CallAbandoned
 from workers.loop import Abandoned, StepLoop
 
 log = logging.getLogger("durable.worker")
@@ -47,7 +49,27 @@ class RunPool:
         self._idle = threading.Condition()
         #: False once shutdown began: no new runs are taken.
         self.accepting = True
-        loop.on_abandon = self.give_back
+        loop.on_abandon = self._replace
+        #: Runs handed to the slot threads. The threads are started here, once: starting
+        #: hundreds of threads when a burst of runs arrives cost each run its share of the
+        #: thread starts before its first step (about a millisecond each, in turn).
+        self._inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self._serve, name="run-slot", daemon=True).start()
+
+    def _serve(self) -> None:
+        """A slot thread: drive the runs it is handed, until it is abandoned."""
+        while self._slot(self._inbox.get()):
+            pass
+
+    def _replace(self) -> None:
+        """The watchdog abandoned a slot's thread: its slot is free, and a new thread serves
+        it."""
+        self.give_back()
+        self._spawn()
 
     @property
     def busy(self) -> int:
@@ -70,18 +92,30 @@ class RunPool:
         return {"taken": taken, "busy": self._busy}
 
     def fill(self) -> int:
-        """Start ready runs while a slot is free; returns how many were started."""
+        """Start ready runs while a slot is free; returns how many were started. The ready
+        runs are taken in one ``LPOP key count`` for all the free slots."""
         taken = 0
-        while self.accepting and self._free.acquire(blocking=False):
-            run_id = self._pop()
-            if run_id is None:
-                self._free.release()
+        while self.accepting:
+            free = 0
+            while self._free.acquire(blocking=False):
+                free += 1
+            if not free:
                 break
+            try:
+                run_ids = self._pop_many(free)
+            except BaseException:
+                for _ in range(free):
+                    self._free.release()
+                raise
+            for _ in range(free - len(run_ids)):
+                self._free.release()
             with self._idle:
-                self._busy += 1
-            threading.Thread(target=self._slot, args=(run_id,), name=f"run-{run_id}",
-                             daemon=True).start()
-            taken += 1
+                self._busy += len(run_ids)
+            for run_id in run_ids:
+                self._inbox.put(run_id)
+            taken += len(run_ids)
+            if len(run_ids) < free:
+                break
         return taken
 
     def _pop(self) -> str | None:
@@ -90,11 +124,17 @@ class RunPool:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
-    def _slot(self, run_id: str | None) -> None:
-        """One slot: drive ``run_id``, then the next ready run, until none is left.
+    def _pop_many(self, count: int) -> list[str]:
+        raw = self.queues.lpop(self.ready_key, count)
+        return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or ()]
 
-        A thread whose agent code overran its time was abandoned by the watchdog, which gave
-        its slot back already: it ends without giving it back twice.
+    def _slot(self, run_id: str | None) -> bool:
+        """One slot: drive ``run_id``, then the next ready run, until none is left. False
+        when this thread was abandoned meanwhile.
+
+        A thread whose agent code overran its time (or whose tool call got stuck) was
+        abandoned by the watchdog, which gave its slot back already: it ends without giving
+        it back twice.
         """
         me = threading.get_ident()
         try:
@@ -112,13 +152,15 @@ class RunPool:
                 if self.accepting and me not in self.loop.abandoned_threads:
                     with contextlib.suppress(redis.RedisError):
                         run_id = self._pop()
-        except Abandoned:
+        except (Abandoned, CallAbandoned):
             pass
         finally:
-            if me in self.loop.abandoned_threads:
+            abandoned = me in self.loop.abandoned_threads
+            if abandoned:
                 self.loop.abandoned_threads.discard(me)
             else:
                 self.give_back()
+        return not abandoned
 
     def give_back(self) -> None:
         """A slot is free again (its run let go, or its thread was abandoned)."""

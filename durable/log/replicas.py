@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from durable.errors import ReplicationTimeout
+from durable.log.batching import ScriptBatcher
 from durable.log.scripts import Scripts, source
 
 
@@ -31,9 +32,13 @@ class Replicated:
         self.min_replicas = min_replicas
         self.timeout_ms = timeout_ms
         self._waitaof: dict[tuple[str, int], bool] = {}
+        #: Sends the calls of many threads together (``EventLog.batch_appends``).
+        self.batcher: ScriptBatcher | None = None
 
     def append(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
         if not self.min_replicas:
+            if self.batcher is not None:
+                return self.batcher.call("append", keys, args)
             return self.scripts.append(keys=keys, args=args)
         for attempt in range(3):
             node = self._node_client(keys[0])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import msgspec
 import redis
@@ -30,6 +30,7 @@ from durable.errors import (
 )
 from durable.log import counters, keys
 from durable.log import events as ev
+from durable.log.batching import ScriptBatcher
 from durable.log.fold import apply, from_checkpoint
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
@@ -131,6 +132,38 @@ def continuity(entries: Sequence[Entry]) -> str | None:
     return None
 
 
+class CommitOptions(TypedDict, total=False):
+    """How ``EventLog.commit`` writes its batch."""
+
+    #: Ledger operations (op, key, value) made in the same script call.
+    ledger: Iterable[tuple[str, str, str]]
+    #: The batch dispatches a call (its key's claim is checked).
+    dispatch: bool
+    #: Written even to a terminal run.
+    allow_terminal: bool
+    #: Appended after the others only when no lease is held.
+    if_free: Sequence[Spec]
+    #: A checkpoint goes with the batch.
+    checkpoint: bool
+    #: Fields set on the run's projection.
+    extra: dict[str, str] | None
+    #: The batch also lets go of the lease.
+    release: bool
+    #: The batch quarantines the run, and is written even then.
+    quarantine: bool
+
+
+@dataclass
+class _Prepared:
+    """One ``append.lua`` call, ready to send: its keys and arguments, and what the reply
+    is read against."""
+
+    keys: list[str]
+    args: list[Any]
+    expected: int
+    ckpt_pos: int
+
+
 class EventLog:
     def __init__(
         self,
@@ -175,6 +208,17 @@ class EventLog:
                    open_sealed=open_sealed, sealed_names=sealed_names,
                    retention_ms=parse_duration_ms(settings.retention) if settings.retention
                    else 0)
+
+    def batch_appends(self) -> ScriptBatcher | None:
+        """Send the appends of this process's threads together (``durable.log.batching``):
+        for a worker, whose run threads append at once. Not on a cluster (a pipeline there
+        cannot carry scripts), nor with ``DURABLE_MIN_REPLICAS`` (each append waits for its
+        own replicas on its own connection). Returns the batcher, for other script calls
+        of the same threads (None: not batched)."""
+        if self.replicas.min_replicas or hasattr(self.redis, "nodes_manager"):
+            return None
+        self.replicas.batcher = ScriptBatcher(self.redis)
+        return self.replicas.batcher
 
     # Reading ---------------------------------------------------------------------------
 
@@ -333,29 +377,58 @@ class EventLog:
                 key = event.key  # type: ignore[attr-defined]
                 handle.staged_ops.append(("p", key, f"done|{settled}|{event.seq}"))
 
-    def commit(
-        self,
-        handle: RunHandle,
-        specs: Sequence[Spec] = (),
-        *,
-        ledger: Iterable[tuple[str, str, str]] = (),
-        dispatch: bool = False,
-        allow_terminal: bool = False,
-        if_free: Sequence[Spec] = (),
-        checkpoint: bool = False,
-        extra: dict[str, str] | None = None,
-        release: bool = False,
-        quarantine: bool = False,
-    ) -> str:
+    def commit(self, handle: RunHandle, specs: Sequence[Spec] = (),
+               **options: Unpack[CommitOptions]) -> str:
         """Append the staged events, then ``specs`` (and ``if_free`` when no lease is held),
         as one script call.
 
         The handle's state is advanced in place. On any refusal it is stale: the caller
         must reload it. Raises ConflictError, LeaseLost, Terminal, CancelPending, Claimed,
         and ``Tampered`` (a ``Terminal``) after quarantining a run whose log ends with an
-        entry the script did not write. ``quarantine``: the batch quarantines the run and is
-        written even then.
+        entry the script did not write. ``options``: see ``CommitOptions``.
         """
+        prepared = self._prepare(handle, specs, options)
+        reply = self.replicas.append(handle.run_id, keys=prepared.keys, args=prepared.args)
+        return self._settle(handle, prepared, reply)
+
+    def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
+                    ) -> list[str | Exception]:
+        """``commit(handle, specs, extra=extra)`` for many runs in one pipeline: the first
+        batch of new runs (``Client.start_many``). Each item's answer is its last entry id,
+        or the exception ``commit`` would have raised. On a cluster, or with
+        ``DURABLE_MIN_REPLICAS``, the appends are made one by one."""
+        out: list[str | Exception] = []
+        if self.replicas.min_replicas or hasattr(self.redis, "nodes_manager"):
+            for handle, specs, extra in batch:
+                try:
+                    out.append(self.commit(handle, specs, extra=extra))
+                except Exception as exc:  # handed back to the caller
+                    out.append(exc)
+            return out
+        prepared = [self._prepare(h, specs, {"extra": extra}) for h, specs, extra in batch]
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in prepared:
+                self.scripts.append(keys=p.keys, args=p.args, client=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        for (handle, _, _), p, reply in zip(batch, prepared, replies, strict=True):
+            try:
+                if isinstance(reply, Exception):
+                    raise reply
+                out.append(self._settle(handle, p, reply))
+            except Exception as exc:  # handed back to the caller
+                out.append(exc)
+        return out
+
+    def _prepare(self, handle: RunHandle, specs: Sequence[Spec],
+                 options: CommitOptions) -> _Prepared:
+        """The keys and arguments of one ``append.lua`` call (see ``commit``)."""
+        ledger = options.get("ledger", ())
+        if_free = options.get("if_free", ())
+        checkpoint = options.get("checkpoint", False)
+        extra = options.get("extra")
+        dispatch, release = options.get("dispatch", False), options.get("release", False)
+        allow_terminal = options.get("allow_terminal", False)
+        quarantine = options.get("quarantine", False)
         state = handle.state
         expected = handle.base_version
         old_state = handle.base_state or state.state
@@ -407,13 +480,17 @@ class EventLog:
             *[x for c in counts for x in c], *[x for c in free_counts for x in c],
         ]
         shard = keys.shard_of(handle.run_id)
-        reply = self.replicas.append(handle.run_id, keys=[
-                keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
-                keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
-                keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
-                keys.runs_in_state(free_state, shard), keys.metrics(shard),
-            ],
-            args=args)
+        return _Prepared([
+            keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
+            keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
+            keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
+            keys.runs_in_state(free_state, shard), keys.metrics(shard),
+        ], args, expected, ckpt_pos)
+
+    def _settle(self, handle: RunHandle, prepared: _Prepared, reply: Any) -> str:
+        """Apply ``append.lua``'s reply to the handle, or raise what it refused."""
+        state = handle.state
+        expected, ckpt_pos = prepared.expected, prepared.ckpt_pos
         tag = _s(reply[0])
         if tag == "ok":
             version = int(reply[1])

@@ -1,0 +1,121 @@
+"""Script calls of many threads sent together: one pipeline per batch instead of a round
+trip each (a worker's run threads: their appends, ``EventLog.batch_appends``, and their
+lease acquisitions, ``Leases.batcher``).
+
+Why: a worker holding many runs spent most of a step's CPU in redis-py's per-command path
+(taking a pooled connection and checking it, one send and one read per call) and in the
+thread switches each socket call causes under the GIL. Here a run thread hands its
+script call (``append.lua``, ``lease_acquire.lua``) to the batcher and sleeps on a lock;
+the batcher thread takes every call waiting, sends them in one pipeline, and wakes each
+caller with its own reply. Alone, a call goes out at once (a batch of one); under load,
+batches grow by themselves.
+
+Each call is still its own script call, atomic on its own run's keys: a batch is not a
+transaction, and one call's refusal does not touch another's. A Redis error that ends the
+batch (a lost connection) is raised in every caller of that batch, as it would have been
+raised in each of them alone; whether a call ran is then unknown to its caller, exactly as
+for a single call, and the caller reloads the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from durable.log.scripts import source
+
+log = logging.getLogger("durable.log")
+
+#: Most calls sent in one pipeline.
+MAX_BATCH = 256
+
+
+@dataclass(eq=False)
+class _Call:
+    script: str
+    keys: list[str]
+    args: list[Any]
+    reply: Any = None
+    error: BaseException | None = None
+    done: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ScriptBatcher:
+    """Sends the script calls of many threads in pipelines (see the module doc)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._shas: dict[str, str] = {}
+        self._inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def call(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """The reply of the script ``script`` (its name in ``durable/log/scripts``) on
+        ``keys`` and ``args``, sent with the other calls waiting; raises what the call (or
+        its batch) raised."""
+        if script not in self._shas:
+            self._shas[script] = self.client.register_script(source(script)).sha
+        call = _Call(script, keys, args)
+        call.done.acquire()
+        if self._thread is None:
+            self._start()
+        self._inbox.put(call)
+        call.done.acquire()  # released by the batcher once the reply is in
+        if call.error is not None:
+            raise call.error
+        return call.reply
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="append-batcher",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._inbox.get()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._send(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                for call in batch:
+                    if call.reply is None and call.error is None:
+                        call.error = exc
+                if not isinstance(exc, Exception):
+                    log.exception("append batcher")
+            finally:
+                for call in batch:
+                    call.done.release()
+
+    def _send(self, batch: list[_Call]) -> None:
+        replies = self._pipeline(batch)
+        missing = [i for i, r in enumerate(replies)
+                   if isinstance(r, redis.exceptions.NoScriptError)]
+        if missing:  # the server restarted without the script: nothing of those ran
+            for name in {batch[i].script for i in missing}:
+                self.client.script_load(source(name))
+            again = self._pipeline([batch[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for call, reply in zip(batch, replies, strict=True):
+            if isinstance(reply, Exception):
+                call.error = reply
+            else:
+                call.reply = reply
+
+    def _pipeline(self, batch: list[_Call]) -> list[Any]:
+        with self.client.pipeline(transaction=False) as pipe:
+            for call in batch:
+                pipe.evalsha(self._shas[call.script], len(call.keys), *call.keys, *call.args)
+            return list(pipe.execute(raise_on_error=False))
