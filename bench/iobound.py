@@ -6,20 +6,22 @@ cancel token). The ideal wall time is ``STEPS * SLEEP_S`` = 1.5 s: every run at 
 Configurations:
 
 - ``durable, 2 workers x 500``: two ``durable worker`` processes with
-  ``DURABLE_CONCURRENCY=500`` against the ``appendfsync everysec`` server; together they can
-  hold every run. The workers are started and ready first (not timed); the clock starts
-  before the first ``Client.start`` (this process starts the runs one after the other) and
-  stops at the last run's last write (its projection's ``last`` entry id, on the server's
-  clock; the server's clock also marks the start). Reported: wall, wall / ideal, how long
-  the starts took, per-run latency (``run_started`` -> last write) and queue wait
-  (``run_started`` -> the worker's first write), runs taken per worker, each worker's peak
-  RSS (psutil, every 20 ms) and threads while it holds the runs, Redis round trips per
-  step counted inside the workers (``bench.rtcount``: a command, pipeline or script call
-  is one; RQ and heartbeats included), all commands the server processed per step
-  (``INFO`` ``total_commands_processed``, which also counts the commands inside scripts
-  and this process's starts), and the problems the worker logs show.
-  The workers' redis-py pools get ``max_connections`` above their concurrency (in the
-  URL): the default, 100, is fewer than the runs each holds.
+  ``DURABLE_CONCURRENCY=500`` against the ``appendfsync everysec`` server; together they
+  can hold every run. The workers are started and ready first (not timed); the clock starts
+  before this process starts the runs (one ``Client.start_many`` call, as a producer with a
+  batch would) and stops at the last run's last write (its projection's ``last`` entry id,
+  on the server's clock; the server's clock also marks the start). Reported: wall, wall /
+  ideal, how long the starts took, per-run latency (``run_started`` -> last write) and
+  queue wait (``run_started`` -> the worker's first write), runs taken per worker, each
+  worker's peak RSS (psutil, every 20 ms) and threads while it holds the runs, Redis round
+  trips per step counted inside the workers (``bench.rtcount``: a command, pipeline or
+  script call is one; RQ and heartbeats included), all commands the server processed per
+  step (``INFO`` ``total_commands_processed``, which also counts the commands inside
+  scripts and this process's starts), and the problems the worker logs show. The workers'
+  redis-py pools get ``max_connections`` above their concurrency (in the URL): the default,
+  100, is fewer than the runs each holds.
+- ``durable, 2 workers x 500, one start() per run`` (one round): the same, the runs
+  started one after the other with ``Client.start`` (a round trip or more each).
 - ``durable, 1 worker x 1000``: the same with one process holding every run.
 - ``durable, 2 workers x 500, backlog``: every run started while the workers are stopped
   (SIGSTOP); the clock starts when they continue: the workers alone, without the client.
@@ -88,10 +90,14 @@ class Config:
     reconciler: bool = False  # a reconciler process too (recovers runs left behind)
     backlog: bool = False  # runs started while the workers are stopped; timed from SIGCONT
     rounds: int | None = None  # rounds of its own (None: every round)
+    #: Runs started with one ``Client.start_many`` (False: one ``Client.start`` per run).
+    batch: bool = True
 
 
 DURABLE = (
     Config("durable, 2 workers x 500", 2, 500, pool=600),
+    Config("durable, 2 workers x 500, one start() per run", 2, 500, pool=600, batch=False,
+           rounds=1),
     Config("durable, 1 worker x 1000", 1, 1000, pool=1100),
     Config("durable, 2 workers x 500, backlog", 2, 500, pool=600, backlog=True),
     # As shipped: redis-py's default pool (100 connections) for 500 held runs. Started as a
@@ -231,6 +237,16 @@ def _machine_busy_s() -> float:
                  + getattr(t, "softirq", 0))
 
 
+def _start(client: Client, ids: list[str], batch: bool) -> None:
+    """Start the runs: in one ``start_many`` call, or one ``start`` call each."""
+    given = {"steps": STEPS, "sleep_s": SLEEP_S}
+    if batch:
+        client.start_many("count", [given] * len(ids), run_ids=ids)
+        return
+    for rid in ids:
+        client.start("count", given, run_id=rid)
+
+
 def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             tag: str) -> dict[str, Any]:
     """One batch of ``runs`` through ``cfg.workers`` fresh worker processes (see the module
@@ -268,8 +284,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             with rtcount.counting():
                 client_rt0 = rtcount.sent()
                 t0 = time.perf_counter()
-                for rid in ids:
-                    client.start("count", {"steps": STEPS, "sleep_s": SLEEP_S}, run_id=rid)
+                _start(client, ids, cfg.batch)
                 start_s = time.perf_counter() - t0
                 client_rt = rtcount.sent() - client_rt0
         cmds0 = int(r.info("stats")["total_commands_processed"])
@@ -286,9 +301,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             else:
                 with rtcount.counting():
                     client_rt0 = rtcount.sent()
-                    for rid in ids:
-                        client.start("count", {"steps": STEPS, "sleep_s": SLEEP_S},
-                                     run_id=rid)
+                    _start(client, ids, cfg.batch)
                     start_s = time.perf_counter() - t0
                     client_rt = rtcount.sent() - client_rt0
             end = time.monotonic() + timeout
@@ -471,6 +484,7 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
                     res = durable(srv.url, r, cfg, runs, log_dir,
                                   tag=f"{cfg.workers}x{cfg.concurrency}"
                                       f"{'-backlog' if cfg.backlog else ''}"
+                                      f"{'-onebyone' if not cfg.batch else ''}"
                                       f"{'-defaultpool' if not cfg.pool else ''}-r{rnd + 1}")
                 finally:
                     r.close()

@@ -4,7 +4,7 @@ Two views, both in this process (no core change):
 
 1. ``breakdown``: the real ``DurableWorker`` (RQ ``SimpleWorker`` subclass) driving K
    pre-enqueued 4-step runs, with light wrappers that account *exclusive* wall time to
-   named parts of the hot path (Redis round trips, heartbeat hold/drop, tool thread hop,
+   named parts of the hot path (Redis round trips, heartbeat hold/drop, tool call watcher,
    load, stage/commit, checks) and count Redis round trips. What is not wrapped is the
    residual of the enclosing part.
 2. ``cprofile``: ``StepLoop.advance`` under cProfile (top functions by own time), written to
@@ -32,21 +32,25 @@ from bench.throughput import start_runs
 from durable import leases
 from durable.agents import registry
 from durable.client import Client
+from durable.log import batching
 from durable.log import store as eventlog
 from durable.queue import make_queue
+from workers import calls
 from workers import loop as drv
 from workers import runtime as wr
-from workers import toolrunner
 from workers.loop import StepLoop
 from workers.pool import RunPool
 
 
 class Accounting:
-    """Exclusive wall time per label, main thread only (a tiny instrumenting profiler)."""
+    """Exclusive wall time per label (a tiny instrumenting profiler), in the threads that
+    run RQ's loop (this one) or drive a run (a run slot's, while in ``advance``); the
+    worker's other threads (heartbeats, watchers) are not counted."""
 
     def __init__(self) -> None:
         self.main = threading.get_ident()
-        self.stack: list[float] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
         self.excl: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.restore: list[tuple[Any, str, Any]] = []
@@ -61,23 +65,32 @@ class Accounting:
 
         @functools.wraps(orig)
         def wrapper(*a: Any, **k: Any) -> Any:
-            if threading.get_ident() != acct.main:
+            if threading.get_ident() != acct.main and not _driving():
                 return orig(*a, **k)
+            stack = acct.stack()
             name = label() if callable(label) else label
-            acct.stack.append(0.0)
+            stack.append(0.0)
             t = time.perf_counter()
             try:
                 return orig(*a, **k)
             finally:
                 dt = time.perf_counter() - t
-                child = acct.stack.pop()
-                acct.excl[name] += dt - child
-                acct.calls[name] += 1
-                if acct.stack:
-                    acct.stack[-1] += dt
+                child = stack.pop()
+                with acct._lock:
+                    acct.excl[name] += dt - child
+                    acct.calls[name] += 1
+                if stack:
+                    stack[-1] += dt
 
         setattr(owner, attr, wrapper)
         self.restore.append((owner, attr, orig))
+
+    def stack(self) -> list[float]:
+        """This thread's stack of child time per open wrapped call."""
+        stack: list[float] | None = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def undo(self) -> None:
         for owner, attr, orig in reversed(self.restore):
@@ -85,11 +98,16 @@ class Accounting:
         self.restore.clear()
 
 
-_phase = {"driver": False}
+_phase = threading.local()
+
+
+def _driving() -> bool:
+    """Whether this thread is driving a run (inside ``StepLoop.advance``)."""
+    return bool(getattr(_phase, "driver", False))
 
 
 def _redis_label() -> str:
-    return "Redis round trips: driver" if _phase["driver"] else "Redis round trips: RQ"
+    return "Redis round trips: driver" if _driving() else "Redis round trips: RQ"
 
 
 PARTS = [
@@ -98,11 +116,14 @@ PARTS = [
     (StepLoop, "advance", "driver: other (advance/_drive/_step/_decide bodies)"),
     (redis.Redis, "execute_command", _redis_label),
     (redis.client.Pipeline, "execute", _redis_label),
+    # A run thread's appends and lease acquisitions go out in the batcher's pipelines: the
+    # run waits for its reply here (the batcher's own thread is not counted).
+    (batching.ScriptBatcher, "call", "Redis round trips: driver"),
     # One Heartbeats thread per worker renews every held lease; a run only registers with it.
     (leases.Heartbeats, "hold", "driver: heartbeat hold/drop"),
     (leases.Heartbeats, "drop", "driver: heartbeat hold/drop"),
     (eventlog.EventLog, "handle_from", "driver: load (decode + fold, excl. Redis)"),
-    (toolrunner.ToolRunner, "call", "driver: tool call via tool thread (no-op tool)"),
+    (calls.CallWatch, "call", "driver: tool call under the watcher (no-op tool)"),
     (eventlog.EventLog, "load", "driver: load (decode + fold, excl. Redis)"),
     (eventlog.EventLog, "commit", "driver: commit (args, due, checkpoint check)"),
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
@@ -115,13 +136,30 @@ PARTS = [
 ]
 
 
+class _InlinePool(RunPool):
+    """Drives the ready runs on the calling thread (RQ's), one at a time, so one thread's
+    exclusive-time accounting sees the whole step protocol (the core's pool hands them to
+    its run threads, which would overlap with RQ's loop in wall time)."""
+
+    def fill(self) -> int:
+        run_id = self._pop()
+        if run_id is None:
+            return 0
+        self._free.acquire()
+        with self._idle:
+            self._busy += 1
+        self._slot(run_id)  # drives it, then each next ready run
+        return 1
+
+
 def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     settings = settings_for(url)
     client = Client(settings, r)
     start_runs(client, "pf", runs)
     wr._loop = StepLoop(settings, r, registry, "bench-profile:1:000000")
-    # One slot: runs are driven one at a time, as the exclusive-time accounting expects.
-    wr._pool = RunPool(wr._loop, 1)
+    # One slot, on RQ's thread: runs are driven one at a time, as the exclusive-time
+    # accounting expects.
+    wr._pool = _InlinePool(wr._loop, 1)
     queue = make_queue(r, settings.queue)
     worker = wr.DurableWorker([queue], connection=r, name="bench-profile",
                               serializer=queue.serializer)
@@ -131,11 +169,11 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     adv = StepLoop.advance
 
     def advance(self: StepLoop, run_id: str) -> Any:
-        _phase["driver"] = True
+        _phase.driver = True
         try:
             return adv(self, run_id)
         finally:
-            _phase["driver"] = False
+            _phase.driver = False
 
     StepLoop.advance = advance  # type: ignore[method-assign]
     t0 = time.perf_counter()

@@ -97,8 +97,9 @@ def _iobound(io: dict[str, Any]) -> list[str]:
            "Wall: from the first start to the last run's last write (the workers are "
            "started and ready before the clock starts; `backlog`: the runs are started while "
            "the workers are stopped, the clock starts when they continue). Starts: the "
-           "runs started one after another by one client in the benchmark process. Round "
-           "trips are counted inside the workers (RQ and heartbeats included); server "
+           "runs started by one client in the benchmark process, in one `start_many` call "
+           "(or one `start` call each, where the row says so). Round trips are counted "
+           "inside the workers (RQ and heartbeats included; a pipeline is one); server "
            "commands also count those run inside scripts and the client's starts.\n",
            "| configuration | wall s | x ideal | starts s | run latency p50 / p99 / max ms | "
            "queue wait p50 / max ms | peak RSS per process MB | threads | round trips / "

@@ -1,8 +1,9 @@
 """What-if measurements for suggested core changes, made in this process by swapping one
 piece at a time (monkeypatching in the benchmark only; no core file changes).
 
-- ``driver``: ``StepLoop.advance`` in-process on four-step no-op runs, baseline against
-  the tool called inline on the worker thread (no thread hop). Interleaved rounds, medians.
+- ``driver``: ``StepLoop.advance`` in-process on four-step no-op runs, baseline (the tool
+  called on the run's thread under the ``CallWatch`` that enforces its deadline) against
+  the bare call without the watcher: what the watcher costs. Interleaved rounds, medians.
   (A "no per-run heartbeat thread" variant is gone: the core now has one ``Heartbeats``
   thread per worker, and what a run still pays for it, ``hold``/``drop``, is about a
   microsecond per step, shown in the profile item's breakdown; below this item's noise.)
@@ -30,30 +31,30 @@ from durable.agents import registry
 from durable.client import Client
 from durable.log import keys, store
 from durable.log.store import EventLog
+from workers.calls import CallResult, CallWatch
 from workers.loop import StepLoop
-from workers.toolrunner import CallResult, ToolRunner
 
 
 @contextlib.contextmanager
-def _patched(inline_tool: bool) -> Iterator[None]:
-    """Patch ``ToolRunner.call`` on the class, so every runner the loop's dispatcher uses
-    (``loop.dispatcher.runner``) calls the tool on the caller's thread."""
-    saved_call = ToolRunner.call
-    if inline_tool:
-        def call(self: ToolRunner, fn: Any, timeout: float, token: Any,
+def _patched(bare_call: bool) -> Iterator[None]:
+    """Patch ``CallWatch.call`` on the class, so the loop's dispatcher calls the tool
+    without registering it with the watcher."""
+    saved_call = CallWatch.call
+    if bare_call:
+        def call(self: CallWatch, fn: Any, timeout: float, token: Any,
                  grace: float) -> CallResult:
             try:
                 return CallResult("returned", fn())
             except BaseException as exc:
                 return CallResult("raised", error=exc)
-        ToolRunner.call = call  # type: ignore[method-assign]
+        CallWatch.call = call  # type: ignore[method-assign]
     try:
         yield
     finally:
-        ToolRunner.call = saved_call  # type: ignore[method-assign]
+        CallWatch.call = saved_call  # type: ignore[method-assign]
 
 
-VARIANTS = {"baseline": False, "tool inline (no thread hop)": True}
+VARIANTS = {"baseline": False, "tool call without the watcher": True}
 
 
 def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any]:
