@@ -10,6 +10,7 @@ commands through the ``durable.commands`` entry point group: each entry names a
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -93,6 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
+    """Print why the command failed: its last line, whatever a process's other threads
+    (a worker's run threads, listeners) were about to log."""
+    logging.disable(logging.CRITICAL)
+    for handler in logging.getLogger().handlers:
+        handler.acquire()  # a record being written now is finished first
+        try:
+            handler.flush()
+        finally:
+            handler.release()
     print(f"durable: {message}", file=sys.stderr)
     return code
 
