@@ -63,8 +63,8 @@ class Call:
     injected: Outcome | None = None
     stuck: bool = False
     cancel_seen: bool = False
-    #: Set once the worker has given a stuck call's run up.
-    given_up: threading.Event = field(default_factory=threading.Event)
+    #: Made when the call is found stuck; set once the worker has given its run up.
+    given_up: threading.Event | None = None
 
 
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -118,6 +118,7 @@ class CallWatch:
             self._finish(call)
         token.remove_listener(cancelled)
         if call.stuck:
+            assert call.given_up is not None  # made before ``stuck`` was set
             call.given_up.wait()
             raise CallAbandoned()
         if result is None or (call.injected is not None and result.outcome != "returned"):
@@ -176,6 +177,7 @@ class CallWatch:
                 _raise_in(call.thread_id, Overrun)
                 escalate = time.monotonic() + max(self.escalate_s, call.grace)
             else:
+                call.given_up = threading.Event()
                 call.stuck = True
         if kind != "stuck":
             self._at(escalate, call, "stuck")
@@ -185,4 +187,5 @@ class CallWatch:
         try:
             self.on_stuck(call.thread_id)
         finally:
+            assert call.given_up is not None
             call.given_up.set()

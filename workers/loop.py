@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -140,8 +141,11 @@ class StepLoop:
         #: Called with nothing when a slot is given back by the watchdog.
         self.on_abandon: Callable[[], object] = lambda: None
         self._local = threading.local()
-        #: Turns for driving steps: see ``STEP_TURNS``.
-        self._turns = threading.Semaphore(STEP_TURNS)
+        #: Turns for driving steps (see ``STEP_TURNS``): a queue of tokens, taken and put
+        #: back in C (a ``threading.Semaphore`` is Python code around a ``Condition``).
+        self._turns: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(STEP_TURNS):
+            self._turns.put(None)
         #: Set on shutdown: every run lets go at its next step boundary.
         self.stopping = threading.Event()
 
@@ -277,14 +281,14 @@ class StepLoop:
     def _inside(self) -> Iterator[None]:
         """This thread drives a run's steps: hold one of the step turns (``STEP_TURNS``)
         while it does, except while it waits on user code (``_outside``)."""
-        self._turns.acquire()
+        self._turns.get()
         self._local.inside = True
         try:
             yield
         finally:
             if self._local.inside:
                 self._local.inside = False
-                self._turns.release()
+                self._turns.put(None)
 
     @contextlib.contextmanager
     def _outside(self) -> Iterator[None]:
@@ -293,11 +297,11 @@ class StepLoop:
             yield
             return
         self._local.inside = False
-        self._turns.release()
+        self._turns.put(None)
         try:
             yield
         finally:
-            self._turns.acquire()
+            self._turns.get()
             self._local.inside = True
 
     # The loop -------------------------------------------------------------------------
