@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import redis
@@ -58,6 +58,18 @@ from durable.streaming import Follower, Partial, afollow, async_twin
 #: pipeline per chunk bounds the memory of a huge batch; smaller chunks made the batch
 #: slower to run: its later chunks competed with the workers already busy on the first).
 START_CHUNK = 1000
+
+
+class _Checked(NamedTuple):
+    """A run to start, its input checked (``Client._check_start``)."""
+
+    run_id: str
+    name: str
+    version: str
+    tools: list[str]
+    limits: dict[str, int]
+    plain: Any  # the input in clear
+    sensitive: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -121,35 +133,21 @@ class Client:
         run; they are recorded in its log."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
-        if not keys.RUN_ID_RE.match(run_id):
-            raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        name, version, tools, defaults, data, sensitive = self._checked_input(agent, input)
-        limits = checked_budgets({**defaults, **(budgets or {})})
-        size = len(msgspec.msgpack.encode(data))
-        if size > self.settings.max_payload_bytes:
-            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
-        if self.log.projection(run_id):
-            return self._existing(run_id, name, data)
-        if sensitive and not self.log.keyring:
-            raise UsageError(f"agent {name!r} has sensitive input fields "
-                             f"({', '.join(sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
-                             "start it (nothing was written)")
+        c = self._check_start(agent, input, run_id, budgets)
+        if self.log.projection(c.run_id):
+            return self._existing(c.run_id, c.name, c.plain)
+        self._require_keys(c)
         self._admit()
-        plain = data
-        if sensitive:
-            data = seal_fields(data, sensitive, self.log.keyring)
-        handle = RunHandle(run_id, RunState(), actor="client")
-        with tracing.start_span(run_id, name):
+        handle = RunHandle(c.run_id, RunState(), actor="client")
+        with tracing.start_span(c.run_id, c.name):
             try:
-                self.log.commit(handle, [Spec(ev.RunStarted, {
-                    "agent": name, "agent_version": version, "input": data,
-                    "tools": tools, "budgets": limits, "trace": tracing.traceparent()})],
-                    extra={"agent": name, "created": str(now_ms())})
+                self.log.commit(handle, [self._started(c, tracing.traceparent())],
+                                extra={"agent": c.name, "created": str(now_ms())})
             except ConflictError:
-                return self._existing(run_id, name, plain)
+                return self._existing(c.run_id, c.name, c.plain)
             if enqueue:
-                enqueue_advance(self.redis, self.queue, run_id)
-        return Started(run_id, True, handle.state.state)
+                enqueue_advance(self.redis, self.queue, c.run_id)
+        return Started(c.run_id, True, handle.state.state)
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
                    run_ids: Sequence[str] | None = None, enqueue: bool = True,
@@ -168,55 +166,67 @@ class Client:
             raise UsageError(f"{len(ids)} run ids for {len(inputs)} inputs")
         if len(set(ids)) != len(ids):
             raise UsageError("start_many: run ids repeat")
-        checked = []
-        for run_id, data in zip(ids, inputs, strict=True):
-            if not keys.RUN_ID_RE.match(run_id):
-                raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-            name, version, tools, defaults, plain, sensitive = self._checked_input(agent, data)
-            size = len(msgspec.msgpack.encode(plain))
-            if size > self.settings.max_payload_bytes:
-                raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
-            if sensitive and not self.log.keyring:
-                raise UsageError(f"agent {name!r} has sensitive input fields "
-                                 f"({', '.join(sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
-                                 "start it (nothing was written)")
-            limits = checked_budgets({**defaults, **(budgets or {})})
-            checked.append((run_id, name, version, tools, limits, plain, sensitive))
+        checked = [self._check_start(agent, data, run_id, budgets)
+                   for run_id, data in zip(ids, inputs, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
             pipe.exists(keys.run(run_id))
         exists = [bool(n) for n in pipe.execute()]
-        found = {c[0]: self._existing(c[0], c[1], c[5]) for c, e in zip(checked, exists,
-                                                                          strict=True) if e}
-        fresh = [c for c in checked if c[0] not in found]
+        found = {c.run_id: self._existing(c.run_id, c.name, c.plain)
+                 for c, e in zip(checked, exists, strict=True) if e}
+        fresh = [c for c in checked if c.run_id not in found]
+        for c in fresh:
+            self._require_keys(c)
         self._admit(len(fresh))
         trace = tracing.traceparent()
-        batch = []
-        for run_id, name, version, tools, limits, plain, sensitive in fresh:
-            data = seal_fields(plain, sensitive, self.log.keyring) if sensitive else plain
-            batch.append((RunHandle(run_id, RunState(), actor="client"), [Spec(ev.RunStarted, {
-                "agent": name, "agent_version": version, "input": data, "tools": tools,
-                "budgets": limits, "trace": trace})],
-                {"agent": name, "created": str(now_ms())}))
-        # In chunks, each made ready as soon as it is written: workers start on the first
-        # runs while the rest are appended.
+        batch = [(RunHandle(c.run_id, RunState(), actor="client"), [self._started(c, trace)],
+                  {"agent": c.name, "created": str(now_ms())}) for c in fresh]
+        # Chunk by chunk (a pipeline's memory stays bounded), each made ready once written.
         failed: Exception | None = None
         for at in range(0, len(batch), START_CHUNK):
             chunk, started = batch[at:at + START_CHUNK], []
             for (handle, _, _), c, answer in zip(chunk, fresh[at:at + START_CHUNK],
                                                  self.log.commit_many(chunk), strict=True):
                 if isinstance(answer, ConflictError):  # started meanwhile by someone else
-                    found[handle.run_id] = self._existing(handle.run_id, c[1], c[5])
+                    found[c.run_id] = self._existing(c.run_id, c.name, c.plain)
                 elif isinstance(answer, Exception):
                     failed = failed or answer
                 else:
-                    started.append(handle.run_id)
-                    found[handle.run_id] = Started(handle.run_id, True, handle.state.state)
+                    started.append(c.run_id)
+                    found[c.run_id] = Started(c.run_id, True, handle.state.state)
             if enqueue and started:
                 enqueue_many(self.redis, self.queue, started)
             if failed is not None:  # what was written is ready; the caller learns the rest
                 raise failed
         return [found[run_id] for run_id in ids]
+
+    def _check_start(self, agent: str, input: Any, run_id: str,
+                     budgets: Mapping[str, int] | None) -> _Checked:
+        """A run to start, checked: its id, its input against the agent, its budgets and
+        the input's size. Raises ``UsageError`` (and its kinds) before anything is
+        written."""
+        if not keys.RUN_ID_RE.match(run_id):
+            raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+        name, version, tools, defaults, plain, sensitive = self._checked_input(agent, input)
+        limits = checked_budgets({**defaults, **(budgets or {})})
+        size = len(msgspec.msgpack.encode(plain))
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
+        return _Checked(run_id, name, version, tools, limits, plain, sensitive)
+
+    def _require_keys(self, c: _Checked) -> None:
+        """Sensitive input fields are sealed: without keys the run is not started."""
+        if c.sensitive and not self.log.keyring:
+            raise UsageError(f"agent {c.name!r} has sensitive input fields "
+                             f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
+                             "start it (nothing was written)")
+
+    def _started(self, c: _Checked, trace: str) -> Spec:
+        """The ``run_started`` event of a checked run, its sensitive fields sealed."""
+        data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
+        return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
+                                    "input": data, "tools": c.tools, "budgets": c.limits,
+                                    "trace": trace})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""

@@ -227,14 +227,20 @@ def test_durable_metrics_serves_the_same_over_http(server: Server, client: Clien
         (("agent", "count"), ("outcome", "succeeded"), ("tool", "noop"))] == 2
 
 
-def test_a_port_in_use_is_one_line(client: Client) -> None:
-    """Bad input: a port already taken is refused in one line, exit code 2."""
+def _on_a_taken_port(*argv: str) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Run ``durable ARGV PORT`` while PORT is taken by a listening socket of this test."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "durable", "metrics", "--port",
-                               str(port)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "durable", *argv, str(port)],
+                              capture_output=True, text=True, timeout=60)
+    return port, done
+
+
+def test_a_port_in_use_is_one_line(client: Client) -> None:
+    """Bad input: a port already taken is refused in one line, exit code 2."""
+    port, done = _on_a_taken_port("metrics", "--port")
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
@@ -271,12 +277,7 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_and_takes_nothing(
     """Bad input: ``--metrics-port`` on a port in use ends the worker at once with one line
     (exit 2), before it takes any run."""
     run = client.start("count", {"steps": 1}).run_id
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "durable", "worker", "--metrics-port",
-                               str(port)], capture_output=True, text=True, timeout=60)
+    port, done = _on_a_taken_port("worker", "--metrics-port")
     assert done.returncode == 2, done.stderr
     assert done.stderr == \
         f"durable: --metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use\n"

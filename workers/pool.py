@@ -119,10 +119,8 @@ class RunPool:
         return taken
 
     def _pop(self) -> str | None:
-        raw = self.queues.lpop(self.ready_key)
-        if raw is None:
-            return None
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        popped = self._pop_many(1)
+        return popped[0] if popped else None
 
     def _pop_many(self, count: int) -> list[str]:
         raw = self.queues.lpop(self.ready_key, count)

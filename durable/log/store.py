@@ -211,14 +211,19 @@ class EventLog:
 
     def batch_appends(self) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
-        for a worker, whose run threads append at once. Not on a cluster (a pipeline there
-        cannot carry scripts), nor with ``DURABLE_MIN_REPLICAS`` (each append waits for its
-        own replicas on its own connection). Returns the batcher, for other script calls
-        of the same threads (None: not batched)."""
-        if self.replicas.min_replicas or hasattr(self.redis, "nodes_manager"):
+        for a worker, whose run threads append at once, where ``_pipelines_appends``.
+        Returns the batcher, for other script calls of the same threads (None: not
+        batched)."""
+        if not self._pipelines_appends():
             return None
         self.replicas.batcher = ScriptBatcher(self.redis)
         return self.replicas.batcher
+
+    def _pipelines_appends(self) -> bool:
+        """Whether appends may go out several to a pipeline: not on a cluster (its
+        pipelines carry no scripts), nor with ``DURABLE_MIN_REPLICAS`` (each append waits
+        for its own replicas on its own connection)."""
+        return not self.replicas.min_replicas and not hasattr(self.redis, "nodes_manager")
 
     # Reading ---------------------------------------------------------------------------
 
@@ -398,7 +403,7 @@ class EventLog:
         or the exception ``commit`` would have raised. On a cluster, or with
         ``DURABLE_MIN_REPLICAS``, the appends are made one by one."""
         out: list[str | Exception] = []
-        if self.replicas.min_replicas or hasattr(self.redis, "nodes_manager"):
+        if not self._pipelines_appends():
             for handle, specs, extra in batch:
                 try:
                     out.append(self.commit(handle, specs, extra=extra))
