@@ -163,7 +163,7 @@ def test_a_tool_stuck_in_c_gives_its_run_up_and_the_worker_goes_on(
 
 
 def test_scripts_flushed_under_a_busy_worker_are_loaded_again(
-    client: Client, worker: WorkerFactory
+    client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:
     """Window: the server forgets its scripts (``SCRIPT FLUSH``, as after a restart without
     persistence of the script cache) while a worker's batched appends are in flight: each
@@ -171,12 +171,16 @@ def test_scripts_flushed_under_a_busy_worker_are_loaded_again(
     completes, and nothing is applied twice."""
     ids = [f"flush-{i}" for i in range(40)]
     client.start_many("count", [{"steps": 6, "sleep_s": 0.05}] * len(ids), run_ids=ids)
-    worker(DURABLE_CONCURRENCY="40")
+    log = tmp_path / "worker.log"
+    w = worker(DURABLE_CONCURRENCY="40", log_path=log)
     for _ in range(15):
         client.redis.script_flush()
         time.sleep(0.05)
     for run in ids:
-        final = client.wait(run, timeout=30)
+        try:
+            final = client.wait(run, timeout=30)
+        except TimeoutError as exc:  # say what the worker saw
+            pytest.fail(f"{exc}; worker alive: {w.alive()}; its log:\n{log.read_text()}")
         assert final.state == "completed", (run, final.state, final.reason)
         assert verify(client.log, run).ok
         steps = [e.event.step for e in client.log.read(run)

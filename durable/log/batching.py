@@ -34,6 +34,9 @@ log = logging.getLogger("durable.log")
 #: Most calls sent in one pipeline.
 MAX_BATCH = 256
 
+#: Times a batch's calls refused with NOSCRIPT are loaded and sent again.
+NOSCRIPT_RETRIES = 5
+
 
 @dataclass(eq=False)
 class _Call:
@@ -100,9 +103,13 @@ class ScriptBatcher:
 
     def _send(self, batch: list[_Call]) -> None:
         replies = self._pipeline(batch)
-        missing = [i for i, r in enumerate(replies)
-                   if isinstance(r, redis.exceptions.NoScriptError)]
-        if missing:  # the server restarted without the script: nothing of those ran
+        for _ in range(NOSCRIPT_RETRIES):
+            missing = [i for i, r in enumerate(replies)
+                       if isinstance(r, redis.exceptions.NoScriptError)]
+            if not missing:
+                break
+            # The server lost its scripts (a restart, SCRIPT FLUSH): nothing of those ran.
+            # Load and send them again -- more than once, should it lose them meanwhile.
             for name in {batch[i].script for i in missing}:
                 self.client.script_load(source(name))
             again = self._pipeline([batch[i] for i in missing])
