@@ -27,11 +27,18 @@ PAGE = 25
 AGES = {"": "any age", "300": "5 min", "3600": "1 hour", "86400": "1 day", "604800": "7 days"}
 
 
+#: Fragments a page's live refresh loads into it: they never show (so never take) the
+#: flash message, which an action leaves for the page its redirect loads. A refresh of
+#: the page the action was sent from, racing that redirect, had taken it.
+FRAGMENTS = frozenset({"runs_table.html", "run_panel.html", "state.html"})
+
+
 def render(request: Request, name: str, context: dict[str, Any],
            status_code: int = 200) -> Response:
     user = request.app.state.access.user(request)
+    flash = None if name in FRAGMENTS else request.session.pop("flash", None)
     base = {"user": user, "csrf": csrf_token(request), "dev": request.app.state.dev,
-            "flash": request.session.pop("flash", None)}
+            "flash": flash}
     response: Response = request.app.state.templates.TemplateResponse(
         request, name, {**base, **context}, status_code=status_code)
     return response

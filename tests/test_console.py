@@ -300,6 +300,24 @@ def test_an_operator_forks_from_the_slider_releases_and_reconciles(
     assert client.wait(stuck, 30).state == "completed"
 
 
+def test_a_live_refresh_leaves_the_message_for_the_page_the_action_redirects_to(
+        console: Console, page: Page, client: Client) -> None:
+    """Window: an action is done and its redirect not loaded yet when the page it was sent
+    from refreshes its live fragments (the run moved on at once): the action's message is
+    still there for the page the redirect loads."""
+    run = client.start("count", {"steps": 1}, run_id="flash-1", enqueue=False).run_id
+    login(page, console, "alice", f"/runs/{run}")
+    csrf = page.locator("meta[name=csrf-token]").get_attribute("content") or ""
+    reply = page.request.post(f"{console.url}/runs/{run}/reconcile", form={"csrf": csrf},
+                              max_redirects=0)
+    assert reply.status in (302, 303), reply.status
+    first = client.log.read(run)[0].id
+    for fragment in (f"/runs/{run}/panel", "/runs/table", f"/runs/{run}/state?at={first}"):
+        assert page.request.get(console.url + fragment).ok, fragment
+    page.goto(f"{console.url}/runs/{run}")
+    expect(page.locator("#flash")).to_contain_text("due now")
+
+
 def test_bad_input_is_one_line_refusal_and_writes_nothing(
         console: Console, page: Page, client: Client, worker: WorkerFactory) -> None:
     run = "pay-4"
