@@ -44,6 +44,9 @@ class RunPool:
         self.ready_key = keys.ready(loop.queue.name)
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
+        #: The slots' pops of the next ready run go with the step writes of the other run
+        #: threads when the ready list is on the log's server (one round trip for many).
+        self._batcher = loop.leases.batcher if self.queues is self.redis else None
         self._free = threading.Semaphore(size)
         self._busy = 0
         self._idle = threading.Condition()
@@ -123,7 +126,10 @@ class RunPool:
         return popped[0] if popped else None
 
     def _pop_many(self, count: int) -> list[str]:
-        raw = self.queues.lpop(self.ready_key, count)
+        if self._batcher is not None:
+            raw = self._batcher.command("LPOP", self.ready_key, count)
+        else:
+            raw = self.queues.lpop(self.ready_key, count)
         return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or ()]
 
     def _slot(self, run_id: str | None) -> bool:
