@@ -54,6 +54,9 @@ class StepSpan:
                 self.span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
 
 
+_NO_STEP_SPAN = contextlib.nullcontext(StepSpan())
+
+
 def traceparent() -> str:
     """The W3C ``traceparent`` of the current span, or "" (no OTel, nothing recording)."""
     if _propagator is None or not _recording():
@@ -93,13 +96,17 @@ def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
 def step_span(run_id: str, agent: str, tool: str, key: str, step: int,
-              attempt: int) -> Iterator[StepSpan]:
+              attempt: int) -> contextlib.AbstractContextManager[StepSpan]:
     """One dispatched call of a step, under the current run span."""
     if not _recording():
-        yield StepSpan()
-        return
+        return _NO_STEP_SPAN  # every step enters it: no generator to set up
+    return _step_span(run_id, agent, tool, key, step, attempt)
+
+
+@contextlib.contextmanager
+def _step_span(run_id: str, agent: str, tool: str, key: str, step: int,
+               attempt: int) -> Iterator[StepSpan]:
     tracer = trace.get_tracer(TRACER)
     with tracer.start_as_current_span(f"durable.step {tool}", attributes={
             "durable.run_id": run_id, "durable.agent": agent, "durable.tool": tool,

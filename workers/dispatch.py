@@ -60,6 +60,14 @@ class Dispatcher:
         #: Where a call's ``ctx.emit`` goes (the run's stream channel); None: nowhere.
         self.publisher = publisher
         self.watch = CallWatch(on_stuck)
+        #: Tool name -> (the tool, whether its ``run`` is ``async def``): asked per call.
+        self._async: dict[str, tuple[Tool, bool]] = {}
+
+    def _is_async(self, tool: Tool) -> bool:
+        known = self._async.get(tool.name)
+        if known is None or known[0] is not tool:
+            known = self._async[tool.name] = (tool, inspect.iscoroutinefunction(tool.run))
+        return known[1]
 
     def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
                  args: Any = None) -> list[Spec]:
@@ -75,7 +83,7 @@ class Dispatcher:
 
         # An async tool stops itself at its deadline (its task is cancelled); the watcher
         # is its backstop, a moment later.
-        margin = ASYNC_MARGIN_S if inspect.iscoroutinefunction(tool.run) else 0.0
+        margin = ASYNC_MARGIN_S if self._is_async(tool) else 0.0
 
         def attempt() -> CallResult:
             left = ctx.remaining()

@@ -263,19 +263,9 @@ class StepLoop:
         finally:
             self.on_abandon()
 
-    @contextlib.contextmanager
-    def _user_code(self, what: str) -> Iterator[None]:
-        """Agent code runs inside: the watchdog times it."""
-        slot: Slot | None = getattr(self._local, "slot", None)
-        if slot is None:
-            yield
-            return
-        with self._outside():  # its turn is taken again after the timing stops
-            slot.user_code, slot.user_code_since = what, time.monotonic()
-            try:
-                yield
-            finally:
-                slot.user_code_since = 0.0
+    def _user_code(self, what: str) -> _UserCode:
+        """Agent code runs inside: the watchdog times it (and its turn is given back)."""
+        return _UserCode(self, what)
 
     @contextlib.contextmanager
     def _inside(self) -> Iterator[None]:
@@ -290,19 +280,9 @@ class StepLoop:
                 self._local.inside = False
                 self._turns.put(None)
 
-    @contextlib.contextmanager
-    def _outside(self) -> Iterator[None]:
+    def _outside(self) -> _Outside:
         """This thread waits on user code, a tool, or a deadline: give its turn back."""
-        if not getattr(self._local, "inside", False):
-            yield
-            return
-        self._local.inside = False
-        self._turns.put(None)
-        try:
-            yield
-        finally:
-            self._turns.get()
-            self._local.inside = True
+        return _Outside(self)
 
     # The loop -------------------------------------------------------------------------
 
@@ -677,6 +657,56 @@ class StepLoop:
         specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
         self._commit(handle, pending, specs)
         self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+
+
+class _Outside:
+    """``StepLoop._outside``: a class, not a generator -- it is entered twice per step."""
+
+    __slots__ = ("gave", "loop")
+
+    def __init__(self, loop: StepLoop) -> None:
+        self.loop = loop
+        self.gave = False
+
+    def __enter__(self) -> None:
+        local = self.loop._local
+        if getattr(local, "inside", False):
+            local.inside = False
+            self.loop._turns.put(None)
+            self.gave = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.gave:
+            self.loop._turns.get()
+            self.loop._local.inside = True
+
+
+class _UserCode:
+    """``StepLoop._user_code``: outside the step turns, timed by the watchdog."""
+
+    __slots__ = ("loop", "outside", "slot", "what")
+
+    def __init__(self, loop: StepLoop, what: str) -> None:
+        self.loop = loop
+        self.what = what
+        self.slot: Slot | None = None
+        self.outside = _Outside(loop)
+
+    def __enter__(self) -> None:
+        slot: Slot | None = getattr(self.loop._local, "slot", None)
+        if slot is None:
+            return
+        self.slot = slot
+        self.outside.__enter__()  # its turn is taken again after the timing stops
+        slot.user_code, slot.user_code_since = self.what, time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.slot is None:
+            return
+        try:
+            self.slot.user_code_since = 0.0
+        finally:
+            self.outside.__exit__()
 
 
 def step_key(run_id: str, step: int) -> str:
