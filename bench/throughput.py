@@ -41,6 +41,12 @@ from durable.log import keys
 from workers.loop import StepLoop
 
 STEPS = 4
+#: Runs per batch. A worker takes a few hundred milliseconds to fill its slots and reach a
+#: steady rate; with 200 runs (800 steps, a window of about 0.3 s) that ramp was most of
+#: what the window measured, and the ratio moved by a third between rounds.
+RUNS = 1000
+#: Runs of the plain RQ row, whatever the batch: its rate is per job.
+PLAIN_RQ_RUNS = 200
 FLOOR_LUA = (Path(__file__).parent / "floor.lua").read_text()
 
 
@@ -186,7 +192,8 @@ def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
     if name == "plain loop":
         return plain_loop(runs)
     if name == "plain RQ":
-        return plain_rq(r, max(20, runs // 3))  # a rate per job: fewer jobs suffice
+        # A rate per job: fewer jobs suffice (about 160 jobs/s, so a few hundred of them).
+        return plain_rq(r, max(20, min(runs, PLAIN_RQ_RUNS) // 3))
     if name == "driver in-process":
         return driver_inproc(url, r, runs)
     if name.startswith("durable"):
@@ -197,7 +204,7 @@ def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
 def run(servers: Any, quick: bool = False, rounds: int | None = None,
         runs: int | None = None, log: Any = print) -> dict[str, Any]:
     rounds = rounds or (1 if quick else 3)
-    runs = runs or (60 if quick else 200)
+    runs = runs or (60 if quick else RUNS)
     fsyncs = list(servers.fsyncs)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {
         f: {c: [] for c in CONFIGS} for f in fsyncs}
