@@ -217,6 +217,17 @@ def markdown(res: dict[str, Any]) -> str:
         for ratio in tp["by_fsync"][fs[0]]["ratios"]:
             out.append(f"| ratio: {ratio} | " + " | ".join(
                 f"{tp['by_fsync'][f]['ratios'][ratio]:.3g}" for f in fs) + " |")
+        cpu_rows = [(cfg, f) for cfg in tp["by_fsync"][fs[0]] if cfg != "ratios"
+                    for f in fs if "cpu_us_per_step" in tp["by_fsync"][f][cfg]]
+        if cpu_rows:
+            out.append("\nCPU per step, µs (inside the measured window; the floor's "
+                       "client is this process):\n")
+            out.append("| configuration | appendfsync | client or worker(s) | Redis |")
+            out.append("|---|---|---:|---:|")
+            for cfg, f in cpu_rows:
+                c = tp["by_fsync"][f][cfg]["cpu_us_per_step"]
+                mine = c.get("worker", c.get("client", 0.0))
+                out.append(f"| {cfg} | {f} | {mine:,.0f} | {c['redis']:,.0f} |")
         for bad in tp.get("incomplete_batches", []):
             out.append(f"\n**Incomplete batch**: {bad}")
         out.append("\n`plain RQ` is jobs/s (one job = one no-op call). Per-round samples are in "

@@ -16,6 +16,10 @@ Configurations, each against a server with ``appendfsync everysec`` and one with
   first worker write (each log's second entry) to the last write (each projection's
   ``last`` entry id), which excludes worker process start-up. Wall time including start-up
   is reported too.
+
+For the floor and the worker configurations, the CPU each process spends per step (the
+worker processes and Redis, sampled by ``bench.cputrace``) is reported as well: on a machine
+with two cores, a worker and its Redis together cannot use more than both.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psutil
 import redis
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
 from bench.common import AGENTS, fresh, median, run_window, settings_for, worker
+from bench.cputrace import CpuTrace
 from durable.agents import ToolContext, registry
 from durable.cancellation import CancelToken
 from durable.client import Client
@@ -54,6 +60,8 @@ def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
     script = r.register_script(FLOOR_LUA)
     enc = msgspec.msgpack.Encoder()
     actor = "bench-floor:1:000000"
+    server = psutil.Process(int(r.info("server")["process_id"]))
+    redis0, own0 = server.cpu_times(), time.process_time()
     t0 = time.perf_counter()
     for i in range(runs):
         rid = f"floor{i}"
@@ -77,7 +85,12 @@ def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
             assert reply[0] == b"ok", reply
             version = int(reply[1])
     dt = time.perf_counter() - t0
-    return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
+    redis1, own1 = server.cpu_times(), time.process_time()
+    n = runs * steps
+    return {"steps": n, "seconds": dt, "steps_per_s": n / dt,
+            "cpu_us_per_step": {
+                "client": (own1 - own0) / n * 1e6,
+                "redis": (redis1.user + redis1.system - redis0.user - redis0.system) / n * 1e6}}
 
 
 def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
@@ -161,17 +174,23 @@ def durable(url: str, r: redis.Redis, runs: int, workers: int,
     ids = start_runs(client, "w", runs, steps)
     t0 = time.perf_counter()
     procs = [worker(url, burst=True) for _ in range(workers)]
-    for p in procs:
-        try:
-            p.wait(300)
-        except subprocess.TimeoutExpired:  # a stuck worker is reported, not fatal
-            p.kill()
+    server = int(r.info("server")["process_id"])
+    with CpuTrace([server, *(p.pid for p in procs)]) as cpu:
+        for p in procs:
+            try:
+                p.wait(300)
+            except subprocess.TimeoutExpired:  # a stuck worker is reported, not fatal
+                p.kill()
     wall = time.perf_counter() - t0
     first, last, done = run_window(r, ids)
     window = max(last - first, 1) / 1000
-    out: dict[str, Any] = {"steps": done * steps, "seconds": window,
-                           "steps_per_s": done * steps / window, "wall_s": wall,
-                           "wall_steps_per_s": done * steps / wall, "workers": workers}
+    n = done * steps
+    used = cpu.between(first / 1000, last / 1000)
+    out: dict[str, Any] = {"steps": n, "seconds": window,
+                           "steps_per_s": n / window, "wall_s": wall,
+                           "wall_steps_per_s": n / wall, "workers": workers,
+                           "cpu_us_per_step": {"worker": sum(used[1:]) / max(n, 1) * 1e6,
+                                               "redis": used[0] / max(n, 1) * 1e6}}
     if done != runs:
         pipe = r.pipeline(transaction=False)
         for rid in ids:
@@ -239,6 +258,10 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
                         "all": [round(s["steps_per_s"], 1) for s in ss]}
             if cfg.startswith("durable"):
                 row[cfg]["wall_steps_per_s"] = median([s["wall_steps_per_s"] for s in ss])
+            if ss and "cpu_us_per_step" in ss[0]:
+                row[cfg]["cpu_us_per_step"] = {
+                    part: median([s["cpu_us_per_step"][part] for s in ss])
+                    for part in ss[0]["cpu_us_per_step"]}
         one = row["durable, 1 worker"]["steps_per_s"]
         row["ratios"] = {
             "durable_1w / floor": one / row["floor"]["steps_per_s"],
