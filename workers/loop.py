@@ -140,6 +140,9 @@ class StepLoop:
         self.abandoned_threads: set[int] = set()
         #: Called with nothing when a slot is given back by the watchdog.
         self.on_abandon: Callable[[], object] = lambda: None
+        #: Called on a run's thread just before the commit that ends its work here (and
+        #: releases its lease): the pool sends its pop of the next ready run along with it.
+        self.before_last_commit: Callable[[], object] = lambda: None
         self._local = threading.local()
         #: Turns for driving steps (see ``STEP_TURNS``): a queue of tokens, taken and put
         #: back in C (a ``threading.Semaphore`` is Python code around a ``Condition``).
@@ -402,6 +405,8 @@ class StepLoop:
         same script call.
         """
         release = any(issubclass(s.cls, _LAST_WRITES) for s in specs) and not kw.get("if_free")
+        if release:
+            self.before_last_commit()
         self.log.commit(handle, specs, release=release, **kw)
         pending.clear()
         if release:

@@ -28,7 +28,7 @@ import time
 import redis
 
 from durable.log import keys
-from durable.queue import ensure_drain
+from durable.queue import enqueue_advance, ensure_drain
 from workers.calls import CallAbandoned
 from workers.loop import Abandoned, StepLoop
 
@@ -53,10 +53,13 @@ class RunPool:
         #: False once shutdown began: no new runs are taken.
         self.accepting = True
         loop.on_abandon = self._replace
+        loop.before_last_commit = self._pop_with_last_commit
         #: Runs handed to the slot threads. The threads are started here, once: starting
         #: hundreds of threads when a burst of runs arrives cost each run its share of the
         #: thread starts before its first step (about a millisecond each, in turn).
         self._inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
+        #: ``on`` in the slot threads (the only ones that pop runs for themselves).
+        self._in_slot = threading.local()
         for _ in range(size):
             self._spawn()
 
@@ -65,6 +68,7 @@ class RunPool:
 
     def _serve(self) -> None:
         """A slot thread: drive the runs it is handed, until it is abandoned."""
+        self._in_slot.on = True
         while self._slot(self._inbox.get()):
             pass
 
@@ -125,6 +129,33 @@ class RunPool:
         popped = self._pop_many(1)
         return popped[0] if popped else None
 
+    def _pop_with_last_commit(self) -> None:
+        """A run's last commit is about to go: its slot's pop of the next ready run goes in
+        the same batch (one wait for both, instead of a round trip after it)."""
+        if self._batcher is not None and self.accepting and \
+                getattr(self._in_slot, "on", False):  # not RQ's thread: it pops nothing
+            self._batcher.ride_along("LPOP", self.ready_key)
+
+    def _next(self) -> str | None:
+        """The run this slot drives next: the one popped with its last commit, else one
+        popped now (None: none is ready)."""
+        sent = self._batcher.ridden() if self._batcher is not None else None
+        if sent is not None and sent.error is None:
+            reply = sent.reply
+            if reply is None:
+                return None  # the list was empty as the run let go
+            return reply.decode() if isinstance(reply, bytes) else str(reply)
+        return self._pop()
+
+    def _return_ridden(self) -> None:
+        """An abandoned thread or a stopping pool: a run popped with its last commit and
+        not driven goes back on the ready list."""
+        sent = self._batcher.ridden() if self._batcher is not None else None
+        if sent is not None and sent.error is None and sent.reply is not None:
+            run_id = sent.reply.decode() if isinstance(sent.reply, bytes) else str(sent.reply)
+            with contextlib.suppress(redis.RedisError):
+                enqueue_advance(self.redis, self.queue, run_id, force=True)
+
     def _pop_many(self, count: int) -> list[str]:
         if self._batcher is not None:
             raw = self._batcher.command("LPOP", self.ready_key, count)
@@ -155,10 +186,11 @@ class RunPool:
                 run_id = None
                 if self.accepting and me not in self.loop.abandoned_threads:
                     with contextlib.suppress(redis.RedisError):
-                        run_id = self._pop()
+                        run_id = self._next()
         except (Abandoned, CallAbandoned):
             pass
         finally:
+            self._return_ridden()
             abandoned = me in self.loop.abandoned_threads
             if abandoned:
                 self.loop.abandoned_threads.discard(me)

@@ -59,6 +59,9 @@ class ScriptBatcher:
         self._inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        #: Per thread: ``rider`` (a command to send with its next call) and ``ridden``
+        #: (that command once sent, with its reply or error).
+        self._local = threading.local()
 
     def call(self, script: str, keys: list[str], args: list[Any]) -> Any:
         """The reply of the script ``script`` (its name in ``durable/log/scripts``) on
@@ -74,12 +77,35 @@ class ScriptBatcher:
         list of bytes or None), sent with the calls waiting."""
         return self._wait(_Call(None, command))
 
+    def ride_along(self, *command: Any) -> None:
+        """Send the plain ``command`` with this thread's next call (one wait for both); its
+        reply is kept for ``ridden``. Replaces a rider not sent yet; does nothing while
+        the reply of one sent is not taken (it would be overwritten)."""
+        if getattr(self._local, "ridden", None) is None:
+            self._local.rider = _Call(None, command)
+
+    def ridden(self) -> _Call | None:
+        """The rider this thread sent since it last asked (its ``reply`` or ``error`` set),
+        or None; a rider not sent yet is dropped."""
+        self._local.rider = None
+        sent: _Call | None = getattr(self._local, "ridden", None)
+        self._local.ridden = None
+        return sent
+
     def _wait(self, call: _Call) -> Any:
         call.done.acquire()
         if self._thread is None:
             self._start()
+        rider: _Call | None = getattr(self._local, "rider", None)
         self._inbox.put(call)
+        if rider is not None:
+            self._local.rider = None
+            rider.done.acquire()
+            self._inbox.put(rider)
         call.done.acquire()  # released by the batcher once the reply is in
+        if rider is not None:
+            rider.done.acquire()
+            self._local.ridden = rider
         if call.error is not None:
             raise call.error
         return call.reply
