@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         description="Longest a decide() (or other agent code between steps) may run; past "
         "it the run is quarantined and the worker goes on with its other runs.",
     )
+    max_stuck_calls: int = Field(
+        default=32, ge=1,
+        description="Tool calls stuck in C (never returning after their interrupt) a worker "
+        "process may carry; at this many it hands its runs back and restarts in place, "
+        "which ends their threads.",
+    )
     steps_per_job: int = Field(
         default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
     )

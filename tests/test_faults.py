@@ -162,6 +162,33 @@ def test_a_tool_stuck_in_c_gives_its_run_up_and_the_worker_goes_on(
     assert verify(client.log, run).ok
 
 
+def test_a_worker_carrying_too_many_stuck_calls_restarts_in_place(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """Window: two tool calls are stuck in C at once (``DURABLE_MAX_STUCK_CALLS=2``), each
+    holding its thread for a minute: the worker hands its runs back and replaces its own
+    image (same pid, so a process manager sees nothing; the stuck threads end with the old
+    image). Both runs complete, their first call resolved by ``lookup`` and sent again, and
+    the new image serves new runs."""
+    ids = [client.start("echo", {"steps": 2, "text": "t"}, run_id=f"stuck-{i}").run_id
+           for i in range(2)]
+    log = tmp_path / "worker.log"
+    w = worker(DURABLE_CONCURRENCY="4", DURABLE_MAX_STUCK_CALLS="2", ECHO_TOOL="blocker",
+               ECHO_SLEEP="60", log_path=log)
+    for run in ids:
+        final = client.wait(run, timeout=40)
+        assert final.state == "completed", (final.state, log.read_text())
+        assert verify(client.log, run).ok
+    assert client.stats().get("stuck_calls") == 2
+    assert "restarting in place" in log.read_text()
+    # The fresh image starts (same pid); it may take runs before it logs that it started.
+    assert wait_for(lambda: log.read_text().count(" started: queue") == 2, 15), \
+        log.read_text()
+    assert w.alive()
+    after = client.start("echo", {"steps": 1, "text": "x"}, run_id="after-restart").run_id
+    assert client.wait(after, timeout=20).state == "completed"
+
+
 def test_scripts_flushed_under_a_busy_worker_are_loaded_again(
     client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:

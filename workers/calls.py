@@ -87,6 +87,8 @@ class CallWatch:
         #: Calls not done yet. Done calls leave the heap lazily (when their time comes);
         #: it is compacted when mostly done ones, so long deadlines cannot pile them up.
         self._live = 0
+        #: Stuck calls whose thread has not returned yet (each holds a thread).
+        self.stuck_now = 0
 
     def call(self, fn: Callable[[], Any], timeout: float, token: CancelToken,
              grace: float) -> CallResult:
@@ -120,6 +122,8 @@ class CallWatch:
         if call.stuck:
             assert call.given_up is not None  # made before ``stuck`` was set
             call.given_up.wait()
+            with self._cond:
+                self.stuck_now -= 1
             raise CallAbandoned()
         if result is None or (call.injected is not None and result.outcome != "returned"):
             return CallResult(call.injected or "timed_out")
@@ -179,6 +183,8 @@ class CallWatch:
             else:
                 call.given_up = threading.Event()
                 call.stuck = True
+                with self._cond:
+                    self.stuck_now += 1
         if kind != "stuck":
             self._at(escalate, call, "stuck")
             return

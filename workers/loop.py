@@ -140,6 +140,10 @@ class StepLoop:
         self.abandoned_threads: set[int] = set()
         #: Called with nothing when a slot is given back by the watchdog.
         self.on_abandon: Callable[[], object] = lambda: None
+        #: Set once too many tool calls are stuck (``DURABLE_MAX_STUCK_CALLS``); then
+        #: ``on_restart`` is called (the worker process: shut down, then start afresh).
+        self.restart_requested = threading.Event()
+        self.on_restart: Callable[[], object] = lambda: None
         #: Called on a run's thread just before the commit that ends its work here (and
         #: releases its lease): the pool sends its pop of the next ready run along with it.
         self.before_last_commit: Callable[[], object] = lambda: None
@@ -243,6 +247,15 @@ class StepLoop:
                 log.error("run %s: its tool call did not stop when interrupted; the run is "
                           "handed back and its slot goes on with other runs", run_id)
                 self._let_go(run_id, slot, None, "stuck_calls")
+        stuck = self.dispatcher.watch.stuck_now
+        if stuck >= self.settings.max_stuck_calls and not self.restart_requested.is_set():
+            # Each stuck call keeps its thread (and what its tool holds) until it returns,
+            # which may be never: past the bound, the process is renewed.
+            log.error("%d tool calls are stuck in this process (DURABLE_MAX_STUCK_CALLS=%d): "
+                      "it hands its runs back and restarts", stuck,
+                      self.settings.max_stuck_calls)
+            self.restart_requested.set()
+            self.on_restart()
 
     def _let_go(self, run_id: str, slot: Slot, quarantine: str | None, stat: str) -> None:
         """Abandon ``slot``'s thread: quarantine the run with the reason given, or make it

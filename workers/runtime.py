@@ -151,11 +151,27 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     log.info("worker %s started: queue %r, %d run slots, agents: %s, Redis %s", wid,
              queue.name, pool.size, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
+    if not burst:  # a burst worker ends soon anyway
+        _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.finish()
         return 0
-    return _shut_down(pool, settings.shutdown_grace_s)
+    code = _shut_down(pool, settings.shutdown_grace_s)
+    if _loop.restart_requested.is_set():
+        _restart()
+    return code
+
+
+def _restart() -> None:
+    """Replace this process's image with a fresh worker: same pid, same command line and
+    environment (a process manager sees nothing), none of the old threads -- stuck tool
+    calls included."""
+    log.warning("restarting in place (the runs were handed back)")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, sys.orig_argv)
 
 
 def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: bool) -> None:
@@ -210,5 +226,7 @@ def _shut_down(pool: RunPool, grace_s: float) -> int:
         logging.shutdown()
         # Their threads may still be inside a tool: nothing of theirs can be written now
         # (the leases are gone), so do not wait for them.
+        if _loop is not None and _loop.restart_requested.is_set():
+            _restart()
         os._exit(0)
     return 0
