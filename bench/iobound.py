@@ -52,7 +52,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ import redis
 
 from bench import rtcount
 from bench.common import AGENTS, fresh, median, percentile, settings_for
+from bench.sampling import ProcessSampler
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
@@ -113,35 +113,19 @@ DBOS_MODES = (("DBOS, threads (start_workflow)", "threads"),
 PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
 
 
-class Sampler:
-    """Peak RSS and threads of some processes, every ``interval`` seconds (a thread)."""
+class Sampler(ProcessSampler):
+    """Peak RSS and threads of some processes."""
 
-    def __init__(self, pids: list[int], interval: float = 0.02) -> None:
-        self.procs = [psutil.Process(p) for p in pids]
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(pids)
         self.rss = [0.0] * len(pids)
         self.threads = [0] * len(pids)
-        self.interval = interval
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def sample(self) -> None:
         for i, p in enumerate(self.procs):
             with contextlib.suppress(psutil.Error):
                 self.rss[i] = max(self.rss[i], p.memory_info().rss / 2**20)
                 self.threads[i] = max(self.threads[i], p.num_threads())
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def __enter__(self) -> Sampler:
-        self.sample()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
 
 
 def _rss(pid: int) -> float:

@@ -18,7 +18,7 @@ Configurations, each against a server with ``appendfsync everysec`` and one with
   is reported too.
 
 For the floor and the worker configurations, the CPU each process spends per step (the
-worker processes and Redis, sampled by ``bench.cputrace``) is reported as well: on a machine
+worker processes and Redis, sampled by ``bench.sampling``) is reported as well: on a machine
 with two cores, a worker and its Redis together cannot use more than both.
 """
 
@@ -38,7 +38,7 @@ from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
 from bench.common import AGENTS, fresh, median, run_window, settings_for, worker
-from bench.cputrace import CpuTrace
+from bench.sampling import CpuTrace
 from durable.agents import ToolContext, registry
 from durable.cancellation import CancelToken
 from durable.client import Client

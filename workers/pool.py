@@ -139,29 +139,31 @@ class RunPool:
     def _next(self) -> str | None:
         """The run this slot drives next: the one popped with its last commit, else one
         popped now (None: none is ready)."""
-        sent = self._batcher.ridden() if self._batcher is not None else None
-        if sent is not None and sent.error is None:
-            reply = sent.reply
-            if reply is None:
-                return None  # the list was empty as the run let go
-            return reply.decode() if isinstance(reply, bytes) else str(reply)
-        return self._pop()
+        answered, run_id = self._ridden_run()
+        return run_id if answered else self._pop()
 
     def _return_ridden(self) -> None:
         """An abandoned thread or a stopping pool: a run popped with its last commit and
         not driven goes back on the ready list."""
-        sent = self._batcher.ridden() if self._batcher is not None else None
-        if sent is not None and sent.error is None and sent.reply is not None:
-            run_id = sent.reply.decode() if isinstance(sent.reply, bytes) else str(sent.reply)
+        _, run_id = self._ridden_run()
+        if run_id is not None:
             with contextlib.suppress(redis.RedisError):
                 enqueue_advance(self.redis, self.queue, run_id, force=True)
+
+    def _ridden_run(self) -> tuple[bool, str | None]:
+        """(whether a pop rode with this thread's last commit and was answered, the run it
+        popped: None when the list was empty then)."""
+        sent = self._batcher.ridden() if self._batcher is not None else None
+        if sent is None or sent.error is not None:
+            return False, None
+        return True, None if sent.reply is None else _run_id(sent.reply)
 
     def _pop_many(self, count: int) -> list[str]:
         if self._batcher is not None:
             raw = self._batcher.command("LPOP", self.ready_key, count)
         else:
             raw = self.queues.lpop(self.ready_key, count)
-        return [x.decode() if isinstance(x, bytes) else str(x) for x in raw or ()]
+        return [_run_id(x) for x in raw or ()]
 
     def _slot(self, run_id: str | None) -> bool:
         """One slot: drive ``run_id``, then the next ready run, until none is left. False
@@ -258,3 +260,7 @@ class RunPool:
         if self.wait_idle(grace_s, force):
             return []
         return self.loop.hand_back()
+
+
+def _run_id(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

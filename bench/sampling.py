@@ -1,8 +1,10 @@
-"""CPU time of processes, sampled with the wall clock, so the CPU spent inside a window known
-only afterwards (the first and last log writes of a batch) can be read back.
+"""Processes sampled every few milliseconds by a thread: their peak memory and threads
+(``bench.iobound``), or their CPU time with the wall clock (``CpuTrace``), so the CPU spent
+inside a window known only afterwards (the first and last log writes of a batch) can be
+read back.
 
-The throughput item reports it per step: how much of a core the worker and Redis each need
-per step is what bounds steps/s on a machine with few cores, whatever the round trips.
+The throughput item reports that CPU per step: how much of a core the worker and Redis each
+need per step is what bounds steps/s on a machine with few cores, whatever the round trips.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import bisect
 import threading
 import time
 from collections.abc import Sequence
+from typing import Self
 
 import psutil
 
@@ -18,32 +21,45 @@ import psutil
 INTERVAL_S = 0.02
 
 
-class CpuTrace:
-    """Samples ``pids``' user+system CPU seconds every ``INTERVAL_S`` (a thread)."""
+class ProcessSampler:
+    """Calls ``sample`` on entry, every ``interval`` seconds meanwhile (a thread), and on
+    exit."""
 
-    def __init__(self, pids: Sequence[int]) -> None:
+    def __init__(self, pids: Sequence[int], interval: float = INTERVAL_S) -> None:
         self.procs = [psutil.Process(pid) for pid in pids]
-        self.times: list[float] = []
-        self.samples: list[list[float]] = []
-        self._last = [0.0] * len(self.procs)
+        self.interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-trace", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__,
+                                        daemon=True)
 
-    def __enter__(self) -> CpuTrace:
-        self._sample()
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.sample()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self.sample()
 
     def _run(self) -> None:
-        while not self._stop.wait(INTERVAL_S):
-            self._sample()
+        while not self._stop.wait(self.interval):
+            self.sample()
 
-    def _sample(self) -> None:
+
+class CpuTrace(ProcessSampler):
+    """The user+system CPU seconds of ``pids``, with the wall clock of each sample."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        super().__init__(pids)
+        self.times: list[float] = []
+        self.samples: list[list[float]] = []
+        self._last = [0.0] * len(self.procs)
+
+    def sample(self) -> None:
         now = time.time()
         for i, proc in enumerate(self.procs):
             try:
