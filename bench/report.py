@@ -311,6 +311,17 @@ def markdown(res: dict[str, Any]) -> str:
             out.append(f"| {name} | " + " | ".join(
                 f"{wi['driver'][f][name]['us_per_step']:,.0f} | "
                 f"{wi['driver'][f][name]['vs_baseline']:.2f}x" for f in fs) + " |")
+        mo = wi.get("models")
+        if mo:
+            out.append("\nDriver models on the same `StepLoop` code, in this process "
+                       "(everysec, four-step no-op runs, 64 at once; interleaved rounds, "
+                       "medians). The greenlet driver calls agent code and tools inline: "
+                       "an upper bound for an event-loop driver, not a design:\n")
+            out.append("| model | steps/s | CPU per step (µs) | vs run threads |")
+            out.append("|---|---:|---:|---:|")
+            for name, row in mo.items():
+                out.append(f"| {name} | {row['steps_per_s']:,.0f} | "
+                           f"{row['cpu_us_per_step']:.0f} | {row['vs_threads']:.2f}x |")
         out.append("\nRecovery read path (ms, medians, interleaved):\n")
         sizes = list(wi["load"])
         cols = list(wi["load"][sizes[0]])
