@@ -159,7 +159,7 @@ class ToolContext:
 def resolve_awaitable(value: Any, token: CancelToken | None = None,
                       timeout: float | None = None) -> Any:
     """A tool's ``run`` and ``lookup`` may be ``async def``: drive the coroutine to its end
-    on an event loop of the calling thread (the run's own), so it never blocks another run.
+    on an event loop of the calling thread, so it never blocks another run.
     A cancel of ``token`` cancels the task, and ``Cancelled`` is raised; past ``timeout``
     seconds the task is cancelled too, and ``Overrun`` is raised."""
     if not inspect.isawaitable(value):

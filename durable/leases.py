@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from durable.log import counters, keys
-from durable.log.batching import ScriptBatcher
+from durable.log.batching import ScriptBatcher, drive
 from durable.log.scripts import Scripts, source
 
 
@@ -49,6 +49,11 @@ class Leases:
 
     def acquire(self, run_id: str, token: str, *,
                 take_queued: bool = False) -> tuple[Lease | None, int, Any]:
+        """See ``acquire_async``; on this thread."""
+        return drive(self.acquire_async(run_id, token, take_queued=take_queued))
+
+    async def acquire_async(self, run_id: str, token: str, *,
+                            take_queued: bool = False) -> tuple[Lease | None, int, Any]:
         """Take the lease (a new epoch) and read the log from the last checkpoint, in one
         round trip: (lease, projection version, raw entries), or (None, 0, None) while
         another owner holds it. Version 0: the run does not exist.
@@ -60,7 +65,7 @@ class Leases:
                     keys.log(run_id), keys.run(run_id)]
         args = [token, self.ttl_ms, "1" if take_queued else "0"]
         if self.batcher is not None:
-            reply = self.batcher.call("lease_acquire", run_keys, args)
+            reply = await self.batcher.script_call("lease_acquire", run_keys, args)
         else:
             reply = self.scripts.lease_acquire(keys=run_keys, args=args)
         if _s(reply[0]) != "ok":

@@ -1,4 +1,5 @@
-"""Tool calls run on their run's own thread; one watcher thread enforces their deadlines.
+"""Tool calls run on the thread that calls them (a run's own thread, or the hub's driving
+thread or one of its spares, ``workers.hub``); one watcher thread enforces their deadlines.
 
 Why inline: a thread hop per call (hand the call to a tool thread, wait for it) cost a
 worker holding hundreds of runs about 0.4 ms of CPU per step in thread switches, and a

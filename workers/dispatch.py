@@ -1,7 +1,7 @@
 """Calling a tool once: its deadline, quick retries for the errors it names, and the
 events that record what the call observed.
 
-The call runs on its run's own thread, watched by the worker's ``CallWatch``
+The call runs on the thread that makes it, watched by the worker's ``CallWatch``
 (``workers.calls``): a deadline or a cancel stops it even when the tool itself does not.
 """
 
@@ -49,7 +49,7 @@ def _pause(token: CancelToken, seconds: float) -> None:
 
 
 class Dispatcher:
-    """Calls tools for every run of a worker, each on its run's own thread; one
+    """Calls tools for every run of a worker, each on the thread that asks; one
     ``CallWatch`` stops calls past their deadline or their cancel's grace."""
 
     def __init__(self, grace_ms: int, max_payload_bytes: int,

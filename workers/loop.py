@@ -12,12 +12,13 @@ nothing and drops its work.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from durable.errors import (
 from durable.leases import Heartbeats, Lease, Leases
 from durable.log import counters, keys
 from durable.log import events as ev
+from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
 from durable.log.replay import check_decision
 from durable.log.state import Action, RunState
@@ -71,7 +73,8 @@ log = logging.getLogger("durable.worker")
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
 
-#: Threads of one worker that may drive steps at once (load, fold, append) -- not counting
+#: Run threads (``DURABLE_DRIVER=threads``; the hub drives from one thread) of one worker
+#: that may drive steps at once (load, fold, append) -- not counting
 #: those waiting on agent code or a tool, which give their turn back. Step code is mostly
 #: Python under the GIL: with hundreds of held runs ready at once (their tools returned
 #: together), every thread contending for the GIL at each Redis reply made a step take
@@ -95,6 +98,8 @@ class Slot:
     lease: Lease | None = None
     token: CancelToken = field(default_factory=CancelToken)
     thread_id: int = 0
+    #: True while a tool call of the run is in flight (on ``thread_id``).
+    in_call: bool = False
     user_code: str = ""
     user_code_since: float = 0.0
     abandoned: bool = False
@@ -159,26 +164,35 @@ class StepLoop:
     # Entry point ------------------------------------------------------------------------
 
     def advance(self, run_id: str) -> dict[str, Any]:
+        """Drive ``run_id`` on this thread (a run thread, or RQ's for an ``advance``
+        command), its Redis calls batched with the other threads' (one of the step turns
+        held meanwhile)."""
         with self._inside():
-            return self._advance(run_id)
+            return drive(self.advance_async(run_id))
 
-    def _advance(self, run_id: str) -> dict[str, Any]:
+    async def advance_async(self, run_id: str) -> dict[str, Any]:
+        """The step protocol for one held run, as a coroutine whose batched Redis calls are
+        sent by whoever drives it: ``advance`` on a thread, or a worker's hub
+        (``workers.hub``), which drives many at once from one thread."""
+        return await self._advance(run_id)
+
+    async def _advance(self, run_id: str) -> dict[str, Any]:
         if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
             # A malformed command: nothing to drive, nothing to write.
             self.redis.hincrby(keys.STATS, "malformed_commands", 1)
             log.error("refused a command naming run %r: not a valid run id", run_id)
             return {"refused": "invalid run id"}
-        lease, version, raw = self.leases.acquire(run_id, self.worker_id,
-                                                  take_queued=True)
+        lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
+                                                              take_queued=True)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot(lease, thread_id=threading.get_ident())
-        self._local.slot = slot
+        _SLOT.set(slot)
         self.held[run_id] = slot
         self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
         more = False
         try:
-            more = self._drive(run_id, lease, slot, version, raw)
+            more = await self._drive(run_id, lease, slot, version, raw)
         except LeaseLost as exc:
             log.warning("run %s: %s; work discarded", run_id, exc)
             # Back on the ready list at once: if the lease only expired (nobody took it),
@@ -243,7 +257,7 @@ class StepLoop:
         once its deadline has passed. The stuck thread is abandoned with its slot given
         back; if it ever returns, nothing of its call is written (``CallAbandoned``)."""
         for run_id, slot in list(self.held.items()):
-            if slot.thread_id == thread_id and not slot.abandoned:
+            if slot.thread_id == thread_id and slot.in_call and not slot.abandoned:
                 log.error("run %s: its tool call did not stop when interrupted; the run is "
                           "handed back and its slot goes on with other runs", run_id)
                 self._let_go(run_id, slot, None, "stuck_calls")
@@ -279,9 +293,16 @@ class StepLoop:
         finally:
             self.on_abandon()
 
-    def _user_code(self, what: str) -> _UserCode:
-        """Agent code runs inside: the watchdog times it (and its turn is given back)."""
-        return _UserCode(self, what)
+    def _user(self, what: str, fn: Callable[[], Any]) -> Offload:
+        """Agent code ``fn`` for the current run, to ``await``: the watchdog times it on
+        whichever thread runs it (and, on a run thread, its turn is given back)."""
+        slot = _SLOT.get()
+
+        def timed() -> Any:
+            with _UserCode(self, what, slot):
+                return fn()
+
+        return Offload(what, timed)
 
     @contextlib.contextmanager
     def _inside(self) -> Iterator[None]:
@@ -316,7 +337,7 @@ class StepLoop:
             pass
         return None
 
-    def _drive(self, run_id: str, lease: Lease, slot: Slot, version: int, raw: Any) -> bool:
+    async def _drive(self, run_id: str, lease: Lease, slot: Slot, version: int, raw: Any) -> bool:
         """Run steps until the run stops needing this worker. True when work is left."""
         handle = self._load(run_id, lease, version, raw)
         if handle is None or not self._needs_work(handle.state):
@@ -324,40 +345,40 @@ class StepLoop:
         try:
             agent = self.registry.agent(handle.state.agent)
         except UnknownAgent as exc:
-            self._quarantine(handle, str(exc))
+            await self._quarantine(handle, str(exc))
             return False
         if isinstance(agent, CodeAgent):
             agent.bind(self.log)
         try:
             with tracing.run_span(run_id, handle.state.agent, handle.state.trace):
-                return self._drive_agent(handle, agent, lease, slot)
+                return await self._drive_agent(handle, agent, lease, slot)
         finally:
             agent.close_run(run_id)
 
-    def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot) -> bool:
+    async def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot) -> bool:
         run_id = handle.run_id
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
         forged = self._unsigned_rejection(handle)
         if forged is not None:
-            self._quarantine(handle, forged)
+            await self._quarantine(handle, forged)
             return False
         verdict, specs, why = version_policy(handle.state, agent,
                                              self._approval_check(run_id))
         if verdict == "quarantine":
-            self._quarantine(handle, why)
+            await self._quarantine(handle, why)
             return False
         if verdict == "wait":
-            self.log.commit(handle, specs, checkpoint=True)
+            await self.log.commit_async(handle, specs, checkpoint=True)
             return False
         self.log.stage(handle, specs)
         try:
-            self._check_replay(handle, agent)
+            await self._check_replay(handle, agent)
         except NondeterminismError as exc:
-            self._quarantine(handle, str(exc))
+            await self._quarantine(handle, str(exc))
             return False
         except Exception as exc:  # an agent bug met while re-observing: keep the evidence
-            self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery")
+            await self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery")
             return False
         # Outcomes observed but not yet in the log: they survive a reload after a conflict.
         pending: list[Spec] = []
@@ -365,9 +386,9 @@ class StepLoop:
         while True:
             try:
                 if handle.state.resumed and self._needs_work(handle.state):
-                    self._revalidate(handle, agent, pending)
+                    await self._revalidate(handle, agent, pending)
                     continue
-                done, stepped = self._step(handle, agent, slot, pending, lease)
+                done, stepped = await self._step(handle, agent, slot, pending, lease)
                 conflicts = 0
             except (ConflictError, CancelPending):
                 conflicts += 1
@@ -388,14 +409,14 @@ class StepLoop:
                 # Its turn is used up, or the worker is shutting down: let go at this step
                 # boundary (the run goes back on the ready list).
                 if handle.staged:
-                    self._commit(handle, pending, [])
+                    await self._commit(handle, pending, [])
                 return self._needs_work(handle.state)
 
-    def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
-        with self._user_code(f"{agent.name}.revalidate()"):
-            verdict, spec = revalidate(handle.state, agent, self.registry)
+    async def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
+        verdict, spec = await self._user(f"{agent.name}.revalidate()",
+                                         lambda: revalidate(handle.state, agent, self.registry))
         if spec is not None:
-            self._commit(handle, pending, [spec])
+            await self._commit(handle, pending, [spec])
             if verdict == "quarantine":
                 self.redis.hset(keys.QUARANTINE, handle.run_id, str(spec.fields["reason"]))
         else:
@@ -406,11 +427,15 @@ class StepLoop:
         if fresh is None:
             return None
         fresh.live_args = handle.live_args
+        if pending and _recorded(handle.state, fresh.state, pending):
+            # The commit that carried them ran, and its reply was lost (a connection cut
+            # after the script ran): the batch was sent again and refused as a conflict.
+            pending.clear()
         if pending:
             self.log.stage(fresh, pending)
         return fresh
 
-    def _commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
+    async def _commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
                 **kw: Any) -> None:
         """Commit what is staged plus ``specs``; once in the log, nothing is pending.
 
@@ -420,7 +445,7 @@ class StepLoop:
         release = any(issubclass(s.cls, _LAST_WRITES) for s in specs) and not kw.get("if_free")
         if release:
             self.before_last_commit()
-        self.log.commit(handle, specs, release=release, **kw)
+        await self.log.commit_async(handle, specs, release=release, **kw)
         pending.clear()
         if release:
             self._released.add((handle.run_id, handle.lease))
@@ -429,18 +454,18 @@ class StepLoop:
     def _needs_work(state: RunState) -> bool:
         return not (state.terminal or state.waiting or state.state == "quarantined")
 
-    def _quarantine(self, handle: RunHandle, reason: str) -> None:
+    async def _quarantine(self, handle: RunHandle, reason: str) -> None:
         log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
         handle.staged_counts = []  # what the dropped events would have counted
         try:
-            self.log.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
+            await self.log.commit_async(handle, [Spec(ev.Quarantined, {"reason": reason})],
                             extra={"reason": reason[:500]})
             self.redis.hset(keys.QUARANTINE, handle.run_id, reason[:500])
         except (ConflictError, Terminal, LeaseLost):
             self.log.quarantine(handle.run_id, reason, self.worker_id)
 
-    def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
+    async def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
         """Re-observe the open intent: the agent must decide what the log recorded."""
         act, before = handle.state.current, handle.pre_intent
         if act is None:
@@ -449,13 +474,13 @@ class StepLoop:
             if not isinstance(agent, CodeAgent):
                 return  # the intent is older than the checkpoint the load started from
             before = handle.state  # a code agent rebuilds its history from the whole log
-        with self._user_code(f"{agent.name}.decide()"):
-            decision = check_decision(handle.run_id, agent, before, act.step, act.tool,
-                                      act.args)
+        seen = before
+        decision = await self._user(f"{agent.name}.decide()", lambda: check_decision(
+            handle.run_id, agent, seen, act.step, act.tool, act.args))
         handle.live_args[act.step] = decision.args
         self.redis.hincrby(keys.STATS, "replayed_intents", 1)
 
-    def _step(
+    async def _step(
         self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease
     ) -> tuple[bool, int]:
         """One pass: returns (stop, steps taken)."""
@@ -464,28 +489,28 @@ class StepLoop:
             raise LeaseLost(handle.run_id, lease.epoch)
         if not self._needs_work(state):
             if handle.staged:
-                self._commit(handle, pending, [])
+                await self._commit(handle, pending, [])
             return True, 0
         if state.cancel is not None and state.cancel.scope == "run":
-            self._finish_cancel(handle, pending)
+            await self._finish_cancel(handle, pending)
             return True, 0
         act = state.current
         if act is None:
-            return self._decide(handle, agent, slot, pending, lease)
+            return await self._decide(handle, agent, slot, pending, lease)
         if act.status in ("decided", "not_applied"):
             if state.cancel is not None:  # a call-scoped cancel: this call never starts
-                self._commit(handle, pending, [Spec(ev.CallCanceled, {
+                await self._commit(handle, pending, [Spec(ev.CallCanceled, {
                     "step": act.step, "key": act.key, "reason": state.cancel.reason})])
                 return False, 0
             tool = self.registry.tool(act.tool)
-            asked = self._approval(handle, tool, act, pending)
+            asked = await self._approval(handle, tool, act, pending)
             if asked is not None:
                 return asked
             deadline = now_ms() + int(tool.timeout_s * 1000)
-            self._commit(handle, pending, [Spec(ev.ActionDispatched, {
+            await self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
                 ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
-            return self._run_tool(handle, tool, act, slot, pending)
+            return await self._run_tool(handle, tool, act, slot, pending)
         # dispatched or unknown: the earlier attempt may have applied the effect.
         tool = self.registry.tool(act.tool)
         if tool.effect_free:  # nothing outside changed: send it again at once...
@@ -505,44 +530,50 @@ class StepLoop:
         wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
         if wait_s > MAX_INLINE_WAIT_S:
             if handle.staged:
-                self._commit(handle, pending, [])
+                await self._commit(handle, pending, [])
             return True, 0
-        with self._outside():
-            if wait_s > 0 and slot.token.wait(wait_s):
-                return False, 0
-            specs = resolve_unknown(self.redis, tool, act, handle.run_id)
+        def wait_and_ask() -> list[Spec] | None:
+            with self._outside():
+                if wait_s > 0 and slot.token.wait(wait_s):
+                    return None  # a cancel or a lost lease: look at the run again
+                return resolve_unknown(self.redis, tool, act, handle.run_id)
+
+        specs = await Offload(WAITING, wait_and_ask)
+        if specs is None:
+            return False, 0
         if not specs:  # the lookup itself failed: the reconciler asks again shortly
             if handle.staged:
-                self._commit(handle, pending, [])
+                await self._commit(handle, pending, [])
             self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
             return True, 0
         pending[:] = specs
         self.log.stage(handle, specs)
         if handle.state.waiting:
-            self._commit(handle, pending, [], checkpoint=True)
+            await self._commit(handle, pending, [], checkpoint=True)
             return True, 0
         return False, 0
 
-    def _decide(self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec],
+    async def _decide(self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec],
                 lease: Lease) -> tuple[bool, int]:
         state = handle.state
         try:
-            with self._user_code(f"{agent.name}.decide()"):
-                decision = agent.decide(state)
+            decision = await self._user(f"{agent.name}.decide()",
+                                        lambda: agent.decide(state))
         except Exception as exc:  # an agent bug: keep the evidence, quarantine
-            self._commit(handle, pending, [])
-            self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
+            await self._commit(handle, pending, [])
+            await self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
             return True, 0
         if isinstance(decision, Finish):
-            self._commit(handle, pending, [Spec(ev.Completed, {"result": _plain(decision.result)})])
+            await self._commit(handle, pending,
+                               [Spec(ev.Completed, {"result": _plain(decision.result)})])
             self.hooks.after_outcome(handle.run_id, state.step)
             return True, 0
         if isinstance(decision, Fail):
-            self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+            await self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
             return True, 0
         if isinstance(decision, Wait):
             until = now_ms() + int(decision.timeout_s * 1000)
-            self._commit(handle, pending, [Spec(ev.WaitEntered, {
+            await self._commit(handle, pending, [Spec(ev.WaitEntered, {
                 "kind": decision.kind, "reason": decision.reason, "until": until,
                 "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data})],
                 checkpoint=True)
@@ -557,12 +588,12 @@ class StepLoop:
                 raise ValueError(f"arguments of {decision.tool} exceed "
                                  f"{self.settings.max_payload_bytes} bytes")
         except (UnknownTool, ValueError, TypeError) as exc:
-            self._commit(handle, pending, [])
-            self._quarantine(handle, f"step {state.step + 1}: {exc}")
+            await self._commit(handle, pending, [])
+            await self._quarantine(handle, f"step {state.step + 1}: {exc}")
             return True, 0
         why = budgets.exhausted(state, tool.model)
         if why is not None:
-            self._commit(handle, pending, [Spec(ev.Failed, {
+            await self._commit(handle, pending, [Spec(ev.Failed, {
                 "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
             self.redis.hincrby(keys.STATS, "budgets_exhausted", 1)
             return True, 0
@@ -573,16 +604,16 @@ class StepLoop:
         decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
                                         "key": key, "model": tool.model})
         if state.cancel is not None:  # call-scoped cancel pending: record, never send
-            self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
+            await self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
             return False, 1
         if tool.requires_approval:
             self.log.stage(handle, [decided])
-            self._approval(handle, tool, handle.state.actions[step], pending)
+            await self._approval(handle, tool, handle.state.actions[step], pending)
             return True, 1
         deadline = now_ms() + int(tool.timeout_s * 1000)
         try:
-            self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
+            await self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
                 "step": step, "key": key, "deadline": deadline})],
                 ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
         except Claimed as exc:
@@ -591,13 +622,13 @@ class StepLoop:
             counters.incr(self.redis, counters.DUPLICATES)
             fresh = self._load(handle.run_id, lease)
             if fresh is not None:
-                self._quarantine(fresh, f"key {exc.key} is claimed in the ledger ({exc.value}) "
-                                 "but the log has no dispatch for it")
+                await self._quarantine(fresh, f"key {exc.key} is claimed in the ledger "
+                                       f"({exc.value}) but the log has no dispatch for it")
             return True, 0
         act = handle.state.actions[step]
         self.hooks.after_outcome(handle.run_id, step - 1)
         self.hooks.after_intent(handle.run_id, step)
-        return self._run_tool(handle, tool, act, slot, pending)
+        return await self._run_tool(handle, tool, act, slot, pending)
 
     def _unsigned_rejection(self, handle: RunHandle) -> str | None:
         """A rejection the fold already applied (the action settled as rejected) must have
@@ -614,43 +645,54 @@ class StepLoop:
         """How this worker checks a recorded decision: against the approver registry, now."""
         return lambda appr: check_recorded(self.approvers, run_id, appr)
 
-    def _approval(self, handle: RunHandle, tool: Tool, act: Action,
+    async def _approval(self, handle: RunHandle, tool: Tool, act: Action,
                   pending: list[Spec]) -> tuple[bool, int] | None:
         """None when ``act`` may be dispatched now; else ask for an approval and stop.
 
         The digest needs the tool's facts, read now: if they cannot be read, the intent is
         kept and the run is looked at again shortly.
         """
+        def facts() -> list[Spec] | None:
+            verdict, reason = gate(handle.state, tool, act,
+                                   self._approval_check(handle.run_id))
+            return None if verdict == "go" else request_specs(handle.state, tool, act, reason)
+
         try:
-            with self._user_code(f"{tool.name}'s approval facts"):
-                verdict, reason = gate(handle.state, tool, act,
-                                       self._approval_check(handle.run_id))
-                if verdict == "go":
-                    return None
-                specs = request_specs(handle.state, tool, act, reason)
+            specs = await self._user(f"{tool.name}'s approval facts", facts)
+            if specs is None:
+                return None
         except Exception as exc:
             log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
                         tool.name, exc)
             if handle.staged:
-                self._commit(handle, pending, [])
+                await self._commit(handle, pending, [])
             self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now_ms() + LOOKUP_RETRY_MS})
             return True, 0
-        self._commit(handle, pending, specs, checkpoint=True)
+        await self._commit(handle, pending, specs, checkpoint=True)
         return True, 0
 
-    def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
+    async def _run_tool(self, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                   pending: list[Spec]) -> tuple[bool, int]:
         args = handle.live_args.get(act.step, act.args)
         if is_placeholder(args):
-            self._commit(handle, pending, [])
-            self._quarantine(handle, f"step {act.step} ({act.tool}): its arguments were kept "
-                                     "out of the log and the agent did not give them again")
+            await self._commit(handle, pending, [])
+            await self._quarantine(handle, f"step {act.step} ({act.tool}): its arguments were "
+                                           "kept out of the log and the agent did not give "
+                                           "them again")
             return True, 0
         began = time.monotonic()
         with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
                                act.attempts) as span:
-            with self._outside():
-                spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token, args)
+            def call() -> list[Spec]:
+                with self._outside():
+                    slot.thread_id, slot.in_call = threading.get_ident(), True
+                    try:
+                        return self.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
+                                                        args)
+                    finally:
+                        slot.in_call = False
+
+            spec: list[Spec] = await Offload(act.tool, call)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
             span.outcome(outcome)
         self.hooks.after_effect(handle.run_id, act.step)
@@ -664,17 +706,54 @@ class StepLoop:
         if handle.state.waiting or handle.state.state == "outcome_unknown" or (
             handle.state.cancel is not None
         ):
-            self._commit(handle, pending, [])
+            await self._commit(handle, pending, [])
             self.hooks.after_outcome(handle.run_id, act.step)
             return False, 1
         return False, 1
 
-    def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
+    async def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         cancel = handle.state.cancel
         assert cancel is not None
         specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
-        self._commit(handle, pending, specs)
+        await self._commit(handle, pending, specs)
         self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+
+
+#: The run the current coroutine (or thread) drives: agent code is timed on its slot.
+_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot",
+                                                                   default=None)
+
+#: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
+WAITING = "(wait)"
+
+
+class Offload:
+    """User code a run's coroutine waits on (a ``decide()``, a tool call, a wait): ``await``
+    it. Whoever drives the coroutine runs ``fn`` and resumes it with the result or the
+    exception: a run thread at once, in place (``drive``); a hub inline while such calls
+    are quick, else on a thread of its own (``workers.hub``)."""
+
+    __slots__ = ("error", "fn", "result", "what")
+
+    def __init__(self, what: str, fn: Callable[[], Any]) -> None:
+        self.what = what
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self) -> None:
+        """Run ``fn`` on this thread and keep what it returned or raised."""
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # raised again in the coroutine that awaits it
+            self.error = exc
+
+    def __await__(self) -> Generator[Offload, None, Any]:
+        yield self
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return self.result
 
 
 class _Outside:
@@ -700,22 +779,21 @@ class _Outside:
 
 
 class _UserCode:
-    """``StepLoop._user_code``: outside the step turns, timed by the watchdog."""
+    """``StepLoop._user``: outside the step turns, timed by the watchdog on ``slot``."""
 
-    __slots__ = ("loop", "outside", "slot", "what")
+    __slots__ = ("outside", "slot", "what")
 
-    def __init__(self, loop: StepLoop, what: str) -> None:
-        self.loop = loop
+    def __init__(self, loop: StepLoop, what: str, slot: Slot | None) -> None:
         self.what = what
-        self.slot: Slot | None = None
+        self.slot = slot
         self.outside = _Outside(loop)
 
     def __enter__(self) -> None:
-        slot: Slot | None = getattr(self.loop._local, "slot", None)
+        slot = self.slot
         if slot is None:
             return
-        self.slot = slot
         self.outside.__enter__()  # its turn is taken again after the timing stops
+        slot.thread_id = threading.get_ident()
         slot.user_code, slot.user_code_since = self.what, time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
@@ -725,6 +803,18 @@ class _UserCode:
             self.slot.user_code_since = 0.0
         finally:
             self.outside.__exit__()
+
+
+def _recorded(stale: RunState, fresh: RunState, pending: list[Spec]) -> bool:
+    """Whether the outcome in ``pending`` (staged on ``stale``, observed once) is in the
+    log already: the fresh log shows its action as the stale state does after it."""
+    step = next((s.fields["step"] for s in pending if "step" in s.fields), None)
+    if step is None:
+        return False
+    was, now = stale.actions.get(step), fresh.actions.get(step)
+    return was is not None and now is not None and now.status != "dispatched" and \
+        (now.status, now.attempts, now.resolution) == (was.status, was.attempts,
+                                                       was.resolution)
 
 
 def step_key(run_id: str, step: int) -> str:

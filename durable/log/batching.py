@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import redis
 from hiredis import pack_command
@@ -31,6 +32,8 @@ from hiredis import pack_command
 from durable.log.scripts import source
 
 log = logging.getLogger("durable.log")
+
+T = TypeVar("T")
 
 #: Most calls sent in one pipeline.
 MAX_BATCH = 256
@@ -48,6 +51,42 @@ class _Call:
     reply: Any = None
     error: BaseException | None = None
     done: threading.Lock = field(default_factory=threading.Lock)
+    #: The batcher that sends it when a coroutine's call is driven on a thread (``drive``).
+    via: ScriptBatcher | None = None
+
+    def __await__(self) -> Generator[_Call, None, Any]:
+        """A coroutine's script call: it is handed to whoever drives the coroutine (a
+        thread, ``drive``; or a worker's hub, ``workers.hub``), which sets its reply or
+        error before resuming it."""
+        yield self
+        if self.error is not None:
+            raise self.error
+        return self.reply
+
+    def settle(self) -> None:
+        """Send it with the other threads' waiting calls (its batcher's) and wait for its
+        reply or error (``drive``)."""
+        assert self.via is not None, "a call without a batcher"
+        self.via.resolve(self)
+
+
+class Settles(Protocol):
+    """What a coroutine driven by ``drive`` may wait on: a script call, or anything else
+    that can be settled in place (a worker's user code, ``workers.loop.Offload``)."""
+
+    def settle(self) -> None: ...
+
+
+def drive(coro: Coroutine[Any, None, T]) -> T:
+    """Run a coroutine on this thread: each script call it awaits goes with the other
+    threads' waiting calls (its batcher's ``_wait``), and this thread waits for its reply;
+    anything else it awaits is settled here too."""
+    while True:
+        try:
+            item: Settles = coro.send(None)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        item.settle()
 
 
 class ScriptBatcher:
@@ -67,10 +106,15 @@ class ScriptBatcher:
         """The reply of the script ``script`` (its name in ``durable/log/scripts``) on
         ``keys`` and ``args``, sent with the other calls waiting; raises what the call (or
         its batch) raised."""
+        return self._wait(self.script_call(script, keys, args))
+
+    def script_call(self, script: str, keys: list[str], args: list[Any]) -> _Call:
+        """The call of ``script`` on ``keys`` and ``args``, not sent yet: ``await`` it in a
+        coroutine (see ``_Call.__await__``)."""
         sha = self._shas.get(script)
         if sha is None:
             sha = self._shas[script] = self.client.register_script(source(script)).sha
-        return self._wait(_Call(script, ("EVALSHA", sha, len(keys), *keys, *args)))
+        return _Call(script, ("EVALSHA", sha, len(keys), *keys, *args), via=self)
 
     def command(self, *command: Any) -> Any:
         """The raw reply of a plain command (no response callback: ``LPOP key count`` is a
@@ -91,6 +135,27 @@ class ScriptBatcher:
         sent: _Call | None = getattr(self._local, "ridden", None)
         self._local.ridden = None
         return sent
+
+    def resolve(self, call: _Call) -> None:
+        """Send ``call`` with the other threads' waiting calls and wait for its reply or
+        error (set on the call, not raised)."""
+        try:
+            self._wait(call)
+        except BaseException:
+            if call.error is None:
+                raise
+
+    def send_now(self, batch: list[_Call]) -> None:
+        """Send ``batch`` on this thread, in one pipeline, and set each call's reply or
+        error (a worker's hub: it sends its own batches)."""
+        try:
+            self._send(batch)
+        except BaseException as exc:  # every call gets its answer
+            for call in batch:
+                if call.reply is None and call.error is None:
+                    call.error = exc
+            if not isinstance(exc, Exception):
+                raise
 
     def _wait(self, call: _Call) -> Any:
         call.done.acquire()
@@ -126,19 +191,19 @@ class ScriptBatcher:
                 except queue.Empty:
                     break
             try:
-                self._send(batch)
-            except BaseException as exc:  # never leave a caller waiting
-                for call in batch:
-                    if call.reply is None and call.error is None:
-                        call.error = exc
-                if not isinstance(exc, Exception):
-                    log.exception("append batcher")
+                self.send_now(batch)  # every call gets its answer: no caller is left waiting
+            except BaseException:
+                log.exception("append batcher")
             finally:
                 for call in batch:
                     call.done.release()
 
     def _send(self, batch: list[_Call]) -> None:
-        replies = self._pipeline(batch)
+        self.answer(batch, self._pipeline(batch))
+
+    def answer(self, batch: list[_Call], replies: list[Any]) -> None:
+        """Set each call's reply or error from what its pipeline read; calls refused with
+        NOSCRIPT are sent again (on this thread) first."""
         for _ in range(NOSCRIPT_RETRIES):
             missing = [i for i, r in enumerate(replies)
                        if isinstance(r, redis.exceptions.NoScriptError)]
@@ -179,11 +244,22 @@ class ScriptBatcher:
             pool.release(conn)
 
     def _exchange(self, conn: Any, batch: list[_Call]) -> list[Any]:
-        conn.send_packed_command([b"".join([pack_command(c.command) for c in batch])])
-        replies: list[Any] = []
-        for _ in batch:
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as exc:
-                replies.append(exc)
-        return replies
+        conn.send_packed_command([packed(batch)])
+        return read_replies(conn, batch)
+
+
+def packed(batch: list[_Call]) -> bytes:
+    """The commands of ``batch``, packed in one go (hiredis)."""
+    return b"".join([pack_command(c.command) for c in batch])
+
+
+def read_replies(conn: Any, batch: list[_Call]) -> list[Any]:
+    """The replies of ``batch``, sent on ``conn``: a refusal is its call's reply (an
+    exception object); a lost connection is raised."""
+    replies: list[Any] = []
+    for _ in batch:
+        try:
+            replies.append(conn.read_response())
+        except redis.ResponseError as exc:
+            replies.append(exc)
+    return replies

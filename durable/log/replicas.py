@@ -35,6 +35,12 @@ class Replicated:
         #: Sends the calls of many threads together (``EventLog.batch_appends``).
         self.batcher: ScriptBatcher | None = None
 
+    async def append_async(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
+        """``append``, as a coroutine whose batched call is sent by whoever drives it."""
+        if not self.min_replicas and self.batcher is not None:
+            return await self.batcher.script_call("append", keys, args)
+        return self.append(run_id, keys, args)
+
     def append(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
         if not self.min_replicas:
             if self.batcher is not None:

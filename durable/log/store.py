@@ -396,6 +396,15 @@ class EventLog:
         reply = self.replicas.append(handle.run_id, keys=prepared.keys, args=prepared.args)
         return self._settle(handle, prepared, reply)
 
+    async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
+                           **options: Unpack[CommitOptions]) -> str:
+        """``commit``, as a coroutine: its script call is sent by whoever drives it (with
+        the other runs' calls, ``durable.log.batching``)."""
+        prepared = self._prepare(handle, specs, options)
+        reply = await self.replicas.append_async(handle.run_id, keys=prepared.keys,
+                                                 args=prepared.args)
+        return self._settle(handle, prepared, reply)
+
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
                     ) -> list[str | Exception]:
         """``commit(handle, specs, extra=extra)`` for many runs in one pipeline: the first
