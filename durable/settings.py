@@ -82,8 +82,15 @@ class Settings(BaseSettings):
     lease_ttl_ms: int = Field(default=5000, ge=200, description="Lease time to live.")
     concurrency: int = Field(
         default=64, ge=1, le=10_000,
-        description="Runs one worker process drives at once (one thread each). Agents wait "
-        "on models and APIs most of the time: size it to the runs a process should hold.",
+        description="Runs one worker process drives at once. Agents wait on models and "
+        "APIs most of the time: size it to the runs a process should hold.",
+    )
+    driver: Literal["hub", "threads"] = Field(
+        default="hub",
+        description="How a worker drives its runs: 'hub' (one driving thread resumes "
+        "every run, another takes over while agent code or a tool is slow) or 'threads' "
+        "(one thread per held run). On a cluster, or with DURABLE_MIN_REPLICAS, the "
+        "worker uses threads either way.",
     )
     shutdown_grace_s: float = Field(
         default=10.0, ge=0,

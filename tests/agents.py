@@ -4,6 +4,7 @@ worker processes import it through ``DURABLE_AGENTS``)."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from pydantic import BaseModel
@@ -400,3 +401,32 @@ class Asyncer(Agent):
 
 # Code agents (ordinary functions) register on import too.
 import tests.code_agents  # noqa: E402, F401
+
+#: Opened by an in-process test: the ``gate`` tool blocks until then (a slow API call).
+GATE = threading.Event()
+
+
+@register
+class Gate(Tool):
+    """Blocks until ``GATE`` opens, or its deadline (in-process tests only)."""
+
+    name = "gate"
+    timeout_s = 30.0
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        GATE.wait(ctx.remaining())
+        return {"opened": GATE.is_set()}
+
+
+@register
+class Gated(Agent):
+    """One call of ``gate``, then done."""
+
+    name = "gated"
+    input_model = HangInput  # no input of its own
+    tools = ("gate",)
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step >= 1:
+            return Finish(state.actions[1].result)
+        return Call("gate", {})

@@ -1,5 +1,10 @@
 """Many runs at once in one worker process: a bounded pool of run slots.
 
+This module drives each held run on a thread of its own (``DURABLE_DRIVER=threads``, and
+always on a Redis Cluster or with ``DURABLE_MIN_REPLICAS``); the default driver is the hub
+(``workers.hub``, a subclass that keeps the slots, the ``drain`` and the shutdown here and
+drives every run from one thread at a time).
+
 Model: one thread per held run, at most ``DURABLE_CONCURRENCY`` of them. Why threads and
 not an asyncio loop: agent code and tools are ordinary, mostly blocking Python (HTTP
 clients, SDKs, database drivers); on a thread each run may block as long as its deadline
@@ -36,6 +41,9 @@ log = logging.getLogger("durable.worker")
 
 
 class RunPool:
+    #: How runs are driven, for the worker's start line.
+    model = "run threads"
+
     def __init__(self, loop: StepLoop, size: int) -> None:
         self.loop = loop
         self.size = size
@@ -52,6 +60,11 @@ class RunPool:
         self._idle = threading.Condition()
         #: False once shutdown began: no new runs are taken.
         self.accepting = True
+        self._open()
+
+    def _open(self) -> None:
+        """Start the slot threads."""
+        loop = self.loop
         loop.on_abandon = self._replace
         loop.before_last_commit = self._pop_with_last_commit
         #: Runs handed to the slot threads. The threads are started here, once: starting
@@ -60,7 +73,7 @@ class RunPool:
         self._inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
         #: ``on`` in the slot threads (the only ones that pop runs for themselves).
         self._in_slot = threading.local()
-        for _ in range(size):
+        for _ in range(self.size):
             self._spawn()
 
     def _spawn(self) -> None:
@@ -119,11 +132,15 @@ class RunPool:
             with self._idle:
                 self._busy += len(run_ids)
             for run_id in run_ids:
-                self._inbox.put(run_id)
+                self._hand(run_id)
             taken += len(run_ids)
             if len(run_ids) < free:
                 break
         return taken
+
+    def _hand(self, run_id: str) -> None:
+        """Drive ``run_id`` in a slot taken for it."""
+        self._inbox.put(run_id)
 
     def _pop(self) -> str | None:
         popped = self._pop_many(1)

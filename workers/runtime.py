@@ -42,6 +42,7 @@ from durable.settings import Settings
 from durable.streaming import Publisher
 from workers import metrics as worker_metrics
 from workers.hooks import load_hooks
+from workers.hub import RunHub
 from workers.listener import CancelListener
 from workers.loop import StepLoop
 from workers.pool import RunPool
@@ -139,7 +140,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
-    _pool = pool = RunPool(_loop, concurrency or settings.concurrency)
+    _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
@@ -148,8 +149,8 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener.start()
     listener.ready.wait(5)
     queue = _loop.queue
-    log.info("worker %s started: queue %r, %d run slots, agents: %s, Redis %s", wid,
-             queue.name, pool.size, ", ".join(sorted(registry.agents)) or "none",
+    log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
+             queue.name, pool.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
     if not burst:  # a burst worker ends soon anyway
         _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
@@ -161,6 +162,14 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     if _loop.restart_requested.is_set():
         _restart()
     return code
+
+
+def make_pool(loop: StepLoop, size: int) -> RunPool:
+    """The hub (``workers.hub``) where its script calls can be batched and the settings
+    do not ask for threads; else one thread per held run (``workers.pool``)."""
+    if loop.settings.driver == "hub" and loop.leases.batcher is not None:
+        return RunHub(loop, size)
+    return RunPool(loop, size)
 
 
 def _restart() -> None:

@@ -1,0 +1,194 @@
+"""The hub: one thread drives every held run, and hands the driving over when agent code
+or a tool is slow (``workers.hub``).
+
+The in-process tests drive the worker's own ``StepLoop`` and ``RunHub`` on the session's
+real Redis; the others run real worker processes against a real SQLite world that applies
+every request it gets (``TEST_DB_DEDUPE=0``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from durable.agents import registry
+from durable.client import Client
+from durable.log import keys
+from durable.log.verify import verify
+from durable.queue import enqueue_many
+from durable.settings import Settings
+from durable.testing import wait_for
+from tests import agents as test_agents
+from tests.agents import applications
+from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory
+from workers.hub import RunHub
+from workers.loop import StepLoop
+
+
+@pytest.fixture()
+def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
+    """A hub of 64 slots in this process, on a step loop of its own."""
+    registry.load("examples.agents,tests.agents")
+    test_agents.GATE.clear()
+    loop = StepLoop(settings, redis.Redis.from_url(settings.redis_url), registry,
+                    "w:hub:test")
+    hub = RunHub(loop, 64)
+    yield hub
+    test_agents.GATE.set()  # nothing stays blocked past the test
+    hub.shutdown(5)
+
+
+def _completed(r: redis.Redis, runs: list[str]) -> int:
+    pipe = r.pipeline(transaction=False)
+    for run in runs:
+        pipe.hget(keys.run(run), "state")
+    try:
+        return sum(s == b"completed" for s in pipe.execute())
+    except redis.ConnectionError:  # the test's own connection was killed too
+        return -1
+
+
+def test_quick_agent_code_and_tools_run_on_the_driving_thread(
+    hub: RunHub, client: Client, r: redis.Redis
+) -> None:
+    """300 runs of four quick steps each: the driving stays on its thread (a hand-off per
+    call would be 2,400 of them; at most 1 % is allowed), and every run completes."""
+    runs = client.start_many("count", [{"steps": 4}] * 300, enqueue=False)
+    ids = [run.run_id for run in runs]
+    enqueue_many(r, client.queue, ids)
+    hub.finish()
+    assert _completed(r, ids) == 300
+    # A collection pause, or the machine preempting the driver inside agent code, may
+    # cost a few: far from one per call.
+    assert hub.handoffs <= 24, hub.handoffs
+
+
+def test_a_slow_tool_hands_the_driving_over_and_the_other_runs_go_on(
+    hub: RunHub, client: Client, r: redis.Redis
+) -> None:
+    """A run blocks in its tool (the gate stays closed: dispatched, no outcome) while 100
+    quick runs arrive: another thread drives them all to the end meanwhile; once the gate
+    opens, the blocked run completes too."""
+    gated = client.start("gated", {}, enqueue=False).run_id
+    enqueue_many(r, client.queue, [gated])
+    hub.fill()
+    assert wait_for(lambda: (a := client.status(gated).current) is not None
+                    and a.status == "dispatched", 10)
+    quick = [run.run_id for run in client.start_many("count", [{"steps": 2}] * 100,
+                                                      enqueue=False)]
+    enqueue_many(r, client.queue, quick)
+    hub.fill()
+    assert wait_for(lambda: _completed(r, quick) == 100, 30)
+    still = client.status(gated).current
+    assert still is not None and still.status == "dispatched"  # still in its call
+    assert hub.handoffs >= 1
+    test_agents.GATE.set()
+    assert client.wait(gated, timeout=10).state == "completed"
+    assert hub.wait_idle(10)
+
+
+def test_slow_code_goes_to_a_spare_thread_once_known_slow(
+    hub: RunHub, client: Client, r: redis.Redis
+) -> None:
+    """Ten runs whose tool waits 0.2 s, one after another: the first call is timed on the
+    driving thread until the monitor hands the driving over; the later ones go to a spare
+    thread as they start, and the driving stays where it is. Each run completes, and no
+    thread is started beyond those the hub started with (spares are reused)."""
+    runs = [client.start("count", {"steps": 1, "sleep_s": 0.2}, enqueue=False).run_id
+            for _ in range(10)]
+    threads = hub.threads  # a spare per slot, and the driver
+    for run in runs:
+        enqueue_many(r, client.queue, [run])
+        hub.fill()
+        assert client.wait(run, timeout=10).state == "completed"
+    assert hub.handoffs == 1, hub.handoffs
+    assert hub.offloads >= 9, hub.offloads
+    assert hub.threads == threads == 65
+
+
+def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every client connection is killed 80 times while one worker drives 200 runs: some
+    kills land after a batch was sent and before its replies were read (whether its calls
+    ran is unknown). The batches are sent again; every run completes, every key is applied
+    exactly once, and every log verifies (no outcome recorded twice)."""
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    monkeypatch.setenv("TEST_SLOW_S", "0.02")
+    runs = [client.start("writer", {"steps": 3}, run_id=f"cut-{i}").run_id
+            for i in range(200)]
+    log = tmp_path / "w.log"
+    worker(DURABLE_CONCURRENCY="64", log_path=log)
+    reconciler()
+    assert wait_for(lambda: _completed(r, runs) >= 1, 30)  # both are up and serving
+    killer = redis.Redis.from_url(client.settings.redis_url)
+    stop = threading.Event()
+
+    def kill() -> None:
+        for _ in range(80):
+            if stop.wait(0.025):
+                return
+            try:
+                killer.client_kill_filter(_type="normal", skipme=True)
+            except redis.RedisError:
+                pass
+
+    cutter = threading.Thread(target=kill)
+    cutter.start()
+    try:
+        done = wait_for(lambda: _completed(r, runs) == 200, 60)
+    finally:
+        stop.set()
+        cutter.join()
+    assert done, ({run: client.status(run).state for run in runs
+                   if client.status(run).state != "completed"}, log.read_text()[-3000:])
+    applied = applications(str(tmp_path / "world.sqlite"))
+    assert applied == {f"{run}:{s}": 1 for run in runs for s in (1, 2, 3)}
+    for run in runs:
+        report = verify(client.log, run)
+        assert report.ok, {k: v for k, v in report.checks.items() if v != "ok"}
+
+
+def test_the_run_threads_remain_a_choice(
+    client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``DURABLE_DRIVER=threads``: one thread per held run, as before the hub; 30 runs
+    complete with every key applied once."""
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    runs = [client.start("writer", {"steps": 2}, run_id=f"thr-{i}").run_id
+            for i in range(30)]
+    log = tmp_path / "w.log"
+    worker(DURABLE_CONCURRENCY="16", DURABLE_DRIVER="threads", log_path=log)
+    assert wait_for(lambda: _completed(r, runs) == 30, 60)
+    assert applied_once(tmp_path, runs, 2)
+    assert "run threads" in log.read_text()
+
+
+def applied_once(tmp_path: Path, runs: list[str], steps: int) -> bool:
+    applied = applications(str(tmp_path / "world.sqlite"))
+    return applied == {f"{run}:{s}": 1 for run in runs for s in range(1, steps + 1)}
+
+
+
+def test_the_ready_list_on_its_own_server_still_feeds_the_hub(
+    settings: Settings, make_server: ServerFactory, worker: WorkerFactory, r: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``DURABLE_QUEUE_URL`` on a second server: the hub's pops of ready runs cannot ride
+    in its batches (a round trip there instead). 120 runs through 16 slots all complete:
+    free slots keep taking the runs left on the list."""
+    queue = make_server(fsync="everysec")
+    monkeypatch.setenv("DURABLE_QUEUE_URL", queue.url)
+    client = Client(Settings())
+    runs = [client.start("count", {"steps": 2}).run_id for _ in range(120)]
+    worker(DURABLE_CONCURRENCY="16")
+    assert wait_for(lambda: _completed(r, runs) == 120, 60)
+    client.close()

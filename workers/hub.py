@@ -1,0 +1,448 @@
+"""Many runs at once from one driving thread: a worker's hub.
+
+Each held run is a coroutine of the step protocol (``StepLoop.advance_async``). It
+suspends at every Redis call (``await`` on a batched script call) and at every call of
+user code (``await`` on an ``Offload``: a ``decide()``, a tool call, a wait on a deadline).
+One thread at a time *drives*: it resumes every run that can go on until each suspends
+again, sends their Redis calls in pipelines on its own connection (the next batch is built
+while Redis works on the last), and resumes each run when its reply is read.
+
+Why not one thread per run (``workers.pool``): a run thread sleeps at every Redis call and
+is woken when its reply is in, and under the GIL each of those hand-offs costs two thread
+switches: about 40 % of a worker's CPU per step on the CPU-bound bench. Here a step costs
+no thread switch while its user code is quick.
+
+User code runs outside the coroutine, so it can run on any thread, and a slow call never
+stalls the other runs. The hub works like Go's scheduler when a goroutine blocks in a
+system call:
+
+- User code is called inline on the driving thread while its kind (the agent's
+  ``decide()``, a tool by name) has been quick. A monitor thread looks every millisecond;
+  once a call has run for ``HANDOFF_S`` it makes a spare thread the driver, which goes on
+  with every other run at once. The thread left in the call hands its result back when
+  the call returns, and becomes a spare.
+- Code whose recent calls were slower than ``HANDOFF_S`` (a running average per kind),
+  and every wait on a deadline or a lookup, goes to a spare thread at once; its result
+  comes back the same way.
+
+The driving thread alone runs step code, so the threads that return from slow calls never
+contend with it for the GIL beyond handing a result back. A coroutine is not tied to a
+thread (unlike a greenlet); each run's coroutine runs in a ``contextvars.Context`` of its
+own, as an asyncio task does, and so does its user code. Everything else is as on the run
+threads: a run's lease, fencing epoch, cancel token and deadline; the watchdog that
+abandons agent code past ``DURABLE_DECIDE_TIMEOUT_MS`` (it raises in the thread that runs
+the code); stuck tool calls; shutdown and hand-back.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import logging
+import queue
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from durable.log import keys
+from durable.log.batching import _Call, packed, read_replies
+from workers import loop as step_loop
+from workers.calls import CallAbandoned
+from workers.loop import WAITING, Abandoned, Offload
+from workers.pool import RunPool, _run_id
+
+log = logging.getLogger("durable.worker")
+
+#: User code that runs longer than this on the driving thread hands the driving over.
+HANDOFF_S = 0.001
+
+#: Calls in a batch before it is sent while more runs are resumed (Redis works on it
+#: meanwhile); the rest go when no run is left to resume.
+FLUSH_EVERY = 16
+
+#: Batches out at most before a new run is started (runs already going are not held).
+MAX_INFLIGHT = 4
+
+#: How often the monitor looks at the driving thread while runs are held.
+MONITOR_S = 0.001
+
+#: Weight of a call's duration in the running average that tells slow code from quick.
+_RECENT = 0.2
+
+
+@dataclass(eq=False)
+class _Task:
+    """One held run: its coroutine and the context it runs in."""
+
+    run_id: str
+    coro: Coroutine[_Call | Offload, None, Any]
+    ctx: contextvars.Context = field(default_factory=contextvars.copy_context)
+    started: bool = False
+
+
+class _Thread:
+    """A thread of the hub: the driver, a spare waiting to drive, or one left in user code."""
+
+    __slots__ = ("job", "since", "wake", "what")
+
+    def __init__(self) -> None:
+        #: User code to run when woken, instead of driving.
+        self.job: tuple[_Task, Offload] | None = None
+        #: Released to make this thread the driver.
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        #: When the user code it runs inline as the driver began (0: none now).
+        self.since = 0.0
+        self.what = ""
+
+
+class RunHub(RunPool):
+    """Drives up to ``size`` held runs from one thread at a time (see the module doc)."""
+
+    model = "hub"
+
+    def _open(self) -> None:
+        batcher = self.loop.leases.batcher
+        if batcher is None:
+            raise ValueError("the hub needs batched script calls (not on a cluster, nor "
+                             "with DURABLE_MIN_REPLICAS): use the run threads")
+        self._sender = batcher
+        self.loop.on_abandon = self.give_back
+        #: The ready list is popped in the hub's own batches when it is on the log's server.
+        self._pops_in_batch = self.queues is self.redis
+        #: Whether the ready list may hold runs (a pop came back full, or runs were taken
+        #: from it by a ``drain``): not before the worker serves its first command.
+        self._more_ready = False
+        #: Runs to resume now, and the calls of the runs waiting for the next batch.
+        self._ready: collections.deque[_Task] = collections.deque()
+        #: Runs just taken, not started yet: started while few batches are out, so that
+        #: a burst of new runs does not delay the runs already going (each reply is read
+        #: in the order sent).
+        self._fresh: collections.deque[_Task] = collections.deque()
+        self._batch: list[tuple[_Task | None, _Call]] = []
+        #: Batches sent and not read yet, oldest first, on the hub's own connection.
+        self._inflight: collections.deque[list[tuple[_Task | None, _Call]]] = \
+            collections.deque()
+        self._conn: Any = None
+        #: From other threads: new runs (no call yet) and runs whose user code ran off the
+        #: driving thread, with the call they wait on.
+        self._incoming: queue.SimpleQueue[tuple[_Task, _Call | None]] = queue.SimpleQueue()
+        #: Guards who drives: the driver checks it after each resume, the monitor moves it.
+        self._mu = threading.Lock()
+        self._spares: list[_Thread] = []
+        self._threads = 0
+        #: User-code name -> running average of its duration (seconds).
+        self._took: dict[str, float] = {}
+        self._owner: _Thread | None = None
+        #: Times the driving moved to another thread (the first driver's start included).
+        self.handoffs = -1
+        #: Calls of user code sent to a spare thread as they started (known to be slow).
+        self.offloads = 0
+        with self._mu:
+            self._promote()
+            # One spare per slot, started now: a thread's start waits for the new thread
+            # to run, which cost a burst of slow calls about a millisecond each, in turn.
+            for _ in range(self.size):
+                self._spares.append(self._start_thread())
+        threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
+
+    @property
+    def threads(self) -> int:
+        """Threads the hub started (the driver, spares, and those in slow user code)."""
+        return self._threads
+
+    # Taking runs ---------------------------------------------------------------------------
+
+    def _hand(self, run_id: str) -> None:
+        self._incoming.put((self._task(run_id), None))
+
+    def _pop_many(self, count: int) -> list[str]:
+        """``fill``'s pop (a ``drain``, the poll): whether more may be ready is known."""
+        run_ids = super()._pop_many(count)
+        self._more_ready = len(run_ids) >= count
+        return run_ids
+
+    def _task(self, run_id: str) -> _Task:
+        return _Task(run_id, self._drive_run(run_id))
+
+    async def _drive_run(self, run_id: str) -> None:
+        answer = await self.loop.advance_async(run_id)
+        self.loop.outage.ok()
+        if answer.get("more"):
+            self._more_ready = True  # it went back on the ready list
+
+    # Driving ---------------------------------------------------------------------------
+
+    def _serve_as(self, me: _Thread) -> None:
+        while True:
+            me.wake.acquire()
+            job, me.job = me.job, None
+            if job is not None:
+                with contextlib.suppress(BaseException):  # see ``_run_job``
+                    self._run_job(*job)
+            else:
+                try:
+                    self._drive(me)
+                except BaseException:  # a bug of the hub: never leave the runs undriven
+                    log.exception("hub driver")
+                    with self._mu:
+                        if self._owner is me:
+                            self._promote()
+            with self._mu:
+                self._spares.append(me)
+
+    def _drive(self, me: _Thread) -> None:
+        """Drive until another thread drives (this one was left in slow user code)."""
+        while True:
+            self._intake()
+            while self._ready or (self._fresh and len(self._inflight) < MAX_INFLIGHT):
+                task = self._ready.popleft() if self._ready else self._fresh.popleft()
+                task.started = True
+                item = self._resume(task)
+                while isinstance(item, Offload):
+                    if item.what == WAITING or self._took.get(item.what, 0.0) > HANDOFF_S:
+                        self._elsewhere(task, item)
+                        item = None
+                        break
+                    self._inline(me, task, item)
+                    with self._mu:
+                        mine = self._owner is me
+                    if not mine:  # it ran long: the new driver takes the run back
+                        self._incoming.put((task, None))
+                        return
+                    item = self._resume(task)
+                if item is not None:
+                    self._batch.append((task, item))
+                    if len(self._batch) >= FLUSH_EVERY:
+                        self._flush()
+            self._pop_ready()
+            if self._batch:
+                self._flush()
+            if self._inflight:
+                self._read_oldest()
+            elif not self._ready and not self._fresh:
+                try:
+                    task, call = self._incoming.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                self._take(task, call)
+
+    def _intake(self) -> None:
+        while True:
+            try:
+                task, call = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            self._take(task, call)
+
+    def _take(self, task: _Task, call: _Call | None) -> None:
+        if call is not None:
+            self._batch.append((task, call))
+        elif task.started:
+            self._ready.append(task)
+        else:
+            self._fresh.append(task)
+
+    def _resume(self, task: _Task) -> _Call | Offload | None:
+        """Run ``task``'s step code until it waits on a Redis call or on user code
+        (returned), or ends (None)."""
+        try:
+            item: _Call | Offload = task.ctx.run(task.coro.send, None)
+            return item
+        except StopIteration:
+            self._ended(task)
+        except (Abandoned, CallAbandoned):  # its slot was given back by the watchdog
+            self._ended(task)
+        except redis.RedisError as exc:  # the reconciler brings the run back
+            self.loop.outage.failed(exc)
+            self._ended(task)
+        except Exception:
+            log.exception("run %s: advance failed", task.run_id)
+            self._ended(task)
+            try:
+                self.redis.hincrby(keys.STATS, "advance_errors", 1)
+            except redis.RedisError as exc:
+                self.loop.outage.failed(exc)
+        return None
+
+    def _ended(self, task: _Task) -> None:
+        slot = task.ctx.get(step_loop._SLOT)
+        if slot is not None and slot.abandoned:  # given back already
+            self.loop.abandoned_threads.discard(slot.thread_id)
+            return
+        self.give_back()
+
+    def _pop_ready(self) -> None:
+        """Free slots take ready runs: one ``LPOP key count`` in the batch about to go (on
+        the queue's own server when it has one: a round trip, while runs may be ready)."""
+        if not (self._more_ready and self.accepting):
+            return
+        if not self._pops_in_batch:
+            if self._busy < self.size:
+                try:
+                    self.fill()
+                except redis.RedisError as exc:
+                    self._more_ready = False
+                    self.loop.outage.failed(exc)
+            return
+        free = 0
+        while self._free.acquire(blocking=False):
+            free += 1
+        if free:
+            with self._idle:  # busy from now: a burst worker must not end while it pops
+                self._busy += free
+            self._batch.append((None, _Call(None, ("LPOP", self.ready_key, free))))
+
+    # Batches: sent as soon as they are full, read when nothing else is ready ------------
+
+    def _flush(self) -> None:
+        """Send the batch gathered so far without waiting for its replies: the runs after
+        it are resumed while Redis runs its calls."""
+        batch, self._batch = self._batch, []
+        calls = [call for _, call in batch]
+        try:
+            if self._conn is None:
+                self._conn = self.redis.connection_pool.get_connection()
+            # No health check with replies pending: its PING would read theirs.
+            self._conn.send_packed_command([packed(calls)], check_health=not self._inflight)
+        except Exception:
+            self._inflight.append(batch)
+            self._recover()
+            return
+        self._inflight.append(batch)
+
+    def _read_oldest(self) -> None:
+        """Read the replies of the oldest batch sent and make its runs ready."""
+        batch = self._inflight[0]
+        calls = [call for _, call in batch]
+        try:
+            replies = read_replies(self._conn, calls)
+        except Exception:
+            self._recover()
+            return
+        self._inflight.popleft()
+        try:
+            self._sender.answer(calls, replies)  # may send NOSCRIPT refusals again
+        except Exception as exc:  # every call gets an answer, every run goes on
+            for call in calls:
+                if call.reply is None and call.error is None:
+                    call.error = exc
+        self._answered(batch)
+
+    def _recover(self) -> None:
+        """The hub's connection failed with batches out: whether their calls ran is not
+        known. Each batch is sent again as the batcher sends one (retried as redis-py
+        retries a pipeline, then the error is each call's answer), exactly as a batch whose
+        connection failed is retried on the run threads: an append sent twice is refused
+        by its version check the second time, and its run reloads."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+                self.redis.connection_pool.release(conn)
+        while self._inflight:
+            batch = self._inflight.popleft()
+            self._sender.send_now([call for _, call in batch])
+            self._answered(batch)
+
+    def _answered(self, batch: list[tuple[_Task | None, _Call]]) -> None:
+        for task, call in batch:
+            if task is not None:
+                self._ready.append(task)
+            else:
+                self._popped(call)
+
+    def _popped(self, call: _Call) -> None:
+        asked = int(call.command[2])
+        run_ids = [] if call.error is not None or call.reply is None else \
+            [_run_id(x) for x in call.reply]
+        if call.error is not None:
+            self.loop.outage.failed(call.error)
+        if len(run_ids) < asked:
+            self._more_ready = False
+        for _ in range(asked - len(run_ids)):
+            self.give_back()
+        if run_ids:
+            if not self.accepting:  # shutdown began while the pop was out: put them back
+                for run_id in run_ids:
+                    self._incoming.put((self._task(run_id), None))
+                return
+            for run_id in run_ids:
+                self._fresh.append(self._task(run_id))
+
+    # User code ---------------------------------------------------------------------------
+
+    def _inline(self, me: _Thread, task: _Task, call: Offload) -> None:
+        """Run ``call`` on the driving thread, timed by the monitor."""
+        began = time.monotonic()
+        me.what, me.since = call.what, began
+        try:
+            task.ctx.run(call.settle)
+        finally:
+            me.since = 0.0
+            self._note(call.what, time.monotonic() - began)
+
+    def _elsewhere(self, task: _Task, call: Offload) -> None:
+        """Run ``call`` on a spare thread; ``task`` goes on once it returns."""
+        self.offloads += 1
+        with self._mu:
+            self._spare((task, call))
+
+    def _run_job(self, task: _Task, call: Offload) -> None:
+        began = time.monotonic()
+        try:
+            task.ctx.run(call.settle)  # keeps what the call raised for the run
+            self._note(call.what, time.monotonic() - began)
+        except BaseException:  # raised in this thread after its call returned (the
+            pass               # watchdog's ``Abandoned``): the run learns it from the call
+        while True:  # the run must come back, whatever is raised in this thread meanwhile
+            try:
+                self._incoming.put((task, None))
+                return
+            except BaseException:
+                continue
+
+    def _note(self, what: str, took: float) -> None:
+        """The running average of how long ``what`` takes."""
+        recent = self._took.get(what)
+        self._took[what] = took if recent is None else recent + _RECENT * (took - recent)
+
+    def _monitor(self) -> None:
+        while True:
+            time.sleep(MONITOR_S if self._busy else 0.05)
+            owner = self._owner
+            since = owner.since if owner is not None else 0.0
+            if not since or time.monotonic() - since < HANDOFF_S:
+                continue
+            with self._mu:
+                if self._owner is owner and owner is not None and owner.since == since:
+                    what = owner.what
+                    self._took[what] = max(self._took.get(what, 0.0), 2 * HANDOFF_S)
+                    self._promote()
+
+    def _promote(self) -> None:
+        """Make a spare thread the driver. Under ``_mu``."""
+        spare = self._spare()
+        self._owner = spare
+        self.handoffs += 1
+
+    def _start_thread(self) -> _Thread:
+        """A new thread of the hub, waiting to be woken (``_spare``)."""
+        spare = _Thread()
+        self._threads += 1
+        threading.Thread(target=self._serve_as, args=(spare,), name="hub",
+                         daemon=True).start()
+        return spare
+
+    def _spare(self, job: tuple[_Task, Offload] | None = None) -> _Thread:
+        """A spare thread (a new one if none waits), woken to run ``job``, or to drive
+        when None. Under ``_mu``."""
+        spare = self._spares.pop() if self._spares else self._start_thread()
+        spare.job = job
+        spare.wake.release()
+        return spare
