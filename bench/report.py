@@ -313,10 +313,9 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{wi['driver'][f][name]['vs_baseline']:.2f}x" for f in fs) + " |")
         mo = wi.get("models")
         if mo:
-            out.append("\nDriver models on the same `StepLoop` code, in this process "
-                       "(everysec, four-step no-op runs, 64 at once; interleaved rounds, "
-                       "medians). The greenlet driver calls agent code and tools inline: "
-                       "an upper bound for an event-loop driver, not a design:\n")
+            out.append("\nThe worker's two drivers on the same `StepLoop` code, in this "
+                       "process (everysec, four-step no-op runs, 64 at once; interleaved "
+                       "rounds, medians):\n")
             out.append("| model | steps/s | CPU per step (µs) | vs run threads |")
             out.append("|---|---:|---:|---:|")
             for name, row in mo.items():

@@ -10,13 +10,12 @@ piece at a time (monkeypatching in the benchmark only; no core file changes).
 - ``load``: ``load.lua`` (XRANGE inside Lua) against HMGET + a direct XRANGE, and
   ``EventLog.load`` with and without its ``copy_state`` snapshot of the state before the
   last ``step_decided`` (``durable.log.store.copy_state``: the name ``EventLog`` calls).
-- ``models``: the worker's model (``RunPool``: one thread per held run, each blocking on
-  its batched Redis calls) against the same ``StepLoop`` code driven from one thread:
-  every run in a greenlet, the Redis calls of all runs waiting gathered into one pipeline,
-  agent code and tools called inline. That is what an event-loop driver would cost for
-  agent code that does not block (it says nothing of how such a driver would keep blocking
-  code off its thread). Both in this process on the ``everysec`` server, interleaved
-  rounds of four-step no-op runs; steps/s and process CPU per step.
+- ``models``: the worker's two drivers on the same ``StepLoop`` code: the run threads
+  (``RunPool``, ``DURABLE_DRIVER=threads``: one thread per held run, each blocking on its
+  batched Redis calls) against the hub (``RunHub``, the default: one thread resumes every
+  run's coroutine and sends their calls in pipelines). Both in this process on the
+  ``everysec`` server, interleaved rounds of four-step no-op runs; steps/s and process
+  CPU per step.
 - ``memory``: bytes per step at several ``stream-node-max-bytes`` (the first listpack node
   of a stream is preallocated up to this size), and the step triplet's size without the
   per-event ``run`` and ``actor`` fields.
@@ -40,6 +39,7 @@ from durable.log import keys, store
 from durable.log.store import EventLog
 from durable.queue import enqueue_many
 from workers.calls import CallResult, CallWatch
+from workers.hub import RunHub
 from workers.loop import StepLoop
 from workers.pool import RunPool
 
@@ -105,7 +105,7 @@ def driver_variants(servers: Any, blocks: int, block: int = 10) -> dict[str, Any
 
 
 def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
-    """Run threads (``RunPool``) against one thread with greenlets, on the same code (see
+    """The run threads (``RunPool``) against the hub (``RunHub``), on the same code (see
     the module doc); rounds interleaved, medians."""
     srv = servers.get("everysec")
     r = srv.client()
@@ -113,14 +113,17 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
     settings = settings_for(srv.url)
     client = Client(settings, r)
     pooled = StepLoop(settings, r, registry, "bench-whatif-pool:1:000000")
-    pool = RunPool(pooled, MODEL_CONCURRENCY)
+    hubbed = StepLoop(settings, r, registry, "bench-whatif-hub:1:000000")
+    drivers = {"run threads": RunPool(pooled, MODEL_CONCURRENCY),
+               "hub (the worker)": RunHub(hubbed, MODEL_CONCURRENCY)}
 
-    def threads(ids: list[str]) -> None:
-        enqueue_many(r, pooled.queue, ids)
-        pool.finish()
+    def drive(driver: RunPool) -> Any:
+        def run(ids: list[str]) -> None:
+            enqueue_many(r, driver.queue, ids)
+            driver.finish()
+        return run
 
-    models = {"run threads (the worker)": threads,
-              "one thread, greenlets": _greenlet_driver(settings, r)}
+    models = {name: drive(driver) for name, driver in drivers.items()}
     samples: dict[str, list[tuple[float, float]]] = {m: [] for m in models}
     for rnd in range(rounds):
         names = list(models)
@@ -136,70 +139,16 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
             done = sum(state == b"completed" for state in pipe.execute())
             assert done == runs, f"{name}: {done} of {runs} runs completed"
             samples[name].append((runs * 4 / dt, cpu / (runs * 4) * 1e6))
-    pool.shutdown(0)
+    for driver in drivers.values():
+        driver.shutdown(0)
     r.close()
     out = {name: {"steps_per_s": median([s for s, _ in xs]),
                   "cpu_us_per_step": median([c for _, c in xs])}
            for name, xs in samples.items()}
-    base = out["run threads (the worker)"]["steps_per_s"]
+    base = out["run threads"]["steps_per_s"]
     for row in out.values():
         row["vs_threads"] = row["steps_per_s"] / base
     return out
-
-
-def _greenlet_driver(settings: Any, r: Any) -> Any:
-    """A function driving run ids to their end from this thread: each run's
-    ``StepLoop.advance`` in a greenlet, whose batched Redis calls switch to the hub; the
-    hub sends every call waiting in one pipeline, then resumes their greenlets."""
-    import greenlet
-
-    loop = StepLoop(settings, r, registry, "bench-whatif-greenlets:1:000000")
-    batcher = loop.leases.batcher
-    assert batcher is not None, "the append batcher is off (replicas or cluster)"
-    # One thread: the step turns (a bound on threads, kept per thread) must never block it.
-    loop._turns = _NoTurns()  # type: ignore[assignment]
-    hub = greenlet.getcurrent()
-    waiting: list[tuple[Any, Any]] = []
-
-    def wait(call: Any) -> Any:
-        waiting.append((call, greenlet.getcurrent()))
-        reply = hub.switch()
-        if call.error is not None:
-            raise call.error
-        return reply
-
-    batcher._wait = wait  # type: ignore[method-assign]
-
-    def drive(ids: list[str]) -> None:
-        nonlocal hub
-        hub = greenlet.getcurrent()
-        todo = list(ids)
-
-        def serve(_: Any = None) -> None:
-            while todo:
-                loop.advance(todo.pop())
-
-        ready: list[tuple[Any, Any]] = [(greenlet.greenlet(serve), None)
-                                        for _ in range(MODEL_CONCURRENCY)]
-        while ready:
-            for g, value in ready:
-                g.switch(value)
-            batch, waiting[:] = waiting[:], []
-            if batch:
-                batcher._send([call for call, _ in batch])
-            ready = [(g, call.reply) for call, g in batch]
-
-    return drive
-
-
-class _NoTurns:
-    """Step turns that never block (one thread drives every run)."""
-
-    def get(self) -> None:
-        pass
-
-    def put(self, _: None) -> None:
-        pass
 
 
 def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, Any]:
