@@ -93,7 +93,7 @@ class _Thread:
     def __init__(self) -> None:
         #: User code to run when woken, instead of driving.
         self.job: tuple[_Task, Offload] | None = None
-        #: Released to make this thread the driver.
+        #: Released to wake it: to run ``job``, or to drive.
         self.wake = threading.Lock()
         self.wake.acquire()
         #: When the user code it runs inline as the driver began (0: none now).
@@ -129,10 +129,11 @@ class RunHub(RunPool):
         self._inflight: collections.deque[list[tuple[_Task | None, _Call]]] = \
             collections.deque()
         self._conn: Any = None
-        #: From other threads: new runs (no call yet) and runs whose user code ran off the
-        #: driving thread, with the call they wait on.
-        self._incoming: queue.SimpleQueue[tuple[_Task, _Call | None]] = queue.SimpleQueue()
-        #: Guards who drives: the driver checks it after each resume, the monitor moves it.
+        #: From other threads: new runs, and runs whose user code returned off the driving
+        #: thread (its result is on the ``Offload`` they wait on).
+        self._incoming: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        #: Guards who drives (the driver checks it after inline user code, the monitor moves
+        #: it) and the spares.
         self._mu = threading.Lock()
         self._spares: list[_Thread] = []
         self._threads = 0
@@ -159,7 +160,7 @@ class RunHub(RunPool):
     # Taking runs ---------------------------------------------------------------------------
 
     def _hand(self, run_id: str) -> None:
-        self._incoming.put((self._task(run_id), None))
+        self._incoming.put(self._task(run_id))
 
     def _pop_many(self, count: int) -> list[str]:
         """``fill``'s pop (a ``drain``, the poll): whether more may be ready is known."""
@@ -213,7 +214,7 @@ class RunHub(RunPool):
                     with self._mu:
                         mine = self._owner is me
                     if not mine:  # it ran long: the new driver takes the run back
-                        self._incoming.put((task, None))
+                        self._incoming.put(task)
                         return
                     item = self._resume(task)
                 if item is not None:
@@ -227,26 +228,21 @@ class RunHub(RunPool):
                 self._read_oldest()
             elif not self._ready and not self._fresh:
                 try:
-                    task, call = self._incoming.get(timeout=1.0)
+                    task = self._incoming.get(timeout=1.0)
                 except queue.Empty:
                     continue
-                self._take(task, call)
+                self._take(task)
 
     def _intake(self) -> None:
         while True:
             try:
-                task, call = self._incoming.get_nowait()
+                task = self._incoming.get_nowait()
             except queue.Empty:
                 return
-            self._take(task, call)
+            self._take(task)
 
-    def _take(self, task: _Task, call: _Call | None) -> None:
-        if call is not None:
-            self._batch.append((task, call))
-        elif task.started:
-            self._ready.append(task)
-        else:
-            self._fresh.append(task)
+    def _take(self, task: _Task) -> None:
+        (self._ready if task.started else self._fresh).append(task)
 
     def _resume(self, task: _Task) -> _Call | Offload | None:
         """Run ``task``'s step code until it waits on a Redis call or on user code
@@ -370,7 +366,7 @@ class RunHub(RunPool):
         if run_ids:
             if not self.accepting:  # shutdown began while the pop was out: put them back
                 for run_id in run_ids:
-                    self._incoming.put((self._task(run_id), None))
+                    self._incoming.put(self._task(run_id))
                 return
             for run_id in run_ids:
                 self._fresh.append(self._task(run_id))
@@ -402,7 +398,7 @@ class RunHub(RunPool):
             pass               # watchdog's ``Abandoned``): the run learns it from the call
         while True:  # the run must come back, whatever is raised in this thread meanwhile
             try:
-                self._incoming.put((task, None))
+                self._incoming.put(task)
                 return
             except BaseException:
                 continue
