@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable.approvals import Approvers, check_decision
+from durable.approvals import check_decision
+from durable.approvers import Approvers
 from durable.errors import ConflictError, Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import RunState

@@ -1,8 +1,9 @@
 """Approver identity: Ed25519-signed decisions, checked against a registry of approver keys.
 
-An approval decision is valid only with a signature made by a key an operator registered
-(``durable approvers add NAME --role R --public-key FILE``). The signature covers what the
-decision is about, so it cannot be moved to another run, request, action or decision::
+An approval decision is valid only with a signature made by a key an admin registered
+(``durable approvers add NAME --role R --public-key FILE --admin-key ADMIN.key``). The
+signature covers what the decision is about, so it cannot be moved to another run, request,
+action or decision::
 
     b"durable-approval-v1\\n" + canonical JSON of
     {"decision", "digest", "expires_at", "request", "run"}     (sorted keys, no spaces)
@@ -15,219 +16,44 @@ a console signs server-side with the key file configured for its logged-in appro
 the worker checks it again right before it sends the approved call, and ``durable verify``
 re-checks every recorded one (``check_recorded``). The caller's environment grants nothing.
 
-The registry is one Redis hash, ``dx:approvers``: NAME -> JSON ``{"roles", "public_key"
-(base64 of the raw 32 bytes), "fingerprint", "added", "by", "revoked" (ms, 0 = active)}``.
-A name is never re-used: rotating a key is adding a new name and revoking the old one, so a
-recorded decision always names the one key that signed it. A revoked entry keeps its public
-key, so that decisions signed before the revocation still verify.
+The registry (``durable.approvers``) holds each approver's public key and roles, every
+entry signed by an admin key the processes are configured with: a decision counts only when
+its approver's entry is trusted, active, and holds the request's role.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import json
-import re
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
-import redis
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-from durable.errors import UsageError
-from durable.log import keys
+from durable.approvers import Approver, Approvers
 from durable.log.state import Approval
+from durable.signing import sign, statement, valid
 
 #: What a signature is made over starts with this line (domain separation).
 DOMAIN = b"durable-approval-v1\n"
 
-#: Approver names: short, printable, usable as a file name.
-NAME_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-
 
 def payload(run_id: str, request: str, digest: str, decision: str, expires_at: int) -> bytes:
     """The bytes an approver signs for one decision."""
-    body = {"decision": decision, "digest": digest, "expires_at": int(expires_at),
-            "request": request, "run": run_id}
-    return DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return statement(DOMAIN, {"decision": decision, "digest": digest,
+                              "expires_at": int(expires_at), "request": request,
+                              "run": run_id})
 
 
 def sign_decision(private_key_pem: bytes, run_id: str, request: str, digest: str,
                   decision: str, expires_at: int) -> str:
     """The base64 Ed25519 signature of a decision, with a PEM (PKCS#8) private key."""
-    key = load_private_key(private_key_pem)
-    return base64.b64encode(key.sign(payload(run_id, request, digest, decision,
-                                             expires_at))).decode()
+    return sign(private_key_pem, payload(run_id, request, digest, decision, expires_at))
 
 
 def signature_valid(public_key: bytes, signature: str, run_id: str, request: str,
                     digest: str, decision: str, expires_at: int) -> bool:
     """Whether ``signature`` (base64) is the raw 32-byte ``public_key``'s over the decision."""
-    try:
-        sig = base64.b64decode(signature, validate=True)
-        Ed25519PublicKey.from_public_bytes(public_key).verify(
-            sig, payload(run_id, request, digest, decision, expires_at))
-    except (InvalidSignature, ValueError, binascii.Error):
-        return False
-    return True
-
-
-# Keys -------------------------------------------------------------------------------------
-
-
-def load_private_key(pem: bytes) -> Ed25519PrivateKey:
-    """A PEM private key (PKCS#8 or OpenSSH), or a one-line ``UsageError``."""
-    try:
-        if pem.lstrip().startswith(b"-----BEGIN OPENSSH PRIVATE KEY"):
-            key: Any = serialization.load_ssh_private_key(pem, password=None)
-        else:
-            key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise UsageError(f"not a usable private key: {_first_line(exc)}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise UsageError("the private key is not an Ed25519 key")
-    return key
-
-
-def load_public_key(data: bytes) -> bytes:
-    """The raw 32 bytes of a public key given as PEM (SubjectPublicKeyInfo), OpenSSH
-    (``ssh-ed25519 AAAA...``) or base64 of the raw bytes; else a one-line ``UsageError``."""
-    text = data.strip()
-    try:
-        if text.startswith(b"-----BEGIN"):
-            key: Any = serialization.load_pem_public_key(text)
-        elif text.startswith(b"ssh-"):
-            key = serialization.load_ssh_public_key(text)
-        else:
-            raw = base64.b64decode(text, validate=True)
-            key = Ed25519PublicKey.from_public_bytes(raw)
-    except (ValueError, TypeError, UnsupportedAlgorithm, binascii.Error) as exc:
-        raise UsageError(f"not a usable public key: {_first_line(exc)}") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise UsageError("the public key is not an Ed25519 key")
-    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def public_key_of(private_key_pem: bytes) -> bytes:
-    """The raw public key that goes with a PEM private key."""
-    return load_private_key(private_key_pem).public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def fingerprint(public_key: bytes) -> str:
-    """A short, stable name for a raw public key: ``ed25519:`` + 16 hex digits of SHA-256."""
-    return "ed25519:" + hashlib.sha256(public_key).hexdigest()[:16]
-
-
-def keygen() -> tuple[bytes, bytes]:
-    """A new key pair: (PEM PKCS#8 private key, PEM public key)."""
-    key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
-    return private, public
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-# The registry -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Approver:
-    name: str
-    roles: list[str]
-    #: Base64 of the raw 32-byte Ed25519 public key.
-    public_key: str
-    fingerprint: str
-    added: int = 0
-    by: str = ""
-    #: When the key was revoked (ms since the epoch); 0 while it is active.
-    revoked: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key_bytes(self) -> bytes:
-        return base64.b64decode(self.public_key)
-
-
-class Approvers:
-    """The approver registry in Redis (``dx:approvers``)."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.redis = client
-
-    def add(self, name: str, roles: list[str], public_key: bytes, by: str = "operator",
-            now: int | None = None) -> Approver:
-        """Register ``name`` with ``roles`` and a raw public key; a name in use (even
-        revoked) is refused: rotating is adding a new name, then revoking the old one."""
-        if not NAME_RE.match(name):
-            raise UsageError(f"invalid approver name {name!r}: use 1-64 of A-Z a-z 0-9 _ . @ -")
-        roles = [r for r in roles if r]
-        if not roles:
-            raise UsageError("an approver needs at least one --role")
-        entry = Approver(name=name, roles=sorted(set(roles)),
-                         public_key=base64.b64encode(public_key).decode(),
-                         fingerprint=fingerprint(public_key),
-                         added=_now(now), by=by)
-        if not self.redis.hsetnx(keys.APPROVERS, name, _encode(entry)):
-            raise UsageError(f"approver {name!r} exists already; to rotate a key, add it "
-                             f"under a new name and revoke {name!r}")
-        return entry
-
-    def get(self, name: str) -> Approver | None:
-        raw = self.redis.hget(keys.APPROVERS, name)
-        return None if raw is None else _decode(name, raw)
-
-    def list(self) -> list[Approver]:
-        found = [_decode(k.decode(), v) for k, v in self.redis.hgetall(keys.APPROVERS).items()]
-        return sorted(found, key=lambda a: a.name)
-
-    def revoke(self, name: str, now: int | None = None) -> Approver:
-        """Mark ``name``'s key revoked (kept, so that older decisions still verify)."""
-        entry = self.get(name)
-        if entry is None:
-            raise UsageError(f"no approver {name!r}")
-        if entry.revoked:
-            return entry
-        revoked = Approver(**{**asdict(entry), "revoked": _now(now)})
-        self.redis.hset(keys.APPROVERS, name, _encode(revoked))
-        return revoked
+    return valid(public_key, signature, payload(run_id, request, digest, decision, expires_at))
 
 
 def _now(now: int | None) -> int:
     return int(time.time() * 1000) if now is None else now
-
-
-def _encode(entry: Approver) -> str:
-    body = asdict(entry)
-    extra = body.pop("extra")
-    body.pop("name")
-    return json.dumps({**extra, **body}, sort_keys=True)
-
-
-def _decode(name: str, raw: bytes | str) -> Approver:
-    try:
-        body = json.loads(raw)
-        known = {"roles", "public_key", "fingerprint", "added", "by", "revoked"}
-        return Approver(name=name, roles=[str(r) for r in body.get("roles", [])],
-                        public_key=str(body["public_key"]),
-                        fingerprint=str(body.get("fingerprint", "")),
-                        added=int(body.get("added", 0)), by=str(body.get("by", "")),
-                        revoked=int(body.get("revoked", 0)),
-                        extra={k: v for k, v in body.items() if k not in known})
-    except (ValueError, KeyError, TypeError, AttributeError):
-        # An entry nobody can read grants nothing: a key that verifies nothing.
-        return Approver(name=name, roles=[], public_key="", fingerprint="unreadable",
-                        revoked=1)
 
 
 # Checks -----------------------------------------------------------------------------------
@@ -243,8 +69,10 @@ def check_decision(approver: Approver | None, name: str, run_id: str, appr: Appr
     """
     at = _now(now)
     if approver is None:
-        return f"unknown approver {name!r} (an operator registers keys with " \
+        return f"unknown approver {name!r} (an admin registers keys with " \
                "`durable approvers add`)"
+    if approver.distrust:
+        return f"approver {name!r} is not trusted: {approver.distrust}"
     if approver.revoked and approver.revoked <= at:
         return f"approver {name!r}'s key ({approver.fingerprint}) was revoked"
     if appr.role and appr.role not in approver.roles:

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from durable import catalog, overview, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
-from durable.approvals import Approvers, sign_decision
+from durable.approvals import sign_decision
+from durable.approvers import Approvers
 from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, encode_message, finish_specs
 from durable.connection import connect, connect_queue
@@ -106,7 +107,7 @@ class Client:
             self._owned.append(queue_client)
         self.queue = make_queue(queue_client, self.settings.queue)
         #: The approver registry (``durable approvers``).
-        self.approvers = Approvers(self.redis)
+        self.approvers = Approvers(self.redis, self.log.admin_keys)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
 

@@ -147,6 +147,14 @@ class Settings(BaseSettings):
         description="Retired: grants nothing (read only so that an old environment still "
         "parses). Approvers are keys an operator registers: `durable approvers add`.",
     )
+    admin_keys: str | None = Field(
+        default=None,
+        description="Public keys of the approver registry's admins, comma-separated: each a "
+        "key file (PEM or OpenSSH) or a key inline (base64 of the raw 32 bytes, or "
+        "'ssh-ed25519 AAAA...'). An approver entry counts only with a signature by one of "
+        "them; unset, no approval can be trusted. Rotate by listing the new key beside the "
+        "old, `durable approvers resign`, then dropping the old.",
+    )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     console_users: Path | None = Field(
         default=None,

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from durable.approvals import Approvers, keygen, load_public_key
 from durable.client import Client
 from durable.cluster import LocalCluster
 from durable.log import keys
 from durable.settings import Settings
-from durable.testing import Reconciler, Server, Worker
+from durable.signing import keygen, load_public_key
+from durable.testing import AdminKey, Reconciler, Server, Worker
 from examples.world import WorldProcess
 
 T = TypeVar("T")
@@ -75,6 +75,29 @@ class ClusterServer:
     def stop(self) -> None:
         self.cluster.stop()
         self.queue.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def admin_key() -> Iterator[AdminKey]:
+    """The session's registry admin: its public key is in ``DURABLE_ADMIN_KEYS`` for every
+    client and process of the session; ``approver`` signs the entries it adds with it."""
+    key = AdminKey.make()
+    before = os.environ.get("DURABLE_ADMIN_KEYS")
+    os.environ["DURABLE_ADMIN_KEYS"] = key.public
+    yield key
+    if before is None:
+        os.environ.pop("DURABLE_ADMIN_KEYS", None)
+    else:
+        os.environ["DURABLE_ADMIN_KEYS"] = before
+
+
+@pytest.fixture()
+def admin_file(admin_key: AdminKey, tmp_path: Path) -> Path:
+    """The session admin's private key in a file (``--admin-key``), mode 0600."""
+    path = tmp_path / "admin.key"
+    path.write_bytes(admin_key.private)
+    path.chmod(0o600)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -151,12 +174,14 @@ def reconciler(server: Server, settings: Settings) -> Iterator[ReconcilerFactory
 
 
 @pytest.fixture()
-def approver(r: redis.Redis) -> ApproverFactory:
+def approver(client: Client, admin_key: AdminKey) -> ApproverFactory:
     """``approver(name, *roles) -> private key PEM``: makes an Ed25519 key pair and
-    registers its public key for ``name`` with ``roles`` (``durable approvers add``)."""
+    registers its public key for ``name`` with ``roles``, signed by the session's admin
+    (``durable approvers add``)."""
     def make(name: str, *roles: str) -> bytes:
         private, public = keygen()
-        Approvers(r).add(name, list(roles), load_public_key(public), by="test")
+        client.approvers.add(name, list(roles), load_public_key(public),
+                             admin_key=admin_key.private, by="test")
         return private
 
     return make

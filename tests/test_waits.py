@@ -11,12 +11,12 @@ import redis
 from rq import Worker as RQWorker
 
 from durable.agents import registry
-from durable.approvals import keygen
 from durable.client import Client
 from durable.errors import Refused
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.verify import verify
+from durable.signing import keygen
 from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory

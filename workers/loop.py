@@ -36,7 +36,8 @@ from durable.agents import (
     digest_placeholder,
     is_placeholder,
 )
-from durable.approvals import Approvers, check_history, check_recorded
+from durable.approvals import check_history, check_recorded
+from durable.approvers import Approvers
 from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
 from durable.connection import connect_queue
@@ -128,7 +129,7 @@ class StepLoop:
         # The run threads' appends and lease acquisitions go out together.
         self.leases.batcher = self.log.batch_appends()
         #: The approver registry: a decision is checked again before its call is sent.
-        self.approvers = Approvers(client)
+        self.approvers = Approvers(client, self.log.admin_keys)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).
         #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs

@@ -9,8 +9,6 @@ import time
 
 import msgspec
 
-from durable.approvals import load_private_key
-from durable.cli.approvers import read_key_file
 from durable.cli.output import (
     CHECK_FAILED,
     OK,
@@ -24,6 +22,7 @@ from durable.cli.output import (
 from durable.errors import UsageError
 from durable.log.replay import summary
 from durable.sealing import shown_struct
+from durable.signing import load_private_key, read_key_file
 
 
 def _json_arg(text: str, flag: str) -> object:

@@ -43,6 +43,7 @@ from durable.sealing import (
     seal_payloads,
     settings_keyring,
 )
+from durable.signing import parse_public_keys
 
 
 def now_ms() -> int:
@@ -178,6 +179,7 @@ class EventLog:
         open_sealed: bool = False,
         sealed_names: Iterable[str] = (),
         retention_ms: int = 0,
+        admin_keys: Iterable[bytes] = (),
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
@@ -195,6 +197,9 @@ class EventLog:
         self.sealed_names: set[str] = set(sealed_names)
         #: Terminal runs' keys expire after this many ms (``DURABLE_RETENTION``); 0 = never.
         self.retention_ms = retention_ms
+        #: Public keys of the approver registry's admins (``DURABLE_ADMIN_KEYS``): what a
+        #: reader of the log checks recorded approvals' registry entries against.
+        self.admin_keys: list[bytes] = list(admin_keys)
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
@@ -207,7 +212,7 @@ class EventLog:
                    keyring=settings_keyring(settings),
                    open_sealed=open_sealed, sealed_names=sealed_names,
                    retention_ms=parse_duration_ms(settings.retention) if settings.retention
-                   else 0)
+                   else 0, admin_keys=parse_public_keys(settings.admin_keys))
 
     def batch_appends(self) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):

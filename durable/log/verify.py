@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from durable.approvals import Approvers, check_history
+from durable.approvals import check_history
+from durable.approvers import Approvers
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.fold import apply
@@ -46,7 +47,7 @@ def verify(elog: EventLog, run_id: str) -> Report:
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
     terminals = 0
-    approvers = Approvers(elog.redis)
+    approvers = Approvers(elog.redis, elog.admin_keys)
     for i, entry in enumerate(entries, start=1):
         e = entry.event
         if e is None:

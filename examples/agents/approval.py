@@ -7,7 +7,8 @@ pipeline's ``notify`` (the key and the deadline downstream, ``lookup`` by key) p
   approval request, bound to a digest of the tool, its arguments and its facts, and lets
   go: the run is ``waiting_approval``, holds no lease and no worker, and nothing is sent.
 - ``approver_role = "comms"``: only a decision signed by an approver key registered with
-  that role (``durable approvers add alice --role comms --public-key alice.pub``) counts;
+  that role by the registry's admin (``durable approvers add alice --role comms
+  --public-key alice.pub --admin-key admin.key``) counts;
   any other is refused and nothing is written.
 - ``approval_facts(args)``: what the decision depends on besides the arguments, read now
   from the authoritative system (the source's figures the message reports). They are read
@@ -19,8 +20,10 @@ Once approved, the call goes out like any other: ``publish`` is sent once, and a
 unknown outcome it is looked up by key, never sent blindly. A rejection is an outcome the
 agent handles (it finishes, unpublished). Try it::
 
+    durable approvers keygen admin                              # the registry's admin
+    export DURABLE_ADMIN_KEYS=$PWD/admin.pub                    # for every process
     durable approvers keygen alice                              # alice.key, alice.pub
-    durable approvers add alice --role comms --public-key alice.pub
+    durable approvers add alice --role comms --public-key alice.pub --admin-key admin.key
     durable world &
     durable worker &
     durable start announce --input '{"source": "orders"}'      # prints the run id

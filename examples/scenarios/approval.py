@@ -7,11 +7,13 @@ the source's figures read then) and lets go: the run is ``waiting_approval``, it
 is gone, no worker holds a job for it, the key is not claimed and nothing was sent.
 
 Approvers are keys: at the start the scene makes Ed25519 key pairs for alice (role comms)
-and bob (role support) and registers their public keys (``durable approvers add``); each
-decision is signed with a private key file (``Client.sign_and_approve``, what ``durable
-approve --key`` does). Refused, and nothing written: bob (a valid signature, the wrong
-role), mallory (a key nobody registered) and a decision in alice's name signed with
-mallory's key. Alice's own signed approval is recorded with her key's fingerprint and
+and bob (role support) and registers their public keys, each entry signed by the stack's
+admin key (``durable approvers add --admin-key``); each decision is signed with a private
+key file (``Client.sign_and_approve``, what ``durable approve --key`` does). Refused, and
+nothing written: bob (a valid signature, the wrong role), mallory (a key nobody
+registered), eve (who wrote her own entry with role comms into the registry with a plain
+HSET, as any Redis writer could: no admin signed it) and a decision in alice's name signed
+with mallory's key. Alice's own signed approval is recorded with her key's fingerprint and
 signature; the run resumes, the worker checks the signature again and reads the facts
 again (same digest), dispatches ``publish`` once and completes: one notification, applied
 after the decision; ``verify`` re-checks the recorded signature.
@@ -21,6 +23,8 @@ Run it on its own: ``python -m examples.scenarios.approval``.
 
 from __future__ import annotations
 
+import base64
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +32,6 @@ from typing import Any
 
 from rq import Worker as RQWorker
 
-from durable.approvals import keygen, load_public_key
 from durable.digests import digest
 from durable.errors import Refused
 from durable.log import events as ev
@@ -36,17 +39,20 @@ from durable.log import keys
 from durable.log.state import Approval, RunState
 from durable.log.store import now_ms
 from durable.log.verify import verify
+from durable.signing import fingerprint, keygen, load_public_key
 from examples.scenarios.outcome import Outcome, collect, expect_common, of_type, recovery_rows
 from examples.scenarios.stack import Scene
 
 TITLE = "Approval wait"
-WINDOW = "publish waits for role comms; wrong role, unknown key, forged signature refused; " \
-         "a signed approval"
+WINDOW = "publish waits for role comms; wrong role, unknown key, self-registered key, " \
+         "forged signature refused; a signed approval"
 AGENT = "announce"
 STEP = 3
 ROLE = "comms"
-#: Registered approvers and their roles; mallory's key is made but never registered.
+#: Registered approvers and their roles; mallory's key is made but never registered, eve's
+#: is written into the registry by hand, without an admin's signature.
 APPROVERS = {"alice": [ROLE], "bob": ["support"]}
+SELF_REGISTERED = {"eve": [ROLE]}
 INPUT = {"source": "orders", "recipient": "customers@example.com", "threshold": 250.0}
 
 
@@ -68,7 +74,7 @@ class Keys:
 def make_keys(scene: Scene) -> Keys:
     """Key pairs for alice, bob and mallory; alice's and bob's public keys registered."""
     suffix = scene.queue.rsplit("-", 1)[-1]
-    names = {who: f"{who}-{suffix}" for who in ("alice", "bob", "mallory")}
+    names = {who: f"{who}-{suffix}" for who in ("alice", "bob", "mallory", "eve")}
     files = {}
     for who, name in names.items():
         private, public = keygen()
@@ -78,7 +84,12 @@ def make_keys(scene: Scene) -> Keys:
         files[who] = path
         if who in APPROVERS:
             scene.client.approvers.add(name, APPROVERS[who], load_public_key(public),
-                                       by="scenario")
+                                       admin_key=scene.stack.admin.private, by="scenario")
+        elif who in SELF_REGISTERED:
+            raw = load_public_key(public)
+            scene.client.redis.hset("dx:approvers", name, json.dumps({
+                "roles": SELF_REGISTERED[who], "public_key": base64.b64encode(raw).decode(),
+                "fingerprint": fingerprint(raw), "added": 0, "by": who, "revoked": 0}))
     return Keys(names, files)
 
 
@@ -98,7 +109,7 @@ def attempt(scene: Scene, out: Outcome, run_id: str, request: str, decision: str
         answer = f"Refused: {exc.reason}"
     out.decisions.append({
         "approver": who + ("" if signer == who else f" (signed with {signer}'s key)"),
-        "roles": APPROVERS.get(who, []), "decision": decision,
+        "roles": APPROVERS.get(who, SELF_REGISTERED.get(who, [])), "decision": decision,
         "answer": answer, "version before": before,
         "version after": scene.client.status(run_id).version,
         "events written": len(scene.client.events(run_id)) - n_before})
@@ -127,6 +138,7 @@ def run(scene: Scene, out: Outcome) -> None:
 
     for who, signer, why in (("bob", None, f"does not have the role '{ROLE}'"),
                              ("mallory", None, "unknown approver"),
+                             ("eve", None, "is not trusted"),
                              ("alice", "mallory", "signature is not")):
         refused = attempt(scene, out, run_id, request, "approve", who, keys_, signer)
         tried = out.decisions[-1]["approver"]

@@ -21,7 +21,7 @@ from durable.client import Client
 from durable.cluster import LocalCluster
 from durable.log.state import RunState
 from durable.settings import Settings
-from durable.testing import Server, Worker, wait_for
+from durable.testing import AdminKey, Server, Worker, wait_for
 from examples.scenarios.recovery import Recovery
 from examples.world import WorldClient, WorldProcess
 
@@ -39,6 +39,9 @@ class Stack:
     workdir: Path
     #: Set when the log is on a Redis Cluster: the plain server RQ uses.
     queue_url: str | None = None
+    #: The approver registry's admin for this stack (``DURABLE_ADMIN_KEYS`` of every
+    #: process the scenes start): scenes register approvers signed with it.
+    admin: AdminKey = field(default_factory=AdminKey.make)
 
     @classmethod
     @contextlib.contextmanager
@@ -91,7 +94,8 @@ class Scene:
                                  lease_ttl_ms=LEASE_TTL_MS,
                                  agents="examples.agents",
                                  redis_cluster=self.stack.queue_url is not None,
-                                 queue_url=self.stack.queue_url)
+                                 queue_url=self.stack.queue_url,
+                                 admin_keys=self.stack.admin.public)
         self.client = Client(self.settings)
         self.world: WorldClient = self.stack.world.client
         self.world.reset_faults()
@@ -102,6 +106,7 @@ class Scene:
             if self.stack.queue_url else {}
         return {"DURABLE_QUEUE": self.queue, "DURABLE_LEASE_TTL_MS": str(LEASE_TTL_MS),
                 "DURABLE_AGENTS": "examples.agents", **cluster,
+                "DURABLE_ADMIN_KEYS": self.stack.admin.public,
                 **self.stack.world.env(), **extra}
 
     def log_path(self, what: str) -> Path:
