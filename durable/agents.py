@@ -37,6 +37,9 @@ class Call:
 
     tool: str
     args: dict[str, Any] = field(default_factory=dict)
+    #: Set by a code agent: the values its context drew since its last decision
+    #: (``StepDecided.values``).
+    values: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,12 @@ class Fail:
 class Wait:
     """Pause the run without holding a worker until a response or an event arrives."""
 
-    kind: Literal["input", "external"]
+    kind: Literal["input", "external", "timer"]
     reason: str = ""
     timeout_s: float = 3600.0
     data: Any = None
+    #: As ``Call.values``.
+    values: list[Any] = field(default_factory=list)
 
 
 Decision = Call | Finish | Fail | Wait
@@ -88,6 +93,39 @@ def call_signature(tool: str, args: Any, *, digest: bool = False) -> str:
     if digest:
         return f"call {tool}(sha256:{args_digest(args)})"
     return f"call {tool}({msgspec.json.encode(args, order='sorted').decode()})"
+
+
+def call_difference(was_tool: str, was_args: Any, tool: str, args: Any) -> str:
+    """What differs between a recorded call and one decided again, for a person: the tool,
+    or the arguments that differ with both values (clipped); arguments the log keeps only
+    a digest of are compared by it."""
+    if was_tool != tool:
+        return f"the tool: {was_tool!r} recorded, {tool!r} now"
+    if is_placeholder(was_args):
+        return "the arguments (the log keeps only their digest)"
+    if not (isinstance(was_args, dict) and isinstance(args, dict)):
+        return "the arguments"
+    differing = []
+    for name in sorted(set(was_args) | set(args), key=str):
+        before, after = was_args.get(name, _MISSING), args.get(name, _MISSING)
+        if before is _MISSING or after is _MISSING:
+            same = before is after
+        else:
+            same = msgspec.json.encode(before, order="sorted") == msgspec.json.encode(
+                after, order="sorted")
+        if not same:
+            differing.append(f"{name!r}: {_shown(before)} recorded, {_shown(after)} now")
+    return "arguments " + "; ".join(differing[:4]) if differing else "the arguments"
+
+
+_MISSING = object()
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    if value is _MISSING:
+        return "absent"
+    text = msgspec.json.encode(value, order="sorted").decode()
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class OutcomeUnknown(Exception):

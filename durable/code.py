@@ -20,7 +20,15 @@ not in the log is recorded and dispatched. Each step's identity — its position
 digest of its arguments — is checked against the log: a difference quarantines the run with
 a ``NondeterminismError``. The function's variables (a conversation, say) are rebuilt by
 re-execution: there is no window. So the function must decide the same calls from the same
-outcomes: no clock, randomness or I/O outside ``ctx.call``.
+outcomes: no clock, randomness or I/O outside the context. ``ctx.now()``, ``ctx.time()``,
+``ctx.random()`` and ``ctx.uuid()`` are recorded with the next decision (in its intent or
+wait event) and return the recorded value when the function is executed again;
+``ctx.sleep(s)`` is a durable timer (the run waits ``waiting_timer``, holding no worker, and
+the reconciler wakes it).
+
+A worker that keeps holding a run keeps its function running between jobs: the function is
+executed again only when the run comes back after a crash, a hand-back, a wait or to
+another worker (see ``CodeAgent.park``).
 
 Steps run one at a time: do not run two ``ctx.call`` concurrently (``asyncio.gather``).
 """
@@ -30,8 +38,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import queue
+import random
 import threading
+import time
+import uuid
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import msgspec
@@ -44,6 +56,7 @@ from durable.agents import (
     Fail,
     Finish,
     Wait,
+    call_difference,
     call_signature,
     is_placeholder,
     registry,
@@ -119,6 +132,32 @@ class RunContext:
         continues."""
         return self._session.wait(kind, reason, timeout_s, data)
 
+    def sleep(self, seconds: float) -> None:
+        """A durable timer: the run waits (``waiting_timer``) holding no worker, and the
+        reconciler wakes it once ``seconds`` have passed; a restart of anything loses no
+        timer. Executed again, a finished sleep returns at once."""
+        self._session.sleep(seconds)
+
+    def sleep_until(self, when: datetime | float) -> None:
+        """``sleep`` until ``when`` (an aware datetime, or seconds since the epoch)."""
+        self._session.sleep_until(when)
+
+    def now(self) -> datetime:
+        """The current time (UTC), recorded: the same value when executed again."""
+        return datetime.fromtimestamp(self._session.draw("time", time.time), UTC)
+
+    def time(self) -> float:
+        """``time.time()``, recorded: the same value when executed again."""
+        return float(self._session.draw("time", time.time))
+
+    def random(self) -> float:
+        """``random.random()``, recorded: the same value when executed again."""
+        return float(self._session.draw("random", random.random))
+
+    def uuid(self) -> str:
+        """A random UUID (version 4) as text, recorded: the same value when executed again."""
+        return str(self._session.draw("uuid", lambda: str(uuid.uuid4())))
+
 
 class AsyncRunContext(RunContext):
     """The context of an ``async def`` agent: ``await ctx.call(...)``."""
@@ -130,16 +169,30 @@ class AsyncRunContext(RunContext):
                    timeout_s: float = 3600.0, data: Any = None) -> Any:
         return self._session.wait(kind, reason, timeout_s, data)
 
+    async def sleep(self, seconds: float) -> None:  # type: ignore[override]
+        self._session.sleep(seconds)
+
+    async def sleep_until(self, when: datetime | float) -> None:  # type: ignore[override]
+        self._session.sleep_until(when)
+
 
 class _Session:
     """One execution of a code agent's function, for as long as a worker drives the run."""
 
     def __init__(self, agent: CodeAgent, run_id: str, actions: dict[int, Action],
-                 waits: list[WaitInfo], inp: Any) -> None:
+                 waits: list[WaitInfo], inp: Any, values: Values | None = None) -> None:
         self.agent, self.run_id = agent, run_id
         self.actions, self.waits, self.input = actions, waits, inp
         self.pos = 0
         self.waits_seen = 0
+        #: Values drawn from the context: those the log records, and how many are used.
+        self.values = values or Values()
+        self.drawn = 0
+        #: Values drawn past the recorded ones: they go with the next decision handed out.
+        self.fresh: list[list[Any]] = []
+        #: The version of the run when the worker last let go of it with this function
+        #: alive (``CodeAgent.park``), or None.
+        self.parked_at: int | None = None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: The call handed to the worker and not answered yet (its position).
@@ -175,10 +228,11 @@ class _Session:
         recorded = self.actions.get(step)
         if recorded is not None:
             self._check(recorded, tool, args)
+            self._check_drawn(("step", step), f"call {recorded.tool}")
             if recorded.settled:
                 return self._outcome(recorded)
         self.pending = step
-        self.outbox.put(Call(tool, args))
+        self.outbox.put(Call(tool, args, values=self._take_fresh()))
         answer = self.inbox.get()
         if answer is _UNWIND:
             raise _Unwind
@@ -193,18 +247,59 @@ class _Session:
             if done.kind != kind:
                 raise NondeterminismError(self.run_id, self.pos, f"wait {done.kind}",
                                           f"wait {kind}")
+            self._check_drawn(("wait", self.waits_seen), f"wait {done.kind}")
             if done.outcome == "expired":
                 raise WaitExpired(f"{kind} wait expired: {done.reason}")
             return done.response
-        self.outbox.put(Wait(kind, reason, timeout_s, data))  # type: ignore[arg-type]
+        self.outbox.put(Wait(kind, reason, timeout_s, data,  # type: ignore[arg-type]
+                             values=self._take_fresh()))
         self.inbox.get()  # the worker lets go of the run while it waits: always an unwind
         raise _Unwind
+
+    def sleep(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"ctx.sleep takes seconds >= 0, not {seconds!r}")
+        self.wait("timer", f"sleep {seconds:g} s", float(seconds), None)
+
+    def sleep_until(self, when: datetime | float) -> None:
+        at = when.timestamp() if isinstance(when, datetime) else float(when)
+        self.sleep(max(0.0, at - float(self.draw("time", time.time))))
+
+    def draw(self, kind: str, make: Callable[[], Any]) -> Any:
+        """A value of ``kind``: the recorded one when the log has it, else a new one,
+        recorded with the next decision."""
+        self.drawn += 1
+        if self.drawn <= len(self.values.drawn):
+            was, value = self.values.drawn[self.drawn - 1]
+            if was != kind:
+                raise NondeterminismError(
+                    self.run_id, self.pos + 1, f"ctx.{was}() as value {self.drawn}",
+                    f"ctx.{kind}()", "a value of another kind was drawn from the context")
+            return value
+        value = make()
+        self.fresh.append([kind, value])
+        return value
+
+    def _take_fresh(self) -> list[list[Any]]:
+        fresh, self.fresh = self.fresh, []
+        return fresh
+
+    def _check_drawn(self, mark: tuple[str, int], what: str) -> None:
+        """Before a recorded step or wait, exactly the values recorded up to it are drawn."""
+        expected = self.values.marks.get(mark)
+        if expected is not None and expected != self.drawn:
+            raise NondeterminismError(
+                self.run_id, self.pos, f"{what} after {expected} value(s) drawn from the "
+                f"context", f"it after {self.drawn}",
+                "ctx.now(), ctx.time(), ctx.random() or ctx.uuid() called another number of "
+                "times")
 
     def _check(self, recorded: Action, tool: str, args: dict[str, Any]) -> None:
         was = call_signature(recorded.tool, recorded.args)
         now = call_signature(tool, args, digest=is_placeholder(recorded.args))
         if was != now:
-            raise NondeterminismError(self.run_id, recorded.step, was, now)
+            raise NondeterminismError(self.run_id, recorded.step, was, now,
+                                      call_difference(recorded.tool, recorded.args, tool, args))
 
     @staticmethod
     def _outcome(act: Action) -> Any:
@@ -243,8 +338,12 @@ class CodeAgent(Agent):
 
     fn: ClassVar[Callable[..., Any]]
 
+    #: How long a parked function waits for its run to come back to this worker (s).
+    PARK_S: ClassVar[float] = 60.0
+
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
+        self._parked_since: dict[str, float] = {}
         self._log: EventLog | None = None
 
     def bind(self, log: EventLog) -> None:
@@ -258,29 +357,84 @@ class CodeAgent(Agent):
         return session.next_decision(state)
 
     def close_run(self, run_id: str) -> None:
+        self._parked_since.pop(run_id, None)
         session = self._sessions.pop(run_id, None)
         if session is not None:
             session.close()
 
+    def park(self, run_id: str, version: int) -> None:
+        """The worker lets go of ``run_id`` at a job boundary (its turn used up) with the
+        log at ``version``: keep the function alive, blocked where it is, so that the next
+        job on this worker goes on from there instead of executing it again."""
+        session = self._sessions.get(run_id)
+        if session is not None:
+            session.parked_at = version
+            self._parked_since[run_id] = time.monotonic()
+
+    def resume(self, run_id: str, version: int) -> bool:
+        """A job of ``run_id`` starts with the log at ``version``: True when its parked
+        function goes on (nothing was written since it was parked); else the function, if
+        any, is ended and will be executed again from the log."""
+        now = time.monotonic()
+        for stale in [r for r, t in self._parked_since.items() if now - t > self.PARK_S]:
+            self.close_run(stale)
+        session = self._sessions.get(run_id)
+        if session is not None and session.parked_at == version:
+            session.parked_at = None
+            self._parked_since.pop(run_id, None)
+            return True
+        self.close_run(run_id)
+        return False
+
     def _session(self, state: RunState) -> _Session:
         actions: dict[int, Action] = {}
         waits: list[WaitInfo] = []
+        values = Values()
         if self._log is not None:
             events = [e.event for e in self._log.read(state.run_id) if e.event is not None]
             full = fold(events, window=_ALL)
             actions = full.actions
             waits = _waits(events)
+            values = Values.of(events)
         for step, act in state.actions.items():  # newer than the log: staged outcomes
             actions[step] = msgspec.structs.replace(act)
         inp = self.input_model.model_validate(state.input or {})
-        return _Session(self, state.run_id, actions, waits, inp)
+        return _Session(self, state.run_id, actions, waits, inp, values)
+
+
+#: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``).
+CODE_WAITS = ("input", "external", "timer")
+
+
+class Values:
+    """The values a run's function drew from its context, as the log records them: in the
+    order drawn (``[kind, value]``), and how many were drawn before each recorded step
+    (``("step", n)``) and each wait of the function (``("wait", i)``, counted from 1)."""
+
+    def __init__(self) -> None:
+        self.drawn: list[list[Any]] = []
+        self.marks: dict[tuple[str, int], int] = {}
+
+    @classmethod
+    def of(cls, events: list[Any]) -> Values:
+        found = cls()
+        waits = 0
+        for e in events:
+            if isinstance(e, ev.StepDecided):
+                found.drawn.extend(e.values)
+                found.marks[("step", e.step)] = len(found.drawn)
+            elif isinstance(e, ev.WaitEntered) and e.kind in CODE_WAITS:
+                waits += 1
+                found.drawn.extend(e.values)
+                found.marks[("wait", waits)] = len(found.drawn)
+        return found
 
 
 def _waits(events: list[Any]) -> list[WaitInfo]:
-    """The input and external waits of a run, in order, with how each ended."""
+    """The waits of a run's function, in order, with how each ended."""
     waits: list[WaitInfo] = []
     for e in events:
-        if isinstance(e, ev.WaitEntered) and e.kind in ("input", "external"):
+        if isinstance(e, ev.WaitEntered) and e.kind in CODE_WAITS:
             waits.append(WaitInfo(kind=e.kind, reason=e.reason, request=e.request))
         elif isinstance(e, ev.WaitResolved) and waits and waits[-1].request == e.request:
             waits[-1].response, waits[-1].outcome = e.response, "resolved"

@@ -108,12 +108,27 @@ class DecodeError(DurableError):
 
 
 class NondeterminismError(DurableError):
-    def __init__(self, run_id: str, step: int, recorded: str, decided: str) -> None:
+    """Agent code executed again took another step than the log records. ``detail`` says
+    what differs (the tool, which arguments)."""
+
+    HINT = ("agent code must take the same steps from the same outcomes: clocks, randomness "
+            "and I/O outside the run's context are the usual cause (ctx.now(), ctx.random() "
+            "and ctx.uuid() are recorded; I/O belongs in a tool), and changed agent code "
+            "needs a new agent version")
+
+    def __init__(self, run_id: str, step: int, recorded: str, decided: str,
+                 detail: str = "") -> None:
         self.run_id, self.step, self.recorded, self.decided = run_id, step, recorded, decided
+        self.detail = detail
+        differs = f" ({detail})" if detail else ""
         super().__init__(
-            f"run {run_id} step {step}: the log records {recorded}, the agent now decides "
-            f"{decided} (agent code changed?)"
+            f"run {run_id} step {step}: the log records {_clip(recorded)}, the agent now "
+            f"decides {_clip(decided)}{differs}; {self.HINT}"
         )
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class ForbiddenJob(DurableError):

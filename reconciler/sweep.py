@@ -226,11 +226,12 @@ class Reconciler:
             return "canceled"
         if state.waiting and state.wait is not None:
             if state.wait.until and state.wait.until <= now:
-                if state.wait.kind == "retry":
+                if state.wait.kind in ("retry", "timer"):  # a timer's end is its answer
+                    kind = state.wait.kind
                     self.log.commit(handle, [Spec(ev.WaitResolved, {
-                        "kind": "retry", "request": state.wait.request, "by": "timer"})])
-                    self._stat("retry_timers_woken")
-                    self._did("woke_retry")
+                        "kind": kind, "request": state.wait.request, "by": "timer"})])
+                    self._stat(f"{kind}_timers_woken")
+                    self._did(f"woke_{kind}")
                     return "enqueue"
                 self.log.commit(handle, [Spec(ev.WaitExpired, {
                     "kind": state.wait.kind, "request": state.wait.request,

@@ -143,3 +143,62 @@ def stalls(ctx: RunContext, inp: Any) -> str:
         return str(ctx.call("never_answers", {}))
     except StepFailed as exc:
         return f"gave up: {exc.error_type}"
+
+
+@agent(input_model=ChatInput, tools=("echo_model",), budgets={"model_calls": 1000})
+def dated_chatter(ctx: RunContext, inp: ChatInput) -> dict[str, Any]:
+    """Puts the time, a random number and a UUID in its system prompt at every turn, from
+    the run's context: recorded, so re-execution sends the same requests."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": ""}]
+    for turn in range(inp.turns):
+        messages[0]["content"] = f"Now is {ctx.now().isoformat()} ({ctx.random():.6f}, " \
+                                 f"request {ctx.uuid()})"
+        messages.append({"role": "user", "content": f"question {turn}"})
+        messages.append(ctx.call("echo_model", {"messages": messages,
+                                                "text_bytes": inp.text_bytes})["message"])
+    return {"prompt": messages[0]["content"], "messages": len(messages)}
+
+
+@agent(input_model=ChatInput, tools=("echo_model",), budgets={"model_calls": 1000})
+def clock_chatter(ctx: RunContext, inp: ChatInput) -> int:
+    """The trap: ``time.time()`` in the prompt, read outside the context."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": ""}]
+    for turn in range(inp.turns):
+        messages[0]["content"] = f"Now is {time.time():.6f}"
+        messages.append({"role": "user", "content": f"question {turn}"})
+        messages.append(ctx.call("echo_model", {"messages": messages,
+                                                "text_bytes": inp.text_bytes})["message"])
+    return len(messages)
+
+
+class SleepInput(BaseModel):
+    seconds: float = 3.0
+
+
+@agent(input_model=SleepInput, tools=("noop",))
+def sleeper(ctx: RunContext, inp: SleepInput) -> dict[str, float]:
+    """Sleeps between two steps on a durable timer; reports when it meant to wake."""
+    ctx.call("noop", {"n": 1})
+    asleep = ctx.time()
+    ctx.sleep(inp.seconds)
+    awake = ctx.time()
+    ctx.call("noop", {"n": 2})
+    return {"asleep": asleep, "awake": awake}
+
+
+@agent(tools=("noop",))
+async def async_sleeper(ctx: Any, inp: Any) -> str:
+    await ctx.call("noop", {"n": 1})
+    await ctx.sleep_until(ctx.time() + 1.0)
+    return "rested"
+
+
+def _lookup_missing(table: dict[str, Any]) -> Any:
+    return table["no_such_key"]
+
+
+@agent(tools=("noop",))
+def buggy(ctx: RunContext, inp: Any) -> Any:
+    """A bug after its first step: a KeyError two frames down."""
+    ctx.call("noop", {"n": 1})
+    return _lookup_missing({})

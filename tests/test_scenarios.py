@@ -64,8 +64,9 @@ def test_replay_after_recovery(stack: Stack) -> None:
 def test_approval_wait_then_one_effect(stack: Stack) -> None:
     """``publish`` requires the role comms: the run waits holding no lease and no worker,
     nothing sent; a wrong role, an unregistered key, a key written into the registry without
-    the admin's signature and a signature by another key are refused and write nothing; once alice's signed approval is recorded, the worker takes
-    the run again and the notification is applied once, after the decision."""
+    the admin's signature and a signature by another key are refused and write nothing;
+    once alice's signed approval is recorded, the worker takes the run again and the
+    notification is applied once, after the decision."""
     out = run_one(stack, "approval")
     out.assert_ok()
     assert out.state == "completed"

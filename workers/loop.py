@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +105,9 @@ class Slot:
     user_code: str = ""
     user_code_since: float = 0.0
     abandoned: bool = False
+    #: Set when the job ends only because its turn is used up, to the run's version then:
+    #: a code agent's function is kept alive for the next job (``CodeAgent.park``).
+    park_at: int | None = None
 
 
 #: Events after which a job has nothing left to do: their batch also releases the lease.
@@ -348,15 +352,23 @@ class StepLoop:
         except UnknownAgent as exc:
             await self._quarantine(handle, str(exc))
             return False
+        kept = False
         if isinstance(agent, CodeAgent):
             agent.bind(self.log)
+            kept = agent.resume(run_id, handle.state.version)
         try:
             with tracing.run_span(run_id, handle.state.agent, handle.state.trace):
-                return await self._drive_agent(handle, agent, lease, slot)
+                return await self._drive_agent(handle, agent, lease, slot, kept)
         finally:
-            agent.close_run(run_id)
+            if slot.park_at is not None and isinstance(agent, CodeAgent):
+                agent.park(run_id, slot.park_at)
+            else:
+                agent.close_run(run_id)
 
-    async def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot) -> bool:
+    async def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot,
+                           kept: bool = False) -> bool:
+        """``kept``: a code agent's function goes on from the last job (nothing to
+        re-observe: it issued the open intent itself)."""
         run_id = handle.run_id
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
@@ -374,12 +386,14 @@ class StepLoop:
             return False
         self.log.stage(handle, specs)
         try:
-            await self._check_replay(handle, agent)
+            if not kept:
+                await self._check_replay(handle, agent)
         except NondeterminismError as exc:
             await self._quarantine(handle, str(exc))
             return False
         except Exception as exc:  # an agent bug met while re-observing: keep the evidence
-            await self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery")
+            await self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
+                                   traceback=agent_traceback(exc))
             return False
         # Outcomes observed but not yet in the log: they survive a reload after a conflict.
         pending: list[Spec] = []
@@ -411,7 +425,10 @@ class StepLoop:
                 # boundary (the run goes back on the ready list).
                 if handle.staged:
                     await self._commit(handle, pending, [])
-                return self._needs_work(handle.state)
+                more = self._needs_work(handle.state)
+                if more and not self.stopping.is_set():
+                    slot.park_at = handle.state.version
+                return more
 
     async def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
         verdict, spec = await self._user(f"{agent.name}.revalidate()",
@@ -455,13 +472,19 @@ class StepLoop:
     def _needs_work(state: RunState) -> bool:
         return not (state.terminal or state.waiting or state.state == "quarantined")
 
-    async def _quarantine(self, handle: RunHandle, reason: str) -> None:
-        log.error("run %s quarantined: %s", handle.run_id, reason)
+    async def _quarantine(self, handle: RunHandle, reason: str, traceback: str = "") -> None:
+        if traceback:
+            log.error("run %s quarantined: %s\n%s", handle.run_id, reason, traceback.rstrip())
+        else:
+            log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
         handle.staged_counts = []  # what the dropped events would have counted
+        fields: dict[str, Any] = {"reason": reason}
+        if traceback:
+            fields["traceback"] = traceback
         try:
-            await self.log.commit_async(handle, [Spec(ev.Quarantined, {"reason": reason})],
-                            extra={"reason": reason[:500]})
+            await self.log.commit_async(handle, [Spec(ev.Quarantined, fields)],
+                                        extra={"reason": reason[:500]})
             self.redis.hset(keys.QUARANTINE, handle.run_id, reason[:500])
         except (ConflictError, Terminal, LeaseLost):
             self.log.quarantine(handle.run_id, reason, self.worker_id)
@@ -562,7 +585,9 @@ class StepLoop:
                                         lambda: agent.decide(state))
         except Exception as exc:  # an agent bug: keep the evidence, quarantine
             await self._commit(handle, pending, [])
-            await self._quarantine(handle, f"agent {agent.name}.decide raised {exc!r}")
+            where = agent.name if isinstance(agent, CodeAgent) else f"{agent.name}.decide"
+            await self._quarantine(handle, f"agent {where} raised {exc!r}",
+                                   traceback=agent_traceback(exc))
             return True, 0
         if isinstance(decision, Finish):
             await self._commit(handle, pending,
@@ -576,8 +601,8 @@ class StepLoop:
             until = now_ms() + int(decision.timeout_s * 1000)
             await self._commit(handle, pending, [Spec(ev.WaitEntered, {
                 "kind": decision.kind, "reason": decision.reason, "until": until,
-                "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data})],
-                checkpoint=True)
+                "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data,
+                **_values(decision.values)})], checkpoint=True)
             return True, 0
         try:
             if decision.tool not in agent.tools:
@@ -603,7 +628,8 @@ class StepLoop:
         recorded = digest_placeholder(args) if tool.log_args == "digest" else args
         handle.live_args[step] = args
         decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
-                                        "key": key, "model": tool.model})
+                                        "key": key, "model": tool.model,
+                                        **_values(decision.values)})
         if state.cancel is not None:  # call-scoped cancel pending: record, never send
             await self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
@@ -816,6 +842,23 @@ def _recorded(stale: RunState, fresh: RunState, pending: list[Spec]) -> bool:
     return was is not None and now is not None and now.status != "dispatched" and \
         (now.status, now.attempts, now.resolution) == (was.status, was.attempts,
                                                        was.resolution)
+
+
+#: How much of an agent code's traceback a quarantine keeps (its end: the raising frames).
+TRACEBACK_BYTES = 8192
+
+
+def agent_traceback(exc: BaseException) -> str:
+    """The traceback of an exception raised in agent code, its last ``TRACEBACK_BYTES``."""
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > TRACEBACK_BYTES:
+        text = "...\n" + text[-TRACEBACK_BYTES:]
+    return text
+
+
+def _values(values: list[Any]) -> dict[str, Any]:
+    """The ``values`` field of an intent or a wait, when the agent drew any."""
+    return {"values": values} if values else {}
 
 
 def step_key(run_id: str, step: int) -> str:

@@ -64,6 +64,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
                                      f"role {appr.role}, expires {local_time(appr.expires)}"))
     table(f"run {args.run}", ["field", "value"], rows)
+    if state.traceback:
+        print(f"traceback of the agent code that quarantined it:\n{state.traceback.rstrip()}")
     return OK
 
 

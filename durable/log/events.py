@@ -64,6 +64,10 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     key: str
     #: A model call (counted against the "model_calls" budget; its usage against "tokens").
     model: bool = False
+    #: Values a code agent drew from its context (``ctx.now()``, ``ctx.random()``,
+    #: ``ctx.uuid()``) since its last recorded decision, as ``[kind, value]`` pairs: returned
+    #: as recorded when the function is executed again.
+    values: list[Any] = []
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
@@ -147,6 +151,8 @@ class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):
     until: int = 0
     request: str = ""
     data: Any = None
+    #: As ``StepDecided.values``.
+    values: list[Any] = []
 
 
 class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
@@ -224,6 +230,8 @@ class Expired(Event, tag="expired", kw_only=True, frozen=True):
 
 class Quarantined(Event, tag="quarantined", kw_only=True, frozen=True):
     reason: str
+    #: The agent code's traceback when an exception in it was the reason (its last 8 KB).
+    traceback: str = ""
 
 
 class Released(Event, tag="released", kw_only=True, frozen=True):

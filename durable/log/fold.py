@@ -201,10 +201,11 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             if state.state != "quarantined":
                 state.prior_state = state.state
             state.state, state.reason = "quarantined", e.reason
+            state.traceback = e.traceback or None
         case ev.Released():
             state.state = state.prior_state or "pending"
             state.prior_state = None
-            state.reason = None
+            state.reason = state.traceback = None
         case ev.RevalidationFailed():
             state.resumed = False
             if e.then == "expire":

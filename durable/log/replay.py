@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.agents import Call, call_signature, is_placeholder
+from durable.agents import Call, call_difference, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import events as ev
 from durable.log import keys
@@ -196,7 +196,9 @@ def check_decision(run_id: str, agent: Any, before: RunState, step: int, tool: s
     now = (call_signature(decision.tool, decision.args, digest=is_placeholder(args))
            if isinstance(decision, Call) else type(decision).__name__)
     if now != recorded or not isinstance(decision, Call):
-        raise NondeterminismError(run_id, step, recorded, now)
+        detail = call_difference(tool, args, decision.tool, decision.args) \
+            if isinstance(decision, Call) else ""
+        raise NondeterminismError(run_id, step, recorded, now, detail)
     return decision
 
 

@@ -14,7 +14,8 @@ import msgspec
 STATE_SCHEMA = 1
 
 TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
-WAITING = frozenset({"waiting_input", "waiting_approval", "waiting_external", "waiting_retry"})
+WAITING = frozenset({"waiting_input", "waiting_approval", "waiting_external", "waiting_retry",
+                     "waiting_timer"})
 ACTIVE = frozenset({"pending", "cancel_requested", "outcome_unknown", "quarantined"})
 ALL_STATES = TERMINAL | WAITING | ACTIVE
 
@@ -108,6 +109,8 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     result: Any = None
     error: str | None = None
     reason: str | None = None
+    #: The traceback of the agent code's exception that quarantined the run, if that did.
+    traceback: str | None = None
     prior_state: str | None = None
     #: Set by a failed revalidation with ``then=refresh``; cleared by the next intent.
     refresh: str | None = None
