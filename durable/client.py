@@ -45,6 +45,7 @@ from durable.log.state import TERMINAL, WAITING, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.quarantine import release
 from durable.queue import enqueue_advance, enqueue_many, make_queue
+from durable.schedules import Schedules
 from durable.sealing import (
     contains_envelope,
     contains_sensitive,
@@ -108,6 +109,8 @@ class Client:
         self.queue = make_queue(queue_client, self.settings.queue)
         #: The approver registry (``durable approvers``).
         self.approvers = Approvers(self.redis, self.log.admin_keys)
+        #: Schedules that start a run per slot (``durable schedule``).
+        self.schedules = Schedules(self)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
 
@@ -120,7 +123,8 @@ class Client:
     # Producers ---------------------------------------------------------------------------
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
-              *, enqueue: bool = True, budgets: Mapping[str, int] | None = None) -> Started:
+              *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
+              schedule: tuple[str, int] | None = None) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -131,7 +135,8 @@ class Client:
         run records the published version.
 
         ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
-        run; they are recorded in its log."""
+        run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
+        start the run, recorded in its ``run_started`` (``durable.schedules``)."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         c = self._check_start(agent, input, run_id, budgets)
@@ -142,7 +147,7 @@ class Client:
         handle = RunHandle(c.run_id, RunState(), actor="client")
         with tracing.start_span(c.run_id, c.name):
             try:
-                self.log.commit(handle, [self._started(c, tracing.traceparent())],
+                self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule)],
                                 extra={"agent": c.name, "created": str(now_ms())})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
@@ -222,12 +227,14 @@ class Client:
                              f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
                              "start it (nothing was written)")
 
-    def _started(self, c: _Checked, trace: str) -> Spec:
+    def _started(self, c: _Checked, trace: str,
+                 schedule: tuple[str, int] | None = None) -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
+        name, slot = schedule or ("", 0)
         return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
                                     "input": data, "tools": c.tools, "budgets": c.limits,
-                                    "trace": trace})
+                                    "trace": trace, "schedule": name, "slot": slot})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""

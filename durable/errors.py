@@ -10,6 +10,7 @@
      │    ├── PayloadTooLarge
      │    └── RunIdConflict       a start reusing a run id with another agent or input
      ├── RunNotFound
+     ├── ScheduleNotFound
      ├── ConflictError           a stale writer: the expected version moved on
      ├── LeaseLost               this worker's fencing epoch is no longer the lease's
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
@@ -87,6 +88,12 @@ class RunNotFound(DurableError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no run {run_id!r}")
+
+
+class ScheduleNotFound(DurableError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no schedule {name!r}")
 
 
 class ConflictError(DurableError):

@@ -11,6 +11,9 @@ For a due run it:
 - finishes a pending cancel when nothing is in flight;
 - wakes retry timers and expires waits past their deadline;
 - re-enqueues runs with work left and nothing queued (a crashed worker, or a stuck run).
+
+It also starts the runs of due schedule slots (``durable.schedules``: the schedules'
+due-set; a slot's run id is deterministic, so several reconcilers start it once).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import redis
 
 from durable.agents import Registry
 from durable.cancellation import finish_specs
+from durable.client import Client
 from durable.connection import connect_queue
 from durable.errors import (
     ConflictError,
@@ -65,6 +69,8 @@ class Reconciler:
         self.queue = make_queue(connect_queue(settings, client), settings.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
         self.outage = Outage(log)
+        #: Starts the runs of due schedule slots, validated and recorded as any start.
+        self.schedules = Client(settings, client, registry).schedules
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
@@ -75,6 +81,9 @@ class Reconciler:
             ids += self.log.scripts.due_claim(keys=[keys.due(shard)],
                                               args=[now, limit, self.settings.lease_ttl_ms])
         report = Tick()
+        for name, what in self.schedules.sweep(now).items():
+            report.examined += 1
+            report.actions[f"schedule {name}"] = what
         if self.log.retention_ms:
             report.examined += self.prune_expired(now)
         for raw in ids:

@@ -53,6 +53,10 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     budgets: dict[str, int] = {}
     #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
     trace: str = ""
+    #: The schedule whose slot started the run (``durable.schedules``), and the slot (s
+    #: since the epoch); "" and 0 for a run started otherwise.
+    schedule: str = ""
+    slot: int = 0
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

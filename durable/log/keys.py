@@ -240,3 +240,18 @@ SWEEPS = f"{PREFIX}:sweeps"
 #: registered approver keys (``durable.approvals``). Written by operators only (``durable
 #: approvers``); not derived from the logs. A name is never re-used.
 APPROVERS = f"{PREFIX}:approvers"
+
+# Schedules: one hash tag for the three keys, so one script changes a schedule's definition
+# and its next slot together (on a cluster too). Written by operators (``durable schedule``)
+# and advanced by the reconciler; not derived from the logs.
+
+#: Hash schedule name -> JSON definition (``durable.schedules.Schedule``).
+SCHEDULES = f"{PREFIX}:{{schedules}}:defs"
+
+#: ZSET schedule name -> its next slot not yet handled (ms since epoch): the schedules'
+#: due-set, swept by the reconciler. A paused schedule has no entry.
+SCHEDULES_NEXT = f"{PREFIX}:{{schedules}}:next"
+
+#: Hash schedule name -> JSON ``{at, slot, error}``: the last slot that could not be started
+#: (cleared by the next slot that starts).
+SCHEDULE_ERRORS = f"{PREFIX}:{{schedules}}:errors"
