@@ -398,6 +398,8 @@ class CodeAgent(Agent):
             values = Values.of(events)
         for step, act in state.actions.items():  # newer than the log: staged outcomes
             actions[step] = msgspec.structs.replace(act)
+        if self._log is not None:  # results kept beside the run, read back whole
+            self._log.resolve(state.run_id, actions.values())
         inp = self.input_model.model_validate(state.input or {})
         return _Session(self, state.run_id, actions, waits, inp, values)
 

@@ -135,7 +135,19 @@ class Settings(BaseSettings):
         default=250, ge=0, description="Margin added to a dispatch deadline before lookup."
     )
     max_payload_bytes: int = Field(
-        default=256 * 1024, ge=1024, description="Largest input, argument or result."
+        default=256 * 1024, ge=1024,
+        description="Largest input or argument, and the inline limit of a result: a larger "
+        "one is kept whole beside the run (dx:{R}:blobs), the log holding its reference.",
+    )
+    max_result_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024,
+        description="Hard ceiling of one step's result: past it the step fails with "
+        "PayloadTooLarge (the agent sees the failure; nothing is replaced).",
+    )
+    blob_budget_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024,
+        description="Bytes of large results one run may keep beside its log: a result "
+        "that would go over it fails its step with PayloadTooLarge.",
     )
     agents: str = Field(
         default="",

@@ -66,13 +66,19 @@ def test_an_agent_deciding_an_unknown_tool_is_quarantined(client: Client) -> Non
     assert state.step == 0  # nothing was decided, nothing sent
 
 
-def test_oversized_or_odd_results_are_recorded_as_omitted_not_lost(client: Client) -> None:
+def test_large_results_are_kept_whole_and_odd_ones_fail_their_step(client: Client) -> None:
+    """A result over the inline limit reaches the agent whole (kept beside the run); one
+    that is not plain data fails its step with the reason. Neither is replaced."""
     client.start("greedy", {"text": "ok"}, run_id="hoard", enqueue=False)
     _driver(client).advance("hoard")
     state = client.status("hoard")
     assert state.state == "completed"
     first, second = state.result
-    assert "exceeds" in first["_omitted"] and "not plain data" in second["_omitted"]
+    assert first == "x" * 600_000 and second is None
+    kept, odd = state.actions[1], state.actions[2]
+    assert kept.blob is not None and kept.blob.size == 600_002 and kept.result is None
+    assert odd.status == "failed" and odd.error_type == "TypeError"
+    assert "not plain data" in (odd.error or "")
 
 
 def test_malformed_commands_are_refused_and_the_worker_keeps_going(

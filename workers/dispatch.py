@@ -56,6 +56,9 @@ class Dispatcher:
                  publisher: Publisher | None = None,
                  on_stuck: Callable[[int], object] = lambda tid: None) -> None:
         self.grace_ms = grace_ms
+        #: The inline limit: a larger result is kept whole beside the run, or fails its
+        #: step past the ceiling -- the log decides when it stages the outcome
+        #: (``durable.log.blobs``), so the reconciler's lookups are held to it too.
         self.max_payload_bytes = max_payload_bytes
         #: Where a call's ``ctx.emit`` goes (the run's stream channel); None: nowhere.
         self.publisher = publisher
@@ -116,7 +119,15 @@ class Dispatcher:
         """The events that record what one dispatch observed."""
         base = {"step": act.step, "key": act.key}
         if result.outcome == "returned":
-            return [Spec(ev.ActionSucceeded, {**base, "result": self._result(result.value)})]
+            try:
+                value = _plain(result.value)
+            except (TypeError, ValueError) as exc:
+                # The effect happened, but what it returned cannot be recorded: the step
+                # fails with the reason (never a placeholder passed off as its result).
+                return [Spec(ev.ActionFailed, {
+                    **base, "error": f"the result is not plain data: {exc}"[:500],
+                    "error_type": "TypeError"})]
+            return [Spec(ev.ActionSucceeded, {**base, "result": value})]
         if result.outcome == "timed_out":
             return [Spec(ev.ActionTimedOut, base)]
         if result.outcome == "interrupted":
@@ -144,14 +155,8 @@ class Dispatcher:
                                           "request": act.key})]
         return [Spec(ev.ActionFailed, fields)]
 
-    def _result(self, value: Any) -> Any:
-        """What the log keeps of a tool's result. The effect happened either way: a result
-        that is not plain data, or too large, is recorded as omitted, never as a failure."""
-        try:
-            data = msgspec.json.encode(value)
-        except (TypeError, ValueError) as exc:
-            return {"_omitted": f"result is not plain data: {exc}"[:300]}
-        if len(data) > self.max_payload_bytes:
-            return {"_omitted": f"result of {len(data)} bytes exceeds "
-                                f"{self.max_payload_bytes}"}
-        return msgspec.json.decode(data)
+
+def _plain(value: Any) -> Any:
+    """A tool's result as plain data (what the log and every reader can decode); raises
+    ``TypeError``/``ValueError`` when it is not."""
+    return msgspec.json.decode(msgspec.json.encode(value))

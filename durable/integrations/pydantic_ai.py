@@ -292,8 +292,6 @@ def _decode_outcome(data: Any) -> Any:
         raise ApprovalRequired(data["approval_required"])
     if "deferred" in data:
         raise CallDeferred(data["deferred"], kind=data.get("kind", "external"))
-    if "_omitted" in data:  # the worker kept a result too large for the log out of it
-        raise ToolFailed(f"the tool's result was not recorded: {data['_omitted']}")
     raise TypeError(f"a tool step recorded {data!r}")
 
 

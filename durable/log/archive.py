@@ -2,7 +2,8 @@
 
 For each terminal run last updated before the cutoff (found in the ``dx:runs:<state>``
 indexes), the evidence of ``durable export`` (its log, effects and summary; sealed fields
-stay sealed) is written to ``<dir>/<run>.jsonl.gz``, made durable (fsync, then an atomic
+stay sealed), with its large values (``blob`` lines: each value as stored, which its digest
+in the log checks), is written to ``<dir>/<run>.jsonl.gz``, made durable (fsync, then an atomic
 rename), and only then are the run's keys deleted by ``archive_delete.lua``, which refuses
 when the run moved on since it was read (a late reconciliation) or is held. The run is then
 taken out of the global indexes. A crash between the file and the delete leaves both: the
@@ -54,10 +55,11 @@ def archive(elog: EventLog, directory: Path, cutoff_ms: int, *, limit: int = 100
         if state not in TERMINAL:
             report.skipped[run_id] = f"state {state}"
             continue
-        _write(directory / f"{run_id}.jsonl.gz", export_lines(elog, run_id, keep_sealed=True))
+        _write(directory / f"{run_id}.jsonl.gz", export_lines(elog, run_id, keep_sealed=True,
+                                                              with_blobs=True))
         reply = elog.scripts.archive_delete(
             keys=[keys.log(run_id), keys.run(run_id), keys.ledger(run_id), keys.lease(run_id),
-                  keys.fence(run_id), keys.queued(run_id)],
+                  keys.fence(run_id), keys.queued(run_id), keys.blobs(run_id)],
             args=[version])
         tag = _s(reply[0])
         if tag != "ok":

@@ -23,12 +23,14 @@ import msgspec
 
 from durable.errors import DecodeError
 from durable.log.migrations import upcast
-from durable.log.state import RunState
+from durable.log.state import BlobRef, RunState
 
 #: Version written into every new event (field ``v``). v2 added runtime identity: the
-#: ``agent_upgraded`` and ``revalidation_failed`` events and the approval ``kind``; v1
-#: entries are upcast by ``durable.log.migrations``.
-SCHEMA_VERSION = 2
+#: ``agent_upgraded`` and ``revalidation_failed`` events and the approval ``kind``; v3 the
+#: ``blob`` reference of an outcome whose result is kept beside the run (older code would
+#: read such a step's result as None). Older entries are upcast by
+#: ``durable.log.migrations``.
+SCHEMA_VERSION = 3
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
@@ -83,9 +85,13 @@ class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True
 
 
 class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
+    """``blob``: the result is over the inline limit and kept beside the run (its
+    reference and digest; ``result`` is then None)."""
+
     step: int
     key: str
     result: Any = None
+    blob: BlobRef | None = None
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
@@ -127,6 +133,8 @@ class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True
     result: Any = None
     #: How: "" (the tool's ``lookup``) or "effect_free" (nothing to ask: sent again).
     by: str = ""
+    #: As for ``ActionSucceeded``: a large result kept beside the run.
+    blob: BlobRef | None = None
 
 
 class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):

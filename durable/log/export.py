@@ -2,7 +2,10 @@
 
 Each line is one object with a ``kind``: ``event`` (the entry id as ``id`` and the event's
 fields), ``effect`` (an idempotency key with its ledger status and the attempts seen in the
-log) and ``summary``. DuckDB reads it with ``read_json('run.jsonl')``.
+log) and ``summary``; an archive adds a ``blob`` line per large value (``field``,
+``sha256``, ``size`` and ``data``: the value's JSON as stored, sealed fields sealed). An
+outcome whose result is a large value shows its reference (``blob``), not the value.
+DuckDB reads it with ``read_json('run.jsonl')``.
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ from typing import Any
 
 import msgspec
 
+from durable.log import blobs, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.fold import fold
 from durable.log.store import EventLog
 from durable.sealing import shown_struct
 
 
-def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False) -> Iterator[str]:
+def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
+                 with_blobs: bool = False) -> Iterator[str]:
     """The evidence lines. Sealed fields are shown in clear to a caller holding their key,
-    else as ``***``; ``keep_sealed`` keeps their envelopes as they are (an archive)."""
+    else as ``***``; ``keep_sealed`` keeps their envelopes as they are, and ``with_blobs``
+    adds the large values (an archive)."""
     enc = msgspec.json.Encoder()
     entries = elog.read(run_id)
     effects: dict[str, dict[str, Any]] = {}
@@ -50,6 +55,14 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False) -> I
     for key, fx in effects.items():
         fx["ledger"] = ledger.get(key)
         yield enc.encode(fx).decode()
+    if with_blobs:
+        refs = {ref.field: ref for e in decoded
+                if (ref := getattr(e, "blob", None)) is not None}
+        for name, data in sorted(blobs.stored(elog.redis, run_id).items()):
+            ref = refs.get(name)
+            yield enc.encode({"kind": "blob", "run": run_id, "field": name,
+                              "sha256": ref.sha256 if ref else None,
+                              "size": len(data), "data": data.decode()}).decode()
     state = fold(decoded, window=elog.window)
     yield enc.encode({"kind": "summary", "run": run_id, "state": state.state,
                       "version": state.version, "steps": state.step,

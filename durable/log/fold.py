@@ -94,7 +94,9 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.resumed = False
         case ev.ActionSucceeded():
             act = state.actions[e.step]
-            act.status, act.result = "succeeded", e.result
+            act.status, act.result, act.blob = "succeeded", e.result, e.blob
+            if e.blob is not None:
+                state.blob_bytes += e.blob.size
             if act.model:
                 state.tokens += _tokens(e.result)
             _settle(state, act, window)
@@ -117,7 +119,9 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             act = state.actions[e.step]
             act.resolution = e.resolution
             if e.resolution == "applied":
-                act.status, act.result = "succeeded", e.result
+                act.status, act.result, act.blob = "succeeded", e.result, e.blob
+                if e.blob is not None:
+                    state.blob_bytes += e.blob.size
                 _settle(state, act, window)
             elif e.resolution == "not_applied":
                 act.status = "not_applied"

@@ -124,6 +124,13 @@ def ledger(run_id: str) -> str:
     return _per_run(run_id, "fx")
 
 
+def blobs(run_id: str) -> str:
+    """Hash: the run's large values (``durable.log.blobs``), field ``<step>.<seq>`` (the
+    outcome event that refers to it) -> the value's JSON, sensitive fields sealed. Written
+    by ``append.lua`` with that event; expires and is archived with the run's log."""
+    return _per_run(run_id, "blobs")
+
+
 def lease(run_id: str) -> str:
     """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business state."""
     return _per_run(run_id, "lease")

@@ -38,6 +38,13 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+@register("*", 2)
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 -> v3: v3 only added the optional ``blob`` reference of outcomes; a v2 entry
+    reads the same."""
+    return data
+
+
 def upcast(raw: dict[str, Any], to_version: int, entry_id: str = "?") -> dict[str, Any]:
     """Chain the upcasters from ``raw``'s version to ``to_version`` (the schema's current)."""
     data = dict(raw)

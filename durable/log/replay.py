@@ -11,10 +11,10 @@ from typing import Any
 
 from durable.agents import Call, call_difference, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
+from durable.log import blobs, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.fold import apply, from_checkpoint
-from durable.log.state import RunState
+from durable.log.state import BlobRef, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, _s
 
 
@@ -67,6 +67,10 @@ def replay(elog: EventLog, run_id: str, start: str = "-", end: str = "+") -> Rep
     return Replay(run_id, state, entries, ckpt, trajectory(entries))
 
 
+def _large(ref: BlobRef) -> str:
+    return f"large value of {ref.size} bytes beside the run ({ref.field}, sha256 {ref.sha256})"
+
+
 def describe(event: ev.Event) -> str:
     match event:
         case ev.RunStarted():
@@ -76,6 +80,8 @@ def describe(event: ev.Event) -> str:
             return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
         case ev.ActionDispatched():
             return f"dispatched {event.key}, deadline {event.deadline}"
+        case ev.ActionSucceeded() if event.blob is not None:
+            return f"step {event.step} succeeded: {_large(event.blob)}"
         case ev.ActionSucceeded():
             return f"step {event.step} succeeded: {_short(event.result)}"
         case ev.ActionFailed():
@@ -87,7 +93,8 @@ def describe(event: ev.Event) -> str:
         case ev.ActionReconciled():
             if event.by == "effect_free":
                 return f"step {event.step} has no outcome; effect-free, so sent again"
-            return f"step {event.step} reconciled by lookup: {event.resolution}"
+            return f"step {event.step} reconciled by lookup: {event.resolution}" + (
+                f", {_large(event.blob)}" if event.blob is not None else "")
         case ev.CallCanceled():
             return f"step {event.step} call canceled ({event.reason})"
         case ev.CancelRequested():
@@ -179,6 +186,10 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
         data = ev.to_builtins(event)
         fields = {k: v for k, v in data.items()
                   if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
+        ref = getattr(event, "blob", None)
+        if isinstance(ref, BlobRef):  # the fork keeps its own copy of the large value
+            del fields["blob"]
+            fields["result"] = blobs.raw_value(elog.redis, run_id, ref, entry.id)
         specs.append(Spec(type(event), fields))
     handle = RunHandle(new_run_id, RunState(), actor=by)
     elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},

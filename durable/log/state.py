@@ -25,6 +25,16 @@ ALL_STATES = TERMINAL | WAITING | ACTIVE
 SETTLED = frozenset({"succeeded", "failed", "canceled", "rejected"})
 
 
+class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a large value is kept (``durable.log.blobs``): a field of the run's
+    ``dx:{R}:blobs`` hash, with the SHA-256 and the size (bytes) of what is stored there
+    (its JSON, sensitive fields sealed)."""
+
+    field: str
+    sha256: str
+    size: int
+
+
 class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     step: int
     tool: str
@@ -44,6 +54,9 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: bool = False
     #: When the latest dispatch was recorded (ms since the epoch): a step's duration.
     dispatched_at: int = 0
+    #: The result is a large value kept beside the run: ``result`` is None in the fold,
+    #: and filled in by the readers that run agent code (``durable.log.blobs``).
+    blob: BlobRef | None = None
 
     @property
     def settled(self) -> bool:
@@ -122,6 +135,8 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     budgets: dict[str, int] = msgspec.field(default_factory=dict)
     model_calls: int = 0
     tokens: int = 0
+    #: Bytes of the large values kept beside the run (``DURABLE_BLOB_BUDGET_BYTES``).
+    blob_bytes: int = 0
     #: W3C ``traceparent`` the producer recorded at start ("" without tracing).
     trace: str = ""
 

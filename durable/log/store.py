@@ -28,13 +28,13 @@ from durable.errors import (
     Tampered,
     Terminal,
 )
-from durable.log import counters, keys
+from durable.log import blobs, counters, keys
 from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
 from durable.log.fold import apply, from_checkpoint
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
-from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, RunState, copy_state
+from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState, copy_state
 from durable.sealing import (
     TAG,
     Keyring,
@@ -108,6 +108,8 @@ class RunHandle:
     #: Arguments of steps whose log entry keeps only their digest (``Tool.log_args``), as
     #: the agent gave them: what is sent. Never written anywhere.
     live_args: dict[int, Any] = field(default_factory=dict)
+    #: Large values of the staged outcomes (hash field, bytes): written with them.
+    staged_blobs: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 def _check_seq(entry_id: str, event: ev.Event, version: int, *, first: bool) -> None:
@@ -180,6 +182,7 @@ class EventLog:
         sealed_names: Iterable[str] = (),
         retention_ms: int = 0,
         admin_keys: Iterable[bytes] = (),
+        limits: blobs.Limits | None = None,
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
@@ -200,6 +203,9 @@ class EventLog:
         #: Public keys of the approver registry's admins (``DURABLE_ADMIN_KEYS``): what a
         #: reader of the log checks recorded approvals' registry entries against.
         self.admin_keys: list[bytes] = list(admin_keys)
+        #: Where a step's result goes: inline, beside the run, or refused
+        #: (``durable.log.blobs``).
+        self.limits = limits or blobs.Limits()
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
@@ -212,7 +218,8 @@ class EventLog:
                    keyring=settings_keyring(settings),
                    open_sealed=open_sealed, sealed_names=sealed_names,
                    retention_ms=parse_duration_ms(settings.retention) if settings.retention
-                   else 0, admin_keys=parse_public_keys(settings.admin_keys))
+                   else 0, admin_keys=parse_public_keys(settings.admin_keys),
+                   limits=blobs.Limits.from_settings(settings))
 
     def batch_appends(self) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
@@ -343,6 +350,7 @@ class EventLog:
             raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
                               f"beyond the projection's {version}: an entry not written "
                               "by the append script")
+        self._resolve(handle)
         return handle
 
     def _projected_version(self, run_id: str) -> int:
@@ -362,7 +370,20 @@ class EventLog:
         handle.base_state = handle.state.state
         if handle.state.version != version:
             raise DecodeError(handle.last_id, "log and projection disagree")
+        self._resolve(handle)
         return handle
+
+    def _resolve(self, handle: RunHandle) -> None:
+        """A log that runs agent code gives it the large values of the actions it folded
+        (``durable.log.blobs``); other readers keep the references."""
+        if self.open_sealed:
+            before = handle.pre_intent.actions.values() if handle.pre_intent else ()
+            self.resolve(handle.run_id, [*handle.state.actions.values(), *before])
+
+    def resolve(self, run_id: str, actions: Iterable[Action]) -> None:
+        """Fill in the results of ``actions`` kept beside the run, checked against their
+        digests (``DecodeError`` when one is missing or altered)."""
+        blobs.resolve(self.redis, run_id, actions, self.keyring, self.sealed_names)
 
     # Writing ---------------------------------------------------------------------------
 
@@ -376,10 +397,20 @@ class EventLog:
         """Stamp and apply events now (so a decision can see them); ``commit`` sends them."""
         ts = now_ms()
         for spec in specs:
-            event = self.stamp(handle, spec, handle.state.version + 1, ts)
+            seq = handle.state.version + 1
+            # A result over the inline limit goes beside the run, or fails the step.
+            cls, fields, large = blobs.place(spec.cls, spec.fields, handle.state, seq,
+                                             self.limits, self.sealed_names, self.keyring)
+            event = self.stamp(handle, Spec(cls, fields) if large or cls is not spec.cls
+                               else spec, seq, ts)
             handle.staged_counts.extend(counters.for_event(handle.state, event))
             apply(handle.state, event, self.window)
             handle.staged.append(self._encode(event))
+            if large is not None:
+                handle.staged_blobs.append((large.field, large.data))
+                act = handle.state.actions.get(fields["step"])
+                if act is not None:  # the agent is given the value, not the reference
+                    act.result = large.value
             settled = _LEDGER_OUTCOME.get(type(event))
             if settled is not None and not (
                 isinstance(event, ev.ActionReconciled) and event.resolution != "applied"
@@ -461,9 +492,9 @@ class EventLog:
         self.stage(handle, specs)
         if checkpoint and not ckpt_pos:
             ckpt_pos = self._checkpoint(handle, ts)
-        blobs = handle.staged
+        encoded = handle.staged
         handle.staged = []
-        n = len(blobs)
+        n = len(encoded)
         main_state, main_step = state.state, state.step
         cancel_flag = "1" if state.cancel is not None else "0"
         due = self.due_for(state, ts)
@@ -476,13 +507,14 @@ class EventLog:
             self.stage(handle, if_free)
             handle.staged_ops = kept_ops
             free_counts, handle.staged_counts = handle.staged_counts, []
-            blobs.extend(handle.staged)
+            encoded.extend(handle.staged)
             handle.staged = []
             free_state = state.state
             if state.state in TERMINAL:
                 due = self.due_for(state, ts)
         ops = handle.staged_ops + list(ledger)
         handle.staged_ops = []
+        large, handle.staged_blobs = handle.staged_blobs, []
         fields = dict(extra or {})
         if state.state != old_state and "reason" not in fields:
             # What `durable runs` shows next to the state: why it waits, stopped or failed.
@@ -493,10 +525,12 @@ class EventLog:
             "r" if release else "") + ("q" if quarantine else "")
         args: list[Any] = [
             expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
-            len(blobs) - n, free_state, cancel_flag, handle.run_id, len(ops), len(extra_pairs) // 2,
-            self.lease_ttl_ms, len(counts), len(free_counts), self.retention_ms, *blobs,
-            *[x for op in ops for x in op], *extra_pairs,
+            len(encoded) - n, free_state, cancel_flag, handle.run_id, len(ops),
+            len(extra_pairs) // 2,
+            self.lease_ttl_ms, len(counts), len(free_counts), self.retention_ms, len(large),
+            *encoded, *[x for op in ops for x in op], *extra_pairs,
             *[x for c in counts for x in c], *[x for c in free_counts for x in c],
+            *[x for b in large for x in b],
         ]
         shard = keys.shard_of(handle.run_id)
         return _Prepared([
@@ -504,6 +538,7 @@ class EventLog:
             keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
             keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
             keys.runs_in_state(free_state, shard), keys.metrics(shard),
+            keys.blobs(handle.run_id),
         ], args, expected, ckpt_pos)
 
     def _settle(self, handle: RunHandle, prepared: _Prepared, reply: Any) -> str:
@@ -546,10 +581,11 @@ class EventLog:
     def _checkpoint(self, handle: RunHandle, ts: int) -> int:
         """Stage a snapshot of the state as it is now; returns its position in the batch."""
         state = handle.state
-        handle.staged.append(self._encode(ev.Checkpoint(
-            v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
-            actor=handle.actor, state=state, state_v=STATE_SCHEMA,
-        )))
+        with blobs.unresolved(state):  # the snapshot keeps references, not large values
+            handle.staged.append(self._encode(ev.Checkpoint(
+                v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
+                actor=handle.actor, state=state, state_v=STATE_SCHEMA,
+            )))
         state.version += 1
         return len(handle.staged)
 

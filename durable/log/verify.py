@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from durable.approvals import check_history
 from durable.approvers import Approvers
+from durable.log import blobs, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.fold import apply
-from durable.log.state import RunState
+from durable.log.state import BlobRef, RunState
 from durable.log.store import EventLog
 
 
@@ -35,7 +35,7 @@ def verify(elog: EventLog, run_id: str) -> Report:
     report = Report(run_id)
     names = ["decodable", "contiguous", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
-             "approvals_signed"]
+             "approvals_signed", "large_values"]
     for name in names:
         report.checks[name] = "ok"
     entries = elog.read(run_id)
@@ -48,6 +48,7 @@ def verify(elog: EventLog, run_id: str) -> Report:
     open_keys: dict[str, int] = {}
     terminals = 0
     approvers = Approvers(elog.redis, elog.admin_keys)
+    large: list[tuple[str, BlobRef]] = []
     for i, entry in enumerate(entries, start=1):
         e = entry.event
         if e is None:
@@ -75,6 +76,9 @@ def verify(elog: EventLog, run_id: str) -> Report:
                 open_keys[e.key] = -1  # marked unknown: allowed
             case ev.Completed() | ev.Failed() | ev.Canceled() | ev.Expired():
                 terminals += 1
+        ref = getattr(e, "blob", None)
+        if isinstance(ref, BlobRef):
+            large.append((entry.id, ref))
         if isinstance(e, ev.Checkpoint):
             snap = e.state
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
@@ -101,4 +105,11 @@ def verify(elog: EventLog, run_id: str) -> Report:
     for key in successes:
         if key not in ledger:
             report.fail("ledger", f"{key} succeeded but was never claimed")
+    if large:
+        names = [ref.field for _, ref in large]
+        found = elog.redis.hmget(keys.blobs(run_id), names)
+        for (entry_id, ref), data in zip(large, found, strict=True):
+            problem = blobs.check(ref, data)
+            if problem is not None:
+                report.fail("large_values", f"{entry_id}: {problem}")
     return report

@@ -14,6 +14,7 @@
 -- KEYS[8] new_index_key    dx:runs:<new>    zset of new_state
 -- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
 -- KEYS[10] metrics_key     dx:metrics       hash: shared counters (global, not derived)
+-- KEYS[11] blobs_key       dx:{R}:blobs     hash: the run's large values (durable.log.blobs)
 --
 -- ARGV[1]  expected_version  the run's version the writer folded
 -- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
@@ -40,10 +41,11 @@
 -- ARGV[17] ncounts           number of counter increments for the n events
 -- ARGV[18] nfree_counts      number of counter increments for the m conditional events
 -- ARGV[19] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
---                            ledger) expire this many ms after its last write
+--                            ledger, large values) expire this many ms after its last write
 --                            (DURABLE_RETENTION); the reconciler then prunes the global
 --                            indexes and deletes the fence (not a KEY here: a producer's
 --                            ACL user may not name it)
+-- ARGV[20] nblobs            number of large values written with the events
 -- then, in order:
 --   n + m events    one encoded event each
 --   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
@@ -51,6 +53,9 @@
 --   nextra extras   (field, value) pairs set on the projection
 --   ncounts + nfree_counts increments (field, amount) of the metrics hash: a counter moves
 --                   in the same call as the events it counts (durable.log.counters)
+--   nblobs large values (field, value) of blobs_key: each is the result an outcome event
+--                   of the batch refers to (by field, with its digest), written in the
+--                   same call so that no outcome is ever in the log without its value
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
@@ -70,13 +75,15 @@ local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
-local metrics_key = KEYS[10]
+local metrics_key, blobs_key = KEYS[10], KEYS[11]
+local nblobs = tonumber(ARGV[20])
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 19
+local EVENTS_BASE = 20
 local OPS_BASE = EVENTS_BASE + n + m
 local EXTRAS_BASE = OPS_BASE + 3 * nops
 local COUNTS_BASE = EXTRAS_BASE + 2 * nextra
+local BLOBS_BASE = COUNTS_BASE + 2 * (ncounts + nfree_counts)
 
 -- Event i (1-based) of the batch.
 local function event(i)
@@ -98,6 +105,12 @@ end
 -- Counter increment i (1-based): field, amount.
 local function count_op(i)
   local at = COUNTS_BASE + 2 * (i - 1)
+  return ARGV[at + 1], ARGV[at + 2]
+end
+
+-- Large value i (1-based): field, value.
+local function blob(i)
+  local at = BLOBS_BASE + 2 * (i - 1)
   return ARGV[at + 1], ARGV[at + 2]
 end
 
@@ -167,6 +180,10 @@ for i = 1, nops do
   local _, field, value = ledger_op(i)
   redis.call('HSET', ledger_key, field, value)
 end
+for i = 1, nblobs do
+  local field, value = blob(i)
+  redis.call('HSET', blobs_key, field, value)
+end
 local new_version = version + count
 redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
   'last', last_id, 'updated', now, 'cancel', cancel)
@@ -199,5 +216,6 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', log_key, retention_ms)
   redis.call('PEXPIRE', run_key, retention_ms)
   redis.call('PEXPIRE', ledger_key, retention_ms)
+  redis.call('PEXPIRE', blobs_key, retention_ms)
 end
 return {'ok', new_version, last_id}
