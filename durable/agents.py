@@ -43,6 +43,19 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Parallel:
+    """Decide several calls at once: each is a step of its own (key, deadline, outcome),
+    numbered in this order; their intents are recorded together and they run at once. A
+    ``decide()`` agent may return a list of ``Call`` instead."""
+
+    calls: list[Call]
+    #: Set by a code agent: the step numbers it gave the calls.
+    steps: list[int] = field(default_factory=list)
+    #: As ``Call.values``.
+    values: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Finish:
     result: Any = None
 
@@ -64,7 +77,7 @@ class Wait:
     values: list[Any] = field(default_factory=list)
 
 
-Decision = Call | Finish | Fail | Wait
+Decision = Call | Parallel | Finish | Fail | Wait
 
 
 def args_digest(args: Any) -> str:
@@ -296,6 +309,9 @@ class Agent:
     #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
     #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
     budgets: ClassVar[dict[str, int]] = {}
+    #: Most steps one ``Parallel`` decision (``ctx.parallel``, ``asyncio.gather``) may
+    #: take at once; more is refused with an error naming the bound.
+    max_parallel: ClassVar[int] = 16
     #: Names of input and result fields sealed at rest (``durable.sealing``); the
     #: ``SecretStr`` fields of ``input_model`` are sealed too.
     sensitive: ClassVar[tuple[str, ...]] = ()

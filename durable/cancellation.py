@@ -227,14 +227,14 @@ def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:
     once the deadline has passed. A call whose outcome is already unknown stays so.
     """
     specs: list[Spec] = []
-    act = state.current
-    if act is not None and act.status in ("decided", "not_applied"):
-        specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
-                                            "reason": reason}))
-    elif act is not None and act.status == "dispatched":
-        specs.append(Spec(ev.ActionInterrupted, {
-            "step": act.step, "key": act.key,
-            "reason": "canceled; the worker that dispatched it was lost"}))
+    for act in state.open_actions:  # several while a parallel group runs
+        if act.status in ("decided", "not_applied"):
+            specs.append(Spec(ev.CallCanceled, {"step": act.step, "key": act.key,
+                                                "reason": reason}))
+        elif act.status == "dispatched":
+            specs.append(Spec(ev.ActionInterrupted, {
+                "step": act.step, "key": act.key,
+                "reason": "canceled; the worker that dispatched it was lost"}))
     specs.append(Spec(ev.Canceled, {"reason": reason,
                                     "latency_ms": max(0, now_ms() - requested_ts)}))
     return specs

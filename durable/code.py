@@ -30,7 +30,10 @@ A worker that keeps holding a run keeps its function running between jobs: the f
 executed again only when the run comes back after a crash, a hand-back, a wait or to
 another worker (see ``CodeAgent.park``).
 
-Steps run one at a time: do not run two ``ctx.call`` concurrently (``asyncio.gather``).
+Several steps at once are one decision: ``ctx.parallel([(tool, args), ...])``, or
+``asyncio.gather`` of ``ctx.call`` in an ``async def`` agent; steps are numbered in the
+order the calls were issued, and recovery finds them in that order. A step taken from
+another thread than the function's own is refused (``UsageError``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -55,13 +58,14 @@ from durable.agents import (
     Decision,
     Fail,
     Finish,
+    Parallel,
     Wait,
     call_difference,
     call_signature,
     is_placeholder,
     registry,
 )
-from durable.errors import NondeterminismError
+from durable.errors import NondeterminismError, UsageError
 from durable.log import events as ev
 from durable.log.fold import fold
 from durable.log.state import Action, RunState, WaitInfo
@@ -78,6 +82,8 @@ class StepFailed(Exception):
     def __init__(self, act: Action) -> None:
         self.step, self.tool, self.status = act.step, act.tool, act.status
         self.error, self.error_type = act.error or act.status, act.error_type
+        #: Raised by ``ctx.parallel``: every call's result, a ``StepFailed`` for each failure.
+        self.outcomes: list[Any] | None = None
         super().__init__(f"step {act.step} ({act.tool}) {act.status}: {self.error}")
 
 
@@ -125,6 +131,16 @@ class RunContext:
         Raises ``StepFailed`` when the step failed, was canceled or rejected."""
         return self._session.call(tool, dict(args or {}))
 
+    def parallel(self, calls: Sequence[tuple[str, Mapping[str, Any] | None]], *,
+                 return_exceptions: bool = False) -> list[Any]:
+        """Take several steps at once: ``[(tool, args), ...]``, each its own step (numbered
+        in this order, with its own key, deadline and outcome), all running at the same
+        time. Returns their results in order. A failed step raises ``StepFailed`` once all
+        have ended (its ``outcomes`` holds every result, a ``StepFailed`` in place of each
+        failure); with ``return_exceptions`` the list holds them instead."""
+        return self._session.parallel([(t, dict(a or {})) for t, a in calls],
+                                      return_exceptions)
+
     def wait(self, kind: str = "input", reason: str = "", timeout_s: float = 3600.0,
              data: Any = None) -> Any:
         """Wait for input (``durable respond``) or an external event without holding a
@@ -160,10 +176,20 @@ class RunContext:
 
 
 class AsyncRunContext(RunContext):
-    """The context of an ``async def`` agent: ``await ctx.call(...)``."""
+    """The context of an ``async def`` agent: ``await ctx.call(...)``.
+
+    Calls awaited together (``asyncio.gather``, tasks) are one parallel decision: each call
+    joins a batch, and the batch is handed to the worker once the event loop has run every
+    callback ready at that moment, so the calls started together run together, numbered
+    in the order they were started."""
 
     async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
-        return self._session.call(tool, dict(args or {}))
+        return await self._session.batched(tool, dict(args or {}))
+
+    async def parallel(self, calls: Sequence[tuple[str, Mapping[str, Any] | None]], *,  # type: ignore[override]
+                       return_exceptions: bool = False) -> list[Any]:
+        return self._session.parallel([(t, dict(a or {})) for t, a in calls],
+                                      return_exceptions)
 
     async def wait(self, kind: str = "input", reason: str = "",
                    timeout_s: float = 3600.0, data: Any = None) -> Any:
@@ -195,8 +221,10 @@ class _Session:
         self.parked_at: int | None = None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        #: The call handed to the worker and not answered yet (its position).
-        self.pending: int | None = None
+        #: The steps handed to the worker and not answered yet.
+        self.pending: list[int] = []
+        #: Calls of an ``async def`` function waiting to be handed over together.
+        self.batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]] = []
         self.thread = threading.Thread(target=self._main, name=f"agent-{run_id}", daemon=True)
         self.started = False
 
@@ -223,6 +251,7 @@ class _Session:
             self.outbox.put(exc)
 
     def call(self, tool: str, args: dict[str, Any]) -> Any:
+        self._on_own_thread()
         self.pos += 1
         step = self.pos
         recorded = self.actions.get(step)
@@ -231,14 +260,93 @@ class _Session:
             self._check_drawn(("step", step), f"call {recorded.tool}")
             if recorded.settled:
                 return self._outcome(recorded)
-        self.pending = step
-        self.outbox.put(Call(tool, args, values=self._take_fresh()))
+        (act,) = self._hand_over([step], Call(tool, args, values=self._take_fresh()))
+        return self._outcome(act)
+
+    def parallel(self, calls: list[tuple[str, dict[str, Any]]],
+                 return_exceptions: bool) -> list[Any]:
+        self._on_own_thread()
+        if len(calls) > self.agent.max_parallel:
+            raise ValueError(f"{len(calls)} calls at once, the agent's max_parallel is "
+                             f"{self.agent.max_parallel}")
+        steps = list(range(self.pos + 1, self.pos + 1 + len(calls)))
+        self.pos += len(calls)
+        recorded = [self.actions.get(step) for step in steps]
+        for act, (tool, args) in zip(recorded, calls, strict=True):
+            if act is not None:
+                self._check(act, tool, args)
+        known = [act for act in recorded if act is not None]
+        if known and len(known) != len(calls):
+            raise NondeterminismError(
+                self.run_id, steps[0], f"{len(known)} of these steps", f"{len(calls)} at once",
+                "a parallel decision took another number of calls")
+        if known:
+            self._check_drawn(("step", steps[0]), f"call {known[0].tool}")
+        if known and all(act.settled for act in known):
+            acts = known
+        else:
+            acts = self._hand_over(steps, Parallel(
+                [Call(t, a) for t, a in calls], steps=steps, values=self._take_fresh()))
+        outcomes: list[Any] = []
+        for act in acts:
+            try:
+                outcomes.append(self._outcome(act))
+            except StepFailed as exc:
+                outcomes.append(exc)
+        failed = next((o for o in outcomes if isinstance(o, StepFailed)), None)
+        if failed is not None and not return_exceptions:
+            failed.outcomes = outcomes
+            raise failed
+        return outcomes
+
+    async def batched(self, tool: str, args: dict[str, Any]) -> Any:
+        """An ``async def`` function's call: joins the batch handed over once the calls
+        started together have all joined it (see ``AsyncRunContext``)."""
+        self._on_own_thread()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.batch.append((tool, args, future))
+        if len(self.batch) == 1:
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self.batch = self.batch, []
+        try:
+            if len(batch) == 1:
+                tool, args, _ = batch[0]
+                results: list[Any] = [self.call(tool, args)]
+            else:
+                results = self.parallel([(t, a) for t, a, _ in batch], True)
+        except BaseException as exc:  # _Unwind, a nondeterminism: every caller gets it
+            for *_, future in batch:
+                future.set_exception(exc)
+            return
+        for (*_, future), result in zip(batch, results, strict=True):
+            if isinstance(result, StepFailed):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    def _hand_over(self, steps: list[int], decision: Decision) -> list[Action]:
+        """Give ``decision`` to the worker and wait for the outcomes of ``steps``."""
+        self.pending = steps
+        self.outbox.put(decision)
         answer = self.inbox.get()
         if answer is _UNWIND:
             raise _Unwind
-        act: Action = answer
-        self.actions[step] = act
-        return self._outcome(act)
+        acts: list[Action] = answer
+        for act in acts:
+            self.actions[act.step] = act
+        return acts
+
+    def _on_own_thread(self) -> None:
+        if threading.current_thread() is not self.thread:
+            raise UsageError(
+                f"run {self.run_id}: a step was taken from another thread than the agent's "
+                "own; steps are taken one decision at a time, in order, so that recovery "
+                "finds them again: for calls at once use ctx.parallel([...]) (or "
+                "asyncio.gather in an async def agent)")
 
     def wait(self, kind: str, reason: str, timeout_s: float, data: Any) -> Any:
         self.waits_seen += 1
@@ -313,12 +421,12 @@ class _Session:
         if not self.started:
             self.started = True
             self.thread.start()
-        elif self.pending is not None:
-            act = state.actions.get(self.pending)
-            if act is None or not act.settled:
-                raise RuntimeError(f"step {self.pending} of {self.run_id} is not settled")
-            self.pending = None
-            self.inbox.put(act)
+        elif self.pending:
+            acts = [state.actions.get(step) for step in self.pending]
+            if any(act is None or not act.settled for act in acts):
+                raise RuntimeError(f"steps {self.pending} of {self.run_id} are not settled")
+            self.pending = []
+            self.inbox.put(acts)
         while True:
             try:
                 item = self.outbox.get(timeout=0.1)  # short: the watchdog can interrupt

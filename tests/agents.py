@@ -400,7 +400,8 @@ class Asyncer(Agent):
 
 
 # Code agents (ordinary functions) register on import too.
-import tests.code_agents  # noqa: E402, F401
+import tests.code_agents  # noqa: E402
+import tests.parallel_agents  # noqa: E402, F401
 
 #: Opened by an in-process test: the ``gate`` tool blocks until then (a slow API call).
 GATE = threading.Event()

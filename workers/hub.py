@@ -51,10 +51,9 @@ import redis
 
 from durable.log import keys
 from durable.log.batching import _Call, packed, read_replies
-from workers import loop as step_loop
 from workers.calls import CallAbandoned
-from workers.loop import WAITING, Abandoned, Offload
 from workers.pool import RunPool, _run_id
+from workers.turns import SLOT, WAITING, Abandoned, Offload
 
 log = logging.getLogger("durable.worker")
 
@@ -267,7 +266,7 @@ class RunHub(RunPool):
         return None
 
     def _ended(self, task: _Task) -> None:
-        slot = task.ctx.get(step_loop._SLOT)
+        slot = task.ctx.get(SLOT)
         if slot is not None and slot.abandoned:  # given back already
             self.loop.abandoned_threads.discard(slot.thread_id)
             return

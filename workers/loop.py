@@ -11,16 +11,11 @@ nothing and drops its work.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import logging
-import queue
 import threading
 import time
-import traceback
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -31,6 +26,7 @@ from durable.agents import (
     Agent,
     Fail,
     Finish,
+    Parallel,
     Registry,
     Tool,
     Wait,
@@ -59,56 +55,34 @@ from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
-from durable.log.replay import check_decision
+from durable.log.replay import matching_call
 from durable.log.state import Action, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
+from workers import parallel
 from workers.dispatch import Dispatcher
 from workers.gates import Check, gate, request_specs, revalidate, version_policy
 from workers.hooks import HookChain, StepHooks
+from workers.steps import agent_traceback, plain, recorded, step_key, values_field
+from workers.turns import (
+    SLOT,
+    STEP_TURNS,
+    WAITING,
+    Abandoned,
+    Offload,
+    Outside,
+    Slot,
+    Turns,
+    UserCode,
+)
 
 log = logging.getLogger("durable.worker")
 
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
-
-#: Run threads (``DURABLE_DRIVER=threads``; the hub drives from one thread) of one worker
-#: that may drive steps at once (load, fold, append) -- not counting
-#: those waiting on agent code or a tool, which give their turn back. Step code is mostly
-#: Python under the GIL: with hundreds of held runs ready at once (their tools returned
-#: together), every thread contending for the GIL at each Redis reply made a step take
-#: far longer than its CPU time (a step's commit came 0.6-1.2 s after its tool returned,
-#: at 500 runs a process). Waiting for a turn costs no CPU; 32 turns still overlap the
-#: Redis round trips of a process's steps many times over.
-STEP_TURNS = 32
-
-
-class Abandoned(BaseException):
-    """Raised (asynchronously) in a run's thread whose agent code overran its time: the run
-    is quarantined and its slot already given back. A ``BaseException``, so that agent code's
-    ``except Exception`` does not swallow it."""
-
-
-@dataclass
-class Slot:
-    """A run this worker holds: its lease, the token of its in-flight call, and which agent
-    code runs now (and since when, on the monotonic clock) for the watchdog."""
-
-    lease: Lease | None = None
-    token: CancelToken = field(default_factory=CancelToken)
-    thread_id: int = 0
-    #: True while a tool call of the run is in flight (on ``thread_id``).
-    in_call: bool = False
-    user_code: str = ""
-    user_code_since: float = 0.0
-    abandoned: bool = False
-    #: Set when the job ends only because its turn is used up, to the run's version then:
-    #: a code agent's function is kept alive for the next job (``CodeAgent.park``).
-    park_at: int | None = None
-
 
 #: Events after which a job has nothing left to do: their batch also releases the lease.
 _LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered,
@@ -157,12 +131,8 @@ class StepLoop:
         #: Called on a run's thread just before the commit that ends its work here (and
         #: releases its lease): the pool sends its pop of the next ready run along with it.
         self.before_last_commit: Callable[[], object] = lambda: None
-        self._local = threading.local()
-        #: Turns for driving steps (see ``STEP_TURNS``): a queue of tokens, taken and put
-        #: back in C (a ``threading.Semaphore`` is Python code around a ``Condition``).
-        self._turns: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(STEP_TURNS):
-            self._turns.put(None)
+        #: Turns for driving steps (``workers.turns.STEP_TURNS``).
+        self.turns = Turns(STEP_TURNS)
         #: Set on shutdown: every run lets go at its next step boundary.
         self.stopping = threading.Event()
 
@@ -172,7 +142,7 @@ class StepLoop:
         """Drive ``run_id`` on this thread (a run thread, or RQ's for an ``advance``
         command), its Redis calls batched with the other threads' (one of the step turns
         held meanwhile)."""
-        with self._inside():
+        with self.turns.inside():
             return drive(self.advance_async(run_id))
 
     async def advance_async(self, run_id: str) -> dict[str, Any]:
@@ -192,7 +162,7 @@ class StepLoop:
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot(lease, thread_id=threading.get_ident())
-        _SLOT.set(slot)
+        SLOT.set(slot)
         self.held[run_id] = slot
         self.heartbeats.hold(lease, lambda: slot.token.cancel("lease lost"))
         more = False
@@ -301,30 +271,17 @@ class StepLoop:
     def _user(self, what: str, fn: Callable[[], Any]) -> Offload:
         """Agent code ``fn`` for the current run, to ``await``: the watchdog times it on
         whichever thread runs it (and, on a run thread, its turn is given back)."""
-        slot = _SLOT.get()
+        slot = SLOT.get()
 
         def timed() -> Any:
-            with _UserCode(self, what, slot):
+            with UserCode(self.turns, what, slot):
                 return fn()
 
         return Offload(what, timed)
 
-    @contextlib.contextmanager
-    def _inside(self) -> Iterator[None]:
-        """This thread drives a run's steps: hold one of the step turns (``STEP_TURNS``)
-        while it does, except while it waits on user code (``_outside``)."""
-        self._turns.get()
-        self._local.inside = True
-        try:
-            yield
-        finally:
-            if self._local.inside:
-                self._local.inside = False
-                self._turns.put(None)
-
-    def _outside(self) -> _Outside:
+    def _outside(self) -> Outside:
         """This thread waits on user code, a tool, or a deadline: give its turn back."""
-        return _Outside(self)
+        return self.turns.outside()
 
     # The loop -------------------------------------------------------------------------
 
@@ -445,7 +402,7 @@ class StepLoop:
         if fresh is None:
             return None
         fresh.live_args = handle.live_args
-        if pending and _recorded(handle.state, fresh.state, pending):
+        if pending and recorded(handle.state, fresh.state, pending):
             # The commit that carried them ran, and its reply was lost (a connection cut
             # after the script ran): the batch was sent again and refused as a conflict.
             pending.clear()
@@ -494,14 +451,19 @@ class StepLoop:
         act, before = handle.state.current, handle.pre_intent
         if act is None:
             return
-        if before is None or before.step + 1 != act.step:
-            if not isinstance(agent, CodeAgent):
-                return  # the intent is older than the checkpoint the load started from
+        if isinstance(agent, CodeAgent):
             before = handle.state  # a code agent rebuilds its history from the whole log
+        elif before is None or before.step + 1 != act.step or act.group:
+            # The intent is older than the checkpoint the load started from, or part of a
+            # group, whose state before it is not kept: it is not re-decided.
+            return
         seen = before
-        decision = await self._user(f"{agent.name}.decide()", lambda: check_decision(
-            handle.run_id, agent, seen, act.step, act.tool, act.args))
-        handle.live_args[act.step] = decision.args
+        decided = await self._user(f"{agent.name}.decide()", lambda: agent.decide(seen))
+        call = matching_call(handle.run_id, decided, act.step, act.tool, act.args, act.group)
+        handle.live_args[act.step] = call.args
+        if isinstance(decided, Parallel):  # the group's other open calls go out again too
+            for step, member in zip(decided.steps, decided.calls, strict=False):
+                handle.live_args.setdefault(step, member.args)
         self.redis.hincrby(keys.STATS, "replayed_intents", 1)
 
     async def _step(
@@ -591,24 +553,28 @@ class StepLoop:
             return True, 0
         if isinstance(decision, Finish):
             await self._commit(handle, pending,
-                               [Spec(ev.Completed, {"result": _plain(decision.result)})])
+                               [Spec(ev.Completed, {"result": plain(decision.result)})])
             self.hooks.after_outcome(handle.run_id, state.step)
             return True, 0
         if isinstance(decision, Fail):
             await self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
             return True, 0
+        if isinstance(decision, list):  # a decide() agent's calls at once
+            decision = Parallel(list(decision))
+        if isinstance(decision, Parallel):
+            return await self._decide_group(handle, agent, slot, pending, lease, decision)
         if isinstance(decision, Wait):
             until = now_ms() + int(decision.timeout_s * 1000)
             await self._commit(handle, pending, [Spec(ev.WaitEntered, {
                 "kind": decision.kind, "reason": decision.reason, "until": until,
                 "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data,
-                **_values(decision.values)})], checkpoint=True)
+                **values_field(decision.values)})], checkpoint=True)
             return True, 0
         try:
             if decision.tool not in agent.tools:
                 raise UnknownTool(decision.tool)
             tool = self.registry.tool(decision.tool)
-            args = _plain(decision.args)
+            args = plain(decision.args)
             if tool.log_args == "full" and \
                     len(msgspec.msgpack.encode(args)) > self.settings.max_payload_bytes:
                 raise ValueError(f"arguments of {decision.tool} exceed "
@@ -629,7 +595,7 @@ class StepLoop:
         handle.live_args[step] = args
         decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
                                         "key": key, "model": tool.model,
-                                        **_values(decision.values)})
+                                        **values_field(decision.values)})
         if state.cancel is not None:  # call-scoped cancel pending: record, never send
             await self._commit(handle, pending, [decided, Spec(ev.CallCanceled, {
                 "step": step, "key": key, "reason": state.cancel.reason})])
@@ -644,18 +610,92 @@ class StepLoop:
                 "step": step, "key": key, "deadline": deadline})],
                 ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
         except Claimed as exc:
-            # The ledger knows this key but the log does not: never send it blindly.
-            self.redis.hincrby(keys.STATS, "duplicates_suppressed", 1)
-            counters.incr(self.redis, counters.DUPLICATES)
-            fresh = self._load(handle.run_id, lease)
-            if fresh is not None:
-                await self._quarantine(fresh, f"key {exc.key} is claimed in the ledger "
-                                       f"({exc.value}) but the log has no dispatch for it")
-            return True, 0
+            return await self._claimed(handle, lease, exc)
         act = handle.state.actions[step]
         self.hooks.after_outcome(handle.run_id, step - 1)
         self.hooks.after_intent(handle.run_id, step)
         return await self._run_tool(handle, tool, act, slot, pending)
+
+    async def _claimed(self, handle: RunHandle, lease: Lease, exc: Claimed) -> tuple[bool, int]:
+        """The ledger knows a key the log does not: never send it blindly."""
+        self.redis.hincrby(keys.STATS, "duplicates_suppressed", 1)
+        counters.incr(self.redis, counters.DUPLICATES)
+        fresh = self._load(handle.run_id, lease)
+        if fresh is not None:
+            await self._quarantine(fresh, f"key {exc.key} is claimed in the ledger "
+                                   f"({exc.value}) but the log has no dispatch for it")
+        return True, 0
+
+    async def _decide_group(self, handle: RunHandle, agent: Agent, slot: Slot,
+                            pending: list[Spec], lease: Lease,
+                            decision: Parallel) -> tuple[bool, int]:
+        """Several calls decided at once (``workers.parallel``): intents, claims and
+        dispatches in one commit, then every call at once."""
+        state, run_id = handle.state, handle.run_id
+        try:
+            group = parallel.check_group(agent, self.registry, state, decision,
+                                         self.settings.max_payload_bytes,
+                                         self.settings.action_window)
+        except (UnknownTool, ValueError, TypeError) as exc:
+            await self._commit(handle, pending, [])
+            await self._quarantine(handle, f"steps from {state.step + 1}: {exc}")
+            return True, 0
+        why = parallel.exhausted(state, group)
+        if why is not None:
+            await self._commit(handle, pending, [Spec(ev.Failed, {
+                "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+            self.redis.hincrby(keys.STATS, "budgets_exhausted", 1)
+            return True, 0
+        for step, args in zip(group.steps, group.args, strict=True):
+            handle.live_args[step] = args
+        decided = parallel.intents(run_id, group, decision.values)
+        if state.cancel is not None:  # call-scoped cancel pending: record, never send
+            reason = state.cancel.reason
+            await self._commit(handle, pending, [*decided, *[Spec(ev.CallCanceled, {
+                "step": s, "key": step_key(run_id, s), "reason": reason})
+                for s in group.steps]])
+            return False, len(group.steps)
+        sent, ledger = parallel.dispatches(run_id, group)
+        try:
+            await self._commit(handle, pending, [*decided, *sent], ledger=ledger,
+                               dispatch=True)
+        except Claimed as exc:
+            return await self._claimed(handle, lease, exc)
+        self.hooks.after_outcome(run_id, group.steps[0] - 1)
+        for step in group.steps:
+            self.hooks.after_intent(run_id, step)
+        calls = [(tool, handle.state.actions[step])
+                 for step, tool in zip(group.steps, group.tools, strict=True)]
+        return await self._run_group(handle, calls, slot, pending)
+
+    async def _run_group(self, handle: RunHandle, calls: list[tuple[Tool, Action]],
+                         slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
+        run_id, agent_name = handle.run_id, handle.state.agent
+
+        def one(tool: Tool, act: Action) -> list[Spec]:
+            began = time.monotonic()
+            with tracing.step_span(run_id, agent_name, act.tool, act.key, act.step,
+                                   act.attempts) as span:
+                spec = self.dispatcher.dispatch(run_id, tool, act, slot.token,
+                                                handle.live_args.get(act.step, act.args))
+                outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
+                    if spec else ""
+                span.outcome(outcome)
+            self.hooks.after_effect(run_id, act.step)
+            self.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+            return spec
+
+        def run_all() -> list[list[Spec]]:
+            with self._outside():
+                slot.in_call = True
+                try:
+                    return parallel.run_at_once(calls, one)
+                finally:
+                    slot.in_call = False
+
+        outcomes: list[list[Spec]] = await Offload(WAITING, run_all)
+        return await self._outcomes(handle, slot, pending,
+                                    [s for spec in outcomes for s in spec], len(calls))
 
     def _unsigned_rejection(self, handle: RunHandle) -> str | None:
         """A rejection the fold already applied (the action settled as rejected) must have
@@ -724,19 +764,24 @@ class StepLoop:
             span.outcome(outcome)
         self.hooks.after_effect(handle.run_id, act.step)
         self.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+        return await self._outcomes(handle, slot, pending, spec, 1)
+
+    async def _outcomes(self, handle: RunHandle, slot: Slot, pending: list[Spec],
+                        specs: list[Spec], steps: int) -> tuple[bool, int]:
+        """Stage the outcomes of ``steps`` calls just made; commit them at once when the
+        run must stop for them (a wait, an unknown outcome, a cancel)."""
         if slot.token.cancelled and slot.token.reason == "lease lost":
             raise LeaseLost(handle.run_id, Lease(handle.run_id, handle.lease or "|-1").epoch)
         if slot.token.cancelled:
             slot.token = CancelToken()
-        pending[:] = spec
-        self.log.stage(handle, spec)
+        pending[:] = specs
+        self.log.stage(handle, specs)
         if handle.state.waiting or handle.state.state == "outcome_unknown" or (
             handle.state.cancel is not None
         ):
             await self._commit(handle, pending, [])
-            self.hooks.after_outcome(handle.run_id, act.step)
-            return False, 1
-        return False, 1
+            self.hooks.after_outcome(handle.run_id, handle.state.step)
+        return False, steps
 
     async def _finish_cancel(self, handle: RunHandle, pending: list[Spec]) -> None:
         cancel = handle.state.cancel
@@ -744,128 +789,3 @@ class StepLoop:
         specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
         await self._commit(handle, pending, specs)
         self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
-
-
-#: The run the current coroutine (or thread) drives: agent code is timed on its slot.
-_SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot",
-                                                                   default=None)
-
-#: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
-WAITING = "(wait)"
-
-
-class Offload:
-    """User code a run's coroutine waits on (a ``decide()``, a tool call, a wait): ``await``
-    it. Whoever drives the coroutine runs ``fn`` and resumes it with the result or the
-    exception: a run thread at once, in place (``drive``); a hub inline while such calls
-    are quick, else on a thread of its own (``workers.hub``)."""
-
-    __slots__ = ("error", "fn", "result", "what")
-
-    def __init__(self, what: str, fn: Callable[[], Any]) -> None:
-        self.what = what
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def settle(self) -> None:
-        """Run ``fn`` on this thread and keep what it returned or raised."""
-        try:
-            self.result = self.fn()
-        except BaseException as exc:  # raised again in the coroutine that awaits it
-            self.error = exc
-
-    def __await__(self) -> Generator[Offload, None, Any]:
-        yield self
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
-        return self.result
-
-
-class _Outside:
-    """``StepLoop._outside``: a class, not a generator -- it is entered twice per step."""
-
-    __slots__ = ("gave", "loop")
-
-    def __init__(self, loop: StepLoop) -> None:
-        self.loop = loop
-        self.gave = False
-
-    def __enter__(self) -> None:
-        local = self.loop._local
-        if getattr(local, "inside", False):
-            local.inside = False
-            self.loop._turns.put(None)
-            self.gave = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.gave:
-            self.loop._turns.get()
-            self.loop._local.inside = True
-
-
-class _UserCode:
-    """``StepLoop._user``: outside the step turns, timed by the watchdog on ``slot``."""
-
-    __slots__ = ("outside", "slot", "what")
-
-    def __init__(self, loop: StepLoop, what: str, slot: Slot | None) -> None:
-        self.what = what
-        self.slot = slot
-        self.outside = _Outside(loop)
-
-    def __enter__(self) -> None:
-        slot = self.slot
-        if slot is None:
-            return
-        self.outside.__enter__()  # its turn is taken again after the timing stops
-        slot.thread_id = threading.get_ident()
-        slot.user_code, slot.user_code_since = self.what, time.monotonic()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.slot is None:
-            return
-        try:
-            self.slot.user_code_since = 0.0
-        finally:
-            self.outside.__exit__()
-
-
-def _recorded(stale: RunState, fresh: RunState, pending: list[Spec]) -> bool:
-    """Whether the outcome in ``pending`` (staged on ``stale``, observed once) is in the
-    log already: the fresh log shows its action as the stale state does after it."""
-    step = next((s.fields["step"] for s in pending if "step" in s.fields), None)
-    if step is None:
-        return False
-    was, now = stale.actions.get(step), fresh.actions.get(step)
-    return was is not None and now is not None and now.status != "dispatched" and \
-        (now.status, now.attempts, now.resolution) == (was.status, was.attempts,
-                                                       was.resolution)
-
-
-#: How much of an agent code's traceback a quarantine keeps (its end: the raising frames).
-TRACEBACK_BYTES = 8192
-
-
-def agent_traceback(exc: BaseException) -> str:
-    """The traceback of an exception raised in agent code, its last ``TRACEBACK_BYTES``."""
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > TRACEBACK_BYTES:
-        text = "...\n" + text[-TRACEBACK_BYTES:]
-    return text
-
-
-def _values(values: list[Any]) -> dict[str, Any]:
-    """The ``values`` field of an intent or a wait, when the agent drew any."""
-    return {"values": values} if values else {}
-
-
-def step_key(run_id: str, step: int) -> str:
-    """The idempotency key of a step: stable across attempts and workers."""
-    return f"{run_id}:{step}"
-
-
-def _plain(value: Any) -> Any:
-    """JSON-like data only (what the log can carry and every reader can decode)."""
-    return msgspec.json.decode(msgspec.json.encode(value))

@@ -35,7 +35,8 @@ import redis
 from durable.log import keys
 from durable.queue import enqueue_advance, ensure_drain
 from workers.calls import CallAbandoned
-from workers.loop import Abandoned, StepLoop
+from workers.loop import StepLoop
+from workers.turns import Abandoned
 
 log = logging.getLogger("durable.worker")
 

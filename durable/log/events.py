@@ -74,6 +74,8 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     #: ``ctx.uuid()``) since its last recorded decision, as ``[kind, value]`` pairs: returned
     #: as recorded when the function is executed again.
     values: list[Any] = []
+    #: The first step of the parallel group decided together with this one (0: alone).
+    group: int = 0
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):

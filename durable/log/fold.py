@@ -81,7 +81,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.refresh = None
             state.resumed = False
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
-                                           model=e.model)
+                                           model=e.model, group=e.group)
             if e.model:
                 state.model_calls += 1
         case ev.ActionDispatched():
@@ -127,7 +127,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 act.status = "not_applied"
             else:
                 act.status = "unknown"
-            if state.state == "outcome_unknown":
+            if state.state == "outcome_unknown" and not any(
+                    a.status == "unknown" for a in state.actions.values()):
                 state.state = _active(state)
         case ev.CallCanceled():
             act = state.actions[e.step]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.agents import Call, call_difference, call_signature, is_placeholder
+from durable.agents import Call, Parallel, call_difference, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import blobs, keys
 from durable.log import events as ev
@@ -198,11 +198,23 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
 
 
 def check_decision(run_id: str, agent: Any, before: RunState, step: int, tool: str,
-                   args: Any) -> Call:
+                   args: Any, group: int = 0) -> Call:
     """Re-decide from ``before`` (the state before ``step``'s intent); the agent must decide
     the call the log recorded, else ``NondeterminismError``. Returns the call decided again
     (its arguments are the live ones when the log kept only their digest)."""
-    decision = agent.decide(before)
+    return matching_call(run_id, agent.decide(before), step, tool, args, group)
+
+
+def matching_call(run_id: str, decision: Any, step: int, tool: str, args: Any,
+                  group: int = 0) -> Call:
+    """The call of ``decision`` for ``step`` (in a parallel decision: the member at its
+    position, ``group`` being the group's first step), checked against the recorded one."""
+    if isinstance(decision, list):
+        decision = Parallel(list(decision))
+    if isinstance(decision, Parallel):
+        first = decision.steps[0] if decision.steps else (group or step)
+        if 0 <= step - first < len(decision.calls):
+            decision = decision.calls[step - first]
     recorded = call_signature(tool, args)
     now = (call_signature(decision.tool, decision.args, digest=is_placeholder(args))
            if isinstance(decision, Call) else type(decision).__name__)

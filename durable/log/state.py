@@ -57,6 +57,8 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: The result is a large value kept beside the run: ``result`` is None in the fold,
     #: and filled in by the readers that run agent code (``durable.log.blobs``).
     blob: BlobRef | None = None
+    #: The first step of the parallel group this step was decided in (0: decided alone).
+    group: int = 0
 
     @property
     def settled(self) -> bool:
@@ -150,11 +152,24 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     @property
     def current(self) -> Action | None:
-        """The action of the latest step when it is not settled yet."""
+        """The first action not settled yet (several are open while a parallel group runs;
+        a recovery resolves them in step order), or None."""
         act = self.actions.get(self.step)
-        if act is None or act.settled:
+        if act is None:
             return None
-        return act
+        if act.group:  # the latest step is part of a group: any of its steps may be open
+            for step in range(act.group, act.step + 1):
+                member = self.actions.get(step)
+                if member is not None and not member.settled:
+                    return member
+            return None
+        return None if act.settled else act
+
+    @property
+    def open_actions(self) -> list[Action]:
+        """Every action not settled yet, in step order."""
+        return sorted((a for a in self.actions.values() if not a.settled),
+                      key=lambda a: a.step)
 
     @property
     def last(self) -> Action | None:
