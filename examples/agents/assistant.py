@@ -7,7 +7,8 @@ five habits:
 
 1. Every step goes through ``ctx``: the model call is ``chat(ctx, ...)`` (which is
    ``ctx.call("chat", ...)``, the built-in step of ``durable.models``) and each tool call is
-   ``ctx.call(name, arguments)``. Each one is recorded in the run's log with its own
+   ``ctx.call(name, arguments)``; the tool calls of one reply run at once
+   (``ctx.parallel``), each a step of its own. Each one is recorded in the run's log with its own
    idempotency key (``<run id>:<step>``) before it is sent, and its outcome after.
 2. The conversation is a local variable, built only from the input and from what the steps
    returned. When a worker dies, another one runs the function again from the top: every
@@ -41,6 +42,7 @@ asks for ``notify``, then ``write``, then answers). Try it::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -88,16 +90,27 @@ class AssistantInput(BaseModel):
         min_length=1, max_length=2000, description="what the user asks the assistant to do")
 
 
-def run_tool(ctx: RunContext, call: ToolCall) -> Any:
-    """One tool call the model asked for, as a step; what went wrong is a result too."""
+def refused(call: ToolCall) -> dict[str, Any] | None:
+    """What the model is told about a call that never reaches a tool, or None."""
     if call.error:  # the model's arguments could not be read: tell it, call nothing
         return {"error": call.error}
     if call.name not in CALLABLE:  # a made-up tool: never reaches ctx.call
         return {"error": f"no tool {call.name!r}; the tools are {sorted(CALLABLE)}"}
-    try:
-        return ctx.call(call.name, call.arguments)
-    except StepFailed as exc:  # failed, or canceled: recorded in the log; the model decides
-        return {"error": exc.error, "error_type": exc.error_type}
+    return None
+
+
+def run_tools(ctx: RunContext, calls: Sequence[ToolCall]) -> list[Any]:
+    """The tool calls of one reply, as steps taken at once (``ctx.parallel``: each its own
+    step, key and outcome, numbered in the reply's order); what went wrong is a result."""
+    results: list[Any] = [refused(call) for call in calls]
+    sent = [i for i, call in enumerate(calls) if results[i] is None]
+    outcomes = ctx.parallel([(calls[i].name, calls[i].arguments) for i in sent],
+                            return_exceptions=True) if sent else []
+    for i, outcome in zip(sent, outcomes, strict=True):
+        # A failed or canceled call is recorded in the log; the model decides what next.
+        results[i] = {"error": outcome.error, "error_type": outcome.error_type} \
+            if isinstance(outcome, StepFailed) else outcome
+    return results
 
 
 @agent(input_model=AssistantInput, tools=("chat", *sorted(CALLABLE)), version="1",
@@ -114,7 +127,8 @@ def assistant(ctx: RunContext, inp: AssistantInput) -> dict[str, Any]:
         if not reply.tool_calls:  # the model answered: the run's result
             return {"answer": reply.content, "tools_called": done,
                     "model_calls": sum(1 for m in messages if m["role"] == "assistant")}
-        for call in reply.tool_calls:  # in order, one step each
-            result = run_tool(ctx, call)
+        # The reply's tool calls run at once, one step each.
+        for call, result in zip(reply.tool_calls, run_tools(ctx, reply.tool_calls),
+                                strict=True):
             done.append(call.name)
             messages.append(tool_message(call, result))
