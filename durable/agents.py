@@ -69,7 +69,7 @@ class Fail:
 class Wait:
     """Pause the run without holding a worker until a response or an event arrives."""
 
-    kind: Literal["input", "external", "timer"]
+    kind: Literal["input", "external", "timer", "child"]
     reason: str = ""
     timeout_s: float = 3600.0
     data: Any = None

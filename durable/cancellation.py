@@ -35,9 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from durable.errors import BadCancelMessage, ConflictError, DecodeError, RunNotFound, Terminal
 from durable.log import events as ev
-from durable.log.keys import RUN_ID_RE
+from durable.log.keys import CANCEL_CHANNEL, RUN_ID_RE
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
@@ -238,3 +240,19 @@ def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:
     specs.append(Spec(ev.Canceled, {"reason": reason,
                                     "latency_ms": max(0, now_ms() - requested_ts)}))
     return specs
+
+
+def cancel_children(elog: EventLog, client: redis.Redis, parent: RunState, reason: str,
+                    actor: str, secret: str | None = None) -> list[str]:
+    """Ask every live child of ``parent`` to cancel (scope ``run``): the request recorded
+    in its log, then the hint published. Returns the children asked."""
+    asked = []
+    for run_id in parent.children:
+        msg = CancelMessage(run=run_id, reason=f"parent {parent.run_id} canceled: {reason}",
+                            scope="run")
+        handle = record_cancel(elog, msg, actor)
+        if handle is None or handle.state.terminal:
+            continue
+        client.publish(CANCEL_CHANNEL, encode_message(msg, secret))
+        asked.append(run_id)
+    return asked

@@ -21,7 +21,7 @@ from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
 from durable.approvers import Approvers
 from durable.budgets import checked as checked_budgets
-from durable.cancellation import CancelMessage, encode_message, finish_specs
+from durable.cancellation import CancelMessage, cancel_children, encode_message, finish_specs
 from durable.connection import connect, connect_queue
 from durable.errors import (
     ConflictError,
@@ -124,7 +124,8 @@ class Client:
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
               *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
-              schedule: tuple[str, int] | None = None) -> Started:
+              schedule: tuple[str, int] | None = None,
+              parent: tuple[str, int] | None = None) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -136,7 +137,8 @@ class Client:
 
         ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
         run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
-        start the run, recorded in its ``run_started`` (``durable.schedules``)."""
+        start the run, recorded in its ``run_started`` (``durable.schedules``); ``parent``:
+        the run and step that start it as a child (``durable.children``)."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         c = self._check_start(agent, input, run_id, budgets)
@@ -147,7 +149,8 @@ class Client:
         handle = RunHandle(c.run_id, RunState(), actor="client")
         with tracing.start_span(c.run_id, c.name):
             try:
-                self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule)],
+                self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
+                                                       parent)],
                                 extra={"agent": c.name, "created": str(now_ms())})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
@@ -227,14 +230,15 @@ class Client:
                              f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
                              "start it (nothing was written)")
 
-    def _started(self, c: _Checked, trace: str,
-                 schedule: tuple[str, int] | None = None) -> Spec:
+    def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
+                 parent: tuple[str, int] | None = None) -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
         name, slot = schedule or ("", 0)
+        child = {"parent": parent[0], "parent_step": parent[1]} if parent else {}
         return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
                                     "input": data, "tools": c.tools, "budgets": c.limits,
-                                    "trace": trace, "schedule": name, "slot": slot})
+                                    "trace": trace, "schedule": name, "slot": slot, **child})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
@@ -479,6 +483,9 @@ class Client:
                 return self.status(run_id)
             if handle.state.state == "canceled":
                 self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
+            if scope == "run" and handle.state.children:  # scope run includes them
+                cancel_children(self.log, self.redis, handle.state, reason, by,
+                                self.settings.cancel_secret)
             self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
                 CancelMessage(run=run_id, reason=reason, scope=scope, ts=now_ms()),
                 self.settings.cancel_secret))

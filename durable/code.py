@@ -65,9 +65,11 @@ from durable.agents import (
     is_placeholder,
     registry,
 )
+from durable.children import CHILD_POLL_MS
 from durable.errors import NondeterminismError, UsageError
 from durable.log import events as ev
 from durable.log.fold import fold
+from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
 from durable.log.store import EventLog
 
@@ -85,6 +87,31 @@ class StepFailed(Exception):
         #: Raised by ``ctx.parallel``: every call's result, a ``StepFailed`` for each failure.
         self.outcomes: list[Any] | None = None
         super().__init__(f"step {act.step} ({act.tool}) {act.status}: {self.error}")
+
+
+class ChildFailed(StepFailed):
+    """Raised by ``ctx.child`` / ``ctx.join`` when the child run did not complete (it
+    failed, was canceled or expired): ``child`` is its run id, ``status`` its state."""
+
+    def __init__(self, child: str, state: str, error: str | None) -> None:
+        self.child, self.step, self.tool, self.status = child, 0, CHILD_TOOL, state
+        self.error, self.error_type = error or state, "ChildFailed"
+        self.outcomes = None
+        Exception.__init__(self, f"child run {child} {state}: {self.error}")
+
+
+class ChildRun:
+    """A child run started by ``ctx.start_child``: ``ctx.join(child)`` waits for it."""
+
+    def __init__(self, run_id: str, agent: str, detached: bool = False) -> None:
+        self.run_id, self.agent, self.detached = run_id, agent, detached
+
+    def __repr__(self) -> str:
+        return f"ChildRun({self.run_id!r}, agent={self.agent!r})"
+
+
+#: How long a parent waits for a child by default before the wait expires (s): a week.
+CHILD_TIMEOUT_S = 7 * 86400.0
 
 
 class WaitExpired(Exception):
@@ -148,6 +175,23 @@ class RunContext:
         continues."""
         return self._session.wait(kind, reason, timeout_s, data)
 
+    def start_child(self, agent: str, input: Any = None, *,
+                    detached: bool = False) -> ChildRun:
+        """Start ``agent`` as a run of its own (a step of this run: started once, however
+        often this function is executed again); ``join`` waits for it. A ``detached``
+        child is not canceled with this run."""
+        got = self._session.call(CHILD_TOOL, _child_args(agent, input, detached))
+        return ChildRun(str(got["run_id"]), agent, detached)
+
+    def join(self, child: ChildRun, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+        """Wait, holding no worker, until ``child`` ends: its result, or ``ChildFailed``."""
+        return self._session.join(child, timeout_s)
+
+    def child(self, agent: str, input: Any = None, *,
+              timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+        """Run ``agent`` as a child run and return its result (``start_child``, ``join``)."""
+        return self.join(self.start_child(agent, input), timeout_s)
+
     def sleep(self, seconds: float) -> None:
         """A durable timer: the run waits (``waiting_timer``) holding no worker, and the
         reconciler wakes it once ``seconds`` have passed; a restart of anything loses no
@@ -197,6 +241,18 @@ class AsyncRunContext(RunContext):
 
     async def sleep(self, seconds: float) -> None:  # type: ignore[override]
         self._session.sleep(seconds)
+
+    async def start_child(self, agent: str, input: Any = None, *,  # type: ignore[override]
+                          detached: bool = False) -> ChildRun:
+        got = await self._session.batched(CHILD_TOOL, _child_args(agent, input, detached))
+        return ChildRun(str(got["run_id"]), agent, detached)
+
+    async def join(self, child: ChildRun, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+        return self._session.join(child, timeout_s)
+
+    async def child(self, agent: str, input: Any = None, *,
+                    timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+        return self._session.join(await self.start_child(agent, input), timeout_s)
 
     async def sleep_until(self, when: datetime | float) -> None:  # type: ignore[override]
         self._session.sleep_until(when)
@@ -364,6 +420,16 @@ class _Session:
         self.inbox.get()  # the worker lets go of the run while it waits: always an unwind
         raise _Unwind
 
+    def join(self, child: ChildRun, timeout_s: float) -> Any:
+        expires = int((time.time() + timeout_s) * 1000)
+        outcome = self.wait("child", f"child run {child.run_id} ({child.agent})",
+                            CHILD_POLL_MS / 1000, {"child": child.run_id, "expires": expires})
+        if not isinstance(outcome, dict) or outcome.get("state") != "completed":
+            state = outcome.get("state", "?") if isinstance(outcome, dict) else "?"
+            error = outcome.get("error") if isinstance(outcome, dict) else None
+            raise ChildFailed(child.run_id, str(state), error)
+        return outcome.get("result")
+
     def sleep(self, seconds: float) -> None:
         if not seconds >= 0:
             raise ValueError(f"ctx.sleep takes seconds >= 0, not {seconds!r}")
@@ -512,8 +578,16 @@ class CodeAgent(Agent):
         return _Session(self, state.run_id, actions, waits, inp, values)
 
 
-#: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``).
-CODE_WAITS = ("input", "external", "timer")
+#: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``,
+#: ``ctx.join``).
+CODE_WAITS = ("input", "external", "timer", "child")
+
+
+def _child_args(agent: str, input: Any, detached: bool) -> dict[str, Any]:
+    args: dict[str, Any] = {"agent": agent, "input": input}
+    if detached:
+        args["detached"] = True
+    return args
 
 
 class Values:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import redis
 
 from durable.agents import Registry
-from durable.cancellation import finish_specs
+from durable.cancellation import cancel_children, finish_specs
+from durable.children import CHILD_POLL_MS, child_state, wake_parent
 from durable.client import Client
 from durable.connection import connect_queue
 from durable.errors import (
@@ -39,7 +40,7 @@ from durable.errors import (
 from durable.leases import Leases
 from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log.state import TERMINAL
+from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
@@ -168,6 +169,7 @@ class Reconciler:
                 return f"retry later ({type(exc).__name__})"
         finally:
             self.leases.release(lease)
+        self._after(handle.state)
         if result == "enqueue":
             # Queued only if the run id is still on the ready list: a worker killed after
             # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
@@ -235,6 +237,8 @@ class Reconciler:
             return "canceled"
         if state.waiting and state.wait is not None:
             if state.wait.until and state.wait.until <= now:
+                if state.wait.kind == "child":
+                    return self._child_wait(handle, now)
                 if state.wait.kind in ("retry", "timer"):  # a timer's end is its answer
                     kind = state.wait.kind
                     self.log.commit(handle, [Spec(ev.WaitResolved, {
@@ -251,6 +255,40 @@ class Reconciler:
             return "waiting"
         self._stat("stuck_runs" if not self._had_worker(handle) else "lease_expired")
         return "enqueue"
+
+    def _after(self, state: RunState) -> None:
+        """A child that ended here wakes its parent; a parent canceled here cancels its
+        children (``durable.children``)."""
+        if state.terminal and state.parent_step:
+            parent = wake_parent(self.log, state, self.token)
+            if parent is not None:
+                enqueue_advance(self.redis, self.queue, parent, force=True)
+                self._did("woke_parent")
+        if state.state == "canceled" and state.children:
+            cancel_children(self.log, self.redis, state, state.reason or "canceled",
+                            self.token, self.settings.cancel_secret)
+
+    def _child_wait(self, handle: RunHandle, now: int) -> str:
+        """A parent waiting for a child, looked at every ``CHILD_POLL_MS``: woken when the
+        child has ended (its end did not wake it), expired past its expiry."""
+        wait = handle.state.wait
+        assert wait is not None
+        data = wait.data if isinstance(wait.data, dict) else {}
+        child = child_state(self.log, str(data.get("child", "")))
+        if child is not None and child.terminal:
+            if wake_parent(self.log, child, self.token) is not None:
+                self._did("woke_parent")
+                return "enqueue"
+            return "waiting"
+        expires = int(data.get("expires", 0) or 0)
+        if expires and expires <= now:
+            self.log.commit(handle, [Spec(ev.WaitExpired, {
+                "kind": "child", "request": wait.request,
+                "outcome": self._expiry_outcome(handle.state.agent)})])
+            self._did("expired_wait")
+            return "enqueue" if not handle.state.terminal else "expired"
+        self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now + CHILD_POLL_MS})
+        return "waiting"
 
     def _expiry_outcome(self, agent_name: str) -> str:
         try:

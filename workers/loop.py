@@ -35,7 +35,8 @@ from durable.agents import (
 )
 from durable.approvals import check_history, check_recorded
 from durable.approvers import Approvers
-from durable.cancellation import CancelToken, finish_specs
+from durable.cancellation import CancelToken, cancel_children, finish_specs
+from durable.children import child_state, wake_parent
 from durable.code import CodeAgent
 from durable.connection import connect_queue
 from durable.errors import (
@@ -54,7 +55,7 @@ from durable.leases import Heartbeats, Lease, Leases
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import drive
-from durable.log.keys import RUN_ID_RE
+from durable.log.keys import CHILD_TOOL, RUN_ID_RE
 from durable.log.replay import matching_call
 from durable.log.state import Action, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
@@ -424,6 +425,13 @@ class StepLoop:
         pending.clear()
         if release:
             self._released.add((handle.run_id, handle.lease))
+            if handle.state.terminal and handle.state.parent_step:  # a child ended
+                self._woke(wake_parent(self.log, handle.state, self.worker_id))
+
+    def _woke(self, parent: str | None) -> None:
+        """Make a parent whose wait for a child was just resolved ready again."""
+        if parent is not None:
+            enqueue_advance(self.redis, self.queue, parent, force=True)
 
     @staticmethod
     def _needs_work(state: RunState) -> bool:
@@ -569,9 +577,13 @@ class StepLoop:
                 "kind": decision.kind, "reason": decision.reason, "until": until,
                 "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data,
                 **values_field(decision.values)})], checkpoint=True)
+            if decision.kind == "child":  # the child may have ended already
+                child = child_state(self.log, str(decision.data["child"]))
+                if child is not None:
+                    self._woke(wake_parent(self.log, child, self.worker_id))
             return True, 0
         try:
-            if decision.tool not in agent.tools:
+            if decision.tool not in agent.tools and decision.tool != CHILD_TOOL:
                 raise UnknownTool(decision.tool)
             tool = self.registry.tool(decision.tool)
             args = plain(decision.args)
@@ -789,3 +801,5 @@ class StepLoop:
         specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
         await self._commit(handle, pending, specs)
         self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+        cancel_children(self.log, self.redis, handle.state, cancel.reason, self.worker_id,
+                        self.settings.cancel_secret)

@@ -27,6 +27,7 @@ import msgspec
 from durable.agents import Agent, Call, Parallel, Registry, Tool, digest_placeholder
 from durable.errors import UnknownTool
 from durable.log import events as ev
+from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState
 from durable.log.store import Spec, now_ms
 from workers.steps import plain, step_key, values_field
@@ -62,7 +63,7 @@ def check_group(agent: Agent, registry: Registry, state: RunState, decision: Par
     for call in calls:
         if not isinstance(call, Call):
             raise TypeError(f"a parallel decision holds {type(call).__name__}, not Call")
-        if call.tool not in agent.tools:
+        if call.tool not in agent.tools and call.tool != CHILD_TOOL:
             raise UnknownTool(call.tool)
         tool = registry.tool(call.tool)
         if tool.requires_approval:

@@ -54,6 +54,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
             *[(k, v) for k, v in info.items()]]
+    if state.parent and state.parent_step:
+        rows.append(("parent", f"{state.parent} (step {state.parent_step})"))
+    if state.children:
+        rows.append(("children", ", ".join(state.children)))
     if state.cancel:
         rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
     if state.wait:

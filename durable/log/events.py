@@ -51,6 +51,9 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     tools: list[str] = []
     parent: str | None = None
     forked_at: str | None = None
+    #: A child run: the parent's step that started it (``parent`` names the parent); 0 for
+    #: a run of its own or a fork.
+    parent_step: int = 0
     #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
     budgets: dict[str, int] = {}
     #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from durable.log import events as ev
+from durable.log.keys import CHILD_TOOL, child_id
 from durable.log.state import (
     TERMINAL,
     Action,
@@ -72,6 +73,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.input = e.input
             state.tools = list(e.tools)
             state.parent = e.parent
+            state.parent_step = e.parent_step
             state.budgets = dict(e.budgets)
             state.trace = e.trace
             state.state = "pending"
@@ -84,6 +86,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                                            model=e.model, group=e.group)
             if e.model:
                 state.model_calls += 1
+            if e.tool == CHILD_TOOL and not (isinstance(e.args, dict) and e.args.get("detached")):
+                state.children.append(child_id(e.run, e.step))
         case ev.ActionDispatched():
             act = state.actions[e.step]
             act.status = "dispatched"

@@ -31,6 +31,15 @@ PREFIX = "dx"
 #: run ids are short, printable and safe inside a hash tag (no braces).
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
+#: The built-in step that starts a child run (``durable.children``).
+CHILD_TOOL = "durable.child"
+
+
+def child_id(parent: str, step: int) -> str:
+    """The run id of the child a parent's ``step`` starts: derived, so that a parent
+    executed again starts it once (a second start of the same id is a no-op)."""
+    return f"{parent}.{step}"
+
 #: Shards of this process's layout: 0 = unsharded (see the module's docstring).
 _shards = 0
 

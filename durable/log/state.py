@@ -15,7 +15,7 @@ STATE_SCHEMA = 1
 
 TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
 WAITING = frozenset({"waiting_input", "waiting_approval", "waiting_external", "waiting_retry",
-                     "waiting_timer"})
+                     "waiting_timer", "waiting_child"})
 ACTIVE = frozenset({"pending", "cancel_requested", "outcome_unknown", "quarantined"})
 ALL_STATES = TERMINAL | WAITING | ACTIVE
 
@@ -111,6 +111,11 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     input: Any = None
     tools: list[str] = msgspec.field(default_factory=list)
     parent: str | None = None
+    #: A child run: the parent's step that started it (0: not a child).
+    parent_step: int = 0
+    #: The child runs this run started and waits or may wait for (detached ones aside):
+    #: cancelling this run cancels them.
+    children: list[str] = msgspec.field(default_factory=list)
     state: str = "pending"
     version: int = 0
     step: int = 0

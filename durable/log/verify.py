@@ -35,7 +35,7 @@ def verify(elog: EventLog, run_id: str) -> Report:
     report = Report(run_id)
     names = ["decodable", "contiguous", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
-             "approvals_signed", "large_values"]
+             "approvals_signed", "large_values", "links"]
     for name in names:
         report.checks[name] = "ok"
     entries = elog.read(run_id)
@@ -112,4 +112,24 @@ def verify(elog: EventLog, run_id: str) -> Report:
             problem = blobs.check(ref, data)
             if problem is not None:
                 report.fail("large_values", f"{entry_id}: {problem}")
+    problem = _links(elog, state)
+    if problem is not None:
+        report.fail("links", problem)
     return report
+
+
+def _links(elog: EventLog, state: RunState) -> str | None:
+    """A child names the parent step that started it, and that step's log records it; each
+    child the run started names the run back (``durable.children``)."""
+    if state.parent and state.parent_step:
+        started = [e.event for e in elog.read(state.parent)
+                   if isinstance(e.event, ev.StepDecided) and e.event.step == state.parent_step]
+        if not any(e.tool == keys.CHILD_TOOL for e in started):
+            return f"parent {state.parent} has no child step {state.parent_step}"
+    for child in state.children:
+        first = next(iter(elog.read(child, count=1)), None) if elog.exists(child) else None
+        event = first.event if first is not None else None
+        if isinstance(event, ev.RunStarted) and (event.parent, event.parent_step) != (
+                state.run_id, int(child.rsplit(".", 1)[1])):
+            return f"child {child} names parent {event.parent} step {event.parent_step}"
+    return None

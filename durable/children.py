@@ -1,0 +1,103 @@
+"""Child runs: a run that starts another agent's run and waits for its result.
+
+A child is started by a step of its parent (the built-in tool ``durable.child``), so the
+start is recorded like any step; the child's run id derives from the parent's id and that
+step (``keys.child_id``), so a parent executed again after a crash starts it once: a second
+start of the same id writes nothing. The child's ``run_started`` names its parent and the
+step (``parent``, ``parent_step``); the parent's state lists its children.
+
+The parent then waits (``waiting_child``) holding no worker. The child's end wakes it: the
+process that writes the child's terminal event resolves the parent's wait right after, in
+a second script call on the parent's keys (a child's keys hash to its own shard, so one
+call cannot write both; a resolution written twice is a no-op, as any late answer). If
+that process dies in between, the reconciler finds the parent's wait due (it checks a
+waiting parent every ``CHILD_POLL_MS``) and resolves it then.
+
+Cancelling a parent cancels its live children (those not started ``detached``): each gets
+a cancel request in its own log, then the pub/sub hint, as ``durable cancel`` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from durable.agents import Tool, ToolContext, register
+from durable.client import Client
+from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
+from durable.log import events as ev
+from durable.log.keys import CHILD_TOOL, child_id
+from durable.log.state import RunState
+from durable.log.store import EventLog, Spec
+
+#: How often the reconciler looks at a parent waiting for a child (the fallback when the
+#: child's end did not wake it): ms.
+CHILD_POLL_MS = 5000
+
+
+@register
+class StartChild(Tool):
+    """The step that starts a child run: ``{"agent", "input", "detached"}`` -> its run id.
+    Starting the same derived id again is a no-op, so the step is sent again at once after
+    a crash (``effect_free``): nothing is started twice."""
+
+    name = CHILD_TOOL
+    timeout_s = 30.0
+    effect_free = True
+
+    _client: Any = None
+    _lock = threading.Lock()
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        run_id = child_id(ctx.run_id, ctx.step)
+        started = self.client().start(str(args["agent"]), args.get("input"), run_id=run_id,
+                                      parent=(ctx.run_id, ctx.step))
+        return {"run_id": started.run_id, "agent": str(args["agent"])}
+
+    @classmethod
+    def client(cls) -> Any:
+        """This process's client (from its ``DURABLE_*`` settings), made once."""
+        with cls._lock:
+            if cls._client is None:
+                cls._client = Client()
+            return cls._client
+
+
+def outcome_of(state: RunState) -> dict[str, Any]:
+    """What a parent is told of its child's end."""
+    return {"run_id": state.run_id, "state": state.state, "result": state.result,
+            "error": state.error or state.reason}
+
+
+def wake_parent(elog: EventLog, child: RunState, actor: str) -> str | None:
+    """Resolve the wait of ``child``'s parent when it waits for this child and the child
+    is terminal. Returns the parent's id when it was woken (it must be made ready)."""
+    if not (child.terminal and child.parent and child.parent_step):
+        return None
+    for _ in range(10):
+        try:
+            handle = elog.load(child.parent, actor=actor)
+        except (RunNotFound, DecodeError):
+            return None
+        wait = handle.state.wait
+        if wait is None or wait.kind != "child" or not isinstance(wait.data, dict) or \
+                wait.data.get("child") != child.run_id:
+            return None
+        try:
+            elog.commit(handle, [Spec(ev.WaitResolved, {
+                "kind": "child", "request": wait.request, "response": outcome_of(child),
+                "by": child.run_id})])
+            return child.parent
+        except ConflictError:
+            continue
+        except Terminal:
+            return None
+    return None
+
+
+def child_state(elog: EventLog, run_id: str) -> RunState | None:
+    """The child's folded state, or None when it cannot be read (not started yet)."""
+    try:
+        return elog.load(run_id, actor="reader").state
+    except (RunNotFound, DecodeError):
+        return None

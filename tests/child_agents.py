@@ -1,0 +1,58 @@
+"""Agents that delegate to child runs (registered on import; ``tests.agents`` imports this
+module): a parent starting several children and joining them, children that write a row
+in the test database, one that fails, and a detached one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from durable.code import ChildFailed, RunContext, agent
+
+
+class ParentInput(BaseModel):
+    children: int = 2
+    sleep_s: float = 0.0
+    detached: bool = False
+
+
+@agent(input_model=ParentInput, tools=("noop",))
+def parent(ctx: RunContext, inp: ParentInput) -> dict[str, Any]:
+    """Starts its children (they run at once), then joins each."""
+    kids = [ctx.start_child("kid", {"n": n, "sleep_s": inp.sleep_s})
+            for n in range(1, inp.children + 1)]
+    if inp.detached:
+        ctx.start_child("kid", {"n": 99, "sleep_s": inp.sleep_s}, detached=True)
+    return {"results": [ctx.join(k) for k in kids], "children": [k.run_id for k in kids]}
+
+
+class KidInput(BaseModel):
+    n: int
+    sleep_s: float = 0.0
+
+
+@agent(input_model=KidInput, tools=("sqlwrite", "noop"))
+def kid(ctx: RunContext, inp: KidInput) -> dict[str, Any]:
+    if inp.sleep_s:
+        ctx.call("noop", {"n": 0, "sleep_s": inp.sleep_s})
+    return {"n": inp.n, "row": ctx.call("sqlwrite", {"n": inp.n})["row"]}
+
+
+@agent(tools=("failing",))
+def failing_kid(ctx: RunContext, inp: Any) -> None:
+    ctx.call("failing", {})  # its StepFailed, not caught, fails the run
+
+
+@agent(tools=())
+def parent_of_failure(ctx: RunContext, inp: Any) -> dict[str, Any]:
+    try:
+        ctx.child("failing_kid", {})
+    except ChildFailed as exc:
+        return {"child": exc.child, "state": exc.status, "error": exc.error}
+    return {"child": None}
+
+
+@agent(tools=())
+async def async_parent(ctx: Any, inp: Any) -> list[Any]:
+    return [await ctx.child("kid", {"n": 1}), await ctx.child("kid", {"n": 2})]

@@ -1,0 +1,132 @@
+"""Child runs: a run starts other agents' runs and waits for their results without holding
+a worker; a child's id derives from its parent's id and step, so a parent executed again
+starts none twice; cancelling the parent cancels its live children. Real Redis, real
+worker and reconciler processes, a SQLite database that never deduplicates."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from durable.client import Client
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.verify import verify
+from durable.testing import wait_for
+from tests.agents import applications
+from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
+
+
+@pytest.fixture(autouse=True)
+def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+
+
+def _events(client: Client, run: str) -> list[ev.Event]:
+    return [e.event for e in client.events(run) if e.event is not None]
+
+
+def test_a_parent_gets_its_childrens_results(client: Client, worker: WorkerFactory,
+                                             reconciler: ReconcilerFactory,
+                                             tmp_path: Path) -> None:
+    run = client.start("parent", {"children": 2}, run_id="fam").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 30, waiting=False)
+    assert final.state == "completed", (final.state, final.reason)
+    kids = [keys.child_id(run, 1), keys.child_id(run, 2)]
+    assert final.result == {"children": kids, "results": [
+        {"n": 1, "row": f"{kids[0]}:1"}, {"n": 2, "row": f"{kids[1]}:1"}]}
+    assert final.children == kids
+    for n, kid in enumerate(kids, start=1):
+        state = client.status(kid)
+        assert (state.parent, state.parent_step, state.state) == (run, n, "completed")
+        assert verify(client.log, kid).ok
+    waits = [e for e in _events(client, run) if isinstance(e, ev.WaitEntered)]
+    assert [w.kind for w in waits] == ["child", "child"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{k}:1": 1 for k in kids}
+    shown = run_durable("status", kids[0], env=dict(os.environ))
+    assert f"{run} (step 1)" in shown.stdout, shown.stdout
+    assert verify(client.log, run).ok
+
+
+def test_a_worker_killed_while_both_children_run(client: Client, worker: WorkerFactory,
+                                                 reconciler: ReconcilerFactory,
+                                                 tmp_path: Path) -> None:
+    """Window: the parent waits for its first child, both children are inside their first
+    call (1.5 s), and the only worker is SIGKILLed. A new worker and the reconciler finish
+    both children from their logs and wake the parent: each child was started once, each
+    row written once, and the parent completes with both results."""
+    run = client.start("parent", {"children": 2, "sleep_s": 1.5}, run_id="fam-kill").run_id
+    kids = [keys.child_id(run, 1), keys.child_id(run, 2)]
+    w = worker()
+
+    def both_running() -> bool:
+        return all(client.log.exists(k) and client.status(k).open_actions for k in kids)
+
+    assert wait_for(both_running, 20)
+    assert client.status(run).state == "waiting_child"
+    w.kill()
+    worker()
+    reconciler()
+    final = client.wait(run, 60, waiting=False)
+    assert final.state == "completed", (final.state, final.reason)
+    assert [r["n"] for r in final.result["results"]] == [1, 2]
+    for kid in kids:
+        started = [e for e in _events(client, kid) if isinstance(e, ev.RunStarted)]
+        assert len(started) == 1
+    parent_starts = [e for e in _events(client, run)
+                     if isinstance(e, ev.StepDecided) and e.tool == keys.CHILD_TOOL]
+    assert [e.step for e in parent_starts] == [1, 2]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{k}:2": 1 for k in kids}
+    assert verify(client.log, run).ok
+
+
+def test_cancelling_the_parent_cancels_its_children(client: Client, worker: WorkerFactory,
+                                                    reconciler: ReconcilerFactory) -> None:
+    """The parent waits for two children inside a 30 s call; ``cancel`` of the parent ends
+    it and both children ``canceled``, each child's log recording the request and why. A
+    detached child goes on."""
+    run = client.start("parent", {"children": 2, "sleep_s": 30, "detached": True},
+                       run_id="fam-cancel").run_id
+    kids = [keys.child_id(run, 1), keys.child_id(run, 2)]
+    detached = keys.child_id(run, 3)
+    worker()
+    reconciler()
+    assert wait_for(lambda: all(client.log.exists(k) and client.status(k).open_actions
+                                for k in [*kids, detached]), 20)
+    client.cancel(run, "the user gave up")
+    assert client.wait(run, 15, waiting=False).state == "canceled"
+    for kid in kids:
+        assert client.wait(kid, 15, waiting=False).state == "canceled"
+        (asked,) = [e for e in _events(client, kid) if isinstance(e, ev.CancelRequested)]
+        assert asked.reason == f"parent {run} canceled: the user gave up"
+    assert client.status(detached).state not in ("canceled",)
+    assert client.status(detached).cancel is None
+    client.cancel(detached, "tidy up")
+
+
+def test_a_failed_child_reaches_the_parent_as_a_failed_step(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory
+) -> None:
+    run = client.start("parent_of_failure", {}, run_id="fam-fail").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 30, waiting=False)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result["child"] == keys.child_id(run, 1)
+    assert final.result["state"] == "failed"
+    assert "refused by the API" in final.result["error"]
+
+
+def test_an_async_parent_awaits_its_children(client: Client, worker: WorkerFactory,
+                                             reconciler: ReconcilerFactory) -> None:
+    run = client.start("async_parent", {}, run_id="fam-async").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 30, waiting=False)
+    assert final.state == "completed", (final.state, final.reason)
+    assert [r["n"] for r in final.result] == [1, 2]
