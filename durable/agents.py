@@ -309,6 +309,9 @@ class Agent:
     #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
     #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
     budgets: ClassVar[dict[str, int]] = {}
+    #: True for agents whose history is rebuilt by executing them again (code agents):
+    #: their checkpoints keep only the latest decision's actions.
+    rebuilt: ClassVar[bool] = False
     #: Most steps one ``Parallel`` decision (``ctx.parallel``, ``asyncio.gather``) may
     #: take at once; more is refused with an error naming the bound.
     max_parallel: ClassVar[int] = 16
@@ -356,6 +359,11 @@ class Registry:
             return self.tools[name]
         except KeyError:
             raise UnknownTool(name) from None
+
+    def rebuilt_agents(self) -> frozenset[str]:
+        """The agents whose history is rebuilt by executing them again (code agents): their
+        runs' checkpoints need not keep settled actions."""
+        return frozenset(name for name, agent in self.agents.items() if agent.rebuilt)
 
     def sensitive_names(self) -> frozenset[str]:
         """Every field name a registered agent or tool marks sensitive."""

@@ -102,7 +102,8 @@ class Client:
             self._owned.append(self.redis)
         self.registry = agents or registry
         self.registry.load(self.settings.agents)
-        self.log = EventLog.from_settings(self.redis, self.settings)
+        self.log = EventLog.from_settings(self.redis, self.settings,
+                                          lean_agents=self.registry.rebuilt_agents())
         queue_client = connect_queue(self.settings, self.redis)
         if queue_client is not self.redis:
             self._owned.append(queue_client)

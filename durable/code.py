@@ -511,6 +511,7 @@ class CodeAgent(Agent):
     """An agent whose steps are taken by ordinary code (``@agent``)."""
 
     fn: ClassVar[Callable[..., Any]]
+    rebuilt: ClassVar[bool] = True
 
     #: How long a parked function waits for its run to come back to this worker (s).
     PARK_S: ClassVar[float] = 60.0

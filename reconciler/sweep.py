@@ -64,7 +64,8 @@ class Reconciler:
         # Agent and tool code runs here: sealed fields are opened when read, and sealed
         # again when written (checkpoints too).
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
-                                          sealed_names=registry.sensitive_names())
+                                          sealed_names=registry.sensitive_names(),
+                                          lean_agents=registry.rebuilt_agents())
         self.leases = Leases(client, settings.lease_ttl_ms)
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), settings.queue)

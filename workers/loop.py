@@ -103,7 +103,8 @@ class StepLoop:
         # Agent and tool code runs here: sealed fields are opened when read, and sealed
         # again when written (checkpoints too).
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
-                                          sealed_names=registry.sensitive_names())
+                                          sealed_names=registry.sensitive_names(),
+                                          lean_agents=registry.rebuilt_agents())
         self.leases = Leases(client, settings.lease_ttl_ms)
         # The run threads' appends and lease acquisitions go out together.
         self.leases.batcher = self.log.batch_appends()

@@ -183,6 +183,7 @@ class EventLog:
         retention_ms: int = 0,
         admin_keys: Iterable[bytes] = (),
         limits: blobs.Limits | None = None,
+        lean_agents: Iterable[str] = (),
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
@@ -203,13 +204,18 @@ class EventLog:
         #: Public keys of the approver registry's admins (``DURABLE_ADMIN_KEYS``): what a
         #: reader of the log checks recorded approvals' registry entries against.
         self.admin_keys: list[bytes] = list(admin_keys)
+        #: Agents whose runs' checkpoints keep only the latest decision's actions: a code
+        #: agent rebuilds its history by executing its function again, so the window of
+        #: settled actions is never read back (``Registry.rebuilt_agents``).
+        self.lean_agents = frozenset(lean_agents)
         #: Where a step's result goes: inline, beside the run, or refused
         #: (``durable.log.blobs``).
         self.limits = limits or blobs.Limits()
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
-                      sealed_names: Iterable[str] = ()) -> EventLog:
+                      sealed_names: Iterable[str] = (),
+                      lean_agents: Iterable[str] = ()) -> EventLog:
         keys.use_shards(settings.layout_shards)
         return cls(client, window=settings.action_window,
                    checkpoint_every=settings.checkpoint_every,
@@ -219,6 +225,7 @@ class EventLog:
                    open_sealed=open_sealed, sealed_names=sealed_names,
                    retention_ms=parse_duration_ms(settings.retention) if settings.retention
                    else 0, admin_keys=parse_public_keys(settings.admin_keys),
+                   lean_agents=lean_agents,
                    limits=blobs.Limits.from_settings(settings))
 
     def batch_appends(self) -> ScriptBatcher | None:
@@ -581,11 +588,17 @@ class EventLog:
     def _checkpoint(self, handle: RunHandle, ts: int) -> int:
         """Stage a snapshot of the state as it is now; returns its position in the batch."""
         state = handle.state
-        with blobs.unresolved(state):  # the snapshot keeps references, not large values
-            handle.staged.append(self._encode(ev.Checkpoint(
-                v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
-                actor=handle.actor, state=state, state_v=STATE_SCHEMA,
-            )))
+        window = state.actions
+        if state.agent in self.lean_agents:
+            state.actions = latest_actions(state)
+        try:
+            with blobs.unresolved(state):  # the snapshot keeps references, not large values
+                handle.staged.append(self._encode(ev.Checkpoint(
+                    v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
+                    actor=handle.actor, state=state, state_v=STATE_SCHEMA,
+                )))
+        finally:
+            state.actions = window
         state.version += 1
         return len(handle.staged)
 
@@ -622,3 +635,12 @@ class EventLog:
             return False
         self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
         return True
+
+
+def latest_actions(state: RunState) -> dict[int, Action]:
+    """The actions of the run's latest decision (its step, or its whole parallel group)
+    and every open one: what a lean checkpoint keeps."""
+    last = state.actions.get(state.step)
+    first = (last.group or last.step) if last is not None else state.step
+    return {step: act for step, act in state.actions.items()
+            if step >= first or not act.settled}
