@@ -1,7 +1,8 @@
 """The actions (POST, CSRF-checked, role-checked): cancel, approve or reject, fork, reconcile
-now, release from quarantine. Each goes through the ``Client`` under the logged-in user's
-name, which the run's log records: ``cancel_requested.by`` and the event's actor,
-``approval_decided.approver``, ``released.by``, the fork's events' actor.
+now, release from quarantine, settle an unknown outcome. Each goes through the ``Client``
+under the logged-in user's name, which the run's log records: ``cancel_requested.by`` and
+the event's actor, ``approval_decided.approver``, ``released.by``, the settle's
+``operator``, the fork's events' actor.
 
 The library's answer (refused, not found, a bad input) comes back to the run's page as a
 one-line message; nothing is written when it refuses.
@@ -9,6 +10,7 @@ one-line message; nothing is written when it refuses.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,6 +46,19 @@ def approve(client: Client, user: User, run_id: str, request: str, decision: str
         raise Refused(run_id, f"{user.name}'s approver key cannot be read: "
                       f"{exc.strerror or exc}") from None
     return client.sign_and_approve(run_id, request, decision, user.name, pem, note=note)
+
+
+def _signing_key(user: User, run_id: str, what: str) -> bytes:
+    """The private key the users file names for ``user`` (``approver_key``): what signs
+    their decisions, checked against the key registered under their name."""
+    if user.approver_key is None:
+        raise Refused(run_id, f"{user.name} has no approver_key in the console's users file: "
+                      f"{what} must be signed by a registered key")
+    try:
+        return user.approver_key.read_bytes()
+    except OSError as exc:
+        raise Refused(run_id, f"{user.name}'s key cannot be read: "
+                      f"{exc.strerror or exc}") from None
 
 
 Act = Callable[[Client, User, str, dict[str, Any]], str]
@@ -89,6 +104,22 @@ def _approve(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
     return f"{decision} of {request} recorded for {user.name}: run is {state.state}"
 
 
+def _settle(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
+    """Settle a step's unknown outcome as ``user``, signed with their key: the registry
+    says whether that key holds the settle role (``DURABLE_SETTLE_ROLE``)."""
+    resolution = _text(form, "resolution")
+    try:
+        step = int(_text(form, "step"))
+        text = _text(form, "result")
+        result = json.loads(text) if text and resolution == "applied" else None
+    except ValueError:
+        return "refused: the step must be a number and the result JSON"
+    pem = _signing_key(user, run_id, "a settle")
+    state = c.sign_and_settle(run_id, step, resolution, user.name, pem,
+                              evidence=_text(form, "evidence"), result=result)
+    return f"step {step} settled {resolution} by {user.name}: run is {state.state}"
+
+
 def _fork(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
     at = _text(form, "at")
     if not at:
@@ -112,3 +143,4 @@ decide = _action("approver", _approve)
 fork = _action("operator", _fork)
 reconcile = _action("operator", _reconcile)
 release = _action("operator", _release)
+settle = _action("operator", _settle)

@@ -113,6 +113,7 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route(run + "/fork", actions.fork, methods=["POST"]),
         Route(run + "/reconcile", actions.reconcile, methods=["POST"]),
         Route(run + "/release", actions.release, methods=["POST"]),
+        Route(run + "/settle", actions.settle, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     middleware = [Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),

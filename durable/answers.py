@@ -26,6 +26,13 @@ def respond(elog: EventLog, run_id: str, response: Any, *, kind: str = "input",
         wait = handle.state.wait
         if wait is None or wait.kind != kind or (request and wait.request != request):
             return handle.state, False
+        unsettled = [a.step for a in handle.state.actions.values()
+                     if kind == "external" and a.key == wait.request and a.status == "unknown"]
+        if unsettled:  # an answer would be ignored: the worker would ask the lookup again
+            raise Refused(run_id, f"it waits for an operator to settle the unknown outcome "
+                          f"of step {unsettled[0]}: `durable settle {run_id} --step "
+                          f"{unsettled[0]} --applied|--not-applied --evidence TEXT "
+                          "--signer NAME --key FILE`; nothing written")
         try:
             elog.commit(handle, [Spec(ev.WaitResolved, {
                 "kind": kind, "request": wait.request, "response": response, "by": by})])

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 from pydantic import ValidationError
 
-from durable import catalog, overview, tracing
+from durable import catalog, overview, settling, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
@@ -41,8 +41,9 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.index import ordered
 from durable.log.replay import fork, state_at
-from durable.log.state import TERMINAL, WAITING, RunState
+from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
+from durable.outcomes import NO_LOOKUP
 from durable.quarantine import release
 from durable.queue import enqueue_advance, enqueue_many, make_queue
 from durable.schedules import Schedules
@@ -461,7 +462,9 @@ class Client:
         """Record a cancel request (durable first), then publish the hint.
 
         A terminal run is left as it is. A run no worker holds, with nothing in flight, is
-        canceled at once. ``by``: who asked (the request's ``by`` and actor).
+        canceled at once; so is a quarantined run, whatever it had in flight (a dispatched
+        call is recorded interrupted: its ``lookup`` is asked later). ``by``: who asked
+        (the request's ``by`` and actor).
         """
         if scope not in ("run", "call"):
             raise UsageError(f"scope must be 'run' or 'call', not {scope!r}")
@@ -474,8 +477,11 @@ class Client:
             request = Spec(ev.CancelRequested, {"reason": reason, "scope": scope,
                                                 "requested_ts": requested, "by": by})
             in_flight = any(a.status in ("dispatched", "unknown") for a in state.actions.values())
-            now_specs = (finish_specs(state, reason, requested)
-                         if scope == "run" and not in_flight else [])
+            # No worker drives a quarantined run: only this (or the reconciler) ends it.
+            quarantined = state.state == "quarantined"
+            at_once = not in_flight or quarantined
+            now_specs = finish_specs(state, reason, requested) if scope == "run" and at_once \
+                else []
             try:
                 self.log.commit(handle, [request], if_free=now_specs)
             except ConflictError:
@@ -484,6 +490,8 @@ class Client:
                 return self.status(run_id)
             if handle.state.state == "canceled":
                 self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
+                if quarantined:
+                    self.redis.hdel(keys.QUARANTINE, run_id)
             if scope == "run" and handle.state.children:  # scope run includes them
                 cancel_children(self.log, self.redis, handle.state, reason, by,
                                 self.settings.cancel_secret)
@@ -551,6 +559,49 @@ class Client:
         signature = sign_decision(private_key_pem, run_id, request, appr.digest, decision,
                                   appr.expires)
         return self.approve(run_id, request, decision, approver, note, signature=signature)
+
+    def settle(self, run_id: str, step: int, resolution: str, *, evidence: str, signer: str,
+               signature: str, result: Any = None) -> RunState:
+        """Record an operator's signed decision that ``step``'s unknown outcome was
+        ``applied`` (with ``result``) or ``not_applied`` (``durable.settling``), and let the
+        run go on. Refused (``Refused``, nothing written) unless the step is unknown and
+        the signature is ``signer``'s registered key's, with ``DURABLE_SETTLE_ROLE``."""
+        state = settling.settle(self.log, self.approvers, self.settings.settle_role, run_id,
+                                step, resolution, result, evidence, signer, signature,
+                                max_bytes=self.settings.max_payload_bytes)
+        if not (state.terminal or state.waiting):
+            self.enqueue(run_id)
+        return state
+
+    def sign_and_settle(self, run_id: str, step: int, resolution: str, signer: str,
+                        private_key_pem: bytes, *, evidence: str,
+                        result: Any = None) -> RunState:
+        """Sign a settle of ``step`` as it is recorded now with ``private_key_pem`` (the key
+        ``signer`` registered), then ``settle``."""
+        act = self.status(run_id).actions.get(step)
+        if act is None:
+            raise Refused(run_id, f"step {step} is not a step of this run")
+        signature = settling.sign_settle(private_key_pem, run_id, act, resolution, result,
+                                         evidence)
+        return self.settle(run_id, step, resolution, evidence=evidence, signer=signer,
+                           signature=signature, result=result)
+
+    def stuck(self, limit: int = 100) -> list[tuple[RunSummary, Action]]:
+        """Runs whose unknown outcome no lookup can resolve, with that step: they wait for
+        an operator's ``settle``. Newest first."""
+        found: list[tuple[RunSummary, Action]] = []
+        after: str | None = None
+        while len(found) < limit:
+            page = self.runs("waiting_external", 500, after=after)
+            for row in page:
+                if NO_LOOKUP in row.reason:
+                    act = settling.waits_for_settle(self.status(row.run_id))
+                    if act is not None:
+                        found.append((row, act))
+            if len(page) < 500:
+                break
+            after = page[-1].run_id
+        return found[:limit]
 
     def release(self, run_id: str, by: str = "operator") -> str:
         """Retry a quarantined run with the current code; returns its state afterwards."""

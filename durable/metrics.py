@@ -38,9 +38,13 @@ from prometheus_client.registry import Collector
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
+from durable.outcomes import NO_LOOKUP
 
 if TYPE_CHECKING:
     from durable.client import Client
+
+#: Waiting-for-external runs a scrape reads per shard to count the unsettled ones.
+UNSETTLED_SCAN = 10_000
 
 #: Prometheus name, help and label names of each counter kept in ``dx:metrics``.
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -154,6 +158,23 @@ class DurableCollector(Collector):
             "durable_oldest_outcome_unknown_seconds",
             "Age of the oldest run whose dispatched effect awaits reconciliation (0: none).",
             value=ages[-1])
+        yield GaugeMetricFamily(
+            "durable_runs_unsettled",
+            "Runs whose unknown outcome no lookup can resolve: they wait for an operator's "
+            "signed settle (durable runs --stuck).", value=self._unsettled(shards))
+
+    def _unsettled(self, shards: list[int | None]) -> int:
+        """The waiting_external runs whose projected reason is the lookup's "cannot tell"
+        (one read of each shard's index, one pipelined HGET per waiting run, at most
+        ``UNSETTLED_SCAN`` per shard)."""
+        ids = [rid for shard in shards for rid in self.redis.zrange(
+            keys.runs_in_state("waiting_external", shard), 0, UNSETTLED_SCAN - 1)]
+        if not ids:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(keys.run(_s(rid)), "reason")
+        return sum(1 for why in pipe.execute() if why and NO_LOOKUP in _s(why))
 
 
 def registry_for(client: redis.Redis) -> CollectorRegistry:

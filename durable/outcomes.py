@@ -26,6 +26,10 @@ LOOKUP_RETRY_MS = 2000
 #: How long an operator has to settle an outcome nobody can tell (ms).
 OPERATOR_WAIT_MS = 7 * 86400 * 1000
 
+#: In the reason of a run waiting for an operator to settle an unknown outcome (what
+#: ``durable runs --stuck`` and ``durable_runs_unsettled`` look for in the projection).
+NO_LOOKUP = "lookup cannot tell"
+
 
 def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -> list[Spec]:
     """The events that settle ``act`` according to the authoritative system; none when the
@@ -47,7 +51,8 @@ def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -
     if found.status == "not_applied" and tool.lookup_authoritative:
         client.hincrby(keys.STATS, "redispatched_after_lookup", 1)
         return [Spec(ev.ActionReconciled, {**base, "resolution": "not_applied"})]
-    reason = f"outcome of {act.key} ({act.tool}) unknown: lookup cannot tell"
+    reason = f"outcome of {act.key} ({act.tool}) unknown: {NO_LOOKUP}; " \
+             f"an operator settles step {act.step} (durable settle)"
     return [
         Spec(ev.ActionReconciled, {**base, "resolution": "unknown"}),
         Spec(ev.WaitEntered, {"kind": "external", "reason": reason,

@@ -167,6 +167,11 @@ class Settings(BaseSettings):
         "them; unset, no approval can be trusted. Rotate by listing the new key beside the "
         "old, `durable approvers resign`, then dropping the old.",
     )
+    settle_role: str = Field(
+        default="operator", min_length=1,
+        description="The role a registered key needs to settle an unknown outcome "
+        "(`durable settle`): its signed decision is recorded and checked like an approval.",
+    )
     reconcile_interval_s: float = Field(default=0.5, gt=0)
     console_users: Path | None = Field(
         default=None,

@@ -8,7 +8,7 @@ makes is version-checked under a lease like a worker's.
 For a due run it:
 - leaves it alone while a worker holds its lease (and looks again after the lease's TTL);
 - resolves *outcome unknown* actions with the tool's ``lookup`` once their deadline passed;
-- finishes a pending cancel when nothing is in flight;
+- finishes a pending cancel when nothing is in flight (of a quarantined run too);
 - wakes retry timers and expires waits past their deadline;
 - re-enqueues runs with work left and nothing queued (a crashed worker, or a stuck run).
 
@@ -200,6 +200,8 @@ class Reconciler:
                                                     "by": "effect_free"})]
             else:
                 if act.deadline + skew > now:
+                    if state.state == "quarantined" and state.cancel is not None:
+                        break  # the cancel records it interrupted, below
                     if state.terminal or state.state == "outcome_unknown":
                         self.redis.zadd(keys.due_of(handle.run_id),
                                         {handle.run_id: act.deadline + skew + 1})
@@ -227,15 +229,19 @@ class Reconciler:
         if state.terminal:
             self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
             return "terminal"
-        if state.state == "quarantined":
-            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
-            return "quarantined"
         if state.cancel is not None and state.cancel.scope == "run":
+            # A quarantined run too: no worker will drive it, and a cancel always ends it.
+            quarantined = state.state == "quarantined"
             specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)
             self.log.commit(handle, specs)
             self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+            if quarantined:
+                self.redis.hdel(keys.QUARANTINE, handle.run_id)
             self._did("finished_cancel")
             return "canceled"
+        if state.state == "quarantined":
+            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
+            return "quarantined"
         if state.waiting and state.wait is not None:
             if state.wait.until and state.wait.until <= now:
                 if state.wait.kind == "child":

@@ -134,8 +134,9 @@ def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
     """200 turns of 2 KB replies, each model call given the whole conversation: the log
     records each request as a digest and its checkpoints copy no settled reply, so the
     run's Redis bytes (every entry counted: ``MEMORY USAGE ... SAMPLES 0``) stay within
-    1.7 times the bytes of its messages. Killed after turn 150's model call returned (effect-free: its outcome
-    not recorded), the run resumes: no recorded model call is sent again."""
+    1.7 times the bytes of its messages. Killed after turn 150's model call returned
+    (effect-free: its outcome not recorded), the run resumes: no recorded model call is
+    sent again."""
     turns, size = 200, 2000
     run = client.start("chatter", {"turns": turns, "text_bytes": size}, run_id="chat").run_id
     doomed = worker(kill_at="after_effect:150")

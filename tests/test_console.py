@@ -23,13 +23,14 @@ import pytest
 import redis
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+import tests.settle_agents  # noqa: F401  (registers peeker)
 from console.users import User, Users, hash_password, verify_password
 from durable.client import Client
 from durable.embedded import free_port
 from durable.errors import UsageError
 from durable.log import events as ev
 from durable.log import keys
-from durable.testing import Server, wait_for
+from durable.testing import AdminKey, Server, wait_for
 from durable.testing.processes import Process
 from tests.conftest import ApproverFactory, WorkerFactory
 
@@ -479,3 +480,36 @@ def test_the_console_serves_prometheus_metrics_without_a_login(
                 if s.name == "durable_steps_total")
     assert steps == 6
     assert all(r not in resp.text for r in runs)
+
+
+def test_an_operator_settles_an_unknown_outcome_from_the_run_page(
+        console: Console, page: Page, client: Client, worker: WorkerFactory,
+        admin_key: AdminKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run waits for an operator because its tool has no lookup: the run page offers a
+    settle to an operator (not to a viewer); alice's settle is signed with her key, which
+    the registry must hold with the operator role, and the run completes."""
+    monkeypatch.setenv("TEST_PEEK_FILE", str(tmp_path / "peek-calls"))
+    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.settle_agents")
+    run = client.start("peeker", {"q": "a"}, run_id="settle-me").run_id
+    w = worker()
+    assert client.wait(run, 30).state == "waiting_external"
+    w.stop()
+    login(page, console, "vera", f"/runs/{run}")
+    expect(page.locator("#run-state")).to_have_attribute("data-state", "waiting_external")
+    expect(page.locator("#settle-1")).to_have_count(0)
+    page.context.clear_cookies()  # log out
+    login(page, console, "alice", f"/runs/{run}")
+    form = page.locator("form.settle-form")
+    form.locator("select[name=resolution]").select_option("not_applied")
+    form.locator("input[name=evidence]").fill("no request in the server's access log")
+    page.click("#settle-1")
+    expect(page.locator("#flash")).to_contain_text("does not have the role 'operator'")
+    client.approvers.grant("alice", ["operator"], admin_key=admin_key.private)
+    form.locator("input[name=evidence]").fill("no request in the server's access log")
+    page.click("#settle-1")
+    expect(page.locator("#flash")).to_contain_text("settled not_applied by alice")
+    (settle,) = [e for e in events_of(client, run, ev.ActionReconciled) if e.by == "operator"]
+    assert (settle.operator, settle.actor, settle.evidence) == (
+        "alice", "alice", "no request in the server's access log")
+    worker()
+    assert client.wait(run, 30).state == "completed"

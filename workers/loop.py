@@ -63,6 +63,7 @@ from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
+from durable.settling import unsigned_settle
 from workers import parallel
 from workers.dispatch import Dispatcher
 from workers.gates import Check, gate, request_specs, revalidate, version_policy
@@ -373,6 +374,10 @@ class StepLoop:
                 if fresh is None:
                     return False
                 handle = fresh
+                forged = self._unsigned_rejection(handle)  # someone else wrote meanwhile
+                if forged is not None:
+                    await self._quarantine(handle, forged)
+                    return False
                 continue
             except Terminal:
                 return False
@@ -711,15 +716,15 @@ class StepLoop:
                                     [s for spec in outcomes for s in spec], len(calls))
 
     def _unsigned_rejection(self, handle: RunHandle) -> str | None:
-        """A rejection the fold already applied (the action settled as rejected) must have
-        been valid when it was made; one that was not (written around the client) is never
-        fed to the agent: the run is quarantined. Approvals are checked at the gate."""
+        """A rejection or an operator's settle the fold already applied must have been
+        valid when it was made; one that was not (written around the client) is never fed
+        to the agent: the run is quarantined. Approvals are checked at the gate."""
         for appr in handle.state.approvals.values():
             if appr.decision is not None and appr.decision != "approve":
                 problem = check_history(self.approvers, handle.run_id, appr)
                 if problem is not None:
                     return f"the rejection of {appr.request} does not hold: {problem}"
-        return None
+        return unsigned_settle(self.approvers, self.settings.settle_role, handle.state)
 
     def _approval_check(self, run_id: str) -> Check:
         """How this worker checks a recorded decision: against the approver registry, now."""

@@ -1,4 +1,5 @@
-"""Commands on runs: start, status, runs, cancel, respond, approve, quarantine release."""
+"""Commands on runs: start, status, runs, cancel, respond, approve, settle, quarantine
+release."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from durable.cli.output import (
 )
 from durable.errors import UsageError
 from durable.log.replay import summary
+from durable.log.state import TERMINAL
 from durable.sealing import shown_struct
 from durable.signing import load_private_key, read_key_file
 
@@ -74,6 +76,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    if args.stuck:
+        return _stuck(args)
     runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after)
     if args.json:
         for r in runs:
@@ -85,8 +89,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return OK
 
 
+def _stuck(args: argparse.Namespace) -> int:
+    found = client().stuck(args.limit)
+    if args.json:
+        for row, act in found:
+            json_out({**row.__dict__, "step": act.step, "tool": act.tool, "key": act.key})
+        return OK
+    table("runs waiting for an operator to settle an unknown outcome (durable settle)",
+          ["run", "agent", "step", "tool", "key", "since"],
+          [(row.run_id, row.agent, act.step, act.tool, act.key, age(row.updated))
+           for row, act in found])
+    return OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
-    state = client().cancel(args.run, args.reason, args.scope)
+    c = client()
+    before = c.projection(args.run).get("state", "")
+    if before in TERMINAL:
+        print(f"durable: run {args.run} is already {before}; nothing to cancel",
+              file=sys.stderr)
+        return CHECK_FAILED
+    state = c.cancel(args.run, args.reason, args.scope)
     if args.json:
         json_out({"run_id": args.run, "state": state.state})
     else:
@@ -126,6 +149,21 @@ def cmd_approve(args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_settle(args: argparse.Namespace) -> int:
+    private_key = read_key_file(args.key)
+    load_private_key(private_key)  # a bad key file is a usage error, before anything else
+    if args.result is not None and not args.applied:
+        raise UsageError("--result goes with --applied")
+    result = _json_arg(args.result, "--result") if args.result is not None else None
+    c = client()
+    c.projection(args.run)
+    state = c.sign_and_settle(args.run, args.step,
+                              "applied" if args.applied else "not_applied", args.signer,
+                              private_key, evidence=args.evidence, result=result)
+    json_out({"run_id": args.run, "step": args.step, "state": state.state})
+    return OK
+
+
 def cmd_quarantine_release(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
@@ -146,6 +184,8 @@ def register(add: Add) -> None:
     sp.add_argument("--after", default=None, metavar="RUN",
                     help="the next page: runs listed after this one")
     sp.add_argument("--agent", default=None, help="only this agent's runs")
+    sp.add_argument("--stuck", action="store_true",
+                    help="only runs whose unknown outcome no lookup can resolve (settle them)")
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)
     sp.add_argument("--reason", default="operator request")
     sp.add_argument("--scope", choices=["run", "call"], default="run")
@@ -163,6 +203,22 @@ def register(add: Add) -> None:
     sp.add_argument("--key", required=True, metavar="PRIVATE_KEY_FILE",
                     help="NAME's Ed25519 private key (PEM): the decision is signed locally")
     sp.add_argument("--note", default="")
+    sp = add("settle", cmd_settle, "settle a step's unknown outcome by a signed operator "
+             "decision; the run goes on", run=True, js=False)
+    sp.add_argument("--step", required=True, type=int)
+    how = sp.add_mutually_exclusive_group(required=True)
+    how.add_argument("--applied", action="store_true", help="the call did apply")
+    how.add_argument("--not-applied", action="store_true",
+                     help="it did not: the step is sent again with the same key")
+    sp.add_argument("--result", default=None, metavar="JSON",
+                    help="with --applied: the call's result as JSON (default null)")
+    sp.add_argument("--evidence", required=True, metavar="TEXT",
+                    help="what shows it (recorded and signed)")
+    sp.add_argument("--signer", required=True, metavar="NAME",
+                    help="the registered key that signs (durable approvers add NAME --role "
+                    "operator)")
+    sp.add_argument("--key", required=True, metavar="PRIVATE_KEY_FILE",
+                    help="NAME's Ed25519 private key (PEM): the decision is signed locally")
     sp = add("quarantine", cmd_quarantine_release,
              "quarantine release RUN: retry a quarantined run (after an upgrade)", js=False)
     sp.add_argument("verb", choices=["release"])

@@ -126,7 +126,7 @@ class ActionInterrupted(Event, tag="action_interrupted", kw_only=True, frozen=Tr
 
 
 class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True):
-    """An unknown outcome resolved with the tool's ``lookup``.
+    """An unknown outcome resolved with the tool's ``lookup``, or settled by an operator.
 
     ``resolution``: ``applied`` (counts as succeeded), ``not_applied`` (the step may be
     dispatched again with the same key) or ``unknown`` (an operator must decide).
@@ -136,10 +136,20 @@ class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True
     key: str
     resolution: str
     result: Any = None
-    #: How: "" (the tool's ``lookup``) or "effect_free" (nothing to ask: sent again).
+    #: How: "" (the tool's ``lookup``), "effect_free" (nothing to ask: sent again) or
+    #: "operator" (a signed settle, ``durable.settling``: the fields below say who and why).
     by: str = ""
     #: As for ``ActionSucceeded``: a large result kept beside the run.
     blob: BlobRef | None = None
+    #: A settle's registered signer, its key's fingerprint and its Ed25519 signature over
+    #: the run, step, key, ``attempt`` (the step's dispatch count), resolution, the
+    #: result's SHA-256 (``result_digest``) and the ``evidence`` (the operator's words).
+    #: Older readers fold a settle as any reconciliation; they do not check the signature.
+    operator: str = ""
+    operator_key: str = ""
+    sig: str = ""
+    evidence: str = ""
+    result_digest: str = ""
 
 
 class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):

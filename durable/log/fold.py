@@ -17,6 +17,7 @@ from durable.log.state import (
     Approval,
     CancelInfo,
     RunState,
+    SettleInfo,
     WaitInfo,
     copy_state,
 )
@@ -122,6 +123,10 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
         case ev.ActionReconciled():
             act = state.actions[e.step]
             act.resolution = e.resolution
+            if e.by == "operator":
+                act.settle = SettleInfo(by=e.operator, key=e.operator_key, sig=e.sig,
+                                        evidence=e.evidence, digest=e.result_digest,
+                                        attempt=e.attempt, at=e.ts, resolution=e.resolution)
             if e.resolution == "applied":
                 act.status, act.result, act.blob = "succeeded", e.result, e.blob
                 if e.blob is not None:

@@ -35,6 +35,21 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     size: int
 
 
+class SettleInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An operator's signed settle of an unknown outcome (``durable.settling``): who
+    (the registered signer and its key's fingerprint), the signature, the evidence, the
+    result's digest, the dispatch count it was made for, and when it was recorded."""
+
+    by: str = ""
+    key: str = ""
+    sig: str = ""
+    evidence: str = ""
+    digest: str = ""
+    attempt: int = 0
+    at: int = 0
+    resolution: str = ""
+
+
 class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     step: int
     tool: str
@@ -59,6 +74,8 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     blob: BlobRef | None = None
     #: The first step of the parallel group this step was decided in (0: decided alone).
     group: int = 0
+    #: The operator's signed settle of this step's unknown outcome, if one was recorded.
+    settle: SettleInfo | None = None
 
     @property
     def settled(self) -> bool:

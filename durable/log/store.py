@@ -608,8 +608,9 @@ class EventLog:
                    if a.status in ("unknown", "dispatched")]
         if state.state in TERMINAL:
             return str(max(unknown) + 1) if unknown else "-"
-        if state.state == "quarantined":
-            return "-"
+        if state.state == "quarantined":  # until an operator acts; a cancel ends it
+            cancel = state.cancel is not None and state.cancel.scope == "run"
+            return str(ts + self.lease_ttl_ms) if cancel else "-"
         if state.state in WAITING:
             if state.wait is not None and state.wait.until:
                 return str(state.wait.until)

@@ -3,7 +3,10 @@
 ``approvals_signed`` re-checks every recorded approval decision against the approver
 registry (``durable.approvals.check_history``): a registered key, not revoked when it
 signed, with the request's role, before the request expired, and a signature over this
-run, request, digest, decision and expiry.
+run, request, digest, decision and expiry. ``settles_signed`` does the same for every
+operator's settle of an unknown outcome (``durable.settling.check_event``): a registered,
+trusted key holding the settle role, not revoked when the settle was recorded, whose
+signature covers this run, step, key, attempt, resolution, result and evidence.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.state import BlobRef, RunState
 from durable.log.store import EventLog
+from durable.settling import check_event
 
 
 @dataclass
@@ -31,11 +35,12 @@ class Report:
         self.checks[name] = why
 
 
-def verify(elog: EventLog, run_id: str) -> Report:
+def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Report:
+    """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``)."""
     report = Report(run_id)
     names = ["decodable", "contiguous", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
-             "approvals_signed", "large_values", "links"]
+             "approvals_signed", "settles_signed", "large_values", "links"]
     for name in names:
         report.checks[name] = "ok"
     entries = elog.read(run_id)
@@ -88,6 +93,10 @@ def verify(elog: EventLog, run_id: str) -> Report:
             problem = check_history(approvers, run_id, state.approvals[e.request])
             if problem is not None:
                 report.fail("approvals_signed", f"{entry.id}: {problem}")
+        if isinstance(e, ev.ActionReconciled):
+            problem = check_event(approvers, settle_role, run_id, e)
+            if problem is not None:
+                report.fail("settles_signed", f"{entry.id}: {problem}")
     dup = {k: n for k, n in successes.items() if n > 1}
     if dup:
         report.fail("one_success_per_key", f"keys with several successes: {dup}")
