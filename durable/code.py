@@ -230,6 +230,13 @@ class CodeAgent(Agent):
             session = self._sessions[state.run_id] = self._session(state)
         return session.next_decision(state)
 
+    def dry_run(self, state: RunState, timeout_s: float = 10.0) -> tuple[Decision, int]:
+        """Execute the function against ``state``'s log without a worker: (the decision it
+        takes past what the log records, the steps it had taken by then); raises what the
+        function raises, ``NondeterminismError`` among it (``durable deploy check``)."""
+        session = self._session(state)
+        return session.first_decision(timeout_s), session.pos
+
     def close_run(self, run_id: str) -> None:
         self._parked_since.pop(run_id, None)
         session = self._sessions.pop(run_id, None)

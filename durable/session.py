@@ -342,6 +342,23 @@ class Session:
     def close(self) -> None:
         self.inbox.put(UNWIND)
 
+    def first_decision(self, timeout_s: float) -> Decision:
+        """Execute the function from the start, off any worker: the first decision it hands
+        over (its next step past what the log records), or what it raises. Nothing is sent:
+        the function is ended right after (``close``)."""
+        self.started = True
+        self.thread.start()
+        try:
+            item = self.outbox.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"did not reach its next step within {timeout_s:g} s") from None
+        finally:
+            self.close()
+        if isinstance(item, BaseException):
+            raise item
+        decision: Decision = item
+        return decision
+
 
 #: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``,
 #: ``ctx.join``).

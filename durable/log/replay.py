@@ -236,8 +236,10 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
     checked = 0
     for entry in elog.read(run_id):
         event = _decoded(entry)
-        if isinstance(event, ev.StepDecided):
-            check_decision(run_id, agent, state, event.step, event.tool, event.args)
+        # A parallel group is re-decided once, from the state before its first step.
+        if isinstance(event, ev.StepDecided) and event.group in (0, event.step):
+            check_decision(run_id, agent, state, event.step, event.tool, event.args,
+                           event.group)
             checked += 1
         apply(state, event, elog.window)
     return checked

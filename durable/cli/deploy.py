@@ -1,0 +1,61 @@
+"""The deploy gate: ``durable deploy check --agents MODULE``.
+
+Imports MODULE (the new agent code), replays every run in flight of the agents it defines
+against it without sending anything (``durable.deploycheck``), and lists the runs that
+would diverge with their first differing step. Exit 1 when any would: usable in CI before
+a rollout. It opens sealed fields like a worker does, so it needs the workers' keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from durable.agents import registry
+from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.deploycheck import check, defined_in
+from durable.errors import UsageError
+from durable.log.state import ACTIVE, WAITING
+from durable.log.store import EventLog
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    c = client()
+    registry.load(args.agents)
+    agents = defined_in(registry, args.agents)
+    if not agents:
+        raise UsageError(f"{args.agents} defines no agent")
+    elog = EventLog.from_settings(c.redis, c.settings, open_sealed=True,
+                                  sealed_names=registry.sensitive_names(),
+                                  lean_agents=registry.rebuilt_agents())
+    runs = [(r.run_id, r.agent, r.state) for state in sorted(ACTIVE | WAITING)
+            for name in sorted(agents)
+            for r in c.runs(state, args.limit, agent=name)]
+    verdicts = check(elog, agents, runs)
+    diverging = [v for v in verdicts if v.outcome != "same"]
+    if args.json:
+        for v in verdicts:
+            json_out({"run_id": v.run_id, "agent": v.agent, "outcome": v.outcome,
+                      "step": v.step, "detail": v.detail})
+    else:
+        if diverging:
+            table("runs that would diverge", ["run", "agent", "step", "why"],
+                  [(v.run_id, v.agent, v.step or "", v.detail) for v in diverging])
+        print(f"{len(verdicts)} run(s) in flight of {', '.join(sorted(agents))} checked: "
+              f"{len(verdicts) - len(diverging)} replay the same, {len(diverging)} would "
+              "diverge")
+    return CHECK_FAILED if diverging else OK
+
+
+def register(add: Add) -> None:
+    sp = add("deploy", None, "checks before a rollout: deploy check --agents MODULE", js=False)
+    verbs = sp.add_subparsers(dest="verb", required=True, parser_class=type(sp))
+    p = verbs.add_parser("check", help="replay the runs in flight against new agent code",
+                         description="replay every run in flight of MODULE's agents against "
+                                     "the code imported now (nothing is sent); exit 1 when "
+                                     "any would diverge")
+    p.set_defaults(fn=cmd_check)
+    p.add_argument("--agents", required=True, metavar="MODULE",
+                   help="the module that defines the new agents")
+    p.add_argument("--limit", type=int, default=10_000,
+                   help="runs per state and agent to check (default 10000)")
+    p.add_argument("--json", action="store_true", help="one JSON line per run checked")
