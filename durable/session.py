@@ -7,6 +7,7 @@ it draws from its context and the waits it makes are checked against what the lo
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import queue
 import threading
@@ -119,6 +120,8 @@ class Session:
         self.batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]] = []
         self.thread = threading.Thread(target=self._main, name=f"agent-{run_id}", daemon=True)
         self.started = False
+        #: True while the function waits for the worker's answer to a decision.
+        self.blocked = False
 
     @property
     def replaying(self) -> bool:
@@ -224,7 +227,7 @@ class Session:
         """Give ``decision`` to the worker and wait for the outcomes of ``steps``."""
         self.pending = steps
         self.outbox.put(decision)
-        answer = self.inbox.get()
+        answer = self._answer()
         if answer is UNWIND:
             raise Unwind
         acts: list[Action] = answer
@@ -253,7 +256,7 @@ class Session:
             return done.response
         self.outbox.put(Wait(kind, reason, timeout_s, data,  # type: ignore[arg-type]
                              values=self._take_fresh()))
-        self.inbox.get()  # the worker lets go of the run while it waits: always an unwind
+        self._answer()  # the worker lets go of the run while it waits: always an unwind
         raise Unwind
 
     def join(self, child: ChildRun, timeout_s: float) -> Any:
@@ -339,8 +342,23 @@ class Session:
             decision: Decision = item
             return decision
 
+    def _answer(self) -> Any:
+        """Block until the worker answers the decision just handed over."""
+        self.blocked = True
+        try:
+            return self.inbox.get()
+        finally:
+            self.blocked = False
+
     def close(self) -> None:
+        """End the function: it is told at the step it waits on, or, when it runs code of
+        its own (a loop that takes no step, past its quarantine), interrupted where it is
+        (``Unwind``, a ``BaseException``), as the watchdog interrupts a ``decide()``."""
         self.inbox.put(UNWIND)
+        ident = self.thread.ident
+        if self.started and not self.blocked and self.thread.is_alive() and ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                       ctypes.py_object(Unwind))
 
     def first_decision(self, timeout_s: float) -> Decision:
         """Execute the function from the start, off any worker: the first decision it hands

@@ -202,3 +202,12 @@ def buggy(ctx: RunContext, inp: Any) -> Any:
     """A bug after its first step: a KeyError two frames down."""
     ctx.call("noop", {"n": 1})
     return _lookup_missing({})
+
+
+@agent(tools=("noop",))
+def spinner(ctx: RunContext, inp: Any) -> None:
+    """Takes a step, then loops in its own code forever (a core busy, no step taken)."""
+    ctx.call("noop", {"n": 1})
+    n = 0
+    while True:
+        n += 1

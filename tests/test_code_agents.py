@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
@@ -172,3 +173,22 @@ def test_an_effect_free_call_that_never_answers_is_sent_again_only_max_attempts_
     state = client.status(run)
     assert state.state == "completed" and state.result == "gave up: NoOutcome"
     assert _types(client, run).count("action_dispatched") == 2
+
+
+def test_a_code_agent_spinning_after_its_quarantine_is_stopped(
+    client: Client, worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Window: the function took a step, then loops without taking another. Past
+    ``DURABLE_DECIDE_TIMEOUT_MS`` the run is quarantined, and the loop is interrupted in
+    its thread as a ``decide()`` is: the worker does not keep a core busy after it, and
+    it completes other runs."""
+    monkeypatch.setenv("DURABLE_DECIDE_TIMEOUT_MS", "500")
+    run = client.start("spinner", {}, run_id="spin").run_id
+    w = worker()
+    state = client.wait(run, timeout=20)
+    assert state.state == "quarantined" and "did not return within 500 ms" in (state.reason or "")
+    proc = psutil.Process(w.proc.pid)
+    busy = max(proc.cpu_percent(interval=1.0) for _ in range(2))
+    assert busy < 50, busy  # the loop alone kept one core at ~100 %
+    other = client.start("code_writer", {"steps": 1}, run_id="after-spin").run_id
+    assert client.wait(other, timeout=20).state == "completed"
