@@ -50,6 +50,10 @@ def test_a_parent_gets_its_childrens_results(client: Client, worker: WorkerFacto
     assert applications(str(tmp_path / "world.sqlite")) == {f"{k}:1": 1 for k in kids}
     shown = run_durable("status", kids[0], env=dict(os.environ))
     assert f"{run} (step 1)" in shown.stdout, shown.stdout
+    logged = run_durable("log", run, env=dict(os.environ)).stdout
+    assert f"start child run {kids[0]}" in logged, logged
+    logged = run_durable("log", kids[1], env=dict(os.environ)).stdout
+    assert f"child of {run}, its step 2" in logged, logged
     assert verify(client.log, run).ok
 
 

@@ -73,9 +73,15 @@ def _large(ref: BlobRef) -> str:
 
 def describe(event: ev.Event) -> str:
     match event:
+        case ev.RunStarted() if event.parent and event.parent_step:
+            return f"started {event.agent} v{event.agent_version} (child of " \
+                   f"{event.parent}, its step {event.parent_step})"
         case ev.RunStarted():
             return f"started {event.agent} v{event.agent_version}" + (
                 f" (fork of {event.parent} at {event.forked_at})" if event.parent else "")
+        case ev.StepDecided() if event.tool == keys.CHILD_TOOL:
+            return f"intends step {event.step}: start child run " \
+                   f"{keys.child_id(event.run, event.step)} ({_short(event.args)})"
         case ev.StepDecided():
             return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
         case ev.ActionDispatched():
