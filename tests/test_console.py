@@ -56,7 +56,7 @@ class Console:
 def browser() -> Iterator[Browser]:
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium "
-                    "(apt-get install chromium; .ci/run does)")
+                    "(apt-get install chromium; ./test.sh does)")
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b

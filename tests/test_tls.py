@@ -24,7 +24,7 @@ AGENTS = "examples.agents,tests.agents"
 
 
 def test_debian_redis_server_is_installed() -> None:
-    """CI installs it (.ci/run); without it the TLS tests would prove nothing."""
+    """./test.sh installs it; without it the TLS tests would prove nothing."""
     out = subprocess.run([debian_redis(), "--version"], capture_output=True, text=True,
                          timeout=30)
     assert "Redis server v=" in out.stdout
