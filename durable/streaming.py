@@ -242,6 +242,13 @@ def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.
             except redis.RedisError:
                 stop.wait(0.2)  # the next call reconnects and resubscribes
                 continue
+            except (TypeError, AttributeError, ValueError):
+                # redis-py reading a connection another thread closed (its client closed,
+                # the follower dropped): no message will come; a live follower reconnects.
+                if stop.is_set():
+                    break
+                stop.wait(0.2)
+                continue
             if msg and msg.get("type") == "message":
                 found = decode_partial(msg["data"])
                 if found is not None:
