@@ -11,7 +11,6 @@ by the note's recorded arguments.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from pydantic import BaseModel
@@ -19,25 +18,12 @@ from pydantic import BaseModel
 from durable.agents import Agent, Call, Decision, Finish, Tool, ToolContext, register
 from durable.code import RunContext, StepFailed, agent
 from durable.log.state import RunState
+from tests.pages import page, sha
 
 
 class PagesInput(BaseModel):
     pages: list[int]
     secret: bool = False
-
-
-def page(size: int, seed: str = "page") -> str:
-    """``size`` characters of hex text derived from ``seed`` (the same every time)."""
-    chunks, block, total = [], seed.encode(), 0
-    while total < size:
-        block = hashlib.sha256(block).hexdigest().encode()
-        chunks.append(block)
-        total += len(block)
-    return b"".join(chunks)[:size].decode()
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @register
