@@ -146,7 +146,7 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     finally:
         stop.set()
         cutter.join()
-    assert done, ({run: client.status(run).state for run in runs
+    assert done, ({run: (client.status(run).state, client.status(run).reason) for run in runs
                    if client.status(run).state != "completed"}, log.read_text()[-3000:])
     applied = applications(str(tmp_path / "world.sqlite"))
     assert applied == {f"{run}:{s}": 1 for run in runs for s in (1, 2, 3)}
