@@ -5,9 +5,11 @@ live parts (server-sent events) and the state slider. Every read and every actio
 through ``durable.client.Client``; actions are POSTs carrying a CSRF token, allowed by the
 logged-in user's roles, and recorded in the run's log under the user's name.
 
-Modules: ``users`` (the users file, password hashes, roles), ``auth`` (login, sessions,
-CSRF, role checks), ``timeline`` (a run's log as three columns and a steps table),
-``pages`` (the GET pages), ``api`` (their JSON twins), ``actions`` (the POSTs), ``live``
-(server-sent events), ``app`` (the Starlette application), ``cli`` (the ``durable
-console`` command).
+Modules: ``users`` (the users file, password hashes, roles), ``auth`` (who is asking,
+CSRF, role checks), ``login`` (logging in behind a rate limit, logging out),
+``middleware`` (sessions kept in Redis, security headers), ``timeline`` (a run's log as
+three columns and a steps table, with times), ``status`` (what is derived beside the log:
+who holds a run, whether a worker is busy), ``pages`` (the GET pages), ``api`` (their
+JSON twins), ``actions`` (the POSTs), ``live`` (server-sent events), ``app`` (the
+Starlette application), ``cli`` (the ``durable console`` command).
 """

@@ -37,9 +37,9 @@ async def metrics(request: Request) -> Response:
 
 async def runs(request: Request) -> Response:
     current(request)
-    found, counts, waiting = await run_in_threadpool(runs_reads, client(request),
-                                                     Filters.of(request))
-    return _json({"counts": counts, "runs": found, "waiting": waiting})
+    found, counts, waiting, held = await run_in_threadpool(runs_reads, client(request),
+                                                           Filters.of(request))
+    return _json({"counts": counts, "runs": found, "waiting": waiting, "held": held})
 
 
 async def run(request: Request) -> Response:
@@ -48,6 +48,7 @@ async def run(request: Request) -> Response:
     tl = data["tl"]
     return _json({"run_id": data["run_id"], "summary": data["summary"],
                   "state": masked(msgspec.to_builtins(data["state"])), "lease": data["lease"],
+                  "status": data["status"], "holder": data["holder"],
                   "timeline": tl.rows, "steps": tl.steps, "checkpoints": tl.checkpoints,
                   "open_approvals": [{"request": a.approval.request, "tool": a.tool,
                                       "args": a.args, "digest": a.approval.digest,

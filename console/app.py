@@ -21,8 +21,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from console import actions, api, live, pages
+from console import actions, api, live, login, pages
 from console.auth import Access, LoginRequired
+from console.middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 from durable.cli.main import redis_problem
 from durable.cli.output import age
 from durable.client import Client
@@ -30,20 +31,40 @@ from durable.streaming import async_twin
 
 HERE = Path(__file__).parent
 
-#: A session lasts a working day.
-SESSION_MAX_AGE_S = 12 * 3600
-
-
 def when(ms: int | None) -> str:
     if not ms:
         return "-"
     return datetime.fromtimestamp(int(ms) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def clock(ms: int | None) -> str:
+    """The time of day of a log entry, to the millisecond (UTC; ``when`` has the date)."""
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(int(ms) / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def duration(ms: int | None) -> str:
+    """A duration: 840 ms, 12.3 s, 4 min 05 s, 2 h 03 min."""
+    if ms is None:
+        return "-"
+    ms = max(int(ms), 0)
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    s = ms // 1000
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def templates() -> Jinja2Templates:
     t = Jinja2Templates(directory=str(HERE / "templates"))
     t.env.filters["age"] = lambda ms: age(ms) or "-"
     t.env.filters["when"] = when
+    t.env.filters["clock"] = clock
+    t.env.filters["duration"] = duration
     t.env.filters["ms"] = lambda ms: f"{int(ms)} ms" if ms is not None else "-"
     return t
 
@@ -79,7 +100,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def build_app(client: Client, access: Access, *, secret: str | None = None,
               https_only: bool = False) -> Starlette:
     """The console over ``client``. ``secret`` signs the session cookie (a random one when
-    None: sessions end with the process)."""
+    None: sessions end with the process); ``https_only`` sets the cookie's ``Secure`` flag
+    (``--secure-cookies``: served over TLS, directly or by a proxy)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -92,9 +114,9 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
     run = "/runs/{run_id:str}"
     routes: list[Any] = [
         Route("/", pages.home),
-        Route("/login", pages.login_page, methods=["GET"]),
-        Route("/login", pages.login, methods=["POST"]),
-        Route("/logout", pages.logout, methods=["POST"]),
+        Route("/login", login.login_page, methods=["GET"]),
+        Route("/login", login.login, methods=["POST"]),
+        Route("/logout", login.logout, methods=["POST"]),
         Route("/runs", pages.runs_page),
         Route("/runs/table", pages.runs_table),
         Route("/approvals", pages.approvals_page),
@@ -116,9 +138,11 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route(run + "/settle", actions.settle, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    middleware = [Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
+    middleware = [Middleware(SecurityHeaders, hsts=https_only),
+                  Middleware(SessionMiddleware, secret_key=secret or secrets.token_urlsafe(32),
                              session_cookie="durable_console", max_age=SESSION_MAX_AGE_S,
-                             same_site="strict", https_only=https_only)]
+                             same_site="strict", https_only=https_only),
+                  Middleware(SessionCheck)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan,
                     exception_handlers={LoginRequired: _login_required,
                                         HTTPException: _http_error,

@@ -1,7 +1,9 @@
 """Who is asking: logins, the session, CSRF tokens and role checks.
 
 The session is Starlette's signed cookie (``SessionMiddleware``, ``SameSite=strict``,
-``HttpOnly``) holding the user's name and a CSRF token. Every POST must carry that token in
+``HttpOnly``, ``Secure`` with ``--secure-cookies``) holding a session id, the user's name
+and a CSRF token; the id must still be in Redis (``console.middleware``: logout deletes
+it). Every POST must carry that token in
 its form (``csrf``) or an ``X-CSRF-Token`` header, so another site cannot make a logged-in
 browser act. Roles are read from the users file on every request, so removing a user or a
 role takes effect at once.

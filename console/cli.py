@@ -28,11 +28,12 @@ def cmd_console(args: argparse.Namespace) -> int:
             raise UsageError("an empty password")
         print(hash_password(password))
         return 0
-    return serve(Settings(), args.host, args.port, dev=args.dev, dev_user=args.dev_user)
+    return serve(Settings(), args.host, args.port, dev=args.dev, dev_user=args.dev_user,
+                 secure_cookies=args.secure_cookies)
 
 
 def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
-          dev_user: str = "dev") -> int:
+          dev_user: str = "dev", secure_cookies: bool = False) -> int:
     import uvicorn
 
     from console.app import build_app
@@ -55,7 +56,8 @@ def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
         logging.getLogger("durable.console").warning(
             "DURABLE_CONSOLE_SECRET is unset: sessions end when this process does")
     client = Client(settings)
-    app = build_app(client, access, secret=settings.console_secret)
+    app = build_app(client, access, secret=settings.console_secret,
+                    https_only=secure_cookies or settings.console_secure_cookies)
     logging.getLogger("durable.console").info(
         "console on http://%s:%d/%s", host, port,
         f" (development mode: no login, every request is {dev_user!r})" if dev else "")
@@ -75,5 +77,8 @@ def register(add: Callable[..., Any]) -> None:
                     help="development mode: no login (only on a loopback address)")
     sp.add_argument("--dev-user", default="dev", metavar="NAME",
                     help="the identity every request has in development mode (dev)")
+    sp.add_argument("--secure-cookies", action="store_true",
+                    help="session cookie with the Secure flag, for a console served over "
+                    "HTTPS (DURABLE_CONSOLE_SECURE_COOKIES=1)")
     sp.add_argument("--hash-password", action="store_true",
                     help="read a password on stdin, print its hash for the users file")

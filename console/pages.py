@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from console.auth import check_csrf, csrf_token, current
+from console import status
+from console.auth import csrf_token, current
 from console.timeline import masked, timeline
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
@@ -117,12 +118,14 @@ async def runs_page(request: Request) -> Response:
     return await _runs(request, "runs.html", ages=AGES)
 
 
-def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting]]:
+def runs_reads(c: Client, f: Filters) -> tuple[list[RunSummary], dict[str, int], list[Waiting],
+                                               dict[str, status.Holder]]:
+    """The listed runs, the counts, the waiting runs, and who holds each listed run."""
     try:
         runs = list_runs(c, f)
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
-    return runs, c.counts(), waiting_runs(c)
+    return runs, c.counts(), waiting_runs(c), status.holders(c, runs)
 
 
 async def runs_table(request: Request) -> Response:
@@ -133,9 +136,10 @@ async def runs_table(request: Request) -> Response:
 async def _runs(request: Request, template: str, **more: Any) -> Response:
     current(request)
     f = Filters.of(request)
-    runs, counts, waiting = await run_in_threadpool(runs_reads, client(request), f)
+    runs, counts, waiting, held = await run_in_threadpool(runs_reads, client(request), f)
     return render(request, template, {"f": f, "runs": runs, "counts": counts,
-                                       "waiting": waiting, "page": PAGE, **more})
+                                       "waiting": waiting, "held": held, "page": PAGE,
+                                       "now": now_ms(), **more})
 
 
 # One run -------------------------------------------------------------------------------
@@ -159,6 +163,27 @@ def open_approvals(state: RunState) -> list[OpenApproval]:
     return out
 
 
+def applicable(state: RunState) -> list[str]:
+    """The run page's actions that apply to the run now, whoever asks (the page offers
+    each only to the roles that may take it): cancel and reconcile while it is not over,
+    release when quarantined, settle for each unknown outcome of a run that goes on, fork
+    always."""
+    out = ["cancel", "reconcile"] if not state.terminal else []
+    if state.state == "quarantined":
+        out.append("release")
+    if unsettled(state):
+        out.append("settle")
+    return [*out, "fork"]
+
+
+def unsettled(state: RunState) -> list[Any]:
+    """The steps an operator may settle (their outcome is unknown; the run is neither over
+    nor quarantined)."""
+    if state.terminal or state.state == "quarantined":
+        return []
+    return [a for a in state.actions.values() if a.status == "unknown"]
+
+
 def run_reads(c: Client, run_id: str) -> dict[str, Any]:
     try:
         projection = c.projection(run_id)
@@ -166,8 +191,12 @@ def run_reads(c: Client, run_id: str) -> dict[str, Any]:
     except RunNotFound:
         raise HTTPException(404, f"run {run_id} not found") from None
     state = c.status(run_id)
+    lease = c.lease(run_id)
+    holder = status.holder(lease, entries)
     return {"run_id": run_id, "projection": projection, "state": state,
-            "summary": summary(state), "lease": c.lease(run_id),
+            "summary": summary(state), "lease": lease, "holder": holder,
+            "status": status.display_status(state.state, holder),
+            "actions": applicable(state), "unsettled": unsettled(state),
             "tl": timeline(entries, c.ledger(run_id)),
             "approvals": open_approvals(state), "now": now_ms()}
 
@@ -221,8 +250,8 @@ async def approvals_page(request: Request) -> Response:
 
 
 def workers_reads(c: Client) -> dict[str, Any]:
-    return {"workers": c.workers(), "depth": c.queue_depth(), "sweeps": c.sweeps(),
-            "counts": c.counts(), "now": now_ms()}
+    return {"workers": status.workers(c), "depth": c.queue_depth(), "sweeps": c.sweeps(),
+            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms}
 
 
 async def workers_page(request: Request) -> Response:
@@ -233,36 +262,3 @@ async def workers_page(request: Request) -> Response:
 
 async def home(request: Request) -> Response:
     return RedirectResponse("/runs", 303)
-
-
-# Login ----------------------------------------------------------------------------------
-
-async def login_page(request: Request) -> Response:
-    if request.app.state.access.user(request) is not None:
-        return RedirectResponse("/runs", 303)
-    return render(request, "login.html", {"next": _next(request.query_params.get("next"))})
-
-
-async def login(request: Request) -> Response:
-    form = await check_csrf(request)
-    name, password = str(form.get("username", "")), str(form.get("password", ""))
-    users = request.app.state.access.users
-    user = await run_in_threadpool(users.check, name, password) if users else None
-    if user is None:
-        return render(request, "login.html", {"error": "wrong name or password",
-                                              "next": _next(form.get("next"))}, 401)
-    request.session.clear()  # a new session (and CSRF token) on every login
-    request.session["user"] = user.name
-    return RedirectResponse(_next(form.get("next")), 303)
-
-
-async def logout(request: Request) -> Response:
-    await check_csrf(request)
-    request.session.clear()
-    return RedirectResponse("/login", 303)
-
-
-def _next(value: object) -> str:
-    """Where to go after logging in: a path of this site only."""
-    text = value if isinstance(value, str) else ""
-    return text if text.startswith("/") and not text.startswith("//") else "/runs"

@@ -69,6 +69,11 @@ def rows(entries: list[Entry]) -> list[Row]:
     return out
 
 
+#: Events that record a step's outcome (known or unknown): they end its duration.
+OUTCOMES = (ev.ActionSucceeded, ev.ActionFailed, ev.ActionTimedOut, ev.ActionInterrupted,
+            ev.ActionReconciled, ev.CallCanceled)
+
+
 @dataclass
 class Step:
     step: int
@@ -81,6 +86,18 @@ class Step:
     detail: str = ""
     ledger: str = ""
     approval: str = ""
+    #: Wall-clock times (ms since the epoch, 0: not yet): decided, first sent, outcome
+    #: recorded (cleared by a new dispatch after a retryable failure).
+    decided_at: int = 0
+    sent_at: int = 0
+    ended_at: int = 0
+
+    @property
+    def duration_ms(self) -> int | None:
+        """From the first dispatch to the outcome (retries included); None while open."""
+        if not self.sent_at or not self.ended_at:
+            return None
+        return max(self.ended_at - self.sent_at, 0)
 
 
 def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
@@ -90,7 +107,7 @@ def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
     for entry in entries:
         e = entry.event
         if isinstance(e, ev.StepDecided):
-            by_step[e.step] = Step(e.step, e.tool, e.key, masked(e.args))
+            by_step[e.step] = Step(e.step, e.tool, e.key, masked(e.args), decided_at=e.ts)
             continue
         if isinstance(e, ev.ApprovalDecided) and e.request in requests:
             requests[e.request].approval = f"{e.request}: {e.decision} by {e.approver}"
@@ -103,6 +120,7 @@ def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
                 step.attempts += 1
                 step.deadline = e.deadline
                 step.outcome = "dispatched"
+                step.sent_at, step.ended_at = step.sent_at or e.ts, 0
             case ev.ActionSucceeded():
                 step.outcome, step.detail = "succeeded", _short(e.result)
             case ev.ActionFailed():
@@ -121,6 +139,8 @@ def steps(entries: list[Entry], ledger: dict[str, str]) -> list[Step]:
             case ev.ApprovalRequested():
                 step.approval = f"{e.request}: requested"
                 requests[e.request] = step
+        if isinstance(e, OUTCOMES):
+            step.ended_at = e.ts
     for step in by_step.values():
         step.ledger = ledger.get(step.key, "")
     return [by_step[k] for k in sorted(by_step)]
@@ -150,6 +170,9 @@ class Timeline:
     hidden: int = 0
     #: Steps left out of ``steps`` at the start (only the last ``step_limit``).
     hidden_steps: int = 0
+    #: When the run started (its first entry's time, ms; 0 if unknown): rows show their
+    #: time since it.
+    started: int = 0
 
 
 def timeline(entries: list[Entry], ledger: dict[str, str], limit: int = 500,
@@ -158,7 +181,8 @@ def timeline(entries: list[Entry], ledger: dict[str, str], limit: int = 500,
     all_steps = steps(entries, ledger)
     return Timeline(all_rows[-limit:], all_steps[-step_limit:], checkpoints(entries),
                     [e.id for e in entries], max(len(all_rows) - limit, 0),
-                    max(len(all_steps) - step_limit, 0))
+                    max(len(all_steps) - step_limit, 0),
+                    next((r.ts for r in all_rows if r.ts), 0))
 
 
 def _short(value: Any, limit: int = 80) -> str:

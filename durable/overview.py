@@ -8,6 +8,7 @@ the logs stay the truth. ``durable.client.Client`` exposes each as a method.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,16 @@ from durable.log.store import now_ms
 
 #: Most leases one ``leases()`` call reports (it SCANs the keyspace for lease keys).
 MAX_LEASES = 5000
+
+#: A worker's RQ name is its lease owner token, ``host:pid:hex``, with ``.N`` appended
+#: after a reconnect (the host may contain dots).
+_RQ_NAME = re.compile(r"^(?P<owner>.+:\d+:[0-9a-f]+)(?:\.\d+)?$")
+
+
+def owner_of(rq_name: str) -> str:
+    """The lease owner token of a worker's RQ name."""
+    m = _RQ_NAME.match(rq_name)
+    return m.group("owner") if m else rq_name
 
 
 @dataclass(frozen=True)
@@ -96,18 +107,23 @@ def leases(client: redis.Redis, ttl_ms: int, limit: int = MAX_LEASES) -> list[Le
                 break
         if len(found) >= limit:
             break
-    if not found:
-        return []
+    return list(leases_of(client, [keys.run_of(key) for key in found], ttl_ms).values())
+
+
+def leases_of(client: redis.Redis, run_ids: list[str], ttl_ms: int) -> dict[str, LeaseInfo]:
+    """The leases held now of these runs (one round trip), by run id."""
+    if not run_ids:
+        return {}
     pipe = client.pipeline(transaction=False)
-    for key in found:
-        pipe.get(key)
-        pipe.pttl(key)
+    for run_id in run_ids:
+        pipe.get(keys.lease(run_id))
+        pipe.pttl(keys.lease(run_id))
     replies = pipe.execute()
-    out = []
-    for i, key in enumerate(found):
-        info = _lease(keys.run_of(key), replies[2 * i], replies[2 * i + 1], ttl_ms)
+    out = {}
+    for i, run_id in enumerate(run_ids):
+        info = _lease(run_id, replies[2 * i], replies[2 * i + 1], ttl_ms)
         if info is not None:
-            out.append(info)
+            out[run_id] = info
     return out
 
 
@@ -124,7 +140,7 @@ def workers(client: redis.Redis, queue: Queue, held: list[LeaseInfo]) -> list[Wo
         by_owner.setdefault(info.owner, []).append(info.run_id)
     out = []
     for w in RQWorker.all(connection=queue.connection, serializer=queue.serializer):
-        base = str(w.name).split(".", 1)[0]
+        base = owner_of(str(w.name))
         out.append(WorkerInfo(str(w.name), str(w.get_state()), list(w.queue_names()),
                               _ms(w.last_heartbeat), _ms(w.birth_date),
                               sorted(by_owner.get(base, []))))

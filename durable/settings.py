@@ -183,6 +183,12 @@ class Settings(BaseSettings):
         description="Key that signs the console's session cookies; unset: a random one per "
         "process (everyone logs in again after a restart).",
     )
+    console_secure_cookies: bool = Field(
+        default=False,
+        description="Give the console's session cookie the Secure flag (browsers send it "
+        "over HTTPS only) and send Strict-Transport-Security: for a console served over "
+        "TLS, directly or behind a proxy. Also `durable console --secure-cookies`.",
+    )
 
     encryption_keys: SecretStr | None = Field(
         default=None,

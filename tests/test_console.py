@@ -3,11 +3,12 @@ Playwright with its executable path: no browser is downloaded), against a real
 ``durable console`` process, real Redis and real worker processes.
 
 Set ``CONSOLE_SCREENSHOT=docs/console-run.png`` to write the README's screenshot of the run
-page from the approval scenario.
+page of a running run (the cancel scenario, before the cancel).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +82,12 @@ def apps(payer_files: Path, approver: ApproverFactory) -> Path:
     return payer_files
 
 
-@pytest.fixture()
-def console(server: Server, settings: Any, apps: Path, tmp_path: Path,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[Console]:
-    """A ``durable console`` process with a users file: alice (operator, approver) and
-    vera (viewer)."""
-    users = tmp_path / "users.toml"
+@contextlib.contextmanager
+def serving(server: Server, folder: Path, monkeypatch: pytest.MonkeyPatch,
+            *args: str) -> Iterator[Console]:
+    """A ``durable console`` process (with ``args``) and a users file in ``folder``: alice
+    (operator, approver, her key in ``folder/alice.pem``) and vera (viewer)."""
+    users = folder / "users.toml"
     users.write_text(
         f'[users.alice]\npassword = "{hash_password(PASSWORDS["alice"])}"\n'
         'roles = ["operator", "approver"]\napprover_key = "alice.pem"\n\n'
@@ -93,8 +95,8 @@ def console(server: Server, settings: Any, apps: Path, tmp_path: Path,
     monkeypatch.setenv("DURABLE_CONSOLE_USERS", str(users))
     monkeypatch.setenv("DURABLE_CONSOLE_SECRET", "test-secret-" + "x" * 20)
     port = free_port()
-    proc = Process(server.url, ["console", "--port", str(port)],
-                   log_path=tmp_path / "console.log")
+    log = folder / f"console-{port}.log"
+    proc = Process(server.url, ["console", "--port", str(port), *args], log_path=log)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -104,11 +106,20 @@ def console(server: Server, settings: Any, apps: Path, tmp_path: Path,
             return False
 
     try:
-        assert wait_for(up, 30, interval=0.2), (tmp_path / "console.log").read_text()
+        assert wait_for(up, 30, interval=0.2), log.read_text()
         yield Console(url, proc)
     finally:
         proc.stop()
-    assert "Traceback" not in (tmp_path / "console.log").read_text()
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture()
+def console(server: Server, settings: Any, apps: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[Console]:
+    """A ``durable console`` process with a users file: alice (operator, approver) and
+    vera (viewer)."""
+    with serving(server, apps, monkeypatch) as running:
+        yield running
 
 
 def login(page: Page, console: Console, name: str, path: str = "/runs") -> None:
@@ -154,10 +165,10 @@ def test_an_approver_finds_a_waiting_run_approves_it_and_watches_it_complete(
     (decided,) = events_of(client, run, ev.ApprovalDecided)
     assert decided.approver == "alice" and decided.actor == "alice"
     assert client.status(run).result == {"paid": True, "status": "succeeded"}
-    shot = Path(os.environ.get("CONSOLE_SCREENSHOT") or tmp_path / "run.png")
-    page.locator("#partial").evaluate("el => el.textContent = ''")
-    page.screenshot(path=str(shot), full_page=True)
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+    # A finished run offers no cancel (the live refresh hid it) and no approval form.
+    expect(page.locator("#cancel-form")).to_be_hidden()
+    expect(page.locator("#no-actions")).to_be_visible()
+    expect(page.locator("#approvals")).to_have_count(0)
 
 
 def test_a_rejection_from_the_approvals_page_is_an_outcome_the_agent_handles(
@@ -177,18 +188,47 @@ def test_a_rejection_from_the_approvals_page_is_an_outcome_the_agent_handles(
         ("reject", "alice", "not this month")
 
 
+CLOCK = re.compile(r"^\d\d:\d\d:\d\d\.\d{3}$")
+
+
 def test_an_operator_cancels_a_running_run_and_sees_it_canceled(
-        console: Console, page: Page, client: Client, worker: WorkerFactory) -> None:
+        console: Console, page: Page, client: Client, worker: WorkerFactory,
+        tmp_path: Path) -> None:
+    """A run a worker drives is shown running (its state stays pending: running is the
+    lease's business), with the holder and since when, on the list and on its page; its
+    steps have wall-clock times and durations; once canceled, cancel is offered no more."""
     run = client.start("count", {"steps": 200, "sleep_s": 0.5}, run_id="long-1").run_id
     worker()
-    assert wait_for(lambda: client.lease(run) is not None and client.status(run).step >= 1,
+    assert wait_for(lambda: client.lease(run) is not None and client.status(run).step >= 2,
                     30, interval=0.1)
-    login(page, console, "alice", f"/runs/{run}")
+    lease = client.lease(run)
+    assert lease is not None
+    login(page, console, "alice", "/runs")
+    row = page.locator(f"#runs tr[data-run='{run}']")
+    expect(row).to_have_attribute("data-status", "running")
+    expect(row.locator("td.holder")).to_contain_text(lease.owner)
+    expect(row.locator("td.holder")).to_contain_text("since")
+    row.locator("a").click()
     expect(page.locator("#run-state")).to_have_attribute("data-state", "pending")
-    expect(page.locator("#lease")).to_contain_text("heartbeat")
+    expect(page.locator("#run-state")).to_have_attribute("data-status", "running")
+    expect(page.locator("#holder")).to_have_text(lease.owner)
+    acquired = [e for e in events_of(client, run, ev.LeaseAcquired) if e.epoch == lease.epoch]
+    since = datetime.fromtimestamp(acquired[0].ts / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+    expect(page.locator("#held-since")).to_contain_text(since)
+    first = page.locator("#steps tr[data-step='1']")
+    expect(first.locator("td.t").first).to_have_text(CLOCK)
+    expect(first.locator("td.took")).to_have_text(re.compile(r"^\d+ ms$|^\d+\.\d s$"))
+    expect(page.locator("#timeline tbody tr").first.locator("td.t").first).to_have_text(CLOCK)
+    shot = Path(os.environ.get("CONSOLE_SCREENSHOT") or tmp_path / "run.png")
+    page.locator("#partial").evaluate("el => el.textContent = ''")
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     page.fill("#cancel-form input[name=reason]", "not needed any more")
     page.click("#cancel")
     expect(page.locator("#run-state")).to_have_attribute("data-state", "canceled")
+    expect(page.locator("#run-state")).to_have_attribute("data-status", "canceled")
+    expect(page.locator("#cancel-form")).to_be_hidden()
+    expect(page.locator("#reconcile")).to_be_hidden()
     (asked,) = events_of(client, run, ev.CancelRequested)
     assert (asked.by, asked.actor, asked.reason) == ("alice", "alice", "not needed any more")
     assert client.status(run).state == "canceled"
@@ -201,8 +241,9 @@ def test_a_viewers_approve_is_refused_and_writes_nothing(
     version = client.status(run).version
     login(page, console, "vera", "/approvals")
     row = page.locator(f"#approvals tr[data-run='{run}']")
-    expect(row.locator("button.approve")).to_be_disabled()
-    # The button is only a hint: the server refuses a viewer's POST itself.
+    expect(row).to_contain_text("needs the approver role")
+    expect(row.locator("button")).to_have_count(0)
+    # Offering no button is only a hint: the server refuses a viewer's POST itself.
     status = page.evaluate("""async ([run, request]) => {
         const body = new URLSearchParams({request, decision: "approve",
             csrf: document.querySelector('meta[name="csrf-token"]').content});

@@ -45,9 +45,23 @@
   const ids = slider ? JSON.parse(slider.dataset.ids) : [];
   const known = new Set(ids);
 
+  // The run page's buttons that apply to the run now: the panel says which
+  // (#run-state's data-actions), the controls outside it follow after each refresh.
+  function syncControls() {
+    const st = document.getElementById("run-state");
+    const controls = document.getElementById("controls");
+    if (!st || !controls) { return; }
+    const acts = (st.dataset.actions || "").split(" ");
+    controls.querySelectorAll("[data-action]").forEach(function (f) {
+      const a = f.dataset.action;
+      f.hidden = a === "none" ? acts.join(" ") !== "fork" : acts.indexOf(a) < 0;
+    });
+  }
+
   const run = document.getElementById("run-live");
   if (run) {
-    const refresh = refresher(run);
+    const refreshPanel = refresher(run);
+    const refresh = function () { return refreshPanel().then(syncControls); };
     const out = document.getElementById("partial");
     let step = null;
     const es = new EventSource(run.dataset.events);

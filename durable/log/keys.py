@@ -271,3 +271,26 @@ SCHEDULES_NEXT = f"{PREFIX}:{{schedules}}:next"
 #: Hash schedule name -> JSON ``{at, slot, error}``: the last slot that could not be started
 #: (cleared by the next slot that starts).
 SCHEDULE_ERRORS = f"{PREFIX}:{{schedules}}:errors"
+
+# The console's own keys: not derived from the logs, each a single key (one slot on a
+# cluster too), each with an expiry, so a console restart or a second console process
+# sees the same sessions and the same login failures.
+
+
+def console_session(sid_digest: str) -> str:
+    """String: the user name of one console session, PX = the session's lifetime (ms).
+    Named by the SHA-256 (hex) of the session id the signed cookie carries, so a reader of
+    Redis learns no cookie; deleted at logout, so a cookie saved before it is refused."""
+    return f"{PREFIX}:console:session:{sid_digest}"
+
+
+def login_failures(kind: str, who: str) -> str:
+    """Integer: failed console logins of a user name (``kind`` ``user``) or a client address
+    (``addr``); PX = the counting window (ms), renewed by each failure."""
+    return f"{PREFIX}:console:fails:{kind}:{who}"
+
+
+def login_lock(kind: str, who: str) -> str:
+    """String: the name or address is refused logins (429) until it expires, PX = the
+    lockout (ms), which doubles with each failure past the limit."""
+    return f"{PREFIX}:console:lock:{kind}:{who}"
