@@ -266,3 +266,25 @@ def test_worker_run_as_producer_stops_with_the_refusal(durable_as: Cli,
     assert done.returncode == 3, done.stderr
     assert "denied a command to producer" in done.stderr.strip().splitlines()[-1]
     assert state(admin, "c1") == "pending"
+
+
+def test_the_operator_reads_the_workers_page_data(acl: AclServer, admin: redis.Redis,
+                                                  tmp_path: Path) -> None:
+    """The console runs as ``operator``: the workers it lists come from RQ's worker
+    registry, which the operator reads (read-only) while a worker serves."""
+    worker = Worker(acl.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS,
+                    DURABLE_REDIS_USERNAME="worker",
+                    DURABLE_REDIS_PASSWORD=acl.passwords["worker"])
+    try:
+        assert wait_for(lambda: admin.scard("rq:workers") >= 1, 30)
+        listed = subprocess.run(
+            [sys.executable, "-c", "from durable.client import Client; "
+             "print(len(Client().workers()))"],
+            env={**os.environ, **acl.env("operator")}, capture_output=True, text=True,
+            timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.split()[-1] == "1", listed.stdout
+        with acl.client("operator") as op, pytest.raises(redis.exceptions.NoPermissionError):
+            op.execute_command("SADD", "rq:workers", "mallory")
+    finally:
+        worker.stop()
