@@ -127,7 +127,7 @@ PARTS = [
     (eventlog.EventLog, "load", "driver: load (decode + fold, excl. Redis)"),
     (eventlog.EventLog, "commit", "driver: commit (args, due, checkpoint check)"),
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
-    (drv, "_plain", "driver: _plain (JSON round trip of args/results)"),
+    (drv, "plain", "driver: plain (JSON round trip of args/results)"),
     (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
     (drv.StepLoop, "_check_replay", "driver: _check_replay"),
     # Not wrapped: copy_state (the pre-intent snapshot in load). Each run here is loaded
