@@ -19,8 +19,9 @@ was in flight is found ``dispatched`` and resolved through its key and ``lookup`
 
 Both keys share one hash tag, so on a cluster they live on one master: a reconciler that
 cannot read one cannot read the other, and an unreadable key is never taken for an expired
-one. After the reconciler's own Redis calls failed, it waits one TTL before it believes a
-key gone (the workers' beats failed during the same outage).
+one. After the reconciler's own Redis calls failed, it waits ``AFTER_OUTAGE_S`` (3 s, at
+least one TTL) before it believes a key gone: the workers' beats failed during the same
+outage.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ log = logging.getLogger("durable.liveness")
 
 #: Runs whose leases are read in one round trip while a dead worker's runs are looked for.
 CHUNK = 1000
+
+#: After its own calls failed, a reconciler believes a liveness key gone only this long
+#: (seconds; at least one TTL) after the last failure: the workers' beats failed during the
+#: same outage, and after a failover their clients find the new master a little later.
+AFTER_OUTAGE_S = 3.0
 
 
 class Presence(threading.Thread):

@@ -18,7 +18,7 @@ import time
 import redis
 
 from durable.leases import Lease
-from durable.liveness import dead_workers, release_worker
+from durable.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
 from durable.outages import Backoff
 from durable.queue import enqueue_many
 from reconciler.sweep import Reconciler
@@ -36,7 +36,7 @@ class LivenessWatch(threading.Thread):
         self.dead = 0
         self.released = 0
         #: Before this (monotonic), a missing key is not believed: the reconciler's own
-        #: calls failed, and so, likely, did the workers' beats.
+        #: calls failed, and so, likely, did the workers' beats (``AFTER_OUTAGE_S``).
         self._trust_after = time.monotonic() + self.ttl_s
 
     def run(self) -> None:
@@ -46,7 +46,7 @@ class LivenessWatch(threading.Thread):
                 self.check()
             except redis.RedisError as exc:
                 self.rec.outage.failed(exc)
-                self._trust_after = time.monotonic() + self.ttl_s
+                self._trust_after = time.monotonic() + max(self.ttl_s, AFTER_OUTAGE_S)
                 if backoff.wait(self.stop):
                     return
                 continue
@@ -54,12 +54,23 @@ class LivenessWatch(threading.Thread):
             self.stop.wait(self.ttl_s / 6)
 
     def check(self) -> list[str]:
-        """Release the leases of every dead worker now; returns the runs made ready."""
-        if time.monotonic() < self._trust_after:
+        """Release the leases of every dead worker now; returns the runs made ready.
+
+        A missing key is believed only while this process sees Redis answer normally: not
+        within ``AFTER_OUTAGE_S`` of any failed call of its own (its sweep's, its
+        listener's, this watch's), nor after a look that took over a third of the TTL
+        (redis-py retried inside it: a cluster refusing commands while a replica takes
+        over a master, when the workers' beats fail too)."""
+        now = time.monotonic()
+        if now < self._trust_after or now - self.rec.outage.last_failure < AFTER_OUTAGE_S:
             return []
         rec = self.rec
+        dead = dead_workers(rec.redis)
+        if time.monotonic() - now > self.ttl_s / 3:
+            self._trust_after = time.monotonic() + max(self.ttl_s, AFTER_OUTAGE_S)
+            return []
         ready: list[str] = []
-        for wid in dead_workers(rec.redis):
+        for wid in dead:
             started = time.monotonic()
             released = release_worker(
                 rec.redis, lambda run_id, value: rec.leases.release(Lease(run_id, value)), wid)

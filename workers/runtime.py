@@ -148,8 +148,10 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
     # Before the first run is taken: the reconciler releases the leases of a worker whose
-    # liveness key expired (``durable.liveness``).
-    presence = Presence(client, wid, settings.liveness_ttl_ms, _loop.outage)
+    # liveness key expired (``durable.liveness``). On a client of its own: the runs'
+    # client, busy retrying calls to a failed cluster master, must not delay the beats.
+    presence = Presence(connect(settings, check=False), wid, settings.liveness_ttl_ms,
+                        _loop.outage)
     presence.start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
     listener.start()
