@@ -2,6 +2,8 @@
 liveness key expired, the reconciler released its leases run by run), and live workers take
 their runs again as soon as a restarted Redis answers. Real Redis, real worker processes,
 real SIGKILLs; the figures measured are printed (``pytest -s``) and recorded as properties.
+The first two run on a 3-master cluster too (``pytest --cluster``): every lease is released
+by a script call on its own run's slot.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def _live_workers(r: redis.Redis) -> set[str]:
     return {m for m in members if r.exists(keys.alive(m))}
 
 
+@pytest.mark.cluster
 def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
     client: Client, r: redis.Redis
 ) -> None:
@@ -77,6 +80,7 @@ def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
                                                             "epoch": stale.epoch})])
 
 
+@pytest.mark.cluster
 def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
     client: Client, r: redis.Redis, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path, record_property: object,
