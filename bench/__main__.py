@@ -4,7 +4,8 @@
     python -m bench --quick              # a fast smoke run
     python -m bench --only throughput,cancel
 
-Items: codec, throughput, profile, cancel, recovery, memory, whatif, iobound, cluster. Outputs
+Items: codec, throughput, profile, cancel, recovery, takeover, memory, whatif, iobound,
+cluster. Outputs
 go to
 ``bench/results/``: ``results.md`` (also printed), ``results.json`` and ``chart.png``.
 """
@@ -21,8 +22,8 @@ from typing import Any
 
 import psutil
 
-ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "memory", "whatif", "iobound",
-         "cluster")
+ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "takeover", "memory", "whatif",
+         "iobound", "cluster")
 
 
 def _log(msg: str) -> None:
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                 from bench import recovery
 
                 res[item] = recovery.run(srv, quick=args.quick, log=_log)
+            elif item == "takeover":
+                from bench import takeover
+
+                res[item] = takeover.run(srv, quick=args.quick, log=_log)
             elif item == "memory":
                 from bench import memory
 

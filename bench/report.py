@@ -62,6 +62,10 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         rows.append((f"recovery load, {rc['sizes'][-1]} events / {rc['sizes'][0]} events",
                      f"{big['load_vs_smallest']:.2f}x", "≤ 2x",
                      _ok(big["load_vs_smallest"], 2, higher=False)))
+    tk = res.get("takeover")
+    if tk:
+        rows.append((f"dead worker's {tk['runs']} runs resumed, p50", f"{tk['p50_s']:.2f} s",
+                     "≤ 1 s", _ok(tk["p50_s"], 1, higher=False)))
     mm = res.get("memory")
     if mm:
         for label in ("4-step", "1000-step"):
@@ -261,6 +265,14 @@ def markdown(res: dict[str, Any]) -> str:
             for name, s in cn[fsync].items():
                 out.append(f"| {fsync} | {name} (n={s['n']}) | {s['p50']:.1f} | "
                            f"{s['p99']:.1f} | {s['max']:.1f} |")
+        out.append("")
+    tk = res.get("takeover")
+    if tk:
+        out.append(f"## A dead worker's runs resumed ({tk['runs']} runs held by a SIGKILLed "
+                   f"worker, {tk['rounds']} rounds, default liveness TTL and lease TTL)\n")
+        out.append("| measure | p50 s | p95 s | max s |\n|---|---:|---:|---:|")
+        out.append(f"| kill -> lease taken by the other worker (n={tk['resumed']}) | "
+                   f"{tk['p50_s']:.3f} | {tk['p95_s']:.3f} | {tk['max_s']:.3f} |")
         out.append("")
     rc = res.get("recovery")
     if rc:

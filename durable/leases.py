@@ -19,6 +19,7 @@ import redis
 from durable.log import counters, keys
 from durable.log.batching import ScriptBatcher, drive
 from durable.log.scripts import Scripts, source
+from durable.outages import Backoff
 
 
 def _s(v: object) -> str:
@@ -144,8 +145,10 @@ class Heartbeats:
     all in one round trip (a pipeline of ``lease_renew.lua`` calls).
 
     ``on_lost`` is called once for a lease that could not be renewed (expired, or taken by
-    a newer epoch): the worker must stop writing for that run. A renewal that fails because
-    Redis did not answer is tried again at the next beat: the TTL has slack for two.
+    a newer epoch, or released because the worker's liveness key expired: ``durable.
+    liveness``): the worker must stop writing for that run. A renewal that fails because
+    Redis did not answer is tried again with backoff (at most a beat later): the TTL has
+    slack for two.
     """
 
     def __init__(self, leases: Leases) -> None:
@@ -153,6 +156,10 @@ class Heartbeats:
         #: By (run, lease value): a value alone ("<worker>|<epoch>") repeats across runs.
         self._held: dict[tuple[str, str], tuple[Lease, Callable[[], object]]] = {}
         self._lock = threading.Lock()
+        #: The last renewal failed (Redis did not answer): the next is tried with backoff,
+        #: not a third of the TTL later, so leases Redis kept through a restart are renewed
+        #: (or found lost) as soon as it answers.
+        self.failing = False
         self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
         self._thread.start()
 
@@ -172,8 +179,10 @@ class Heartbeats:
             return 0
         try:
             renewed = self.leases.renew_all([lease for lease, _ in held])
-        except Exception:  # a blip: try again next beat, the TTL has slack
+        except Exception:  # a blip: try again soon (``_run``), the TTL has slack
+            self.failing = True
             return 0
+        self.failing = False
         lost = 0
         for (lease, on_lost), ok in zip(held, renewed, strict=True):
             if not ok:
@@ -184,6 +193,9 @@ class Heartbeats:
 
     def _run(self) -> None:
         interval = self.leases.ttl_ms / 3000
+        backoff = Backoff(max_s=interval)
         stop = threading.Event()
-        while not stop.wait(interval):
+        while not stop.wait(backoff.next() if self.failing else interval):
             self.beat()
+            if not self.failing:
+                backoff.reset()

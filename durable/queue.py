@@ -62,12 +62,14 @@ def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bo
     return True
 
 
-def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str]) -> list[str]:
+def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str], *,
+                 force: bool = False) -> list[str]:
     """``enqueue_advance`` for many runs: their markers in one pipeline, the ready ones in
-    one push, one drain command. Returns the runs made ready (not queued already)."""
+    one push, one drain command. Returns the runs made ready (not queued already; every
+    one with ``force``)."""
     pipe = client.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.set(keys.queued(run_id), b"1", nx=True, px=QUEUED_TTL_MS)
+        pipe.set(keys.queued(run_id), b"1", nx=not force, px=QUEUED_TTL_MS)
     ready = [run_id for run_id, ok in zip(run_ids, pipe.execute(), strict=True) if ok]
     if ready:
         queue.connection.rpush(keys.ready(queue.name), *ready)

@@ -80,6 +80,14 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="How long to wait for DURABLE_REDIS_URL to answer."
     )
     lease_ttl_ms: int = Field(default=5000, ge=200, description="Lease time to live.")
+    liveness_ttl_ms: int = Field(
+        default=600, ge=100,
+        description="A worker's liveness key lives this long and is set again every third "
+        "of it; the reconciler looks every sixth and, once a worker's key is gone, releases "
+        "that worker's leases at once (its runs resume elsewhere without waiting for "
+        "DURABLE_LEASE_TTL_MS). A worker paused for longer loses its runs, never its "
+        "fencing: a write after that is refused.",
+    )
     concurrency: int = Field(
         default=64, ge=1, le=10_000,
         description="Runs one worker process drives at once. Agents wait on models and "

@@ -27,7 +27,11 @@ import redis
 from durable.cancellation import CancelMessage, ReplayGuard, decode_message
 from durable.errors import BadCancelMessage
 from durable.log import keys
-from durable.outages import Outage
+from durable.outages import Backoff, Outage
+
+#: A subscription that fails twice in a row sooner than this (seconds) after it was taken
+#: is taken again only after a backoff.
+STEADY_S = 1.0
 
 
 class CancelSubscriber(threading.Thread):
@@ -55,8 +59,12 @@ class CancelSubscriber(threading.Thread):
         #: (Re)subscriptions so far.
         self.subscriptions = 0
         self._reconnected = threading.Event()
+        #: When the subscription was last taken (monotonic; 0: never).
+        self._since = 0.0
 
     def run(self) -> None:
+        backoff = Backoff()
+        quick = 0  # failures in a row soon after subscribing (or before it)
         while not self.stop.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
@@ -73,9 +81,22 @@ class CancelSubscriber(threading.Thread):
                     if message:
                         self._handle(message.get("data", b""))
                     self.report()
+                    self.outage.ok()  # listening works: an outage can end here
             except redis.RedisError as exc:
+                # Subscribe again at once (deaf meanwhile), unless the last attempt failed
+                # too, or soon after it subscribed: then wait first, even when a ping
+                # answers (on a cluster it reaches another node than the channel's).
                 self.outage.failed(exc)
-                self.outage.wait_until_up(self.client, self.stop)
+                if not self._since or time.monotonic() - self._since < STEADY_S:
+                    quick += 1
+                else:
+                    quick = 0
+                    backoff.reset()
+                self._since = 0.0
+                if quick > 1 and backoff.wait(self.stop):
+                    break
+                _refresh_slots(self.client)
+                self.outage.wait_until_up(self.client, self.stop, backoff)
             except Exception:
                 self.log.exception("cancel listener")
                 self.stop.wait(0.5)
@@ -95,6 +116,7 @@ class CancelSubscriber(threading.Thread):
         self._reconnected.set()
 
     def _subscribed(self) -> None:
+        self._since = time.monotonic()
         self._reconnected.clear()
         self.subscriptions += 1
         self.outage.ok()
@@ -138,3 +160,16 @@ class CancelSubscriber(threading.Thread):
         self.log.warning("%s cancel message(s) refused in the last %.0f s (last: %s)", what,
                          elapsed, self._last_rejection)
         return counts
+
+
+def _refresh_slots(client: redis.Redis) -> None:
+    """On a cluster, read the slot map again: a pub/sub connection picks its node from the
+    client's map, which only its other commands refresh, so a listener with a client of its
+    own would go on trying the dead master after a failover."""
+    nodes = getattr(client, "nodes_manager", None)
+    if nodes is None:
+        return
+    try:
+        nodes.initialize()
+    except (redis.RedisError, redis.exceptions.RedisClusterException):
+        pass  # the next attempt asks again

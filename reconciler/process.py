@@ -1,6 +1,8 @@
-"""The reconciler process: sweeps what is due at a fixed interval, and listens for cancels.
-Safe to run as several copies (``due_claim.lua`` hands each due run to one of them at a
-time). Redis going away is ordinary: the sweep waits with backoff and says so once."""
+"""The reconciler process: sweeps what is due at a fixed interval, listens for cancels, and
+watches the workers' liveness keys (``reconciler.liveness``: a dead worker's leases are
+released at once). Safe to run as several copies (``due_claim.lua`` hands each due run to
+one of them at a time). Redis going away is ordinary: the sweep waits with backoff and says
+so once per outage."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import redis
 
 from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
+from durable.outages import Backoff
 from durable.overview import Sweep, record_sweep
 from durable.sealing import require_keys
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
+from reconciler.liveness import LivenessWatch
 from reconciler.sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
@@ -33,16 +37,23 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
     stop = stop or threading.Event()
     listener = ReconcilerListener(rec)
     listener.start()
+    watch = LivenessWatch(rec)
+    watch.start()
     last: Sweep | None = None
+    backoff = Backoff()
     try:
         while not stop.is_set():
             started = time.monotonic()
             try:
                 report = rec.tick()
             except redis.RedisError as exc:
+                # On a cluster a ping may answer while a master is down: wait first, so a
+                # sweep that fails at once is not retried in a loop.
                 rec.outage.failed(exc)
-                rec.outage.wait_until_up(rec.redis, stop)
+                if not backoff.wait(stop):
+                    rec.outage.wait_until_up(rec.redis, stop, backoff)
                 continue
+            backoff.reset()
             rec.outage.ok()
             try:  # for operators (the console's workers page); never stops a sweep
                 last = record_sweep(rec.redis, rec.token, report.examined, report.actions, last)
@@ -53,6 +64,7 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
             stop.wait(max(0.0, interval - (time.monotonic() - started)))
     finally:
         listener.stop.set()
+        watch.stop.set()
 
 
 def run_reconciler(settings: Settings, interval: float | None = None) -> int:

@@ -17,6 +17,9 @@ import pytest
 import redis
 
 from durable.approvers import Approvers
+from durable.leases import Lease, Leases
+from durable.liveness import Presence, dead_workers, release_worker
+from durable.log import keys
 from durable.signing import keygen, load_public_key
 from durable.testing import AdminKey, Worker, wait_for
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
@@ -97,6 +100,8 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
                     DURABLE_REDIS_PASSWORD=acl.passwords["worker"])
     try:
         assert wait_for(lambda: state(admin, "c1") == "completed", 60), state(admin, "c1")
+        announced = [m.decode() for m in admin.smembers(keys.WORKERS)]  # its liveness key
+        assert len(announced) == 1 and admin.exists(keys.alive(announced[0]))
         assert wait_for(lambda: state(admin, "p1") == "waiting_approval", 60)
         assert wait_for(lambda: state(admin, "q1") == "waiting_input", 60)
 
@@ -131,6 +136,32 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
     log = (tmp_path / "worker.log").read_text()
     assert "redis://worker:***@" in log
     assert acl.passwords["worker"] not in log
+
+
+def test_liveness_keys_are_the_workers_and_the_reconcilers(
+    acl: AclServer, admin: redis.Redis
+) -> None:
+    """A worker keeps its liveness key as the worker user; the reconciler, as its own user,
+    finds the key gone and releases that worker's lease (one script call on the run's
+    keys); a producer cannot announce a worker."""
+    worker, reconciler, producer = (acl.client(role) for role in
+                                    ("worker", "reconciler", "producer"))
+    try:
+        Presence(worker, "host:9:w", 60_000).beat()
+        admin.zadd(keys.due(), {"c9": 1})
+        assert Leases(worker, 60_000).acquire("c9", "host:9:w")[0] is not None
+        assert dead_workers(reconciler) == []
+        admin.delete(keys.alive("host:9:w"))  # it expired
+        assert dead_workers(reconciler) == ["host:9:w"]
+        leases = Leases(reconciler, 5_000)
+        assert release_worker(reconciler, lambda run, value: leases.release(Lease(run, value)),
+                              "host:9:w") == ["c9"]
+        assert not admin.exists(keys.lease("c9"))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            Presence(producer, "host:9:p", 60_000).beat()
+    finally:
+        for client in (worker, reconciler, producer):
+            client.close()
 
 
 #: What each role must not do: (role, command...) refused by Redis.

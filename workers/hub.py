@@ -52,7 +52,7 @@ import redis
 from durable.log import keys
 from durable.log.batching import _Call, packed, read_replies
 from workers.calls import CallAbandoned
-from workers.pool import RunPool, _run_id
+from workers.pool import RunPool, _run_id, slot_live
 from workers.turns import SLOT, WAITING, Abandoned, Offload
 
 log = logging.getLogger("durable.worker")
@@ -167,11 +167,17 @@ class RunHub(RunPool):
         self._more_ready = len(run_ids) >= count
         return run_ids
 
-    def _task(self, run_id: str) -> _Task:
-        return _Task(run_id, self._drive_run(run_id))
+    def _task(self, run_id: str) -> _Task:  # the claim looks at the task's own context
+        return _Task(run_id, self._drive_run(run_id, ctx := contextvars.copy_context()), ctx)
 
-    async def _drive_run(self, run_id: str) -> None:
-        answer = await self.loop.advance_async(run_id)
+    async def _drive_run(self, run_id: str, ctx: contextvars.Context) -> None:
+        live = slot_live(ctx)
+        if not self.claim(run_id, live):  # the hub drives it already (``RunPool.claim``)
+            return
+        try:
+            answer = await self.loop.advance_async(run_id)
+        finally:
+            self.unclaim(run_id, live)
         self.loop.outage.ok()
         if answer.get("more"):
             self._more_ready = True  # it went back on the ready list
@@ -253,9 +259,10 @@ class RunHub(RunPool):
             self._ended(task)
         except (Abandoned, CallAbandoned):  # its slot was given back by the watchdog
             self._ended(task)
-        except redis.RedisError as exc:  # the reconciler brings the run back
+        except redis.RedisError as exc:  # taken again once Redis answers (``_rejoin``)
             self.loop.outage.failed(exc)
             self._ended(task)
+            self.dropped(task.run_id)
         except Exception:
             log.exception("run %s: advance failed", task.run_id)
             self._ended(task)

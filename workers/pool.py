@@ -25,18 +25,21 @@ back of the ready list, so one run cannot starve the others.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
 from durable.log import keys
-from durable.queue import enqueue_advance, ensure_drain
+from durable.outages import Backoff
+from durable.queue import enqueue_advance, enqueue_many, ensure_drain
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
-from workers.turns import Abandoned
+from workers.turns import SLOT, Abandoned
 
 log = logging.getLogger("durable.worker")
 
@@ -61,7 +64,16 @@ class RunPool:
         self._idle = threading.Condition()
         #: False once shutdown began: no new runs are taken.
         self.accepting = True
+        #: Runs dropped because a Redis call failed: taken again once Redis answers.
+        self._dropped: set[str] = set()
+        self._dropped_lock = threading.Lock()
+        self._has_dropped = threading.Event()
+        #: Runs a slot of this pool drives now -> whether that slot still drives it (see
+        #: ``claim``).
+        self._driving: dict[str, Callable[[], bool]] = {}
+        self._driving_lock = threading.Lock()
         self._open()
+        threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
 
     def _open(self) -> None:
         """Start the slot threads."""
@@ -195,10 +207,16 @@ class RunPool:
         try:
             while run_id is not None and me not in self.loop.abandoned_threads:
                 try:
-                    self.loop.advance(run_id)
+                    live = self._thread_live(me)
+                    if self.claim(run_id, live):
+                        try:
+                            self.loop.advance(run_id)
+                        finally:
+                            self.unclaim(run_id, live)
                     self.loop.outage.ok()
-                except redis.RedisError as exc:  # the reconciler brings the run back
+                except redis.RedisError as exc:  # taken again once Redis answers
                     self.loop.outage.failed(exc)
+                    self.dropped(run_id)
                 except Exception:
                     log.exception("run %s: advance failed", run_id)
                     with contextlib.suppress(redis.RedisError):
@@ -244,6 +262,76 @@ class RunPool:
             except redis.RedisError as exc:
                 self.loop.outage.failed(exc)
 
+    def claim(self, run_id: str, live: Callable[[], bool]) -> bool:
+        """Whether a slot may drive ``run_id`` now: False while another slot of this worker
+        drives it (``live`` says whether the claiming slot still does: an abandoned one, its
+        thread stuck in a call, does not). A run can be handed twice (taken again after a
+        Redis fault, and popped from the ready list where the reconciler put it); both
+        would take the lease, which is this worker's either way, and the second would only
+        lose a version conflict."""
+        with self._driving_lock:
+            held = self._driving.get(run_id)
+            if held is not None and held():
+                return False
+            self._driving[run_id] = live
+            return True
+
+    def unclaim(self, run_id: str, live: Callable[[], bool]) -> None:
+        """Drop the claim made with ``live`` (not a newer slot's)."""
+        with self._driving_lock:
+            if self._driving.get(run_id) is live:
+                del self._driving[run_id]
+
+    def _thread_live(self, thread_id: int) -> Callable[[], bool]:
+        return lambda: thread_id not in self.loop.abandoned_threads
+
+    # Redis faults ---------------------------------------------------------------------------
+
+    def dropped(self, run_id: str) -> None:
+        """``run_id`` stopped because a Redis call failed (its slot is given back): this
+        worker takes it again once Redis answers, instead of leaving it to the reconciler
+        after its lease's TTL. Its lease, if Redis kept it, is still this worker's: taking
+        it again keeps the epoch."""
+        with self._dropped_lock:
+            self._dropped.add(run_id)
+        self._has_dropped.set()
+
+    def _rejoin(self) -> None:
+        """A thread: once Redis answers again, drive the dropped runs in free slots (the
+        rest go on the ready list). Its own backoff paces the attempts: on a cluster a ping
+        answers while the master of a dropped run's keys is still down."""
+        backoff = Backoff()
+        said = 0
+        while True:
+            self._has_dropped.wait()
+            backoff.wait()
+            self.loop.outage.wait_until_up(self.redis, backoff=backoff)
+            with self._dropped_lock:
+                runs, self._dropped = sorted(self._dropped), set()
+                self._has_dropped.clear()
+            if runs and said != self.loop.outage.count:  # once per outage, not per try
+                said = self.loop.outage.count
+                log.info("Redis answers: taking %d dropped runs again", len(runs))
+            left = [run_id for run_id in runs if not self._take_again(run_id)]
+            try:
+                if left:
+                    enqueue_many(self.redis, self.queue, left, force=True)
+            except redis.RedisError as exc:
+                self.loop.outage.failed(exc)
+                for run_id in left:
+                    self.dropped(run_id)
+            if not self.loop.outage.down:
+                backoff.reset()
+
+    def _take_again(self, run_id: str) -> bool:
+        """Drive ``run_id`` in a free slot; False when none is free (or shutting down)."""
+        if not self.accepting or not self._free.acquire(blocking=False):
+            return False
+        with self._idle:
+            self._busy += 1
+        self._hand(run_id)
+        return True
+
     # Ending -------------------------------------------------------------------------------
 
     def wait_idle(self, timeout: float | None = None,
@@ -278,6 +366,12 @@ class RunPool:
         if self.wait_idle(grace_s, force):
             return []
         return self.loop.hand_back()
+
+
+def slot_live(ctx: contextvars.Context) -> Callable[[], bool]:
+    """For ``RunPool.claim``: whether the run driven in ``ctx`` is still driven (its slot,
+    once taken, was not abandoned)."""
+    return lambda: not getattr(ctx.get(SLOT), "abandoned", False)
 
 
 def _run_id(raw: object) -> str:

@@ -35,7 +35,9 @@ from durable import catalog
 from durable.agents import registry
 from durable.connection import client_url, connect, safe_url
 from durable.errors import ForbiddenJob
+from durable.liveness import Presence
 from durable.log import keys
+from durable.outages import Backoff
 from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.sealing import require_keys
 from durable.settings import Settings
@@ -145,6 +147,12 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
+    # Before the first run is taken: the reconciler releases the leases of a worker whose
+    # liveness key expired (``durable.liveness``). On a client of its own: the runs'
+    # client, busy retrying calls to a failed cluster master, must not delay the beats.
+    presence = Presence(connect(settings, check=False), wid, settings.liveness_ttl_ms,
+                        _loop.outage)
+    presence.start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
     listener.start()
     listener.ready.wait(5)
@@ -157,8 +165,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.finish()
+        presence.leave()
         return 0
-    code = _shut_down(pool, settings.shutdown_grace_s)
+    code = _shut_down(pool, settings.shutdown_grace_s, presence)
     if _loop.restart_requested.is_set():
         _restart()
     return code
@@ -188,7 +197,10 @@ def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: b
     its dequeue (recording a job, a heartbeat). Returns on a signal or, in burst mode, when
     the queue is empty."""
     generation = 0
+    backoff = Backoff()
     while True:
+        if not loop.outage.down:
+            backoff.reset()
         name = wid if not generation else f"{wid}.{generation}"
         worker = DurableWorker([queue], connection=client, name=name,
                                serializer=queue.serializer)
@@ -199,7 +211,8 @@ def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: b
         if burst or getattr(worker, "_shutdown_requested_date", None) is not None:
             return
         try:
-            loop.outage.wait_until_up(client)
+            backoff.wait()
+            loop.outage.wait_until_up(client, backoff=backoff)
         except StopRequested:  # a signal while waiting for Redis
             return
         generation += 1
@@ -216,8 +229,9 @@ def _watchdog(loop: StepLoop) -> None:
             log.exception("watchdog")
 
 
-def _shut_down(pool: RunPool, grace_s: float) -> int:
-    """After RQ's loop ended on a signal: finish or hand back what is held, then exit."""
+def _shut_down(pool: RunPool, grace_s: float, presence: Presence) -> int:
+    """After RQ's loop ended on a signal: finish or hand back what is held, leave the
+    workers' set, then exit."""
     force = threading.Event()
 
     def again(signum: int, frame: object) -> None:
@@ -230,6 +244,7 @@ def _shut_down(pool: RunPool, grace_s: float) -> int:
         log.info("shutting down: %d runs in flight, up to %.1f s to finish", pool.busy,
                  grace_s)
     handed = pool.shutdown(grace_s, force)
+    presence.leave()
     if handed:
         log.warning("handed back %d runs: %s", len(handed), ", ".join(handed[:20]))
         logging.shutdown()

@@ -227,6 +227,20 @@ def metrics_keys() -> list[str]:
     """Every counters hash a reader sums: each shard's, and the unsharded one."""
     return list(dict.fromkeys([*(metrics(s) for s in shard_ids()), metrics(None)]))
 
+# Worker liveness (``durable.liveness``): one hash tag for both keys, so on a cluster they
+# sit on one master and a reconciler that can read one can read the other. Not derived.
+
+#: Set of the ids of the worker processes that announced themselves (and did not leave).
+WORKERS = f"{PREFIX}:{{workers}}:all"
+
+
+def alive(worker_id: str) -> str:
+    """String with PX TTL (``DURABLE_LIVENESS_TTL_MS``): the worker process is alive. Set
+    again every third of the TTL; once it is gone, the reconciler releases the worker's
+    leases."""
+    return f"{PREFIX}:{{workers}}:alive:{worker_id}"
+
+
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"
 
