@@ -72,7 +72,7 @@ def test_a_worker_killed_while_both_children_run(client: Client, worker: WorkerF
         return all(client.log.exists(k) and client.status(k).open_actions for k in kids)
 
     assert wait_for(both_running, 20)
-    assert client.status(run).state == "waiting_child"
+    assert wait_for(lambda: client.status(run).state == "waiting_child", 20)
     w.kill()
     worker()
     reconciler()
