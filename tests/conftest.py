@@ -188,6 +188,16 @@ def approver(client: Client, admin_key: AdminKey) -> ApproverFactory:
 
 
 @pytest.fixture()
+def world_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test agents' SQLite database (``TEST_DB``) with no unique key
+    (``TEST_DB_DEDUPE=0``): only the system's ledger and lookups stand between a retry and
+    a duplicate, and ``tests.agents.applications`` counts what was applied."""
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    return tmp_path / "world.sqlite"
+
+
+@pytest.fixture()
 def payer_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The ``payer`` test agent's files: its SQLite database (``w.sqlite``, ``TEST_DB``) and
     the account balance it reads as a fact (``balance``, 1000, ``TEST_FACT_FILE``)."""

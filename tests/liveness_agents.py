@@ -5,12 +5,11 @@ was taken again."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
-from durable.agents import Agent, Call, Decision, Finish, Lookup, Tool, ToolContext, register
+from durable.agents import Agent, Call, Decision, Finish, register
 from durable.log.state import RunState
+from examples.agents.basic import Noop
 
 
 class StepperInput(BaseModel):
@@ -19,20 +18,13 @@ class StepperInput(BaseModel):
 
 
 @register
-class Tick(Tool):
+class Tick(Noop):
+    """``noop`` that is effect-free: a run taken again after its worker died sends it again
+    at once (no deadline to wait for), so it writes at once."""
+
     name = "tick"
     timeout_s = 600.0
-    cancellable = True
     effect_free = True
-
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        sleep = float(args.get("sleep_s", 0))
-        if sleep and ctx.token.wait(sleep):
-            ctx.check()
-        return {"n": args.get("n")}
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()
 
 
 @register

@@ -23,10 +23,8 @@ from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory, run_
 
 
 @pytest.fixture(autouse=True)
-def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
-    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+def _model_log(world_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_MODEL_LOG", str(world_db.parent / "model.sqlite"))
 
 
 def _intents(client: Client, run: str) -> list[ev.StepDecided]:

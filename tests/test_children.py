@@ -18,11 +18,7 @@ from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
 
-
-@pytest.fixture(autouse=True)
-def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+pytestmark = pytest.mark.usefixtures("world_db")
 
 
 def _events(client: Client, run: str) -> list[ev.Event]:

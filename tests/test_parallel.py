@@ -21,10 +21,7 @@ from tests.conftest import ReconcilerFactory, WorkerFactory
 STYLES = ["fan_out", "async_fan_out", "decide_fan_out"]
 
 
-@pytest.fixture(autouse=True)
-def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+pytestmark = pytest.mark.usefixtures("world_db")
 
 
 def _events(client: Client, run: str) -> list[ev.Event]:
