@@ -46,8 +46,8 @@ def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
     if dev:
         access = Access(None, dev_user)
     elif settings.console_users is None:
-        raise UsageError("set DURABLE_CONSOLE_USERS to the users file (see the README's "
-                         "Console section), or use --dev on a loopback address")
+        raise UsageError("set DURABLE_CONSOLE_USERS to the users file (see docs/operations.md, "
+                         "Console), or use --dev on a loopback address")
     else:
         access = Access(Users.load(settings.console_users))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

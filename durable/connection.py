@@ -126,7 +126,7 @@ def check_layout(client: redis.Redis, shards: int) -> None:
     if found is not None and int(found) != shards:
         raise UsageError(f"the data on this Redis was written with DURABLE_SHARDS="
                          f"{int(found)}, this process is configured for {shards}: set "
-                         f"DURABLE_SHARDS={int(found)} (see the README, 'Scaling out')")
+                         f"DURABLE_SHARDS={int(found)} (see docs/scaling.md)")
 
 
 def connection_options(settings: Settings, url: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The README's configuration table is the settings: a setting added, removed or given
-another default in ``durable/settings.py`` fails here until the table says so."""
+"""The reference's configuration table is the settings: a setting added, removed or given
+another default in ``durable/settings.py`` fails here until the table says so. The README
+is the front door: short, and every document it points to exists."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 
 from durable.settings import Settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
 
 
 def _table() -> dict[str, str]:
     """``DURABLE_X`` -> its default cell, from the Configuration section's table."""
-    section = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    section = REFERENCE.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(DURABLE_[A-Z_]+)` \| ([^|]*) \|", section, re.MULTILINE)
     return {name: default.strip() for name, default in rows}
 
@@ -42,3 +45,16 @@ def test_the_configuration_table_shows_each_default() -> None:
             assert table[f"DURABLE_{name.upper()}"].startswith(shown), name
         elif field.default is None:
             assert table[f"DURABLE_{name.upper()}"] == "unset", name
+
+
+def test_the_readme_is_a_front_door_whose_links_exist() -> None:
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    assert "./demo.sh" in text and "./test.sh" in text
+    for doc in ("guide", "operations", "security", "scaling", "performance", "reference"):
+        assert f"(docs/{doc}.md)" in text
+    for target in re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|png))(?:#[\w-]+)?\)", text):
+        assert (ROOT / target).exists(), target
+    for page in (ROOT / "docs").glob("*.md"):
+        for target in re.findall(r"\]\(([\w./-]+\.(?:md|png))(?:#[\w-]+)?\)", page.read_text()):
+            assert (page.parent / target).exists(), (page.name, target)
