@@ -2,7 +2,7 @@
 Playwright with its executable path: no browser is downloaded), against a real
 ``durable console`` process, real Redis and real worker processes.
 
-Set ``CONSOLE_SCREENSHOT=docs/console-run.png`` to write the README's screenshot of the run
+Set ``CONSOLE_SCREENSHOT=docs/console-run.png`` to write the console screenshot (docs/operations.md) of the run
 page of a running run (the cancel scenario, before the cancel).
 """
 
