@@ -2,8 +2,8 @@
 Playwright with its executable path: no browser is downloaded), against a real
 ``durable console`` process, real Redis and real worker processes.
 
-Set ``CONSOLE_SCREENSHOT=docs/console-run.png`` to write the console screenshot (docs/operations.md) of the run
-page of a running run (the cancel scenario, before the cancel).
+Set ``CONSOLE_SCREENSHOT=docs/console-run.png`` to write the screenshot docs/operations.md
+shows: the run page of a running run (the cancel scenario, before the cancel).
 """
 
 from __future__ import annotations
