@@ -157,7 +157,7 @@ class Client:
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
             if enqueue:
-                enqueue_advance(self.redis, self.queue, c.run_id)
+                enqueue_advance(self.redis, self.queue, c.run_id, route=c.name)
         return Started(c.run_id, True, handle.state.state)
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
@@ -206,7 +206,7 @@ class Client:
                     started.append(c.run_id)
                     found[c.run_id] = Started(c.run_id, True, handle.state.state)
             if enqueue and started:
-                enqueue_many(self.redis, self.queue, started)
+                enqueue_many(self.redis, self.queue, started, route=checked[0].name)
             if failed is not None:  # what was written is ready; the caller learns the rest
                 raise failed
         return [found[run_id] for run_id in ids]

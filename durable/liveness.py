@@ -26,9 +26,10 @@ outage.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import redis
 
@@ -50,9 +51,11 @@ class Presence(threading.Thread):
     """The worker side: sets the liveness key every third of its TTL until ``leave``."""
 
     def __init__(self, client: redis.Redis, worker_id: str, ttl_ms: int,
-                 outage: Outage | None = None) -> None:
+                 outage: Outage | None = None, serves: Iterable[str] = ()) -> None:
         super().__init__(name="liveness", daemon=True)
         self.client, self.worker_id, self.ttl_ms = client, worker_id, ttl_ms
+        #: The key's value: the agents the worker has (routing: who may take whose runs).
+        self.value = json.dumps(sorted(serves)).encode()
         self.outage = outage or Outage(log)
         self.stop = threading.Event()
         #: Beats that reached Redis.
@@ -60,7 +63,7 @@ class Presence(threading.Thread):
 
     def beat(self) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(keys.alive(self.worker_id), b"1", px=self.ttl_ms)
+        pipe.set(keys.alive(self.worker_id), self.value, px=self.ttl_ms)
         pipe.sadd(keys.WORKERS, self.worker_id)
         pipe.execute()
         self.beats += 1
@@ -138,3 +141,23 @@ def release_worker(client: redis.Redis, release: Callable[[str, str], bool],
 
 def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def served_agents(client: redis.Redis) -> dict[str, list[str]]:
+    """The live workers and the agents each has (what their liveness keys say)."""
+    ids = sorted(w.decode() for w in client.smembers(keys.WORKERS))
+    if not ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.get(keys.alive(worker_id))
+    found: dict[str, list[str]] = {}
+    for worker_id, raw in zip(ids, pipe.execute(), strict=True):
+        if raw is None:
+            continue
+        try:
+            agents = json.loads(raw)
+        except ValueError:
+            agents = []
+        found[worker_id] = [str(a) for a in agents] if isinstance(agents, list) else []
+    return found

@@ -19,6 +19,7 @@ from rq import Worker as RQWorker
 from durable.log import keys
 from durable.log.state import ALL_STATES
 from durable.log.store import now_ms
+from durable.queue import ready_depth
 
 #: Most leases one ``leases()`` call reports (it SCANs the keyspace for lease keys).
 MAX_LEASES = 5000
@@ -156,7 +157,7 @@ def queue_depth(client: redis.Redis, queue: Queue) -> dict[str, int]:
         pipe.zcard(keys.due(shard))
         pipe.zcount(keys.due(shard), "-inf", now)
     replies = pipe.execute()
-    ready = queue.connection.llen(keys.ready(queue.name))  # the queue's own server
+    ready = ready_depth(queue)  # every route's list, on the queue's own server
     return {"ready": int(ready), "jobs": int(queue.count), "due": sum(replies[0::2]),
             "due_now": sum(replies[1::2])}
 

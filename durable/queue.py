@@ -38,10 +38,19 @@ def make_queue(client: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=client, serializer=JSONSerializer)
 
 
-def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False) -> bool:
+def route_of(client: redis.Redis, run_id: str) -> str:
+    """The ready list a run goes on: its agent's (the projection names it), so that only
+    workers that have the agent take it; "" (the shared list) when it is not known."""
+    agent = client.hget(keys.run(run_id), "agent")
+    return agent.decode() if agent else ""
+
+
+def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False,
+                    route: str | None = None) -> bool:
     """Make ``run_id`` ready for a worker unless it already is.
 
-    The run id goes on the ready list ``dx:ready:<queue>``; an RQ ``drain`` command is put
+    The run id goes on its route's ready list ``dx:ready:<queue>:<agent>`` (``route``, or
+    its agent looked up); an RQ ``drain`` command is put
     on the queue when none is pending. A worker's ``drain`` takes runs from the list one at a
     time, so one RQ job serves many runs instead of one (RQ's own bookkeeping costs about
     two thirds of a short run's time otherwise).
@@ -57,24 +66,54 @@ def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bo
         if not force:
             return False
         client.set(marker, b"1", px=QUEUED_TTL_MS)
-    queue.connection.rpush(keys.ready(queue.name), run_id)
-    ensure_drain(queue)
+    push(queue, route if route is not None else route_of(client, run_id), [run_id])
     return True
 
 
+def push(queue: Queue, route: str, run_ids: list[str]) -> None:
+    """Put ``run_ids`` on ``route``'s ready list (recording the route for readers), and a
+    ``drain`` command on RQ unless one is pending."""
+    pipe = queue.connection.pipeline(transaction=False)
+    pipe.rpush(keys.ready(queue.name, route), *run_ids)
+    if route:
+        pipe.sadd(keys.routes(queue.name), route)
+    pipe.execute()
+    ensure_drain(queue)
+
+
+def ready_depth(queue: Queue) -> int:
+    """Runs waiting on every ready list of ``queue``."""
+    conn = queue.connection
+    lists = [keys.ready(queue.name)] + [keys.ready(queue.name, r.decode())
+                                        for r in conn.smembers(keys.routes(queue.name))]
+    pipe = conn.pipeline(transaction=False)
+    for name in lists:
+        pipe.llen(name)
+    return sum(int(n) for n in pipe.execute())
+
+
 def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str], *,
-                 force: bool = False) -> list[str]:
+                 force: bool = False, route: str | None = None) -> list[str]:
     """``enqueue_advance`` for many runs: their markers in one pipeline, the ready ones in
-    one push, one drain command. Returns the runs made ready (not queued already; every
-    one with ``force``)."""
+    one push per route, one drain command. Returns the runs made ready (not queued already;
+    every one with ``force``). ``route``: theirs when they share one (else looked up)."""
     pipe = client.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.set(keys.queued(run_id), b"1", nx=not force, px=QUEUED_TTL_MS)
-    ready = [run_id for run_id, ok in zip(run_ids, pipe.execute(), strict=True) if ok]
-    if ready:
-        queue.connection.rpush(keys.ready(queue.name), *ready)
-        ensure_drain(queue)
-    return ready
+        if route is None:
+            pipe.hget(keys.run(run_id), "agent")
+    replies = pipe.execute()
+    step = 1 if route is not None else 2
+    by_route: dict[str, list[str]] = {}
+    for i, run_id in enumerate(run_ids):
+        if not replies[i * step]:
+            continue
+        agent = route if route is not None else replies[i * step + 1]
+        name = agent.decode() if isinstance(agent, bytes) else (agent or "")
+        by_route.setdefault(name, []).append(run_id)
+    for name, ids in by_route.items():
+        push(queue, name, ids)
+    return [run_id for ids in by_route.values() for run_id in ids]
 
 
 def ensure_drain(queue: Queue) -> bool:

@@ -44,7 +44,7 @@ from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
-from durable.queue import enqueue_advance, ensure_drain, make_queue
+from durable.queue import enqueue_advance, ensure_drain, make_queue, ready_depth
 from durable.settings import Settings
 
 log = logging.getLogger("durable.reconciler")
@@ -76,7 +76,7 @@ class Reconciler:
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
-        if self.queue.connection.llen(keys.ready(self.queue.name)):
+        if ready_depth(self.queue):
             ensure_drain(self.queue)  # ready runs, and the drain command was lost
         ids: list[bytes | str] = []
         for shard in keys.shard_ids():  # each shard's due set is in its own slot
@@ -174,12 +174,13 @@ class Reconciler:
         if result == "enqueue":
             # Queued only if the run id is still on the ready list: a worker killed after
             # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
-            ready = keys.ready(self.queue.name)
+            ready = keys.ready(self.queue.name, handle.state.agent)
             if self.redis.exists(keys.queued(run_id)) and \
                     self.queue.connection.lpos(ready, run_id) is not None:
                 self.redis.zadd(keys.due_of(run_id), {run_id: now + 2 * self.settings.lease_ttl_ms})
                 return "queued"
-            enqueue_advance(self.redis, self.queue, run_id, force=True)
+            enqueue_advance(self.redis, self.queue, run_id, force=True,
+                            route=handle.state.agent)
             self._stat("requeued")
             self._did("requeued")
             return "requeued"

@@ -50,12 +50,20 @@ def _driver(client: Client) -> StepLoop:
     return StepLoop(client.settings, client.redis, registry, "test-worker")
 
 
-def test_a_run_of_an_unknown_agent_is_quarantined_with_the_reason(client: Client) -> None:
+def test_a_run_of_an_agent_this_worker_lacks_waits_on_that_agents_list(
+    client: Client, r: redis.Redis
+) -> None:
+    """Routing: a worker that takes a run of an agent it does not have (from the shared
+    list) neither quarantines nor drives it: the run goes on its agent's ready list, where
+    a worker that has the agent takes it, and its log is left as it was."""
     handle = RunHandle("ghost", RunState(), actor="t")
     client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "ghost-agent", "input": {}})])
+    version = client.status("ghost").version
     assert _driver(client).advance("ghost")["run"] == "ghost"
     state = client.status("ghost")
-    assert state.state == "quarantined" and "unknown agent 'ghost-agent'" in (state.reason or "")
+    assert state.state == "pending" and state.version == version
+    assert r.lrange(keys.ready(client.queue.name, "ghost-agent"), 0, -1) == [b"ghost"]
+    assert not r.exists(keys.lease("ghost"))
 
 
 def test_an_agent_deciding_an_unknown_tool_is_quarantined(client: Client) -> None:

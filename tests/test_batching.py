@@ -89,7 +89,7 @@ def test_a_run_driven_on_rqs_thread_pops_nothing_along(client: Client) -> None:
     run: its last commit must not pop one (it would be driven by nobody)."""
     loop = StepLoop(client.settings, client.redis, registry, "test-worker:1:000000")
     RunPool(loop, 1)
-    ready = keys.ready(loop.queue.name)
+    ready = keys.ready(loop.queue.name, "count")
     run = client.start("count", {"steps": 2}, enqueue=False).run_id
     client.redis.rpush(ready, "someone-else")
     loop.advance(run)

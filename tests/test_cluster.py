@@ -132,14 +132,14 @@ def test_losing_the_queue_server_loses_no_run(
     producer = Client(Settings(), client.redis)
     ids = [producer.start("writer", {"steps": 2}, run_id=f"q-{i}").run_id for i in range(12)]
     with queue.client() as q:
-        assert q.llen(keys.ready(settings.queue)) == len(ids)
+        assert q.llen(keys.ready(settings.queue, "writer")) == len(ids)
     queue.kill()
     empty = Server(fsync="everysec")
     empty.port, empty.url = queue.port, queue.url
     make_server_started = empty.start()
     try:
         with queue.client() as q:
-            assert q.llen(keys.ready(settings.queue)) == 0  # every command is gone
+            assert q.llen(keys.ready(settings.queue, "writer")) == 0  # every command is gone
         worker()
         reconciler()
         assert wait_for(lambda: all(client.redis.hget(keys.run(i), "state") == b"completed"

@@ -189,11 +189,11 @@ def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
     """The marker says queued, but the run id is on no ready list (a worker died after
     taking it): the reconciler does not wait for the marker to expire."""
     client.start("writer", {"steps": 1}, run_id="lostq")
-    assert r.lpop(keys.ready(client.queue.name)) == b"lostq"  # taken by a worker that died
+    assert r.lpop(keys.ready(client.queue.name, "writer")) == b"lostq"  # a worker died with it
     assert r.exists(keys.queued("lostq"))
     rec = Reconciler(client.settings, client.redis, registry)
     assert rec.reconcile("lostq", now_ms() + 60_000) == "requeued"
-    assert r.lrange(keys.ready(client.queue.name), 0, -1) == [b"lostq"]
+    assert r.lrange(keys.ready(client.queue.name, "writer"), 0, -1) == [b"lostq"]
 
 
 def test_an_outcome_nobody_can_tell_waits_for_an_operator_and_is_listed(

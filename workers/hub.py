@@ -117,6 +117,8 @@ class RunHub(RunPool):
         #: Whether the ready list may hold runs (a pop came back full, or runs were taken
         #: from it by a ``drain``): not before the worker serves its first command.
         self._more_ready = False
+        #: Pops in a row that found fewer runs than asked (each list is asked in turn).
+        self._short = 0
         #: Runs to resume now, and the calls of the runs waiting for the next batch.
         self._ready: collections.deque[_Task] = collections.deque()
         #: Runs just taken, not started yet: started while few batches are out, so that
@@ -165,6 +167,7 @@ class RunHub(RunPool):
         """``fill``'s pop (a ``drain``, the poll): whether more may be ready is known."""
         run_ids = super()._pop_many(count)
         self._more_ready = len(run_ids) >= count
+        self._short = 0
         return run_ids
 
     def _task(self, run_id: str) -> _Task:  # the claim looks at the task's own context
@@ -180,7 +183,7 @@ class RunHub(RunPool):
             self.unclaim(run_id, live)
         self.loop.outage.ok()
         if answer.get("more"):
-            self._more_ready = True  # it went back on the ready list
+            self._more_ready, self._short = True, 0  # it went back on the ready list
 
     # Driving ---------------------------------------------------------------------------
 
@@ -298,7 +301,7 @@ class RunHub(RunPool):
         if free:
             with self._idle:  # busy from now: a burst worker must not end while it pops
                 self._busy += free
-            self._batch.append((None, _Call(None, ("LPOP", self.ready_key, free))))
+            self._batch.append((None, _Call(None, ("LPOP", self.next_ready_key(), free))))
 
     # Batches: sent as soon as they are full, read when nothing else is ready ------------
 
@@ -366,7 +369,12 @@ class RunHub(RunPool):
         if call.error is not None:
             self.loop.outage.failed(call.error)
         if len(run_ids) < asked:
-            self._more_ready = False
+            # This list had no more; the others are asked in turn, until each was short.
+            self._short += 1
+            if self._short >= len(self.ready_keys):
+                self._more_ready = False
+        else:
+            self._short = 0
         for _ in range(asked - len(run_ids)):
             self.give_back()
         if run_ids:

@@ -52,6 +52,7 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.leases import Heartbeats, Lease, Leases
+from durable.liveness import served_agents
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import drive
@@ -186,7 +187,7 @@ class StepLoop:
             else:
                 self.leases.release(lease)
         if more:
-            enqueue_advance(self.redis, self.queue, run_id)
+            enqueue_advance(self.redis, self.queue, run_id, route=slot.route)
         return {"run": run_id, "more": more}
 
     def hand_back(self) -> list[str]:
@@ -201,7 +202,7 @@ class StepLoop:
             self.heartbeats.drop(slot.lease)
             slot.token.cancel("lease lost")
             if self.leases.release(slot.lease):
-                enqueue_advance(self.redis, self.queue, run_id, force=True)
+                enqueue_advance(self.redis, self.queue, run_id, force=True, route=slot.route)
                 handed.append(run_id)
         return handed
 
@@ -264,7 +265,7 @@ class StepLoop:
             if slot.lease is not None:
                 self.leases.release(slot.lease)
             if quarantine is None or moved_on:  # let another attempt continue it
-                enqueue_advance(self.redis, self.queue, run_id, force=True)
+                enqueue_advance(self.redis, self.queue, run_id, force=True, route=slot.route)
             self.redis.hincrby(keys.STATS, stat, 1)
         except redis.RedisError as exc:  # the lease expires; the reconciler takes it from there
             self.outage.failed(exc)
@@ -307,10 +308,19 @@ class StepLoop:
         handle = self._load(run_id, lease, version, raw)
         if handle is None or not self._needs_work(handle.state):
             return False
+        slot.route = handle.state.agent
         try:
             agent = self.registry.agent(handle.state.agent)
-        except UnknownAgent as exc:
-            await self._quarantine(handle, str(exc))
+        except UnknownAgent:
+            # Taken from the shared list (made ready before routing): its agent's own list
+            # is where a worker that has it takes it from.
+            log.info("run %s: agent %s is not served here; put on its own ready list",
+                     run_id, handle.state.agent)
+            self.leases.release(lease)  # before it is ready again: a taker finds it free
+            self._released.add((run_id, lease.value))
+            enqueue_advance(self.redis, self.queue, run_id, force=True,
+                            route=handle.state.agent)
+            self.redis.hincrby(keys.STATS, "runs_routed", 1)
             return False
         kept = False
         if isinstance(agent, CodeAgent):
@@ -338,6 +348,8 @@ class StepLoop:
             return False
         verdict, specs, why = version_policy(handle.state, agent,
                                              self._approval_check(run_id))
+        if verdict != "ok" and self._hand_to_its_version(handle, lease):
+            return False
         if verdict == "quarantine":
             await self._quarantine(handle, why)
             return False
@@ -393,6 +405,22 @@ class StepLoop:
                 if more and not self.stopping.is_set():
                     slot.park_at = handle.state.version
                 return more
+
+    def _hand_to_its_version(self, handle: RunHandle, lease: Lease) -> bool:
+        """A run of another version of the agent, which this worker's code may not take
+        over (its ``on_version_change``): when a live worker has the run's own version (an
+        old worker during a rolling deploy), the run goes on that version's ready list
+        instead of being quarantined or held for an approval. Nothing is written."""
+        route = f"{handle.state.agent}@{handle.state.agent_version}"
+        if not any(route in serves for serves in served_agents(self.redis).values()):
+            return False
+        log.info("run %s: started under %s, handed to a worker that has that version",
+                 handle.run_id, route)
+        self.leases.release(lease)
+        self._released.add((handle.run_id, lease.value))
+        enqueue_advance(self.redis, self.queue, handle.run_id, force=True, route=route)
+        self.redis.hincrby(keys.STATS, "runs_routed", 1)
+        return True
 
     async def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
         verdict, spec = await self._user(f"{agent.name}.revalidate()",

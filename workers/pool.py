@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import redis
 
+from durable.agents import Registry
 from durable.log import keys
 from durable.outages import Backoff
 from durable.queue import enqueue_advance, enqueue_many, ensure_drain
@@ -42,6 +43,16 @@ from workers.loop import StepLoop
 from workers.turns import SLOT, Abandoned
 
 log = logging.getLogger("durable.worker")
+
+
+def routes(registry: Registry) -> list[str]:
+    """The routes a worker with ``registry``'s agents serves: each agent's name (its runs)
+    and ``name@version`` for its version and those it declares compatible (runs handed
+    over by a worker of another version)."""
+    found = []
+    for name, agent in sorted(registry.agents.items()):
+        found += [name, *(f"{name}@{v}" for v in (agent.version, *agent.compatible_versions))]
+    return found
 
 
 class RunPool:
@@ -53,7 +64,12 @@ class RunPool:
         self.size = size
         self.redis = loop.redis
         self.queue = loop.queue
-        self.ready_key = keys.ready(loop.queue.name)
+        #: The ready lists this worker takes runs from: one per agent it has (routing: only
+        #: workers that have an agent take its runs), and the shared list (runs made ready
+        #: before routing), taken from in turn.
+        self.ready_keys = [keys.ready(loop.queue.name, route)
+                           for route in routes(loop.registry)] + [keys.ready(loop.queue.name)]
+        self._turn = 0
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
         #: The slots' pops of the next ready run go with the step writes of the other run
@@ -120,7 +136,7 @@ class RunPool:
             return {"refused": "wrong queue"}
         self.queues.delete(keys.drain_pending(queue_name))
         taken = self.fill()
-        if taken and self.queues.llen(self.ready_key):
+        if taken and self.any_ready():
             ensure_drain(self.queue)  # more are ready: idle workers join in
         return {"taken": taken, "busy": self._busy}
 
@@ -164,7 +180,7 @@ class RunPool:
         the same batch (one wait for both, instead of a round trip after it)."""
         if self._batcher is not None and self.accepting and \
                 getattr(self._in_slot, "on", False):  # not RQ's thread: it pops nothing
-            self._batcher.ride_along("LPOP", self.ready_key)
+            self._batcher.ride_along("LPOP", self.next_ready_key())
 
     def _next(self) -> str | None:
         """The run this slot drives next: the one popped with its last commit, else one
@@ -188,12 +204,31 @@ class RunPool:
             return False, None
         return True, None if sent.reply is None else _run_id(sent.reply)
 
+    def next_ready_key(self) -> str:
+        """The ready list to take from next (each in turn)."""
+        self._turn = (self._turn + 1) % len(self.ready_keys)
+        return self.ready_keys[self._turn]
+
+    def any_ready(self) -> bool:
+        """Whether a run waits on any of this worker's ready lists (one round trip)."""
+        pipe = self.queues.pipeline(transaction=False)
+        for name in self.ready_keys:
+            pipe.llen(name)
+        return any(int(n) for n in pipe.execute())
+
     def _pop_many(self, count: int) -> list[str]:
-        if self._batcher is not None:
-            raw = self._batcher.command("LPOP", self.ready_key, count)
-        else:
-            raw = self.queues.lpop(self.ready_key, count)
-        return [_run_id(x) for x in raw or ()]
+        """Up to ``count`` ready runs, from this worker's lists in turn."""
+        out: list[str] = []
+        for _ in range(len(self.ready_keys)):
+            key = self.next_ready_key()
+            if self._batcher is not None:
+                raw = self._batcher.command("LPOP", key, count - len(out))
+            else:
+                raw = self.queues.lpop(key, count - len(out))
+            out += [_run_id(x) for x in raw or ()]
+            if len(out) >= count:
+                break
+        return out
 
     def _slot(self, run_id: str | None) -> bool:
         """One slot: drive ``run_id``, then the next ready run, until none is left. False
@@ -257,7 +292,7 @@ class RunPool:
             if self._busy >= self.size:
                 continue
             try:
-                if self.queues.llen(self.ready_key):
+                if self.any_ready():
                     self.fill()
             except redis.RedisError as exc:
                 self.loop.outage.failed(exc)
@@ -353,7 +388,7 @@ class RunPool:
         while True:
             self.fill()
             self.wait_idle()
-            if not self.queues.llen(self.ready_key):
+            if not self.any_ready():
                 return
 
     def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:

@@ -47,7 +47,7 @@ from workers.hooks import load_hooks
 from workers.hub import RunHub
 from workers.listener import CancelListener
 from workers.loop import StepLoop
-from workers.pool import RunPool
+from workers.pool import RunPool, routes
 
 log = logging.getLogger("durable.worker")
 
@@ -151,7 +151,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     # liveness key expired (``durable.liveness``). On a client of its own: the runs'
     # client, busy retrying calls to a failed cluster master, must not delay the beats.
     presence = Presence(connect(settings, check=False), wid, settings.liveness_ttl_ms,
-                        _loop.outage)
+                        _loop.outage, serves=routes(registry))
     presence.start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
     listener.start()

@@ -46,6 +46,8 @@ class Slot:
     user_code: str = ""
     user_code_since: float = 0.0
     abandoned: bool = False
+    #: The ready list the run goes back on (its agent's), once its log is read.
+    route: str | None = None
     #: Set when the job ends only because its turn is used up, to the run's version then:
     #: a code agent's function is kept alive for the next job (``CodeAgent.park``).
     park_at: int | None = None

@@ -20,7 +20,10 @@ from durable.cli.output import (
     local_time,
     table,
 )
+from durable.client import Client
 from durable.errors import UsageError
+from durable.liveness import served_agents
+from durable.log import keys
 from durable.log.replay import summary
 from durable.log.state import TERMINAL
 from durable.sealing import shown_struct
@@ -56,6 +59,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
             *[(k, v) for k, v in info.items()]]
+    if state.state == "pending" and not c.redis.exists(keys.lease(args.run)):
+        rows.append(("worker", waiting_for_worker(c, state.agent)))
     if state.parent and state.parent_step:
         rows.append(("parent", f"{state.parent} (step {state.parent_step})"))
     if state.children:
@@ -73,6 +78,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.traceback:
         print(f"traceback of the agent code that quarantined it:\n{state.traceback.rstrip()}")
     return OK
+
+
+def waiting_for_worker(c: Client, agent: str) -> str:
+    """Why a ready run no worker holds waits: whether a live worker has its agent."""
+    serving = [w for w, routes in served_agents(c.redis).items() if agent in routes]
+    if not serving:
+        return f"waits: no live worker has agent {agent!r}; one that does takes it as " \
+               "soon as it starts (routing by agent)"
+    return f"ready for the {len(serving)} live worker(s) that have agent {agent!r}"
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

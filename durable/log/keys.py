@@ -197,9 +197,16 @@ def due_of(run_id: str) -> str:
     return due(shard_of(run_id))
 
 
-def ready(queue: str) -> str:
-    """List of run ids waiting for a worker, drained by ``drain`` commands on RQ."""
-    return f"{PREFIX}:ready:{queue}"
+def ready(queue: str, route: str = "") -> str:
+    """List of run ids waiting for a worker, drained by ``drain`` commands on RQ: one per
+    route (an agent's name, or ``name@version`` for runs only that version may take); the
+    list without a route holds runs made ready before routing, for any worker."""
+    return f"{PREFIX}:ready:{queue}:{route}" if route else f"{PREFIX}:ready:{queue}"
+
+
+def routes(queue: str) -> str:
+    """Set of the routes runs were made ready on (``ready``): what readers sum."""
+    return f"{PREFIX}:routes:{queue}"
 
 
 def drain_pending(queue: str) -> str:
