@@ -71,12 +71,16 @@ class Sweep:
 
 
 def counts(client: redis.Redis) -> dict[str, int]:
-    """Runs per state, from the state indexes (one round trip)."""
+    """Runs per state, from the state indexes of every shard (one pipeline)."""
     states = sorted(ALL_STATES)
+    shards = keys.shard_ids()
     pipe = client.pipeline(transaction=False)
     for state in states:
-        pipe.zcard(keys.runs_in_state(state))
-    return {s: int(n) for s, n in zip(states, pipe.execute(), strict=True)}
+        for shard in shards:
+            pipe.zcard(keys.runs_in_state(state, shard))
+    replies = [int(n) for n in pipe.execute()]
+    return {s: sum(replies[i * len(shards):(i + 1) * len(shards)])
+            for i, s in enumerate(states)}
 
 
 def _lease(run_id: str, value: Any, pttl: Any, ttl_ms: int) -> LeaseInfo | None:

@@ -30,7 +30,7 @@ import msgspec
 import redis
 import redis.asyncio
 
-from durable.errors import RunNotFound, UsageError
+from durable.errors import RunNotFound
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import TERMINAL
@@ -364,8 +364,7 @@ def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
     credentials, TLS files; other options are not carried over: pass your own client
     then)."""
     if isinstance(client, redis.RedisCluster):
-        raise UsageError("afollow on a Redis Cluster needs its client: pass "
-                         "client=redis.asyncio.RedisCluster(...) (not tested here)")
+        return _async_cluster_twin(client)
     kw = client.connection_pool.connection_kwargs
     common: dict[str, Any] = {k: kw[k] for k in ("db", "username", "password")
                               if kw.get(k) is not None}
@@ -375,3 +374,16 @@ def async_twin(client: redis.Redis) -> redis.asyncio.Redis:
     ssl = "SSL" in client.connection_pool.connection_class.__name__
     return redis.asyncio.Redis(host=kw.get("host", "localhost"), port=kw.get("port", 6379),
                                ssl=ssl, **common)
+
+
+def _async_cluster_twin(client: redis.RedisCluster) -> redis.asyncio.Redis:
+    """A ``redis.asyncio.RedisCluster`` on the nodes ``client`` knows (same credentials
+    and TLS files): a cluster's readers follow runs on it as on one server."""
+    kw = client.nodes_manager.connection_kwargs
+    common: dict[str, Any] = {k: kw[k] for k in ("username", "password")
+                              if kw.get(k) is not None}
+    common.update({k: v for k, v in kw.items() if k.startswith("ssl") and v is not None})
+    nodes = [redis.asyncio.cluster.ClusterNode(n.host, n.port)
+             for n in client.get_nodes()]
+    twin: Any = redis.asyncio.RedisCluster(startup_nodes=nodes, **common)
+    return twin  # the cluster client answers the calls afollow makes
