@@ -103,3 +103,9 @@ def from_a_thread(ctx: RunContext, inp: Any) -> Any:
     thread.start()
     thread.join()
     raise errors[0]
+
+
+@agent(tools=("noop",))
+def uneven(ctx: RunContext, inp: Any) -> list[Any]:
+    """A quick call and a slow one (3 s) at once."""
+    return ctx.parallel([("noop", {"n": 1}), ("noop", {"n": 2, "sleep_s": 3.0})])

@@ -124,3 +124,21 @@ def test_what_breaks_the_rule_is_refused_with_the_rule(
     assert final.state == "quarantined"
     assert said in (final.reason or ""), final.reason
     assert not [e for e in _events(client, run) if isinstance(e, ev.StepDecided)]
+
+
+def test_an_outcome_lands_as_it_arrives(client: Client, worker: WorkerFactory) -> None:
+    """A quick call and a 3 s one at once: the quick one's outcome is in the log while the
+    slow one still runs (a worker killed then would keep it), not only once both end."""
+    run = client.start("uneven", {}, run_id="par-uneven").run_id
+    worker()
+
+    def quick_recorded_slow_open() -> bool:
+        events = _events(client, run)
+        done = {e.step for e in events if isinstance(e, ev.ActionSucceeded)}
+        sent = {e.step for e in events if isinstance(e, ev.ActionDispatched)}
+        return done == {1} and sent == {1, 2}
+
+    assert wait_for(quick_recorded_slow_open, 10)
+    final = client.wait(run, 15)
+    assert final.state == "completed" and final.result == [{"n": 1}, {"n": 2}]
+    assert verify(client.log, run).ok

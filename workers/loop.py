@@ -717,6 +717,27 @@ class StepLoop:
     async def _run_group(self, handle: RunHandle, calls: list[tuple[Tool, Action]],
                          slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
         run_id, agent_name = handle.run_id, handle.state.agent
+        # Outcomes land as they arrive: each is committed by the thread that observed it
+        # (the coroutine waits meanwhile, so only these threads touch the handle, one at a
+        # time). Once one commit is refused, the others are kept for the loop to stage
+        # after its reload.
+        lock = threading.Lock()
+        held: list[Spec] = []
+        refused: list[Exception] = []
+
+        def record(step: int, spec: list[Spec]) -> None:
+            with lock:
+                if refused or not spec:
+                    held.extend(spec)
+                    return
+                try:
+                    self.log.commit(handle, spec)
+                except (ConflictError, CancelPending, LeaseLost, Terminal,
+                        redis.RedisError) as exc:
+                    refused.append(exc)
+                    held.extend(spec)
+                    return
+                self.hooks.after_outcome(run_id, step)
 
         def one(tool: Tool, act: Action) -> list[Spec]:
             began = time.monotonic()
@@ -729,6 +750,7 @@ class StepLoop:
                 span.outcome(outcome)
             self.hooks.after_effect(run_id, act.step)
             self.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+            record(act.step, spec)
             return spec
 
         def run_all() -> list[list[Spec]]:
@@ -739,9 +761,15 @@ class StepLoop:
                 finally:
                     slot.in_call = False
 
-        outcomes: list[list[Spec]] = await Offload(WAITING, run_all)
-        return await self._outcomes(handle, slot, pending,
-                                    [s for spec in outcomes for s in spec], len(calls))
+        await Offload(WAITING, run_all)
+        if slot.token.cancelled and slot.token.reason == "lease lost":
+            raise LeaseLost(run_id, Lease(run_id, handle.lease or "|-1").epoch)
+        if slot.token.cancelled:
+            slot.token = CancelToken()
+        if refused:  # the loop reloads, then stages the outcomes not in the log yet
+            pending[:] = held
+            raise refused[0]
+        return False, len(calls)
 
     def _unsigned_rejection(self, handle: RunHandle) -> str | None:
         """A rejection or an operator's settle the fold already applied must have been
