@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
 exec .venv/bin/durable demo "$@"

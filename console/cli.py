@@ -34,9 +34,13 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
           dev_user: str = "dev", secure_cookies: bool = False) -> int:
-    import uvicorn
+    try:
+        import uvicorn
 
-    from console.app import build_app
+        from console.app import build_app
+    except ModuleNotFoundError as exc:  # the console is an extra, not a hard dependency
+        raise UsageError(f"the console needs {exc.name!r}: pip install "
+                         "'durable-agents[console]'") from None
     from console.auth import LOOPBACK, Access
     from console.users import Users
 

