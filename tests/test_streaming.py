@@ -162,19 +162,14 @@ def test_following_a_quarantined_run_stops_and_says_so(
 ) -> None:
     """A quarantined run writes nothing more until an operator releases it: ``--follow``
     prints the quarantine, says so on stderr and exits 1 instead of waiting for ever."""
-    from durable.log.state import RunState
-    from durable.log.store import RunHandle, Spec
-
-    handle = RunHandle("ghost-follow", RunState(), actor="t")
-    client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "ghost-agent", "input": {}})])
-    client.enqueue("ghost-follow")
+    client.start("buggy", {}, run_id="ghost-follow")  # its code raises after one step
     worker()
     assert client.wait("ghost-follow", 30).state == "quarantined"
     out = subprocess.run([sys.executable, "-m", "durable", "log", "ghost-follow", "--follow"],
                          env=env_for(server.url), capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, (out.stdout, out.stderr)
     assert "quarantined" in out.stdout.splitlines()[-1]
-    assert out.stderr.startswith("durable: ghost-follow is quarantined (unknown agent")
+    assert out.stderr.startswith("durable: ghost-follow is quarantined (agent buggy raised")
 
 
 def test_partial_output_that_is_not_plain_data_is_omitted_not_fatal() -> None:
