@@ -1,6 +1,6 @@
 """Answers to waiting runs: responses, external events and approval decisions.
 
-Each is written with optimistic concurrency against the version the caller folded; a late
+Each is written with optimistic concurrency (``durable.contention.update_run``); a late
 duplicate (the run no longer waits for it) returns the current state and writes nothing.
 """
 
@@ -10,19 +10,17 @@ from typing import Any
 
 from durable.approvals import check_decision
 from durable.approvers import Approvers
-from durable.errors import ConflictError, Refused, UsageError
+from durable.contention import update_run
+from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import RunState
-from durable.log.store import EventLog, Spec, now_ms
-
-ATTEMPTS = 20
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
 
 def respond(elog: EventLog, run_id: str, response: Any, *, kind: str = "input",
             request: str | None = None, by: str = "operator") -> tuple[RunState, bool]:
     """Answer a ``waiting_input`` (or ``waiting_external``) run. Returns (state, resumed)."""
-    for _ in range(ATTEMPTS):
-        handle = elog.load(run_id, actor=by)
+    def write(handle: RunHandle) -> tuple[RunState, bool]:
         wait = handle.state.wait
         if wait is None or wait.kind != kind or (request and wait.request != request):
             return handle.state, False
@@ -33,13 +31,11 @@ def respond(elog: EventLog, run_id: str, response: Any, *, kind: str = "input",
                           f"of step {unsettled[0]}: `durable settle {run_id} --step "
                           f"{unsettled[0]} --applied|--not-applied --evidence TEXT "
                           "--signer NAME --key FILE`; nothing written")
-        try:
-            elog.commit(handle, [Spec(ev.WaitResolved, {
-                "kind": kind, "request": wait.request, "response": response, "by": by})])
-        except ConflictError:
-            continue
+        elog.commit(handle, [Spec(ev.WaitResolved, {
+            "kind": kind, "request": wait.request, "response": response, "by": by})])
         return handle.state, True
-    raise ConflictError(run_id, -1, -1)
+
+    return update_run(elog, run_id, by, write)
 
 
 def decide_approval(elog: EventLog, approvers: Approvers, run_id: str, request: str,
@@ -52,8 +48,7 @@ def decide_approval(elog: EventLog, approvers: Approvers, run_id: str, request: 
     approver without the request's role; a decision the request does not allow; an
     unknown, closed or expired request. The caller's environment grants nothing.
     """
-    for _ in range(ATTEMPTS):
-        handle = elog.load(run_id, actor=approver)
+    def write(handle: RunHandle) -> tuple[RunState, bool]:
         state = handle.state
         appr = state.approvals.get(request)
         if appr is None:
@@ -76,9 +71,7 @@ def decide_approval(elog: EventLog, approvers: Approvers, run_id: str, request: 
                 and state.wait.request == request:
             specs.append(Spec(ev.WaitResolved, {"kind": "approval", "request": request,
                                                 "response": decision, "by": approver}))
-        try:
-            elog.commit(handle, specs)
-        except ConflictError:
-            continue
+        elog.commit(handle, specs)
         return handle.state, True
-    raise ConflictError(run_id, -1, -1)
+
+    return update_run(elog, run_id, approver, write)

@@ -37,7 +37,8 @@ from typing import Any
 
 import redis
 
-from durable.errors import BadCancelMessage, ConflictError, DecodeError, RunNotFound, Terminal
+from durable.contention import update_run
+from durable.errors import BadCancelMessage, DecodeError, RunNotFound, Terminal
 from durable.log import events as ev
 from durable.log.keys import CANCEL_CHANNEL, RUN_ID_RE
 from durable.log.state import RunState
@@ -199,13 +200,9 @@ def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle |
 
     A published message is only a hint: this is what turns it into a fact (or finds that the
     fact is already there) before anyone acts on it. None when the run is gone, unreadable
-    or terminal.
+    or terminal; ``RunContended`` when other writers kept appending meanwhile.
     """
-    for _ in range(5):
-        try:
-            handle = elog.load(msg.run, actor=actor)
-        except (RunNotFound, DecodeError):
-            return None
+    def write(handle: RunHandle) -> RunHandle | None:
         state = handle.state
         if state.terminal or state.cancel is not None:
             return handle
@@ -213,12 +210,14 @@ def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle |
             elog.commit(handle, [Spec(ev.CancelRequested, {
                 "reason": msg.reason, "scope": msg.scope, "requested_ts": msg.ts or now_ms(),
                 "by": actor})])
-            return handle
-        except ConflictError:
-            continue
         except Terminal:
             return None
-    return None
+        return handle
+
+    try:
+        return update_run(elog, msg.run, actor, write)
+    except (RunNotFound, DecodeError):
+        return None
 
 
 def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:

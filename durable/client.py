@@ -23,6 +23,7 @@ from durable.approvers import Approvers
 from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, cancel_children, encode_message, finish_specs
 from durable.connection import connect, connect_queue
+from durable.contention import update_run
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -469,11 +470,11 @@ class Client:
         if scope not in ("run", "call"):
             raise UsageError(f"scope must be 'run' or 'call', not {scope!r}")
         requested = now_ms()
-        for _ in range(20):
-            handle = self._load(run_id, actor=by)
+
+        def write(handle: RunHandle) -> tuple[RunState, bool, bool]:
             state = handle.state
             if state.terminal or (state.cancel is not None and state.cancel.scope == scope):
-                return state
+                return state, False, False
             request = Spec(ev.CancelRequested, {"reason": reason, "scope": scope,
                                                 "requested_ts": requested, "by": by})
             in_flight = any(a.status in ("dispatched", "unknown") for a in state.actions.values())
@@ -484,22 +485,24 @@ class Client:
                 else []
             try:
                 self.log.commit(handle, [request], if_free=now_specs)
-            except ConflictError:
-                continue
             except Terminal:
-                return self.status(run_id)
-            if handle.state.state == "canceled":
-                self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
-                if quarantined:
-                    self.redis.hdel(keys.QUARANTINE, run_id)
-            if scope == "run" and handle.state.children:  # scope run includes them
-                cancel_children(self.log, self.redis, handle.state, reason, by,
-                                self.settings.cancel_secret)
-            self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
-                CancelMessage(run=run_id, reason=reason, scope=scope, ts=now_ms()),
-                self.settings.cancel_secret))
-            return handle.state
-        raise ConflictError(run_id, -1, -1)
+                return self.status(run_id), False, False
+            return handle.state, True, quarantined
+
+        state, written, quarantined = update_run(self.log, run_id, by, write, load=self._load)
+        if not written:
+            return state
+        if state.state == "canceled":
+            self.redis.hset(keys.CANCEL_LATENCY, run_id, now_ms() - requested)
+            if quarantined:
+                self.redis.hdel(keys.QUARANTINE, run_id)
+        if scope == "run" and state.children:  # scope run includes them
+            cancel_children(self.log, self.redis, state, reason, by,
+                            self.settings.cancel_secret)
+        self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
+            CancelMessage(run=run_id, reason=reason, scope=scope, ts=now_ms()),
+            self.settings.cancel_secret))
+        return state
 
     def respond(self, run_id: str, response: Any, *, request: str | None = None,
                 by: str = "operator") -> RunState:

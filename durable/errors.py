@@ -12,6 +12,7 @@
      ├── RunNotFound
      ├── ScheduleNotFound
      ├── ConflictError           a stale writer: the expected version moved on
+     ├── RunContended            an operator action refused by other writers N times over
      ├── LeaseLost               this worker's fencing epoch is no longer the lease's
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
      ├── NondeterminismError     the agent decided differently from the recorded intent
@@ -100,6 +101,16 @@ class ConflictError(DurableError):
     def __init__(self, run_id: str, expected: int, actual: int) -> None:
         self.run_id, self.expected, self.actual = run_id, expected, actual
         super().__init__(f"run {run_id}: expected version {expected}, found {actual}")
+
+
+class RunContended(DurableError):
+    """An optimistic update (``durable.contention.update_run``) found, ``attempts`` times
+    in a row, that another writer had appended first. Nothing of this call was written."""
+
+    def __init__(self, run_id: str, attempts: int) -> None:
+        self.run_id, self.attempts = run_id, attempts
+        super().__init__(f"run {run_id}: {attempts} attempts each found the log moved on by "
+                         "another writer; nothing was written, try again")
 
 
 class LeaseLost(DurableError):

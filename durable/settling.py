@@ -31,10 +31,11 @@ from typing import Any
 import msgspec
 
 from durable.approvers import Approver, Approvers
-from durable.errors import ConflictError, Refused, UsageError
+from durable.contention import update_run
+from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import Action, RunState, SettleInfo
-from durable.log.store import EventLog, Spec, now_ms
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.sealing import contains_envelope
 from durable.signing import sign, statement, valid
 
@@ -45,8 +46,6 @@ DOMAIN = b"durable-settle-v1\n"
 BY = "operator"
 
 RESOLUTIONS = ("applied", "not_applied")
-
-ATTEMPTS = 20
 
 
 def result_digest(result: Any) -> str:
@@ -161,8 +160,7 @@ def settle(elog: EventLog, registry: Approvers, role: str, run_id: str, step: in
         raise UsageError("a not_applied settle has no result")
     if len(msgspec.json.encode(result)) > max_bytes:
         raise UsageError(f"the result exceeds {max_bytes} bytes (DURABLE_MAX_PAYLOAD_BYTES)")
-    for _ in range(ATTEMPTS):
-        handle = elog.load(run_id, actor=signer)
+    def write(handle: RunHandle) -> RunState:
         state = handle.state
         act = state.actions.get(step)
         if state.terminal or state.state == "quarantined":
@@ -190,12 +188,10 @@ def settle(elog: EventLog, registry: Approvers, role: str, run_id: str, step: in
             specs.append(Spec(ev.WaitResolved, {"kind": "external", "request": act.key,
                                                 "response": {"settled": resolution},
                                                 "by": signer}))
-        try:
-            elog.commit(handle, specs)
-        except ConflictError:
-            continue
+        elog.commit(handle, specs)
         return handle.state
-    raise ConflictError(run_id, -1, -1)
+
+    return update_run(elog, run_id, signer, write)
 
 
 def waits_for_settle(state: RunState) -> Action | None:

@@ -48,6 +48,8 @@ def test_cancel_during_a_cancellable_tool(client: Client, worker: WorkerFactory)
     types = _types(client, run)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
     _assert_no_effect_after_cancel(client, run)
+    # The worker records the latency just after the terminal append the wait returned on.
+    assert wait_for(lambda: client.redis.hget(keys.CANCEL_LATENCY, run) is not None, 5)
     assert int(client.redis.hget(keys.CANCEL_LATENCY, run) or -1) >= 0
 
 
