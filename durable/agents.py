@@ -26,7 +26,7 @@ import msgspec
 from pydantic import BaseModel
 
 from durable.cancellation import Cancelled, CancelToken, Overrun
-from durable.errors import UnknownAgent, UnknownTool, UsageError
+from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.log.state import RunState
 from durable.sealing import secret_fields
 
@@ -141,7 +141,7 @@ def _shown(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-class OutcomeUnknown(Exception):
+class OutcomeUnknown(DurableError):
     """Raised by a tool that sent its effect but cannot tell whether it was applied (the
     reply was lost). Recorded as interrupted, outcome unknown; resolved by ``lookup`` once
     the deadline has passed. Never retried blindly."""

@@ -146,21 +146,6 @@ class LocalCluster:
             return False
         return True
 
-    def master_of(self, key: str) -> Node:
-        """The node serving ``key``'s slot now."""
-        for node in self.nodes:
-            if not self.alive(node):
-                continue
-            with node.client() as c:
-                role = c.execute_command("ROLE")[0]
-                if role != b"master":
-                    continue
-                slot = c.execute_command("CLUSTER KEYSLOT", key)
-                if int(c.execute_command("CLUSTER COUNTKEYSINSLOT", slot)) >= 0 and \
-                        _serves(c, int(slot)):
-                    return node
-        raise RuntimeError(f"no live master serves {key!r}")
-
     def restart(self, node: Node) -> None:
         """Start a killed node again on its port and data: it rejoins the cluster (a master
         that was replaced comes back as its successor's replica)."""
@@ -238,11 +223,3 @@ def _slot_masters(node: Node) -> set[int]:
     except (redis.RedisError, OSError):
         return set()
 
-
-def _serves(c: redis.Redis, slot: int) -> bool:
-    myself = c.execute_command("CLUSTER MYID")
-    for entry in c.execute_command("CLUSTER SLOTS"):
-        start, end, master = int(entry[0]), int(entry[1]), entry[2]
-        if start <= slot <= end:
-            return bool(master[2] == myself)
-    return False

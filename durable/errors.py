@@ -22,6 +22,14 @@
      ├── ReplicationTimeout      fewer replicas than DURABLE_MIN_REPLICAS confirmed an append
      ├── SealError               a sealed (encrypted) field that this process cannot open
      ├── TooManyPendingRuns      a start refused: DURABLE_MAX_PENDING_RUNS runs are pending
+     ├── OutcomeUnknown          raised by a tool: its effect was sent, the reply lost
+     │                           (durable.agents; recorded unknown, resolved by lookup)
+     ├── StepFailed              raised in a code agent: its step failed, was canceled or
+     │    │                      rejected (durable.session)
+     │    └── ChildFailed         its child run did not complete
+     ├── WaitExpired             raised in a code agent: its wait expired, it continues
+     ├── ModelUnavailable        the built-in model step: no answer (retryable)
+     ├── ModelError              the built-in model step: refused for good (durable.models)
      └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
           ├── Terminal           the run reached a terminal state before this write
           │    └── Tampered       the log ends with an entry the append script did not
@@ -31,8 +39,15 @@
 
     UnsafeRedis                  (warning category) persistence could lose acknowledged events
 
-Cancellation is deliberately *not* here: :class:`durable.cancellation.Cancelled` derives
-from ``BaseException`` so that a tool's ``except Exception`` cannot swallow it.
+Signals are deliberately *not* here: they derive from ``BaseException`` so that an agent's
+or a tool's ``except Exception`` cannot swallow them::
+
+    BaseException
+     ├── durable.cancellation.Cancelled   a cancel reached the tool (its token was checked)
+     └── durable.session.Unwind           the worker let go of a code agent's run
+
+Every class in the tree is defined here except the five the tree names a module for, which
+live beside the code that raises them; the test of the public API checks both.
 """
 
 from __future__ import annotations

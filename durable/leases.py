@@ -77,10 +77,6 @@ class Leases:
             counters.incr(self.redis, counters.LEASE_EXPIRIES)
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
 
-    def renew(self, lease: Lease) -> bool:
-        return bool(self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
-                                             args=[lease.value, self.ttl_ms]))
-
     def renew_all(self, leases: list[Lease]) -> list[bool]:
         """Renew many leases in one round trip; one flag per lease, in order."""
         if hasattr(self.redis, "get_node_from_key"):

@@ -70,6 +70,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
+from durable.errors import DurableError
 
 #: The name the tool is registered under.
 TOOL_NAME = "chat"
@@ -97,12 +98,12 @@ class ModelSettings(BaseSettings):
     stream: bool = Field(default=False, description="Stream replies (SSE) by default.")
 
 
-class ModelUnavailable(Exception):
+class ModelUnavailable(DurableError):
     """The model did not answer (429, 5xx, 408 past the deadline, connection error, lost
     reply). A completion changes nothing: retryable."""
 
 
-class ModelError(Exception):
+class ModelError(DurableError):
     """The request was refused for good (400, 401, 404...) or the reply is not a chat
     completion. Not retried: the step fails."""
 

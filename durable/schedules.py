@@ -36,7 +36,7 @@ import msgspec
 import redis
 from croniter import CroniterError, croniter
 
-from durable.errors import ScheduleNotFound, UsageError
+from durable.errors import DurableError, ScheduleNotFound, UsageError
 from durable.log import keys
 from durable.log.scripts import Scripts
 from durable.log.store import now_ms
@@ -105,7 +105,7 @@ class Plan:
     skipped: int = 0
 
 
-class Unreadable(ValueError):
+class Unreadable(DurableError):
     """A stored definition that cannot be decoded or whose expression is not valid."""
 
 

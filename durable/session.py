@@ -30,7 +30,7 @@ from durable.agents import (
     is_placeholder,
 )
 from durable.children import CHILD_POLL_MS
-from durable.errors import NondeterminismError, UsageError
+from durable.errors import DurableError, NondeterminismError, UsageError
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 ALL_ACTIONS = 1 << 62
 
 
-class StepFailed(Exception):
+class StepFailed(DurableError):
     """Raised by ``ctx.call`` when the step failed, was canceled or its approval rejected.
     Not caught, it fails the run with this message."""
 
@@ -79,7 +79,7 @@ class ChildRun:
 CHILD_TIMEOUT_S = 7 * 86400.0
 
 
-class WaitExpired(Exception):
+class WaitExpired(DurableError):
     """Raised by ``ctx.wait`` when the wait expired and the agent continues
     (``on_wait_expired = "continue"``)."""
 

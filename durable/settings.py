@@ -219,6 +219,3 @@ class Settings(BaseSettings):
             return self.shards
         return 16 if self.redis_cluster else 0
 
-
-def load_settings() -> Settings:
-    return Settings()

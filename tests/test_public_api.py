@@ -68,6 +68,9 @@ ERRORS = {
     "NondeterminismError": "DurableError",
     "ForbiddenJob": "DurableError",
     "Refused": "DurableError",
+    "OutcomeUnknown": "DurableError",
+    "StepFailed": "DurableError",
+    "WaitExpired": "DurableError",
 }
 
 
@@ -96,20 +99,36 @@ def test_library_errors_derive_from_durable_error(name: str) -> None:
 
 
 def test_names_outside_the_error_tree_stay_outside_it() -> None:
-    """A tool's ``OutcomeUnknown`` is the tool's report, not a library error; ``UnsafeRedis``
-    is a warning category; everything else exported that is a class is not an error."""
-    assert issubclass(durable.OutcomeUnknown, Exception)
-    assert not issubclass(durable.OutcomeUnknown, durable.DurableError)
+    """``UnsafeRedis`` is a warning category and ``Cancelled`` a signal; every other
+    exported exception, a tool's ``OutcomeUnknown`` and what a code agent's step or wait
+    raises included, is in the tree callers catch."""
     assert issubclass(durable.UnsafeRedis, UserWarning)
     assert not issubclass(durable.UnsafeRedis, durable.DurableError)
     exceptions = {name for name in EXPECTED if isinstance(getattr(durable, name), type)
                   and issubclass(getattr(durable, name), BaseException)}
-    assert exceptions == {*ERRORS, "DurableError", "OutcomeUnknown", "UnsafeRedis",
-                          "Cancelled", "StepFailed", "WaitExpired"}
-    # Raised into a code agent's function: what happened to its step or wait, for it to
-    # handle; not a library failure.
-    for name in ("StepFailed", "WaitExpired"):
-        assert not issubclass(getattr(durable, name), durable.DurableError)
+    assert exceptions == {*ERRORS, "DurableError", "UnsafeRedis", "Cancelled"}
+
+
+def test_the_error_tree_is_closed() -> None:
+    """Every exception class the library defines (public or not) is a ``DurableError``,
+    except signals, which derive from ``BaseException`` alone so that ``except Exception``
+    cannot swallow them, and warning categories."""
+    import pkgutil
+
+    outside = []
+    for info in pkgutil.walk_packages(durable.__path__, "durable."):
+        if info.name.startswith("durable.integrations") or info.name == "durable.__main__":
+            continue  # optional frameworks (checked by their own tests); the entry point
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if not (isinstance(obj, type) and issubclass(obj, BaseException)) or \
+                    obj.__module__ != info.name:
+                continue
+            if issubclass(obj, Warning) or not issubclass(obj, Exception):
+                continue  # a warning category, or a signal (BaseException only)
+            if not issubclass(obj, durable.DurableError):
+                outside.append(f"{info.name}.{name}")
+    assert outside == []
 
 
 def test_cancellation_is_not_an_exception() -> None:

@@ -47,13 +47,13 @@ def _active(state: RunState) -> str:
     return "cancel_requested" if state.cancel is not None else "pending"
 
 
-def _settle(state: RunState, act: Action, window: int) -> None:
+def _count_settled(state: RunState, window: int) -> None:
+    """One more action settled: count it, and keep only the ``window`` latest settled."""
     state.settled += 1
     settled = [s for s, a in state.actions.items() if a.settled]
     excess = len(settled) - window
     for step in sorted(settled)[: max(excess, 0)]:
         del state.actions[step]
-    del act
 
 
 def _tokens(result: object) -> int:
@@ -104,7 +104,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 state.blob_bytes += e.blob.size
             if act.model:
                 state.tokens += _tokens(e.result)
-            _settle(state, act, window)
+            _count_settled(state, window)
         case ev.ActionFailed():
             act = state.actions[e.step]
             act.error, act.error_type, act.retryable = e.error, e.error_type, e.retryable
@@ -112,7 +112,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 act.status = "not_applied"  # refused, safe to send again with the same key
             else:
                 act.status = "failed"
-                _settle(state, act, window)
+                _count_settled(state, window)
         case ev.ActionTimedOut() | ev.ActionInterrupted():
             act = state.actions[e.step]
             act.status = "unknown"
@@ -131,7 +131,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 act.status, act.result, act.blob = "succeeded", e.result, e.blob
                 if e.blob is not None:
                     state.blob_bytes += e.blob.size
-                _settle(state, act, window)
+                _count_settled(state, window)
             elif e.resolution == "not_applied":
                 act.status = "not_applied"
             else:
@@ -142,7 +142,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
         case ev.CallCanceled():
             act = state.actions[e.step]
             act.status, act.error = "canceled", e.reason or "canceled"
-            _settle(state, act, window)
+            _count_settled(state, window)
             _consume_call_cancel(state)
             if state.state not in TERMINAL and state.state != "outcome_unknown":
                 state.state = _active(state)
@@ -200,7 +200,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                         and not target.settled:
                     target.status, target.error = "rejected", f"rejected by {e.approver}"
                     target.error_type = "ApprovalRejected"
-                    _settle(state, target, window)
+                    _count_settled(state, window)
         case ev.Checkpoint() | ev.LeaseAcquired() | ev.RetiredLeaseLost():
             pass
         case ev.Completed():
