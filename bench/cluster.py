@@ -31,6 +31,7 @@ from typing import Any
 
 import redis
 
+from bench import capacity
 from bench.common import AGENTS, median, run_window, settings_for, worker
 from durable.client import Client
 from durable.cluster import LocalCluster
@@ -66,10 +67,23 @@ def _use(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
-def batch(cfg: str, env: dict[str, str], runs: int, workers: int) -> dict[str, Any]:
+def _masters(cluster: LocalCluster) -> list[str]:
+    out = []
+    for url in cluster.urls():
+        with redis.Redis.from_url(url) as r:
+            if r.info("replication")["role"] == "master":
+                out.append(url)
+    return out
+
+
+def batch(cfg: str, env: dict[str, str], runs: int, workers: int,
+          log_servers: list[str]) -> dict[str, Any]:
+    """One batch; ``log_servers``: the servers holding the log (each master, or the one
+    server), whose CPU per step the capacity model reads."""
     _use(env)
     settings = settings_for(env["DURABLE_REDIS_URL"])
     client = Client(settings)
+    cpu_before = capacity.cpu_seconds(log_servers)
     try:
         ids = [f"c{i}" for i in range(runs)]
         for rid in ids:
@@ -85,8 +99,10 @@ def batch(cfg: str, env: dict[str, str], runs: int, workers: int) -> dict[str, A
         wall = time.perf_counter() - t0
         first, last, done = run_window(client.redis, ids)
         window = max(last - first, 1) / 1000
+        cpu = capacity.per_step(cpu_before, capacity.cpu_seconds(log_servers), done * STEPS)
         out: dict[str, Any] = {"steps_per_s": done * STEPS / window, "completed": done,
-                               "runs": runs, "wall_s": wall}
+                               "runs": runs, "wall_s": wall,
+                               "redis_cpu_us_per_step": [cpu[u] for u in log_servers]}
         if cfg != "3 shards, MIN_REPLICAS=1":
             out["bytes_per_run"] = _bytes_per_run(client.redis, ids[: min(50, runs)])
         return out
@@ -144,12 +160,14 @@ def run(servers: Any = None, quick: bool = False, rounds: int | None = None,
     with LocalCluster(3, 1, node_timeout_ms=5000) as cluster, Server(fsync="everysec") as queue, \
             Server(fsync="everysec") as server:
         wait_for(lambda: all(_has_replica(n.port) for n in cluster.nodes[:3]), 60, 0.1)
+        masters = _masters(cluster)
         try:
             for rnd in range(rounds):
                 order = list(CONFIGS[rnd % len(CONFIGS):] + CONFIGS[:rnd % len(CONFIGS)])
                 for cfg in order:
                     _flush(cluster, queue, server)
-                    res = batch(cfg, _env(cfg, cluster, queue, server), runs, workers)
+                    res = batch(cfg, _env(cfg, cluster, queue, server), runs, workers,
+                                [server.url] if cfg == "one server" else masters)
                     samples[cfg].append(res)
                     log(f"  cluster round {rnd + 1}/{rounds} {cfg:26s} "
                         f"{res['steps_per_s']:8.0f} steps/s ({res['completed']}/{runs} runs)")
@@ -166,6 +184,9 @@ def run(servers: Any = None, quick: bool = False, rounds: int | None = None,
         rows[cfg] = {"steps_per_s": median([s["steps_per_s"] for s in ss]),
                      "all": [round(s["steps_per_s"], 1) for s in ss],
                      "incomplete": [s for s in ss if s["completed"] != s["runs"]]}
+        cpus = [s["redis_cpu_us_per_step"] for s in ss]
+        rows[cfg]["redis_cpu_us_per_step"] = [median([c[i] for c in cpus])
+                                              for i in range(len(cpus[0]))]
         sizes = [s["bytes_per_run"] for s in ss if "bytes_per_run" in s]
         if sizes:
             rows[cfg]["bytes_per_run"] = {k: median([b[k] for b in sizes]) for k in sizes[0]}
@@ -178,6 +199,8 @@ def run(servers: Any = None, quick: bool = False, rounds: int | None = None,
                    "MIN_REPLICAS=1 / 3 shards": wait / three},
         "min_replicas_ms_per_append": latency["3 shards, MIN_REPLICAS=1"]["median_ms"]
         - latency["3 shards"]["median_ms"],
+        "capacity": capacity.model(rows["one server"]["redis_cpu_us_per_step"][0],
+                                   rows["3 shards"]["redis_cpu_us_per_step"]),
     }
 
 

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import capacity
+
 
 def _f(x: Any, nd: int = 0) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -380,12 +382,14 @@ def _cluster(cl: dict[str, Any]) -> list[str]:
     out = [f"## Scaling out: the log on a Redis Cluster (3 masters + 3 replicas on loopback, "
            f"{cl['runs_per_batch']} four-step runs per batch, {cl['workers']} workers, "
            f"{cl['rounds']} interleaved rounds, {cl['cpus']} CPUs shared by every process)\n",
-           "| configuration | steps/s (median) | all rounds | bytes per run |",
-           "|---|---:|---|---:|"]
+           "| configuration | steps/s (median) | all rounds | bytes per run | "
+           "Redis CPU µs per step, each log server |",
+           "|---|---:|---|---:|---|"]
     for name, row in cl["rows"].items():
         size = row.get("bytes_per_run", {}).get("total")
+        cpu = ", ".join(f"{x:.0f}" for x in row.get("redis_cpu_us_per_step", []))
         out.append(f"| {name} | {row['steps_per_s']:.0f} | {row['all']} | "
-                   f"{'' if size is None else f'{size:.0f}'} |")
+                   f"{'' if size is None else f'{size:.0f}'} | {cpu} |")
     ratios = ", ".join(f"{k}: {v:.2f}" for k, v in cl["ratios"].items())
     lat = cl["append_latency"]
     out.append(f"\nRatios: {ratios}. One append, sequential: "
@@ -393,6 +397,7 @@ def _cluster(cl: dict[str, Any]) -> list[str]:
                            for k, v in lat.items())
                + f": MIN_REPLICAS=1 adds {cl['min_replicas_ms_per_append']:.3f} ms per "
                "append (WAIT's round trip to a replica).\n")
+    out += capacity.report(cl.get("capacity", {}))
     return out
 
 
