@@ -50,8 +50,11 @@ class StartChild(Tool):
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         run_id = child_id(ctx.run_id, ctx.step)
-        started = self.client().start(str(args["agent"]), args.get("input"), run_id=run_id,
-                                      parent=(ctx.run_id, ctx.step))
+        client = self.client()
+        caps = left_of(client.status(ctx.run_id)) if args.get("share_budgets") else None
+        started = client.start(str(args["agent"]), args.get("input"), run_id=run_id,
+                               parent=(ctx.run_id, ctx.step), budgets=caps,
+                               shared_budgets=caps is not None)
         return {"run_id": started.run_id, "agent": str(args["agent"])}
 
     @classmethod
@@ -63,10 +66,27 @@ class StartChild(Tool):
             return cls._client
 
 
+#: The budgets a child may share with its parent: the steps of each run stay its own (a
+#: step number is a position in one log).
+SHARED_KINDS = ("model_calls", "tokens")
+
+
+def left_of(parent: RunState) -> dict[str, int]:
+    """What the parent's shared budgets have left: the caps of a child sharing them."""
+    used = {"model_calls": parent.model_calls, "tokens": parent.tokens}
+    return {kind: max(0, parent.budgets[kind] - used[kind])
+            for kind in SHARED_KINDS if kind in parent.budgets}
+
+
 def outcome_of(state: RunState) -> dict[str, Any]:
-    """What a parent is told of its child's end."""
-    return {"run_id": state.run_id, "state": state.state, "result": state.result,
-            "error": state.error or state.reason}
+    """What a parent is told of its child's end; a child that shares the parent's budgets
+    reports its use (its own children's included), which the parent's fold adds to its
+    own."""
+    out = {"run_id": state.run_id, "state": state.state, "result": state.result,
+           "error": state.error or state.reason}
+    if state.shared_budgets:
+        out["usage"] = {"model_calls": state.model_calls, "tokens": state.tokens}
+    return out
 
 
 def wake_parent(elog: EventLog, child: RunState, actor: str) -> str | None:

@@ -128,7 +128,8 @@ class Client:
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
               *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
               schedule: tuple[str, int] | None = None,
-              parent: tuple[str, int] | None = None) -> Started:
+              parent: tuple[str, int] | None = None,
+              shared_budgets: bool = False) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -141,10 +142,15 @@ class Client:
         ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
         run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
         start the run, recorded in its ``run_started`` (``durable.schedules``); ``parent``:
-        the run and step that start it as a child (``durable.children``)."""
+        the run and step that start it as a child (``durable.children``); with
+        ``shared_budgets`` the child shares the parent's budgets: ``budgets`` are then caps
+        (what the parent has left), each limit the lower of the agent's and the cap, and
+        the child's use is added to the parent's when it ends."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
-        c = self._check_start(agent, input, run_id, budgets)
+        if shared_budgets and parent is None:
+            raise UsageError("shared_budgets is for a child run: give its parent")
+        c = self._check_start(agent, input, run_id, budgets, cap=shared_budgets)
         if self.log.projection(c.run_id):
             return self._existing(c.run_id, c.name, c.plain)
         self._require_keys(c)
@@ -153,7 +159,7 @@ class Client:
         with tracing.start_span(c.run_id, c.name):
             try:
                 self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
-                                                       parent)],
+                                                       parent, shared_budgets)],
                                 extra={"agent": c.name, "created": str(now_ms())})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
@@ -213,14 +219,17 @@ class Client:
         return [found[run_id] for run_id in ids]
 
     def _check_start(self, agent: str, input: Any, run_id: str,
-                     budgets: Mapping[str, int] | None) -> _Checked:
+                     budgets: Mapping[str, int] | None, cap: bool = False) -> _Checked:
         """A run to start, checked: its id, its input against the agent, its budgets and
         the input's size. Raises ``UsageError`` (and its kinds) before anything is
         written."""
         if not keys.RUN_ID_RE.match(run_id):
             raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
         name, version, tools, defaults, plain, sensitive = self._checked_input(agent, input)
-        limits = checked_budgets({**defaults, **(budgets or {})})
+        given = checked_budgets(budgets or {})
+        if cap:  # a shared budget: the lower of the agent's limit and what the parent has left
+            given = {k: min(v, defaults.get(k, v)) for k, v in given.items()}
+        limits = checked_budgets({**defaults, **given})
         size = len(msgspec.msgpack.encode(plain))
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
@@ -234,11 +243,14 @@ class Client:
                              "start it (nothing was written)")
 
     def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
-                 parent: tuple[str, int] | None = None) -> Spec:
+                 parent: tuple[str, int] | None = None, shared_budgets: bool = False) -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
         name, slot = schedule or ("", 0)
-        child = {"parent": parent[0], "parent_step": parent[1]} if parent else {}
+        child: dict[str, Any] = {"parent": parent[0], "parent_step": parent[1]} if parent \
+            else {}
+        if shared_budgets:
+            child["shared_budgets"] = True
         return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
                                     "input": data, "tools": c.tools, "budgets": c.limits,
                                     "trace": trace, "schedule": name, "slot": slot, **child})

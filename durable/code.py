@@ -123,22 +123,26 @@ class RunContext:
         continues."""
         return self._session.wait(kind, reason, timeout_s, data)
 
-    def start_child(self, agent: str, input: Any = None, *,
-                    detached: bool = False) -> ChildRun:
+    def start_child(self, agent: str, input: Any = None, *, detached: bool = False,
+                    share_budgets: bool = False) -> ChildRun:
         """Start ``agent`` as a run of its own (a step of this run: started once, however
         often this function is executed again); ``join`` waits for it. A ``detached``
-        child is not canceled with this run."""
-        got = self._session.call(CHILD_TOOL, _child_args(agent, input, detached))
+        child is not canceled with this run. ``share_budgets``: the child's model calls
+        and tokens are capped by what this run has left and count in this run's budgets
+        once it ends (see the guide's "Child runs")."""
+        got = self._session.call(CHILD_TOOL, _child_args(agent, input, detached,
+                                                         share_budgets))
         return ChildRun(str(got["run_id"]), agent, detached)
 
     def join(self, child: ChildRun, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
         """Wait, holding no worker, until ``child`` ends: its result, or ``ChildFailed``."""
         return self._session.join(child, timeout_s)
 
-    def child(self, agent: str, input: Any = None, *,
-              timeout_s: float = CHILD_TIMEOUT_S) -> Any:
+    def child(self, agent: str, input: Any = None, *, timeout_s: float = CHILD_TIMEOUT_S,
+              share_budgets: bool = False) -> Any:
         """Run ``agent`` as a child run and return its result (``start_child``, ``join``)."""
-        return self.join(self.start_child(agent, input), timeout_s)
+        return self.join(self.start_child(agent, input, share_budgets=share_budgets),
+                         timeout_s)
 
     def sleep(self, seconds: float) -> None:
         """A durable timer: the run waits (``waiting_timer``) holding no worker, and the
@@ -191,16 +195,19 @@ class AsyncRunContext(RunContext):
         self._session.sleep(seconds)
 
     async def start_child(self, agent: str, input: Any = None, *,  # type: ignore[override]
-                          detached: bool = False) -> ChildRun:
-        got = await self._session.batched(CHILD_TOOL, _child_args(agent, input, detached))
+                          detached: bool = False, share_budgets: bool = False) -> ChildRun:
+        got = await self._session.batched(CHILD_TOOL, _child_args(agent, input, detached,
+                                                                  share_budgets))
         return ChildRun(str(got["run_id"]), agent, detached)
 
     async def join(self, child: ChildRun, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
         return self._session.join(child, timeout_s)
 
     async def child(self, agent: str, input: Any = None, *,
-                    timeout_s: float = CHILD_TIMEOUT_S) -> Any:
-        return self._session.join(await self.start_child(agent, input), timeout_s)
+                    timeout_s: float = CHILD_TIMEOUT_S, share_budgets: bool = False) -> Any:
+        return self._session.join(await self.start_child(agent, input,
+                                                         share_budgets=share_budgets),
+                                  timeout_s)
 
     async def sleep_until(self, when: datetime | float) -> None:  # type: ignore[override]
         self._session.sleep_until(when)
@@ -286,10 +293,13 @@ class CodeAgent(Agent):
         return Session(self, state.run_id, actions, waits, inp, values, context=context)
 
 
-def _child_args(agent: str, input: Any, detached: bool) -> dict[str, Any]:
+def _child_args(agent: str, input: Any, detached: bool,
+                share_budgets: bool = False) -> dict[str, Any]:
     args: dict[str, Any] = {"agent": agent, "input": input}
     if detached:
         args["detached"] = True
+    if share_budgets:
+        args["share_budgets"] = True
     return args
 
 

@@ -56,3 +56,36 @@ def parent_of_failure(ctx: RunContext, inp: Any) -> dict[str, Any]:
 @agent(tools=())
 async def async_parent(ctx: Any, inp: Any) -> list[Any]:
     return [await ctx.child("kid", {"n": 1}), await ctx.child("kid", {"n": 2})]
+
+
+class ThinkInput(BaseModel):
+    calls: int
+
+
+@agent(input_model=ThinkInput, tools=("echo_model",))
+def thinker(ctx: RunContext, inp: ThinkInput) -> int:
+    """A sub-agent that makes ``calls`` model calls (10 tokens each)."""
+    for n in range(inp.calls):
+        ctx.call("echo_model", {"messages": [{"role": "user", "content": f"q{n}"}]})
+    return inp.calls
+
+
+class SharingInput(BaseModel):
+    before: int = 2
+    child_calls: int = 3
+
+
+@agent(input_model=SharingInput, tools=("echo_model",),
+       budgets={"model_calls": 6, "tokens": 1000})
+def budget_parent(ctx: RunContext, inp: SharingInput) -> dict[str, Any]:
+    """Model calls of its own, a child sharing its budgets, then calls until its budget
+    ends the run."""
+    for n in range(inp.before):
+        ctx.call("echo_model", {"messages": [{"role": "user", "content": f"p{n}"}]})
+    try:
+        got = ctx.child("thinker", {"calls": inp.child_calls}, share_budgets=True)
+    except ChildFailed as exc:
+        got = exc.status
+    for n in range(20):
+        ctx.call("echo_model", {"messages": [{"role": "user", "content": f"after{n}"}]})
+    return {"child": got}

@@ -130,3 +130,41 @@ def test_an_async_parent_awaits_its_children(client: Client, worker: WorkerFacto
     final = client.wait(run, 30, waiting=False)
     assert final.state == "completed", (final.state, final.reason)
     assert [r["n"] for r in final.result] == [1, 2]
+
+
+def test_a_child_sharing_its_parents_budgets_counts_in_them(client: Client,
+                                                            worker: WorkerFactory,
+                                                            reconciler: ReconcilerFactory) -> None:
+    """The parent (6 model calls, 1,000 tokens) makes 2 calls, then a child sharing its
+    budgets makes 3: the child's limits are what the parent had left (4 calls, 980
+    tokens), recorded in its first event, and the parent counts the child's 3 calls, so
+    its own budget ends it after 1 more call (6 in all), not 4 more."""
+    run = client.start("budget_parent", {"before": 2, "child_calls": 3}, run_id="share").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 30, waiting=False)
+    assert (final.state, final.reason) == ("failed", "budget_exhausted"), final.error
+    kid = client.status(keys.child_id(run, 3))
+    assert kid.state == "completed" and kid.result == 3
+    started = next(e for e in _events(client, kid.run_id) if isinstance(e, ev.RunStarted))
+    assert started.shared_budgets and started.budgets == {"model_calls": 4, "tokens": 980}
+    assert (final.model_calls, final.tokens) == (6, 60)
+    own = [e for e in _events(client, run) if isinstance(e, ev.StepDecided) and e.model]
+    assert len(own) == 3  # 2 before the child, 1 after: the child's 3 counted in between
+    assert verify(client.log, run).ok and verify(client.log, kid.run_id).ok
+
+
+def test_a_child_that_would_overspend_its_parents_budget_is_stopped_at_what_was_left(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory) -> None:
+    """A child asked for 10 calls with 4 left in the parent's budget ends
+    ``budget_exhausted`` after 4; the parent sees a failed child and, its budget spent,
+    ends the same way at its next call."""
+    run = client.start("budget_parent", {"before": 2, "child_calls": 10},
+                       run_id="overspend").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 30, waiting=False)
+    kid = client.status(keys.child_id(run, 3))
+    assert (kid.state, kid.reason, kid.model_calls) == ("failed", "budget_exhausted", 4)
+    assert (final.state, final.reason) == ("failed", "budget_exhausted"), final.error
+    assert final.model_calls == 6  # 2 + the child's 4: none of its own after

@@ -56,6 +56,9 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     parent_step: int = 0
     #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
     budgets: dict[str, int] = {}
+    #: A child sharing its parent's budgets: its limits are capped by what the parent had
+    #: left, and its use is added to the parent's when it ends (``durable.children``).
+    shared_budgets: bool = False
     #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
     trace: str = ""
     #: The schedule whose slot started the run (``durable.schedules``), and the slot (s

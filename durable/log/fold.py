@@ -56,6 +56,17 @@ def _count_settled(state: RunState, window: int) -> None:
         del state.actions[step]
 
 
+def _count_child_use(state: RunState, outcome: object) -> None:
+    """A child that shared this run's budgets reports what it used when it ends."""
+    use = outcome.get("usage") if isinstance(outcome, dict) else None
+    if not isinstance(use, dict):
+        return
+    for kind in ("model_calls", "tokens"):
+        n = use.get(kind, 0)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            setattr(state, kind, getattr(state, kind) + n)
+
+
 def _tokens(result: object) -> int:
     """Tokens a model call used, from the OpenAI-style ``usage`` of its recorded result."""
     usage = result.get("usage") if isinstance(result, dict) else None
@@ -76,6 +87,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.parent = e.parent
             state.parent_step = e.parent_step
             state.budgets = dict(e.budgets)
+            state.shared_budgets = e.shared_budgets
             state.trace = e.trace
             state.state = "pending"
             state.created = e.ts
@@ -164,6 +176,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             )
             state.state = f"waiting_{e.kind}"
         case ev.WaitResolved():
+            if e.kind == "child":
+                _count_child_use(state, e.response)
             if state.wait is not None:
                 state.wait.response, state.wait.by = e.response, e.by
                 state.wait.outcome = "resolved"

@@ -159,6 +159,8 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     budgets: dict[str, int] = msgspec.field(default_factory=dict)
     model_calls: int = 0
     tokens: int = 0
+    #: A child that shares its parent's budgets (its use counts in the parent's too).
+    shared_budgets: bool = False
     #: Bytes of the large values kept beside the run (``DURABLE_BLOB_BUDGET_BYTES``).
     blob_bytes: int = 0
     #: W3C ``traceparent`` the producer recorded at start ("" without tracing).
