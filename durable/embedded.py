@@ -215,7 +215,7 @@ def run_foreground(settings: Settings, port: int = 0, linger_s: float = 4.0) -> 
         print(f"durable: a server already runs for {data_dir}: {recorded_url(data_dir)}",
               file=sys.stderr, flush=True)
         return 1
-    port = port or int(os.environ.get("DURABLE_REDIS_PORT", "0")) or free_port()
+    port = port or settings.redis_port or free_port()
     url = f"redis://127.0.0.1:{port}/0"
     if not port_free(port):
         print(f"durable: port {port} on 127.0.0.1 is taken by another process; choose "

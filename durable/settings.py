@@ -72,8 +72,14 @@ class Settings(BaseSettings):
         description="Embedded server's data and address file: one per user by default, so "
         "every command finds the same server from any directory.",
     )
+    redis_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="Port of the embedded server `durable redis` starts (also `--port`); "
+        "0: a free one.",
+    )
     fsync: Literal["always", "everysec", "no"] = Field(
-        default="always", description="appendfsync policy of the embedded server."
+        default="always", description="The embedded server's appendfsync policy: "
+        "`always` (every acknowledged append is on disk), `everysec` or `no`."
     )
     queue: str = Field(default="durable", description="RQ queue the commands go to.")
     connect_timeout_s: float = Field(
@@ -117,9 +123,13 @@ class Settings(BaseSettings):
         "which ends their threads.",
     )
     steps_per_job: int = Field(
-        default=64, ge=1, description="Steps a worker takes in one job before re-queueing."
+        default=64, ge=1, description="Steps a run takes before it goes to the back of "
+        "the ready list, so that a long run does not keep others waiting (fairness)."
     )
-    checkpoint_every: int = Field(default=200, ge=10, description="Checkpoint every K events.")
+    checkpoint_every: int = Field(
+        default=200, ge=10, description="A checkpoint event every K events: recovery folds "
+        "from the last one."
+    )
     action_window: int = Field(
         default=32, ge=4, description="Settled actions kept in the folded state."
     )
@@ -160,7 +170,8 @@ class Settings(BaseSettings):
     agents: str = Field(
         default="",
         description="Comma-separated modules imported to register agents and tools "
-        "(none by default: a worker serves the agents it is told to load).",
+        "(none by default: a worker serves the agents it is told to load; "
+        "`examples.agents` for the examples).",
     )
     approvers: dict[str, list[str]] = Field(
         default_factory=dict,
@@ -180,7 +191,10 @@ class Settings(BaseSettings):
         description="The role a registered key needs to settle an unknown outcome "
         "(`durable settle`): its signed decision is recorded and checked like an approval.",
     )
-    reconcile_interval_s: float = Field(default=0.5, gt=0)
+    reconcile_interval_s: float = Field(
+        default=0.5, gt=0, description="Seconds between two reconciler sweeps (unknown "
+        "outcomes, expired leases and waits, timers, schedules)."
+    )
     console_users: Path | None = Field(
         default=None,
         description="The console's users file (TOML or JSON): name -> scrypt password hash "
@@ -219,3 +233,27 @@ class Settings(BaseSettings):
             return self.shards
         return 16 if self.redis_cluster else 0
 
+
+#: The settings by concern, in the order the reference (``durable config --reference``,
+#: docs/reference.md) shows them; every field is in exactly one group (a test checks).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Connecting to Redis": (
+        "redis_url", "redis_username", "redis_password", "redis_tls_ca", "redis_tls_cert",
+        "redis_tls_key", "connect_timeout_s"),
+    "Cluster, queue server and replicas": (
+        "redis_cluster", "shards", "queue_url", "min_replicas", "replica_timeout_ms"),
+    "The embedded server": ("data_dir", "redis_port", "fsync"),
+    "Workers": (
+        "queue", "agents", "concurrency", "driver", "lease_ttl_ms", "liveness_ttl_ms",
+        "shutdown_grace_s", "decide_timeout_ms", "max_stuck_calls", "steps_per_job",
+        "clock_skew_ms"),
+    "The log": ("checkpoint_every", "action_window", "retention", "max_pending_runs"),
+    "Payloads and large results": (
+        "max_payload_bytes", "max_result_bytes", "blob_budget_bytes"),
+    "Cancellation": (
+        "cancel_secret", "cancel_max_age_ms", "cancel_report_interval_s", "cancel_grace_ms"),
+    "Keys, approvals and sealing": (
+        "admin_keys", "approvers", "settle_role", "encryption_keys"),
+    "The reconciler": ("reconcile_interval_s",),
+    "The console": ("console_users", "console_secret", "console_secure_cookies"),
+}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from durable.settings import Settings
+from durable.cli.config import reference
+from durable.settings import GROUPS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -45,6 +46,21 @@ def test_the_configuration_table_shows_each_default() -> None:
             assert table[f"DURABLE_{name.upper()}"].startswith(shown), name
         elif field.default is None:
             assert table[f"DURABLE_{name.upper()}"] == "unset", name
+
+
+def test_the_configuration_tables_are_the_generated_ones() -> None:
+    """The page holds exactly what ``durable config --reference`` prints."""
+    page = REFERENCE.read_text()
+    generated = page.split("<!-- generated: durable config --reference -->\n", 1)[1]
+    assert generated.split("<!-- end of generated -->", 1)[0] == reference(), \
+        "docs/reference.md is stale: paste `durable config --reference` between its markers"
+
+
+def test_every_setting_is_in_exactly_one_group_and_described() -> None:
+    grouped = [name for names in GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(Settings.model_fields)
+    assert len(grouped) == len(set(grouped))
+    assert [n for n, f in Settings.model_fields.items() if not f.description] == []
 
 
 def test_the_readme_is_a_front_door_whose_links_exist() -> None:

@@ -19,11 +19,13 @@ from importlib.metadata import entry_points
 from typing import Any, TextIO
 
 import redis
+from pydantic import ValidationError
 
-from durable.cli import admin, approvers, audit, deploy, runs, schedules
+from durable.cli import admin, approvers, audit, config, deploy, runs, schedules
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
 from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
+from durable.settings import Settings
 
 #: The entry point group other packages register their commands in.
 COMMAND_GROUP = "durable.commands"
@@ -57,7 +59,7 @@ def build_parser() -> Parser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    for module in (runs, audit, approvers, schedules, deploy, admin):
+    for module in (runs, audit, approvers, schedules, deploy, admin, config):
         module.register(add)
     for _name, register in plugins():
         register(add)
@@ -109,7 +111,11 @@ def _fail(message: str, code: int) -> int:
 
 def redis_problem(exc: redis.RedisError) -> str:
     """One line a user can act on, for a failure talking to Redis (no password in it)."""
-    where = os.environ.get("DURABLE_REDIS_URL")
+    try:
+        settings: Settings | None = Settings()
+    except ValidationError:  # the settings are the problem then; say what can be said
+        settings = None
+    where = settings.redis_url if settings else None
     server = safe_url(where) if where else "the embedded server"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "caused error: " in text:  # a pipeline's error: the command's own message is enough
@@ -120,7 +126,7 @@ def redis_problem(exc: redis.RedisError) -> str:
                "password: DURABLE_REDIS_USERNAME, DURABLE_REDIS_PASSWORD or the URL)"
     if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text or \
             "can't run this command" in text:
-        user = os.environ.get("DURABLE_REDIS_USERNAME") or "this user"
+        user = (settings.redis_username if settings else None) or "this user"
         return f"Redis at {server} denied a command to {user}: {text} (this role may not " \
                "do that; see deploy/users.acl)"
     if where and where.startswith("rediss://") and \
