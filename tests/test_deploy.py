@@ -1,8 +1,12 @@
-"""What an operator copies must pass the project's own connect-time safety check."""
+"""What an operator copies: it must pass the project's own connect-time safety check, the
+Procfiles run, and the image and compose file hold what they promise."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from durable.connection import config_problems, parse_config_file
 
@@ -150,3 +154,110 @@ def test_honcho_runs_the_procfile_with_scaled_workers(tmp_path: Path) -> None:
         output = honcho.communicate(timeout=30)[0].decode()
     assert "worker.2" in output and "reconciler.1" in output
     assert len(list(tmp_path.glob(".durable/*.aof"))) == 1  # one server, the Procfile's
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """deploy/Dockerfile as (INSTRUCTION, arguments), continuation lines joined."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [(op.upper(), rest.strip()) for op, _, rest in
+            (line.partition(" ") for line in lines if line and not line.startswith("#"))]
+
+
+def _compose() -> dict[str, Any]:
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    return data
+
+
+def _parses(command: list[str]) -> None:
+    """``command`` is a ``durable`` command line the CLI accepts."""
+    from durable.cli.main import build_parser
+
+    assert command[0] == "durable", command
+    build_parser().parse_args(command[1:])
+
+
+def test_the_image_runs_as_a_user_of_its_own() -> None:
+    """The last USER is numeric and not root (Kubernetes' runAsNonRoot can check only a
+    numeric one), and nothing runs after it as root."""
+    steps = _dockerfile()
+    users = [i for i, (op, _) in enumerate(steps) if op == "USER"]
+    assert users, "no USER: the image would run as root"
+    uid = steps[users[-1]][1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, uid
+    assert not [op for op, _ in steps[users[-1]:] if op == "RUN"]
+    [(_, cmd)] = [s for s in steps if s[0] == "CMD"]
+    _parses(json.loads(cmd))
+
+
+def test_the_build_context_leaves_out_the_virtualenv_and_git() -> None:
+    """.dockerignore keeps .venv and .git out of the context, and the image copies the
+    project's packages one by one (never the whole context)."""
+    ignored = {line.strip().rstrip("/") for line in
+               (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".git", "tests", "**/__pycache__"} <= ignored
+    sources = [args.split()[:-1] for op, args in _dockerfile() if op == "COPY"]
+    copied = {src for srcs in sources for src in srcs}
+    assert "." not in copied and not copied & ignored, copied
+    for src in copied:
+        assert (ROOT / src).exists(), src
+
+
+def test_the_image_holds_the_example_agents() -> None:
+    """The image installs the examples package and names its agents by default, so a
+    compose or Helm install runs something before your agents are in."""
+    import importlib
+
+    copied = {args.split()[0] for op, args in _dockerfile() if op == "COPY"}
+    assert {"durable", "workers", "reconciler", "console", "examples"} <= copied
+    env = " ".join(args for op, args in _dockerfile() if op == "ENV")
+    assert "DURABLE_AGENTS=examples.agents" in env and "PYTHONPATH=/agents" in env
+    from durable.agents import registry
+
+    importlib.import_module("examples.agents")
+    assert {"pipeline", "count"} <= set(registry.agents)
+
+
+def test_compose_redis_is_reachable_by_the_other_services_only() -> None:
+    """Redis listens on the compose network (not its loopback), publishes no port on the
+    host, keeps its AOF in the image's data directory (owned by its user: a fresh volume
+    anywhere else is root's and Redis could not write it), and the others wait for it."""
+    services = _compose()["services"]
+    redis_svc = services["redis"]
+    command = redis_svc["command"]
+    assert command[command.index("--bind") + 1] == "0.0.0.0"
+    assert command[command.index("--dir") + 1] == "/data"
+    assert "redis-data:/data" in redis_svc["volumes"]
+    assert "ports" not in redis_svc
+    assert "healthcheck" in redis_svc
+    for name, svc in services.items():
+        if name in ("redis", "world"):
+            continue
+        assert svc["depends_on"] == {"redis": {"condition": "service_healthy"}}, name
+        url = urlsplit(svc["environment"]["DURABLE_REDIS_URL"])
+        assert url.hostname == "redis" and not url.password, name
+
+
+def test_compose_services_run_the_image_as_its_user_and_no_secret_is_written_down() -> None:
+    from durable.settings import Settings
+
+    services = _compose()["services"]
+    text = (ROOT / "deploy" / "compose.yaml").read_text()
+    assert "change-me" not in text  # the password comes from the environment
+    for name, svc in services.items():
+        if name == "redis":
+            continue
+        assert svc["build"]["dockerfile"] == "deploy/Dockerfile", name
+        assert svc["user"] == "10001:10001", name
+        _parses(svc["command"])
+        for port in svc.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)  # loopback of the host only
+    worker = services["worker"]
+    assert worker["environment"]["DURABLE_REDIS_PASSWORD"].startswith(
+        "${DURABLE_REDIS_PASSWORD:?")
+    assert worker["environment"]["DURABLE_WORLD_URL"] == "http://world:8765"
+    grace = float(worker["stop_grace_period"].rstrip("s"))
+    assert grace > Settings.model_fields["shutdown_grace_s"].default

@@ -132,6 +132,15 @@ def test_every_setting_the_chart_sets_is_a_setting_of_the_processes() -> None:
     assert config["DURABLE_REDIS_TLS_CA"] == "/etc/durable/tls/ca.crt"
 
 
+@pytest.mark.parametrize("values", [MINIMAL, EVERYTHING], ids=["minimal", "everything"])
+def test_every_command_the_chart_runs_is_one_the_cli_accepts(values: dict[str, Any]) -> None:
+    from durable.cli.main import build_parser
+
+    for name, c in containers(render(values)):
+        assert c["command"][0] == "durable", name
+        build_parser().parse_args(c["command"][1:])
+
+
 def test_passwords_and_keys_come_from_the_secret_each_process_as_its_role() -> None:
     objects = render(EVERYTHING)
     roles = {"prod-durable-worker": "worker", "prod-durable-reconciler": "reconciler",
