@@ -188,7 +188,7 @@ def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
     for t in redis_triggers:
         assert t["metadata"]["address"] == "redis-queue.data.svc:6380"
         assert t["metadata"]["databaseIndex"] == "2"
-        assert t["metadata"]["enableTLS"] == "true"
+        assert t["metadata"]["enableTLS"] == "false"  # TLS is the authentication's (a CA)
         assert t["authenticationRef"] == {"name": "prod-durable-redis"}
     [prom] = [t for t in scaled["triggers"] if t["type"] == "prometheus"]
     assert prom["metadata"]["query"] == 'sum(durable_runs{state="pending"})'
@@ -197,6 +197,12 @@ def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
     assert refs["password"] == ("durable-keys", "autoscaler-password")
     assert refs["username"] == ("prod-durable-autoscaler", "username")
     assert refs["ca"] == ("redis-tls", "ca.crt")
+    assert refs["tls"] == ("prod-durable-autoscaler", "tls")
+    made = by_kind(objects, "Secret")["prod-durable-autoscaler"]["stringData"]
+    assert made == {"username": "autoscaler", "tls": "enable"}
+    system_cas = render({**EVERYTHING, "redis": {**EVERYTHING["redis"], "tls": {}}})
+    for t in by_kind(system_cas, "ScaledObject")["prod-durable-worker"]["spec"]["triggers"]:
+        assert t["type"] == "prometheus" or t["metadata"]["enableTLS"] == "true"
     worker = by_kind(objects, "Deployment")["prod-durable-worker"]["spec"]
     assert "replicas" not in worker  # KEDA's HPA owns the count
 
