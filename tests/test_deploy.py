@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
+
 from durable.connection import config_problems, parse_config_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,3 +263,64 @@ def test_compose_services_run_the_image_as_its_user_and_no_secret_is_written_dow
     assert worker["environment"]["DURABLE_WORLD_URL"] == "http://world:8765"
     grace = float(worker["stop_grace_period"].rstrip("s"))
     assert grace > Settings.model_fields["shutdown_grace_s"].default
+
+
+def _outward_address() -> str:
+    """This host's address on its default route (no packet is sent), else loopback."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            address: str = s.getsockname()[0]
+        except OSError:
+            address = "127.0.0.1"
+    return address
+
+
+def test_compose_redis_command_runs_and_answers_on_the_network(tmp_path: Path) -> None:
+    """The compose file's Redis command line, run by a real Redis 7 (Debian's) with the
+    shipped redis.conf: it answers on this host's network address with the password and
+    refuses without it, passes the processes' own safety check, and writes its AOF in the
+    directory the compose file gives it."""
+    import subprocess
+
+    import redis
+
+    from durable.connection import config_problems
+    from durable.embedded import free_port
+    from durable.testing import wait_for
+    from tests.secure_servers import debian_redis
+
+    command = _compose()["services"]["redis"]["command"]
+    assert command[:2] == ["redis-server", "/etc/redis/redis.conf"]
+    password = "a-long-random-secret-for-this-test"
+    args = [arg.replace("${DURABLE_REDIS_PASSWORD}", password) for arg in command[2:]]
+    args[args.index("--dir") + 1] = str(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([debian_redis(), str(ROOT / "deploy" / "redis.conf"), *args,
+                             "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    host = _outward_address()
+    try:
+        client = redis.Redis(host=host, port=port, password=password, socket_timeout=5)
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        assert wait_for(answers, 20), f"no answer on {host}:{port}"
+        assert client.config_get("bind")["bind"] == "0.0.0.0"
+        assert config_problems(client.config_get("*")) == []
+        client.set("k", "v")
+        with redis.Redis(host=host, port=port, socket_timeout=5) as anonymous, \
+                pytest.raises(redis.AuthenticationError):
+            anonymous.get("k")
+        assert wait_for(lambda: any(p.stat().st_size for p in tmp_path.rglob("*.aof*")
+                                    if p.is_file()), 10)
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
