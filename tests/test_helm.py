@@ -87,8 +87,9 @@ def test_every_object_the_chart_renders_is_valid(values: dict[str, Any]) -> None
         if obj["apiVersion"].startswith("keda.sh/"):
             model = getattr(keda, obj["kind"]).model_validate(obj)
             assert model.model_dump(by_alias=True, exclude_none=True) == obj, obj["kind"]
-        else:
-            kubernetes_validate.validate(obj, KUBE, strict=True)
+        else:  # the oldest Kubernetes the chart supports, and the newest known
+            for version in (KUBE, kubernetes_validate.latest_version()):
+                kubernetes_validate.validate(obj, version, strict=True)
     assert helm.lint(CHART, values, strict=True)["errors"] == []
 
 
