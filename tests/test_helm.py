@@ -102,6 +102,21 @@ def test_minimal_install_runs_every_process_but_no_autoscaler() -> None:
     assert not [o for o in render(MINIMAL) if o["apiVersion"].startswith("keda.sh/")]
 
 
+def test_a_worker_has_time_to_hand_its_runs_back() -> None:
+    """Killed only after DURABLE_SHUTDOWN_GRACE_S and the hand-back, evicted one at a
+    time, and a rollout adds workers before it stops one."""
+    objects = render(EVERYTHING)
+    worker = by_kind(objects, "Deployment")["prod-durable-worker"]["spec"]
+    grace = float(by_kind(objects, "ConfigMap")["prod-durable"]["data"]
+                  ["DURABLE_SHUTDOWN_GRACE_S"])
+    assert grace == 25
+    assert worker["template"]["spec"]["terminationGracePeriodSeconds"] >= grace + 10
+    assert worker["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = by_kind(objects, "PodDisruptionBudget")["prod-durable-worker"]["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"]["matchLabels"] == worker["selector"]["matchLabels"]
+
+
 @pytest.mark.parametrize("values", [MINIMAL, EVERYTHING], ids=["minimal", "everything"])
 def test_no_process_runs_as_root_or_can_write_its_image(values: dict[str, Any]) -> None:
     objects = render(values)
