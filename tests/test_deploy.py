@@ -324,3 +324,37 @@ def test_compose_redis_command_runs_and_answers_on_the_network(tmp_path: Path) -
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_what_the_image_copies_holds_every_package_of_the_wheel(tmp_path: Path) -> None:
+    """The Dockerfile's COPY lines alone (nothing else of the checkout) hold every package
+    the wheel is made of (setuptools' discovery, as pyproject.toml configures it, finds the
+    same ones as in the checkout) and every package-data file: a package added to the
+    project but not to the image fails here, not at a pod's start."""
+    import shutil
+    import tomllib
+
+    from setuptools import find_packages
+
+    context = tmp_path / "context"
+    for op, args in _dockerfile():
+        if op != "COPY":
+            continue
+        *sources, dest = args.split()
+        for src in sources:
+            target = context / (src if dest.endswith("/") else dest.removeprefix("./"))
+            if (ROOT / src).is_dir():
+                shutil.copytree(ROOT / src, target,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / src, target)
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = tool["packages"]["find"]["include"]
+    found = set(find_packages(str(context), include=include))
+    assert found == set(find_packages(str(ROOT), include=include))
+    assert {"durable", "workers", "reconciler", "console", "examples.agents"} <= found
+    for package, globs in tool["package-data"].items():
+        for pattern in globs:
+            assert list((context / package).glob(pattern)), (package, pattern)
+    assert (context / "README.md").exists()  # pyproject.toml's readme
