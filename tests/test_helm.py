@@ -51,6 +51,8 @@ EVERYTHING: dict[str, Any] = {
     "console": {"secureCookies": True},
     "autoscaling": {"enabled": True, "agents": ["", "checkout", "support_bot"],
                     "prometheus": {"serverAddress": "http://prometheus.monitoring:9090"}},
+    "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {
+        "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
 }
 
 
@@ -189,6 +191,29 @@ def test_tls_files_and_agents_are_mounted_read_only() -> None:
         assert mounts["redis-tls"] == {"name": "redis-tls", "mountPath": "/etc/durable/tls",
                                        "readOnly": True}, name
         assert mounts["agents"]["mountPath"] == "/agents" and mounts["agents"]["readOnly"]
+
+
+def test_each_process_accepts_connections_only_on_the_port_it_serves() -> None:
+    objects = render(EVERYTHING)
+    policies = by_kind(objects, "NetworkPolicy")
+    deploys = by_kind(objects, "Deployment")
+    assert sorted(policies) == sorted(deploys)
+    for name, policy in policies.items():
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"] == \
+            deploys[name]["spec"]["selector"]["matchLabels"]
+        assert spec["policyTypes"] == ["Ingress"]
+        served = sorted(p["containerPort"] for c in
+                        deploys[name]["spec"]["template"]["spec"]["containers"]
+                        for p in c.get("ports", []))
+        allowed = sorted(port["port"] for rule in spec["ingress"] for port in rule["ports"])
+        assert allowed == served, name
+    assert policies["prod-durable-reconciler"]["spec"]["ingress"] == []
+    assert policies["prod-durable-worker"]["spec"]["ingress"][0]["from"] == \
+        EVERYTHING["networkPolicy"]["metricsFrom"]
+    assert policies["prod-durable-console"]["spec"]["ingress"][0]["from"] == [
+        {"podSelector": {}}]
+    assert not by_kind(render(MINIMAL), "NetworkPolicy")
 
 
 def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
