@@ -49,7 +49,7 @@ EVERYTHING: dict[str, Any] = {
     "env": {"DURABLE_RETENTION": "30d", "DURABLE_QUEUE": "agents"},
     "worker": {"concurrency": 1000, "shutdownGraceSeconds": 25},
     "console": {"secureCookies": True},
-    "autoscaling": {"enabled": True, "agents": ["", "checkout", "support_bot"],
+    "autoscaling": {"enabled": True, "agents": ["", "checkout", "support_bot", "checkout@2"],
                     "prometheus": {"serverAddress": "http://prometheus.monitoring:9090"}},
     "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {
         "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
@@ -225,7 +225,9 @@ def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
     redis_triggers = [t for t in scaled["triggers"] if t["type"] == "redis"]
     assert [t["metadata"]["listName"] for t in redis_triggers] == [
         keys.ready("agents"), keys.ready("agents", "checkout"),
-        keys.ready("agents", "support_bot")]
+        keys.ready("agents", "support_bot"), keys.ready("agents", "checkout@2")]
+    assert [t["name"] for t in redis_triggers] == [
+        "ready-shared", "ready-checkout", "ready-support-bot", "ready-checkout-2"]
     for t in redis_triggers:
         assert t["metadata"]["address"] == "redis-queue.data.svc:6380"
         assert t["metadata"]["databaseIndex"] == "2"
