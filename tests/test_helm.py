@@ -235,6 +235,7 @@ def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
         assert t["authenticationRef"] == {"name": "prod-durable-redis"}
     [prom] = [t for t in scaled["triggers"] if t["type"] == "prometheus"]
     assert prom["metadata"]["query"] == 'sum(durable_runs{state="pending"})'
+    assert prom["metadata"]["threshold"] == "750"  # 3/4 of the 1000 slots of a worker
     auth = by_kind(objects, "TriggerAuthentication")["prod-durable-redis"]["spec"]
     refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["secretTargetRef"]}
     assert refs["password"] == ("durable-keys", "autoscaler-password")
@@ -264,6 +265,8 @@ def test_keda_scales_workers_on_the_ready_lists_the_queue_fills() -> None:
      "secret.data.worker-password is required"),
     ({**MINIMAL, "redis": {"url": "redis://r"}, "autoscaling": {"enabled": True}},
      "must name its port"),
+    ({**MINIMAL, "autoscaling": {"enabled": True, "prometheus": {"serverAddress": "http://p"}}},
+     "autoscaling.prometheus.runsPerWorker is required"),
     ({**MINIMAL, "workers": {"replicas": 3}}, "workers"),
     ({**MINIMAL, "worker": {"concurency": 100}}, "concurency"),
     ({**MINIMAL, "worker": {"replicas": "three"}}, "replicas"),
