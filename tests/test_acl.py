@@ -319,3 +319,22 @@ def test_the_operator_reads_the_workers_page_data(acl: AclServer, admin: redis.R
             op.execute_command("SADD", "rq:workers", "mallory")
     finally:
         worker.stop()
+
+
+def test_the_autoscaler_reads_the_ready_lists_lengths_and_nothing_else(
+        acl: AclServer, admin: redis.Redis) -> None:
+    """KEDA's user (the Helm chart's TriggerAuthentication): LLEN of the ready lists the
+    workers take from, and nothing of a run, nothing written."""
+    ready = keys.ready("durable", "count")
+    admin.rpush(ready, "r1", "r2")
+    admin.xadd("dx:{r1}:log", {"e": b"x"})
+    with acl.client("autoscaler") as keda:
+        assert keda.llen(ready) == 2
+        assert keda.llen(keys.ready("durable")) == 0
+        for command in (("LRANGE", ready, 0, -1), ("LPOP", ready), ("RPUSH", ready, "x"),
+                        ("DEL", ready), ("LLEN", "rq:queue:durable"),
+                        ("XRANGE", "dx:{r1}:log", "-", "+"), ("HGETALL", "dx:{r1}:run"),
+                        ("KEYS", "*"), ("SUBSCRIBE", "dx:cancel")):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                keda.execute_command(*command)
+    assert admin.lrange(ready, 0, -1) == [b"r1", b"r2"]
