@@ -109,12 +109,16 @@ def _entries(reply: Any) -> list[Entry]:
         return []
     out = []
     if isinstance(reply, dict):
-        groups = [rows for value in reply.values() for rows in value]
+        groups = [(key, rows) for key, value in reply.items() for rows in value]
     else:
-        groups = [rows for _key, rows in reply]
-    for rows in groups:
+        groups = [(key, rows) for key, rows in reply]
+    for key, rows in groups:
+        run_id = keys.run_of_log(key.decode() if isinstance(key, bytes) else str(key))
+        actor = ""  # an entry that leaves out its actor has the previous one's
         for entry_id, fields in rows:
-            out.append(EventLog._entry(entry_id, fields))
+            entry = EventLog._entry(entry_id, fields, run_id, actor)
+            actor = entry.event.actor if entry.event is not None else actor
+            out.append(entry)
     return out
 
 
