@@ -73,6 +73,9 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 v = mm[label]["bytes_per_step"]
                 rows.append((f"Redis bytes/step, {label} runs", f"{v:.0f} B", "≤ 400 B",
                              _ok(v, 400, higher=False)))
+        for label, conv in mm.get("conversations", {}).items():
+            rows.append((f"Redis bytes / message bytes, conversation of {label}",
+                         f"{conv['ratio']:.2f}x", "≤ 1.2x", _ok(conv["ratio"], 1.2, higher=False)))
     io = res.get("iobound")
     if io:
         cf = io["configs"]
@@ -307,6 +310,18 @@ def markdown(res: dict[str, Any]) -> str:
             out.append(f"Checkpoints in a 1000-step run driven by a worker: {cp['checkpoints']} "
                        f"in {cp['events']} events; at most {cp['max_events_between']} events "
                        "between two.")
+        convs = mm.get("conversations", {})
+        if convs:
+            out.append("\nCode-agent conversations (`bench/chat.py`), Redis bytes (log + run + "
+                       "fx) against the bytes of their messages:\n")
+            out.append("| conversation | messages B | log B | run B | fx B | log entries | "
+                       "ratio |\n|---|---:|---:|---:|---:|---:|---:|")
+            for label, conv in convs.items():
+                b = conv["bytes"]
+                out.append(f"| {label} | {conv['message_bytes']:,} | {b['log']:,} | "
+                           f"{b['run']:,} | {b['fx']:,} | {conv['log_entries']:,} | "
+                           f"**{conv['ratio']:.2f}x** |")
+            out.append("")
         out.append("Worker RSS: " + ", ".join(
             f"{x['rss_mb']:.1f} MB after {x['after_runs']} runs" for x in mm["worker_rss"])
             + f" (growth {mm['worker_rss_growth_mb']:+.1f} MB).\n")
