@@ -373,12 +373,18 @@ def markdown(res: dict[str, Any]) -> str:
     cd = res.get("codec")
     if cd:
         out.append("## Codec: msgpack vs JSON (msgspec typed encoders/decoders over AnyEvent)\n")
+        wire = "wire" in cd["per_type"]
         out.append("| event | msgpack enc ns | json enc ns | msgpack dec ns | json dec ns | "
-                   "msgpack B | json B |\n|---|---:|---:|---:|---:|---:|---:|")
+                   "msgpack B | json B |" + (" wire (v4) enc ns | dec ns | B |" if wire else "")
+                   + "\n|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if wire else ""))
         for t in cd["shown"]:
             m, j = cd["per_type"]["msgpack"][t], cd["per_type"]["json"][t]
-            out.append(f"| {t} | {m['enc_ns']:.0f} | {j['enc_ns']:.0f} | {m['dec_ns']:.0f} | "
-                       f"{j['dec_ns']:.0f} | {m['bytes']:.0f} | {j['bytes']:.0f} |")
+            row = (f"| {t} | {m['enc_ns']:.0f} | {j['enc_ns']:.0f} | {m['dec_ns']:.0f} | "
+                   f"{j['dec_ns']:.0f} | {m['bytes']:.0f} | {j['bytes']:.0f} |")
+            if wire:
+                w = cd["per_type"]["wire"][t]
+                row += f" {w['enc_ns']:.0f} | {w['dec_ns']:.0f} | {w['bytes']:.0f} |"
+            out.append(row)
         out.append(f"\n`events.decode` (with version check) on the step mix: "
                    f"{cd['events_decode_step_mix_ns']:.0f} ns per event.")
         if "redis" in cd:

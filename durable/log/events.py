@@ -99,6 +99,8 @@ _HEAD = 5  # code, v, seq, attempt, actor
 class _Layout:
     """A type's own fields in wire order, their defaults, and where the derived ones are."""
 
+    __slots__ = ("cls", "code", "deadline", "defaults", "index", "key", "names", "step")
+
     def __init__(self, cls: type[Event]) -> None:
         self.cls = cls
         self.code = CODES[cls.__struct_config__.tag]  # type: ignore[index]
@@ -118,8 +120,10 @@ class _Layout:
 _REQUIRED = object()
 _LAYOUTS: dict[type[Event], _Layout] = {cls: _Layout(cls) for cls in AnyEvent.__args__}
 _BY_CODE: dict[int, _Layout] = {lay.code: lay for lay in _LAYOUTS.values()}
-_SEQ, _TS, _ACTOR, _ATTEMPT, _RUN = (Event.__struct_fields__.index(n)
-                                     for n in ("seq", "ts", "actor", "attempt", "run"))
+#: Every type's fields start with the envelope, in this order (``encode`` relies on it).
+_BODY = len(ENVELOPE)
+if any(cls.__struct_fields__[:_BODY] != ENVELOPE for cls in _LAYOUTS):
+    raise TypeError("every event's fields must start with the envelope's")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(AnyEvent)
@@ -131,17 +135,19 @@ def encode(event: Event, *, same_actor: bool = False) -> bytes:
     has this event's actor, which is then left out."""
     lay = _LAYOUTS[type(event)]
     values = msgspec.structs.astuple(event)
-    body = [values[i] for i in lay.index]
-    if lay.key >= 0 and body[lay.key] == f"{values[_RUN]}:{body[lay.step]}":
-        body[lay.key] = None
-    if lay.deadline >= 0 and body[lay.deadline]:
-        body[lay.deadline] -= values[_TS]
+    body: Any = values[_BODY:]
+    if lay.key >= 0:
+        body = list(body)
+        if body[lay.key] == f"{values[1]}:{body[lay.step]}":
+            body[lay.key] = None
+        if lay.deadline >= 0 and body[lay.deadline]:
+            body[lay.deadline] -= values[3]
     defaults = lay.defaults
     n = len(body)
     while n and body[n - 1] == defaults[n - 1]:
         n -= 1
-    return _encoder.encode([lay.code, SCHEMA_VERSION, values[_SEQ], values[_ATTEMPT],
-                            None if same_actor else values[_ACTOR], *body[:n]])
+    return _encoder.encode((lay.code, SCHEMA_VERSION, values[2], values[5],
+                            None if same_actor else values[4], *body[:n]))
 
 
 def entry_ms(entry_id: str) -> int:
