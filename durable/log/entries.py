@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import redis
+import redis.asyncio
 
 from durable.errors import DecodeError, SealError
 from durable.log import events as ev
@@ -41,22 +42,45 @@ def decode_entry(entry_id: Any, fields: dict[Any, Any], run_id: str = "",
 
 
 def actor_before(client: redis.Redis, run_id: str, raw: Any) -> str:
-    """The actor in effect just before the first entry of ``raw`` (read from an offset):
-    that of the latest earlier entry that names its own. A checkpoint always does, so
-    this looks back at most one checkpoint interval."""
+    """The actor in effect just before the first entry of ``raw`` (read from an offset),
+    when that entry leaves its own out ("" when it names it)."""
     if not raw or ev.named_actor(raw[0][1].get(b"e") or b""):
         return ""
-    cursor = f"({text(raw[0][0])}"
+    return actor_at(client, run_id, f"({text(raw[0][0])}")
+
+
+def actor_at(client: redis.Redis, run_id: str, end: str) -> str:
+    """The actor of the entry at ``end`` (an XREVRANGE bound: an id, or ``(id``): that of
+    the latest entry up to it that names its own. A checkpoint always does, so this looks
+    back at most one checkpoint interval."""
     while True:
-        batch = client.xrevrange(keys.log(run_id), cursor, "-", count=64)
-        if not batch:
-            return ""
-        for entry_id, fields in batch:
-            data = fields.get(b"e")
-            if data and ev.named_actor(data):
-                event = decode_entry(entry_id, fields, run_id).event
-                return event.actor if event is not None else ""
-        cursor = f"({text(batch[-1][0])}"
+        batch = client.xrevrange(keys.log(run_id), end, "-", count=_PAGE)
+        found = _named(batch, run_id)
+        if found is not None or len(batch) < _PAGE:
+            return found or ""
+        end = f"({text(batch[-1][0])}"
+
+
+async def aactor_at(client: redis.asyncio.Redis, run_id: str, end: str) -> str:
+    """``actor_at``, on an asyncio client."""
+    while True:
+        batch = await client.xrevrange(keys.log(run_id), end, "-", count=_PAGE)
+        found = _named(batch, run_id)
+        if found is not None or len(batch) < _PAGE:
+            return found or ""
+        end = f"({text(batch[-1][0])}"
+
+
+_PAGE = 64
+
+
+def _named(batch: Any, run_id: str) -> str | None:
+    for entry_id, fields in batch:
+        data = fields.get(b"e")
+        if data and ev.named_actor(data):
+            event = decode_entry(entry_id, fields, run_id).event
+            return event.actor if event is not None else ""
+    return None
 
 
 def open_entry(entry: Entry, blob: Any, keyring: Keyring, names: set[str]) -> Entry:
