@@ -22,7 +22,7 @@ The types and the schema-change rules are in ``durable.log.schema``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
@@ -99,7 +99,8 @@ _HEAD = 5  # code, v, seq, attempt, actor
 class _Layout:
     """A type's own fields in wire order, their defaults, and where the derived ones are."""
 
-    __slots__ = ("cls", "code", "deadline", "defaults", "index", "key", "names", "step")
+    __slots__ = ("cls", "code", "deadline", "defaults", "index", "key", "names", "step",
+                 "wire")
 
     def __init__(self, cls: type[Event]) -> None:
         self.cls = cls
@@ -115,11 +116,27 @@ class _Layout:
         self.step = self.names.index("step") if self.key >= 0 else -1
         self.deadline = self.names.index("deadline") if cls.__struct_config__.tag == \
             "action_dispatched" else -1
+        #: The entry as decoded (typed, positional, tagged by ``code``): the head's fields,
+        #: then the type's own, a derived key being None.
+        head: list[Any] = [("v", int), ("seq", int), ("attempt", int), ("actor", str | None)]
+        own: list[Any] = [
+            (f.name, f.type | None if f.name == "key" and self.key >= 0 else f.type,
+             msgspec.field(default_factory=f.default_factory)
+             if f.default_factory is not msgspec.NODEFAULT else f.default)
+            if not f.required else (f.name, f.type | None if f.name == "key" and self.key >= 0
+                                    else f.type)
+            for f in info]
+        self.wire: type[Any] = msgspec.defstruct(
+            f"Wire{cls.__name__}", head + own, array_like=True, kw_only=True, tag=self.code,
+            frozen=True, forbid_unknown_fields=True)
 
 
 _REQUIRED = object()
 _LAYOUTS: dict[type[Event], _Layout] = {cls: _Layout(cls) for cls in AnyEvent.__args__}
 _BY_CODE: dict[int, _Layout] = {lay.code: lay for lay in _LAYOUTS.values()}
+_BY_WIRE: dict[type, _Layout] = {lay.wire: lay for lay in _LAYOUTS.values()}
+_wire_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+    Union[tuple(_BY_WIRE)])  # noqa: UP007
 #: Every type's fields start with the envelope, in this order (``encode`` relies on it).
 _BODY = len(ENVELOPE)
 if any(cls.__struct_fields__[:_BODY] != ENVELOPE for cls in _LAYOUTS):
@@ -186,33 +203,41 @@ def decode(data: bytes, entry_id: str = "?", run: str = "", actor: str = "") -> 
 
 
 def _decode_array(data: bytes, entry_id: str, run: str, actor: str) -> Event:
+    try:
+        wire = _wire_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(entry_id, _why_not(data, exc)) from None
+    if wire.v > SCHEMA_VERSION:
+        raise DecodeError(entry_id, _future(wire.v))
+    lay = _BY_WIRE[type(wire)]
+    fields = msgspec.structs.asdict(wire)
+    ts = entry_ms(entry_id)
+    if lay.key >= 0 and fields["key"] is None:
+        fields["key"] = f"{run}:{fields['step']}"
+    if lay.deadline >= 0 and fields["deadline"]:
+        fields["deadline"] += ts
+    fields["run"], fields["ts"] = run, ts
+    if fields["actor"] is None:
+        fields["actor"] = actor
+    event: Event = lay.cls(**fields)
+    return event
+
+
+def _why_not(data: bytes, exc: Exception) -> str:
+    """Why a wire entry does not decode, said the way a reader can act on it."""
     raw = _peek(data)
     if not (isinstance(raw, list) and len(raw) >= _HEAD and type(raw[0]) is int
             and type(raw[1]) is int):
-        raise DecodeError(entry_id, "undecodable entry: not an event")
-    code, v, seq, attempt, own_actor = raw[:_HEAD]
+        return "undecodable entry: not an event"
+    code, v = raw[0], raw[1]
     if v > SCHEMA_VERSION:
-        raise DecodeError(entry_id, _future(v))
+        return _future(v)
     lay = _BY_CODE.get(code)
     if lay is None:
-        raise DecodeError(entry_id, f"unknown event type code {code}")
-    body = raw[_HEAD:]
-    if len(body) > len(lay.names):
-        raise DecodeError(entry_id, f"{len(body)} fields, more than a "
-                          f"{lay.cls.__struct_config__.tag} has")
-    fields = dict(zip(lay.names, body, strict=False))
-    ts = entry_ms(entry_id)
-    if lay.key >= 0 and fields.get("key", "") is None and "step" in fields:
-        fields["key"] = f"{run}:{fields['step']}"
-    if lay.deadline >= 0 and isinstance(fields.get("deadline"), int) and fields["deadline"]:
-        fields["deadline"] += ts
-    fields.update(v=v, run=run, seq=seq, ts=ts, attempt=attempt,
-                  actor=actor if own_actor is None else own_actor)
-    try:
-        event: Event = msgspec.convert(fields, lay.cls)
-    except msgspec.ValidationError as exc:
-        raise DecodeError(entry_id, f"invalid entry: {exc}") from None
-    return event
+        return f"unknown event type code {code}"
+    if len(raw) - _HEAD > len(lay.names):
+        return f"{len(raw) - _HEAD} fields, more than a {lay.cls.__struct_config__.tag} has"
+    return f"invalid entry: {exc}"
 
 
 def named_actor(data: bytes) -> bool:
