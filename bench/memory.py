@@ -5,6 +5,10 @@ Real runs through a real worker process: 4-step and 1000-step ``count`` runs. Pe
 ``dx:{R}:fx``, divided by its steps. Also reported: what each run leaves in global keys
 (indexes by update time and state, the due set) and its ``fence`` key, the spacing of
 checkpoint events in a long run's log, and the worker's RSS (psutil) after each batch.
+
+Conversations (``bench/chat.py``): code-agent runs of 100 calls with 5 KB replies and 300
+calls with 2 KB replies (each call given the whole conversation): their Redis bytes (log +
+projection + ledger) against the bytes of their messages (target ≤ 1.2x).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from typing import Any
 import psutil
 import redis
 
-from bench.common import fresh, median, settings_for, worker
+from bench.chat import message_bytes
+from bench.common import AGENTS, fresh, median, settings_for, worker
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
@@ -48,14 +53,36 @@ def checkpoint_spacing(r: redis.Redis, rid: str) -> dict[str, int]:
     return {"checkpoints": len(seqs), "max_events_between": max(gaps), "events": total}
 
 
+#: The agents of this item: the bench agents and the conversation (``bench/chat.py``).
+MEMORY_AGENTS = f"{AGENTS},bench.chat"
+
+#: Conversations measured: (calls, reply bytes).
+CONVERSATIONS = ((100, 5000), (300, 2000))
+
+
+def conversations(r: redis.Redis, client: Client, quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for turns, size in CONVERSATIONS[:1] if quick else CONVERSATIONS:
+        rid = f"chat-{turns}x{size}"
+        client.start("bench_chat", {"turns": turns, "text_bytes": size}, run_id=rid)
+        wait_done(r, [rid])
+        parts = per_run_bytes(r, rid)
+        stored = parts["log"] + parts["run"] + parts["fx"]
+        messages = message_bytes(turns, size)
+        out[f"{turns} calls x {size // 1000} KB"] = {
+            "bytes": parts, "message_bytes": messages, "run_bytes": stored,
+            "ratio": stored / messages, "log_entries": r.xlen(keys.log(rid))}
+    return out
+
+
 def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
     short_runs = 50 if quick else 150
     long_runs, long_steps = (1, 1000) if quick else (2, 1000)
     srv = servers.get("everysec")
     r = srv.client()
     fresh(r)
-    client = Client(settings_for(srv.url), r)
-    wproc = worker(srv.url)
+    client = Client(settings_for(srv.url, agents=MEMORY_AGENTS), r)
+    wproc = worker(srv.url, DURABLE_AGENTS=MEMORY_AGENTS)
     proc = psutil.Process(wproc.pid)
     rss: list[dict[str, float]] = []
     out: dict[str, Any] = {}
@@ -88,6 +115,7 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
                 glob = {k: int(r.memory_usage(k, samples=0) or 0) for k in
                         (keys.RUNS_BY_UPDATE, keys.runs_in_state("completed"), keys.DUE)}
                 out["global bytes per run"] = {k: v / n_runs for k, v in glob.items()}
+        out["conversations"] = conversations(r, client, quick)
         out["worker_rss"] = rss
         out["worker_rss_growth_mb"] = rss[-1]["rss_mb"] - rss[0]["rss_mb"]
         out["used_memory_mb"] = r.info("memory")["used_memory"] / 2**20

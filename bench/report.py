@@ -75,6 +75,9 @@ def targets(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 v = mm[label]["bytes_per_step"]
                 rows.append((f"Redis bytes/step, {label} runs", f"{v:.0f} B", "≤ 400 B",
                              _ok(v, 400, higher=False)))
+        for label, conv in mm.get("conversations", {}).items():
+            rows.append((f"Redis bytes / message bytes, conversation of {label}",
+                         f"{conv['ratio']:.2f}x", "≤ 1.2x", _ok(conv["ratio"], 1.2, higher=False)))
     io = res.get("iobound")
     if io:
         cf = io["configs"]
@@ -309,6 +312,18 @@ def markdown(res: dict[str, Any]) -> str:
             out.append(f"Checkpoints in a 1000-step run driven by a worker: {cp['checkpoints']} "
                        f"in {cp['events']} events; at most {cp['max_events_between']} events "
                        "between two.")
+        convs = mm.get("conversations", {})
+        if convs:
+            out.append("\nCode-agent conversations (`bench/chat.py`), Redis bytes (log + run + "
+                       "fx) against the bytes of their messages:\n")
+            out.append("| conversation | messages B | log B | run B | fx B | log entries | "
+                       "ratio |\n|---|---:|---:|---:|---:|---:|---:|")
+            for label, conv in convs.items():
+                b = conv["bytes"]
+                out.append(f"| {label} | {conv['message_bytes']:,} | {b['log']:,} | "
+                           f"{b['run']:,} | {b['fx']:,} | {conv['log_entries']:,} | "
+                           f"**{conv['ratio']:.2f}x** |")
+            out.append("")
         out.append("Worker RSS: " + ", ".join(
             f"{x['rss_mb']:.1f} MB after {x['after_runs']} runs" for x in mm["worker_rss"])
             + f" (growth {mm['worker_rss_growth_mb']:+.1f} MB).\n")
@@ -360,12 +375,18 @@ def markdown(res: dict[str, Any]) -> str:
     cd = res.get("codec")
     if cd:
         out.append("## Codec: msgpack vs JSON (msgspec typed encoders/decoders over AnyEvent)\n")
+        wire = "wire" in cd["per_type"]
         out.append("| event | msgpack enc ns | json enc ns | msgpack dec ns | json dec ns | "
-                   "msgpack B | json B |\n|---|---:|---:|---:|---:|---:|---:|")
+                   "msgpack B | json B |" + (" wire (v4) enc ns | dec ns | B |" if wire else "")
+                   + "\n|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if wire else ""))
         for t in cd["shown"]:
             m, j = cd["per_type"]["msgpack"][t], cd["per_type"]["json"][t]
-            out.append(f"| {t} | {m['enc_ns']:.0f} | {j['enc_ns']:.0f} | {m['dec_ns']:.0f} | "
-                       f"{j['dec_ns']:.0f} | {m['bytes']:.0f} | {j['bytes']:.0f} |")
+            row = (f"| {t} | {m['enc_ns']:.0f} | {j['enc_ns']:.0f} | {m['dec_ns']:.0f} | "
+                   f"{j['dec_ns']:.0f} | {m['bytes']:.0f} | {j['bytes']:.0f} |")
+            if wire:
+                w = cd["per_type"]["wire"][t]
+                row += f" {w['enc_ns']:.0f} | {w['dec_ns']:.0f} | {w['bytes']:.0f} |"
+            out.append(row)
         out.append(f"\n`events.decode` (with version check) on the step mix: "
                    f"{cd['events_decode_step_mix_ns']:.0f} ns per event.")
         if "redis" in cd:

@@ -70,6 +70,10 @@ def free_port() -> int:
         return port
 
 
+#: ``stream-node-max-bytes`` of the embedded server (and of ``deploy/redis.conf``).
+STREAM_NODE_MAX_BYTES = 32768
+
+
 def server_args(data_dir: Path, port: int, fsync: str) -> list[str]:
     return [
         server_binary(),
@@ -84,6 +88,10 @@ def server_args(data_dir: Path, port: int, fsync: str) -> list[str]:
         "--daemonize", "no",
         "--logfile", "redis.log",
         "--pidfile", str((data_dir / "redis.pid").resolve()),
+        # Stream nodes of up to 32 KB (Redis's default: 4 KB): a log of model replies of a
+        # few KB each fills a 4 KB node with one entry, and each node costs ~0.5 KB beside
+        # it (docs/performance.md, "Redis bytes per step").
+        "--stream-node-max-bytes", str(STREAM_NODE_MAX_BYTES),
     ]
 
 

@@ -33,6 +33,7 @@ import redis.asyncio
 from durable.errors import RunNotFound
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.entries import aactor_at, actor_at
 from durable.log.state import TERMINAL
 from durable.log.store import Entry, EventLog
 
@@ -102,20 +103,28 @@ class Publisher:
 # Reading the log -------------------------------------------------------------------------
 
 
-def _entries(reply: Any) -> list[Entry]:
+def _entries(reply: Any, actor: str = "") -> list[Entry]:
     """An XREAD reply for one stream as entries (RESP2: ``[[key, rows]]``; RESP3:
-    ``{key: [rows]}``)."""
+    ``{key: [rows]}``). ``actor``: that of the entry before the first (an entry whose actor
+    is the previous one's leaves it out)."""
     if not reply:
         return []
     out = []
     if isinstance(reply, dict):
-        groups = [rows for value in reply.values() for rows in value]
+        groups = [(key, rows) for key, value in reply.items() for rows in value]
     else:
-        groups = [rows for _key, rows in reply]
-    for rows in groups:
+        groups = [(key, rows) for key, rows in reply]
+    for key, rows in groups:
+        run_id = keys.run_of_log(key.decode() if isinstance(key, bytes) else str(key))
         for entry_id, fields in rows:
-            out.append(EventLog._entry(entry_id, fields))
+            entry = EventLog._entry(entry_id, fields, run_id, actor)
+            actor = entry.event.actor if entry.event is not None else actor
+            out.append(entry)
     return out
+
+
+def _last_actor(got: list[Entry], actor: str) -> str:
+    return next((e.event.actor for e in reversed(got) if e.event is not None), actor)
 
 
 def _ends(entry: Entry) -> bool:
@@ -203,19 +212,27 @@ def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconn
     terminal event (or an error)."""
     key, run_key = keys.log(run_id), keys.run(run_id)
     failing_since = 0.0
+    actor = ""
+    while not stop.is_set():
+        try:  # (the actor of the entry followed from: the next may leave it out)
+            actor = actor_at(client, run_id, last) if last != "0-0" else ""
+            break
+        except _RETRIED:
+            stop.wait(0.2)
     while not stop.is_set():
         try:
-            got = _entries(client.xread({key: last}, count=BATCH, block=block_ms))
+            got = _entries(client.xread({key: last}, count=BATCH, block=block_ms), actor)
             if not got:
                 state = client.hget(run_key, "state")
                 if state is not None and state.decode() not in TERMINAL:
                     continue
                 # Terminal (or gone): what was appended since the last read, then stop.
-                got = _entries(client.xread({key: last}, count=BATCH))
+                got = _entries(client.xread({key: last}, count=BATCH), actor)
                 if not got:
                     out.put(_END)
                     return
             failing_since = 0.0
+            actor = _last_actor(got, actor)
         except _RETRIED as exc:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > reconnect_s:
@@ -316,18 +333,27 @@ async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_
                      reconnect_s: float, out: asyncio.Queue[object]) -> None:
     key, run_key = keys.log(run_id), keys.run(run_id)
     failing_since = 0.0
+    actor = ""
+    while True:
+        try:  # (the actor of the entry followed from: the next may leave it out)
+            actor = await aactor_at(client, run_id, last) if last != "0-0" else ""
+            break
+        except _RETRIED:
+            await asyncio.sleep(0.2)
     while True:
         try:
-            got = _entries(await client.xread({key: last}, count=BATCH, block=block_ms))
+            got = _entries(await client.xread({key: last}, count=BATCH, block=block_ms),
+                           actor)
             if not got:
                 state = await client.hget(run_key, "state")
                 if state is not None and state.decode() not in TERMINAL:
                     continue
-                got = _entries(await client.xread({key: last}, count=BATCH))
+                got = _entries(await client.xread({key: last}, count=BATCH), actor)
                 if not got:
                     out.put_nowait(_END)
                     return
             failing_since = 0.0
+            actor = _last_actor(got, actor)
         except _RETRIED as exc:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > reconnect_s:

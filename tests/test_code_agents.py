@@ -135,7 +135,7 @@ def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
     """200 turns of 2 KB replies, each model call given the whole conversation: the log
     records each request as a digest and its checkpoints copy no settled reply, so the
     run's Redis bytes (every entry counted: ``MEMORY USAGE ... SAMPLES 0``) stay within
-    1.7 times the bytes of its messages. Killed after turn 150's model call returned
+    1.25 times the bytes of its messages. Killed after turn 150's model call returned
     (effect-free: its outcome not recorded), the run resumes: no recorded model call is
     sent again."""
     turns, size = 200, 2000
@@ -154,7 +154,9 @@ def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
         len(f"question {t}") for t in range(turns))
     run_bytes = sum(int(r.memory_usage(k, samples=0) or 0) for k in
                     (keys.log(run), keys.run(run), keys.ledger(run)))
-    assert run_bytes < 1.7 * message_bytes, (run_bytes, message_bytes)
+    # Measured 1.16 (the v4 log, 32 KB stream nodes; 1.55 before): the ids' spacing in time
+    # moves the stream's radix-tree count a little from run to run.
+    assert run_bytes < 1.25 * message_bytes, (run_bytes, message_bytes)
     # Checkpoints keep the latest decision's action only (a code agent is rebuilt by
     # re-execution): they no longer copy the last 32 replies.
     snapshots = [e.event for e in client.events(run) if isinstance(e.event, ev.Checkpoint)]

@@ -16,7 +16,7 @@ from durable.errors import (
     UnknownAgent,
 )
 from durable.log import events as ev
-from durable.log import keys
+from durable.log import keys, store
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.log.verify import verify
@@ -164,3 +164,115 @@ def warnings_as_list() -> object:
     import warnings
 
     return warnings.catch_warnings(record=True)
+
+
+def _v3(event_type: str, seq: int, ts: int, actor: str, **fields: object) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode({"type": event_type, "v": 3, "run": "old", "seq": seq,
+                                   "ts": ts, "actor": actor, **fields})
+
+
+@pytest.mark.cluster
+def test_a_log_written_by_the_previous_schema_goes_on_under_the_new_one(
+    client: Client, r: redis.Redis
+) -> None:
+    """A run started and stepped by v3 code (maps, ids from ``XADD *``) is loaded, written
+    to in the v4 form after its old entries, read back whole and verified."""
+    log = keys.log("old")
+    ids = [r.xadd(log, {"e": data}).decode() for data in (
+        _v3("run_started", 1, 1000, "client", agent="count", agent_version="1",
+            input={"steps": 1, "sleep_s": 0.0}, tools=["noop"]),
+        _v3("step_decided", 2, 1001, "w-old", step=1, tool="noop", args={"n": 1}, key="old:1"),
+    )]
+    r.hset(keys.run("old"), mapping={"version": 2, "state": "pending", "step": 1,
+                                     "last": ids[-1], "cancel": "0"})
+    handle = client.log.load("old", actor="w-old")
+    assert handle.state.step == 1 and handle.tail_actor == "w-old"
+    client.log.commit(handle, [Spec(ev.ActionDispatched, {"step": 1, "key": "old:1",
+                                                          "deadline": 10**13}),
+                               Spec(ev.ActionSucceeded, {"step": 1, "key": "old:1",
+                                                         "result": {"n": 1}}),
+                               Spec(ev.Completed, {"result": "done"})],
+                      ledger=[("c", "old:1", "claimed")])
+    events = [e.event for e in client.events("old")]
+    assert [e.v for e in events if e] == [ev.SCHEMA_VERSION] * 5
+    assert [(e.seq, e.actor, e.run) for e in events if e] == [
+        (1, "client", "old"), (2, "w-old", "old"), (3, "w-old", "old"), (4, "w-old", "old"),
+        (5, "w-old", "old")]
+    assert events[0] is not None and events[0].ts == 1000  # a v3 entry keeps its own time
+    raw = [e for _, e in r.xrange(log)]
+    assert raw[2][b"e"][0] & 0xF0 == 0x90  # the new entries are the v4 arrays
+    assert client.status("old").state == "completed"
+    assert verify(client.log, "old").ok
+
+
+@pytest.mark.cluster
+def test_entries_read_back_with_the_run_time_and_actor_their_place_gives(
+    client: Client, r: redis.Redis
+) -> None:
+    """Each entry's id is its writer's time; an entry whose actor is the previous one's
+    leaves it out, and a read from any offset still gets it right."""
+    client.start("count", {"steps": 3}, run_id="place", enqueue=False)
+    elog = client.log
+    for actor in ("w1", "w1", "w2", "w2", "w2"):
+        handle = elog.load("place", actor=actor)
+        elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": actor, "epoch": 1})])
+    entries = elog.read("place")
+    named = [ev.named_actor(f[b"e"]) for _, f in r.xrange(keys.log("place"))]
+    assert named == [True, True, False, True, False, False]
+    assert [e.event.actor for e in entries if e.event] == [
+        "client", "w1", "w1", "w2", "w2", "w2"]
+    assert all(e.event and e.event.ts == ev.entry_ms(e.id) for e in entries)
+    for i, start in enumerate(e.id for e in entries):
+        tail = elog.read("place", start)
+        assert [e.event for e in tail] == [e.event for e in entries[i:]]
+
+
+def test_a_writer_whose_clock_is_behind_the_log_appends_after_it(
+    client: Client, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Window: the writer's clock is an hour behind the log's last entry (another host's
+    clock). Its entries go after that entry, at that entry's time, and read back so."""
+    client.start("count", {"steps": 1}, run_id="skew", enqueue=False)
+    handle = client.log.load("skew", actor="w")
+    last = ev.entry_ms(handle.last_id)
+    monkeypatch.setattr(store, "now_ms", lambda: last - 3_600_000)
+    client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1}),
+                               Spec(ev.Released, {"by": "w"})])
+    entries = client.log.read("skew")
+    assert [e.id for e in entries] == [f"{last}-0", f"{last}-1", f"{last}-2"]
+    assert all(e.event and e.event.ts == ev.entry_ms(e.id) for e in entries)
+    assert verify(client.log, "skew").ok
+
+
+def test_entries_deleted_past_the_tail_do_not_stop_the_log(client: Client,
+                                                           r: redis.Redis) -> None:
+    """Window: an admin deleted an entry (``XDEL``) whose id was ahead of every writer's
+    clock: the stream's top id is in the future. The next append still lands."""
+    client.start("count", {"steps": 1}, run_id="gap", enqueue=False)
+    handle = client.log.load("gap", actor="w")
+    ahead = f"{ev.entry_ms(handle.last_id) + 3_600_000}-0"
+    r.xadd(keys.log("gap"), {"e": b"x"}, id=ahead)
+    r.xdel(keys.log("gap"), ahead)
+    client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1})])
+    assert r.xrevrange(keys.log("gap"), count=1)[0][0].decode() > ahead
+    assert verify(client.log, "gap").ok
+
+
+@pytest.mark.cluster
+def test_a_short_run_s_log_is_rewritten_to_its_exact_size_when_it_ends(
+    client: Client, r: redis.Redis
+) -> None:
+    """Redis keeps 4 KB ahead of need in a stream's newest node; a run that ends with a
+    short log gives them back (its entries, ids and order unchanged)."""
+    client.start("count", {"steps": 1}, run_id="small", enqueue=False)
+    handle = client.log.load("small", actor="w")
+    client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1})])
+    before = r.memory_usage(keys.log("small"), samples=0)
+    ids = [i for i, _ in r.xrange(keys.log("small"))]
+    client.log.commit(handle, [Spec(ev.Completed, {"result": 1})])
+    after = r.memory_usage(keys.log("small"), samples=0)
+    assert after < before - 2000, (before, after)
+    assert [i for i, _ in r.xrange(keys.log("small"))][:-1] == ids
+    assert client.status("small").state == "completed" and verify(client.log, "small").ok

@@ -101,8 +101,16 @@ def test_fold_from_any_checkpoint_equals_whole_fold(history: list[ev.Event]) -> 
 @given(histories())
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 def test_every_event_round_trips_through_the_codec(history: list[ev.Event]) -> None:
+    """Read back as a run's stream is read: its run id, the entry id of its time, and the
+    previous entry's actor for one that leaves its own out."""
     for event in history:
-        assert ev.decode(ev.encode(event)) == event
+        assert _read_back(event) == event
+        assert _read_back(event, same_actor=True) == event
+
+
+def _read_back(event: ev.Event, *, same_actor: bool = False) -> ev.Event:
+    data = ev.encode(event, same_actor=same_actor)
+    return ev.decode(data, f"{event.ts}-0", event.run, event.actor if same_actor else "")
 
 
 def test_the_union_is_exactly_the_known_event_types() -> None:
@@ -126,7 +134,7 @@ def test_each_event_type_round_trips_with_only_its_required_fields(tag: str) -> 
     fields = {f.name: filler[f.type] for f in msgspec.structs.fields(cls)
               if f.required and f.name not in _common(1)}
     event = cls(**_common(1), **fields)  # type: ignore[arg-type]
-    decoded = ev.decode(ev.encode(event))
+    decoded = _read_back(event)
     assert decoded == event and decoded.__struct_config__.tag == tag
 
 
@@ -150,3 +158,56 @@ def test_unknown_event_type_is_refused() -> None:
     raw = msgspec.msgpack.encode({"type": "teleported", "v": 1, "run": "r", "seq": 1, "ts": 1})
     with pytest.raises(DecodeError, match="unknown event type 'teleported'"):
         ev.decode(raw)
+
+
+def test_every_event_type_has_its_own_wire_code() -> None:
+    """Codes are the types' names on the wire (v4): one each, none shared."""
+    assert set(ev.CODES) == set(ev.EVENT_TYPES)
+    assert len(set(ev.CODES.values())) == len(ev.CODES)
+
+
+def test_the_wire_form_leaves_out_what_the_entry_s_place_says() -> None:
+    """No run id, no time, no actor when the previous entry has it, no default key; a
+    deadline counted from the entry's time; trailing defaults cut off."""
+    step = ev.ActionDispatched(v=ev.SCHEMA_VERSION, run="order-42", seq=4, ts=1_700_000_000_000,
+                               actor="worker-1", step=2, key="order-42:2",
+                               deadline=1_700_000_010_000)
+    assert msgspec.msgpack.decode(ev.encode(step, same_actor=True)) == [
+        ev.CODES["action_dispatched"], ev.SCHEMA_VERSION, 4, 0, None, 2, None, 10_000]
+    other = msgspec.structs.replace(step, key="elsewhere:7")
+    assert msgspec.msgpack.decode(ev.encode(other))[4:7] == ["worker-1", 2, "elsewhere:7"]
+    assert _read_back(other) == other
+    v3 = msgspec.msgpack.encode(msgspec.structs.replace(step, v=3))
+    assert len(ev.encode(step, same_actor=True)) * 5 < len(v3)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_entries_of_every_older_version_read_as_before(version: int) -> None:
+    """Maps holding every field by name (v1-v3, written with ``XADD *``) are read whatever
+    the stream says: their own run id and time are kept."""
+    raw = msgspec.msgpack.encode({
+        "type": "step_decided", "v": version, "run": "old", "seq": 3, "ts": 1234,
+        "actor": "w0", "step": 1, "tool": "t", "args": {"a": 1}, "key": "old:1"})
+    event = ev.decode(raw, "99999-0", "old", "someone else")
+    assert isinstance(event, ev.StepDecided)
+    assert (event.v, event.run, event.ts, event.actor, event.key) == (
+        ev.SCHEMA_VERSION, "old", 1234, "w0", "old:1")
+
+
+def test_a_future_version_in_the_wire_form_is_refused_with_the_reason() -> None:
+    raw = msgspec.msgpack.encode([ev.CODES["completed"], ev.SCHEMA_VERSION + 1, 3, 0, "w",
+                                  None, "a field of the future"])
+    with pytest.raises(DecodeError, match="newer schema version"):
+        ev.decode(raw, "5-0", "r")
+
+
+@pytest.mark.parametrize("raw, reason", [
+    ([99, ev.SCHEMA_VERSION, 1, 0, "w"], "unknown event type code 99"),
+    ([ev.CODES["canceled"], ev.SCHEMA_VERSION, 1, 0, "w", "r", 1, "extra"], "more than"),
+    ([ev.CODES["canceled"], ev.SCHEMA_VERSION, "one", 0, "w"], "invalid entry"),
+    (["canceled", ev.SCHEMA_VERSION, 1, 0, "w"], "not an event"),
+])
+def test_a_malformed_wire_entry_is_refused_with_the_reason(raw: list[object],
+                                                           reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason):
+        ev.decode(msgspec.msgpack.encode(raw), "5-0", "r")

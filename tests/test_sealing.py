@@ -69,7 +69,7 @@ def test_sensitive_fields_are_sealed_at_rest_and_clear_for_the_tool(
     assert f"sealed1:1 {CARD}" in seen                       # the tool got it in clear
     auth = "AUTH-4444-sealed1:1"
     stream = raw_log(r, "sealed1")
-    assert b"_sealed" in stream and b"sealed1" in stream       # it is there, sealed
+    assert b"_sealed" in stream and b"secret_checkout" in stream  # it is there, sealed
     assert CARD.encode() not in stream and auth.encode() not in stream
     assert b"Ann" in stream                                     # what is not sensitive stays
     assert wait_for(lambda: b"sealed1:1" in aof_bytes(server), 10)
@@ -190,7 +190,8 @@ def test_checkpoint_seals_what_the_worker_holds_in_clear(r: redis.Redis) -> None
                                      status="succeeded")
     elog.commit(handle, [], checkpoint=True)
     raw = raw_log(r, "ckpt1")
-    assert b"checkpoint" in raw and CARD.encode() not in raw and b"A-1" not in raw
+    assert any(isinstance(e.event, ev.Checkpoint) for e in EventLog(r).read("ckpt1"))
+    assert CARD.encode() not in raw and b"A-1" not in raw
     loaded = elog.load("ckpt1")
     assert loaded.state.input == {"card_number": CARD}
     assert loaded.state.actions[1].result == {"auth": "A-1"}

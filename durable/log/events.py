@@ -3,337 +3,184 @@
 Every log entry is one event encoded with MessagePack (measured against JSON in
 ``bench/codec.py``: smaller and faster to decode) and stored in the stream field ``e``.
 
-Schema-change rules (msgspec's guidance on evolution, applied here):
+The wire form since v4 (``encode``) is an array, not a map, and leaves out what the entry's
+place already says: ``[code, v, seq, attempt, actor, *fields]``, where ``code`` is the
+type's number in ``CODES``, ``fields`` are the type's own fields in declaration order with
+the trailing defaults cut off, and
 
-1. A new field gets a default, so older entries still decode.
-2. A field's type never changes and a field is never renamed; add a new one instead.
-3. A removed event type stays decodable: its class stays here, marked as retired.
-4. A change that older code could misread bumps ``SCHEMA_VERSION`` and registers an
-   upcaster in ``durable.log.migrations`` from the old version; a test decodes a fixture
-   written at the old version.
-5. Readers never crash on an entry they cannot read: an undecodable entry or one written at
-   a future ``SCHEMA_VERSION`` raises ``DecodeError``, and the run is quarantined.
+- ``run`` is the stream's (the reader passes it in);
+- ``ts`` is the entry id's milliseconds (the append script writes each entry under the id
+  of its writer's time);
+- ``actor`` is nil when it is the previous entry's (a checkpoint always names it);
+- a step's ``key`` is nil when it is the run's default ``<run>:<step>``;
+- ``deadline`` of ``action_dispatched`` is counted from ``ts``.
+
+Entries of v1-v3 are maps holding every field by name; they are read as before.
+
+The types and the schema-change rules are in ``durable.log.schema``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
 from durable.errors import DecodeError
 from durable.log.migrations import upcast
-from durable.log.state import BlobRef, RunState
+from durable.log.schema import (
+    EVENT_TYPES,
+    TERMINAL_EVENTS,
+    ActionDispatched,
+    ActionFailed,
+    ActionInterrupted,
+    ActionReconciled,
+    ActionSucceeded,
+    ActionTimedOut,
+    AgentUpgraded,
+    AnyEvent,
+    ApprovalDecided,
+    ApprovalRequested,
+    CallCanceled,
+    Canceled,
+    CancelRequested,
+    Checkpoint,
+    Completed,
+    Event,
+    Expired,
+    Failed,
+    LeaseAcquired,
+    Quarantined,
+    Released,
+    RetiredLeaseLost,
+    RevalidationFailed,
+    RunStarted,
+    StepDecided,
+    WaitEntered,
+    WaitExpired,
+    WaitResolved,
+)
 
 #: Version written into every new event (field ``v``). v2 added runtime identity: the
 #: ``agent_upgraded`` and ``revalidation_failed`` events and the approval ``kind``; v3 the
 #: ``blob`` reference of an outcome whose result is kept beside the run (older code would
-#: read such a step's result as None). Older entries are upcast by
-#: ``durable.log.migrations``.
-SCHEMA_VERSION = 3
-
-
-class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
-    """Fields every entry carries. ``seq`` is the run's version after the event."""
-
-    v: int
-    run: str
-    seq: int
-    ts: int
-    actor: str = ""
-    attempt: int = 0
-
-
-class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
-    agent: str
-    agent_version: str = ""
-    input: Any = None
-    tools: list[str] = []
-    parent: str | None = None
-    forked_at: str | None = None
-    #: A child run: the parent's step that started it (``parent`` names the parent); 0 for
-    #: a run of its own or a fork.
-    parent_step: int = 0
-    #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
-    budgets: dict[str, int] = {}
-    #: A child sharing its parent's budgets: its limits are capped by what the parent had
-    #: left, and its use is added to the parent's when it ends (``durable.children``).
-    shared_budgets: bool = False
-    #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
-    trace: str = ""
-    #: The schedule whose slot started the run (``durable.schedules``), and the slot (s
-    #: since the epoch); "" and 0 for a run started otherwise.
-    schedule: str = ""
-    slot: int = 0
-
-
-class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
-    """Intent: the step the agent decided to take, with its idempotency key."""
-
-    step: int
-    tool: str
-    args: Any = None
-    key: str
-    #: A model call (counted against the "model_calls" budget; its usage against "tokens").
-    model: bool = False
-    #: Values a code agent drew from its context (``ctx.now()``, ``ctx.random()``,
-    #: ``ctx.uuid()``) since its last recorded decision, as ``[kind, value]`` pairs: returned
-    #: as recorded when the function is executed again.
-    values: list[Any] = []
-    #: The first step of the parallel group decided together with this one (0: alone).
-    group: int = 0
-
-
-class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
-    """The key was claimed in the ledger; the effect is sent with this deadline (ms)."""
-
-    step: int
-    key: str
-    deadline: int
-
-
-class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
-    """``blob``: the result is over the inline limit and kept beside the run (its
-    reference and digest; ``result`` is then None)."""
-
-    step: int
-    key: str
-    result: Any = None
-    blob: BlobRef | None = None
-
-
-class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
-    """``retry_at`` > 0: a retryable error; the step is sent again (same key) at that time."""
-
-    step: int
-    key: str
-    error: str
-    error_type: str = ""
-    retryable: bool = False
-    retry_at: int = 0
-
-
-class ActionTimedOut(Event, tag="action_timed_out", kw_only=True, frozen=True):
-    """The deadline passed with no reply: outcome unknown, never a failure."""
-
-    step: int
-    key: str
-
-
-class ActionInterrupted(Event, tag="action_interrupted", kw_only=True, frozen=True):
-    """Stopped mid-flight (cancel or lost worker): outcome unknown."""
-
-    step: int
-    key: str
-    reason: str = ""
-
-
-class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True):
-    """An unknown outcome resolved with the tool's ``lookup``, or settled by an operator.
-
-    ``resolution``: ``applied`` (counts as succeeded), ``not_applied`` (the step may be
-    dispatched again with the same key) or ``unknown`` (an operator must decide).
-    """
-
-    step: int
-    key: str
-    resolution: str
-    result: Any = None
-    #: How: "" (the tool's ``lookup``), "effect_free" (nothing to ask: sent again) or
-    #: "operator" (a signed settle, ``durable.settling``: the fields below say who and why).
-    by: str = ""
-    #: As for ``ActionSucceeded``: a large result kept beside the run.
-    blob: BlobRef | None = None
-    #: A settle's registered signer, its key's fingerprint and its Ed25519 signature over
-    #: the run, step, key, ``attempt`` (the step's dispatch count), resolution, the
-    #: result's SHA-256 (``result_digest``) and the ``evidence`` (the operator's words).
-    #: Older readers fold a settle as any reconciliation; they do not check the signature.
-    operator: str = ""
-    operator_key: str = ""
-    sig: str = ""
-    evidence: str = ""
-    result_digest: str = ""
-
-
-class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):
-    """The step's call was stopped before or without applying its effect."""
-
-    step: int
-    key: str
-    reason: str = ""
-
-
-class CancelRequested(Event, tag="cancel_requested", kw_only=True, frozen=True):
-    reason: str = ""
-    scope: str = "run"
-    requested_ts: int = 0
-    by: str = ""
-
-
-class Canceled(Event, tag="canceled", kw_only=True, frozen=True):
-    reason: str = ""
-    latency_ms: int = 0
-
-
-class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):
-    kind: str
-    reason: str = ""
-    until: int = 0
-    request: str = ""
-    data: Any = None
-    #: As ``StepDecided.values``.
-    values: list[Any] = []
-
-
-class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
-    kind: str
-    request: str = ""
-    response: Any = None
-    by: str = ""
-
-
-class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
-    kind: str
-    request: str = ""
-    outcome: str = "expired"
-
-
-class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=True):
-    """``kind``: ``action`` (the step's call) or ``version`` (resuming under a new agent)."""
-
-    request: str
-    step: int
-    digest: str
-    role: str = ""
-    decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
-    evidence: list[str] = []
-    expires: int = 0
-    kind: str = "action"
-
-
-class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
-    """``approver`` names the registered key that signed the decision, ``key`` is its
-    fingerprint and ``sig`` the Ed25519 signature (``durable.approvals``); decisions
-    recorded before signatures existed have neither, and ``verify`` reports them."""
-
-    request: str
-    decision: str
-    approver: str = ""
-    note: str = ""
-    key: str = ""
-    sig: str = ""
-
-
-class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):
-    owner: str
-    epoch: int
-
-
-class RetiredLeaseLost(Event, tag="lease_lost", kw_only=True, frozen=True):
-    """Retired: never written (a lost lease is the lease's business, not the log's). Kept
-    decodable by rule 3; not to be confused with the error ``durable.errors.LeaseLost``."""
-
-    owner: str
-    epoch: int
-
-
-class Checkpoint(Event, tag="checkpoint", kw_only=True, frozen=True):
-    """A typed snapshot of the fold of every event before this one."""
-
-    state: RunState
-    state_v: int = 1
-
-
-class Completed(Event, tag="completed", kw_only=True, frozen=True):
-    result: Any = None
-
-
-class Failed(Event, tag="failed", kw_only=True, frozen=True):
-    error: str
-    #: Why, when it is not the agent's own failure (e.g. ``budget_exhausted``).
-    reason: str = ""
-
-
-class Expired(Event, tag="expired", kw_only=True, frozen=True):
-    reason: str = ""
-
-
-class Quarantined(Event, tag="quarantined", kw_only=True, frozen=True):
-    reason: str
-    #: The agent code's traceback when an exception in it was the reason (its last 8 KB).
-    traceback: str = ""
-
-
-class Released(Event, tag="released", kw_only=True, frozen=True):
-    by: str = ""
-
-
-class RevalidationFailed(Event, tag="revalidation_failed", kw_only=True, frozen=True):
-    """A fact the agent declared must still hold on resume no longer does.
-
-    ``then``: ``refresh`` (the agent sees ``state.refresh`` and re-gathers), ``reapprove``
-    (the open action needs a new approval) or ``expire`` (the run ends ``expired``).
-    """
-
-    reason: str
-    then: str = "refresh"
-
-
-class AgentUpgraded(Event, tag="agent_upgraded", kw_only=True, frozen=True):
-    """The run goes on under another agent version (its compatibility policy allowed it)."""
-
-    from_version: str
-    to_version: str
-    tools: list[str] = []
-
-
-AnyEvent = (
-    RunStarted
-    | StepDecided
-    | ActionDispatched
-    | ActionSucceeded
-    | ActionFailed
-    | ActionTimedOut
-    | ActionInterrupted
-    | ActionReconciled
-    | CallCanceled
-    | CancelRequested
-    | Canceled
-    | WaitEntered
-    | WaitResolved
-    | WaitExpired
-    | ApprovalRequested
-    | ApprovalDecided
-    | LeaseAcquired
-    | RetiredLeaseLost
-    | Checkpoint
-    | Completed
-    | Failed
-    | Expired
-    | Quarantined
-    | Released
-    | RevalidationFailed
-    | AgentUpgraded
-)
-
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.__struct_config__.tag: cls
-    for cls in AnyEvent.__args__
+#: read such a step's result as None); v4 the positional wire form (above). Older entries
+#: are upcast by ``durable.log.migrations``.
+SCHEMA_VERSION = 4
+
+__all__ = [
+    "CODES", "ENVELOPE", "EVENT_TYPES", "SCHEMA_VERSION", "TERMINAL_EVENTS",
+    "ActionDispatched", "ActionFailed", "ActionInterrupted", "ActionReconciled",
+    "ActionSucceeded", "ActionTimedOut", "AgentUpgraded", "AnyEvent", "ApprovalDecided",
+    "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
+    "Completed", "Event", "Expired", "Failed", "LeaseAcquired", "Quarantined", "Released",
+    "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
+    "WaitExpired", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
+    "named_actor", "to_builtins",
+]
+
+
+#: The wire code of each type (v4 on): never renumbered, never reused.
+CODES: dict[str, int] = {
+    "run_started": 1, "step_decided": 2, "action_dispatched": 3, "action_succeeded": 4,
+    "action_failed": 5, "action_timed_out": 6, "action_interrupted": 7,
+    "action_reconciled": 8, "call_canceled": 9, "cancel_requested": 10, "canceled": 11,
+    "wait_entered": 12, "wait_resolved": 13, "wait_expired": 14, "approval_requested": 15,
+    "approval_decided": 16, "lease_acquired": 17, "lease_lost": 18, "checkpoint": 19,
+    "completed": 20, "failed": 21, "expired": 22, "quarantined": 23, "released": 24,
+    "revalidation_failed": 25, "agent_upgraded": 26,
 }
 
-TERMINAL_EVENTS = (Completed, Failed, Canceled, Expired)
+#: The fields every event has: in the wire form, given by the entry's place or its head.
+ENVELOPE = ("v", "run", "seq", "ts", "actor", "attempt")
+_HEAD = 5  # code, v, seq, attempt, actor
+
+
+class _Layout:
+    """A type's own fields in wire order, their defaults, and where the derived ones are."""
+
+    __slots__ = ("cls", "code", "deadline", "defaults", "index", "key", "names", "step",
+                 "wire")
+
+    def __init__(self, cls: type[Event]) -> None:
+        self.cls = cls
+        self.code = CODES[cls.__struct_config__.tag]  # type: ignore[index]
+        info = [f for f in msgspec.structs.fields(cls) if f.name not in ENVELOPE]
+        self.names = tuple(f.name for f in info)
+        self.index = tuple(cls.__struct_fields__.index(n) for n in self.names)
+        self.defaults = tuple(
+            f.default if f.default is not msgspec.NODEFAULT
+            else f.default_factory() if f.default_factory is not msgspec.NODEFAULT
+            else _REQUIRED for f in info)
+        self.key = self.names.index("key") if {"key", "step"} <= set(self.names) else -1
+        self.step = self.names.index("step") if self.key >= 0 else -1
+        self.deadline = self.names.index("deadline") if cls.__struct_config__.tag == \
+            "action_dispatched" else -1
+        #: The entry as decoded (typed, positional, tagged by ``code``): the head's fields,
+        #: then the type's own, a derived key being None.
+        head: list[Any] = [("v", int), ("seq", int), ("attempt", int), ("actor", str | None)]
+        own: list[Any] = [
+            (f.name, f.type | None if f.name == "key" and self.key >= 0 else f.type,
+             msgspec.field(default_factory=f.default_factory)
+             if f.default_factory is not msgspec.NODEFAULT else f.default)
+            if not f.required else (f.name, f.type | None if f.name == "key" and self.key >= 0
+                                    else f.type)
+            for f in info]
+        self.wire: type[Any] = msgspec.defstruct(
+            f"Wire{cls.__name__}", head + own, array_like=True, kw_only=True, tag=self.code,
+            frozen=True, forbid_unknown_fields=True)
+
+
+_REQUIRED = object()
+_LAYOUTS: dict[type[Event], _Layout] = {cls: _Layout(cls) for cls in AnyEvent.__args__}
+_BY_CODE: dict[int, _Layout] = {lay.code: lay for lay in _LAYOUTS.values()}
+_BY_WIRE: dict[type, _Layout] = {lay.wire: lay for lay in _LAYOUTS.values()}
+_wire_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(
+    Union[tuple(_BY_WIRE)])  # noqa: UP007
+#: Every type's fields start with the envelope, in this order (``encode`` relies on it).
+_BODY = len(ENVELOPE)
+if any(cls.__struct_fields__[:_BODY] != ENVELOPE for cls in _LAYOUTS):
+    raise TypeError("every event's fields must start with the envelope's")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(AnyEvent)
 _raw_decoder = msgspec.msgpack.Decoder()
 
 
-def encode(event: Event) -> bytes:
-    return _encoder.encode(event)
+def encode(event: Event, *, same_actor: bool = False) -> bytes:
+    """The entry's bytes (the v4 wire form). ``same_actor``: the previous entry of the log
+    has this event's actor, which is then left out."""
+    lay = _LAYOUTS[type(event)]
+    values = msgspec.structs.astuple(event)
+    body: Any = values[_BODY:]
+    if lay.key >= 0:
+        body = list(body)
+        if body[lay.key] == f"{values[1]}:{body[lay.step]}":
+            body[lay.key] = None
+        if lay.deadline >= 0 and body[lay.deadline]:
+            body[lay.deadline] -= values[3]
+    defaults = lay.defaults
+    n = len(body)
+    while n and body[n - 1] == defaults[n - 1]:
+        n -= 1
+    return _encoder.encode((lay.code, SCHEMA_VERSION, values[2], values[5],
+                            None if same_actor else values[4], *body[:n]))
 
 
-def decode(data: bytes, entry_id: str = "?") -> Event:
-    """Decode one entry, upcasting older versions; raise ``DecodeError`` otherwise."""
+def entry_ms(entry_id: str) -> int:
+    """The milliseconds of a stream entry id (0 when it is not one)."""
+    head = entry_id.split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def decode(data: bytes, entry_id: str = "?", run: str = "", actor: str = "") -> Event:
+    """Decode one entry, upcasting older versions; raise ``DecodeError`` otherwise.
+
+    ``run``: the run whose stream holds the entry; ``actor``: the previous entry's actor
+    (the one an entry that leaves its own out has).
+    """
+    if (data[:1] and 0x90 <= data[0] <= 0x9F) or data[:1] in (b"\xdc", b"\xdd"):
+        return _decode_array(data, entry_id, run, actor)
     try:
         event: Event = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
@@ -353,6 +200,50 @@ def decode(data: bytes, entry_id: str = "?") -> Event:
     if not isinstance(event, Event):
         raise DecodeError(entry_id, "not an event")
     return event
+
+
+def _decode_array(data: bytes, entry_id: str, run: str, actor: str) -> Event:
+    try:
+        wire = _wire_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(entry_id, _why_not(data, exc)) from None
+    if wire.v > SCHEMA_VERSION:
+        raise DecodeError(entry_id, _future(wire.v))
+    lay = _BY_WIRE[type(wire)]
+    fields = msgspec.structs.asdict(wire)
+    ts = entry_ms(entry_id)
+    if lay.key >= 0 and fields["key"] is None:
+        fields["key"] = f"{run}:{fields['step']}"
+    if lay.deadline >= 0 and fields["deadline"]:
+        fields["deadline"] += ts
+    fields["run"], fields["ts"] = run, ts
+    if fields["actor"] is None:
+        fields["actor"] = actor
+    event: Event = lay.cls(**fields)
+    return event
+
+
+def _why_not(data: bytes, exc: Exception) -> str:
+    """Why a wire entry does not decode, said the way a reader can act on it."""
+    raw = _peek(data)
+    if not (isinstance(raw, list) and len(raw) >= _HEAD and type(raw[0]) is int
+            and type(raw[1]) is int):
+        return "undecodable entry: not an event"
+    code, v = raw[0], raw[1]
+    if v > SCHEMA_VERSION:
+        return _future(v)
+    lay = _BY_CODE.get(code)
+    if lay is None:
+        return f"unknown event type code {code}"
+    if len(raw) - _HEAD > len(lay.names):
+        return f"{len(raw) - _HEAD} fields, more than a {lay.cls.__struct_config__.tag} has"
+    return f"invalid entry: {exc}"
+
+
+def named_actor(data: bytes) -> bool:
+    """Whether the entry names its actor (not one that has the previous entry's)."""
+    raw = _peek(data)
+    return not (isinstance(raw, list) and len(raw) >= _HEAD and raw[4] is None)
 
 
 def to_builtins(event: Event) -> dict[str, Any]:

@@ -45,6 +45,13 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+@register("*", 3)
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 -> v4: v4 changed the wire form only (positional, the envelope left to the
+    entry's place); a v3 map holds every field by name and reads the same."""
+    return data
+
+
 def upcast(raw: dict[str, Any], to_version: int, entry_id: str = "?") -> dict[str, Any]:
     """Chain the upcasters from ``raw``'s version to ``to_version`` (the schema's current)."""
     data = dict(raw)

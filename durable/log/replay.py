@@ -47,7 +47,7 @@ def state_at(elog: EventLog, run_id: str, end: str = "+") -> tuple[RunState, str
         if not batch:
             break
         for raw_id, fields in batch:
-            entry = elog._entry(raw_id, fields)
+            entry = elog._entry(raw_id, fields, run_id)
             if isinstance(entry.event, ev.Checkpoint):
                 base, ckpt_id = from_checkpoint(entry.event), entry.id
                 start = f"({entry.id}"

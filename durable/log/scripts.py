@@ -1,4 +1,9 @@
-"""Loads the Lua scripts that live next to this module, one ``.lua`` file each."""
+"""Loads the Lua scripts that live next to this module, one ``.lua`` file each.
+
+Constants the scripts share with Python are rendered into them from one Python source: a
+script writes ``{--[[NAME]]}`` (an empty Lua table, so the file stays valid Lua) where the
+set ``RENDERED[NAME]`` goes, as ``{member = true, ...}``.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,22 @@ from typing import Any
 
 import redis
 
+from durable.log.state import TERMINAL
+
+#: Sets rendered into the scripts (see above).
+RENDERED: dict[str, frozenset[str]] = {"TERMINAL": TERMINAL}
+
+
+def lua_set(members: frozenset[str]) -> str:
+    return "{" + ", ".join(f"{m} = true" for m in sorted(members)) + "}"
+
 
 @cache
 def source(name: str) -> str:
-    return (Path(__file__).parent / "scripts" / f"{name}.lua").read_text()
+    text = (Path(__file__).parent / "scripts" / f"{name}.lua").read_text()
+    for constant, members in RENDERED.items():
+        text = text.replace(f"{{--[[{constant}]]}}", lua_set(members))
+    return text
 
 
 class Scripts:

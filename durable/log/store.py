@@ -1,75 +1,47 @@
 """The run log: appends through ``append.lua``, reads, and recovery from the last checkpoint.
 
-A :class:`RunHandle` is a writer's view of one run: the folded state at a version, and the
-lease it writes under (if any). ``commit`` stamps a batch of events with the next sequence
-numbers, applies them to the state, and calls the script once; on a conflict the handle is
-stale and the caller reloads it.
+A :class:`RunHandle` (``durable.log.handle``) is a writer's view of one run: the folded
+state at a version, and the lease it writes under (if any). ``commit`` stamps a batch of
+events with the next sequence numbers, applies them to the state, and calls the script once
+(``durable.log.append``); on a conflict the handle is stale and the caller reloads it.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 
-import msgspec
 import redis
 
 from durable.durations import parse_duration_ms
-from durable.errors import (
-    CancelPending,
-    Claimed,
-    ConflictError,
-    DecodeError,
-    LeaseLost,
-    RunNotFound,
-    SealError,
-    Tampered,
-    Terminal,
-)
+from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
 from durable.log import blobs, counters, keys
 from durable.log import events as ev
+from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
+from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
 from durable.log.fold import apply, from_checkpoint
+from durable.log.handle import (
+    CommitOptions,
+    Entry,
+    RunHandle,
+    Spec,
+    check_seq,
+    continuity,
+    latest_actions,
+    now_ms,
+    text,
+)
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState, copy_state
-from durable.sealing import (
-    TAG,
-    Keyring,
-    contains_envelope,
-    open_all,
-    seal_payloads,
-    settings_keyring,
-)
+from durable.sealing import Keyring, settings_keyring
 from durable.signing import parse_public_keys
 
+__all__ = ["COMPACT_MAX_ENTRIES", "Entry", "EventLog", "RunHandle", "Spec", "continuity",
+           "latest_actions", "now_ms"]
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass
-class Entry:
-    """One stream entry: its id and the event, or the reason it could not be decoded."""
-
-    id: str
-    event: ev.Event | None
-    error: str | None = None
-
-
-#: Every envelope's bytes hold its tag (msgpack keeps map keys as they are).
-TAG_BYTES = TAG.encode()
-
-#: Events whose payload may hold sensitive fields (``durable.sealing.PAYLOAD_FIELDS``).
-_SEALABLE: frozenset[type[ev.Event]] = frozenset({
-    ev.RunStarted, ev.StepDecided, ev.ActionSucceeded, ev.ActionReconciled, ev.WaitEntered,
-    ev.WaitResolved, ev.Completed, ev.Checkpoint})
+_s = text
 
 #: Events that settle a key, and the status the ledger records for it.
 _LEDGER_OUTCOME: dict[type[ev.Event], str] = {
@@ -79,92 +51,10 @@ _LEDGER_OUTCOME: dict[type[ev.Event], str] = {
     ev.ActionReconciled: "succeeded",
 }
 
-
-@dataclass
-class Spec:
-    """An event not yet stamped with its sequence number: the type and its own fields."""
-
-    cls: type[ev.Event]
-    fields: dict[str, Any]
-
-
-@dataclass
-class RunHandle:
-    run_id: str
-    state: RunState
-    last_id: str = "0-0"
-    ckpt_seq: int = 0
-    lease: str = ""
-    actor: str = ""
-    #: State just before the last ``step_decided`` read from the log (for replay checks).
-    pre_intent: RunState | None = None
-    #: Version of the last event known to be in Redis; the state may be ahead (staged).
-    base_version: int = 0
-    staged: list[bytes] = field(default_factory=list)
-    base_state: str = ""
-    staged_ops: list[tuple[str, str, str]] = field(default_factory=list)
-    #: What the staged events add to the shared counters (``durable.log.counters``).
-    staged_counts: list[tuple[str, int]] = field(default_factory=list)
-    #: Arguments of steps whose log entry keeps only their digest (``Tool.log_args``), as
-    #: the agent gave them: what is sent. Never written anywhere.
-    live_args: dict[int, Any] = field(default_factory=dict)
-    #: Large values of the staged outcomes (hash field, bytes): written with them.
-    staged_blobs: list[tuple[str, bytes]] = field(default_factory=list)
-
-
-def _check_seq(entry_id: str, event: ev.Event, version: int, *, first: bool) -> None:
-    """Every entry the append script writes carries the next sequence number: a gap or a
-    repeat is an entry written some other way (a raw ``XADD``), and the log is not
-    trusted (``DecodeError``: the run is quarantined). The first entry read is the
-    checkpoint a load starts from, or the run's first event."""
-    if first and isinstance(event, ev.Checkpoint):
-        return
-    if event.seq != version + 1:
-        what = "repeats" if event.seq <= version else "skips to"
-        raise DecodeError(entry_id, f"seq {event.seq} {what} after seq {version}: an entry "
-                          "not written by the append script (log not continuous)")
-
-
-def continuity(entries: Sequence[Entry]) -> str | None:
-    """Why a whole log is not one continuous sequence 1, 2, 3... (None when it is). An
-    undecodable entry is taken to hold its place (whether it can be read is another
-    question, which a load answers)."""
-    for expected, entry in enumerate(entries, start=1):
-        if entry.event is not None and entry.event.seq != expected:
-            return f"entry {entry.id} has seq {entry.event.seq} where seq {expected} belongs"
-    return None
-
-
-class CommitOptions(TypedDict, total=False):
-    """How ``EventLog.commit`` writes its batch."""
-
-    #: Ledger operations (op, key, value) made in the same script call.
-    ledger: Iterable[tuple[str, str, str]]
-    #: The batch dispatches a call (its key's claim is checked).
-    dispatch: bool
-    #: Written even to a terminal run.
-    allow_terminal: bool
-    #: Appended after the others only when no lease is held.
-    if_free: Sequence[Spec]
-    #: A checkpoint goes with the batch.
-    checkpoint: bool
-    #: Fields set on the run's projection.
-    extra: dict[str, str] | None
-    #: The batch also lets go of the lease.
-    release: bool
-    #: The batch quarantines the run, and is written even then.
-    quarantine: bool
-
-
-@dataclass
-class _Prepared:
-    """One ``append.lua`` call, ready to send: its keys and arguments, and what the reply
-    is read against."""
-
-    keys: list[str]
-    args: list[Any]
-    expected: int
-    ckpt_pos: int
+#: A run that ends with at most this many entries has its log rewritten to its exact size
+#: (``append.lua``): Redis gives a stream's newest node 4 KB ahead of need, which is most
+#: of a short run's bytes; a longer log's last node is a small part of it.
+COMPACT_MAX_ENTRIES = 500
 
 
 class EventLog:
@@ -184,6 +74,7 @@ class EventLog:
         admin_keys: Iterable[bytes] = (),
         limits: blobs.Limits | None = None,
         lean_agents: Iterable[str] = (),
+        compact_max: int = COMPACT_MAX_ENTRIES,
     ) -> None:
         self.redis = client
         self.scripts = Scripts(client)
@@ -211,6 +102,8 @@ class EventLog:
         #: Where a step's result goes: inline, beside the run, or refused
         #: (``durable.log.blobs``).
         self.limits = limits or blobs.Limits()
+        #: A terminal run's log of at most this many entries is rewritten to its exact size.
+        self.compact_max = compact_max
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
@@ -250,44 +143,49 @@ class EventLog:
         self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[Entry]:
         raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
-        return [self._opened(self._entry(i, f), f.get(b"e")) for i, f in raw]
+        actor = self._actor_before(run_id, raw) if start not in ("-", "0", "0-0") else ""
+        return self.entries(run_id, raw, actor)
 
-    @staticmethod
-    def _entry(entry_id: Any, fields: dict[Any, Any]) -> Entry:
-        eid = _s(entry_id)
-        data = fields.get(b"e")
-        if data is None:
-            return Entry(eid, None, "entry has no 'e' field")
-        try:
-            return Entry(eid, ev.decode(data, eid))
-        except DecodeError as exc:
-            return Entry(eid, None, exc.reason)
+    def entries(self, run_id: str, raw: Any, actor: str = "") -> list[Entry]:
+        """Stream entries of the run, read in order, as events. ``actor``: the actor of
+        the entry before the first (an entry with the same actor leaves its own out)."""
+        out = []
+        for entry_id, fields in raw:
+            entry = self._entry(entry_id, fields, run_id, actor)
+            if entry.event is not None:
+                actor = entry.event.actor
+            out.append(self._opened(entry, fields.get(b"e")))
+        return out
+
+    def _actor_before(self, run_id: str, raw: Any) -> str:
+        return actor_before(self.redis, run_id, raw)
+
+    _entry = staticmethod(decode_entry)
 
     def _opened(self, entry: Entry, blob: Any = None) -> Entry:
-        """The entry with its sealed fields opened, when this log opens them; one that
-        cannot be opened is an undecodable entry (the run is quarantined, never guessed).
-        ``blob``: the entry's bytes, to skip at once the entries without an envelope."""
-        event = entry.event
-        if not self.open_sealed or event is None or type(event) not in _SEALABLE:
+        if not self.open_sealed:
             return entry
-        if isinstance(blob, bytes) and TAG_BYTES not in blob:
-            return entry
-        data = msgspec.to_builtins(event)
-        if not contains_envelope(data):
-            return entry
-        try:
-            opened = open_all(data, self.keyring, self.sealed_names)
-        except SealError as exc:
-            return Entry(entry.id, None, str(exc))
-        return Entry(entry.id, msgspec.convert(opened, type(event)))
+        return open_entry(entry, blob, self.keyring, self.sealed_names)
 
-    def _encode(self, event: ev.Event) -> bytes:
+    def _encode(self, event: ev.Event, *, same_actor: bool = False) -> bytes:
         """The event as written: its sensitive fields sealed."""
-        if not self.sealed_names or type(event) not in _SEALABLE:
-            return ev.encode(event)
-        data = msgspec.to_builtins(event)
-        seal_payloads(data, self.sealed_names, self.keyring)
-        return ev.encode(msgspec.convert(data, type(event)))
+        return encode_event(event, self.sealed_names, self.keyring, same_actor=same_actor)
+
+    def encode_staged(self, handle: RunHandle, staged: Sequence[tuple[int, ev.Event | bytes]],
+                      after: str | None) -> list[tuple[int, bytes]]:
+        """The staged events as written, in order: each leaves out its actor when the
+        entry before it (``after``: the actor of the log's last entry, None if unknown)
+        has the same. A checkpoint is encoded when staged, naming its actor."""
+        out = []
+        for ts, item in staged:
+            if isinstance(item, bytes):
+                out.append((ts, item))
+            else:
+                out.append((ts, self._encode(item, same_actor=after == item.actor)))
+                after = item.actor
+                continue
+            after = handle.actor
+        return out
 
     def exists(self, run_id: str) -> bool:
         return bool(self.redis.exists(keys.run(run_id)))
@@ -324,7 +222,7 @@ class EventLog:
         handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
         fields = [(i, f if isinstance(f, dict) else dict(zip(f[::2], f[1::2], strict=True)))
                   for i, f in raw]
-        entries = [self._opened(self._entry(i, f), f.get(b"e")) for i, f in fields]
+        entries = self.entries(run_id, fields)
         # Only the last intent is re-observed on recovery: keep the state just before it.
         last_intent = max((i for i, e in enumerate(entries)
                            if isinstance(e.event, ev.StepDecided)), default=-1)
@@ -332,7 +230,7 @@ class EventLog:
             event = entry.event
             if event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
-            _check_seq(entry.id, event, handle.state.version, first=index == 0)
+            check_seq(entry.id, event, handle.state.version, first=index == 0)
             if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
                 if event.state_v != STATE_SCHEMA:
                     # A snapshot of another layout: refold from the beginning instead.
@@ -344,6 +242,7 @@ class EventLog:
                     handle.pre_intent = copy_state(handle.state)
                 apply(handle.state, event, self.window)
             handle.last_id = entry.id
+            handle.tail_actor = event.actor
         handle.base_version = handle.state.version
         handle.base_state = handle.state.state
         if handle.state.version < version or (handle.state.version != version and not at_least):
@@ -370,9 +269,10 @@ class EventLog:
         for index, entry in enumerate(self.read(run_id)):
             if entry.event is None:
                 raise DecodeError(entry.id, entry.error or "undecodable")
-            _check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
+            check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
             apply(handle.state, entry.event, self.window)
             handle.last_id = entry.id
+            handle.tail_actor = entry.event.actor
         handle.base_version = handle.state.version
         handle.base_state = handle.state.state
         if handle.state.version != version:
@@ -400,9 +300,16 @@ class EventLog:
             **spec.fields,
         )
 
+    @staticmethod
+    def stamp_time(handle: RunHandle) -> int:
+        """The time (ms) of the next entry: now, but never before the log's last entry or
+        a staged one, since it is also the entry's id (``append.lua``)."""
+        last = handle.staged[-1][0] if handle.staged else ev.entry_ms(handle.last_id)
+        return max(now_ms(), last)
+
     def stage(self, handle: RunHandle, specs: Sequence[Spec]) -> None:
         """Stamp and apply events now (so a decision can see them); ``commit`` sends them."""
-        ts = now_ms()
+        ts = self.stamp_time(handle)
         for spec in specs:
             seq = handle.state.version + 1
             # A result over the inline limit goes beside the run, or fails the step.
@@ -412,7 +319,7 @@ class EventLog:
                                else spec, seq, ts)
             handle.staged_counts.extend(counters.for_event(handle.state, event))
             apply(handle.state, event, self.window)
-            handle.staged.append(self._encode(event))
+            handle.staged.append((ts, event))
             if large is not None:
                 handle.staged_blobs.append((large.field, large.data))
                 act = handle.state.actions.get(fields["step"])
@@ -435,18 +342,19 @@ class EventLog:
         and ``Tampered`` (a ``Terminal``) after quarantining a run whose log ends with an
         entry the script did not write. ``options``: see ``CommitOptions``.
         """
-        prepared = self._prepare(handle, specs, options)
-        reply = self.replicas.append(handle.run_id, keys=prepared.keys, args=prepared.args)
-        return self._settle(handle, prepared, reply)
+        prepared = prepare(self, handle, specs, options)
+        reply = self.replicas.append(handle.run_id, keys=prepared.call.keys,
+                                     args=prepared.call.args)
+        return settle(self, handle, prepared, reply)
 
     async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
                            **options: Unpack[CommitOptions]) -> str:
         """``commit``, as a coroutine: its script call is sent by whoever drives it (with
         the other runs' calls, ``durable.log.batching``)."""
-        prepared = self._prepare(handle, specs, options)
-        reply = await self.replicas.append_async(handle.run_id, keys=prepared.keys,
-                                                 args=prepared.args)
-        return self._settle(handle, prepared, reply)
+        prepared = prepare(self, handle, specs, options)
+        reply = await self.replicas.append_async(handle.run_id, keys=prepared.call.keys,
+                                                 args=prepared.call.args)
+        return settle(self, handle, prepared, reply)
 
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
                     ) -> list[str | Exception]:
@@ -462,141 +370,33 @@ class EventLog:
                 except Exception as exc:  # handed back to the caller
                     out.append(exc)
             return out
-        prepared = [self._prepare(h, specs, {"extra": extra}) for h, specs, extra in batch]
+        prepared = [prepare(self, h, specs, {"extra": extra}) for h, specs, extra in batch]
         with self.redis.pipeline(transaction=False) as pipe:
             for p in prepared:
-                self.scripts.append(keys=p.keys, args=p.args, client=pipe)
+                self.scripts.append(keys=p.call.keys, args=p.call.args, client=pipe)
             replies = pipe.execute(raise_on_error=False)
         for (handle, _, _), p, reply in zip(batch, prepared, replies, strict=True):
             try:
                 if isinstance(reply, Exception):
                     raise reply
-                out.append(self._settle(handle, p, reply))
+                out.append(settle(self, handle, p, reply))
             except Exception as exc:  # handed back to the caller
                 out.append(exc)
         return out
 
-    def _prepare(self, handle: RunHandle, specs: Sequence[Spec],
-                 options: CommitOptions) -> _Prepared:
-        """The keys and arguments of one ``append.lua`` call (see ``commit``)."""
-        ledger = options.get("ledger", ())
-        if_free = options.get("if_free", ())
-        checkpoint = options.get("checkpoint", False)
-        extra = options.get("extra")
-        dispatch, release = options.get("dispatch", False), options.get("release", False)
-        allow_terminal = options.get("allow_terminal", False)
-        quarantine = options.get("quarantine", False)
-        state = handle.state
-        expected = handle.base_version
-        old_state = handle.base_state or state.state
-        ts = now_ms()
-        ckpt_pos = 0
-        # Every K events, a checkpoint goes where no action is open: after the staged
-        # outcome and before the next intent (so the tail a recovery folds stays short).
-        if (state.version - handle.ckpt_seq >= self.checkpoint_every and not if_free
-                and state.current is None):
-            ckpt_pos = self._checkpoint(handle, ts)
-        self.stage(handle, specs)
-        if checkpoint and not ckpt_pos:
-            ckpt_pos = self._checkpoint(handle, ts)
-        encoded = handle.staged
-        handle.staged = []
-        n = len(encoded)
-        main_state, main_step = state.state, state.step
-        cancel_flag = "1" if state.cancel is not None else "0"
-        due = self.due_for(state, ts)
-        free_state = main_state
-        counts, handle.staged_counts = handle.staged_counts, []
-        free_counts: list[tuple[str, int]] = []
-        if if_free:
-            kept_ops = handle.staged_ops
-            handle.staged_ops = []
-            self.stage(handle, if_free)
-            handle.staged_ops = kept_ops
-            free_counts, handle.staged_counts = handle.staged_counts, []
-            encoded.extend(handle.staged)
-            handle.staged = []
-            free_state = state.state
-            if state.state in TERMINAL:
-                due = self.due_for(state, ts)
-        ops = handle.staged_ops + list(ledger)
-        handle.staged_ops = []
-        large, handle.staged_blobs = handle.staged_blobs, []
-        fields = dict(extra or {})
-        if state.state != old_state and "reason" not in fields:
-            # What `durable runs` shows next to the state: why it waits, stopped or failed.
-            why = state.wait.reason if state.wait else (state.reason or state.error or "")
-            fields["reason"] = why[:500]
-        extra_pairs = [x for kv in fields.items() for x in kv]
-        flags = ("d" if dispatch else "") + ("t" if allow_terminal else "") + (
-            "r" if release else "") + ("q" if quarantine else "")
-        args: list[Any] = [
-            expected, handle.lease, main_state, main_step, ts, due, ckpt_pos, flags, n,
-            len(encoded) - n, free_state, cancel_flag, handle.run_id, len(ops),
-            len(extra_pairs) // 2,
-            self.lease_ttl_ms, len(counts), len(free_counts), self.retention_ms, len(large),
-            *encoded, *[x for op in ops for x in op], *extra_pairs,
-            *[x for c in counts for x in c], *[x for c in free_counts for x in c],
-            *[x for b in large for x in b],
-        ]
-        shard = keys.shard_of(handle.run_id)
-        return _Prepared([
-            keys.log(handle.run_id), keys.run(handle.run_id), keys.lease(handle.run_id),
-            keys.ledger(handle.run_id), keys.runs_index(shard), keys.due(shard),
-            keys.runs_in_state(old_state, shard), keys.runs_in_state(main_state, shard),
-            keys.runs_in_state(free_state, shard), keys.metrics(shard),
-            keys.blobs(handle.run_id),
-        ], args, expected, ckpt_pos)
-
-    def _settle(self, handle: RunHandle, prepared: _Prepared, reply: Any) -> str:
-        """Apply ``append.lua``'s reply to the handle, or raise what it refused."""
-        state = handle.state
-        expected, ckpt_pos = prepared.expected, prepared.ckpt_pos
-        tag = _s(reply[0])
-        if tag == "ok":
-            version = int(reply[1])
-            handle.last_id = _s(reply[2])
-            if ckpt_pos:
-                handle.ckpt_seq = expected + ckpt_pos
-            if version != state.version:
-                # The conditional events were not appended: a lease was held.
-                fresh = self.load(handle.run_id, lease=handle.lease, actor=handle.actor)
-                handle.state, handle.last_id = fresh.state, fresh.last_id
-                handle.ckpt_seq = fresh.ckpt_seq
-            handle.base_version = handle.state.version
-            handle.base_state = handle.state.state
-            return handle.last_id
-        if tag == "conflict":
-            raise ConflictError(handle.run_id, expected, int(reply[1]))
-        if tag == "lease":
-            epoch = int(handle.lease.rsplit("|", 1)[-1]) if "|" in handle.lease else 0
-            raise LeaseLost(handle.run_id, epoch)
-        if tag == "terminal":
-            raise Terminal(_s(reply[1]))
-        if tag == "canceled":
-            raise CancelPending()
-        if tag == "claimed":
-            raise Claimed(_s(reply[1]), _s(reply[2]))
-        if tag == "foreign":
-            tail = _s(reply[1])
-            self.quarantine(handle.run_id, f"log entry {tail} was not written by the append "
-                            "script (appended around it); nothing is built on it",
-                            handle.actor)
-            raise Tampered(handle.run_id, tail)
-        raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")
-
-    def _checkpoint(self, handle: RunHandle, ts: int) -> int:
-        """Stage a snapshot of the state as it is now; returns its position in the batch."""
+    def stage_checkpoint(self, handle: RunHandle, ts: int) -> int:
+        """Stage a snapshot of the state as it is now (encoded now: the state moves on,
+        naming its actor: a reader may start from it); returns its position in the batch."""
         state = handle.state
         window = state.actions
         if state.agent in self.lean_agents:
             state.actions = latest_actions(state)
         try:
             with blobs.unresolved(state):  # the snapshot keeps references, not large values
-                handle.staged.append(self._encode(ev.Checkpoint(
+                handle.staged.append((ts, self._encode(ev.Checkpoint(
                     v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
                     actor=handle.actor, state=state, state_v=STATE_SCHEMA,
-                )))
+                ))))
         finally:
             state.actions = window
         state.version += 1
@@ -637,11 +437,3 @@ class EventLog:
         self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
         return True
 
-
-def latest_actions(state: RunState) -> dict[int, Action]:
-    """The actions of the run's latest decision (its step, or its whole parallel group)
-    and every open one: what a lean checkpoint keeps."""
-    last = state.actions.get(state.step)
-    first = (last.group or last.step) if last is not None else state.step
-    return {step: act for step, act in state.actions.items()
-            if step >= first or not act.settled}

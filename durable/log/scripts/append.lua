@@ -46,16 +46,26 @@
 --                            indexes and deletes the fence (not a KEY here: a producer's
 --                            ACL user may not name it)
 -- ARGV[20] nblobs            number of large values written with the events
--- then, in order:
---   n + m events    one encoded event each
---   nops ledger ops (op, field, value): op "c" = claim (refused if the field exists),
---                   "p" = put; either way field is set to value
---   nextra extras   (field, value) pairs set on the projection
---   ncounts + nfree_counts increments (field, amount) of the metrics hash: a counter moves
---                   in the same call as the events it counts (durable.log.counters)
---   nblobs large values (field, value) of blobs_key: each is the result an outcome event
---                   of the batch refers to (by field, with its digest), written in the
---                   same call so that no outcome is ever in the log without its value
+-- ARGV[21] compact_max       once the run is terminal, a log of at most this many entries is
+--                            rewritten to its exact size (DUMP + RESTORE: Redis keeps 4 KB
+--                            ahead of need in a stream's newest node); skipped when this
+--                            caller may not RESTORE (the shipped ACL users may not)
+-- then the variable-length groups, in this order (GROUP name, ARGV per item: what):
+-- GROUP events       2  (ts, event): the n events, each with its time (ms), which is its
+--                       entry id's time: "<ts>-<i>" (never before the log's last id)
+-- GROUP free_events  2  (ts, event): the m conditional events, the same way
+-- GROUP ops          3  (op, field, value) ledger ops: op "c" = claim (refused if the
+--                       field exists), "p" = put; either way field is set to value
+-- GROUP extras       2  (field, value) set on the projection
+-- GROUP counts       2  (field, amount) increments of the metrics hash for the n events:
+--                       a counter moves in the same call as the events it counts
+--                       (durable.log.counters)
+-- GROUP free_counts  2  (field, amount) the same, for the m conditional events
+-- GROUP blobs        2  (field, value) large values of blobs_key: each is the result an
+--                       outcome event of the batch refers to (by field, with its digest),
+--                       written in the same call so that no outcome is ever in the log
+--                       without its value
+-- (durable.log.append.AppendCall builds this call; a test checks it against this header.)
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
@@ -76,18 +86,19 @@ local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
 local metrics_key, blobs_key = KEYS[10], KEYS[11]
-local nblobs = tonumber(ARGV[20])
+local nblobs, compact_max = tonumber(ARGV[20]), tonumber(ARGV[21])
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 20
-local OPS_BASE = EVENTS_BASE + n + m
+local EVENTS_BASE = 21
+local OPS_BASE = EVENTS_BASE + 2 * (n + m)
 local EXTRAS_BASE = OPS_BASE + 3 * nops
 local COUNTS_BASE = EXTRAS_BASE + 2 * nextra
 local BLOBS_BASE = COUNTS_BASE + 2 * (ncounts + nfree_counts)
 
--- Event i (1-based) of the batch.
+-- Event i (1-based) of the batch: its time (ms) and its bytes.
 local function event(i)
-  return ARGV[EVENTS_BASE + i]
+  local at = EVENTS_BASE + 2 * (i - 1)
+  return tonumber(ARGV[at + 1]), ARGV[at + 2]
 end
 
 -- Ledger op i (1-based): op, field, value.
@@ -118,7 +129,8 @@ local function has_flag(flag)
   return string.find(flags, flag, 1, true) ~= nil
 end
 
-local TERMINAL = {completed = true, failed = true, canceled = true, expired = true}
+-- Rendered from durable.log.state.TERMINAL when the script is loaded.
+local TERMINAL = {--[[TERMINAL]]}
 
 -- Checks: nothing is written until all of them pass.
 local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel', 'last')
@@ -128,11 +140,11 @@ local last_written = projection[4]
 if version ~= expected_version then
   return {'conflict', version}
 end
-if last_written and last_written ~= '' and not has_flag('q') then
-  local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
-  if tail[1] and tail[1][1] ~= last_written then
-    return {'foreign', tail[1][1]}
-  end
+local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
+local tail_id = tail[1] and tail[1][1] or ''
+if last_written and last_written ~= '' and not has_flag('q') and tail_id ~= ''
+    and tail_id ~= last_written then
+  return {'foreign', tail_id}
 end
 if lease ~= '' then
   local holder = redis.call('GET', lease_key)
@@ -169,9 +181,33 @@ if m > 0 and redis.call('EXISTS', lease_key) == 0 then
 end
 
 -- Writes.
+-- Each entry's id is its writer's time, so the entry need not carry it; never before the
+-- log's last id (another writer's clock may be ahead).
+local last_ms, last_seq = -1, -1
+if tail_id ~= '' then
+  local dash = string.find(tail_id, '-', 1, true)
+  last_ms = tonumber(string.sub(tail_id, 1, dash - 1))
+  last_seq = tonumber(string.sub(tail_id, dash + 1))
+end
 local last_id = ''
 for i = 1, count do
-  last_id = redis.call('XADD', log_key, '*', 'e', event(i))
+  local ms, data = event(i)
+  if ms < last_ms then
+    ms = last_ms
+  end
+  local seq = 0
+  if ms == last_ms then
+    seq = last_seq + 1
+  end
+  last_id = redis.pcall('XADD', log_key, string.format('%d-%d', ms, seq), 'e', data)
+  if type(last_id) == 'table' then
+    -- Entries were deleted past the tail (XDEL by an admin): the server picks the id, and
+    -- the entry reads with the server's time.
+    last_id = redis.call('XADD', log_key, '*', 'e', data)
+    local dash = string.find(last_id, '-', 1, true)
+    ms, seq = tonumber(string.sub(last_id, 1, dash - 1)), tonumber(string.sub(last_id, dash + 1))
+  end
+  last_ms, last_seq = ms, seq
   if i == checkpoint_pos then
     redis.call('HSET', run_key, 'ckpt', last_id)
   end
@@ -186,7 +222,10 @@ for i = 1, nblobs do
 end
 local new_version = version + count
 redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
-  'last', last_id, 'updated', now, 'cancel', cancel)
+  'updated', now, 'cancel', cancel)
+if last_id ~= '' then  -- (a call that appends nothing leaves the tail as it is)
+  redis.call('HSET', run_key, 'last', last_id)
+end
 for i = 1, nextra do
   local field, value = extra_field(i)
   redis.call('HSET', run_key, field, value)
@@ -211,6 +250,12 @@ if due == '-' then
   redis.call('ZREM', due_key, run_id)
 elseif due ~= '' then
   redis.call('ZADD', due_key, due, run_id)
+end
+if TERMINAL[new_state] and new_version <= compact_max then
+  local dumped = redis.pcall('DUMP', log_key)
+  if type(dumped) == 'string' then
+    redis.pcall('RESTORE', log_key, 0, dumped, 'REPLACE')
+  end
 end
 if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', log_key, retention_ms)

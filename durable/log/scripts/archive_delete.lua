@@ -17,7 +17,8 @@ local log_key, run_key, ledger_key = KEYS[1], KEYS[2], KEYS[3]
 local lease_key, fence_key, queued_key, blobs_key = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local version = ARGV[1]
 
-local TERMINAL = {completed = true, failed = true, canceled = true, expired = true}
+-- Rendered from durable.log.state.TERMINAL when the script is loaded.
+local TERMINAL = {--[[TERMINAL]]}
 
 local projection = redis.call('HMGET', run_key, 'version', 'state')
 if projection[1] ~= version or not TERMINAL[projection[2]] then

@@ -1,0 +1,217 @@
+"""One ``append.lua`` call, typed: :class:`AppendCall` is the script's header as a dataclass.
+
+Its fields are in the order of the header at the top of ``scripts/append.lua``: the KEYS,
+then the scalar ARGV, then the variable-length groups; ``tests/test_append_call.py`` parses
+the header and checks it against these fields, so the two cannot drift apart. The counts of
+the groups (``n``, ``nops``...) are ARGV too, computed from the groups.
+
+``prepare`` builds the call for a handle's batch (``EventLog.commit``); ``settle`` reads
+the script's reply against it: it advances the handle, or raises what the script refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from durable.errors import CancelPending, Claimed, ConflictError, LeaseLost, Tampered, Terminal
+from durable.log import keys
+from durable.log.handle import CommitOptions, RunHandle, Spec, now_ms, text
+from durable.log.state import TERMINAL
+
+if TYPE_CHECKING:
+    from durable.log.store import EventLog
+
+#: Field metadata: what part of the script's call a field is.
+KEY, ARG, COUNT, GROUP = ({"part": p} for p in ("key", "arg", "count", "group"))
+
+
+def _count(of: str) -> Any:
+    return field(init=False, metadata={**COUNT, "of": of})
+
+
+@dataclass(kw_only=True)
+class AppendCall:
+    """The keys and arguments of one ``append.lua`` call, in the header's order."""
+
+    # KEYS
+    log_key: str = field(metadata=KEY)
+    run_key: str = field(metadata=KEY)
+    lease_key: str = field(metadata=KEY)
+    ledger_key: str = field(metadata=KEY)
+    runs_key: str = field(metadata=KEY)
+    due_key: str = field(metadata=KEY)
+    old_index_key: str = field(metadata=KEY)
+    new_index_key: str = field(metadata=KEY)
+    free_index_key: str = field(metadata=KEY)
+    metrics_key: str = field(metadata=KEY)
+    blobs_key: str = field(metadata=KEY)
+    # ARGV, one value each
+    expected_version: int = field(metadata=ARG)
+    lease: str = field(metadata=ARG)
+    new_state: str = field(metadata=ARG)
+    new_step: int = field(metadata=ARG)
+    now: int = field(metadata=ARG)
+    due: str = field(metadata=ARG)
+    checkpoint_pos: int = field(metadata=ARG)
+    flags: str = field(metadata=ARG)
+    n: int = _count("events")
+    m: int = _count("free_events")
+    free_state: str = field(metadata=ARG)
+    cancel: str = field(metadata=ARG)
+    run_id: str = field(metadata=ARG)
+    nops: int = _count("ops")
+    nextra: int = _count("extras")
+    lease_ttl_ms: int = field(metadata=ARG)
+    ncounts: int = _count("counts")
+    nfree_counts: int = _count("free_counts")
+    retention_ms: int = field(metadata=ARG)
+    nblobs: int = _count("blobs")
+    compact_max: int = field(metadata=ARG)
+    # ARGV, the variable-length groups: one item (a tuple is several ARGV) per entry
+    events: list[tuple[int, bytes]] = field(metadata=GROUP)
+    free_events: list[tuple[int, bytes]] = field(metadata=GROUP)
+    ops: list[tuple[str, str, str]] = field(metadata=GROUP)
+    extras: list[tuple[str, str]] = field(metadata=GROUP)
+    counts: list[tuple[str, int]] = field(metadata=GROUP)
+    free_counts: list[tuple[str, int]] = field(metadata=GROUP)
+    blobs: list[tuple[str, bytes]] = field(metadata=GROUP)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.metadata["part"] == "count":
+                setattr(self, f.name, len(getattr(self, f.metadata["of"])))
+
+    @property
+    def keys(self) -> list[str]:
+        return [getattr(self, f.name) for f in fields(self) if f.metadata["part"] == "key"]
+
+    @property
+    def args(self) -> list[Any]:
+        out: list[Any] = []
+        for f in fields(self):
+            part, value = f.metadata["part"], getattr(self, f.name)
+            if part in ("arg", "count"):
+                out.append(value)
+            elif part == "group":
+                out.extend(x for item in value for x in item)
+        return out
+
+
+@dataclass
+class Prepared:
+    """A call ready to send, and what its reply is read against."""
+
+    call: AppendCall
+    expected: int
+    ckpt_pos: int
+
+
+def prepare(elog: EventLog, handle: RunHandle, specs: Sequence[Spec],
+            options: CommitOptions) -> Prepared:
+    """The ``append.lua`` call of ``EventLog.commit(handle, specs, **options)``."""
+    if_free = options.get("if_free", ())
+    extra = options.get("extra")
+    state = handle.state
+    expected = handle.base_version
+    old_state = handle.base_state or state.state
+    ts = now_ms()
+    ckpt_pos = 0
+    # Every K events, a checkpoint goes where no action is open: after the staged
+    # outcome and before the next intent (so the tail a recovery folds stays short).
+    if (state.version - handle.ckpt_seq >= elog.checkpoint_every and not if_free
+            and state.current is None):
+        ckpt_pos = elog.stage_checkpoint(handle, ts)
+    elog.stage(handle, specs)
+    if options.get("checkpoint", False) and not ckpt_pos:
+        ckpt_pos = elog.stage_checkpoint(handle, ts)
+    # A quarantine is written even after an entry nobody vouches for: name the actor.
+    after = None if options.get("quarantine", False) else handle.tail_actor
+    events = elog.encode_staged(handle, handle.staged, after)
+    handle.staged = []
+    main_state, main_step = state.state, state.step
+    cancel_flag = "1" if state.cancel is not None else "0"
+    due = elog.due_for(state, ts)
+    free_state = main_state
+    counts, handle.staged_counts = handle.staged_counts, []
+    free_events: list[tuple[int, bytes]] = []
+    free_counts: list[tuple[str, int]] = []
+    if if_free:
+        kept_ops, handle.staged_ops = handle.staged_ops, []
+        elog.stage(handle, if_free)
+        handle.staged_ops = kept_ops
+        free_counts, handle.staged_counts = handle.staged_counts, []
+        free_events = elog.encode_staged(handle, handle.staged,
+                                         handle.actor if events else after)
+        handle.staged = []
+        free_state = state.state
+        if state.state in TERMINAL:
+            due = elog.due_for(state, ts)
+    ops = handle.staged_ops + list(options.get("ledger", ()))
+    handle.staged_ops = []
+    large, handle.staged_blobs = handle.staged_blobs, []
+    projected = dict(extra or {})
+    if state.state != old_state and "reason" not in projected:
+        # What `durable runs` shows next to the state: why it waits, stopped or failed.
+        why = state.wait.reason if state.wait else (state.reason or state.error or "")
+        projected["reason"] = why[:500]
+    flags = "".join(flag for flag, on in (
+        ("d", options.get("dispatch", False)), ("t", options.get("allow_terminal", False)),
+        ("r", options.get("release", False)), ("q", options.get("quarantine", False))) if on)
+    run_id = handle.run_id
+    shard = keys.shard_of(run_id)
+    call = AppendCall(
+        log_key=keys.log(run_id), run_key=keys.run(run_id), lease_key=keys.lease(run_id),
+        ledger_key=keys.ledger(run_id), runs_key=keys.runs_index(shard),
+        due_key=keys.due(shard), old_index_key=keys.runs_in_state(old_state, shard),
+        new_index_key=keys.runs_in_state(main_state, shard),
+        free_index_key=keys.runs_in_state(free_state, shard),
+        metrics_key=keys.metrics(shard), blobs_key=keys.blobs(run_id),
+        expected_version=expected, lease=handle.lease, new_state=main_state,
+        new_step=main_step, now=ts, due=due, checkpoint_pos=ckpt_pos, flags=flags,
+        free_state=free_state, cancel=cancel_flag, run_id=run_id,
+        lease_ttl_ms=elog.lease_ttl_ms, retention_ms=elog.retention_ms,
+        compact_max=elog.compact_max, events=events, free_events=free_events, ops=ops,
+        extras=list(projected.items()), counts=counts, free_counts=free_counts, blobs=large)
+    return Prepared(call, expected, ckpt_pos)
+
+
+def settle(elog: EventLog, handle: RunHandle, prepared: Prepared, reply: Any) -> str:
+    """Apply ``append.lua``'s reply to the handle, or raise what it refused."""
+    state = handle.state
+    expected, ckpt_pos = prepared.expected, prepared.ckpt_pos
+    tag = text(reply[0])
+    if tag == "ok":
+        version = int(reply[1])
+        if text(reply[2]):  # (a call may append no entry at all)
+            handle.last_id = text(reply[2])
+            handle.tail_actor = handle.actor
+        if ckpt_pos:
+            handle.ckpt_seq = expected + ckpt_pos
+        if version != state.version:
+            # The conditional events were not appended: a lease was held.
+            fresh = elog.load(handle.run_id, lease=handle.lease, actor=handle.actor)
+            handle.state, handle.last_id = fresh.state, fresh.last_id
+            handle.ckpt_seq, handle.tail_actor = fresh.ckpt_seq, fresh.tail_actor
+        handle.base_version = handle.state.version
+        handle.base_state = handle.state.state
+        return handle.last_id
+    handle.tail_actor = None
+    if tag == "conflict":
+        raise ConflictError(handle.run_id, expected, int(reply[1]))
+    if tag == "lease":
+        epoch = int(handle.lease.rsplit("|", 1)[-1]) if "|" in handle.lease else 0
+        raise LeaseLost(handle.run_id, epoch)
+    if tag == "terminal":
+        raise Terminal(text(reply[1]))
+    if tag == "canceled":
+        raise CancelPending()
+    if tag == "claimed":
+        raise Claimed(text(reply[1]), text(reply[2]))
+    if tag == "foreign":
+        tail = text(reply[1])
+        elog.quarantine(handle.run_id, f"log entry {tail} was not written by the append "
+                        "script (appended around it); nothing is built on it", handle.actor)
+        raise Tampered(handle.run_id, tail)
+    raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")

@@ -1,0 +1,314 @@
+"""The event types: a tagged union of frozen msgspec structs (``durable.log.events`` holds
+their codec and re-exports them; import them from there).
+
+Schema-change rules (msgspec's guidance on evolution, applied here):
+
+1. A new field gets a default, so older entries still decode.
+2. A field's type never changes, a field is never renamed, and new fields go after the
+   existing ones of their class (the wire form is positional); add a new one instead.
+3. A removed event type stays decodable: its class stays here, marked as retired.
+4. A change that older code could misread bumps ``SCHEMA_VERSION`` and registers an
+   upcaster in ``durable.log.migrations`` from the old version; a test decodes a fixture
+   written at the old version.
+5. Readers never crash on an entry they cannot read: an undecodable entry or one written at
+   a future ``SCHEMA_VERSION`` raises ``DecodeError``, and the run is quarantined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from durable.log.state import BlobRef, RunState
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Fields every entry carries. ``seq`` is the run's version after the event."""
+
+    v: int
+    run: str
+    seq: int
+    ts: int
+    actor: str = ""
+    attempt: int = 0
+
+
+class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
+    agent: str
+    agent_version: str = ""
+    input: Any = None
+    tools: list[str] = []
+    parent: str | None = None
+    forked_at: str | None = None
+    #: A child run: the parent's step that started it (``parent`` names the parent); 0 for
+    #: a run of its own or a fork.
+    parent_step: int = 0
+    #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
+    budgets: dict[str, int] = {}
+    #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
+    trace: str = ""
+    #: The schedule whose slot started the run (``durable.schedules``), and the slot (s
+    #: since the epoch); "" and 0 for a run started otherwise.
+    schedule: str = ""
+    slot: int = 0
+    #: A child sharing its parent's budgets: its limits are capped by what the parent had
+    #: left, and its use is added to the parent's when it ends (``durable.children``).
+    shared_budgets: bool = False
+
+
+class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
+    """Intent: the step the agent decided to take, with its idempotency key."""
+
+    step: int
+    tool: str
+    args: Any = None
+    key: str
+    #: A model call (counted against the "model_calls" budget; its usage against "tokens").
+    model: bool = False
+    #: Values a code agent drew from its context (``ctx.now()``, ``ctx.random()``,
+    #: ``ctx.uuid()``) since its last recorded decision, as ``[kind, value]`` pairs: returned
+    #: as recorded when the function is executed again.
+    values: list[Any] = []
+    #: The first step of the parallel group decided together with this one (0: alone).
+    group: int = 0
+
+
+class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
+    """The key was claimed in the ledger; the effect is sent with this deadline (ms)."""
+
+    step: int
+    key: str
+    deadline: int
+
+
+class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
+    """``blob``: the result is over the inline limit and kept beside the run (its
+    reference and digest; ``result`` is then None)."""
+
+    step: int
+    key: str
+    result: Any = None
+    blob: BlobRef | None = None
+
+
+class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
+    """``retry_at`` > 0: a retryable error; the step is sent again (same key) at that time."""
+
+    step: int
+    key: str
+    error: str
+    error_type: str = ""
+    retryable: bool = False
+    retry_at: int = 0
+
+
+class ActionTimedOut(Event, tag="action_timed_out", kw_only=True, frozen=True):
+    """The deadline passed with no reply: outcome unknown, never a failure."""
+
+    step: int
+    key: str
+
+
+class ActionInterrupted(Event, tag="action_interrupted", kw_only=True, frozen=True):
+    """Stopped mid-flight (cancel or lost worker): outcome unknown."""
+
+    step: int
+    key: str
+    reason: str = ""
+
+
+class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True):
+    """An unknown outcome resolved with the tool's ``lookup``, or settled by an operator.
+
+    ``resolution``: ``applied`` (counts as succeeded), ``not_applied`` (the step may be
+    dispatched again with the same key) or ``unknown`` (an operator must decide).
+    """
+
+    step: int
+    key: str
+    resolution: str
+    result: Any = None
+    #: How: "" (the tool's ``lookup``), "effect_free" (nothing to ask: sent again) or
+    #: "operator" (a signed settle, ``durable.settling``: the fields below say who and why).
+    by: str = ""
+    #: As for ``ActionSucceeded``: a large result kept beside the run.
+    blob: BlobRef | None = None
+    #: A settle's registered signer, its key's fingerprint and its Ed25519 signature over
+    #: the run, step, key, ``attempt`` (the step's dispatch count), resolution, the
+    #: result's SHA-256 (``result_digest``) and the ``evidence`` (the operator's words).
+    #: Older readers fold a settle as any reconciliation; they do not check the signature.
+    operator: str = ""
+    operator_key: str = ""
+    sig: str = ""
+    evidence: str = ""
+    result_digest: str = ""
+
+
+class CallCanceled(Event, tag="call_canceled", kw_only=True, frozen=True):
+    """The step's call was stopped before or without applying its effect."""
+
+    step: int
+    key: str
+    reason: str = ""
+
+
+class CancelRequested(Event, tag="cancel_requested", kw_only=True, frozen=True):
+    reason: str = ""
+    scope: str = "run"
+    requested_ts: int = 0
+    by: str = ""
+
+
+class Canceled(Event, tag="canceled", kw_only=True, frozen=True):
+    reason: str = ""
+    latency_ms: int = 0
+
+
+class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):
+    kind: str
+    reason: str = ""
+    until: int = 0
+    request: str = ""
+    data: Any = None
+    #: As ``StepDecided.values``.
+    values: list[Any] = []
+
+
+class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
+    kind: str
+    request: str = ""
+    response: Any = None
+    by: str = ""
+
+
+class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
+    kind: str
+    request: str = ""
+    outcome: str = "expired"
+
+
+class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=True):
+    """``kind``: ``action`` (the step's call) or ``version`` (resuming under a new agent)."""
+
+    request: str
+    step: int
+    digest: str
+    role: str = ""
+    decisions: list[str] = msgspec.field(default_factory=lambda: ["approve", "reject"])
+    evidence: list[str] = []
+    expires: int = 0
+    kind: str = "action"
+
+
+class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
+    """``approver`` names the registered key that signed the decision, ``key`` is its
+    fingerprint and ``sig`` the Ed25519 signature (``durable.approvals``); decisions
+    recorded before signatures existed have neither, and ``verify`` reports them."""
+
+    request: str
+    decision: str
+    approver: str = ""
+    note: str = ""
+    key: str = ""
+    sig: str = ""
+
+
+class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):
+    owner: str
+    epoch: int
+
+
+class RetiredLeaseLost(Event, tag="lease_lost", kw_only=True, frozen=True):
+    """Retired: never written (a lost lease is the lease's business, not the log's). Kept
+    decodable by rule 3; not to be confused with the error ``durable.errors.LeaseLost``."""
+
+    owner: str
+    epoch: int
+
+
+class Checkpoint(Event, tag="checkpoint", kw_only=True, frozen=True):
+    """A typed snapshot of the fold of every event before this one."""
+
+    state: RunState
+    state_v: int = 1
+
+
+class Completed(Event, tag="completed", kw_only=True, frozen=True):
+    result: Any = None
+
+
+class Failed(Event, tag="failed", kw_only=True, frozen=True):
+    error: str
+    #: Why, when it is not the agent's own failure (e.g. ``budget_exhausted``).
+    reason: str = ""
+
+
+class Expired(Event, tag="expired", kw_only=True, frozen=True):
+    reason: str = ""
+
+
+class Quarantined(Event, tag="quarantined", kw_only=True, frozen=True):
+    reason: str
+    #: The agent code's traceback when an exception in it was the reason (its last 8 KB).
+    traceback: str = ""
+
+
+class Released(Event, tag="released", kw_only=True, frozen=True):
+    by: str = ""
+
+
+class RevalidationFailed(Event, tag="revalidation_failed", kw_only=True, frozen=True):
+    """A fact the agent declared must still hold on resume no longer does.
+
+    ``then``: ``refresh`` (the agent sees ``state.refresh`` and re-gathers), ``reapprove``
+    (the open action needs a new approval) or ``expire`` (the run ends ``expired``).
+    """
+
+    reason: str
+    then: str = "refresh"
+
+
+class AgentUpgraded(Event, tag="agent_upgraded", kw_only=True, frozen=True):
+    """The run goes on under another agent version (its compatibility policy allowed it)."""
+
+    from_version: str
+    to_version: str
+    tools: list[str] = []
+
+
+AnyEvent = (
+    RunStarted
+    | StepDecided
+    | ActionDispatched
+    | ActionSucceeded
+    | ActionFailed
+    | ActionTimedOut
+    | ActionInterrupted
+    | ActionReconciled
+    | CallCanceled
+    | CancelRequested
+    | Canceled
+    | WaitEntered
+    | WaitResolved
+    | WaitExpired
+    | ApprovalRequested
+    | ApprovalDecided
+    | LeaseAcquired
+    | RetiredLeaseLost
+    | Checkpoint
+    | Completed
+    | Failed
+    | Expired
+    | Quarantined
+    | Released
+    | RevalidationFailed
+    | AgentUpgraded
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls
+    for cls in AnyEvent.__args__
+}
+
+TERMINAL_EVENTS = (Completed, Failed, Canceled, Expired)
