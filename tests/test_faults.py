@@ -136,14 +136,15 @@ def test_agent_code_that_never_returns_is_quarantined_and_the_worker_goes_on(
 
 
 def test_a_tool_stuck_in_c_gives_its_run_up_and_the_worker_goes_on(
-    client: Client, worker: WorkerFactory
+    client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:
     """Window: step 1 dispatched, its tool blocked in C past its deadline, where the
     interrupt cannot land: the run is handed back (lease released, ready again) and another
     slot continues it, resolving the call with ``lookup`` and sending it again; the stuck
     thread's late return writes nothing, and the worker keeps serving."""
     run = client.start("echo", {"steps": 2, "text": "t"}, run_id="blocked").run_id
-    w = worker(DURABLE_CONCURRENCY="4", ECHO_TOOL="blocker", ECHO_SLEEP="4")
+    log = tmp_path / "worker.log"
+    w = worker(DURABLE_CONCURRENCY="4", ECHO_TOOL="blocker", ECHO_SLEEP="4", log_path=log)
     final = client.wait(run, timeout=30)
     assert final.state == "completed"
     entries = client.log.read(run)
@@ -156,9 +157,13 @@ def test_a_tool_stuck_in_c_gives_its_run_up_and_the_worker_goes_on(
               for i in range(3)]
     for other in others:
         assert client.wait(other, timeout=20).state == "completed"
-    time.sleep(3.5)  # the stuck call returns meanwhile (4 s after it began)
-    assert len(client.log.read(run)) == length
+    # The stuck call returns (4 s after it began), and the worker says so; once the worker
+    # has stopped, nothing more can be written: the log is what the late return left.
+    assert wait_for(lambda: "given up as stuck" in log.read_text(), 15), log.read_text()
     assert w.alive()
+    w.stop()
+    assert w.wait(10) == 0
+    assert len(client.log.read(run)) == length
     assert verify(client.log, run).ok
 
 
