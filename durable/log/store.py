@@ -8,7 +8,6 @@ stale and the caller reloads it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, Unpack
@@ -16,6 +15,7 @@ from typing import Any, TypedDict, Unpack
 import msgspec
 import redis
 
+from durable.clock import now_ms as now_ms  # the time every writer records
 from durable.durations import parse_duration_ms
 from durable.errors import (
     CancelPending,
@@ -44,10 +44,6 @@ from durable.sealing import (
     settings_keyring,
 )
 from durable.signing import parse_public_keys
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _s(value: Any) -> str:
