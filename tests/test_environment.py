@@ -18,6 +18,7 @@ from durable.leases import Leases
 from durable.log import keys
 from durable.testing import AgentEnvironment, TestClock
 from tests.agents import applications
+from tests.runs import types_of
 
 AGENTS = "examples.agents,tests.agents,tests.code_agents"
 
@@ -30,10 +31,6 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentEnviro
         yield environment
 
 
-def _types(env: AgentEnvironment, run: str) -> list[str]:
-    return [e.event.__struct_config__.tag for e in env.client.events(run) if e.event]
-
-
 def test_an_agent_runs_to_its_end_in_the_test_process(env: AgentEnvironment) -> None:
     """Three steps of a real agent, each decided, claimed, dispatched and recorded by the
     worker's own step protocol; the events carry the test clock's time."""
@@ -42,7 +39,7 @@ def test_an_agent_runs_to_its_end_in_the_test_process(env: AgentEnvironment) -> 
     assert applications(os.environ["TEST_DB"]) == {f"w-1:{s}": 1 for s in (1, 2, 3)}
     events = list(env.client.events("w-1"))
     assert {e.event.ts for e in events if e.event} == {1_800_000_000_000}
-    assert _types(env, "w-1").count("action_succeeded") == 3
+    assert types_of(env.client, "w-1").count("action_succeeded") == 3
 
 
 def test_a_timer_of_an_hour_passes_when_the_clock_is_moved(env: AgentEnvironment) -> None:
@@ -74,7 +71,7 @@ def test_an_input_wait_is_answered_or_expires_on_the_test_clock(
     assert env.status(left).state == "waiting_input"
     env.advance(1800)
     final = env.status(left)
-    assert final.state == "expired" and "wait_expired" in _types(env, left)
+    assert final.state == "expired" and "wait_expired" in types_of(env.client, left)
 
 
 def test_a_lease_left_by_a_dead_worker_expires_on_the_test_clock(

@@ -22,21 +22,13 @@ from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from tests.agents import applications
 from tests.conftest import ServerFactory, WorkerFactory
-
-
-def _subscribers(r: redis.Redis) -> int:
-    return int(dict(r.pubsub_numsub(keys.CANCEL_CHANNEL)).get(keys.CANCEL_CHANNEL.encode(), 0))
+from tests.runs import cancel_listeners, is_dispatched, types_of
 
 
 def _publish_cancel(r: redis.Redis, run: str, reason: str) -> None:
     """A bare pub/sub hint, as any Redis client can send it: nothing is in the log yet."""
     r.publish(keys.CANCEL_CHANNEL, json.dumps({"run": run, "reason": reason, "scope": "run",
                                                "ts": 0}))
-
-
-def _dispatched(client: Client, run: str) -> bool:
-    act = client.status(run).current
-    return act is not None and act.status == "dispatched"
 
 
 def test_a_killed_subscription_comes_back_and_still_interrupts_a_held_run(
@@ -46,15 +38,15 @@ def test_a_killed_subscription_comes_back_and_still_interrupts_a_held_run(
     worker resubscribes, and a cancel published afterwards interrupts the call."""
     run = client.start("count", {"steps": 3, "sleep_s": 30}, run_id="deaf").run_id
     worker()
-    assert wait_for(lambda: _dispatched(client, run), 15)
-    assert wait_for(lambda: _subscribers(r) == 1, 5)
+    assert wait_for(lambda: is_dispatched(client, run), 15)
+    assert wait_for(lambda: cancel_listeners(r) == 1, 5)
     killed = r.client_kill_filter(_type="pubsub")
     assert killed >= 1
-    assert wait_for(lambda: _subscribers(r) == 1, 3)
+    assert wait_for(lambda: cancel_listeners(r) == 1, 3)
     _publish_cancel(r, run, "after the kill")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
-    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    types = types_of(client, run)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
 
 
@@ -85,8 +77,8 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
         srv.start()
         r = srv.client()
         # Two workers and the reconciler listen again.
-        assert wait_for(lambda: _subscribers(r) == 3, 30), (
-            _subscribers(r), [p.log_path.read_text()[-2000:] for p in procs if p.log_path])
+        assert wait_for(lambda: cancel_listeners(r) == 3, 30), (
+            cancel_listeners(r), [p.log_path.read_text()[-2000:] for p in procs if p.log_path])
         doomed = runs[:5]
         for run in doomed:
             _publish_cancel(r, run, "published after the restart")
