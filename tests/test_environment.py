@@ -102,8 +102,13 @@ def test_one_tool_is_called_as_a_worker_calls_it(env: AgentEnvironment) -> None:
 
 
 def test_the_environment_gives_the_clock_back() -> None:
-    """Outside the block the library reads the system clock again."""
+    """Outside the block the library reads the system clock again; a test clock moves
+    forward only, and says so when asked to go back."""
     test_clock = TestClock(start=0.0)
     with AgentEnvironment(AGENTS, clock=test_clock):
         assert clock.current() is test_clock
+        assert clock.now_ms() == 0
     assert clock.current() is clock.SYSTEM
+    with pytest.raises(ValueError, match="forward only"):
+        test_clock.advance(-1)
+    assert test_clock.advance(2.5) == 2.5

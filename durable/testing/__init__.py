@@ -7,8 +7,7 @@ Redis server on a random port (``Server``), real worker and reconciler processes
 approver registry (``AdminKey``)."""
 
 from durable.testing.admin import AdminKey
-from durable.testing.clock import TestClock
-from durable.testing.environment import AgentEnvironment, ToolOutcome
+from durable.testing.environment import AgentEnvironment, TestClock, ToolOutcome
 from durable.testing.faults import KillAt
 from durable.testing.processes import Reconciler, Worker, env_for, wait_for
 from durable.testing.server import Server

@@ -20,6 +20,8 @@ commands: the library does not import its processes.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -34,11 +36,32 @@ from durable.client import Client
 from durable.log import keys
 from durable.log.state import RunState
 from durable.settings import Settings
-from durable.testing.clock import TestClock
 from durable.testing.server import Server
 
 #: Where the processes' packages name their in-process parts.
 GROUP = "durable.testing"
+
+
+class TestClock:
+    """A wall clock that moves only when told to (``advance``); it starts at ``start``
+    (seconds since the epoch; the real time by default) and never goes back."""
+
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
+    def __init__(self, start: float | None = None) -> None:
+        self._now = time.time() if start is None else float(start)
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move the clock ``seconds`` (>= 0) forward; returns the new time."""
+        if not seconds >= 0:
+            raise ValueError(f"a clock moves forward only, not by {seconds!r} s")
+        with self._lock:
+            self._now += seconds
+            return self._now
 
 
 @dataclass
