@@ -9,9 +9,10 @@ import redis
 
 from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
+from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
-from durable.log.store import now_ms
+from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
@@ -142,3 +143,28 @@ def test_published_messages_need_a_valid_hmac_when_a_secret_is_set(
     assert int(r.hget(keys.STATS, "cancel_forged") or 0) == 2
     assert int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1
     _assert_no_effect_after_cancel(client, run)
+
+
+def test_a_call_cancel_read_after_its_call_ended_is_not_recorded_again(
+    client: Client,
+) -> None:
+    """Window: the sender recorded a call-scoped cancel and published it; the worker
+    stopped the call (the request is consumed) before another listener read the message.
+    That listener finds the request in the log and records nothing, so the next call is
+    not cancelled by it; a request nobody recorded is still recorded."""
+    run = client.start("count", {"steps": 3}, enqueue=False).run_id
+    handle = client.log.load(run, actor="w")
+    client.log.commit(handle, [Spec(ev.StepDecided, {"step": 1, "tool": "noop", "key": "k1"}),
+                               Spec(ev.ActionDispatched, {"step": 1, "key": "k1",
+                                                          "deadline": now_ms() + 60_000})])
+    client.cancel(run, "skip this one", scope="call")
+    sent = CancelMessage(run=run, reason="skip this one", scope="call", ts=now_ms())
+    handle = client.log.load(run, actor="w")
+    client.log.commit(handle, [Spec(ev.CallCanceled, {"step": 1, "key": "k1"})])
+    assert client.status(run).cancel is None
+    record_cancel(client.log, sent, "reconciler:late")
+    assert types_of(client, run).count("cancel_requested") == 1
+    assert client.status(run).cancel is None
+    other = CancelMessage(run=run, reason="another", scope="call", ts=now_ms())
+    record_cancel(client.log, other, "reconciler:late")
+    assert types_of(client, run).count("cancel_requested") == 2
