@@ -15,14 +15,18 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.agents import registry
 from durable.client import Client
+from durable.log import events as ev
 from durable.log import keys
+from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from tests.agents import applications
 from tests.conftest import ServerFactory, WorkerFactory
 from tests.runs import cancel_listeners, is_dispatched, types_of
+from workers.loop import StepLoop
 
 
 def _publish_cancel(r: redis.Redis, run: str, reason: str) -> None:
@@ -234,3 +238,28 @@ def test_a_pickled_job_and_a_garbage_job_leave_the_worker_serving(
     assert client.wait(run, timeout=15).state == "completed"
     assert w.alive()
     assert not marker.exists()
+
+
+def test_a_redis_error_while_reobserving_is_not_taken_for_an_agent_bug(
+    client: Client, settings: Settings, r: redis.Redis
+) -> None:
+    """Window: a worker resumes a run whose step 1 was decided and dispatched (no outcome)
+    and re-observes it; a Redis call of the re-observing fails (here a real refusal: the
+    worker's Redis user may not run HINCRBY). The error goes to the driver, which takes the
+    run again once Redis answers; it is not an agent bug, so the run is not quarantined."""
+    run = client.start("writer", {"steps": 2}, enqueue=False).run_id
+    handle = client.log.load(run, actor="w:gone")
+    client.log.commit(handle, [
+        Spec(ev.StepDecided, {"step": 1, "tool": "sqlwrite", "args": {"n": 1},
+                              "key": f"{run}:1"}),
+        Spec(ev.ActionDispatched, {"step": 1, "key": f"{run}:1", "deadline": now_ms()})])
+    r.acl_setuser("no-counters", enabled=True, nopass=True, categories=["+@all"],
+                  commands=["-hincrby"], keys=["*"], channels=["*"])
+    url = settings.redis_url.replace("redis://", "redis://no-counters:x@", 1)
+    registry.load(settings.agents)
+    loop = StepLoop(settings, redis.Redis.from_url(url), registry, "w:denied")
+    with pytest.raises(redis.RedisError, match="hincrby"):
+        loop.advance(run)
+    state = client.status(run)
+    assert state.state != "quarantined", state.reason
+    assert state.actions[1].status == "dispatched"

@@ -363,6 +363,8 @@ class StepLoop:
         except NondeterminismError as exc:
             await self._quarantine(handle, str(exc))
             return False
+        except redis.RedisError:  # Redis failed under the re-observing, not the agent
+            raise
         except Exception as exc:  # an agent bug met while re-observing: keep the evidence
             await self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
                                    traceback=agent_traceback(exc))
