@@ -126,7 +126,7 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     runs = [client.start("writer", {"steps": 3}, run_id=f"cut-{i}").run_id
             for i in range(200)]
     log = tmp_path / "w.log"
-    worker(DURABLE_CONCURRENCY="64", log_path=log)
+    w = worker(DURABLE_CONCURRENCY="64", log_path=log)
     reconciler()
     assert wait_for(lambda: _completed(r, runs) >= 1, 30)  # both are up and serving
     killer = redis.Redis.from_url(client.settings.redis_url)
@@ -148,8 +148,13 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     finally:
         stop.set()
         cutter.join()
-    assert done, ({run: (client.status(run).state, client.status(run).reason) for run in runs
-                   if client.status(run).state != "completed"}, log.read_text()[-3000:])
+    assert done, "\n".join([
+        f"worker alive: {w.alive()}; runs not completed: " + ", ".join(
+            f"{run} {client.status(run).state}" for run in runs
+            if client.status(run).state != "completed"),
+        *[line for line in log.read_text().splitlines()
+          if "ERROR" in line or "Error" in line or "Traceback" in line][-30:],
+        log.read_text()[-2000:]])
     applied = applications(str(tmp_path / "world.sqlite"))
     expected = {key: n for run in runs for key, n in _owed(client, run).items()}
     assert len(expected) == 600
