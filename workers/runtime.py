@@ -223,9 +223,12 @@ def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: b
         if not loop.outage.down:
             backoff.reset()
         name = wid if not generation else f"{wid}.{generation}"
-        worker = DurableWorker([queue], connection=client, name=name,
-                               serializer=queue.serializer)
+        worker: DurableWorker | None = None
         try:
+            # RQ's constructor calls Redis too (CLIENT SETNAME, CLIENT INFO): after a fault
+            # that ended RQ's loop, the next one may fail there as well.
+            worker = DurableWorker([queue], connection=client, name=name,
+                                   serializer=queue.serializer)
             worker.work(burst=burst, logging_level="WARNING")
         except redis.RedisError as exc:  # its teardown could not reach Redis either
             loop.outage.failed(exc)
