@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 from pydantic import BaseModel
 
+from durable import clock
 from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.log.state import RunState
@@ -199,9 +200,7 @@ class ToolContext:
         self.publish(data)
 
     def remaining(self) -> float:
-        import time
-
-        return max(0.0, self.deadline_ms / 1000 - time.time())
+        return max(0.0, self.deadline_ms / 1000 - clock.time())
 
     def check(self) -> None:
         self.token.check()

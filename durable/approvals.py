@@ -23,8 +23,7 @@ its approver's entry is trusted, active, and holds the request's role.
 
 from __future__ import annotations
 
-import time
-
+from durable import clock
 from durable.approvers import Approver, Approvers
 from durable.log.state import Approval
 from durable.signing import sign, statement, valid
@@ -53,7 +52,7 @@ def signature_valid(public_key: bytes, signature: str, run_id: str, request: str
 
 
 def _now(now: int | None) -> int:
-    return int(time.time() * 1000) if now is None else now
+    return clock.now_ms() if now is None else now
 
 
 # Checks -----------------------------------------------------------------------------------

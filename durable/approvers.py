@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import re
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import msgspec
 import redis
 
+from durable import clock
 from durable.errors import UsageError
 from durable.log import keys
 from durable.signing import fingerprint, public_key_of, sign, statement, valid
@@ -230,7 +230,7 @@ def _roles(roles: Iterable[str]) -> list[str]:
 
 
 def _now(now: int | None) -> int:
-    return int(time.time() * 1000) if now is None else now
+    return clock.now_ms() if now is None else now
 
 
 def _encode(entry: Approver) -> str:

@@ -206,6 +206,8 @@ def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle |
         state = handle.state
         if state.terminal or state.cancel is not None:
             return handle
+        if msg.scope == "call" and _recorded(elog, msg):
+            return handle  # recorded by its sender, and consumed since: its call has ended
         try:
             elog.commit(handle, [Spec(ev.CancelRequested, {
                 "reason": msg.reason, "scope": msg.scope, "requested_ts": msg.ts or now_ms(),
@@ -218,6 +220,24 @@ def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle |
         return update_run(elog, msg.run, actor, write)
     except (RunNotFound, DecodeError):
         return None
+
+
+#: How long before a message's ``ts`` its sender may have recorded its request (ms).
+RECORDED_WINDOW_MS = 60_000
+
+
+def _recorded(elog: EventLog, msg: CancelMessage) -> bool:
+    """Whether the log holds the request ``msg`` announces: its sender records it, then
+    publishes (``requested_ts`` no later than the message's ``ts``). A call-scoped request
+    ends with its call, so a listener that reads the message after that finds no pending
+    cancel, and must not record the same request again for the next call."""
+    for entry in reversed(elog.read(msg.run)):
+        e = entry.event
+        if isinstance(e, ev.CancelRequested) and e.scope == msg.scope \
+                and e.reason[:500] == msg.reason[:500] \
+                and msg.ts - RECORDED_WINDOW_MS <= e.requested_ts <= msg.ts:
+            return True
+    return False
 
 
 def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:

@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import BaseModel, ConfigDict
 
+from durable import clock
 from durable.agents import (
     Agent,
     Decision,
@@ -156,11 +157,11 @@ class RunContext:
 
     def now(self) -> datetime:
         """The current time (UTC), recorded: the same value when executed again."""
-        return datetime.fromtimestamp(self._session.draw("time", time.time), UTC)
+        return datetime.fromtimestamp(self._session.draw("time", clock.time), UTC)
 
     def time(self) -> float:
         """``time.time()``, recorded: the same value when executed again."""
-        return float(self._session.draw("time", time.time))
+        return float(self._session.draw("time", clock.time))
 
     def random(self) -> float:
         """``random.random()``, recorded: the same value when executed again."""

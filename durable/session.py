@@ -11,13 +11,13 @@ import ctypes
 import inspect
 import queue
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from durable import clock
 from durable.agents import (
     Call,
     Decision,
@@ -260,7 +260,7 @@ class Session:
         raise Unwind
 
     def join(self, child: ChildRun, timeout_s: float) -> Any:
-        expires = int((time.time() + timeout_s) * 1000)
+        expires = clock.now_ms() + int(timeout_s * 1000)
         outcome = self.wait("child", f"child run {child.run_id} ({child.agent})",
                             CHILD_POLL_MS / 1000, {"child": child.run_id, "expires": expires})
         if not isinstance(outcome, dict) or outcome.get("state") != "completed":
@@ -276,7 +276,7 @@ class Session:
 
     def sleep_until(self, when: datetime | float) -> None:
         at = when.timestamp() if isinstance(when, datetime) else float(when)
-        self.sleep(max(0.0, at - float(self.draw("time", time.time))))
+        self.sleep(max(0.0, at - float(self.draw("time", clock.time))))
 
     def draw(self, kind: str, make: Callable[[], Any]) -> Any:
         """A value of ``kind``: the recorded one when the log has it, else a new one,

@@ -28,6 +28,7 @@ from examples.agents.assistant import TOOLS
 from examples.scenarios import Stack, run_one
 from examples.world import WorldProcess
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import events_of
 
 TASK = {"task": "Tell bob@example.com that the invoices are paid, and record it."}
 
@@ -48,10 +49,6 @@ _n = iter(range(1_000_000))
 
 def _key() -> str:
     return f"m{time.time_ns() % 10**9}-{next(_n)}:1"
-
-
-def _events(client: Client, run: str) -> list[ev.Event]:
-    return [e.event for e in client.events(run) if e.event is not None]
 
 
 # The model step against the world's model ------------------------------------------------
@@ -147,7 +144,7 @@ def test_the_assistant_completes_recording_each_model_reply(
     assert final.state == "completed", (final.state, final.error, final.reason)
     assert final.result["tools_called"] == ["notify", "write"]
     assert final.result["answer"].startswith("Done: notified bob@example.com")
-    events = _events(client, run)
+    events = events_of(client, run)
     decided = [e for e in events if isinstance(e, ev.StepDecided)]
     assert [e.tool for e in decided] == ["chat", "notify", "chat", "write", "chat"]
     assert all(set(e.args) == {"_digest", "_bytes"} for e in decided if e.tool == "chat")
@@ -192,7 +189,7 @@ def test_model_faults_are_asked_again_under_the_same_key(
     worker(burst=True, DURABLE_MODEL_TIMEOUT_S="4").wait(90)
     final = client.status(late)
     assert final.state == "completed"
-    events = _events(client, late)
+    events = events_of(client, late)
     assert [e.step for e in events if isinstance(e, ev.ActionTimedOut)] == [1]
     assert world.applications(late).model == {f"{late}:1": 2, f"{late}:3": 1, f"{late}:5": 1}
     assert verify(client.log, late).ok
@@ -227,7 +224,7 @@ def test_a_killed_assistant_repeats_no_recorded_model_call_and_no_effect(
     in_flight = {f"{run}:3": 2} if step == 3 else {}
     assert apps.model == {f"{run}:1": 1, f"{run}:3": 1, f"{run}:5": 1, **in_flight}
     assert (apps.api, apps.db, apps.duplicates) == ({f"{run}:2": 1}, {f"{run}:4": 1}, {})
-    resolved = [e.resolution for e in _events(client, run) if isinstance(e, ev.ActionReconciled)]
+    resolved = [e.resolution for e in events_of(client, run) if isinstance(e, ev.ActionReconciled)]
     assert resolved == (["not_applied"] if step == 3 else ["applied"])
     assert verify(client.log, run).ok
 

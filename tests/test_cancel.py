@@ -9,25 +9,18 @@ import redis
 
 from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
+from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
-from durable.log.store import now_ms
+from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
-
-
-def _types(client: Client, run: str) -> list[str]:
-    return [e.event.__struct_config__.tag for e in client.events(run) if e.event]
-
-
-def _dispatched(client: Client, run: str, step: int = 1) -> bool:
-    act = client.status(run).actions.get(step)
-    return act is not None and act.status == "dispatched"
+from tests.runs import is_dispatched, types_of
 
 
 def _assert_no_effect_after_cancel(client: Client, run: str) -> None:
-    types = _types(client, run)
+    types = types_of(client, run)
     i = types.index("cancel_requested")
     assert "action_dispatched" not in types[i:], types
     assert types[-1] == "canceled"
@@ -41,11 +34,11 @@ def test_cancel_during_a_cancellable_tool(client: Client, worker: WorkerFactory)
     arrives as a pub/sub hint and the call ends canceled, nothing dispatched after it."""
     run = client.start("count", {"steps": 3, "sleep_s": 30}, run_id="c1").run_id
     worker()
-    assert wait_for(lambda: _dispatched(client, run), 15)
+    assert wait_for(lambda: is_dispatched(client, run, 1), 15)
     client.cancel(run, "user changed their mind")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
-    types = _types(client, run)
+    types = types_of(client, run)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
     _assert_no_effect_after_cancel(client, run)
     # The worker records the latency just after the terminal append the wait returned on.
@@ -61,11 +54,11 @@ def test_cancel_during_a_tool_that_ignores_the_token(client: Client,
     as interrupted, outcome unknown."""
     run = client.start("echo", {"steps": 2}, run_id="c2").run_id
     worker(ECHO_TOOL="stubborn", ECHO_SLEEP="20", DURABLE_CANCEL_GRACE_MS="300")
-    assert wait_for(lambda: _dispatched(client, run), 15)
+    assert wait_for(lambda: is_dispatched(client, run, 1), 15)
     client.cancel(run, "stop now")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
-    types = _types(client, run)
+    types = types_of(client, run)
     assert types[-3:] == ["cancel_requested", "action_interrupted", "canceled"], types
     assert final.actions[1].status == "unknown"
     _assert_no_effect_after_cancel(client, run)
@@ -77,10 +70,10 @@ def test_cancel_while_queued_cancels_at_once(client: Client) -> None:
     run = client.start("count", {"steps": 3}, run_id="c3").run_id
     state = client.cancel(run, "never mind")
     assert state.state == "canceled"
-    assert _types(client, run) == ["run_started", "cancel_requested", "canceled"]
+    assert types_of(client, run) == ["run_started", "cancel_requested", "canceled"]
     # Idempotent, and a terminal run is left as it is.
     assert client.cancel(run, "again").state == "canceled"
-    assert len(_types(client, run)) == 3
+    assert len(types_of(client, run)) == 3
 
 
 @pytest.mark.cluster
@@ -115,11 +108,11 @@ def test_call_scope_cancels_the_call_and_the_agent_goes_on(client: Client,
     dispatches step 2, and a run-scoped cancel there ends the run."""
     run = client.start("count", {"steps": 2, "sleep_s": 30}, run_id="c6").run_id
     worker()
-    assert wait_for(lambda: _dispatched(client, run), 15)
+    assert wait_for(lambda: is_dispatched(client, run, 1), 15)
     client.cancel(run, "skip this one", scope="call")
     assert wait_for(lambda: client.status(run).actions.get(1) is not None
                     and client.status(run).actions[1].status == "canceled", 10)
-    assert wait_for(lambda: _dispatched(client, run, 2), 10)
+    assert wait_for(lambda: is_dispatched(client, run, 2), 10)
     client.cancel(run, "now all of it")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
@@ -134,7 +127,7 @@ def test_published_messages_need_a_valid_hmac_when_a_secret_is_set(
     nothing; a signed hint cancels."""
     run = client.start("count", {"steps": 2, "sleep_s": 30}, run_id="c7").run_id
     worker(DURABLE_CANCEL_SECRET=secret, DURABLE_CANCEL_REPORT_INTERVAL_S="0.5")
-    assert wait_for(lambda: _dispatched(client, run), 15)
+    assert wait_for(lambda: is_dispatched(client, run, 1), 15)
     forged = json.dumps({"run": run, "reason": "forged", "scope": "run", "ts": 0})
     bad_sig = json.dumps({"run": run, "reason": "x", "scope": "run", "ts": 0, "sig": "00"})
     assert r.publish(keys.CANCEL_CHANNEL, forged) == 1  # one worker, one subscriber
@@ -152,3 +145,28 @@ def test_published_messages_need_a_valid_hmac_when_a_secret_is_set(
     assert int(r.hget(keys.STATS, "cancel_forged") or 0) == 2
     assert int(r.hget(keys.STATS, "cancel_malformed") or 0) == 1
     _assert_no_effect_after_cancel(client, run)
+
+
+def test_a_call_cancel_read_after_its_call_ended_is_not_recorded_again(
+    client: Client,
+) -> None:
+    """Window: the sender recorded a call-scoped cancel and published it; the worker
+    stopped the call (the request is consumed) before another listener read the message.
+    That listener finds the request in the log and records nothing, so the next call is
+    not cancelled by it; a request nobody recorded is still recorded."""
+    run = client.start("count", {"steps": 3}, enqueue=False).run_id
+    handle = client.log.load(run, actor="w")
+    client.log.commit(handle, [Spec(ev.StepDecided, {"step": 1, "tool": "noop", "key": "k1"}),
+                               Spec(ev.ActionDispatched, {"step": 1, "key": "k1",
+                                                          "deadline": now_ms() + 60_000})])
+    client.cancel(run, "skip this one", scope="call")
+    sent = CancelMessage(run=run, reason="skip this one", scope="call", ts=now_ms())
+    handle = client.log.load(run, actor="w")
+    client.log.commit(handle, [Spec(ev.CallCanceled, {"step": 1, "key": "k1"})])
+    assert client.status(run).cancel is None
+    record_cancel(client.log, sent, "reconciler:late")
+    assert types_of(client, run).count("cancel_requested") == 1
+    assert client.status(run).cancel is None
+    other = CancelMessage(run=run, reason="another", scope="call", ts=now_ms())
+    record_cancel(client.log, other, "reconciler:late")
+    assert types_of(client, run).count("cancel_requested") == 2

@@ -17,12 +17,9 @@ from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
+from tests.runs import events_of
 
 pytestmark = pytest.mark.usefixtures("world_db")
-
-
-def _events(client: Client, run: str) -> list[ev.Event]:
-    return [e.event for e in client.events(run) if e.event is not None]
 
 
 def test_a_parent_gets_its_childrens_results(client: Client, worker: WorkerFactory,
@@ -41,7 +38,7 @@ def test_a_parent_gets_its_childrens_results(client: Client, worker: WorkerFacto
         state = client.status(kid)
         assert (state.parent, state.parent_step, state.state) == (run, n, "completed")
         assert verify(client.log, kid).ok
-    waits = [e for e in _events(client, run) if isinstance(e, ev.WaitEntered)]
+    waits = [e for e in events_of(client, run) if isinstance(e, ev.WaitEntered)]
     assert [w.kind for w in waits] == ["child", "child"]
     assert applications(str(tmp_path / "world.sqlite")) == {f"{k}:1": 1 for k in kids}
     shown = run_durable("status", kids[0], env=dict(os.environ))
@@ -76,9 +73,9 @@ def test_a_worker_killed_while_both_children_run(client: Client, worker: WorkerF
     assert final.state == "completed", (final.state, final.reason)
     assert [r["n"] for r in final.result["results"]] == [1, 2]
     for kid in kids:
-        started = [e for e in _events(client, kid) if isinstance(e, ev.RunStarted)]
+        started = [e for e in events_of(client, kid) if isinstance(e, ev.RunStarted)]
         assert len(started) == 1
-    parent_starts = [e for e in _events(client, run)
+    parent_starts = [e for e in events_of(client, run)
                      if isinstance(e, ev.StepDecided) and e.tool == keys.CHILD_TOOL]
     assert [e.step for e in parent_starts] == [1, 2]
     assert applications(str(tmp_path / "world.sqlite")) == {f"{k}:2": 1 for k in kids}
@@ -102,7 +99,7 @@ def test_cancelling_the_parent_cancels_its_children(client: Client, worker: Work
     assert client.wait(run, 15, waiting=False).state == "canceled"
     for kid in kids:
         assert client.wait(kid, 15, waiting=False).state == "canceled"
-        (asked,) = [e for e in _events(client, kid) if isinstance(e, ev.CancelRequested)]
+        (asked,) = [e for e in events_of(client, kid) if isinstance(e, ev.CancelRequested)]
         assert asked.reason == f"parent {run} canceled: the user gave up"
     assert client.status(detached).state not in ("canceled",)
     assert client.status(detached).cancel is None
@@ -146,10 +143,10 @@ def test_a_child_sharing_its_parents_budgets_counts_in_them(client: Client,
     assert (final.state, final.reason) == ("failed", "budget_exhausted"), final.error
     kid = client.status(keys.child_id(run, 3))
     assert kid.state == "completed" and kid.result == 3
-    started = next(e for e in _events(client, kid.run_id) if isinstance(e, ev.RunStarted))
+    started = next(e for e in events_of(client, kid.run_id) if isinstance(e, ev.RunStarted))
     assert started.shared_budgets and started.budgets == {"model_calls": 4, "tokens": 980}
     assert (final.model_calls, final.tokens) == (6, 60)
-    own = [e for e in _events(client, run) if isinstance(e, ev.StepDecided) and e.model]
+    own = [e for e in events_of(client, run) if isinstance(e, ev.StepDecided) and e.model]
     assert len(own) == 3  # 2 before the child, 1 after: the child's 3 counted in between
     assert verify(client.log, run).ok and verify(client.log, kid.run_id).ok
 

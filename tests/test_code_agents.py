@@ -21,6 +21,7 @@ from durable.log import keys
 from durable.log.verify import verify
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import types_of
 
 
 @pytest.fixture(autouse=True)
@@ -34,10 +35,6 @@ def _model_requests(tmp_path: Path) -> dict[str, int]:
     return model_requests(str(tmp_path / "model.sqlite"))
 
 
-def _types(client: Client, run: str) -> list[str]:
-    return [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
-
-
 def test_a_code_agent_runs_its_steps_through_the_protocol(
     client: Client, worker: WorkerFactory, tmp_path: Path
 ) -> None:
@@ -46,7 +43,7 @@ def test_a_code_agent_runs_its_steps_through_the_protocol(
     state = client.status(run)
     assert state.state == "completed"
     assert state.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
-    assert _types(client, run).count("step_decided") == 3
+    assert types_of(client, run).count("step_decided") == 3
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
     assert verify(client.log, run).ok
 
@@ -93,7 +90,7 @@ def test_changed_code_is_quarantined_not_driven(
     final = client.wait(run, timeout=30)
     assert final.state == "quarantined"
     assert "step 3" in (final.reason or "") and "33" in (final.reason or "")
-    assert _types(client, run).count("action_dispatched") == 3  # nothing sent after the change
+    assert types_of(client, run).count("action_dispatched") == 3  # nothing sent after the change
 
 
 def test_a_wait_returns_its_response_to_the_function(client: Client,
@@ -114,7 +111,7 @@ def test_a_looping_agent_stops_exactly_at_its_step_budget(client: Client,
     worker(burst=True).wait(60)
     state = client.status(run)
     assert state.state == "failed" and state.reason == "budget_exhausted"
-    assert state.step == 5 and _types(client, run).count("step_decided") == 5
+    assert state.step == 5 and types_of(client, run).count("step_decided") == 5
     assert client.status(over).step == 8
 
 
@@ -174,7 +171,7 @@ def test_an_effect_free_call_that_never_answers_is_sent_again_only_max_attempts_
     worker(burst=True).wait(60)
     state = client.status(run)
     assert state.state == "completed" and state.result == "gave up: NoOutcome"
-    assert _types(client, run).count("action_dispatched") == 2
+    assert types_of(client, run).count("action_dispatched") == 2
 
 
 def test_a_code_agent_spinning_after_its_quarantine_is_stopped(

@@ -11,78 +11,30 @@ from durable.errors import DecodeError
 from durable.log import events as ev
 from durable.log.fold import apply, fold, from_checkpoint
 from durable.log.state import RunState, copy_state
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=3),
-    max_leaves=8,
-)
+from tests.histories import WINDOW, common, histories, tags
 
 
-def _common(seq: int) -> dict[str, object]:
-    return {"v": ev.SCHEMA_VERSION, "run": "r1", "seq": seq, "ts": 1000 + seq, "actor": "w"}
+def test_the_generated_histories_hold_every_event_type() -> None:
+    """The properties below hold for the fold of every type only if some history has it."""
+    seen: set[str] = set()
 
+    @given(histories())
+    @settings(max_examples=300, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
+    def collect(history: list[ev.Event]) -> None:
+        seen.update(tags(history))
 
-@st.composite
-def histories(draw: st.DrawFn) -> list[ev.Event]:
-    """Valid event sequences as a worker and operators could write them."""
-    out: list[ev.Event] = []
-    seq = 0
-
-    def add(cls: type[ev.Event], **fields: object) -> None:
-        nonlocal seq
-        seq += 1
-        out.append(cls(**_common(seq), **fields))  # type: ignore[arg-type]
-
-    add(ev.RunStarted, agent="a", agent_version="1", input=draw(json_values), tools=["t"])
-    step = 0
-    for _ in range(draw(st.integers(0, 12))):
-        step += 1
-        key = f"r1:{step}"
-        add(ev.StepDecided, step=step, tool="t", args={"x": draw(json_values)}, key=key)
-        add(ev.ActionDispatched, step=step, key=key, deadline=5000)
-        kind = draw(st.sampled_from(["ok", "fail", "timeout", "interrupt", "cancel_call"]))
-        if kind == "ok":
-            add(ev.ActionSucceeded, step=step, key=key, result=draw(json_values))
-        elif kind == "fail":
-            add(ev.ActionFailed, step=step, key=key, error="boom", error_type="E")
-        elif kind == "cancel_call":
-            add(ev.CallCanceled, step=step, key=key, reason="op")
-        else:
-            cls = ev.ActionTimedOut if kind == "timeout" else ev.ActionInterrupted
-            add(cls, step=step, key=key)
-            res = draw(st.sampled_from(["applied", "not_applied"]))
-            add(ev.ActionReconciled, step=step, key=key, resolution=res, result=1)
-            if res == "not_applied":
-                add(ev.ActionDispatched, step=step, key=key, deadline=9000)
-                add(ev.ActionSucceeded, step=step, key=key, result=2)
-        if draw(st.booleans()) and draw(st.booleans()):
-            add(ev.Checkpoint, state=fold(out, window=4))
-        if draw(st.integers(0, 9)) == 0:
-            add(ev.WaitEntered, kind="input", until=10_000, request="q")
-            add(ev.WaitResolved, kind="input", request="q", response=draw(json_values))
-    end = draw(st.sampled_from(["none", "completed", "failed", "cancel", "quarantine"]))
-    if end == "completed":
-        add(ev.Completed, result=draw(json_values))
-    elif end == "failed":
-        add(ev.Failed, error="no")
-    elif end == "cancel":
-        add(ev.CancelRequested, reason="stop", scope="run", requested_ts=1)
-        add(ev.Canceled, reason="stop", latency_ms=3)
-    elif end == "quarantine":
-        add(ev.Quarantined, reason="why")
-        add(ev.Released, by="op")
-    return out
+    collect()
+    assert sorted(set(ev.EVENT_TYPES) - seen) == []
 
 
 @given(histories())
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 def test_fold_all_at_once_equals_incremental(history: list[ev.Event]) -> None:
-    whole = fold(history, window=4)
+    whole = fold(history, window=WINDOW)
     state = RunState()
     for event in history:
-        apply(state, event, 4)
+        apply(state, event, WINDOW)
         state = copy_state(state)  # as if a reader reloaded between events
     assert state == whole
     assert whole.version == len(history)
@@ -91,10 +43,10 @@ def test_fold_all_at_once_equals_incremental(history: list[ev.Event]) -> None:
 @given(histories())
 @settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 def test_fold_from_any_checkpoint_equals_whole_fold(history: list[ev.Event]) -> None:
-    whole = fold(history, window=4)
+    whole = fold(history, window=WINDOW)
     for i, event in enumerate(history):
         if isinstance(event, ev.Checkpoint):
-            resumed = fold(history[i + 1:], start=from_checkpoint(event), window=4)
+            resumed = fold(history[i + 1:], start=from_checkpoint(event), window=WINDOW)
             assert resumed == whole
 
 
@@ -106,11 +58,38 @@ def test_every_event_round_trips_through_the_codec(history: list[ev.Event]) -> N
     for event in history:
         assert _read_back(event) == event
         assert _read_back(event, same_actor=True) == event
+    decoded = [_read_back(event) for event in history]
+    assert fold(decoded, window=WINDOW) == fold(history, window=WINDOW)
 
 
 def _read_back(event: ev.Event, *, same_actor: bool = False) -> ev.Event:
     data = ev.encode(event, same_actor=same_actor)
     return ev.decode(data, f"{event.ts}-0", event.run, event.actor if same_actor else "")
+
+
+@given(histories())
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+def test_the_fold_ends_where_the_history_does(history: list[ev.Event]) -> None:
+    """The state names what the last events say: a terminal event, an open wait, a
+    quarantine; a rejected approval settles its action; every approval asked is kept."""
+    state = fold(history, window=WINDOW)
+    last = history[-1]
+    if isinstance(last, ev.TERMINAL_EVENTS):
+        assert state.terminal and state.state == last.__struct_config__.tag
+    if isinstance(last, ev.WaitEntered):
+        assert state.state == f"waiting_{last.kind}" and state.wait is not None
+    if isinstance(last, ev.Quarantined):
+        assert state.state == "quarantined" and state.reason == last.reason
+    if isinstance(last, ev.WaitExpired) and last.outcome == "expired":
+        assert state.state == "expired" and state.wait is None
+    asked = {e.request for e in history if isinstance(e, ev.ApprovalRequested)}
+    assert set(state.approvals) == asked
+    for e in history:
+        if isinstance(e, ev.ApprovalDecided):
+            assert state.approvals[e.request].decision in (e.decision, None)
+            act = state.actions.get(state.approvals[e.request].step)
+            if e.decision == "reject" and act is not None:
+                assert act.status == "rejected"
 
 
 def test_the_union_is_exactly_the_known_event_types() -> None:
@@ -128,12 +107,12 @@ def test_the_union_is_exactly_the_known_event_types() -> None:
 
 @pytest.mark.parametrize("tag", sorted(ev.EVENT_TYPES))
 def test_each_event_type_round_trips_with_only_its_required_fields(tag: str) -> None:
-    """Covers the types the generated histories never write (approvals, leases, upgrades)."""
+    """Each type alone, with only its required fields (the defaults of the others)."""
     cls = ev.EVENT_TYPES[tag]
     filler: dict[object, object] = {int: 1, str: "x", RunState: RunState()}
     fields = {f.name: filler[f.type] for f in msgspec.structs.fields(cls)
-              if f.required and f.name not in _common(1)}
-    event = cls(**_common(1), **fields)  # type: ignore[arg-type]
+              if f.required and f.name not in common(1)}
+    event = cls(**common(1), **fields)  # type: ignore[arg-type]
     decoded = _read_back(event)
     assert decoded == event and decoded.__struct_config__.tag == tag
 

@@ -21,14 +21,13 @@ from durable.settings import Settings
 from durable.testing import Server, wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import types_of
 
 RUNS = 50
 
 
-@pytest.fixture(autouse=True)
-def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+#: Every test's agents write to a SQLite world with no unique key (``world_db``).
+pytestmark = pytest.mark.usefixtures("world_db")
 
 
 def _start(client: Client, prefix: str, steps: int) -> list[str]:
@@ -180,7 +179,7 @@ def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
     client.cancel(stuck, "no longer needed")
     final = client.wait(stuck, timeout=10)
     assert final.state == "canceled"
-    types = [e.event.__struct_config__.tag for e in client.events(stuck) if e.event]
+    types = types_of(client, stuck)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
 
 

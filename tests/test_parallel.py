@@ -17,15 +17,12 @@ from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import events_of
 
 STYLES = ["fan_out", "async_fan_out", "decide_fan_out"]
 
 
 pytestmark = pytest.mark.usefixtures("world_db")
-
-
-def _events(client: Client, run: str) -> list[ev.Event]:
-    return [e.event for e in client.events(run) if e.event is not None]
 
 
 @pytest.mark.parametrize("agent", STYLES)
@@ -42,7 +39,7 @@ def test_three_one_second_calls_take_one_second(
     assert final.state == "completed", (final.state, final.reason)
     results = final.result["results"]
     assert results == [{"row": f"{run}:{n}"} for n in (1, 2, 3)]
-    events = _events(client, run)
+    events = events_of(client, run)
     decided = [e for e in events if isinstance(e, ev.StepDecided) and e.step <= 3]
     assert [(e.step, e.group) for e in decided] == [(1, 1), (2, 1), (3, 1)]
     assert len({e.seq for e in decided}) == 3
@@ -93,7 +90,7 @@ def test_cancel_interrupts_every_call_of_the_group(client: Client,
     client.cancel(run, "no longer needed")
     final = client.wait(run, 15)
     assert final.state == "canceled" and time.monotonic() - began < 10
-    interrupted = {e.step for e in _events(client, run)
+    interrupted = {e.step for e in events_of(client, run)
                    if isinstance(e, ev.ActionInterrupted | ev.CallCanceled)}
     assert interrupted == {1, 2, 3}
     assert verify(client.log, run).ok
@@ -123,7 +120,7 @@ def test_what_breaks_the_rule_is_refused_with_the_rule(
     final = client.status(run)
     assert final.state == "quarantined"
     assert said in (final.reason or ""), final.reason
-    assert not [e for e in _events(client, run) if isinstance(e, ev.StepDecided)]
+    assert not [e for e in events_of(client, run) if isinstance(e, ev.StepDecided)]
 
 
 def test_an_outcome_lands_as_it_arrives(client: Client, worker: WorkerFactory) -> None:
@@ -133,7 +130,7 @@ def test_an_outcome_lands_as_it_arrives(client: Client, worker: WorkerFactory) -
     worker()
 
     def quick_recorded_slow_open() -> bool:
-        events = _events(client, run)
+        events = events_of(client, run)
         done = {e.step for e in events if isinstance(e, ev.ActionSucceeded)}
         sent = {e.step for e in events if isinstance(e, ev.ActionDispatched)}
         return done == {1} and sent == {1, 2}

@@ -31,6 +31,7 @@ from durable.testing import wait_for
 from tests import pydantic_ai_agents
 from tests.agents import applications, model_requests
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
+from tests.runs import types_of
 
 AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
 
@@ -115,7 +116,7 @@ def test_a_cancel_stops_a_model_request_in_flight(
     client.cancel(run, "user changed their mind")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
-    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    types = types_of(client, run)
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
     assert applications(str(tmp_path / "world.sqlite")) == {}
     assert verify(client.log, run).ok

@@ -22,12 +22,10 @@ from durable.testing import Server, env_for, wait_for
 from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import types_of
 
-
-@pytest.fixture(autouse=True)
-def _db_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+#: Every test's agents write to a SQLite world with no unique key (``world_db``).
+pytestmark = pytest.mark.usefixtures("world_db")
 
 
 @pytest.mark.cluster
@@ -74,7 +72,7 @@ def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path:
     state = client.status("u1")
     assert state.actions[1].status == "succeeded" and state.actions[1].resolution == "applied"
     assert client.stats()["duplicates_suppressed"] == 1
-    types = [e.event.__struct_config__.tag for e in client.events("u1") if e.event]
+    types = types_of(client, "u1")
     assert "action_reconciled" in types and types[-1] == "checkpoint"
 
 
@@ -179,7 +177,7 @@ def test_a_lost_reply_is_recorded_unknown_and_resolved_by_lookup_not_resent(
     assert final.state == "completed"
     assert final.actions[1].resolution == "applied"
     assert applications(str(tmp_path / "world.sqlite")) == {"lost:1": 1}
-    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    types = types_of(client, run)
     assert types.count("action_dispatched") == 1 and "action_interrupted" in types
     assert verify(client.log, run).ok
 

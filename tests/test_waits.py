@@ -20,6 +20,7 @@ from durable.signing import keygen
 from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory
+from tests.runs import types_of
 
 #: Private keys of the registered approvers (``keys``), by name.
 Keys = dict[str, bytes]
@@ -163,7 +164,7 @@ def test_a_failed_revalidation_on_resume_is_handled_as_declared(
     worker(TEST_QUOTE_STALE=then)
     final = client.wait(run, 20)
     assert final.state == expected
-    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event]
+    types = types_of(client, run)
     assert "revalidation_failed" in types
     if then == "refresh":
         assert final.result == {"refreshed": "the quote expired while waiting"}

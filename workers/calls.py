@@ -97,6 +97,7 @@ class CallWatch:
         cancel of ``token``). Raises ``CallAbandoned`` when the call got stuck and its run
         was given up."""
         call = Call(threading.get_ident(), token, grace)
+        began = time.monotonic()
         with self._cond:
             self._live += 1
         self._at(time.monotonic() + max(timeout, 0.0), call, "deadline")
@@ -125,6 +126,8 @@ class CallWatch:
             call.given_up.wait()
             with self._cond:
                 self.stuck_now -= 1
+            log.warning("a tool call given up as stuck on thread %d returned after %.1f s; "
+                        "nothing of it is recorded", call.thread_id, time.monotonic() - began)
             raise CallAbandoned()
         if result is None or (call.injected is not None and result.outcome != "returned"):
             return CallResult(call.injected or "timed_out")

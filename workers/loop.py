@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import redis
 
-from durable import budgets, tracing
+from durable import budgets, clock, tracing
 from durable.agents import (
     Agent,
     Fail,
@@ -363,6 +363,8 @@ class StepLoop:
         except NondeterminismError as exc:
             await self._quarantine(handle, str(exc))
             return False
+        except redis.RedisError:  # Redis failed under the re-observing, not the agent
+            raise
         except Exception as exc:  # an agent bug met while re-observing: keep the evidence
             await self._quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
                                    traceback=agent_traceback(exc))
@@ -555,7 +557,7 @@ class StepLoop:
             pending[:] = specs
             self.log.stage(handle, specs)
             return False, 0
-        wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - time.time()
+        wait_s = (act.deadline + self.settings.clock_skew_ms) / 1000 - clock.time()
         if wait_s > MAX_INLINE_WAIT_S:
             if handle.staged:
                 await self._commit(handle, pending, [])

@@ -8,7 +8,9 @@ per command would add a process start to each for nothing.
 Shutdown: SIGTERM or SIGINT stops taking commands and runs; in-flight calls get
 ``DURABLE_SHUTDOWN_GRACE_S`` to finish; the runs still held are then handed back (leases
 released, runs ready again) so another worker continues at once. A second signal skips the
-grace period.
+grace period. A signal (or a restart the step loop asks for) that arrives while the worker
+is still starting, before RQ's loop has its own handlers, is kept and ends that loop as soon
+as it starts: the runs the pool took meanwhile are handed back all the same.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -53,6 +56,12 @@ log = logging.getLogger("durable.worker")
 
 _loop: StepLoop | None = None
 _pool: RunPool | None = None
+#: Set by a SIGTERM/SIGINT received before RQ's loop installed its own handlers.
+_early_stop = threading.Event()
+
+
+def _stop_early(signum: int, frame: object) -> None:
+    _early_stop.set()
 
 
 def current_loop() -> StepLoop:
@@ -85,6 +94,13 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
         if name not in HANDLERS:
             return self._refuse(job, queue, execution, "forged_jobs", str(ForbiddenJob(name)))
         return bool(super().perform_job(job, queue, execution))
+
+    def _install_signal_handlers(self) -> None:
+        """RQ's handlers, then any stop that came before them: its loop ends at once."""
+        super()._install_signal_handlers()
+        if _early_stop.is_set():
+            self._shutdown_requested_date = datetime.now(UTC)
+            self._stop_requested = True
 
     def _refuse(self, job: Job, queue: Queue, execution: Any, stat: str, why: str) -> bool:
         log.error("%s", why)
@@ -121,6 +137,10 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
                hooks: Sequence[str] = (), concurrency: int | None = None,
                metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:
     global _loop, _pool
+    # Until RQ's loop installs its handlers, a stop is kept (not the default: die holding
+    # the runs the pool may already have taken).
+    signal.signal(signal.SIGTERM, _stop_early)
+    signal.signal(signal.SIGINT, _stop_early)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("rq.worker").addFilter(_QuietReconnects())
@@ -142,6 +162,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
+    if not burst:  # a burst worker ends soon anyway
+        # Before the pool takes a run: a restart asked for from then on is not lost.
+        _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
     _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
@@ -160,8 +183,6 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
              queue.name, pool.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
-    if not burst:  # a burst worker ends soon anyway
-        _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.finish()
@@ -202,9 +223,12 @@ def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: b
         if not loop.outage.down:
             backoff.reset()
         name = wid if not generation else f"{wid}.{generation}"
-        worker = DurableWorker([queue], connection=client, name=name,
-                               serializer=queue.serializer)
+        worker: DurableWorker | None = None
         try:
+            # RQ's constructor calls Redis too (CLIENT SETNAME, CLIENT INFO): after a fault
+            # that ended RQ's loop, the next one may fail there as well.
+            worker = DurableWorker([queue], connection=client, name=name,
+                                   serializer=queue.serializer)
             worker.work(burst=burst, logging_level="WARNING")
         except redis.RedisError as exc:  # its teardown could not reach Redis either
             loop.outage.failed(exc)

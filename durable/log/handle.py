@@ -8,18 +8,14 @@ the unbroken sequence the append script writes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from durable.clock import now_ms as now_ms  # the time every writer records
 from durable.errors import DecodeError
 from durable.log import events as ev
 from durable.log.state import Action, RunState
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def text(value: Any) -> str:

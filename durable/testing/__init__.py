@@ -1,12 +1,16 @@
 """Helpers for testing agents and deployments against real parts, as ``temporalio.testing``
-does for Temporal: a real Redis server on a random port (``Server``), real worker and
-reconciler processes (``Worker``, ``Reconciler``), and fault injection at the step loop's
-named crash windows (``Worker(url, kill_at="after_effect:2")``, ``faults.KillAt``), and an
-admin key for an approver registry (``AdminKey``)."""
+does for Temporal: an in-process environment that runs one agent or one tool on a real
+Redis server with a clock the test moves (``AgentEnvironment``, ``TestClock``); a real
+Redis server on a random port (``Server``), real worker and reconciler processes
+(``Worker``, ``Reconciler``), and fault injection at the step loop's named crash windows
+(``Worker(url, kill_at="after_effect:2")``, ``faults.KillAt``), and an admin key for an
+approver registry (``AdminKey``)."""
 
 from durable.testing.admin import AdminKey
+from durable.testing.environment import AgentEnvironment, TestClock, ToolOutcome
 from durable.testing.faults import KillAt
 from durable.testing.processes import Reconciler, Worker, env_for, wait_for
 from durable.testing.server import Server
 
-__all__ = ["AdminKey", "KillAt", "Reconciler", "Server", "Worker", "env_for", "wait_for"]
+__all__ = ["AdminKey", "AgentEnvironment", "KillAt", "Reconciler", "Server", "TestClock",
+           "ToolOutcome", "Worker", "env_for", "wait_for"]
