@@ -142,6 +142,11 @@ class Settings(BaseSettings):
     clock_skew_ms: int = Field(
         default=250, ge=0, description="Margin added to a dispatch deadline before lookup."
     )
+    partial_keep_bytes: int = Field(
+        default=1024 * 1024, ge=0,
+        description="Partial output (ctx.emit) kept per step in flight for followers that "
+        "join late; the oldest is dropped beyond it, all of it when the step ends.",
+    )
     max_payload_bytes: int = Field(
         default=256 * 1024, ge=1024,
         description="Largest input or argument, and the inline limit of a result: a larger "

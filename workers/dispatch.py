@@ -79,8 +79,17 @@ class Dispatcher:
         the worker gave its run up."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
+        output = None
         if self.publisher is not None:
-            ctx.publish = self.publisher.for_call(run_id, act.step, act.attempts)
+            ctx.publish = output = self.publisher.for_call(run_id, act.step, act.attempts)
+        try:
+            return self._dispatch(tool, act, token, ctx, args)
+        finally:
+            if output is not None:
+                output.close()  # the step in flight is over: its partial output is not kept
+
+    def _dispatch(self, tool: Tool, act: Action, token: CancelToken, ctx: ToolContext,
+                  args: Any) -> list[Spec]:
         args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 

@@ -141,7 +141,8 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     require_keys(registry.sensitive_names(), settings)
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
-    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
+    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes,
+                                           settings.partial_keep_bytes)
     _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
