@@ -1,5 +1,6 @@
 """Code agents of the model-step tests (``tests.test_model_steps``): one ``chat`` step with
-the options of the input. Registered on import."""
+the options of the input, and a conversation continued from run to run
+(``durable.conversations``). Registered on import."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from durable import conversations
 from durable.code import RunContext, agent
 from durable.models import chat
 
@@ -25,3 +27,22 @@ def asker(ctx: RunContext, inp: AskInput) -> dict[str, Any]:
     reply = chat(ctx, [{"role": "user", "content": inp.question}], stream=inp.stream,
                  timeout_s=inp.timeout_s, max_attempts=inp.max_attempts)
     return {"answer": reply.content, "usage": reply.usage}
+
+
+class TurnInput(BaseModel):
+    #: What the user says this turn; ``pad`` characters of filler make the history large.
+    say: str
+    pad: int = 0
+
+
+@agent(input_model=TurnInput, tools=("chat", *conversations.TOOLS))
+def talker(ctx: RunContext, inp: TurnInput) -> dict[str, Any]:
+    """One turn of a conversation that goes on from run to run: the history of the run it
+    continues, the user's words, the model's answer; the whole conversation kept for the
+    next run."""
+    messages = conversations.load(ctx)
+    messages.append({"role": "user", "content": inp.say + " " + "x" * inp.pad})
+    reply = chat(ctx, messages)
+    messages.append(reply.message)
+    saved = conversations.save(ctx, messages)
+    return {"turns": sum(1 for m in messages if m["role"] == "user"), "bytes": saved}

@@ -62,6 +62,8 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: since the epoch); "" and 0 for a run started otherwise.
     schedule: str = ""
     slot: int = 0
+    #: The run whose conversation this one continues (``durable.conversations``), or "".
+    continue_from: str = ""
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
