@@ -1,7 +1,9 @@
 """Late followers: the partial output of the step in flight is kept (bounded) while it runs,
 so a follower that joins mid-step gets the text so far, then the rest, each token once.
 Real worker processes stream a ``chat`` step from the local model server
-(``tests.model_server``), which holds its reply halfway until the test lets it go on."""
+(``tests.model_server``), which holds its reply halfway until the test lets it go on.
+The followers' tests are marked ``cluster``: ``pytest --cluster`` runs them on a real
+3-master cluster too."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def _halfway(client: Client, worker: WorkerFactory, model: ModelServer, run_id: 
     return run
 
 
+@pytest.mark.cluster
 def test_a_follower_joining_after_100_of_200_tokens_receives_all_200_in_order(
         client: Client, worker: WorkerFactory, model: ModelServer) -> None:
     run = _halfway(client, worker, model, "late-follower")
@@ -66,6 +69,7 @@ def test_a_follower_joining_after_100_of_200_tokens_receives_all_200_in_order(
     assert kept(client.redis, run) == []  # the step ended: nothing is kept any more
 
 
+@pytest.mark.cluster
 def test_an_async_follower_joining_halfway_receives_every_token_in_order(
         client: Client, worker: WorkerFactory, model: ModelServer) -> None:
     run = _halfway(client, worker, model, "late-afollower")

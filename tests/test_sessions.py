@@ -1,7 +1,9 @@
 """Sessions: a run continues an earlier run's conversation by reference
 (``start(..., continue_from=RUN)``, ``durable.conversations``), with no cap from the input
 limit. Real worker processes, the local model server (``tests.model_server``) seeing the
-whole conversation at each turn."""
+whole conversation at each turn. The first test is marked ``cluster`` (``pytest
+--cluster`` runs it on a real 3-master cluster: the two runs' keys are on different
+shards)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def _events(client: Client, run: str) -> list[ev.Event]:
     return [e.event for e in client.events(run) if e.event is not None]
 
 
+@pytest.mark.cluster
 def test_a_session_continued_three_times_past_1_mb_of_history(
         client: Client, worker: WorkerFactory, model: ModelServer) -> None:
     client.registry.load(AGENTS)
