@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from durable import conversations
+from durable.cli.main import main
 from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
@@ -70,7 +71,8 @@ def test_a_session_continued_three_times_past_1_mb_of_history(
         assert verify(client.log, run).ok
 
 
-def test_only_a_completed_run_can_be_continued(client: Client, model: ModelServer) -> None:
+def test_only_a_completed_run_can_be_continued(client: Client, model: ModelServer,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     client.registry.load(AGENTS)
     client.start("talker", {"say": "hi"}, run_id="not-yet")
     with pytest.raises(UsageError, match="is pending, not completed"):
@@ -78,6 +80,9 @@ def test_only_a_completed_run_can_be_continued(client: Client, model: ModelServe
     with pytest.raises(UsageError, match="no run 'nobody'"):
         client.start("talker", {"say": "more"}, run_id="too-soon", continue_from="nobody")
     assert client.log.projection("too-soon") == {}  # nothing was written
+    code = main(["start", "talker", "--input", '{"say": "more"}', "--continue-from",
+                 "not-yet"])
+    assert code == 2 and "not completed" in capsys.readouterr().err
 
 
 def test_a_continued_run_killed_mid_turn_reads_its_history_from_its_own_log(
