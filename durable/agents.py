@@ -271,6 +271,24 @@ class Tool:
     #: AES-GCM (``durable.sealing``): the tool gets them in clear, the log, the AOF and
     #: ``durable log``/``export`` do not.
     sensitive: ClassVar[tuple[str, ...]] = ()
+    #: The model of the arguments (pydantic), when the tool declares one: model steps
+    #: derive the tool's schema from it (``durable.models.tool_schemas``).
+    args_model: ClassVar[type[BaseModel] | None] = None
+
+    def timeout_for(self, args: Any) -> float:
+        """The deadline (s from dispatch) of a call with ``args``; ``timeout_s`` unless
+        the tool reads it from the call or its settings (the ``chat`` step does)."""
+        return self.timeout_s
+
+    def attempts_for(self, args: Any) -> int:
+        """Most dispatches of one call (each recorded); ``max_attempts`` by default."""
+        return self.max_attempts
+
+    def retry_delay_s(self, error: BaseException, attempts: int) -> float:
+        """How long a run waits (``waiting_retry``) before it sends a call again that raised
+        one of ``retryable`` after ``attempts`` dispatches: exponential from
+        ``retry_backoff_s`` unless the error says when (a model's ``Retry-After``)."""
+        return float(self.retry_backoff_s * 2 ** (attempts - 1))
 
     def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
         """Facts, read now, that the approver's decision depends on (digested with the

@@ -4,6 +4,10 @@ An agent declares its limits (``Agent.budgets``), a start may override them, and
 records them in ``run_started``; what was used is part of the folded state. Before each new
 step the worker checks them: reaching one ends the run ``failed`` with reason
 ``budget_exhausted``. A looping agent therefore stops exactly at its limit.
+
+``model_calls`` counts model requests sent: a model step's first dispatch and each one
+after (a request that timed out and was sent again was paid for twice); a model call is
+not sent again once the budget is reached (:func:`resend_exhausted`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,21 @@ def exhausted(state: RunState, model_call: bool) -> str | None:
         return f"{state.step} steps taken, the limit is {limits['steps']}"
     if model_call and "model_calls" in limits and state.model_calls >= limits["model_calls"]:
         return f"{state.model_calls} model calls made, the limit is {limits['model_calls']}"
+    if "tokens" in limits and state.tokens >= limits["tokens"]:
+        return f"{state.tokens} tokens used, the limit is {limits['tokens']}"
+    return None
+
+
+def resend_exhausted(state: RunState, model_call: bool, attempts: int) -> str | None:
+    """Why a model call already sent ``attempts`` times may not be sent again: every
+    request sent counts against "model_calls" (the fold counts each dispatch), and "tokens"
+    holds what the replies reported. None for other calls and first sends."""
+    if not model_call or attempts < 1:
+        return None
+    limits = state.budgets
+    if "model_calls" in limits and state.model_calls >= limits["model_calls"]:
+        return (f"{state.model_calls} model requests sent, the limit is "
+                f"{limits['model_calls']}")
     if "tokens" in limits and state.tokens >= limits["tokens"]:
         return f"{state.tokens} tokens used, the limit is {limits['tokens']}"
     return None

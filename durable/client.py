@@ -129,7 +129,8 @@ class Client:
               *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
               schedule: tuple[str, int] | None = None,
               parent: tuple[str, int] | None = None,
-              shared_budgets: bool = False) -> Started:
+              shared_budgets: bool = False,
+              continue_from: str | None = None) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -145,7 +146,9 @@ class Client:
         the run and step that start it as a child (``durable.children``); with
         ``shared_budgets`` the child shares the parent's budgets: ``budgets`` are then caps
         (what the parent has left), each limit the lower of the agent's and the cap, and
-        the child's use is added to the parent's when it ends."""
+        the child's use is added to the parent's when it ends. ``continue_from``: a
+        completed run whose conversation this one continues, by reference
+        (``durable.conversations``)."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         if shared_budgets and parent is None:
@@ -153,13 +156,16 @@ class Client:
         c = self._check_start(agent, input, run_id, budgets, cap=shared_budgets)
         if self.log.projection(c.run_id):
             return self._existing(c.run_id, c.name, c.plain)
+        if continue_from:
+            self._check_continuable(continue_from)
         self._require_keys(c)
         self._admit()
         handle = RunHandle(c.run_id, RunState(), actor="client")
         with tracing.start_span(c.run_id, c.name):
             try:
                 self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
-                                                       parent, shared_budgets)],
+                                                       parent, shared_budgets,
+                                                       continue_from or "")],
                                 extra={"agent": c.name, "created": str(now_ms())})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
@@ -235,6 +241,16 @@ class Client:
             raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
         return _Checked(run_id, name, version, tools, limits, plain, sensitive)
 
+    def _check_continuable(self, run_id: str) -> None:
+        """Only a completed run's conversation is continued (``durable.conversations``):
+        else ``UsageError``, nothing written."""
+        state = self.log.projection(run_id).get("state")
+        if state is None:
+            raise UsageError(f"continue_from: no run {run_id!r}")
+        if state != "completed":
+            raise UsageError(f"continue_from: run {run_id!r} is {state}, not completed: "
+                             "only a completed run's conversation can be continued")
+
     def _require_keys(self, c: _Checked) -> None:
         """Sensitive input fields are sealed: without keys the run is not started."""
         if c.sensitive and not self.log.keyring:
@@ -243,7 +259,8 @@ class Client:
                              "start it (nothing was written)")
 
     def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
-                 parent: tuple[str, int] | None = None, shared_budgets: bool = False) -> Spec:
+                 parent: tuple[str, int] | None = None, shared_budgets: bool = False,
+                 continue_from: str = "") -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
         name, slot = schedule or ("", 0)
@@ -253,7 +270,9 @@ class Client:
             child["shared_budgets"] = True
         return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
                                     "input": data, "tools": c.tools, "budgets": c.limits,
-                                    "trace": trace, "schedule": name, "slot": slot, **child})
+                                    "trace": trace, "schedule": name, "slot": slot,
+                                    **child, **({"continue_from": continue_from}
+                                                if continue_from else {})})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
@@ -450,8 +469,9 @@ class Client:
     def follow(self, run_id: str, *, from_id: str = "0", partial: bool = True) -> Follower:
         """Follow a run: a sync iterator of its log events in order (``Entry``: ``id``,
         ``event``), interleaved with the partial outputs its steps emit as they arrive
-        (``Partial``) while following. It ends after a terminal event; ``close()`` stops it
-        earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
+        (``Partial``) while following; joining mid-step, first what the steps in flight
+        said so far (``durable.partials``). It ends after a terminal event; ``close()``
+        stops it earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
         ``Entry.id`` seen: resume). Raises ``RunNotFound``."""
         return Follower(self.redis, run_id, after=from_id, partial=partial,
                         reconnect_s=self.settings.connect_timeout_s)

@@ -15,17 +15,28 @@ What the step is, for the worker:
 - ``effect_free = True``: a completion changes nothing outside, so after a crash an open
   call is sent again at once (no deadline wait, no ``lookup``); a recorded one is never
   sent again: re-execution returns its recorded reply.
-- ``model = True``: counted against the run's ``model_calls`` budget, and its recorded
-  ``usage.total_tokens`` against ``tokens``.
+- ``model = True``: every request sent (each dispatch, resends too) is counted against
+  the run's ``model_calls`` budget, and a recorded reply's ``usage.total_tokens`` against
+  ``tokens``; a resend the budget no longer allows ends the run ``budget_exhausted``.
 - ``log_args = "digest"``: the request carries the whole conversation, so the log records
   its digest and size only (the code agent rebuilds the conversation on recovery).
+
+Never paying twice blindly: each request is one dispatch in the log (no retries hidden
+inside a step). Its timeout is the call's ``timeout_s`` argument, else
+``DURABLE_MODEL_TIMEOUT_S`` read at each call. A request that timed out is sent again at
+once (nothing outside changed), but one step sends at most ``max_attempts`` (the call's,
+else ``DURABLE_MODEL_ATTEMPTS``) requests, counting refusals and lost replies: then it fails
+with ``NoOutcome`` (timed out) or the last error. A 429 or 503 with ``Retry-After`` is sent
+again no sooner than the server asked (at most ``DURABLE_MODEL_MAX_RETRY_AFTER_S``); other
+retryable refusals wait ``1, 2, 4...`` s (``waiting_retry``, holding no worker).
 
 The request goes to ``POST {DURABLE_MODEL_BASE_URL}/chat/completions`` with the step's
 idempotency key as ``Idempotency-Key`` and its deadline (ms since the epoch) as
 ``X-Deadline-Ms``, for providers and proxies that honour them. Arguments: ``messages``
 (required), ``tools`` (OpenAI tool schemas), and ``temperature``, ``max_tokens``,
 ``tool_choice``, ``top_p``, ``seed``, ``stop``, ``response_format``, ``model`` (overrides
-``DURABLE_MODEL_NAME``), ``stream`` (overrides ``DURABLE_MODEL_STREAM``), passed through.
+``DURABLE_MODEL_NAME``), ``stream`` (overrides ``DURABLE_MODEL_STREAM``), passed through;
+``timeout_s`` and ``max_attempts`` (see below), for the worker.
 
 The recorded result::
 
@@ -45,23 +56,31 @@ reply: retried, like a 429, a 5xx, a 408 (refused past the deadline) or a connec
 error (``ModelUnavailable``). Any other refusal (400, 401, 404...) fails the step
 (``ModelError``).
 
-Settings (environment, read at each call; the timeout when the module is imported):
+Settings (environment, read at each call):
 
-=============================  ==============================  ==========================
-``DURABLE_MODEL_BASE_URL``     ``https://api.openai.com/v1``   the API's base URL
-``DURABLE_MODEL_API_KEY``      unset                           sent as ``Bearer`` token
-``DURABLE_MODEL_NAME``         ``gpt-4o-mini``                 the ``model`` field
-``DURABLE_MODEL_TIMEOUT_S``    ``60``                          the step's timeout
-``DURABLE_MODEL_STREAM``       ``false``                       stream unless told not to
-=============================  ==============================  ==========================
+====================================  ==============================  ===================
+``DURABLE_MODEL_BASE_URL``            ``https://api.openai.com/v1``   the API's base URL
+``DURABLE_MODEL_API_KEY``             unset                           sent as ``Bearer``
+``DURABLE_MODEL_NAME``                ``gpt-4o-mini``                 the ``model`` field
+``DURABLE_MODEL_TIMEOUT_S``           ``60``                          a request's timeout
+``DURABLE_MODEL_ATTEMPTS``            ``3``                           requests per step
+``DURABLE_MODEL_MAX_RETRY_AFTER_S``   ``300``                         longest Retry-After
+``DURABLE_MODEL_STREAM``              ``false``                       stream by default
+====================================  ==============================  ===================
+
+Tool schemas: :func:`tool_schemas` derives the ``tools`` argument from the registered
+tools' ``args_model`` (pydantic), so nothing is written by hand twice.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -71,6 +90,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
 from durable.errors import DurableError
+from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
+
+__all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",
+           "ModelUnavailable", "ToolCall", "achat", "agent_tool_schemas", "chat", "chat_args",
+           "completion_result", "request_body", "retry_after", "tool_message", "tool_schema",
+           "tool_schemas"]
 
 #: The name the tool is registered under.
 TOOL_NAME = "chat"
@@ -94,13 +119,27 @@ class ModelSettings(BaseSettings):
     api_key: SecretStr | None = Field(default=None, description="Sent as a Bearer token.")
     name: str = Field(default="gpt-4o-mini", description="The request's model field.")
     timeout_s: float = Field(default=60.0, gt=0,
-                             description="The chat step's timeout (read at import).")
+                             description="A chat step's timeout, unless the call gives "
+                                         "its own ``timeout_s``.")
     stream: bool = Field(default=False, description="Stream replies (SSE) by default.")
+    attempts: int = Field(default=3, ge=1,
+                          description="Most requests one chat step sends (timed out, "
+                                      "refused with 429/5xx or lost), unless the call gives "
+                                      "its own ``max_attempts``; each counts as a model "
+                                      "call.")
+    max_retry_after_s: float = Field(default=300.0, ge=0,
+                                     description="The longest ``Retry-After`` honoured; "
+                                                 "a longer one is cut to it.")
 
 
 class ModelUnavailable(DurableError):
     """The model did not answer (429, 5xx, 408 past the deadline, connection error, lost
-    reply). A completion changes nothing: retryable."""
+    reply). A completion changes nothing: retryable. ``retry_after_s``: when the server
+    said when to ask again (``Retry-After`` of a 429 or 503)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class ModelError(DurableError):
@@ -116,6 +155,8 @@ def request_body(args: Mapping[str, Any], settings: ModelSettings) -> dict[str, 
     messages = args.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ModelError("'messages' must be a non-empty list")
+    _positive(args, "timeout_s", float)  # the worker's business, checked here
+    _positive(args, "max_attempts", int)
     body: dict[str, Any] = {"model": args.get("model") or settings.name, "messages": messages}
     if args.get("tools"):
         body["tools"] = args["tools"]
@@ -126,13 +167,44 @@ def request_body(args: Mapping[str, Any], settings: ModelSettings) -> dict[str, 
     return body
 
 
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds from now: delay-seconds or an HTTP date (RFC
+    9110, 10.2.3); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
 def _check(resp: httpx.Response) -> None:
     if resp.status_code == 200:
         return
     text = resp.text[:300]
     if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
-        raise ModelUnavailable(f"model answered {resp.status_code}: {text}")
+        after = retry_after(resp.headers.get("retry-after")) \
+            if resp.status_code in (429, 503) else None
+        raise ModelUnavailable(f"model answered {resp.status_code}: {text}", after)
     raise ModelError(f"model refused the request ({resp.status_code}): {text}")
+
+
+def _positive(args: Any, name: str, kind: type) -> Any:
+    """The call's own ``name`` (a positive ``kind``), None when not given; ``ModelError``
+    when it is given but unusable."""
+    value = args.get(name) if isinstance(args, Mapping) else None
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0 or (kind is int and value % 1):
+        raise ModelError(f"{name!r} must be a positive {kind.__name__}, not {value!r}")
+    return kind(value)
 
 
 def _arguments(raw: Any) -> tuple[dict[str, Any], str | None]:
@@ -244,12 +316,39 @@ class Chat(Tool):
     """One chat completion against an OpenAI-compatible API (see the module's doc)."""
 
     name = TOOL_NAME
-    timeout_s = ModelSettings().timeout_s
     cancellable = True  # nothing to undo: a canceled completion changed nothing
     retryable = (ModelUnavailable,)
+    #: Every request sent is a dispatch in the log (counted against "model_calls"): no
+    #: retries inside a dispatch, where they would be paid for and not counted.
+    max_quick_retries = 0
+    retry_backoff_s = 1.0
     effect_free = True
     model = True
     log_args = "digest"
+
+    def timeout_for(self, args: Any) -> float:
+        """The call's ``timeout_s``, else ``DURABLE_MODEL_TIMEOUT_S`` read now."""
+        try:
+            own = _positive(args, "timeout_s", float)
+        except ModelError:
+            own = None  # the call fails on it, with the reason (``request_body``)
+        return own if own is not None else ModelSettings().timeout_s
+
+    def attempts_for(self, args: Any) -> int:
+        """The call's ``max_attempts``, else ``DURABLE_MODEL_ATTEMPTS`` read now."""
+        try:
+            own = _positive(args, "max_attempts", int)
+        except ModelError:
+            own = None
+        return own if own is not None else ModelSettings().attempts
+
+    def retry_delay_s(self, error: BaseException, attempts: int) -> float:
+        """The server's ``Retry-After`` when it gave one (at most
+        ``DURABLE_MODEL_MAX_RETRY_AFTER_S``), else exponential backoff."""
+        after = getattr(error, "retry_after_s", None)
+        if after is not None:
+            return min(float(after), ModelSettings().max_retry_after_s)
+        return super().retry_delay_s(error, attempts)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         ctx.check()

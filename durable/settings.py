@@ -152,6 +152,11 @@ class Settings(BaseSettings):
     clock_skew_ms: int = Field(
         default=250, ge=0, description="Margin added to a dispatch deadline before lookup."
     )
+    partial_keep_bytes: int = Field(
+        default=1024 * 1024, ge=0,
+        description="Partial output (ctx.emit) kept per step in flight for followers that "
+        "join late; the oldest is dropped beyond it, all of it when the step ends.",
+    )
     max_payload_bytes: int = Field(
         default=256 * 1024, ge=1024,
         description="Largest input or argument, and the inline limit of a result: a larger "
@@ -249,7 +254,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "clock_skew_ms"),
     "The log": ("checkpoint_every", "action_window", "retention", "max_pending_runs"),
     "Payloads and large results": (
-        "max_payload_bytes", "max_result_bytes", "blob_budget_bytes"),
+        "max_payload_bytes", "max_result_bytes", "blob_budget_bytes", "partial_keep_bytes"),
     "Cancellation": (
         "cancel_secret", "cancel_max_age_ms", "cancel_report_interval_s", "cancel_grace_ms"),
     "Keys, approvals and sealing": (

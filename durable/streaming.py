@@ -7,7 +7,10 @@ Two sources, two guarantees:
   Following ends after a terminal event (completed, failed, canceled, expired).
 - **Partial outputs** (``ToolContext.emit`` in a tool) are published by the worker on the
   run's pub/sub channel ``dx:{R}:stream`` as JSON ``{"run", "step", "attempt", "seq",
-  "data"}`` and never logged: best-effort, seen only while a follower is subscribed.
+  "data"}`` and never logged, and kept (bounded) while their step runs
+  (``durable.partials``): a follower that joins mid-step first gets what the step in
+  flight said so far, then the rest as it comes, each message once. Best-effort: the
+  partial output of steps that ended is not kept (their results are in the log).
 
 A follower yields :class:`durable.log.store.Entry` items (``id``, the decoded ``event``, or
 ``error`` when the entry cannot be decoded) and :class:`Partial` items, in the order they
@@ -17,16 +20,12 @@ arrive. Pass the last ``Entry.id`` seen as ``after`` to resume.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 import redis
 import redis.asyncio
 
@@ -36,68 +35,25 @@ from durable.log import keys
 from durable.log.entries import aactor_at, actor_at
 from durable.log.state import TERMINAL
 from durable.log.store import Entry, EventLog
+from durable.partials import (
+    CALL_ENDS,
+    AsyncBarrier,
+    Barrier,
+    Heard,
+    Partial,
+    Publisher,
+    akept,
+    decode_partial,
+    encode_partial,
+    kept,
+    pong_text,
+)
+
+__all__ = ["Follower", "Partial", "Publisher", "afollow", "async_twin", "decode_partial",
+           "encode_partial"]
 
 #: Entries read per XREAD.
 BATCH = 256
-
-
-@dataclass(frozen=True)
-class Partial:
-    """Partial output a step emitted (``ToolContext.emit``): not in the log."""
-
-    run: str
-    step: int
-    seq: int
-    data: Any
-    attempt: int = 1
-
-
-def encode_partial(run_id: str, step: int, attempt: int, seq: int, data: Any,
-                   max_bytes: int) -> bytes:
-    """The message published for one ``emit``. Data that is not plain JSON, or that is
-    larger than ``max_bytes``, is replaced by ``{"_omitted": why}``: an emit never fails
-    its step."""
-    try:
-        body = msgspec.json.encode(data)
-    except (TypeError, ValueError) as exc:
-        body = msgspec.json.encode({"_omitted": f"not plain data: {exc}"[:300]})
-    if len(body) > max_bytes:
-        body = msgspec.json.encode({"_omitted": f"{len(body)} bytes exceeds {max_bytes}"})
-    head = msgspec.json.encode({"run": run_id, "step": step, "attempt": attempt, "seq": seq})
-    return head[:-1] + b',"data":' + body + b"}"
-
-
-def decode_partial(raw: Any) -> Partial | None:
-    """A published message as a ``Partial``; None when it is not one."""
-    try:
-        msg = json.loads(raw)
-        return Partial(run=str(msg["run"]), step=int(msg["step"]), seq=int(msg["seq"]),
-                       data=msg.get("data"), attempt=int(msg.get("attempt", 1)))
-    except (ValueError, TypeError, KeyError):
-        return None
-
-
-class Publisher:
-    """Gives each tool call a ``publish`` for its ``ToolContext``: one PUBLISH per emit on
-    the run's channel, numbered from 1 within the call. Best-effort: a Redis fault drops the
-    message and the tool goes on."""
-
-    def __init__(self, client: redis.Redis, max_bytes: int) -> None:
-        self.redis = client
-        self.max_bytes = max_bytes
-
-    def for_call(self, run_id: str, step: int, attempt: int) -> Callable[[Any], None]:
-        channel = keys.stream(run_id)
-        counter = itertools.count(1)
-
-        def publish(data: Any) -> None:
-            msg = encode_partial(run_id, step, attempt, next(counter), data, self.max_bytes)
-            try:
-                self.redis.publish(channel, msg)
-            except redis.RedisError:
-                pass
-
-        return publish
 
 
 # Reading the log -------------------------------------------------------------------------
@@ -162,15 +118,23 @@ class Follower:
         #: The id of the last log entry returned: pass it as ``after`` to resume.
         self.last = _after_arg(after)
         self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # Set once the log is read up to now: then the partial output kept of the steps
+        # in flight follows, then what is heard (in that order, after the events before).
+        caught_up = threading.Event()
         if partial:
             pubsub = client.pubsub()
             pubsub.subscribe(keys.stream(run_id))
             _await_confirmation(pubsub)  # partials published from now on are seen
-            threading.Thread(target=_pump_partials, args=(pubsub, self._items, self._stop),
-                             daemon=True, name=f"follow-partials-{run_id}").start()
+            so_far = kept(client, run_id)  # ...and those of the steps in flight, before
+            barrier: Barrier | None = Barrier()
+            threading.Thread(target=_pump_partials, daemon=True,
+                             args=(pubsub, self._items, self._stop, Heard(so_far), caught_up,
+                                   barrier), name=f"follow-partials-{run_id}").start()
+        else:
+            so_far, barrier = [], None
         threading.Thread(target=_pump_log, daemon=True, name=f"follow-log-{run_id}",
                          args=(client, run_id, self.last, block_ms, reconnect_s,
-                               self._items, self._stop)).start()
+                               self._items, self._stop, so_far, caught_up, barrier)).start()
 
     def __iter__(self) -> Follower:
         return self
@@ -205,11 +169,22 @@ class Follower:
 
 _RETRIED = (redis.ConnectionError, redis.TimeoutError)
 
-
 def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconnect_s: float,
-              out: queue.SimpleQueue[object], stop: threading.Event) -> None:
+              out: queue.SimpleQueue[object], stop: threading.Event, so_far: list[Partial],
+              caught_up: threading.Event, barrier: Barrier | None) -> None:
     """Puts the log's entries after ``last`` on ``out``, then the end marker after a
-    terminal event (or an error)."""
+    terminal event (or an error); once it has read up to now, ``so_far``, then sets
+    ``caught_up``; from then on, the partial output of a call before the call's end."""
+    try:
+        _read_log(client, run_id, last, block_ms, reconnect_s, out, stop, so_far, caught_up,
+                  barrier)
+    finally:
+        caught_up.set()
+
+
+def _read_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconnect_s: float,
+              out: queue.SimpleQueue[object], stop: threading.Event, so_far: list[Partial],
+              caught_up: threading.Event, barrier: Barrier | None) -> None:
     key, run_key = keys.log(run_id), keys.run(run_id)
     failing_since = 0.0
     actor = ""
@@ -219,9 +194,20 @@ def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconn
             break
         except _RETRIED:
             stop.wait(0.2)
+
+    def release() -> None:
+        if not caught_up.is_set():
+            for item in so_far:
+                out.put(item)
+            caught_up.set()
+
     while not stop.is_set():
         try:
-            got = _entries(client.xread({key: last}, count=BATCH, block=block_ms), actor)
+            block = block_ms if caught_up.is_set() else None
+            got = _entries(client.xread({key: last}, count=BATCH, block=block), actor)
+            if not got and block is None:
+                release()
+                continue
             if not got:
                 state = client.hget(run_key, "state")
                 if state is not None and state.decode() not in TERMINAL:
@@ -244,18 +230,33 @@ def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconn
             out.put(exc)
             return
         for entry in got:
+            if barrier is not None and caught_up.is_set() and \
+                    isinstance(entry.event, CALL_ENDS):
+                barrier.wait()
             out.put(entry)
             last = entry.id
             if _ends(entry):
                 out.put(_END)
                 return
+        if len(got) < BATCH:
+            release()
 
 
-def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.Event) -> None:
+def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.Event,
+                   heard: Heard, caught_up: threading.Event, barrier: Barrier) -> None:
     try:
+        while not caught_up.wait(0.2):  # what is heard meanwhile waits in the connection
+            if stop.is_set():
+                return
+        pong = ""
         while not stop.is_set():
             try:
-                msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+                if barrier.wanted.is_set() and not pong:
+                    barrier.wanted.clear()
+                    barrier.count += 1
+                    pong = f"durable-barrier-{barrier.count}"
+                    pubsub.ping(pong)
+                msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
             except redis.RedisError:
                 stop.wait(0.2)  # the next call reconnects and resubscribes
                 continue
@@ -266,11 +267,15 @@ def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.
                     break
                 stop.wait(0.2)
                 continue
+            if msg and msg.get("type") == "pong" and pong and pong_text(msg["data"]) == pong:
+                pong = ""
+                barrier.done.set()
             if msg and msg.get("type") == "message":
                 found = decode_partial(msg["data"])
-                if found is not None:
+                if found is not None and heard.fresh(found):
                     out.put(found)
     finally:
+        barrier.done.set()
         try:
             pubsub.close()
         except redis.RedisError:
@@ -294,6 +299,9 @@ async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
     items: asyncio.Queue[object] = asyncio.Queue()
     tasks: list[asyncio.Task[None]] = []
     pubsub: Any = None
+    caught_up = asyncio.Event()  # as for ``Follower``
+    so_far: list[Partial] = []
+    barrier: AsyncBarrier | None = None
     try:
         if not await client.exists(keys.run(run_id)):
             raise RunNotFound(run_id)
@@ -305,9 +313,13 @@ async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
                 msg = await pubsub.get_message(timeout=0.1)
                 if msg and msg.get("type") == "subscribe":
                     break
-            tasks.append(asyncio.create_task(_apump_partials(pubsub, items)))
+            so_far = await akept(client, run_id)
+            barrier = AsyncBarrier()
+            tasks.append(asyncio.create_task(_apump_partials(pubsub, items, Heard(so_far),
+                                                             caught_up, barrier)))
         tasks.append(asyncio.create_task(_apump_log(client, run_id, _after_arg(after),
-                                                    block_ms, reconnect_s, items)))
+                                                    block_ms, reconnect_s, items, so_far,
+                                                    caught_up, barrier)))
         while True:
             item = await items.get()
             if isinstance(item, Entry | Partial):
@@ -330,7 +342,18 @@ async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
 
 
 async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_ms: int,
-                     reconnect_s: float, out: asyncio.Queue[object]) -> None:
+                     reconnect_s: float, out: asyncio.Queue[object], so_far: list[Partial],
+                     caught_up: asyncio.Event, barrier: AsyncBarrier | None) -> None:
+    try:
+        await _aread_log(client, run_id, last, block_ms, reconnect_s, out, so_far, caught_up,
+                         barrier)
+    finally:
+        caught_up.set()
+
+
+async def _aread_log(client: redis.asyncio.Redis, run_id: str, last: str, block_ms: int,
+                     reconnect_s: float, out: asyncio.Queue[object], so_far: list[Partial],
+                     caught_up: asyncio.Event, barrier: AsyncBarrier | None) -> None:
     key, run_key = keys.log(run_id), keys.run(run_id)
     failing_since = 0.0
     actor = ""
@@ -340,10 +363,21 @@ async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_
             break
         except _RETRIED:
             await asyncio.sleep(0.2)
+
+    def release() -> None:
+        if not caught_up.is_set():
+            for item in so_far:
+                out.put_nowait(item)
+            caught_up.set()
+
     while True:
         try:
-            got = _entries(await client.xread({key: last}, count=BATCH, block=block_ms),
+            block = block_ms if caught_up.is_set() else None
+            got = _entries(await client.xread({key: last}, count=BATCH, block=block),
                            actor)
+            if not got and block is None:
+                release()
+                continue
             if not got:
                 state = await client.hget(run_key, "state")
                 if state is not None and state.decode() not in TERMINAL:
@@ -365,23 +399,39 @@ async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_
             out.put_nowait(exc)
             return
         for entry in got:
+            if barrier is not None and caught_up.is_set() and \
+                    isinstance(entry.event, CALL_ENDS):
+                await barrier.wait()
             out.put_nowait(entry)
             last = entry.id
             if _ends(entry):
                 out.put_nowait(_END)
                 return
+        if len(got) < BATCH:
+            release()
 
 
-async def _apump_partials(pubsub: Any, out: asyncio.Queue[object]) -> None:
+async def _apump_partials(pubsub: Any, out: asyncio.Queue[object], heard: Heard,
+                          caught_up: asyncio.Event, barrier: AsyncBarrier) -> None:
+    await caught_up.wait()  # what is heard meanwhile waits in the connection
+    pong = ""
     while True:
         try:
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if barrier.wanted.is_set() and not pong:
+                barrier.wanted.clear()
+                barrier.count += 1
+                pong = f"durable-barrier-{barrier.count}"
+                await pubsub.ping(pong)
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
         except redis.RedisError:
             await asyncio.sleep(0.2)
             continue
+        if msg and msg.get("type") == "pong" and pong and pong_text(msg["data"]) == pong:
+            pong = ""
+            barrier.done.set()
         if msg and msg.get("type") == "message":
             found = decode_partial(msg["data"])
-            if found is not None:
+            if found is not None and heard.fresh(found):
                 out.put_nowait(found)
 
 

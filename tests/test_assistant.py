@@ -172,23 +172,29 @@ def test_a_streaming_assistant_completes_the_same_way(
 
 
 def test_model_faults_are_asked_again_under_the_same_key(
-        client: Client, worker: WorkerFactory, world: WorldProcess) -> None:
-    """A 503 and a dropped reply are retried within the step; a reply later than the step's
-    timeout is recorded as timed out and, the call being effect-free, sent again at once."""
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+        world: WorldProcess) -> None:
+    """A 503 and a dropped reply are each recorded and sent again after a backoff; a reply
+    later than the step's timeout is recorded as timed out and, the call being
+    effect-free, sent again at once. Every request sent is a model call."""
     world.client.set_faults(target="model", fail_next=1, drop_next=1)
     run = client.start("assistant", TASK, run_id="assist-faults").run_id
-    worker(burst=True).wait(60)
-    assert client.status(run).state == "completed"
+    first = worker()
+    reconciler()
+    final = client.wait(run, timeout=60, waiting=False)
+    assert final.state == "completed"
     assert world.applications(run).model == {f"{run}:1": 3, f"{run}:3": 1, f"{run}:5": 1}
+    assert final.model_calls == 5
+    first.stop()
     assert [r["disposition"] for r in world.client.requests(f"{run}:1")] == [
         "failed_503", "answered+dropped", "answered"]
 
     # The timeout leaves the prompt replies (milliseconds) room on a loaded machine.
     world.client.set_faults(target="model", slow_next=1, slow_s=8, slow_phase="reply")
     late = client.start("assistant", TASK, run_id="assist-late").run_id
-    worker(burst=True, DURABLE_MODEL_TIMEOUT_S="4").wait(90)
-    final = client.status(late)
-    assert final.state == "completed"
+    worker(DURABLE_MODEL_TIMEOUT_S="4")
+    final = client.wait(late, timeout=90, waiting=False)
+    assert final.state == "completed" and final.model_calls == 4
     events = events_of(client, late)
     assert [e.step for e in events if isinstance(e, ev.ActionTimedOut)] == [1]
     assert world.applications(late).model == {f"{late}:1": 2, f"{late}:3": 1, f"{late}:5": 1}
@@ -238,4 +244,4 @@ def test_the_assistant_scenario(server: Server, tmp_path_factory: pytest.TempPat
     with Stack.up(server.url, workdir=tmp_path_factory.mktemp("assistant")) as stack:
         out = run_one(stack, "assistant")
     out.assert_ok()
-    assert out.figures["model calls"] == 3 and out.figures["model requests"] == 4
+    assert out.figures["model calls"] == 4 and out.figures["model requests"] == 4

@@ -27,7 +27,7 @@ EXPECTED = {
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
-    "Partial": "durable.streaming",
+    "Partial": "durable.partials",
     "PayloadTooLarge": "durable.errors",
     "RunIdConflict": "durable.errors",
     "RunContended": "durable.errors",

@@ -79,8 +79,17 @@ class Dispatcher:
         the worker gave its run up."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
+        output = None
         if self.publisher is not None:
-            ctx.publish = self.publisher.for_call(run_id, act.step, act.attempts)
+            ctx.publish = output = self.publisher.for_call(run_id, act.step, act.attempts)
+        try:
+            return self._dispatch(tool, act, token, ctx, args)
+        finally:
+            if output is not None:
+                output.close()  # the step in flight is over: its partial output is not kept
+
+    def _dispatch(self, tool: Tool, act: Action, token: CancelToken, ctx: ToolContext,
+                  args: Any) -> list[Spec]:
         args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 
@@ -97,8 +106,11 @@ class Dispatcher:
                 raise _Retryable(result)
             return result
 
-        if not tool.retryable or tool.max_quick_retries <= 0:
-            return self._outcome(tool, act, token, attempt())  # nothing to retry
+        if not tool.retryable or tool.max_quick_retries <= 0:  # nothing to retry here
+            try:
+                return self._outcome(tool, act, token, attempt(), args)
+            except _Retryable as once:
+                return self._outcome(tool, act, token, once.result, args)
         # Quick retries, for the tool's named retryable errors only, within the deadline.
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
@@ -112,10 +124,10 @@ class Dispatcher:
             result = retrying(attempt)
         except _Retryable as spent:
             result = spent.result
-        return self._outcome(tool, act, token, result)
+        return self._outcome(tool, act, token, result, args)
 
     def _outcome(self, tool: Tool, act: Action, token: CancelToken,
-                 result: CallResult) -> list[Spec]:
+                 result: CallResult, args: Any = None) -> list[Spec]:
         """The events that record what one dispatch observed."""
         base = {"step": act.step, "key": act.key}
         if result.outcome == "returned":
@@ -146,9 +158,9 @@ class Dispatcher:
         retryable = isinstance(err, tool.retryable)
         fields = {**base, "error": str(err)[:2000] or type(err).__name__,
                   "error_type": type(err).__name__, "retryable": retryable}
-        if retryable and act.attempts < tool.max_attempts:
+        if retryable and act.attempts < tool.attempts_for(args):
             # Longer backoff: the run waits (no worker held), the step keeps its key.
-            until = now_ms() + int(tool.retry_backoff_s * 1000 * 2 ** (act.attempts - 1))
+            until = now_ms() + int(tool.retry_delay_s(err, act.attempts) * 1000)
             return [Spec(ev.ActionFailed, {**fields, "retry_at": until}),
                     Spec(ev.WaitEntered, {"kind": "retry", "until": until,
                                           "reason": f"{type(err).__name__}: {err}"[:500],

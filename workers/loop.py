@@ -92,6 +92,13 @@ _LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered
                 ev.Quarantined)
 
 
+def _no_outcome(act: Action) -> Spec:
+    """An effect-free call sent as often as its tool allows, with no outcome: it fails."""
+    return Spec(ev.ActionFailed, {"step": act.step, "key": act.key, "error_type": "NoOutcome",
+                                  "error": f"no outcome after {act.attempts} attempts "
+                                           f"(last: {act.unknown_reason or 'lost'})"})
+
+
 class StepLoop:
     """Drives the runs this worker holds through the step protocol (see the module doc)."""
 
@@ -536,7 +543,17 @@ class StepLoop:
             asked = await self._approval(handle, tool, act, pending)
             if asked is not None:
                 return asked
-            deadline = now_ms() + int(tool.timeout_s * 1000)
+            args = handle.live_args.get(act.step, act.args)
+            if tool.effect_free and act.attempts >= tool.attempts_for(args):  # resent enough
+                await self._commit(handle, pending, [_no_outcome(act)])
+                return False, 0
+            why = budgets.resend_exhausted(state, tool.model, act.attempts)
+            if why is not None:  # each model request sent counts, resends too
+                await self._commit(handle, pending, [Spec(ev.Failed, {
+                    "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+                self.redis.hincrby(keys.STATS, "budgets_exhausted", 1)
+                return True, 0
+            deadline = now_ms() + int(tool.timeout_for(args) * 1000)
             await self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
                 ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
@@ -544,11 +561,8 @@ class StepLoop:
         # dispatched or unknown: the earlier attempt may have applied the effect.
         tool = self.registry.tool(act.tool)
         if tool.effect_free:  # nothing outside changed: send it again at once...
-            if act.attempts >= tool.max_attempts:  # ...but not forever
-                specs = [Spec(ev.ActionFailed, {
-                    "step": act.step, "key": act.key, "error_type": "NoOutcome",
-                    "error": f"no outcome after {act.attempts} attempts "
-                             f"(last: {act.unknown_reason or 'lost'})"})]
+            if act.attempts >= tool.attempts_for(handle.live_args.get(act.step, act.args)):
+                specs = [_no_outcome(act)]
             else:
                 specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
                                                     "resolution": "not_applied",
@@ -652,7 +666,7 @@ class StepLoop:
             self.log.stage(handle, [decided])
             await self._approval(handle, tool, handle.state.actions[step], pending)
             return True, 1
-        deadline = now_ms() + int(tool.timeout_s * 1000)
+        deadline = now_ms() + int(tool.timeout_for(args) * 1000)
         try:
             await self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
                 "step": step, "key": key, "deadline": deadline})],

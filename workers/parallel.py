@@ -107,9 +107,9 @@ def intents(run_id: str, group: Group, values: list[Any]) -> list[Spec]:
 def dispatches(run_id: str, group: Group) -> tuple[list[Spec], list[tuple[str, str, str]]]:
     """The ``action_dispatched`` events of the group and the ledger claims of its keys."""
     specs, ledger = [], []
-    for step, tool in zip(group.steps, group.tools, strict=True):
+    for step, tool, args in zip(group.steps, group.tools, group.args, strict=True):
         key = step_key(run_id, step)
-        deadline = now_ms() + int(tool.timeout_s * 1000)
+        deadline = now_ms() + int(tool.timeout_for(args) * 1000)
         specs.append(Spec(ev.ActionDispatched, {"step": step, "key": key,
                                                 "deadline": deadline}))
         ledger.append(("c", key, f"claimed|{deadline}"))

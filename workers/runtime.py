@@ -161,7 +161,8 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     require_keys(registry.sensitive_names(), settings)
     _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
-    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
+    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes,
+                                           settings.partial_keep_bytes)
     if not burst:  # a burst worker ends soon anyway
         # Before the pool takes a run: a restart asked for from then on is not lost.
         _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)

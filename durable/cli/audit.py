@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import uuid
 
@@ -38,12 +39,37 @@ def cmd_log(args: argparse.Namespace) -> int:
     return OK
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+class _Text:
+    """Partial text printed as a stream: one line per step's dispatch, written as it comes,
+    ended when anything else is printed."""
+
+    def __init__(self) -> None:
+        self.open: tuple[int, int] | None = None
+
+    def write(self, item: Partial) -> None:
+        if self.open != (item.step, item.attempt):
+            self.end()
+            again = f" (attempt {item.attempt})" if item.attempt > 1 else ""
+            sys.stdout.write(f"  step {item.step}{again} partial: ")
+            self.open = (item.step, item.attempt)
+        sys.stdout.write(_CONTROL.sub("", item.data))  # no terminal escapes from a model
+
+    def end(self) -> None:
+        if self.open is not None:
+            sys.stdout.write("\n")
+            self.open = None
+
+
 def _follow(args: argparse.Namespace) -> int:
-    """``durable log RUN --follow``: each event (and partial output) as it comes, one line
-    each, until the run is terminal (or quarantined: exit 1)."""
+    """``durable log RUN --follow``: each event as it comes, one line each, and partial text
+    as a stream, until the run is terminal (or quarantined: exit 1)."""
     if args.end != "+":
         raise UsageError("--to cannot be combined with --follow")
     c = client()
+    text = _Text()
     with c.follow(args.run, from_id=_before(args.start)) as items:
         for item in items:
             if not isinstance(item, Partial):
@@ -52,10 +78,16 @@ def _follow(args: argparse.Namespace) -> int:
                 if args.json:
                     json_out({"type": "partial", "run": item.run, "step": item.step,
                               "attempt": item.attempt, "seq": item.seq, "data": item.data})
+                elif isinstance(item.data, str):
+                    text.write(item)
                 else:
+                    text.end()
                     print(f"  step {item.step} partial {item.seq}: "
                           f"{msgspec.json.encode(item.data).decode()[:300]}")
-            elif args.json:
+                sys.stdout.flush()
+                continue
+            text.end()
+            if args.json:
                 json_out({"id": item.id, "type": "undecodable", "error": item.error}
                          if item.event is None else {"id": item.id, **to_builtins(item.event)})
             else:

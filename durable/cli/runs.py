@@ -41,7 +41,8 @@ def _json_arg(text: str, flag: str) -> object:
 
 def cmd_start(args: argparse.Namespace) -> int:
     data = _json_arg(args.input, "--input") if args.input else {}
-    started = client().start(args.agent, data, run_id=args.run_id)
+    started = client().start(args.agent, data, run_id=args.run_id,
+                             continue_from=args.continue_from)
     if args.json:
         json_out({"run_id": started.run_id, "created": started.created, "state": started.state})
     else:
@@ -191,6 +192,8 @@ def register(add: Add) -> None:
     sp.add_argument("agent")
     sp.add_argument("--input", default=None, help="the agent's input as JSON")
     sp.add_argument("--run-id", default=None, help="idempotent: an existing id returns that run")
+    sp.add_argument("--continue-from", default=None, metavar="RUN",
+                    help="continue this completed run's conversation (durable.conversations)")
     add("status", cmd_status, "a run's folded state", run=True)
     sp = add("runs", cmd_runs, "list runs, newest first")
     sp.add_argument("--state", default=None)

@@ -105,6 +105,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             act = state.actions[e.step]
             act.status = "dispatched"
             act.attempts += 1
+            if act.model and act.attempts > 1:  # a request sent again: paid for again
+                state.model_calls += 1
             act.deadline = e.deadline
             act.dispatched_at = e.ts
             act.unknown_reason = None

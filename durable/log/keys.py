@@ -163,6 +163,18 @@ def stream(run_id: str) -> str:
     return _per_run(run_id, "stream")
 
 
+def partials(run_id: str) -> str:
+    """Hash step -> bytes kept of its partial output, for the steps in flight
+    (``durable.streaming``); PX expiry renewed at each emit."""
+    return _per_run(run_id, "partials")
+
+
+def partial(run_id: str, step: int) -> str:
+    """List: the partial output messages kept of one step in flight, oldest first, bounded
+    (``DURABLE_PARTIAL_KEEP_BYTES``); deleted when its call ends; PX expiry."""
+    return _per_run(run_id, f"partial:{step}")
+
+
 # Global, derived and repairable -------------------------------------------------------
 
 #: Hash ``shards`` -> the layout's shard count: written once, checked by every process.

@@ -55,6 +55,8 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: A child sharing its parent's budgets: its limits are capped by what the parent had
     #: left, and its use is added to the parent's when it ends (``durable.children``).
     shared_budgets: bool = False
+    #: The run whose conversation this one continues (``durable.conversations``), or "".
+    continue_from: str = ""
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

@@ -50,7 +50,7 @@ from pydantic import BaseModel, Field
 # Importing durable.models registers the ``chat`` step; ``chat`` takes it, ``tool_message``
 # turns a tool's result into the message that gives it to the model.
 from durable.code import RunContext, StepFailed, agent
-from durable.models import ChatReply, ToolCall, chat, tool_message
+from durable.models import ChatReply, ToolCall, chat, tool_message, tool_schemas
 
 # The tools the model may call are the pipeline's (registered when it is imported): they
 # speak to the world with the key and the deadline, and implement ``lookup``.
@@ -60,27 +60,10 @@ from examples.agents import pipeline  # noqa: F401
 SYSTEM = ("You are an operations assistant. Use the tools to do what the user asks: notify "
           "people with `notify`, record what you did with `write`. Answer briefly when done.")
 
-#: The tools, as the model sees them (OpenAI tool schemas). Their names are the names of
-#: registered tools, listed in the agent's ``tools`` below: nothing else can be called.
-TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "notify",
-        "description": "Send a notification to a recipient (once per call).",
-        "parameters": {"type": "object", "properties": {
-            "recipient": {"type": "string", "description": "an e-mail address"},
-            "message": {"type": "string"}},
-            "required": ["recipient", "message"]}}},
-    {"type": "function", "function": {
-        "name": "write",
-        "description": "Record a report in the operations database.",
-        "parameters": {"type": "object", "properties": {
-            "source": {"type": "string", "description": "what the report is about"},
-            "summary": {"type": "object", "description": "the report's content",
-                        "properties": {"count": {"type": "integer"},
-                                       "total": {"type": "number"}},
-                        "required": ["count", "total"]}},
-            "required": ["source", "summary"]}}},
-]
+#: The tools, as the model sees them (OpenAI tool schemas), derived from the registered
+#: tools' argument models (``args_model``). Their names are those of registered tools,
+#: listed in the agent's ``tools`` below: nothing else can be called.
+TOOLS: list[dict[str, Any]] = tool_schemas(["notify", "write"])
 CALLABLE = frozenset(t["function"]["name"] for t in TOOLS)
 
 

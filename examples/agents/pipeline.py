@@ -175,11 +175,24 @@ class Transform(Tool):
         return Lookup.not_applied()
 
 
+class ReportSummary(BaseModel):
+    count: int
+    total: float
+
+
+class WriteArgs(BaseModel):
+    """Record a report in the operations database."""
+
+    source: str = Field(description="what the report is about")
+    summary: ReportSummary = Field(description="the report's content")
+
+
 @register
 class Write(Tool):
     """Insert the report, keyed by ``ctx.key`` (a unique column), refusing late work."""
 
     name = "write"
+    args_model = WriteArgs  # what a model is told of it (durable.tool_schemas)
     timeout_s = 2.0
     cancellable = True  # it only raises Cancelled before anything is written
     retryable = (WorldUnavailable, DeadlinePassed)
@@ -225,11 +238,19 @@ class Write(Tool):
         return Lookup.applied({"report_id": row[0]}) if row else Lookup.not_applied()
 
 
+class NotifyArgs(BaseModel):
+    """Send a notification to a recipient (once per call)."""
+
+    recipient: str = Field(description="an e-mail address")
+    message: str
+
+
 @register
 class Notify(Tool):
     """Send a notification through the API, which deduplicates by ``Idempotency-Key``."""
 
     name = "notify"
+    args_model = NotifyArgs
     timeout_s = 2.0
     cancellable = True  # Cancelled only when nothing was sent, or the API confirms it never will
     retryable = (WorldUnavailable, DeadlinePassed)

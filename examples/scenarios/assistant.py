@@ -76,8 +76,8 @@ def run(scene: Scene, out: Outcome) -> None:
                {model_keys[0]: 1, key: 2, model_keys[2]: 1}, requests)
     out.expect("requests to the model without a step's key", {},
                {k: n for k, n in apps.model.items() if k not in model_keys})
-    out.expect("model calls and tokens counted", (3, True),
-               (final.model_calls, final.tokens > 0))
+    out.expect("model requests sent counted (the one in flight twice), tokens counted",
+               (4, True), (final.model_calls, final.tokens > 0))
     out.expect("the call in flight sent again at once (effect-free, no lookup)",
                ["not_applied"],
                [e.resolution for e in of_type(entries, ev.ActionReconciled, key=key)])

@@ -1,0 +1,171 @@
+"""Sessions: a run that goes on with an earlier run's conversation, by reference.
+
+A producer starts the next turn of a conversation as a new run that names the run it
+continues::
+
+    client.start("talker", {"say": "and then?"}, continue_from="turn-1")
+
+The new run's ``run_started`` records the reference (``continue_from``); nothing of the
+conversation goes through the input, so the input limit (``DURABLE_MAX_PAYLOAD_BYTES``)
+does not cap it. The run it continues must have completed (else ``UsageError``, nothing written).
+
+An agent reads and keeps its conversation with two steps, the tools of :data:`TOOLS`
+(declare them in the agent's ``tools``)::
+
+    messages = conversations.load(ctx)      # the earlier run's conversation ([] if none)
+    ...                                     # chat steps, tool steps
+    conversations.save(ctx, messages)       # kept for the run that continues this one
+
+- ``conversation.load`` reads the conversation the earlier run kept: the result of its last
+  ``conversation.save`` step, else what that run itself loaded. The result is recorded in
+  this run's log like any step's, so re-execution after a crash gets it from there; a
+  large one (over the inline limit) is kept beside the run (``durable.log.blobs``: its
+  own key in the run's slot, checked against its digest, archived and expired with the
+  run), up to ``DURABLE_MAX_RESULT_BYTES``.
+- ``conversation.save`` records the messages as its result (its arguments are logged by
+  digest, ``log_args = "digest"``, so they are stored once).
+
+Both are effect-free: after a crash an open one is simply taken again. The functions take
+any context with ``call`` (a code agent's ``RunContext``); an integration that drives a
+framework's agent inside a code agent uses the same two steps: ``load`` gives the message
+list to hand the framework as its history, ``save`` keeps the list it ends with.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from durable.agents import Lookup, Tool, ToolContext, register
+from durable.client import Client
+from durable.errors import DurableError, UsageError
+from durable.log import blobs, keys
+from durable.log import events as ev
+
+LOAD = "conversation.load"
+SAVE = "conversation.save"
+#: The tools an agent that continues conversations declares.
+TOOLS = (LOAD, SAVE)
+
+
+class ConversationMissing(DurableError):
+    """The run a run continues kept no conversation, or cannot be read any more."""
+
+
+def load(ctx: Any) -> list[dict[str, Any]]:
+    """The conversation of the run this one continues (a step): a list of messages, empty
+    when the run continues none."""
+    return list(ctx.call(LOAD, {})["messages"])
+
+
+def save(ctx: Any, messages: Sequence[Mapping[str, Any]]) -> int:
+    """Keep ``messages`` as this run's conversation (a step); returns its size in bytes."""
+    plain = [dict(m) for m in messages]
+    ctx.call(SAVE, {"messages": plain})
+    return len(msgspec.json.encode(plain))
+
+
+async def aload(ctx: Any) -> list[dict[str, Any]]:
+    """``load`` for an ``async def`` agent."""
+    return list((await ctx.call(LOAD, {}))["messages"])
+
+
+async def asave(ctx: Any, messages: Sequence[Mapping[str, Any]]) -> int:
+    """``save`` for an ``async def`` agent."""
+    plain = [dict(m) for m in messages]
+    await ctx.call(SAVE, {"messages": plain})
+    return len(msgspec.json.encode(plain))
+
+
+def kept(client: Any, run_id: str) -> list[dict[str, Any]] | None:
+    """The conversation ``run_id`` kept (its last ``save``, else its last ``load``), read
+    from its log and, when large, from beside it (checked against its digest); None when
+    it kept none."""
+    tools: dict[int, str] = {}
+    last: Any = None
+    for entry in client.events(run_id):
+        e = entry.event
+        if isinstance(e, ev.StepDecided):
+            tools[e.step] = e.tool
+        elif isinstance(e, ev.ActionSucceeded | ev.ActionReconciled) and \
+                tools.get(e.step) in TOOLS:
+            if isinstance(e, ev.ActionReconciled) and e.resolution != "applied":
+                continue
+            if tools[e.step] == SAVE or last is None or last[0] != SAVE:
+                last = (tools[e.step], e)
+    if last is None:
+        return None
+    outcome = last[1]
+    value = outcome.result
+    if outcome.blob is not None:
+        data = client.redis.hget(keys.blobs(run_id), outcome.blob.field)
+        value = blobs.value_of(outcome.blob, data, client.log.keyring, step=outcome.step)
+    messages = value.get("messages") if isinstance(value, dict) else None
+    if not isinstance(messages, list):
+        raise ConversationMissing(f"run {run_id!r} step {outcome.step}: not a conversation")
+    return messages
+
+
+def continued_from(client: Any, run_id: str) -> str:
+    """The run ``run_id`` continues ("" for none), from its ``run_started``."""
+    first = client.log.read(run_id, "-", "+", count=1)
+    started = first[0].event if first else None
+    return started.continue_from if isinstance(started, ev.RunStarted) else ""
+
+
+class _ClientTool(Tool):
+    _client: Any = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def client(cls) -> Any:
+        """This process's client (from its ``DURABLE_*`` settings), made once."""
+        with _ClientTool._lock:
+            if _ClientTool._client is None:
+                _ClientTool._client = Client()
+            return _ClientTool._client
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()  # never asked: an effect-free call is taken again
+
+
+@register
+class LoadConversation(_ClientTool):
+    """``{}`` -> ``{"run": the run continued ("" for none), "messages": [...]}``."""
+
+    name = LOAD
+    timeout_s = 60.0
+    effect_free = True
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        client = self.client()
+        earlier = continued_from(client, ctx.run_id)
+        if not earlier:
+            return {"run": "", "messages": []}
+        messages = kept(client, earlier)
+        if messages is None:
+            raise ConversationMissing(f"run {earlier!r} kept no conversation "
+                                      f"({SAVE} or {LOAD} steps)")
+        return {"run": earlier, "messages": messages}
+
+
+@register
+class SaveConversation(Tool):
+    """``{"messages": [...]}`` -> the same, recorded as this run's conversation."""
+
+    name = SAVE
+    timeout_s = 30.0
+    effect_free = True
+    log_args = "digest"
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        messages = args.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise UsageError(f"{SAVE}: 'messages' must be a list of objects")
+        return {"messages": messages}
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()

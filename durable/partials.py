@@ -1,0 +1,222 @@
+"""Partial output of the steps in flight: published to followers, and kept while the step
+runs so a follower that joins late gets what was said so far.
+
+A tool's ``ctx.emit(data)`` becomes one message ``{"run", "step", "attempt", "seq",
+"data"}`` (``seq`` from 1 within one dispatch). ``partial_emit.lua`` appends it to the
+step's list ``dx:{R}:partial:<step>`` and publishes it on the run's channel
+``dx:{R}:stream`` in one call; the list is bounded (the oldest messages are dropped past
+``DURABLE_PARTIAL_KEEP_BYTES`` per step), emptied when a new dispatch of the step emits its
+first message, deleted when the call ends (its outcome goes to the log) and expires
+anyway (``KEPT_TTL_MS``) after a crash. Partial output never enters the log.
+
+A follower subscribes first, then reads what is kept (:func:`kept`), then hears the rest;
+:class:`Heard` drops a message it got both ways. So it gets the text so far, then the rest,
+in order, each message once: nothing is lost between the read and the subscription, as a
+message is kept before it is published. And the output of a call comes before the call's
+end: a follower's log reader, about to yield an outcome, waits on a :class:`Barrier` until
+its subscription has taken in everything published before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import redis
+import redis.asyncio
+
+from durable.log import events as ev
+from durable.log import keys
+from durable.log.scripts import Scripts
+
+#: Bytes of partial output kept per step in flight, by default.
+DEFAULT_KEEP_BYTES = 1024 * 1024
+#: Expiry of what is kept (renewed at each emit): the leftovers of a call that crashed.
+KEPT_TTL_MS = 10 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class Partial:
+    """Partial output a step emitted (``ToolContext.emit``): not in the log."""
+
+    run: str
+    step: int
+    seq: int
+    data: Any
+    attempt: int = 1
+
+
+def encode_partial(run_id: str, step: int, attempt: int, seq: int, data: Any,
+                   max_bytes: int) -> bytes:
+    """The message published for one ``emit``. Data that is not plain JSON, or that is
+    larger than ``max_bytes``, is replaced by ``{"_omitted": why}``: an emit never fails
+    its step."""
+    try:
+        body = msgspec.json.encode(data)
+    except (TypeError, ValueError) as exc:
+        body = msgspec.json.encode({"_omitted": f"not plain data: {exc}"[:300]})
+    if len(body) > max_bytes:
+        body = msgspec.json.encode({"_omitted": f"{len(body)} bytes exceeds {max_bytes}"})
+    head = msgspec.json.encode({"run": run_id, "step": step, "attempt": attempt, "seq": seq})
+    return head[:-1] + b',"data":' + body + b"}"
+
+
+def decode_partial(raw: Any) -> Partial | None:
+    """A published message as a ``Partial``; None when it is not one."""
+    try:
+        msg = json.loads(raw)
+        return Partial(run=str(msg["run"]), step=int(msg["step"]), seq=int(msg["seq"]),
+                       data=msg.get("data"), attempt=int(msg.get("attempt", 1)))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+class CallOutput:
+    """The ``publish`` of one dispatch's ``ToolContext``: keeps and publishes each emit;
+    ``close()`` when the call ended forgets what was kept. Best-effort: a Redis fault drops
+    the message and the tool goes on."""
+
+    def __init__(self, publisher: Publisher, run_id: str, step: int, attempt: int) -> None:
+        self.publisher, self.run_id, self.step, self.attempt = publisher, run_id, step, attempt
+        self._seq = itertools.count(1)
+        self.emitted = 0
+
+    def __call__(self, data: Any) -> None:
+        pub = self.publisher
+        seq = next(self._seq)
+        msg = encode_partial(self.run_id, self.step, self.attempt, seq, data, pub.max_bytes)
+        try:
+            pub.scripts.partial_emit(
+                keys=[keys.partials(self.run_id), keys.partial(self.run_id, self.step)],
+                args=[self.step, msg, "1" if seq == 1 else "0", pub.keep_bytes, KEPT_TTL_MS,
+                      keys.stream(self.run_id)])
+            self.emitted += 1
+        except redis.RedisError:
+            pass
+
+    def close(self) -> None:
+        if not self.emitted:
+            return  # nothing kept: no round trip
+        try:
+            self.publisher.scripts.partial_done(
+                keys=[keys.partials(self.run_id), keys.partial(self.run_id, self.step)],
+                args=[self.step])
+        except redis.RedisError:
+            pass  # it expires
+
+
+class Publisher:
+    """Gives each tool call its :class:`CallOutput`: messages of at most ``max_bytes`` of
+    data, ``keep_bytes`` kept per step in flight."""
+
+    def __init__(self, client: redis.Redis, max_bytes: int,
+                 keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
+        self.redis = client
+        self.scripts = Scripts(client)
+        self.max_bytes = max_bytes
+        self.keep_bytes = keep_bytes
+
+    def for_call(self, run_id: str, step: int, attempt: int) -> CallOutput:
+        return CallOutput(self, run_id, step, attempt)
+
+
+def _decoded(run_id: str, steps: list[Any], lists: list[Any]) -> list[Partial]:
+    out = []
+    for raw_list in lists:
+        for raw in raw_list or []:
+            found = decode_partial(raw)
+            if found is not None and found.run == run_id:
+                out.append(found)
+    return sorted(out, key=lambda p: (p.step, p.attempt, p.seq))
+
+
+def _steps(index: Any) -> list[int]:
+    steps = []
+    for field in index or {}:
+        try:
+            steps.append(int(field))
+        except ValueError:
+            continue
+    return sorted(steps)
+
+
+def kept(client: redis.Redis, run_id: str) -> list[Partial]:
+    """The partial output kept of the run's steps in flight, by step, in order."""
+    steps = _steps(client.hgetall(keys.partials(run_id)))
+    pipe = client.pipeline(transaction=False)
+    for step in steps:
+        pipe.lrange(keys.partial(run_id, step), 0, -1)
+    return _decoded(run_id, steps, pipe.execute() if steps else [])
+
+
+async def akept(client: redis.asyncio.Redis, run_id: str) -> list[Partial]:
+    """``kept`` on a ``redis.asyncio`` client."""
+    steps = _steps(await client.hgetall(keys.partials(run_id)))
+    lists = [await client.lrange(keys.partial(run_id, step), 0, -1) for step in steps]
+    return _decoded(run_id, steps, lists)
+
+
+class Heard:
+    """Which messages a follower has had: each is yielded once, whether it was read from
+    what is kept or heard on the channel (or both)."""
+
+    def __init__(self, read: list[Partial]) -> None:
+        self._last: dict[tuple[int, int], int] = {}
+        for p in read:
+            self.fresh(p)
+
+    def fresh(self, p: Partial) -> bool:
+        """True the first time ``p`` is seen (its seq beyond the last of its dispatch)."""
+        at = (p.step, p.attempt)
+        if p.seq <= self._last.get(at, 0):
+            return False
+        self._last[at] = p.seq
+        return True
+
+
+#: The events that end a call: the partial output it published comes before them.
+CALL_ENDS = (ev.ActionSucceeded, ev.ActionFailed, ev.ActionTimedOut, ev.ActionInterrupted,
+             ev.CallCanceled, *ev.TERMINAL_EVENTS)
+
+
+class Barrier:
+    """The log reader, about to yield the end of a call, has the partial reader take in
+    first what was published before it: a ``PING`` on the subscription, whose reply comes
+    after every message published earlier."""
+
+    def __init__(self) -> None:
+        self.wanted = threading.Event()
+        self.done = threading.Event()
+        self.count = 0
+
+    def wait(self, timeout: float = 2.0) -> None:
+        self.done.clear()
+        self.wanted.set()
+        self.done.wait(timeout)
+
+
+class AsyncBarrier:
+    """``Barrier`` for ``afollow``'s tasks."""
+
+    def __init__(self) -> None:
+        self.wanted = asyncio.Event()
+        self.done = asyncio.Event()
+        self.count = 0
+
+    async def wait(self, timeout: float = 2.0) -> None:
+        self.done.clear()
+        self.wanted.set()
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+def pong_text(data: Any) -> str:
+    """A pong's payload as text."""
+    return data.decode() if isinstance(data, bytes) else str(data)
