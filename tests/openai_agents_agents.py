@@ -138,3 +138,16 @@ durable_short = DurableAgent(_counter(15), name="oai_short", model_provider=Loca
 durable_storyteller = DurableAgent(
     Agent(name="storyteller", instructions="storyteller: tell a story.", model="scripted"),
     name="oai_storyteller", model_provider=LocalProvider())
+
+
+# A manager that asks the storyteller through a child tool: the story is a child run.
+
+durable_manager = DurableAgent(
+    Agent(name="manager", instructions="manager: delegate the story.", model="scripted",
+          tools=[durable_storyteller.as_child_tool("tell_story")]),
+    name="oai_manager", model_provider=LocalProvider())
+
+# A counter whose SDK turn limit comes before its end: the SDK's MaxTurnsExceeded.
+
+durable_turns = DurableAgent(_counter(15), name="oai_turns", model_provider=LocalProvider(),
+                             tools={"tick": StepOptions(effect_free=True)}, max_turns=3)

@@ -59,6 +59,10 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(results) < turns:
             return {"tool_calls": [_call(len(results) + 1, "tick", n=len(results) + 1)]}
         return {"content": f"counted {len(results)}"}
+    if system.startswith("manager"):
+        if not results:
+            return {"tool_calls": [_call(1, "tell_story", input="a story")]}
+        return {"content": "the story: " + results[0]}
     if system.startswith("storyteller"):
         return {"content": " ".join(f"word{i}" for i in range(40))}
     return {"content": "hello"}
@@ -82,7 +86,8 @@ class OpenAIServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
                     server.requests.append({"key": self.headers.get("Idempotency-Key"),
-                                            "stream": bool(body.get("stream")), "body": body})
+                                            "stream": bool(body.get("stream")), "body": body,
+                                            "at": time.time()})
                 reply = script(body)
                 if body.get("stream"):
                     self._stream(reply)

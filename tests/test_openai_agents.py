@@ -29,6 +29,7 @@ from durable.log import events as ev
 from durable.log.verify import verify
 from durable.settings import Settings
 from durable.streaming import Partial
+from durable.testing import wait_for
 from tests import openai_agents_agents
 from tests.agents import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
@@ -97,14 +98,28 @@ def test_an_agent_runs_as_a_durable_run_with_a_handoff(
     assert verify(client.log, run).ok
 
 
-@pytest.mark.parametrize(("window", "step", "repeated"), [
-    ("after_effect", 4, {}),        # after the booking's effect, before its outcome: lookup
-    ("after_effect", 2, {}),        # after the handoff ran, before it was recorded
-    ("after_effect", 3, {3: 2}),    # after a model reply arrived: effect-free, sent again once
-    ("after_outcome", 6, {}),       # after one of two parallel calls was recorded
+def _resent_after_recorded(client: Client, run: str, server: OpenAIServer) -> list[str]:
+    """The model requests of ``run`` that arrived after their step's reply was recorded: a
+    recorded request sent again. (A request in flight, not recorded, may be sent again after
+    a crash: that is the contract of an effect-free step.)"""
+    recorded = {e.event.step: e.event.ts / 1000 for e in client.events(run)
+                if isinstance(e.event, ev.ActionSucceeded)}
+    resent = []
+    for request in list(server.requests):
+        run_id, _, step = str(request["key"]).rpartition(":")
+        if run_id == run and int(step) in recorded and request["at"] > recorded[int(step)]:
+            resent.append(request["key"])
+    return resent
+
+
+@pytest.mark.parametrize(("window", "step"), [
+    ("after_effect", 4),    # after the booking's effect, before its outcome: lookup
+    ("after_effect", 2),    # after the handoff ran, before it was recorded
+    ("after_effect", 3),    # after a model reply arrived, before it was recorded
+    ("after_outcome", 6),   # after one of two parallel calls was recorded
 ])
 def test_a_killed_run_resumes_without_resending_requests_or_repeating_effects(
-    window: str, step: int, repeated: dict[int, int], client: Client, worker: WorkerFactory,
+    window: str, step: int, client: Client, worker: WorkerFactory,
     reconciler: ReconcilerFactory, tmp_path: Path, openai_server: OpenAIServer,
 ) -> None:
     """SIGKILL at step ``step``'s ``window``; another worker re-executes the agent: every
@@ -119,8 +134,11 @@ def test_a_killed_run_resumes_without_resending_requests_or_repeating_effects(
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "booked: slot 1, slot 2"
     assert [s.tool for s in _steps(client, run)] == BOOKER_STEPS
-    assert openai_server.counts(run) == {f"{run}:{n}": repeated.get(n, 1)
-                                         for n in BOOKER_MODEL_STEPS}
+    requests = openai_server.counts(f"{run}:")
+    assert set(requests) == {f"{run}:{n}" for n in BOOKER_MODEL_STEPS}
+    assert _resent_after_recorded(client, run, openai_server) == []
+    if step in BOOKER_MODEL_STEPS:  # the reply that arrived was never recorded: sent again
+        assert requests[f"{run}:{step}"] >= 2
     assert _effects(tmp_path) == {f"{run}:4": 1, f"{run}:6": 1}
     assert verify(client.log, run).ok
 
@@ -175,7 +193,8 @@ def test_an_approved_call_killed_after_its_effect_is_applied_once(
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "refunded: refund A1 500"
     assert _effects(tmp_path) == {f"{run}:2": 1}
-    assert openai_server.counts(run) == {f"{run}:1": 1, f"{run}:3": 1}
+    assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
+    assert _resent_after_recorded(client, run, openai_server) == []
     assert verify(client.log, run).ok
 
 
@@ -239,6 +258,60 @@ def test_a_follower_receives_the_streamed_text_as_it_is_generated(
     final = client.status(run)
     assert final.state == "completed"
     assert "".join(deltas) == final.result == " ".join(f"word{i}" for i in range(40))
+
+
+def test_a_child_tool_runs_the_other_agent_as_a_child_run(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    openai_server: OpenAIServer,
+) -> None:
+    """SIGKILL after the child's start, before it is recorded: the caller is executed again
+    and starts the same child once (its id derives from the caller's run and step)."""
+    run = client.start("oai_manager", {"input": "get a story"}, run_id="om").run_id
+    doomed = worker(kill_at="after_effect:2")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60, waiting=False)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    story = " ".join(f"word{i}" for i in range(40))
+    assert final.result == f"the story: {story}"
+    assert [s.tool for s in _steps(client, run)] == ["oai_manager.model", "durable.child",
+                                                    "oai_manager.model"]
+    (child,) = final.children
+    assert client.status(child).result == story
+    assert client.status(child).parent == run
+    assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
+    assert set(openai_server.counts(f"{child}:")) == {f"{child}:1"}
+    assert _resent_after_recorded(client, run, openai_server) == []
+    assert _resent_after_recorded(client, child, openai_server) == []
+    assert verify(client.log, run).ok and verify(client.log, child).ok
+
+
+def test_the_sdks_turn_limit_fails_the_run_with_its_message(
+    client: Client, worker: WorkerFactory
+) -> None:
+    run = client.start("oai_turns", {"input": "count"}, run_id="ot").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "failed", (state.state, state.reason, state.error)
+    assert "MaxTurnsExceeded" in (state.error or "")
+    assert state.model_calls == 3
+
+
+def test_a_cancel_stops_a_streaming_model_request(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    """The model step is cancellable: a cancel cancels the streamed request on the steps'
+    event loop, and the run ends canceled long before the stream would end."""
+    openai_server.delta_delay_s = 1.0  # 40 words: 40 s
+    run = client.start("oai_storyteller", {"input": "a story"}, run_id="osc").run_id
+    worker()
+    assert wait_for(lambda: openai_server.counts(run) != {}, 15)
+    client.cancel(run, "user changed their mind")
+    final = client.wait(run, timeout=10)
+    assert final.state == "canceled"
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
 
 
 # In-process: the recorded JSON, and what construction refuses.

@@ -45,6 +45,9 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
 - A handoff is the step ``<name>.handoff`` (the handoff's ``on_handoff`` runs there once); the
   agent handed to is recorded by name, and the run goes on with that agent's clone: one
   run, one conversation, one budget.
+- ``other.as_child_tool(name)`` (another ``DurableAgent``) is a tool whose call runs that
+  agent as a child run (``durable.children``): started once however often this run is
+  executed again, waited for holding no worker, its final output the tool's result.
 
 Recovery re-executes the function: every step in the log returns its recorded outcome, so no
 recorded model request is sent again and no recorded tool call runs again; the SDK runner
@@ -70,7 +73,8 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("durable.integrations.openai_agents needs the OpenAI Agents SDK: "
                       "pip install 'durable-agents[openai-agents]'") from exc
 
-from durable.integrations.openai_agents.runner import AgentInput, AgentRunFailed, DurableAgent
+from durable.integrations.openai_agents.binding import AgentRunFailed
+from durable.integrations.openai_agents.runner import AgentInput, DurableAgent
 from durable.integrations.openai_agents.steps import StepOptions, step_context
 
 __all__ = ["AgentInput", "AgentRunFailed", "DurableAgent", "StepOptions", "step_context"]

@@ -9,8 +9,6 @@ import json
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 from agents import (
@@ -28,7 +26,6 @@ from agents import (
     WebSearchTool,
     handoff,
 )
-from agents.exceptions import AgentsException
 from agents.models.interface import Model, ModelProvider, ModelTracing
 from agents.models.multi_provider import MultiProvider
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE, FunctionTool
@@ -38,8 +35,15 @@ from pydantic import BaseModel, ConfigDict
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext, StepFailed
 from durable.code import agent as code_agent
+from durable.integrations.openai_agents import children
 from durable.integrations.openai_agents import steps as st
-from durable.session import Unwind
+from durable.integrations.openai_agents.binding import (
+    AgentRunFailed,
+    Binding,
+    binding,
+    bound,
+    primary,
+)
 
 #: Tools the model's provider runs itself (their calls are part of the model step).
 HOSTED = (FileSearchTool, WebSearchTool, CodeInterpreterTool, ImageGenerationTool, HostedMCPTool)
@@ -55,48 +59,6 @@ class AgentInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input: str | list[dict[str, Any]]
-
-
-class AgentRunFailed(StepFailed):
-    """Fails the run with the SDK's own outcome (``MaxTurnsExceeded``, a guardrail's tripwire,
-    a model's malformed reply): never retried, never quarantined."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.step, self.tool, self.status = 0, "", "failed"
-        self.error, self.error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
-        self.outcomes = None
-        Exception.__init__(self, self.error)
-
-
-@dataclass
-class _Binding:
-    """The durable run a ``DurableAgent``'s function is executing (a context variable)."""
-
-    owner: DurableAgent
-    ctx: AsyncRunContext
-    unwound: bool = False
-
-    async def step(self, tool: str, args: dict[str, Any], live: Any) -> Any:
-        """Take a step, handing the live request to the step tool that performs it."""
-        if self.unwound:  # the worker let go of the run: nothing more is taken
-            raise Unwind
-        key = st.live_key(self.ctx.run_id, tool, args)
-        self.owner.live[key] = live
-        try:
-            return await self.ctx.call(tool, args)
-        except Unwind:
-            self.unwound = True
-            raise
-        finally:
-            self.owner.live.pop(key, None)
-
-
-_binding: ContextVar[_Binding | None] = ContextVar("durable_openai_agents_run", default=None)
-
-
-def _bound(owner: DurableAgent) -> _Binding | None:
-    b = _binding.get()
-    return b if b is not None and b.owner is owner else None
 
 
 class _DurableModel(Model):
@@ -120,7 +82,7 @@ class _DurableModel(Model):
                            model_settings: ModelSettings, tools: list[Any], output_schema: Any,
                            handoffs: list[Handoff[Any, Any]], tracing: ModelTracing,
                            **extra: Any) -> ModelResponse:
-        b = _bound(self.owner)
+        b = bound(self.owner)
         if b is None:
             return await self.real.get_response(system_instructions, input, model_settings,
                                                 tools, output_schema, handoffs, tracing, **extra)
@@ -135,7 +97,7 @@ class _DurableModel(Model):
         return st.decode_response(await b.step(self.owner.model_step, args, call))
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        if _bound(self.owner) is not None:  # Runner.run never streams; followers get tokens
+        if bound(self.owner) is not None:  # Runner.run never streams; followers get tokens
             raise RuntimeError("a DurableAgent runs its agent with Runner.run; the model "
                                "step streams to the run's followers")
         return self.real.stream_response(*args, **kwargs)
@@ -218,6 +180,12 @@ class DurableAgent:
                               budgets=budgets, **options)
         self.code_agent = register(run).agent  # type: ignore[attr-defined]
 
+    def as_child_tool(self, name: str | None = None,
+                      description: str | None = None) -> FunctionTool:
+        """This agent as a tool of another ``DurableAgent``'s agents, each call a child run
+        of the caller's run (``durable.integrations.openai_agents.children``)."""
+        return children.child_tool(self, name, description)
+
     # The clone ------------------------------------------------------------------------
 
     def _clone(self, agent: Agent[Any]) -> Agent[Any]:
@@ -228,6 +196,9 @@ class DurableAgent:
         for tool in agent.tools:
             if isinstance(tool, HOSTED):
                 tools.append(tool)  # run by the model's provider, inside the model step
+            elif isinstance(tool, FunctionTool) and \
+                    isinstance(child := getattr(tool, children.MARK, None), DurableAgent):
+                tools.append(children.durable_child(self, tool, child))
             elif isinstance(tool, FunctionTool):
                 tools.append(self._function_tool(tool))
             else:
@@ -259,7 +230,7 @@ class DurableAgent:
         owner = self
 
         async def invoke(tctx: SdkToolContext[Any], arguments: str) -> Any:
-            b = _bound(owner)
+            b = bound(owner)
             if b is None:
                 return await tool.on_invoke_tool(tctx, arguments)
             parsed = _parsed(arguments)
@@ -286,7 +257,7 @@ class DurableAgent:
         owner = self
 
         async def invoke(rctx: Any, arguments: str) -> Agent[Any]:
-            b = _bound(owner)
+            b = bound(owner)
             if b is None:
                 target = await original.on_invoke_handoff(rctx, arguments)
                 return owner.clones.get(target.name, target)
@@ -315,16 +286,16 @@ class DurableAgent:
     # The run ---------------------------------------------------------------------------
 
     async def _run(self, ctx: AsyncRunContext, inp: AgentInput) -> Any:
-        token = _binding.set(_Binding(self, ctx))
+        token = binding.set(Binding(self, ctx))
         try:
             result = await Runner.run(
                 self.root, inp.input,  # type: ignore[arg-type]
                 context=self.context(inp) if self.context is not None else None,
                 max_turns=self.max_turns, hooks=self.hooks, run_config=self.run_config)
         except BaseException as exc:
-            raise _primary(exc) from None
+            raise primary(exc) from None
         finally:
-            _binding.reset(token)
+            binding.reset(token)
         output = st.plain(result.final_output)
         if self.return_items:
             return {"output": output, "items": st.plain(result.to_input_list()),
@@ -368,29 +339,3 @@ def _parsed(arguments: str) -> Any:
         return json.loads(arguments) if arguments else {}
     except ValueError:
         return arguments  # the tool's own validation tells the model
-
-
-def _primary(exc: BaseException) -> BaseException:
-    """What to raise out of the function for what ended ``Runner.run``: the worker letting go
-    of the run (``Unwind``) first, then a failed step, then the SDK's own outcome (the run
-    fails); anything else as it is (an agent bug, for the worker to judge)."""
-    chain = list(_chain(exc))
-    for kind in (Unwind, StepFailed, AgentsException):
-        for found in chain:
-            if isinstance(found, kind):
-                return AgentRunFailed(found) if kind is AgentsException else found
-    return next((e for e in chain if not isinstance(e, Exception)), exc)
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        cur = todo.pop(0)
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        yield cur
-        if isinstance(cur, BaseExceptionGroup):
-            todo.extend(cur.exceptions)
-        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
