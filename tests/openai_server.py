@@ -76,6 +76,8 @@ class OpenAIServer:
         self.lock = threading.Lock()
         #: Seconds each streamed delta waits before it is sent (a slow model).
         self.delta_delay_s = 0.0
+        #: HTTP statuses the next requests get instead of an answer (a faulty provider).
+        self.faults: list[int] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +90,12 @@ class OpenAIServer:
                     server.requests.append({"key": self.headers.get("Idempotency-Key"),
                                             "stream": bool(body.get("stream")), "body": body,
                                             "at": time.time()})
+                with server.lock:
+                    fault = server.faults.pop(0) if server.faults else None
+                if fault is not None:
+                    self._send(fault, {"error": {"message": f"injected {fault}",
+                                                 "type": "server_error", "code": None}})
+                    return
                 reply = script(body)
                 if body.get("stream"):
                     self._stream(reply)
@@ -128,6 +136,7 @@ class OpenAIServer:
     def reset(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.faults.clear()
         self.delta_delay_s = 0.0
 
     def counts(self, prefix: str) -> dict[str, int]:

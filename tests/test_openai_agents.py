@@ -314,6 +314,22 @@ def test_a_cancel_stops_a_streaming_model_request(
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
 
 
+@pytest.mark.parametrize(("status", "state", "sent"), [
+    (503, "completed", 2),   # the provider said to come back: retried, with the same key
+    (400, "failed", 1),      # a bad request: never sent again
+])
+def test_a_model_error_is_retried_only_when_the_provider_says_so(
+    status: int, state: str, sent: int, client: Client, worker: WorkerFactory,
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.faults.append(status)
+    run = client.start("oai_storyteller", {"input": "a story"}, run_id=f"oe{status}").run_id
+    worker(burst=True).wait(60)
+    final = client.status(run)
+    assert final.state == state, (final.state, final.reason, final.error)
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": sent}
+
+
 # In-process: the recorded JSON, and what construction refuses.
 
 

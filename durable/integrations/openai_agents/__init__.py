@@ -30,7 +30,8 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   an ``Idempotency-Key`` header and, for the SDK's OpenAI models, its deadline as the client's
   timeout; it is streamed, each text delta published to the run's followers as
   ``{"delta": text}`` (``stream=False`` to send plain requests). Its recorded result is the
-  ``ModelResponse``'s output items, ids and usage.
+  ``ModelResponse``'s output items, ids and usage. A connection error, 429 or 5xx is
+  retried within the step's attempts (``model_retryable``); a bad request never is.
 - Each function tool call is the step ``<name>.tool.<tool>`` with arguments
   ``{"call_id", "arguments"}``: claimed with an idempotency key the tool reads with
   ``step_context()``, resolved after a crash by the ``lookup`` of its ``StepOptions``. The

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
+import openai
 from agents import (
     Agent,
     CodeInterpreterTool,
@@ -47,6 +48,10 @@ from durable.integrations.openai_agents.binding import (
 
 #: Tools the model's provider runs itself (their calls are part of the model step).
 HOSTED = (FileSearchTool, WebSearchTool, CodeInterpreterTool, ImageGenerationTool, HostedMCPTool)
+#: What a model step retries by default: the request did not reach the model, or the
+#: provider said to come back (429, 5xx). Bounded by the step's attempts; never a bad request.
+MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
+    openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 #: ``max_turns`` when the run has no "model_calls" budget: high, never a hidden ceiling.
 MAX_TURNS = 1000
 
@@ -86,7 +91,7 @@ class _DurableModel(Model):
         if b is None:
             return await self.real.get_response(system_instructions, input, model_settings,
                                                 tools, output_schema, handoffs, tracing, **extra)
-        args = st.plain({
+        args = st.identity({
             "agent": self.agent, "instructions": system_instructions, "input": input,
             "tools": [getattr(t, "name", type(t).__name__) for t in tools],
             "handoffs": [h.tool_name for h in handoffs],
@@ -108,14 +113,15 @@ class DurableAgent:
     agent ``name``, registered on construction with its step tools (import the module that
     builds it in the workers, through ``DURABLE_AGENTS``).
 
-    ``tools``: ``StepOptions`` per function tool name. ``model_provider`` resolves the models
-    agents name by a string (default the SDK's ``MultiProvider``). ``stream``: model requests
-    are streamed, their text deltas published to the run's followers. ``context(input)``
-    builds the run context object from the run's input (an ``input_model``, an
-    ``AgentInput`` subclass). ``max_turns``: the SDK's limit, by default the "model_calls"
-    budget + 1 (the budget ends the run first, ``budget_exhausted``), else 1000.
-    ``return_items``: the result is ``{"output", "items", "last_agent"}`` (``items`` the
-    conversation to continue with) instead of the final output alone. ``version``,
+    ``tools``: ``StepOptions`` per function tool name. ``model_retryable``: the exceptions a
+    model step is retried on (default ``MODEL_RETRYABLE``; ``()``: never). ``model_provider``
+    resolves the models agents name by a string (default the SDK's ``MultiProvider``).
+    ``stream``: model requests are streamed, their text deltas published to the run's
+    followers. ``context(input)`` builds the run context object from the run's input (an
+    ``input_model``, an ``AgentInput`` subclass). ``max_turns``: the SDK's limit, by default
+    the "model_calls" budget + 1 (the budget ends the run first, ``budget_exhausted``), else
+    1000. ``return_items``: the result is ``{"output", "items", "last_agent"}`` (``items``
+    the conversation to continue with) instead of the final output alone. ``version``,
     ``budgets`` and ``options`` are the registered agent's (``durable.code.agent``).
     """
 
@@ -127,7 +133,7 @@ class DurableAgent:
         tools: Mapping[str, st.StepOptions] | None = None,
         model_provider: ModelProvider | None = None,
         model_timeout_s: float = 120.0,
-        model_retryable: tuple[type[BaseException], ...] = (),
+        model_retryable: tuple[type[BaseException], ...] = MODEL_RETRYABLE,
         stream: bool = True,
         input_model: type[AgentInput] = AgentInput,
         context: Callable[[Any], Any] | None = None,
@@ -239,7 +245,7 @@ class DurableAgent:
                     await needs(tctx, parsed if isinstance(parsed, dict) else {},
                                 tctx.tool_call_id):
                 name = approval
-            args = st.plain({"call_id": tctx.tool_call_id, "arguments": parsed})
+            args = st.identity({"call_id": tctx.tool_call_id, "arguments": parsed})
             try:
                 out = await b.step(name, args, st.ToolCall(tool, tctx, arguments))
             except StepFailed as exc:

@@ -136,6 +136,13 @@ def plain(value: Any) -> Any:
     return to_jsonable_python(value, fallback=str)
 
 
+def identity(value: Any) -> Any:
+    """``value`` as JSON data for a step's identity (checked again on re-execution): what
+    JSON cannot carry becomes its type's name, the same in every process."""
+    return to_jsonable_python(
+        value, fallback=lambda v: f"<{type(v).__module__}.{type(v).__qualname__}>")
+
+
 _OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
 
 
