@@ -71,7 +71,7 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
 class OpenAIServer:
     """The server on a random local port, serving from a daemon thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         #: Seconds each streamed delta waits before it is sent (a slow model).
@@ -121,7 +121,7 @@ class OpenAIServer:
                     self.wfile.flush()
                 self.wfile.write(b"data: [DONE]\n\n")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -180,3 +180,9 @@ def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
                 "created": int(time.time()), "model": "scripted", "choices": [],
                 "usage": USAGE})
     return out
+
+
+if __name__ == "__main__":  # a server of its own: ``python -m tests.openai_server PORT``
+    import sys
+
+    OpenAIServer(int(sys.argv[1])).httpd.serve_forever()
