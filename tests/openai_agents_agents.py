@@ -151,3 +151,31 @@ durable_manager = DurableAgent(
 
 durable_turns = DurableAgent(_counter(15), name="oai_turns", model_provider=LocalProvider(),
                              tools={"tick": StepOptions(effect_free=True)}, max_turns=3)
+
+
+# A conversation continued in a new run from the items the last one returned.
+
+durable_chat = DurableAgent(
+    Agent(name="storyteller", instructions="storyteller: tell a story.", model="scripted"),
+    name="oai_chat", model_provider=LocalProvider(), return_items=True, stream=False)
+
+
+# Refunds that need an approval above 100 cents only (a callable ``needs_approval``).
+
+
+async def _large(ctx: Any, params: dict[str, Any], call_id: str) -> bool:
+    return bool(params.get("cents", 0) > 100)
+
+
+@function_tool(needs_approval=_large)
+def small_refund(order: str, cents: int) -> dict[str, Any]:
+    """Refund an order (a human approves those above 100 cents)."""
+    return _effect(f"refund {order} {cents}")
+
+
+durable_small_refunder = DurableAgent(
+    Agent(name="small_refunder", instructions="small_refunder: refund.", model="scripted",
+          tools=[small_refund]),
+    name="oai_small_refunder", model_provider=LocalProvider(),
+    tools={"small_refund": StepOptions(timeout_s=2.0, lookup=refund_lookup,
+                                       approver_role="finance")})

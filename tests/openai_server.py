@@ -48,6 +48,12 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(booked) == 1:
             return {"tool_calls": [_call(2, "book", slot=2), _call(3, "note", text="two")]}
         return {"content": "booked: " + ", ".join(_data(r)["done"] for r in booked)}
+    if system.startswith("small_refunder"):  # a small refund, then a large one
+        if len(results) < 2:
+            cents = 50 if not results else 500
+            return {"tool_calls": [_call(len(results) + 1, "small_refund", order="A1",
+                                         cents=cents)]}
+        return {"content": "refunded: " + ", ".join(_data(r)["done"] for r in results)}
     if system.startswith("refunder"):
         if not results:
             return {"tool_calls": [_call(1, "refund", order="A1", cents=500)]}

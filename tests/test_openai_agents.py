@@ -211,6 +211,44 @@ def test_a_rejected_call_is_told_to_the_model_as_not_approved(
     assert _effects(tmp_path) == {}
 
 
+def test_a_callable_needs_approval_holds_back_only_the_calls_it_names(
+    client: Client, worker: WorkerFactory, tmp_path: Path, approver: ApproverFactory
+) -> None:
+    alice = approver("alice", "finance")
+    run = client.start("oai_small_refunder", {"input": "refund"}, run_id="osr").run_id
+    request = _waiting_approval(client, worker, run)
+    assert _effects(tmp_path) == {f"{run}:2": 1}  # 50 cents: no approval needed
+    client.sign_and_approve(run, request, "approve", "alice", alice)
+    final = client.wait(run, 30)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "refunded: refund A1 50, refund A1 500"
+    assert [s.tool for s in _steps(client, run)] == [
+        "oai_small_refunder.model", "oai_small_refunder.tool.small_refund",
+        "oai_small_refunder.model", "oai_small_refunder.tool.small_refund.approval",
+        "oai_small_refunder.model"]
+    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:4": 1}
+
+
+def test_a_conversation_continues_in_a_new_run_from_the_items_returned(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    first = client.start("oai_chat", {"input": "a story"}, run_id="oca").run_id
+    worker(burst=True).wait(60)
+    done = client.status(first)
+    assert done.state == "completed", (done.state, done.reason, done.error)
+    items = done.result["items"]
+    assert done.result["last_agent"] == "storyteller"
+    assert [i.get("role") for i in items] == ["user", "assistant"]
+    second = client.start("oai_chat", {"input": [*items, {"role": "user", "content": "more"}]},
+                          run_id="ocb").run_id
+    worker(burst=True).wait(60)
+    assert client.status(second).state == "completed"
+    (request,) = [r for r in openai_server.requests if r["key"] == f"{second}:1"]
+    sent = [(m["role"], m.get("content")) for m in request["body"]["messages"]]
+    assert sent[1] == ("user", "a story") and sent[-1] == ("user", "more")
+    assert sent[2][0] == "assistant"  # the earlier answer went back to the model
+
+
 def test_a_run_goes_past_the_sdks_default_turn_limit(
     client: Client, worker: WorkerFactory, openai_server: OpenAIServer
 ) -> None:
