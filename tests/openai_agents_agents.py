@@ -19,7 +19,7 @@ from agents.models.interface import Model, ModelProvider
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
 
-from durable.agents import Lookup
+from durable.agents import Lookup, OutcomeUnknown
 from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
 from tests.agents import _db
 
@@ -179,3 +179,20 @@ durable_small_refunder = DurableAgent(
     name="oai_small_refunder", model_provider=LocalProvider(),
     tools={"small_refund": StepOptions(timeout_s=2.0, lookup=refund_lookup,
                                        approver_role="finance")})
+
+
+# A booking whose reply is lost after the effect (``OutcomeUnknown``): resolved by lookup,
+# never told to the model as a failure it would retry under a new key.
+
+
+@function_tool
+def lossy_book(slot: int) -> dict[str, Any]:
+    """Book a slot; the reply is lost after the booking was applied."""
+    _effect(f"slot {slot}")
+    raise OutcomeUnknown("the booking service's reply was lost")
+
+
+durable_lossy = DurableAgent(
+    Agent(name="lossy", instructions="lossy: book.", model="scripted", tools=[lossy_book]),
+    name="oai_lossy", model_provider=LocalProvider(),
+    tools={"lossy_book": StepOptions(timeout_s=1.0, lookup=book_lookup)})

@@ -48,6 +48,10 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(booked) == 1:
             return {"tool_calls": [_call(2, "book", slot=2), _call(3, "note", text="two")]}
         return {"content": "booked: " + ", ".join(_data(r)["done"] for r in booked)}
+    if system.startswith("lossy"):
+        if not results:
+            return {"tool_calls": [_call(1, "lossy_book", slot=1)]}
+        return {"content": "booked: " + _data(results[0])["done"]}
     if system.startswith("small_refunder"):  # a small refund, then a large one
         if len(results) < 2:
             cents = 50 if not results else 500

@@ -249,6 +249,25 @@ def test_a_conversation_continues_in_a_new_run_from_the_items_returned(
     assert sent[2][0] == "assistant"  # the earlier answer went back to the model
 
 
+def test_a_tool_whose_reply_was_lost_is_resolved_by_its_lookup(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """The tool applied its effect and raised ``OutcomeUnknown``: the SDK's error handling
+    would tell the model it failed (and the model call it again, a second booking); the step
+    is left unknown instead, and its lookup finds the booking once its deadline passed."""
+    run = client.start("oai_lossy", {"input": "book"}, run_id="ol").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, 60, waiting=False)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "booked: slot 1"
+    assert _effects(tmp_path) == {f"{run}:2": 1}
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    assert "action_reconciled" in types
+    assert [s.tool for s in _steps(client, run)] == ["oai_lossy.model", "oai_lossy.tool.lossy_book",
+                                                    "oai_lossy.model"]
+
+
 def test_a_run_goes_past_the_sdks_default_turn_limit(
     client: Client, worker: WorkerFactory, openai_server: OpenAIServer
 ) -> None:

@@ -36,8 +36,9 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   ``{"call_id", "arguments"}``: claimed with an idempotency key the tool reads with
   ``step_context()``, resolved after a crash by the ``lookup`` of its ``StepOptions``. The
   tool runs with its own error handling, so an exception the SDK would tell the model about
-  is recorded as that message. Calls of one model reply run as parallel steps, as the SDK
-  runs them concurrently.
+  is recorded as that message; but ``OutcomeUnknown`` leaves the step unknown (resolved by
+  the lookup) and the step's ``retryable`` exceptions are retried with the same key. Calls
+  of one model reply run as parallel steps, as the SDK runs them concurrently.
 - A tool with ``needs_approval=True`` is a step with ``requires_approval``: the run waits in
   ``waiting_approval`` for a signed decision of ``approver_role`` bound to the call's digest
   (``durable.approvals``); the SDK's own interruption is not used. A rejection is told to the

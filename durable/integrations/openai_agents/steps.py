@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agents import Handoff, ModelResponse, ModelSettings, Usage
 from agents.models.interface import Model, ModelTracing
-from agents.tool import FunctionTool
+from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
 from agents.tool_context import ToolContext as SdkToolContext
 from openai.types.responses import (
     ResponseCompletedEvent,
@@ -39,7 +39,7 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from durable.agents import Lookup, Tool, ToolContext, args_digest
+from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext, args_digest
 from durable.cancellation import Cancelled
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) 
 class FunctionStep(Tool):
     """``<name>.tool.<tool>``: one call of a function tool, by the tool itself (its own error
     handling included: an exception it turns into a message for the model is recorded as
-    that message)."""
+    that message, except ``OutcomeUnknown`` and the step's ``retryable``, see ``_invoke``)."""
 
     owner: ClassVar[DurableAgent]
     options: ClassVar[StepOptions]
@@ -303,7 +303,7 @@ class FunctionStep(Tool):
         call: ToolCall = self.owner.handed(ctx, self.name, args, ToolCall)
 
         async def invoke() -> dict[str, Any]:
-            return encode_output(await call.tool.on_invoke_tool(call.context, call.arguments))
+            return encode_output(await _invoke(call, self.retryable))
 
         return LOOP.run(invoke, ctx, cancellable=self.cancellable)
 
@@ -321,6 +321,32 @@ class FunctionStep(Tool):
 
             return wrapped()
         return _applied(found)
+
+
+async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) -> Any:
+    """The tool's own call, with the SDK's error handling (an exception told to the model as
+    a message) except for what this system must see: ``OutcomeUnknown`` (the effect may have
+    happened: resolved by ``lookup``, never told to the model as a failure it would retry
+    under a new key) and the step's ``retryable`` exceptions (retried with the same key)."""
+    invoker = call.tool.on_invoke_tool
+    impl = getattr(invoker, "_invoke_tool_impl", None)
+    if impl is None:  # not the SDK's failure-handling wrapper: the tool as it is
+        return await invoker(call.context, call.arguments)
+    passthrough: tuple[type[BaseException], ...] = (OutcomeUnknown, *retryable)
+    try:
+        return await impl(call.context, call.arguments)
+    except passthrough:
+        raise
+    except Exception as exc:
+        tool = getattr(invoker, "_function_tool", None) or call.tool
+        message = await maybe_invoke_function_tool_failure_error_function(
+            function_tool=tool, context=call.context, error=exc)
+        if message is None:
+            raise
+        handled = getattr(invoker, "_on_handled_error", None)
+        if callable(handled):
+            handled(tool, exc, call.arguments, call.context)
+        return message
 
 
 def _applied(found: Lookup) -> Lookup:
