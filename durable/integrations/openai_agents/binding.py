@@ -1,0 +1,97 @@
+"""What ties a ``DurableAgent``'s clone to the durable run executing it: the binding (a
+context variable) through which its model, tools and handoffs take steps, and how what ended
+``Runner.run`` becomes the run's outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agents.exceptions import AgentsException
+
+from durable.code import AsyncRunContext, StepFailed
+from durable.integrations.openai_agents import steps as st
+from durable.session import Unwind
+
+if TYPE_CHECKING:
+    from durable.integrations.openai_agents.runner import DurableAgent
+
+
+class AgentRunFailed(StepFailed):
+    """Fails the run with the SDK's own outcome (``MaxTurnsExceeded``, a guardrail's tripwire,
+    a model's malformed reply): never retried, never quarantined."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.step, self.tool, self.status = 0, "", "failed"
+        self.error, self.error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
+        self.outcomes = None
+        Exception.__init__(self, self.error)
+
+
+@dataclass
+class Binding:
+    """The durable run a ``DurableAgent``'s function is executing (a context variable)."""
+
+    owner: DurableAgent
+    ctx: AsyncRunContext
+    unwound: bool = False
+
+    async def step(self, tool: str, args: dict[str, Any], live: Any) -> Any:
+        """Take a step, handing the live request to the step tool that performs it."""
+        if self.unwound:  # the worker let go of the run: nothing more is taken
+            raise Unwind
+        key = st.live_key(self.ctx.run_id, tool, args)
+        self.owner.live[key] = live
+        try:
+            return await self.ctx.call(tool, args)
+        except Unwind:
+            self.unwound = True
+            raise
+        finally:
+            self.owner.live.pop(key, None)
+
+    async def child(self, agent: str, input: Any) -> Any:
+        """Run ``agent`` as a child run of this one and return its result."""
+        if self.unwound:
+            raise Unwind
+        try:
+            return await self.ctx.child(agent, input)
+        except Unwind:  # the run waits for its child, holding no worker
+            self.unwound = True
+            raise
+
+
+binding: ContextVar[Binding | None] = ContextVar("durable_openai_agents_run", default=None)
+
+
+def bound(owner: DurableAgent) -> Binding | None:
+    b = binding.get()
+    return b if b is not None and b.owner is owner else None
+
+
+def primary(exc: BaseException) -> BaseException:
+    """What to raise out of the function for what ended ``Runner.run``: the worker letting go
+    of the run (``Unwind``) first, then a failed step, then the SDK's own outcome (the run
+    fails); anything else as it is (an agent bug, for the worker to judge)."""
+    chain = list(_chain(exc))
+    for kind in (Unwind, StepFailed, AgentsException):
+        for found in chain:
+            if isinstance(found, kind):
+                return AgentRunFailed(found) if kind is AgentsException else found
+    return next((e for e in chain if not isinstance(e, Exception)), exc)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        cur = todo.pop(0)
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        if isinstance(cur, BaseExceptionGroup):
+            todo.extend(cur.exceptions)
+        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)

@@ -1,0 +1,378 @@
+"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request,
+a function tool call and a handoff, and the JSON their outcomes are recorded as.
+
+A step tool reaches the live request (the real model and its arguments, the SDK's
+``ToolContext``, the handoff) through a hand-off the agent's function fills just before it
+takes the step, keyed by run, step tool and the digest of the step's arguments: the worker
+only ever runs a code agent's step while its function waits at that very call, and the
+arguments name the call (a tool call's arguments carry the model's ``call_id``).
+
+Every coroutine runs on one event loop per process (a daemon thread), so a model's cached
+HTTP client (``AsyncOpenAI``) is never used from two event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from agents import Handoff, ModelResponse, ModelSettings, Usage
+from agents.models.interface import Model, ModelTracing
+from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
+from agents.tool_context import ToolContext as SdkToolContext
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseErrorEvent,
+    ResponseFailedEvent,
+    ResponseIncompleteEvent,
+    ResponseOutputItem,
+    ResponseOutputItemDoneEvent,
+    ResponseTextDeltaEvent,
+)
+from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext, args_digest
+from durable.cancellation import Cancelled
+
+if TYPE_CHECKING:
+    from durable.integrations.openai_agents.runner import DurableAgent
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How one function tool's calls are run as steps (``DurableAgent(tools={name: ...})``).
+
+    ``lookup(key, arguments)`` asks the system the tool acts on whether the call keyed ``key``
+    happened (``Lookup.applied(the tool's result)``, ``not_applied()`` or ``unknown()``), plain
+    or ``async``: it resolves a call whose outcome a crash or a timeout left unknown. Without
+    one, such a call waits for an operator. ``effect_free``: a read, sent again at once after a
+    crash. ``requires_approval`` overrides the tool's ``needs_approval``; ``approver_role`` is
+    the role whose signed decision a call that needs approval waits for. ``timeout_s``
+    defaults to the tool's ``timeout_seconds``, else 60."""
+
+    timeout_s: float | None = None
+    retryable: tuple[type[BaseException], ...] = ()
+    cancellable: bool = False
+    effect_free: bool = False
+    lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]] | None = None
+    requires_approval: bool | None = None
+    approver_role: str = "approver"
+    approval_ttl_s: float = 86400.0
+
+
+# The steps' event loop -------------------------------------------------------------------
+
+
+class StepLoop:
+    """One event loop per process, on a daemon thread, for every step's coroutine."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="openai-agents-steps",
+                                 daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, make: Callable[[], Awaitable[Any]], ctx: ToolContext, cancellable: bool) -> Any:
+        """Run ``make()``'s coroutine there and wait for it on the calling (tool) thread. A
+        cancel of a cancellable step, or the worker interrupting the thread, cancels it."""
+        fut = asyncio.run_coroutine_threadsafe(_awaited(make, ctx), self._get())
+        try:
+            # Polled, not a blocking wait: the worker interrupts a tool thread by raising in
+            # it, which only lands while it runs Python.
+            while not concurrent.futures.wait([fut], timeout=0.05).done:
+                if cancellable and ctx.token.cancelled:
+                    fut.cancel()
+                    raise Cancelled(ctx.token.reason or "cancelled")
+            try:
+                return fut.result()
+            except concurrent.futures.CancelledError:
+                raise Cancelled(ctx.token.reason or "cancelled") from None
+        except BaseException:
+            fut.cancel()
+            raise
+
+
+async def _awaited(make: Callable[[], Awaitable[Any]], ctx: ToolContext) -> Any:
+    _current.set(ctx)
+    return await make()
+
+
+_current: ContextVar[ToolContext | None] = ContextVar("durable_openai_agents_step", default=None)
+
+
+def step_context() -> ToolContext:
+    """The step a ``DurableAgent``'s tool (or model) runs in: ``key`` (its idempotency key,
+    to pass downstream), ``deadline_ms``, ``token``, ``attempt``, ``emit``. Raises
+    ``LookupError`` outside a step."""
+    ctx = _current.get()
+    if ctx is None:
+        raise LookupError("not inside a durable step of a DurableAgent")
+    return ctx
+
+
+LOOP = StepLoop()
+
+
+# Encodings ---------------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data; what JSON cannot carry becomes its ``str``."""
+    return to_jsonable_python(value, fallback=str)
+
+
+def identity(value: Any) -> Any:
+    """``value`` as JSON data for a step's identity (checked again on re-execution): what
+    JSON cannot carry becomes its type's name, the same in every process."""
+    return to_jsonable_python(
+        value, fallback=lambda v: f"<{type(v).__module__}.{type(v).__qualname__}>")
+
+
+_OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
+
+
+def encode_response(response: ModelResponse) -> dict[str, Any]:
+    """A model response as recorded: its output items, ids and usage (``usage.total_tokens``
+    is what the run's "tokens" budget counts)."""
+    usage = response.usage
+    return {
+        "output": [item.model_dump(mode="json", exclude_none=True) for item in response.output],
+        "response_id": response.response_id,
+        "request_id": response.request_id,
+        "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens,
+                  "output_tokens": usage.output_tokens, "total_tokens": usage.total_tokens},
+    }
+
+
+def decode_response(data: Any) -> ModelResponse:
+    if not isinstance(data, dict) or not isinstance(data.get("output"), list):
+        raise TypeError(f"a model step recorded {str(data)[:200]!r}, not a response")
+    usage = data.get("usage") or {}
+    return ModelResponse(
+        output=_OUTPUT_ITEMS.validate_python(data["output"]),
+        usage=Usage(requests=int(usage.get("requests", 1)),
+                    input_tokens=int(usage.get("input_tokens", 0)),
+                    output_tokens=int(usage.get("output_tokens", 0)),
+                    total_tokens=int(usage.get("total_tokens", 0))),
+        response_id=data.get("response_id"), request_id=data.get("request_id"))
+
+
+def encode_output(value: Any) -> dict[str, Any]:
+    """A function tool's return as recorded: JSON data as it is, anything else as its ``str``
+    (what the SDK tells the model of it)."""
+    if isinstance(value, str | int | float | bool | type(None) | list | dict):
+        return {"return": plain(value)}
+    return {"text": str(value)}
+
+
+def decode_output(data: Any) -> Any:
+    if isinstance(data, dict) and "return" in data:
+        return data["return"]
+    if isinstance(data, dict) and "text" in data:
+        return str(data["text"])
+    raise TypeError(f"a tool step recorded {str(data)[:200]!r}")
+
+
+# What the function hands to the step it takes ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    model: Model
+    instructions: str | None
+    input: Any
+    settings: ModelSettings
+    tools: list[Any]
+    output_schema: Any
+    handoffs: list[Handoff[Any, Any]]
+    tracing: ModelTracing
+    extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: FunctionTool
+    context: SdkToolContext[Any]
+    arguments: str
+
+
+@dataclass(frozen=True)
+class HandoffCall:
+    handoff: Handoff[Any, Any]
+    context: Any
+    arguments: str
+
+
+def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str, str]:
+    return (run_id, tool, args_digest(args))
+
+
+# The step tools ----------------------------------------------------------------------------
+
+
+class ModelStep(Tool):
+    """``<name>.model``: one model request, by the real model, streamed to followers."""
+
+    effect_free = True
+    model = True
+    log_args = "digest"
+    cancellable = True
+    owner: ClassVar[DurableAgent]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        call: ModelCall = self.owner.handed(ctx, self.name, args, ModelCall)
+        settings = _keyed(call, ctx)
+
+        async def request() -> dict[str, Any]:
+            if self.owner.stream:
+                return encode_response(await _streamed(call, settings, ctx))
+            response = await call.model.get_response(
+                call.instructions, call.input, settings, call.tools, call.output_schema,
+                call.handoffs, call.tracing, **call.extra)
+            return encode_response(response)
+
+        return LOOP.run(request, ctx, cancellable=True)
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()  # never asked: an effect-free step is sent again
+
+
+def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
+    """The request's settings with the step's idempotency key as an ``Idempotency-Key``
+    header, and its deadline as the OpenAI client's timeout (the models of this SDK pass
+    ``extra_args`` to the client)."""
+    headers = {**(call.settings.extra_headers or {}), "Idempotency-Key": ctx.key}
+    changes: dict[str, Any] = {"extra_headers": headers}
+    if type(call.model).__module__.startswith("agents.models.openai"):
+        changes["extra_args"] = {**(call.settings.extra_args or {}),
+                                 "timeout": max(0.1, ctx.remaining())}
+    return dataclasses.replace(call.settings, **changes)
+
+
+async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
+    """Stream the request: each text delta is partial output (``{"delta": text}``) for the
+    run's followers; the completed response is the step's result."""
+    done: list[Any] = []
+    completed = None
+    async for event in call.model.stream_response(
+            call.instructions, call.input, settings, call.tools, call.output_schema,
+            call.handoffs, call.tracing, **call.extra):
+        if isinstance(event, ResponseTextDeltaEvent):
+            ctx.emit({"delta": event.delta})
+        elif isinstance(event, ResponseOutputItemDoneEvent):
+            done.append(event.item)
+        elif isinstance(event, ResponseCompletedEvent):
+            completed = event.response
+        elif isinstance(event, ResponseFailedEvent | ResponseIncompleteEvent | ResponseErrorEvent):
+            raise RuntimeError(f"the model's stream ended with {event.type}")
+    if completed is None:
+        raise RuntimeError("the model's stream ended without a completed response")
+    usage = completed.usage
+    return ModelResponse(
+        output=list(completed.output or done),
+        usage=Usage(requests=1, input_tokens=usage.input_tokens if usage else 0,
+                    output_tokens=usage.output_tokens if usage else 0,
+                    total_tokens=usage.total_tokens if usage else 0),
+        response_id=completed.id)
+
+
+class FunctionStep(Tool):
+    """``<name>.tool.<tool>``: one call of a function tool, by the tool itself (its own error
+    handling included: an exception it turns into a message for the model is recorded as
+    that message, except ``OutcomeUnknown`` and the step's ``retryable``, see ``_invoke``)."""
+
+    owner: ClassVar[DurableAgent]
+    options: ClassVar[StepOptions]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        call: ToolCall = self.owner.handed(ctx, self.name, args, ToolCall)
+
+        async def invoke() -> dict[str, Any]:
+            return encode_output(await _invoke(call, self.retryable))
+
+        return LOOP.run(invoke, ctx, cancellable=self.cancellable)
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
+        fn = self.options.lookup
+        if fn is None:
+            return Lookup.unknown()
+        arguments = args.get("arguments")
+        found = fn(key, arguments if isinstance(arguments, dict) else {})
+        if inspect.isawaitable(found):
+            pending = found
+
+            async def wrapped() -> Lookup:
+                return _applied(await pending)
+
+            return wrapped()
+        return _applied(found)
+
+
+async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) -> Any:
+    """The tool's own call, with the SDK's error handling (an exception told to the model as
+    a message) except for what this system must see: ``OutcomeUnknown`` (the effect may have
+    happened: resolved by ``lookup``, never told to the model as a failure it would retry
+    under a new key) and the step's ``retryable`` exceptions (retried with the same key)."""
+    invoker = call.tool.on_invoke_tool
+    impl = getattr(invoker, "_invoke_tool_impl", None)
+    if impl is None:  # not the SDK's failure-handling wrapper: the tool as it is
+        return await invoker(call.context, call.arguments)
+    passthrough: tuple[type[BaseException], ...] = (OutcomeUnknown, *retryable)
+    try:
+        return await impl(call.context, call.arguments)
+    except passthrough:
+        raise
+    except Exception as exc:
+        tool = getattr(invoker, "_function_tool", None) or call.tool
+        message = await maybe_invoke_function_tool_failure_error_function(
+            function_tool=tool, context=call.context, error=exc)
+        if message is None:
+            raise
+        handled = getattr(invoker, "_on_handled_error", None)
+        if callable(handled):
+            handled(tool, exc, call.arguments, call.context)
+        return message
+
+
+def _applied(found: Lookup) -> Lookup:
+    """A user's lookup answers with the tool's own result: recorded as the step's outcome."""
+    if found.status == "applied":
+        return Lookup.applied(encode_output(found.result))
+    return found
+
+
+class HandoffStep(Tool):
+    """``<name>.handoff``: a handoff to another agent of the run (the SDK's
+    ``on_invoke_handoff``, with the handoff's ``on_handoff`` callback); records the agent
+    handed to. Sent again at once after a crash, like a read."""
+
+    effect_free = True
+    timeout_s = 60.0
+    owner: ClassVar[DurableAgent]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        call: HandoffCall = self.owner.handed(ctx, self.name, args, HandoffCall)
+
+        async def invoke() -> dict[str, Any]:
+            agent = await call.handoff.on_invoke_handoff(call.context, call.arguments)
+            return {"agent": agent.name}
+
+        return LOOP.run(invoke, ctx, cancellable=False)
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()

@@ -1,0 +1,198 @@
+"""OpenAI Agents SDK agents run as durable runs, for the tests (worker processes import this
+module through ``DURABLE_AGENTS``). Their models are the SDK's own
+``OpenAIChatCompletionsModel`` against the local server of ``tests.openai_server``
+(``TEST_OPENAI_URL``), resolved by name through a model provider.
+
+The tools write their effects into ``tests.agents``' SQLite table (one row per application,
+keyed by the step's idempotency key, no unique key when ``TEST_DB_DEDUPE=0``): an effect
+applied twice shows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from agents import Agent, function_tool
+from agents.models.interface import Model, ModelProvider
+from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+from openai import AsyncOpenAI
+
+from durable.agents import Lookup, OutcomeUnknown
+from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
+from tests.agents import _db
+
+
+class LocalProvider(ModelProvider):
+    """Every model name is the local server's scripted model (the client made on first use,
+    in the process that sends the requests)."""
+
+    def get_model(self, model_name: str | None) -> Model:
+        client = AsyncOpenAI(base_url=os.environ["TEST_OPENAI_URL"], api_key="test",
+                             max_retries=0)
+        return OpenAIChatCompletionsModel(model=model_name or "scripted", openai_client=client)
+
+
+def _effect(what: str) -> dict[str, Any]:
+    key = step_context().key
+    time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
+    conn = _db()
+    try:
+        conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
+    finally:
+        conn.close()
+    return {"done": what, "key": key}
+
+
+def _applied(key: str) -> bool:
+    conn = _db()
+    try:
+        return bool(conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?",
+                                 (key,)).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def book_lookup(key: str, args: dict[str, Any]) -> Lookup:
+    """What the database says of a booking: the tool's own result when it was applied."""
+    if _applied(key):
+        return Lookup.applied({"done": f"slot {args['slot']}", "key": key})
+    return Lookup.not_applied()
+
+
+def refund_lookup(key: str, args: dict[str, Any]) -> Lookup:
+    if _applied(key):
+        return Lookup.applied({"done": f"refund {args['order']} {args['cents']}", "key": key})
+    return Lookup.not_applied()
+
+
+# A triage agent hands off to a booker, which books two slots (the second reply also leaves a
+# note: two tool calls at once), then answers from what the tools returned.
+
+
+@function_tool
+def book(slot: int) -> dict[str, Any]:
+    """Book a slot (an effect in the outside world)."""
+    return _effect(f"slot {slot}")
+
+
+@function_tool
+async def note(text: str) -> str:
+    """Leave a note (effect-free, async)."""
+    return f"noted {text} ({step_context().key})"
+
+
+booker = Agent(name="booker", instructions="booker: book the slots asked for.",
+               model="scripted", tools=[book, note])
+triage = Agent(name="triage", instructions="triage: route the request.", model="scripted",
+               handoffs=[booker])
+
+durable_booker = DurableAgent(triage, name="oai_booker", model_provider=LocalProvider(), tools={
+    "book": StepOptions(timeout_s=2.0, lookup=book_lookup),
+    "note": StepOptions(effect_free=True),
+}, budgets={"model_calls": 10})
+
+
+# A refund agent: its tool needs approval (the SDK's ``needs_approval=True``), decided by an
+# approver with the role "finance"; the model reports what happened.
+
+
+@function_tool(needs_approval=True)
+def refund(order: str, cents: int) -> dict[str, Any]:
+    """Refund an order (needs a human's approval)."""
+    return _effect(f"refund {order} {cents}")
+
+
+refunder = Agent(name="refunder", instructions="refunder: refund what is asked.",
+                 model="scripted", tools=[refund])
+
+durable_refunder = DurableAgent(refunder, name="oai_refunder", model_provider=LocalProvider(),
+                                tools={"refund": StepOptions(timeout_s=2.0, lookup=refund_lookup,
+                                                             approver_role="finance")})
+
+
+# A counter: one tool turn per count, past the SDK's default of 10 turns.
+
+
+@function_tool
+def tick(n: int) -> str:
+    """Count one."""
+    return f"tick {n}"
+
+
+def _counter(turns: int) -> Agent[Any]:
+    return Agent(name="counter", instructions=f"counter {turns}", model="scripted",
+                 tools=[tick])
+
+
+durable_counter = DurableAgent(_counter(15), name="oai_counter", model_provider=LocalProvider(),
+                               tools={"tick": StepOptions(effect_free=True)}, stream=False)
+durable_short = DurableAgent(_counter(15), name="oai_short", model_provider=LocalProvider(),
+                             tools={"tick": StepOptions(effect_free=True)},
+                             budgets={"model_calls": 4})
+
+
+# A storyteller whose one reply streams forty words to the run's followers.
+
+durable_storyteller = DurableAgent(
+    Agent(name="storyteller", instructions="storyteller: tell a story.", model="scripted"),
+    name="oai_storyteller", model_provider=LocalProvider())
+
+
+# A manager that asks the storyteller through a child tool: the story is a child run.
+
+durable_manager = DurableAgent(
+    Agent(name="manager", instructions="manager: delegate the story.", model="scripted",
+          tools=[durable_storyteller.as_child_tool("tell_story")]),
+    name="oai_manager", model_provider=LocalProvider())
+
+# A counter whose SDK turn limit comes before its end: the SDK's MaxTurnsExceeded.
+
+durable_turns = DurableAgent(_counter(15), name="oai_turns", model_provider=LocalProvider(),
+                             tools={"tick": StepOptions(effect_free=True)}, max_turns=3)
+
+
+# A conversation continued in a new run from the items the last one returned.
+
+durable_chat = DurableAgent(
+    Agent(name="storyteller", instructions="storyteller: tell a story.", model="scripted"),
+    name="oai_chat", model_provider=LocalProvider(), return_items=True, stream=False)
+
+
+# Refunds that need an approval above 100 cents only (a callable ``needs_approval``).
+
+
+async def _large(ctx: Any, params: dict[str, Any], call_id: str) -> bool:
+    return bool(params.get("cents", 0) > 100)
+
+
+@function_tool(needs_approval=_large)
+def small_refund(order: str, cents: int) -> dict[str, Any]:
+    """Refund an order (a human approves those above 100 cents)."""
+    return _effect(f"refund {order} {cents}")
+
+
+durable_small_refunder = DurableAgent(
+    Agent(name="small_refunder", instructions="small_refunder: refund.", model="scripted",
+          tools=[small_refund]),
+    name="oai_small_refunder", model_provider=LocalProvider(),
+    tools={"small_refund": StepOptions(timeout_s=2.0, lookup=refund_lookup,
+                                       approver_role="finance")})
+
+
+# A booking whose reply is lost after the effect (``OutcomeUnknown``): resolved by lookup,
+# never told to the model as a failure it would retry under a new key.
+
+
+@function_tool
+def lossy_book(slot: int) -> dict[str, Any]:
+    """Book a slot; the reply is lost after the booking was applied."""
+    _effect(f"slot {slot}")
+    raise OutcomeUnknown("the booking service's reply was lost")
+
+
+durable_lossy = DurableAgent(
+    Agent(name="lossy", instructions="lossy: book.", model="scripted", tools=[lossy_book]),
+    name="oai_lossy", model_provider=LocalProvider(),
+    tools={"lossy_book": StepOptions(timeout_s=1.0, lookup=book_lookup)})
