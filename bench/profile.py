@@ -32,10 +32,10 @@ from bench.throughput import start_runs
 from durable import leases
 from durable.agents import registry
 from durable.client import Client
-from durable.log import batching
+from durable.log import batching, keys
 from durable.log import store as eventlog
 from durable.queue import make_queue
-from workers import calls
+from workers import calls, decisions
 from workers import loop as drv
 from workers import runtime as wr
 from workers.loop import StepLoop
@@ -127,7 +127,7 @@ PARTS = [
     (eventlog.EventLog, "load", "driver: load (decode + fold, excl. Redis)"),
     (eventlog.EventLog, "commit", "driver: commit (args, due, checkpoint check)"),
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
-    (drv, "plain", "driver: plain (JSON round trip of args/results)"),
+    (decisions, "plain", "driver: plain (JSON round trip of args/results)"),
     (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
     (drv.StepLoop, "_check_replay", "driver: _check_replay"),
     # Not wrapped: copy_state (the pre-intent snapshot in load). Each run here is loaded
@@ -142,14 +142,20 @@ class _InlinePool(RunPool):
     its run threads, which would overlap with RQ's loop in wall time)."""
 
     def fill(self) -> int:
-        run_id = self._pop()
+        run_id = self.slots.pop()
         if run_id is None:
             return 0
-        self._free.acquire()
-        with self._idle:
-            self._busy += 1
-        self._slot(run_id)  # drives it, then each next ready run
+        self.slots.take_one()
+        self.slot(run_id)  # drives it, then each next ready run
         return 1
+
+    def drain(self, queue_name: str) -> dict[str, object]:
+        self.slots.queues.delete(keys.drain_pending(queue_name))
+        return {"taken": self.fill()}
+
+    def finish(self) -> None:
+        while self.fill():
+            pass
 
 
 def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:

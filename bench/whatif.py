@@ -117,9 +117,9 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
     drivers = {"run threads": RunPool(pooled, MODEL_CONCURRENCY),
                "hub (the worker)": RunHub(hubbed, MODEL_CONCURRENCY)}
 
-    def drive(driver: RunPool) -> Any:
+    def drive(driver: RunPool | RunHub) -> Any:
         def run(ids: list[str]) -> None:
-            enqueue_many(r, driver.queue, ids)
+            enqueue_many(r, driver.loop.queue, ids)
             driver.finish()
         return run
 

@@ -47,12 +47,13 @@ from workers.hooks import load_hooks
 from workers.hub import RunHub
 from workers.listener import CancelListener
 from workers.loop import StepLoop
-from workers.pool import RunPool, routes
+from workers.pool import RunPool
+from workers.slots import Driver, routes
 
 log = logging.getLogger("durable.worker")
 
 _loop: StepLoop | None = None
-_pool: RunPool | None = None
+_pool: Driver | None = None
 
 
 def current_loop() -> StepLoop:
@@ -62,7 +63,7 @@ def current_loop() -> StepLoop:
     return _loop
 
 
-def current_pool() -> RunPool:
+def current_pool() -> Driver:
     if _pool is None:
         raise RuntimeError("durable command handlers run inside a durable worker process only")
     return _pool
@@ -139,7 +140,10 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     except redis.RedisError as exc:
         log.warning("could not publish the agents to %s: %r", keys.AGENTS, exc)
     require_keys(registry.sensitive_names(), settings)
-    _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
+    # Too many stuck tool calls: shut down, then start afresh (a burst worker ends soon).
+    _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain,
+                     on_restart=(lambda: None) if burst else
+                     (lambda: os.kill(os.getpid(), signal.SIGTERM)))
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes)
     _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
@@ -160,8 +164,6 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
              queue.name, pool.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
-    if not burst:  # a burst worker ends soon anyway
-        _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.finish()
@@ -173,7 +175,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     return code
 
 
-def make_pool(loop: StepLoop, size: int) -> RunPool:
+def make_pool(loop: StepLoop, size: int) -> Driver:
     """The hub (``workers.hub``) where its script calls can be batched and the settings
     do not ask for threads; else one thread per held run (``workers.pool``)."""
     if loop.settings.driver == "hub" and loop.leases.batcher is not None:
@@ -229,7 +231,7 @@ def _watchdog(loop: StepLoop) -> None:
             log.exception("watchdog")
 
 
-def _shut_down(pool: RunPool, grace_s: float, presence: Presence) -> int:
+def _shut_down(pool: Driver, grace_s: float, presence: Presence) -> int:
     """After RQ's loop ended on a signal: finish or hand back what is held, leave the
     workers' set, then exit."""
     force = threading.Event()
