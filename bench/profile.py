@@ -174,10 +174,10 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
         acct.wrap(owner, attr, label)
     adv = StepLoop.advance
 
-    def advance(self: StepLoop, run_id: str) -> Any:
+    def advance(self: StepLoop, run_id: str, *more: Any) -> Any:
         _phase.driver = True
         try:
-            return adv(self, run_id)
+            return adv(self, run_id, *more)
         finally:
             _phase.driver = False
 
