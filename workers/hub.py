@@ -23,7 +23,9 @@ system call:
   the call returns, and becomes a spare.
 - Code whose recent calls were slower than ``HANDOFF_S`` (a running average per kind),
   and every wait on a deadline or a lookup, goes to a spare thread at once; its result
-  comes back the same way.
+  comes back the same way. A log's fold (``FOLD``) is step code: always inline.
+- The step protocol makes no Redis call in place (``workers.redis_io``): every one is a
+  call of the next batch, or library code on a spare thread.
 
 The driving thread alone runs step code, so the threads that return from slow calls never
 contend with it for the GIL beyond handing a result back. A coroutine is not tied to a
@@ -54,7 +56,7 @@ from durable.log.batching import RedisCall, packed, read_replies
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
 from workers.slots import Slots, run_id_of, slot_live
-from workers.turns import SLOT, WAITING, Abandoned, DriverCallbacks, Offload
+from workers.turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
 
@@ -245,7 +247,8 @@ class RunHub:
                 task.started = True
                 item = self._resume(task)
                 while isinstance(item, Offload):
-                    if item.what == WAITING or self._took.get(item.what, 0.0) > HANDOFF_S:
+                    if item.what == WAITING or (item.what != FOLD and
+                                                self._took.get(item.what, 0.0) > HANDOFF_S):
                         self._elsewhere(task, item)
                         item = None
                         break

@@ -13,9 +13,9 @@ What cannot be one command -- RQ's own enqueue of a ``drain``, a ready list on a
 server (``DURABLE_QUEUE_URL``), every call where nothing is batched (a Redis Cluster, or
 ``DURABLE_MIN_REPLICAS``: there the run threads drive, a thread per run) -- is the library's
 own function, run on a thread of its own (an ``Offload`` named ``WAITING``: a hub never runs
-one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``: quick, it runs
-inline; the rare fold that reads more (a large value beside the run, a layout refolded from
-the start) hands the driving over as slow user code does.
+one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``: a hub runs it
+inline, and the rare fold that reads more (a large value beside the run, a layout refolded
+from the start) hands the driving over as slow user code does.
 """
 
 from __future__ import annotations
@@ -36,13 +36,9 @@ from durable.log.batching import ScriptBatcher
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.queue import QUEUED_TTL_MS, enqueue_advance, ensure_drain
-from workers.turns import WAITING, Offload
+from workers.turns import FOLD, WAITING, Offload
 
 T = TypeVar("T")
-
-#: The name a hub knows a log's fold by (run inline while it is quick).
-FOLD = "(fold)"
-
 
 def _s(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -83,6 +83,11 @@ SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot
 #: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
 WAITING = "(wait)"
 
+#: The name a hub knows a log's fold by: step code, always run inline (one that reads
+#: more than it was given, a large value beside the run, hands the driving over once it
+#: has run for the hand-off time, as slow user code does).
+FOLD = "(fold)"
+
 
 class Offload:
     """User code a run's coroutine waits on (a ``decide()``, a tool call, a wait): ``await``
