@@ -24,8 +24,22 @@ Bodies of nested functions and lambdas are not walked: they are what is handed t
 from __future__ import annotations
 
 import ast
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from durable.agents import registry
+from durable.client import Client
+from durable.log import keys
+from durable.queue import enqueue_many
+from durable.settings import Settings
+from durable.testing import wait_for
+from workers.hub import RunHub
+from workers.loop import StepLoop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,3 +167,86 @@ def never_called_from_a_coroutine(self):
         "m.py: helper, line 13: wake_parent(self.log, None, 'w')",
         "m.py: step, line 3: self.redis.hincrby('stats', 'x', 1)",
     ]
+
+
+class _Watched:
+    """A hub of its own whose driving thread notes every Redis command sent in place
+    while it resumes a run's coroutine (``RunHub._resume``), not in its batches."""
+
+    def __init__(self, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+        registry.load("examples.agents,tests.agents")
+        self.loop = StepLoop(settings, redis.Redis.from_url(settings.redis_url), registry,
+                             "w:io:test")
+        self.hub = RunHub(self.loop, 16)
+        self.direct: list[str] = []
+        self.sent = 0
+        resuming = threading.local()
+        resume = self.hub._resume
+
+        def resumed(task: Any) -> Any:
+            resuming.on = True
+            try:
+                return resume(task)
+            finally:
+                resuming.on = False
+
+        def noting(send: Any) -> Any:
+            def sent(conn: Any, *args: Any, **kw: Any) -> Any:
+                self.sent += 1
+                if getattr(resuming, "on", False):
+                    self.direct.append(str(args[0]) if args else "pipeline")
+                return send(conn, *args, **kw)
+            return sent
+
+        monkeypatch.setattr(self.hub, "_resume", resumed)
+        monkeypatch.setattr(redis.Redis, "execute_command",
+                            noting(redis.Redis.execute_command))
+        monkeypatch.setattr(redis.client.Pipeline, "execute",
+                            noting(redis.client.Pipeline.execute))
+
+
+@pytest.fixture()
+def watched(settings: Settings, r: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+            tmp_path: Path) -> Iterator[_Watched]:
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("DURABLE_STEPS_PER_JOB", "2")  # a release and re-queue every 2 steps
+    w = _Watched(Settings(), monkeypatch)
+    stop = threading.Event()  # the worker's safety net takes the children as they start
+    threading.Thread(target=w.hub.poll, args=(0.05, stop), daemon=True).start()
+    yield w
+    stop.set()
+    w.hub.shutdown(5)
+
+
+def test_the_hub_sends_no_redis_command_in_place_while_it_resumes_runs(
+    watched: _Watched, client: Client, r: redis.Redis
+) -> None:
+    """Forty runs re-queued every two steps (the lease released and the run made ready
+    again at each turn end) and a parent with two children (a child read, the parent woken
+    by its children's ends): each completes, and no Redis command went out in place from
+    a run's coroutine on the driving thread."""
+    runs = [run.run_id for run in client.start_many("count", [{"steps": 6}] * 40,
+                                                     enqueue=False)]
+    parent = client.start("parent", {"children": 2}, enqueue=False).run_id
+    enqueue_many(r, client.queue, [*runs, parent])
+    assert wait_for(lambda: all(client.status(run).state == "completed"
+                                for run in [*runs, parent]), 60)
+    assert watched.hub.wait_idle(10)
+    assert watched.sent > 0  # the watch sees what is sent in place (the test's own reads)
+    assert watched.direct == []
+
+
+def test_the_watch_sees_a_call_made_in_place(
+    watched: _Watched, client: Client, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check can fail: a statistic counted with a direct call, as the protocol once
+    counted a malformed command, is seen."""
+    loop = watched.loop
+
+    async def in_place(name: str, amount: int = 1) -> None:
+        loop.redis.hincrby(keys.STATS, name, amount)
+
+    monkeypatch.setattr(loop.io, "stat", in_place)
+    assert watched.hub.slots.take_again("not a run id!")
+    assert wait_for(lambda: client.stats().get("malformed_commands") == 1, 10)
+    assert watched.direct == ["HINCRBY"]
