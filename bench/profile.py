@@ -32,7 +32,7 @@ from bench.throughput import start_runs
 from durable import leases
 from durable.agents import registry
 from durable.client import Client
-from durable.log import batching, keys
+from durable.log import batching
 from durable.log import store as eventlog
 from durable.queue import make_queue
 from workers import calls, decisions
@@ -141,21 +141,8 @@ class _InlinePool(RunPool):
     exclusive-time accounting sees the whole step protocol (the core's pool hands them to
     its run threads, which would overlap with RQ's loop in wall time)."""
 
-    def fill(self) -> int:
-        run_id = self.slots.pop()
-        if run_id is None:
-            return 0
-        self.slots.take_one()
-        self.slot(run_id)  # drives it, then each next ready run
-        return 1
-
-    def drain(self, queue_name: str) -> dict[str, object]:
-        self.slots.queues.delete(keys.drain_pending(queue_name))
-        return {"taken": self.fill()}
-
-    def finish(self) -> None:
-        while self.fill():
-            pass
+    def _hand(self, run_id: str) -> None:
+        self.slot(run_id)  # drives it, then each next ready run, on this thread
 
 
 def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
@@ -185,7 +172,7 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         worker.work(burst=True, logging_level="WARNING")
-        wr._pool.finish()
+        wr._pool.slots.finish()
     finally:
         total = time.perf_counter() - t0
         StepLoop.advance = adv  # type: ignore[method-assign]

@@ -212,10 +212,10 @@ def watched(settings: Settings, r: redis.Redis, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("DURABLE_STEPS_PER_JOB", "2")  # a release and re-queue every 2 steps
     w = _Watched(Settings(), monkeypatch)
     stop = threading.Event()  # the worker's safety net takes the children as they start
-    threading.Thread(target=w.hub.poll, args=(0.05, stop), daemon=True).start()
+    threading.Thread(target=w.hub.slots.poll, args=(0.05, stop), daemon=True).start()
     yield w
     stop.set()
-    w.hub.shutdown(5)
+    w.hub.slots.shutdown(5)
 
 
 def test_the_hub_sends_no_redis_command_in_place_while_it_resumes_runs(
@@ -231,7 +231,7 @@ def test_the_hub_sends_no_redis_command_in_place_while_it_resumes_runs(
     enqueue_many(r, client.queue, [*runs, parent])
     assert wait_for(lambda: all(client.status(run).state == "completed"
                                 for run in [*runs, parent]), 60)
-    assert watched.hub.wait_idle(10)
+    assert watched.hub.slots.wait_idle(10)
     assert watched.sent > 0  # the watch sees what is sent in place (the test's own reads)
     assert watched.direct == []
 

@@ -117,6 +117,7 @@ class RunHub:
         #: From other threads: new runs, and runs whose user code returned off the driving
         #: thread (its result is on the ``Offload`` they wait on).
         self._incoming: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        #: The worker's run slots: ``drain``, ``fill``, ``poll``, ``shutdown`` and the rest.
         self.slots = Slots(loop, size, hand=self._hand, on_popped=self._popped_by_fill)
         self._callbacks = DriverCallbacks(on_abandon=self.slots.give_back)
         self._sender = batcher
@@ -157,36 +158,6 @@ class RunHub:
             for _ in range(size):
                 self._spares.append(self._start_thread())
         threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
-
-    # What a worker asks of its driver (``Slots``) ------------------------------------------
-
-    @property
-    def size(self) -> int:
-        return self.slots.size
-
-    @property
-    def busy(self) -> int:
-        """Slots driving a run now."""
-        return self.slots.busy
-
-    def drain(self, queue_name: str) -> dict[str, object]:
-        return self.slots.drain(queue_name)
-
-    def fill(self) -> int:
-        return self.slots.fill()
-
-    def poll(self, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
-        self.slots.poll(interval_s, stop)
-
-    def wait_idle(self, timeout: float | None = None,
-                  stop: threading.Event | None = None) -> bool:
-        return self.slots.wait_idle(timeout, stop)
-
-    def finish(self) -> None:
-        self.slots.finish()
-
-    def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:
-        return self.slots.shutdown(grace_s, force)
 
     @property
     def threads(self) -> int:

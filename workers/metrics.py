@@ -50,4 +50,4 @@ def watch(loop: StepLoop, pool: Driver) -> None:
     """The gauges read the loop and the pool (the counters come from a :class:`MetricsHook`
     in the loop's hooks)."""
     HELD.set_function(lambda: len(loop.held))
-    SLOTS.set(pool.size)
+    SLOTS.set(pool.slots.size)

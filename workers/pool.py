@@ -50,7 +50,8 @@ class RunPool:
         #: hundreds of threads when a burst of runs arrives cost each run its share of the
         #: thread starts before its first step (about a millisecond each, in turn).
         self._inbox: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.slots = Slots(loop, size, hand=self._inbox.put)
+        #: The worker's run slots: ``drain``, ``fill``, ``poll``, ``shutdown`` and the rest.
+        self.slots = Slots(loop, size, hand=self._hand)
         self._callbacks = DriverCallbacks(on_abandon=self._replace,
                                           before_last_commit=self._pop_with_last_commit)
         #: ``on`` in the slot threads (the only ones that pop runs for themselves).
@@ -58,37 +59,11 @@ class RunPool:
         for _ in range(size):
             self._spawn()
 
-    # What a worker asks of its driver (``Slots``) ------------------------------------------
-
-    @property
-    def size(self) -> int:
-        return self.slots.size
-
-    @property
-    def busy(self) -> int:
-        """Slots driving a run now."""
-        return self.slots.busy
-
-    def drain(self, queue_name: str) -> dict[str, object]:
-        return self.slots.drain(queue_name)
-
-    def fill(self) -> int:
-        return self.slots.fill()
-
-    def poll(self, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
-        self.slots.poll(interval_s, stop)
-
-    def wait_idle(self, timeout: float | None = None,
-                  stop: threading.Event | None = None) -> bool:
-        return self.slots.wait_idle(timeout, stop)
-
-    def finish(self) -> None:
-        self.slots.finish()
-
-    def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]:
-        return self.slots.shutdown(grace_s, force)
-
     # The slot threads ------------------------------------------------------------------
+
+    def _hand(self, run_id: str) -> None:
+        """Drive ``run_id`` in a slot taken for it (a slot thread takes it)."""
+        self._inbox.put(run_id)
 
     def _spawn(self) -> None:
         threading.Thread(target=self._serve, name="run-slot", daemon=True).start()

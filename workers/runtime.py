@@ -150,7 +150,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
-    threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
+    threading.Thread(target=pool.slots.poll, name="ready-poll", daemon=True).start()
     # Before the first run is taken: the reconciler releases the leases of a worker whose
     # liveness key expired (``durable.liveness``). On a client of its own: the runs'
     # client, busy retrying calls to a failed cluster master, must not delay the beats.
@@ -162,11 +162,11 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener.ready.wait(5)
     queue = _loop.queue
     log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
-             queue.name, pool.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
+             queue.name, pool.slots.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
-        pool.finish()
+        pool.slots.finish()
         presence.leave()
         return 0
     code = _shut_down(pool, settings.shutdown_grace_s, presence)
@@ -242,10 +242,10 @@ def _shut_down(pool: Driver, grace_s: float, presence: Presence) -> int:
 
     signal.signal(signal.SIGTERM, again)
     signal.signal(signal.SIGINT, again)
-    if pool.busy:
-        log.info("shutting down: %d runs in flight, up to %.1f s to finish", pool.busy,
+    if pool.slots.busy:
+        log.info("shutting down: %d runs in flight, up to %.1f s to finish", pool.slots.busy,
                  grace_s)
-    handed = pool.shutdown(grace_s, force)
+    handed = pool.slots.shutdown(grace_s, force)
     presence.leave()
     if handed:
         log.warning("handed back %d runs: %s", len(handed), ", ".join(handed[:20]))

@@ -47,23 +47,12 @@ def routes(registry: Registry) -> list[str]:
 
 
 class Driver(Protocol):
-    """What a worker process asks of its driver (``RunPool``, ``RunHub``): each holds a
-    ``Slots`` and answers these from it."""
+    """A worker's driver (``RunPool``, ``RunHub``): how it drives runs, for the start line,
+    and the slots it holds (what the worker process asks of it: ``drain``, ``poll``,
+    ``finish``, ``shutdown``)."""
 
     model: str
     slots: Slots
-
-    @property
-    def size(self) -> int: ...
-    @property
-    def busy(self) -> int: ...
-    def drain(self, queue_name: str) -> dict[str, object]: ...
-    def fill(self) -> int: ...
-    def poll(self, interval_s: float = 1.0, stop: threading.Event | None = None) -> None: ...
-    def wait_idle(self, timeout: float | None = None,
-                  stop: threading.Event | None = None) -> bool: ...
-    def finish(self) -> None: ...
-    def shutdown(self, grace_s: float, force: threading.Event | None = None) -> list[str]: ...
 
 
 def _nothing(asked: int, got: int) -> None:
@@ -330,12 +319,6 @@ class Slots:
             with self._idle:  # busy from now: a burst worker must not end while it pops
                 self._busy += free
         return free
-
-    def take_one(self) -> None:
-        """Take a slot (blocking) for a run driven now."""
-        self._free.acquire()
-        with self._idle:
-            self._busy += 1
 
 
 def slot_live(ctx: contextvars.Context) -> Callable[[], bool]:
