@@ -35,7 +35,7 @@ from durable.client import Client
 from durable.log import batching
 from durable.log import store as eventlog
 from durable.queue import make_queue
-from workers import calls
+from workers import calls, decisions
 from workers import loop as drv
 from workers import runtime as wr
 from workers.loop import StepLoop
@@ -127,7 +127,7 @@ PARTS = [
     (eventlog.EventLog, "load", "driver: load (decode + fold, excl. Redis)"),
     (eventlog.EventLog, "commit", "driver: commit (args, due, checkpoint check)"),
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
-    (drv, "plain", "driver: plain (JSON round trip of args/results)"),
+    (decisions, "plain", "driver: plain (JSON round trip of args/results)"),
     (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
     (drv.StepLoop, "_check_replay", "driver: _check_replay"),
     # Not wrapped: copy_state (the pre-intent snapshot in load). Each run here is loaded
@@ -141,15 +141,8 @@ class _InlinePool(RunPool):
     exclusive-time accounting sees the whole step protocol (the core's pool hands them to
     its run threads, which would overlap with RQ's loop in wall time)."""
 
-    def fill(self) -> int:
-        run_id = self._pop()
-        if run_id is None:
-            return 0
-        self._free.acquire()
-        with self._idle:
-            self._busy += 1
-        self._slot(run_id)  # drives it, then each next ready run
-        return 1
+    def _hand(self, run_id: str) -> None:
+        self.slot(run_id)  # drives it, then each next ready run, on this thread
 
 
 def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
@@ -168,10 +161,10 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
         acct.wrap(owner, attr, label)
     adv = StepLoop.advance
 
-    def advance(self: StepLoop, run_id: str) -> Any:
+    def advance(self: StepLoop, run_id: str, *more: Any) -> Any:
         _phase.driver = True
         try:
-            return adv(self, run_id)
+            return adv(self, run_id, *more)
         finally:
             _phase.driver = False
 
@@ -179,7 +172,7 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         worker.work(burst=True, logging_level="WARNING")
-        wr._pool.finish()
+        wr._pool.slots.finish()
     finally:
         total = time.perf_counter() - t0
         StepLoop.advance = adv  # type: ignore[method-assign]

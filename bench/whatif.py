@@ -117,10 +117,10 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
     drivers = {"run threads": RunPool(pooled, MODEL_CONCURRENCY),
                "hub (the worker)": RunHub(hubbed, MODEL_CONCURRENCY)}
 
-    def drive(driver: RunPool) -> Any:
+    def drive(driver: RunPool | RunHub) -> Any:
         def run(ids: list[str]) -> None:
-            enqueue_many(r, driver.queue, ids)
-            driver.finish()
+            enqueue_many(r, driver.loop.queue, ids)
+            driver.slots.finish()
         return run
 
     models = {name: drive(driver) for name, driver in drivers.items()}
@@ -140,7 +140,7 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
             assert done == runs, f"{name}: {done} of {runs} runs completed"
             samples[name].append((runs * 4 / dt, cpu / (runs * 4) * 1e6))
     for driver in drivers.values():
-        driver.shutdown(0)
+        driver.slots.shutdown(0)
     r.close()
     out = {name: {"steps_per_s": median([s for s, _ in xs]),
                   "cpu_us_per_step": median([c for _, c in xs])}

@@ -73,8 +73,13 @@ class Leases:
             return None, 0, None
         if int(reply[4]):
             # The lease before this one ran out. Counted here, not in the script, which
-            # touches one run's keys only.
-            counters.incr(self.redis, counters.LEASE_EXPIRIES)
+            # touches one run's keys only; with the acquisition's batcher when there is one
+            # (a worker's hub must not wait on it in place).
+            if self.batcher is not None:
+                await self.batcher.command_call(
+                    "HINCRBY", keys.metrics(), counters.field(counters.LEASE_EXPIRIES), 1)
+            else:
+                counters.incr(self.redis, counters.LEASE_EXPIRIES)
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
 
     def renew_all(self, leases: list[Lease]) -> list[bool]:

@@ -39,7 +39,7 @@ def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
     hub = RunHub(loop, 64)
     yield hub
     test_agents.GATE.set()  # nothing stays blocked past the test
-    hub.shutdown(5)
+    hub.slots.shutdown(5)
 
 
 def _completed(r: redis.Redis, runs: list[str]) -> int:
@@ -60,7 +60,7 @@ def test_quick_agent_code_and_tools_run_on_the_driving_thread(
     runs = client.start_many("count", [{"steps": 4}] * 300, enqueue=False)
     ids = [run.run_id for run in runs]
     enqueue_many(r, client.queue, ids)
-    hub.finish()
+    hub.slots.finish()
     assert _completed(r, ids) == 300
     # A collection pause, or the machine preempting the driver inside agent code, may
     # cost a few: far from one per call.
@@ -75,20 +75,20 @@ def test_a_slow_tool_hands_the_driving_over_and_the_other_runs_go_on(
     opens, the blocked run completes too."""
     gated = client.start("gated", {}, enqueue=False).run_id
     enqueue_many(r, client.queue, [gated])
-    hub.fill()
+    hub.slots.fill()
     assert wait_for(lambda: (a := client.status(gated).current) is not None
                     and a.status == "dispatched", 10)
     quick = [run.run_id for run in client.start_many("count", [{"steps": 2}] * 100,
                                                       enqueue=False)]
     enqueue_many(r, client.queue, quick)
-    hub.fill()
+    hub.slots.fill()
     assert wait_for(lambda: _completed(r, quick) == 100, 30)
     still = client.status(gated).current
     assert still is not None and still.status == "dispatched"  # still in its call
     assert hub.handoffs >= 1
     test_agents.GATE.set()
     assert client.wait(gated, timeout=10).state == "completed"
-    assert hub.wait_idle(10)
+    assert hub.slots.wait_idle(10)
 
 
 def test_slow_code_goes_to_a_spare_thread_once_known_slow(
@@ -103,7 +103,7 @@ def test_slow_code_goes_to_a_spare_thread_once_known_slow(
     threads = hub.threads  # a spare per slot, and the driver
     for run in runs:
         enqueue_many(r, client.queue, [run])
-        hub.fill()
+        hub.slots.fill()
         assert client.wait(run, timeout=10).state == "completed"
     assert hub.handoffs == 1, hub.handoffs
     assert hub.offloads >= 9, hub.offloads

@@ -15,4 +15,4 @@ def advance(run_id: str) -> dict[str, Any]:
 
 def drain(queue_name: str) -> dict[str, object]:
     """Fill this worker's free run slots from the ready list."""
-    return current_pool().drain(queue_name)
+    return current_pool().slots.drain(queue_name)

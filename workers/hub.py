@@ -23,7 +23,9 @@ system call:
   the call returns, and becomes a spare.
 - Code whose recent calls were slower than ``HANDOFF_S`` (a running average per kind),
   and every wait on a deadline or a lookup, goes to a spare thread at once; its result
-  comes back the same way.
+  comes back the same way. A log's fold (``FOLD``) is step code: always inline.
+- The step protocol makes no Redis call in place (``workers.redis_io``): every one is a
+  call of the next batch, or library code on a spare thread.
 
 The driving thread alone runs step code, so the threads that return from slow calls never
 contend with it for the GIL beyond handing a result back. A coroutine is not tied to a
@@ -50,10 +52,11 @@ from typing import Any
 import redis
 
 from durable.log import keys
-from durable.log.batching import _Call, packed, read_replies
+from durable.log.batching import RedisCall, packed, read_replies
 from workers.calls import CallAbandoned
-from workers.pool import RunPool, _run_id, slot_live
-from workers.turns import SLOT, WAITING, Abandoned, Offload
+from workers.loop import StepLoop
+from workers.slots import Slots, run_id_of, slot_live
+from workers.turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
 
@@ -79,7 +82,7 @@ class _Task:
     """One held run: its coroutine and the context it runs in."""
 
     run_id: str
-    coro: Coroutine[_Call | Offload, None, Any]
+    coro: Coroutine[RedisCall | Offload, None, Any]
     ctx: contextvars.Context = field(default_factory=contextvars.copy_context)
     started: bool = False
 
@@ -100,20 +103,26 @@ class _Thread:
         self.what = ""
 
 
-class RunHub(RunPool):
+class RunHub:
     """Drives up to ``size`` held runs from one thread at a time (see the module doc)."""
 
     model = "hub"
 
-    def _open(self) -> None:
-        batcher = self.loop.leases.batcher
+    def __init__(self, loop: StepLoop, size: int) -> None:
+        batcher = loop.leases.batcher
         if batcher is None:
             raise ValueError("the hub needs batched script calls (not on a cluster, nor "
                              "with DURABLE_MIN_REPLICAS): use the run threads")
+        self.loop = loop
+        #: From other threads: new runs, and runs whose user code returned off the driving
+        #: thread (its result is on the ``Offload`` they wait on).
+        self._incoming: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        #: The worker's run slots: ``drain``, ``fill``, ``poll``, ``shutdown`` and the rest.
+        self.slots = Slots(loop, size, hand=self._hand, on_popped=self._popped_by_fill)
+        self._callbacks = DriverCallbacks(on_abandon=self.slots.give_back)
         self._sender = batcher
-        self.loop.on_abandon = self.give_back
         #: The ready list is popped in the hub's own batches when it is on the log's server.
-        self._pops_in_batch = self.queues is self.redis
+        self._pops_in_batch = self.slots.queues is loop.redis
         #: Whether the ready list may hold runs (a pop came back full, or runs were taken
         #: from it by a ``drain``): not before the worker serves its first command.
         self._more_ready = False
@@ -125,14 +134,11 @@ class RunHub(RunPool):
         #: a burst of new runs does not delay the runs already going (each reply is read
         #: in the order sent).
         self._fresh: collections.deque[_Task] = collections.deque()
-        self._batch: list[tuple[_Task | None, _Call]] = []
+        self._batch: list[tuple[_Task | None, RedisCall]] = []
         #: Batches sent and not read yet, oldest first, on the hub's own connection.
-        self._inflight: collections.deque[list[tuple[_Task | None, _Call]]] = \
+        self._inflight: collections.deque[list[tuple[_Task | None, RedisCall]]] = \
             collections.deque()
         self._conn: Any = None
-        #: From other threads: new runs, and runs whose user code returned off the driving
-        #: thread (its result is on the ``Offload`` they wait on).
-        self._incoming: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         #: Guards who drives (the driver checks it after inline user code, the monitor moves
         #: it) and the spares.
         self._mu = threading.Lock()
@@ -149,7 +155,7 @@ class RunHub(RunPool):
             self._promote()
             # One spare per slot, started now: a thread's start waits for the new thread
             # to run, which cost a burst of slow calls about a millisecond each, in turn.
-            for _ in range(self.size):
+            for _ in range(size):
                 self._spares.append(self._start_thread())
         threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
 
@@ -163,24 +169,22 @@ class RunHub(RunPool):
     def _hand(self, run_id: str) -> None:
         self._incoming.put(self._task(run_id))
 
-    def _pop_many(self, count: int) -> list[str]:
+    def _popped_by_fill(self, asked: int, got: int) -> None:
         """``fill``'s pop (a ``drain``, the poll): whether more may be ready is known."""
-        run_ids = super()._pop_many(count)
-        self._more_ready = len(run_ids) >= count
+        self._more_ready = got >= asked
         self._short = 0
-        return run_ids
 
     def _task(self, run_id: str) -> _Task:  # the claim looks at the task's own context
         return _Task(run_id, self._drive_run(run_id, ctx := contextvars.copy_context()), ctx)
 
     async def _drive_run(self, run_id: str, ctx: contextvars.Context) -> None:
         live = slot_live(ctx)
-        if not self.claim(run_id, live):  # the hub drives it already (``RunPool.claim``)
+        if not self.slots.claim(run_id, live):  # the hub drives it already (``Slots.claim``)
             return
         try:
-            answer = await self.loop.advance_async(run_id)
+            answer = await self.loop.advance_async(run_id, self._callbacks)
         finally:
-            self.unclaim(run_id, live)
+            self.slots.unclaim(run_id, live)
         self.loop.outage.ok()
         if answer.get("more"):
             self._more_ready, self._short = True, 0  # it went back on the ready list
@@ -214,7 +218,8 @@ class RunHub(RunPool):
                 task.started = True
                 item = self._resume(task)
                 while isinstance(item, Offload):
-                    if item.what == WAITING or self._took.get(item.what, 0.0) > HANDOFF_S:
+                    if item.what == WAITING or (item.what != FOLD and
+                                                self._took.get(item.what, 0.0) > HANDOFF_S):
                         self._elsewhere(task, item)
                         item = None
                         break
@@ -252,11 +257,11 @@ class RunHub(RunPool):
     def _take(self, task: _Task) -> None:
         (self._ready if task.started else self._fresh).append(task)
 
-    def _resume(self, task: _Task) -> _Call | Offload | None:
+    def _resume(self, task: _Task) -> RedisCall | Offload | None:
         """Run ``task``'s step code until it waits on a Redis call or on user code
         (returned), or ends (None)."""
         try:
-            item: _Call | Offload = task.ctx.run(task.coro.send, None)
+            item: RedisCall | Offload = task.ctx.run(task.coro.send, None)
             return item
         except StopIteration:
             self._ended(task)
@@ -265,12 +270,12 @@ class RunHub(RunPool):
         except redis.RedisError as exc:  # taken again once Redis answers (``_rejoin``)
             self.loop.outage.failed(exc)
             self._ended(task)
-            self.dropped(task.run_id)
+            self.slots.dropped(task.run_id)
         except Exception:
             log.exception("run %s: advance failed", task.run_id)
             self._ended(task)
             try:
-                self.redis.hincrby(keys.STATS, "advance_errors", 1)
+                self.loop.redis.hincrby(keys.STATS, "advance_errors", 1)
             except redis.RedisError as exc:
                 self.loop.outage.failed(exc)
         return None
@@ -280,28 +285,25 @@ class RunHub(RunPool):
         if slot is not None and slot.abandoned:  # given back already
             self.loop.abandoned_threads.discard(slot.thread_id)
             return
-        self.give_back()
+        self.slots.give_back()
 
     def _pop_ready(self) -> None:
         """Free slots take ready runs: one ``LPOP key count`` in the batch about to go (on
         the queue's own server when it has one: a round trip, while runs may be ready)."""
-        if not (self._more_ready and self.accepting):
+        slots = self.slots
+        if not (self._more_ready and slots.accepting):
             return
         if not self._pops_in_batch:
-            if self._busy < self.size:
+            if slots.busy < slots.size:
                 try:
-                    self.fill()
+                    slots.fill()
                 except redis.RedisError as exc:
                     self._more_ready = False
                     self.loop.outage.failed(exc)
             return
-        free = 0
-        while self._free.acquire(blocking=False):
-            free += 1
+        free = slots.take_free()
         if free:
-            with self._idle:  # busy from now: a burst worker must not end while it pops
-                self._busy += free
-            self._batch.append((None, _Call(None, ("LPOP", self.next_ready_key(), free))))
+            self._batch.append((None, RedisCall(None, ("LPOP", slots.next_ready_key(), free))))
 
     # Batches: sent as soon as they are full, read when nothing else is ready ------------
 
@@ -312,7 +314,7 @@ class RunHub(RunPool):
         calls = [call for _, call in batch]
         try:
             if self._conn is None:
-                self._conn = self.redis.connection_pool.get_connection()
+                self._conn = self.loop.redis.connection_pool.get_connection()
             # No health check with replies pending: its PING would read theirs.
             self._conn.send_packed_command([packed(calls)], check_health=not self._inflight)
         except Exception:
@@ -349,36 +351,36 @@ class RunHub(RunPool):
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()
-                self.redis.connection_pool.release(conn)
+                self.loop.redis.connection_pool.release(conn)
         while self._inflight:
             batch = self._inflight.popleft()
             self._sender.send_now([call for _, call in batch])
             self._answered(batch)
 
-    def _answered(self, batch: list[tuple[_Task | None, _Call]]) -> None:
+    def _answered(self, batch: list[tuple[_Task | None, RedisCall]]) -> None:
         for task, call in batch:
             if task is not None:
                 self._ready.append(task)
             else:
                 self._popped(call)
 
-    def _popped(self, call: _Call) -> None:
+    def _popped(self, call: RedisCall) -> None:
         asked = int(call.command[2])
         run_ids = [] if call.error is not None or call.reply is None else \
-            [_run_id(x) for x in call.reply]
+            [run_id_of(x) for x in call.reply]
         if call.error is not None:
             self.loop.outage.failed(call.error)
         if len(run_ids) < asked:
             # This list had no more; the others are asked in turn, until each was short.
             self._short += 1
-            if self._short >= len(self.ready_keys):
+            if self._short >= len(self.slots.ready_keys):
                 self._more_ready = False
         else:
             self._short = 0
         for _ in range(asked - len(run_ids)):
-            self.give_back()
+            self.slots.give_back()
         if run_ids:
-            if not self.accepting:  # shutdown began while the pop was out: put them back
+            if not self.slots.accepting:  # shutdown began while the pop was out: put them back
                 for run_id in run_ids:
                     self._incoming.put(self._task(run_id))
                 return
@@ -424,7 +426,7 @@ class RunHub(RunPool):
 
     def _monitor(self) -> None:
         while True:
-            time.sleep(MONITOR_S if self._busy else 0.05)
+            time.sleep(MONITOR_S if self.slots.busy else 0.05)
             owner = self._owner
             since = owner.since if owner is not None else 0.0
             if not since or time.monotonic() - since < HANDOFF_S:

@@ -15,7 +15,7 @@ from durable.errors import UsageError
 from durable.log.counters import STEP_BUCKETS_S
 from workers.hooks import StepHooks
 from workers.loop import StepLoop
-from workers.pool import RunPool
+from workers.slots import Driver
 
 CALLS = Counter("durable_worker_steps", "Tool calls this worker process made, by outcome.",
                 ("tool", "outcome"), registry=REGISTRY)
@@ -46,8 +46,8 @@ def listen(host: str, port: int) -> None:
                          f"{exc.strerror or exc}") from None
 
 
-def watch(loop: StepLoop, pool: RunPool) -> None:
+def watch(loop: StepLoop, pool: Driver) -> None:
     """The gauges read the loop and the pool (the counters come from a :class:`MetricsHook`
     in the loop's hooks)."""
     HELD.set_function(lambda: len(loop.held))
-    SLOTS.set(pool.size)
+    SLOTS.set(pool.slots.size)

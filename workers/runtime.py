@@ -50,12 +50,13 @@ from workers.hooks import load_hooks
 from workers.hub import RunHub
 from workers.listener import CancelListener
 from workers.loop import StepLoop
-from workers.pool import RunPool, routes
+from workers.pool import RunPool
+from workers.slots import Driver, routes
 
 log = logging.getLogger("durable.worker")
 
 _loop: StepLoop | None = None
-_pool: RunPool | None = None
+_pool: Driver | None = None
 #: Set by a SIGTERM/SIGINT received before RQ's loop installed its own handlers.
 _early_stop = threading.Event()
 
@@ -71,7 +72,7 @@ def current_loop() -> StepLoop:
     return _loop
 
 
-def current_pool() -> RunPool:
+def current_pool() -> Driver:
     if _pool is None:
         raise RuntimeError("durable command handlers run inside a durable worker process only")
     return _pool
@@ -159,18 +160,19 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     except redis.RedisError as exc:
         log.warning("could not publish the agents to %s: %r", keys.AGENTS, exc)
     require_keys(registry.sensitive_names(), settings)
-    _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain)
+    # Too many stuck tool calls: shut down, then start afresh (a burst worker ends soon).
+    # Given before the pool takes a run: a restart asked for from then on is not lost.
+    _loop = StepLoop(settings, client, registry, wid, queue_name, hooks=chain,
+                     on_restart=(lambda: None) if burst else
+                     (lambda: os.kill(os.getpid(), signal.SIGTERM)))
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes,
                                            settings.partial_keep_bytes)
-    if not burst:  # a burst worker ends soon anyway
-        # Before the pool takes a run: a restart asked for from then on is not lost.
-        _loop.on_restart = lambda: os.kill(os.getpid(), signal.SIGTERM)
     _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
-    threading.Thread(target=pool.poll, name="ready-poll", daemon=True).start()
+    threading.Thread(target=pool.slots.poll, name="ready-poll", daemon=True).start()
     # Before the first run is taken: the reconciler releases the leases of a worker whose
     # liveness key expired (``durable.liveness``). On a client of its own: the runs'
     # client, busy retrying calls to a failed cluster master, must not delay the beats.
@@ -182,11 +184,11 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener.ready.wait(5)
     queue = _loop.queue
     log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
-             queue.name, pool.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
+             queue.name, pool.slots.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
-        pool.finish()
+        pool.slots.finish()
         presence.leave()
         return 0
     code = _shut_down(pool, settings.shutdown_grace_s, presence)
@@ -195,7 +197,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     return code
 
 
-def make_pool(loop: StepLoop, size: int) -> RunPool:
+def make_pool(loop: StepLoop, size: int) -> Driver:
     """The hub (``workers.hub``) where its script calls can be batched and the settings
     do not ask for threads; else one thread per held run (``workers.pool``)."""
     if loop.settings.driver == "hub" and loop.leases.batcher is not None:
@@ -254,7 +256,7 @@ def _watchdog(loop: StepLoop) -> None:
             log.exception("watchdog")
 
 
-def _shut_down(pool: RunPool, grace_s: float, presence: Presence) -> int:
+def _shut_down(pool: Driver, grace_s: float, presence: Presence) -> int:
     """After RQ's loop ended on a signal: finish or hand back what is held, leave the
     workers' set, then exit."""
     force = threading.Event()
@@ -265,10 +267,10 @@ def _shut_down(pool: RunPool, grace_s: float, presence: Presence) -> int:
 
     signal.signal(signal.SIGTERM, again)
     signal.signal(signal.SIGINT, again)
-    if pool.busy:
-        log.info("shutting down: %d runs in flight, up to %.1f s to finish", pool.busy,
+    if pool.slots.busy:
+        log.info("shutting down: %d runs in flight, up to %.1f s to finish", pool.slots.busy,
                  grace_s)
-    handed = pool.shutdown(grace_s, force)
+    handed = pool.slots.shutdown(grace_s, force)
     presence.leave()
     if handed:
         log.warning("handed back %d runs: %s", len(handed), ", ".join(handed[:20]))

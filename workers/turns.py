@@ -27,6 +27,27 @@ from durable.leases import Lease
 STEP_TURNS = 32
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class DriverCallbacks:
+    """What the driver that hands a run to the step loop is told (``workers.pool``,
+    ``workers.hub``): given once, when the driver is built, and carried by the slot of each
+    run it hands over. Defaults: nothing (a run driven on RQ's thread holds no slot)."""
+
+    #: The watchdog gave the run's slot back (its thread is left in wedged code).
+    on_abandon: Callable[[], object] = _nothing
+    #: On the run's thread, just before the commit that ends its work here (and releases
+    #: its lease): a run thread sends its pop of the next ready run along with it.
+    before_last_commit: Callable[[], object] = _nothing
+
+
+#: A driver that is told nothing.
+NO_CALLBACKS = DriverCallbacks()
+
+
 class Abandoned(BaseException):
     """Raised (asynchronously) in a run's thread whose agent code overran its time: the run
     is quarantined and its slot already given back. A ``BaseException``, so that agent code's
@@ -51,6 +72,8 @@ class Slot:
     #: Set when the job ends only because its turn is used up, to the run's version then:
     #: a code agent's function is kept alive for the next job (``CodeAgent.park``).
     park_at: int | None = None
+    #: The driver's callbacks (``DriverCallbacks``).
+    callbacks: DriverCallbacks = NO_CALLBACKS
 
 
 #: The run the current coroutine (or thread) drives: agent code is timed on its slot.
@@ -59,6 +82,11 @@ SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot
 
 #: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
 WAITING = "(wait)"
+
+#: The name a hub knows a log's fold by: step code, always run inline (one that reads
+#: more than it was given, a large value beside the run, hands the driving over once it
+#: has run for the hand-off time, as slow user code does).
+FOLD = "(fold)"
 
 
 class Offload:

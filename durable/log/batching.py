@@ -43,7 +43,11 @@ NOSCRIPT_RETRIES = 5
 
 
 @dataclass(eq=False)
-class _Call:
+class RedisCall:
+    """One Redis call (a script's or a plain command's) waiting to be sent with others: by
+    the batcher's thread for a caller that sleeps on it, or by whoever drives the coroutine
+    that awaits it."""
+
     #: The script's name in ``durable/log/scripts``; None for a plain command.
     script: str | None
     #: What is sent: ``EVALSHA sha numkeys keys... args...``, or the plain command.
@@ -54,7 +58,7 @@ class _Call:
     #: The batcher that sends it when a coroutine's call is driven on a thread (``drive``).
     via: ScriptBatcher | None = None
 
-    def __await__(self) -> Generator[_Call, None, Any]:
+    def __await__(self) -> Generator[RedisCall, None, Any]:
         """A coroutine's script call: it is handed to whoever drives the coroutine (a
         thread, ``drive``; or a worker's hub, ``workers.hub``), which sets its reply or
         error before resuming it."""
@@ -95,7 +99,7 @@ class ScriptBatcher:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._shas: dict[str, str] = {}
-        self._inbox: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[RedisCall] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         #: Per thread: ``rider`` (a command to send with its next call) and ``ridden``
@@ -108,35 +112,41 @@ class ScriptBatcher:
         its batch) raised."""
         return self._wait(self.script_call(script, keys, args))
 
-    def script_call(self, script: str, keys: list[str], args: list[Any]) -> _Call:
+    def script_call(self, script: str, keys: list[str], args: list[Any]) -> RedisCall:
         """The call of ``script`` on ``keys`` and ``args``, not sent yet: ``await`` it in a
-        coroutine (see ``_Call.__await__``)."""
+        coroutine (see ``RedisCall.__await__``)."""
         sha = self._shas.get(script)
         if sha is None:
             sha = self._shas[script] = self.client.register_script(source(script)).sha
-        return _Call(script, ("EVALSHA", sha, len(keys), *keys, *args), via=self)
+        return RedisCall(script, ("EVALSHA", sha, len(keys), *keys, *args), via=self)
+
+    def command_call(self, *command: Any) -> RedisCall:
+        """The plain ``command``, not sent yet: ``await`` it in a coroutine. Its reply is
+        the raw one (no response callback: ``HMGET`` is a list of bytes or None, ``XRANGE``
+        a list of ``[id, [field, value, ...]]``)."""
+        return RedisCall(None, command, via=self)
 
     def command(self, *command: Any) -> Any:
         """The raw reply of a plain command (no response callback: ``LPOP key count`` is a
         list of bytes or None), sent with the calls waiting."""
-        return self._wait(_Call(None, command))
+        return self._wait(RedisCall(None, command))
 
     def ride_along(self, *command: Any) -> None:
         """Send the plain ``command`` with this thread's next call (one wait for both); its
         reply is kept for ``ridden``. Replaces a rider not sent yet; does nothing while
         the reply of one sent is not taken (it would be overwritten)."""
         if getattr(self._local, "ridden", None) is None:
-            self._local.rider = _Call(None, command)
+            self._local.rider = RedisCall(None, command)
 
-    def ridden(self) -> _Call | None:
+    def ridden(self) -> RedisCall | None:
         """The rider this thread sent since it last asked (its ``reply`` or ``error`` set),
         or None; a rider not sent yet is dropped."""
         self._local.rider = None
-        sent: _Call | None = getattr(self._local, "ridden", None)
+        sent: RedisCall | None = getattr(self._local, "ridden", None)
         self._local.ridden = None
         return sent
 
-    def resolve(self, call: _Call) -> None:
+    def resolve(self, call: RedisCall) -> None:
         """Send ``call`` with the other threads' waiting calls and wait for its reply or
         error (set on the call, not raised)."""
         try:
@@ -145,7 +155,7 @@ class ScriptBatcher:
             if call.error is None:
                 raise
 
-    def send_now(self, batch: list[_Call]) -> None:
+    def send_now(self, batch: list[RedisCall]) -> None:
         """Send ``batch`` on this thread, in one pipeline, and set each call's reply or
         error (a worker's hub: it sends its own batches)."""
         try:
@@ -157,11 +167,11 @@ class ScriptBatcher:
             if not isinstance(exc, Exception):
                 raise
 
-    def _wait(self, call: _Call) -> Any:
+    def _wait(self, call: RedisCall) -> Any:
         call.done.acquire()
         if self._thread is None:
             self._start()
-        rider: _Call | None = getattr(self._local, "rider", None)
+        rider: RedisCall | None = getattr(self._local, "rider", None)
         self._inbox.put(call)
         if rider is not None:
             self._local.rider = None
@@ -198,10 +208,10 @@ class ScriptBatcher:
                 for call in batch:
                     call.done.release()
 
-    def _send(self, batch: list[_Call]) -> None:
+    def _send(self, batch: list[RedisCall]) -> None:
         self.answer(batch, self._pipeline(batch))
 
-    def answer(self, batch: list[_Call], replies: list[Any]) -> None:
+    def answer(self, batch: list[RedisCall], replies: list[Any]) -> None:
         """Set each call's reply or error from what its pipeline read; calls refused with
         NOSCRIPT are sent again (on this thread) first."""
         for _ in range(NOSCRIPT_RETRIES):
@@ -223,7 +233,7 @@ class ScriptBatcher:
             else:
                 call.reply = reply
 
-    def _pipeline(self, batch: list[_Call]) -> list[Any]:
+    def _pipeline(self, batch: list[RedisCall]) -> list[Any]:
         """Send ``batch`` on one pooled connection and read its replies: a refusal is the
         call's reply (an exception object), a lost connection is retried as redis-py's
         own pipelines retry it (the client's ``Retry``), then raised.
@@ -243,17 +253,17 @@ class ScriptBatcher:
         finally:
             pool.release(conn)
 
-    def _exchange(self, conn: Any, batch: list[_Call]) -> list[Any]:
+    def _exchange(self, conn: Any, batch: list[RedisCall]) -> list[Any]:
         conn.send_packed_command([packed(batch)])
         return read_replies(conn, batch)
 
 
-def packed(batch: list[_Call]) -> bytes:
+def packed(batch: list[RedisCall]) -> bytes:
     """The commands of ``batch``, packed in one go (hiredis)."""
     return b"".join([pack_command(c.command) for c in batch])
 
 
-def read_replies(conn: Any, batch: list[_Call]) -> list[Any]:
+def read_replies(conn: Any, batch: list[RedisCall]) -> list[Any]:
     """The replies of ``batch``, sent on ``conn``: a refusal is its call's reply (an
     exception object); a lost connection is raised."""
     replies: list[Any] = []

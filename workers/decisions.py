@@ -1,0 +1,448 @@
+"""What the step loop does with a decision (``workers.loop``): a call is recorded and
+sent, a group of calls sent at once (``workers.parallel``), a wait entered, an approval
+asked for; the outcomes staged for the next commit.
+
+Functions of the loop (``StepLoop``) they are given, coroutines like its own: every Redis
+call awaited (``StepLoop.io``), every call of user code too (``StepLoop.user``, ``Offload``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+import redis
+
+from durable import budgets, clock, tracing
+from durable.agents import (
+    Agent,
+    Fail,
+    Finish,
+    Parallel,
+    Tool,
+    Wait,
+    digest_placeholder,
+    is_placeholder,
+)
+from durable.approvals import check_history, check_recorded
+from durable.cancellation import CancelToken, finish_specs
+from durable.code import CodeAgent
+from durable.errors import (
+    CancelPending,
+    Claimed,
+    ConflictError,
+    LeaseLost,
+    Terminal,
+    UnknownTool,
+)
+from durable.leases import Lease
+from durable.log import counters, keys
+from durable.log import events as ev
+from durable.log.keys import CHILD_TOOL
+from durable.log.state import Action
+from durable.log.store import RunHandle, Spec, now_ms
+from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
+from durable.settling import unsigned_settle
+from workers import family, parallel
+from workers.gates import Check, gate, request_specs
+from workers.steps import agent_traceback, plain, step_key, values_field
+from workers.turns import WAITING, Offload, Slot
+
+if TYPE_CHECKING:
+    from workers.loop import StepLoop
+
+log = logging.getLogger("durable.worker")
+
+#: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
+MAX_INLINE_WAIT_S = 30.0
+
+async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
+                 pending: list[Spec], lease: Lease) -> tuple[bool, int]:
+    """The agent decides the next step; what it decided is recorded (and sent)."""
+    state = handle.state
+    try:
+        decision = await loop.user(f"{agent.name}.decide()", lambda: agent.decide(state))
+    except Exception as exc:  # an agent bug: keep the evidence, quarantine
+        await loop.commit(handle, pending, [])
+        where = agent.name if isinstance(agent, CodeAgent) else f"{agent.name}.decide"
+        await loop.quarantine(handle, f"agent {where} raised {exc!r}",
+                              traceback=agent_traceback(exc))
+        return True, 0
+    if isinstance(decision, Finish):
+        await loop.commit(handle, pending,
+                          [Spec(ev.Completed, {"result": plain(decision.result)})])
+        loop.hooks.after_outcome(handle.run_id, state.step)
+        return True, 0
+    if isinstance(decision, Fail):
+        await loop.commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+        return True, 0
+    if isinstance(decision, list):  # a decide() agent's calls at once
+        decision = Parallel(list(decision))
+    if isinstance(decision, Parallel):
+        return await decide_group(loop, handle, agent, slot, pending, lease, decision)
+    if isinstance(decision, Wait):
+        until = now_ms() + int(decision.timeout_s * 1000)
+        await loop.commit(handle, pending, [Spec(ev.WaitEntered, {
+            "kind": decision.kind, "reason": decision.reason, "until": until,
+            "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data,
+            **values_field(decision.values)})], checkpoint=True)
+        if decision.kind == "child":  # the child may have ended already
+            child = await family.child_state(loop.io, loop.log, str(decision.data["child"]))
+            if child is not None:
+                await loop.woke(await family.wake_parent(loop.io, loop.log, child,
+                                                         loop.worker_id))
+        return True, 0
+    try:
+        if decision.tool not in agent.tools and decision.tool != CHILD_TOOL:
+            raise UnknownTool(decision.tool)
+        tool = loop.registry.tool(decision.tool)
+        args = plain(decision.args)
+        if tool.log_args == "full" and \
+                len(msgspec.msgpack.encode(args)) > loop.settings.max_payload_bytes:
+            raise ValueError(f"arguments of {decision.tool} exceed "
+                             f"{loop.settings.max_payload_bytes} bytes")
+    except (UnknownTool, ValueError, TypeError) as exc:
+        await loop.commit(handle, pending, [])
+        await loop.quarantine(handle, f"step {state.step + 1}: {exc}")
+        return True, 0
+    why = budgets.exhausted(state, tool.model)
+    if why is not None:
+        await loop.commit(handle, pending, [Spec(ev.Failed, {
+            "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+        await loop.io.stat("budgets_exhausted")
+        return True, 0
+    step = state.step + 1
+    key = step_key(handle.run_id, step)
+    recorded = digest_placeholder(args) if tool.log_args == "digest" else args
+    handle.live_args[step] = args
+    decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
+                                    "key": key, "model": tool.model,
+                                    **values_field(decision.values)})
+    if state.cancel is not None:  # call-scoped cancel pending: record, never send
+        await loop.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
+            "step": step, "key": key, "reason": state.cancel.reason})])
+        return False, 1
+    if tool.requires_approval:
+        loop.log.stage(handle, [decided])
+        await approval(loop, handle, tool, handle.state.actions[step], pending)
+        return True, 1
+    deadline = now_ms() + int(tool.timeout_for(args) * 1000)
+    try:
+        await loop.commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
+            "step": step, "key": key, "deadline": deadline})],
+            ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
+    except Claimed as exc:
+        return await claimed(loop, handle, lease, exc)
+    act = handle.state.actions[step]
+    loop.hooks.after_outcome(handle.run_id, step - 1)
+    loop.hooks.after_intent(handle.run_id, step)
+    return await run_tool(loop, handle, tool, act, slot, pending)
+
+
+async def claimed(loop: StepLoop, handle: RunHandle, lease: Lease,
+                  exc: Claimed) -> tuple[bool, int]:
+    """The ledger knows a key the log does not: never send it blindly."""
+    await loop.io.stat("duplicates_suppressed")
+    await loop.io.count(counters.DUPLICATES)
+    fresh = await loop.load(handle.run_id, lease)
+    if fresh is not None:
+        await loop.quarantine(fresh, f"key {exc.key} is claimed in the ledger "
+                              f"({exc.value}) but the log has no dispatch for it")
+    return True, 0
+
+
+async def decide_group(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
+                       pending: list[Spec], lease: Lease,
+                       decision: Parallel) -> tuple[bool, int]:
+    """Several calls decided at once (``workers.parallel``): intents, claims and
+    dispatches in one commit, then every call at once."""
+    state, run_id = handle.state, handle.run_id
+    try:
+        group = parallel.check_group(agent, loop.registry, state, decision,
+                                     loop.settings.max_payload_bytes,
+                                     loop.settings.action_window)
+    except (UnknownTool, ValueError, TypeError) as exc:
+        await loop.commit(handle, pending, [])
+        await loop.quarantine(handle, f"steps from {state.step + 1}: {exc}")
+        return True, 0
+    why = parallel.exhausted(state, group)
+    if why is not None:
+        await loop.commit(handle, pending, [Spec(ev.Failed, {
+            "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+        await loop.io.stat("budgets_exhausted")
+        return True, 0
+    for step, args in zip(group.steps, group.args, strict=True):
+        handle.live_args[step] = args
+    decided = parallel.intents(run_id, group, decision.values)
+    if state.cancel is not None:  # call-scoped cancel pending: record, never send
+        reason = state.cancel.reason
+        await loop.commit(handle, pending, [*decided, *[Spec(ev.CallCanceled, {
+            "step": s, "key": step_key(run_id, s), "reason": reason})
+            for s in group.steps]])
+        return False, len(group.steps)
+    sent, ledger = parallel.dispatches(run_id, group)
+    try:
+        await loop.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
+    except Claimed as exc:
+        return await claimed(loop, handle, lease, exc)
+    loop.hooks.after_outcome(run_id, group.steps[0] - 1)
+    for step in group.steps:
+        loop.hooks.after_intent(run_id, step)
+    calls = [(tool, handle.state.actions[step])
+             for step, tool in zip(group.steps, group.tools, strict=True)]
+    return await run_group(loop, handle, calls, slot, pending)
+
+
+async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, Action]],
+                    slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
+    """The calls of a group at once, each on a thread of its own."""
+    run_id, agent_name = handle.run_id, handle.state.agent
+    # Outcomes land as they arrive: each is committed by the thread that observed it
+    # (the coroutine waits meanwhile, so only these threads touch the handle, one at a
+    # time). Once one commit is refused, the others are kept for the loop to stage
+    # after its reload.
+    lock = threading.Lock()
+    held: list[Spec] = []
+    refused: list[Exception] = []
+
+    def record(step: int, spec: list[Spec]) -> None:
+        with lock:
+            if refused or not spec:
+                held.extend(spec)
+                return
+            try:
+                loop.log.commit(handle, spec)
+            except (ConflictError, CancelPending, LeaseLost, Terminal,
+                    redis.RedisError) as exc:
+                refused.append(exc)
+                held.extend(spec)
+                return
+            loop.hooks.after_outcome(run_id, step)
+
+    def one(tool: Tool, act: Action) -> list[Spec]:
+        began = time.monotonic()
+        with tracing.step_span(run_id, agent_name, act.tool, act.key, act.step,
+                               act.attempts) as span:
+            spec = loop.dispatcher.dispatch(run_id, tool, act, slot.token,
+                                            handle.live_args.get(act.step, act.args))
+            outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
+                if spec else ""
+            span.outcome(outcome)
+        loop.hooks.after_effect(run_id, act.step)
+        loop.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+        record(act.step, spec)
+        return spec
+
+    def run_all() -> list[list[Spec]]:
+        with loop.outside():
+            slot.in_call = True
+            try:
+                return parallel.run_at_once(calls, one)
+            finally:
+                slot.in_call = False
+
+    await Offload(WAITING, run_all)
+    if slot.token.cancelled and slot.token.reason == "lease lost":
+        raise LeaseLost(run_id, Lease(run_id, handle.lease or "|-1").epoch)
+    if slot.token.cancelled:
+        slot.token = CancelToken()
+    if refused:  # the loop reloads, then stages the outcomes not in the log yet
+        pending[:] = held
+        raise refused[0]
+    return False, len(calls)
+
+
+async def unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
+    """A rejection or an operator's settle the fold already applied must have been
+    valid when it was made; one that was not (written around the client) is never fed
+    to the agent: the run is quarantined. Approvals are checked at the gate.
+
+    Checked against the approver registry on a thread of its own, when there is anything
+    to check (most runs have neither)."""
+    state = handle.state
+    if any(a.decision not in (None, "approve") for a in state.approvals.values()) or \
+            any(act.settle is not None for act in state.actions.values()):
+        return await loop.io.elsewhere(lambda: _unsigned_rejection(loop, handle))
+    return None
+
+
+def _unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
+    for appr in handle.state.approvals.values():
+        if appr.decision is not None and appr.decision != "approve":
+            problem = check_history(loop.approvers, handle.run_id, appr)
+            if problem is not None:
+                return f"the rejection of {appr.request} does not hold: {problem}"
+    return unsigned_settle(loop.approvers, loop.settings.settle_role, handle.state)
+
+
+def approval_check(loop: StepLoop, run_id: str) -> Check:
+    """How this worker checks a recorded decision: against the approver registry, now."""
+    return lambda appr: check_recorded(loop.approvers, run_id, appr)
+
+
+async def approval(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action,
+                   pending: list[Spec]) -> tuple[bool, int] | None:
+    """None when ``act`` may be dispatched now; else ask for an approval and stop.
+
+    The digest needs the tool's facts, read now: if they cannot be read, the intent is
+    kept and the run is looked at again shortly.
+    """
+    def facts() -> list[Spec] | None:
+        verdict, reason = gate(handle.state, tool, act,
+                               approval_check(loop, handle.run_id))
+        return None if verdict == "go" else request_specs(handle.state, tool, act, reason)
+
+    try:
+        specs = await loop.user(f"{tool.name}'s approval facts", facts)
+        if specs is None:
+            return None
+    except Exception as exc:
+        log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
+                    tool.name, exc)
+        if handle.staged:
+            await loop.commit(handle, pending, [])
+        await loop.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
+        return True, 0
+    await loop.commit(handle, pending, specs, checkpoint=True)
+    return True, 0
+
+
+async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
+                   pending: list[Spec]) -> tuple[bool, int]:
+    """Send ``act`` (its intent and dispatch are in the log) and stage its outcome."""
+    args = handle.live_args.get(act.step, act.args)
+    if is_placeholder(args):
+        await loop.commit(handle, pending, [])
+        await loop.quarantine(handle, f"step {act.step} ({act.tool}): its arguments were "
+                                      "kept out of the log and the agent did not give "
+                                      "them again")
+        return True, 0
+    began = time.monotonic()
+    with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
+                           act.attempts) as span:
+        def call() -> list[Spec]:
+            with loop.outside():
+                slot.thread_id, slot.in_call = threading.get_ident(), True
+                try:
+                    return loop.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
+                                                    args)
+                finally:
+                    slot.in_call = False
+
+        spec: list[Spec] = await Offload(act.tool, call)
+        outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
+        span.outcome(outcome)
+    loop.hooks.after_effect(handle.run_id, act.step)
+    loop.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+    return await outcomes(loop, handle, slot, pending, spec, 1)
+
+
+async def outcomes(loop: StepLoop, handle: RunHandle, slot: Slot, pending: list[Spec],
+                   specs: list[Spec], steps: int) -> tuple[bool, int]:
+    """Stage the outcomes of ``steps`` calls just made; commit them at once when the
+    run must stop for them (a wait, an unknown outcome, a cancel)."""
+    if slot.token.cancelled and slot.token.reason == "lease lost":
+        raise LeaseLost(handle.run_id, Lease(handle.run_id, handle.lease or "|-1").epoch)
+    if slot.token.cancelled:
+        slot.token = CancelToken()
+    pending[:] = specs
+    loop.log.stage(handle, specs)
+    if handle.state.waiting or handle.state.state == "outcome_unknown" or (
+        handle.state.cancel is not None
+    ):
+        await loop.commit(handle, pending, [])
+        loop.hooks.after_outcome(handle.run_id, handle.state.step)
+    return False, steps
+
+
+def _no_outcome(act: Action) -> Spec:
+    """An effect-free call sent as often as its tool allows, with no outcome: it fails."""
+    return Spec(ev.ActionFailed, {"step": act.step, "key": act.key, "error_type": "NoOutcome",
+                                  "error": f"no outcome after {act.attempts} attempts "
+                                           f"(last: {act.unknown_reason or 'lost'})"})
+
+
+async def open_call(loop: StepLoop, handle: RunHandle, act: Action, slot: Slot,
+                    pending: list[Spec]) -> tuple[bool, int]:
+    """The open call ``act`` of a run taken again: sent when it never was (or was found
+    not applied); else the earlier attempt may have applied the effect: sent again at once
+    when it has none, else resolved with ``lookup`` once its deadline has passed."""
+    state = handle.state
+    if act.status in ("decided", "not_applied"):
+        if state.cancel is not None:  # a call-scoped cancel: this call never starts
+            await loop.commit(handle, pending, [Spec(ev.CallCanceled, {
+                "step": act.step, "key": act.key, "reason": state.cancel.reason})])
+            return False, 0
+        tool = loop.registry.tool(act.tool)
+        asked = await approval(loop, handle, tool, act, pending)
+        if asked is not None:
+            return asked
+        args = handle.live_args.get(act.step, act.args)
+        if tool.effect_free and act.attempts >= tool.attempts_for(args):  # resent enough
+            await loop.commit(handle, pending, [_no_outcome(act)])
+            return False, 0
+        why = budgets.resend_exhausted(state, tool.model, act.attempts)
+        if why is not None:  # each model request sent counts, resends too
+            await loop.commit(handle, pending, [Spec(ev.Failed, {
+                "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
+            await loop.io.stat("budgets_exhausted")
+            return True, 0
+        deadline = now_ms() + int(tool.timeout_for(args) * 1000)
+        await loop.commit(handle, pending, [Spec(ev.ActionDispatched, {
+            "step": act.step, "key": act.key, "deadline": deadline})],
+            ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
+        return await run_tool(loop, handle, tool, act, slot, pending)
+    # dispatched or unknown: the earlier attempt may have applied the effect.
+    tool = loop.registry.tool(act.tool)
+    if tool.effect_free:  # nothing outside changed: send it again at once...
+        if act.attempts >= tool.attempts_for(handle.live_args.get(act.step, act.args)):
+            specs = [_no_outcome(act)]  # ...but not forever
+        else:
+            specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
+                                                "resolution": "not_applied",
+                                                "by": "effect_free"})]
+            await loop.io.stat("effect_free_resent")
+        pending[:] = specs
+        loop.log.stage(handle, specs)
+        return False, 0
+    wait_s = (act.deadline + loop.settings.clock_skew_ms) / 1000 - clock.time()
+    if wait_s > MAX_INLINE_WAIT_S:
+        if handle.staged:
+            await loop.commit(handle, pending, [])
+        return True, 0
+
+    def wait_and_ask() -> list[Spec] | None:
+        with loop.outside():
+            if wait_s > 0 and slot.token.wait(wait_s):
+                return None  # a cancel or a lost lease: look at the run again
+            return resolve_unknown(loop.redis, tool, act, handle.run_id)
+
+    specs = await Offload(WAITING, wait_and_ask)
+    if specs is None:
+        return False, 0
+    if not specs:  # the lookup itself failed: the reconciler asks again shortly
+        if handle.staged:
+            await loop.commit(handle, pending, [])
+        await loop.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
+        return True, 0
+    pending[:] = specs
+    loop.log.stage(handle, specs)
+    if handle.state.waiting:
+        await loop.commit(handle, pending, [], checkpoint=True)
+        return True, 0
+    return False, 0
+
+
+async def finish_cancel(loop: StepLoop, handle: RunHandle, pending: list[Spec]) -> None:
+    """End a run-scoped cancel: the open call's fate and ``canceled`` recorded, then the
+    run's live children asked to cancel too."""
+    cancel = handle.state.cancel
+    assert cancel is not None
+    specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
+    await loop.commit(handle, pending, specs)
+    await loop.io.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+    await family.cancel_children(loop.io, loop.log, handle.state, cancel.reason,
+                                 loop.worker_id, loop.settings.cancel_secret)

@@ -1,0 +1,188 @@
+"""The step protocol's Redis calls, as awaitables: the protocol never blocks its driver.
+
+A run's coroutine (``workers.loop``) ``await``s every Redis call it makes. Where the log's
+script calls are batched (``EventLog.batch_appends``: one server, no
+``DURABLE_MIN_REPLICAS``), each call here is a plain command of that batcher
+(``ScriptBatcher.command_call``): a run thread sends it with the other threads' calls and a
+worker's hub sends it in its own pipelines, with the other runs' calls, while it resumes
+them. Several commands a library function makes in a row (making a run ready, a whole
+quarantine) are made here as a sequence of such awaits, each on the keys of one run or one
+global key, so each is one call in a pipeline.
+
+What cannot be one command -- RQ's own enqueue of a ``drain``, a ready list on another
+server (``DURABLE_QUEUE_URL``), every call where nothing is batched (a Redis Cluster, or
+``DURABLE_MIN_REPLICAS``: there the run threads drive, a thread per run) -- is the library's
+own function, run on a thread of its own (an ``Offload`` named ``WAITING``: a hub never runs
+one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``: a hub runs it
+inline, and the rare fold that reads more (a large value beside the run, a layout refolded
+from the start) hands the driving over as slow user code does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis
+from rq import Queue
+
+from durable.errors import ConflictError, RunNotFound, Terminal
+from durable.leases import Lease, Leases
+from durable.liveness import served_agents
+from durable.log import counters, keys
+from durable.log import events as ev
+from durable.log.batching import ScriptBatcher
+from durable.log.state import RunState
+from durable.log.store import EventLog, RunHandle, Spec
+from durable.queue import QUEUED_TTL_MS, enqueue_advance, ensure_drain
+from workers.turns import FOLD, WAITING, Offload
+
+T = TypeVar("T")
+
+def _s(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class RedisIO:
+    """The Redis calls of one worker's step protocol (see the module doc)."""
+
+    def __init__(self, client: redis.Redis, batcher: ScriptBatcher | None, leases: Leases,
+                 queue: Queue) -> None:
+        self.redis = client
+        self.batcher = batcher
+        self.leases = leases
+        self.queue = queue
+        #: The ready lists live on the log's server: making a run ready is batched too.
+        self._queue_here = batcher is not None and queue.connection is client
+
+    def elsewhere(self, fn: Callable[[], T]) -> Awaitable[T]:
+        """``fn`` (library code making its own Redis calls) on a thread of its own."""
+        return Offload(WAITING, fn)
+
+    def command(self, *command: Any) -> Awaitable[Any]:
+        """One plain command; its reply is the raw one when batched (no response
+        callback)."""
+        if self.batcher is not None:
+            return self.batcher.command_call(*command)
+        return self.elsewhere(lambda: self.redis.execute_command(*command))
+
+    # Counters and indexes ---------------------------------------------------------------
+
+    async def stat(self, name: str, amount: int = 1) -> None:
+        """Add to a worker statistic (``Client.stats``)."""
+        await self.command("HINCRBY", keys.STATS, name, amount)
+
+    async def count(self, metric: str, *labels: str) -> None:
+        """``counters.incr``: a counter the log does not record."""
+        await self.command("HINCRBY", keys.metrics(), counters.field(metric, *labels), 1)
+
+    async def look_again_at(self, run_id: str, when_ms: int) -> None:
+        """Put ``run_id`` in the due set at ``when_ms`` (the reconciler looks at it then)."""
+        await self.command("ZADD", keys.due_of(run_id), when_ms, run_id)
+
+    async def hset(self, key: str, field: str, value: Any) -> None:
+        await self.command("HSET", key, field, value)
+
+    async def publish(self, channel: str, message: str) -> None:
+        await self.command("PUBLISH", channel, message)
+
+    # Leases and the ready lists ---------------------------------------------------------
+
+    async def release(self, lease: Lease) -> bool:
+        """``Leases.release``: let go of ``lease`` (a no-op when it is no longer held)."""
+        if self.batcher is None:
+            return await self.elsewhere(lambda: self.leases.release(lease))
+        reply = await self.batcher.script_call(
+            "lease_release", [keys.lease(lease.run_id), keys.run(lease.run_id)], [lease.value])
+        return bool(reply)
+
+    async def enqueue(self, run_id: str, *, force: bool = False,
+                      route: str | None = None) -> bool:
+        """``enqueue_advance``: make ``run_id`` ready, the same commands one at a time."""
+        queue = self.queue
+        if not self._queue_here:
+            return await self.elsewhere(lambda: enqueue_advance(self.redis, queue, run_id,
+                                                                force=force, route=route))
+        marker = keys.queued(run_id)
+        if await self.command("SET", marker, b"1", "NX", "PX", QUEUED_TTL_MS) is None:
+            if not force:
+                return False
+            await self.command("SET", marker, b"1", "PX", QUEUED_TTL_MS)
+        if route is None:
+            agent = await self.command("HGET", keys.run(run_id), "agent")
+            route = _s(agent) if agent else ""
+        await self.command("RPUSH", keys.ready(queue.name, route), run_id)
+        if route:
+            await self.command("SADD", keys.routes(queue.name), route)
+        if not await self.command("EXISTS", keys.drain_pending(queue.name)):
+            # No drain command pending: RQ enqueues one (its own bookkeeping, several
+            # commands), on a thread of its own. ``ensure_drain`` checks again, atomically.
+            await self.elsewhere(lambda: ensure_drain(queue))
+        return True
+
+    async def served_agents(self) -> dict[str, list[str]]:
+        """``durable.liveness.served_agents``: the live workers and the agents each has."""
+        if self.batcher is None:
+            return await self.elsewhere(lambda: served_agents(self.redis))
+        ids = sorted(_s(w) for w in await self.command("SMEMBERS", keys.WORKERS) or ())
+        if not ids:
+            return {}
+        found: dict[str, list[str]] = {}
+        alive = await self.command("MGET", *[keys.alive(w) for w in ids])
+        for worker_id, raw in zip(ids, alive, strict=True):
+            if raw is None:
+                continue
+            try:
+                agents = json.loads(raw)
+            except ValueError:
+                agents = []
+            found[worker_id] = [str(a) for a in agents] if isinstance(agents, list) else []
+        return found
+
+    # Reading and marking a run ----------------------------------------------------------
+
+    async def load(self, elog: EventLog, run_id: str, *, lease: str = "",
+                   actor: str = "") -> RunHandle:
+        """``EventLog.load``: the projection's version and checkpoint, then the log from
+        it (two reads, as ``load`` makes them), folded."""
+        if self.batcher is None:
+            return await self.elsewhere(lambda: elog.load(run_id, lease=lease, actor=actor))
+        version, ckpt = await self.command("HMGET", keys.run(run_id), "version", "ckpt")
+        if version is None:
+            raise RunNotFound(run_id)
+        raw = await self.command("XRANGE", keys.log(run_id), _s(ckpt) if ckpt else "-", "+")
+        return await self.fold(elog, run_id, int(version), raw, lease=lease, actor=actor,
+                               at_least=True)
+
+    def fold(self, elog: EventLog, run_id: str, version: int, raw: Any, *, lease: str,
+             actor: str, at_least: bool = False) -> Awaitable[RunHandle]:
+        """``EventLog.handle_from``: fold entries read already (see the module doc)."""
+        return Offload(FOLD, lambda: elog.handle_from(run_id, version, raw, lease=lease,
+                                                      actor=actor, at_least=at_least))
+
+    async def quarantine_unread(self, elog: EventLog, run_id: str, reason: str,
+                                actor: str) -> bool:
+        """``EventLog.quarantine``: mark a run quarantined without folding it (its log may
+        be unreadable). False when it was quarantined already, or someone wrote first."""
+        if self.batcher is None:
+            return await self.elsewhere(lambda: elog.quarantine(run_id, reason, actor))
+        raw = await self.command("HGETALL", keys.run(run_id))
+        proj = {_s(k): _s(v) for k, v in zip(raw[::2], raw[1::2], strict=True)} \
+            if isinstance(raw, list) else {_s(k): _s(v) for k, v in (raw or {}).items()}
+        if not proj:
+            raise RunNotFound(run_id)
+        if proj.get("state") == "quarantined":
+            return False
+        version = int(proj.get("version", "0"))
+        state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
+                         step=int(proj.get("step", "0")))
+        handle = RunHandle(run_id, state, actor=actor, base_version=version,
+                           base_state=state.state)
+        try:
+            await elog.commit_async(handle, [Spec(ev.Quarantined, {"reason": reason})],
+                                    extra={"reason": reason[:500]}, quarantine=True)
+        except (ConflictError, Terminal):
+            return False
+        await self.hset(keys.QUARANTINE, run_id, reason[:500])
+        return True
