@@ -59,12 +59,13 @@ class Filters:
     age: str = ""
     q: str = ""
     after: str = ""
+    tenant: str = ""
 
     @classmethod
     def of(cls, request: Request) -> Filters:
         p = request.query_params
         f = cls(p.get("state", ""), p.get("agent", "").strip(), p.get("age", ""),
-                p.get("q", "").strip(), p.get("after", ""))
+                p.get("q", "").strip(), p.get("after", ""), p.get("tenant", "").strip())
         if f.state and f.state not in ALL_STATES:
             raise HTTPException(400, f"unknown state {f.state!r}")
         if f.age not in AGES:
@@ -80,13 +81,15 @@ def list_runs(c: Client, f: Filters) -> list[RunSummary]:
     if f.q:
         found = c.search(f.q, limit=PAGE)
         return [r for r in found if (not f.state or r.state == f.state)
-                and (not f.agent or r.agent == f.agent)]
+                and (not f.agent or r.agent == f.agent)
+                and (not f.tenant or r.tenant == f.tenant)]
     since = now_ms() - int(f.age) * 1000 if f.age else None
     try:
         return c.runs(f.state or None, PAGE, agent=f.agent or None, after=f.after or None,
-                      since=since)
+                      since=since, tenant=f.tenant or None)
     except RunNotFound:
-        return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since)
+        return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since,
+                      tenant=f.tenant or None)
 
 
 @dataclass(frozen=True)

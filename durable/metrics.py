@@ -39,6 +39,7 @@ from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
 from durable.outcomes import NO_LOOKUP
+from durable.tenants import RUNS_STARTED
 
 if TYPE_CHECKING:
     from durable.client import Client
@@ -60,6 +61,9 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        "or stalled), counted when the run's lease is next taken.", ()),
     c.RECONCILER_ACTIONS: ("durable_reconciler_actions",
                            "What the reconciler did to due runs.", ("action",)),
+    RUNS_STARTED: ("durable_runs_started", "Runs started, by agent and tenant (the first "
+                   "DURABLE_METRIC_TENANTS tenants by name, the rest as 'other').",
+                   ("agent", "tenant")),
 }
 
 #: Prometheus name, help, label names and buckets of each histogram.

@@ -211,6 +211,14 @@ class Settings(BaseSettings):
         default=None, ge=1,
         description="Refuse new runs while this many runs are pending (unset = no limit).",
     )
+    require_tenant: bool = Field(
+        default=False, description="Refuse a start that names no tenant (durable.tenants).",
+    )
+    metric_tenants: int = Field(
+        default=50, ge=0,
+        description="Tenants that get their own label in the metrics (the first seen); the "
+        "others are counted as 'other'.",
+    )
 
     @property
     def layout_shards(self) -> int:

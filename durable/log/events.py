@@ -62,6 +62,13 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: since the epoch); "" and 0 for a run started otherwise.
     schedule: str = ""
     slot: int = 0
+    #: Who the run is for (``durable.tenants``): the tenant (customer, team) whose limits,
+    #: fairness and metrics it counts against, and the owner (user, service) who started
+    #: it; "" for a run started without them (and every run of older logs).
+    tenant: str = ""
+    owner: str = ""
+    #: Higher is taken first among ready runs (``durable.fairness``); 0 by default.
+    priority: int = 0
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

@@ -77,6 +77,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.parent_step = e.parent_step
             state.budgets = dict(e.budgets)
             state.trace = e.trace
+            state.tenant, state.owner, state.priority = e.tenant, e.owner, e.priority
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():

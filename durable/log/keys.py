@@ -187,6 +187,12 @@ def runs_in_state(state: str, shard: int | None = None) -> str:
     return _global(f"runs:{state}", shard)
 
 
+def runs_of_tenant(tenant: str, shard: int | None = None) -> str:
+    """ZSET run id -> start time (ms) of the runs of one tenant, per shard
+    (``durable.tenants``): what ``durable runs --tenant`` walks."""
+    return _global(f"tenant:{tenant}", shard)
+
+
 def due(shard: int | None = None) -> str:
     """ZSET run id -> time (ms) at which the reconciler must look at the run, per shard."""
     return _global("due", shard)
@@ -247,6 +253,10 @@ def alive(worker_id: str) -> str:
     leases."""
     return f"{PREFIX}:{{workers}}:alive:{worker_id}"
 
+
+#: Set of the tenants that have their own label in the metrics (``durable.tenants``): the
+#: first ``DURABLE_METRIC_TENANTS`` seen; the others are counted as "other". Not derived.
+TENANT_LABELS = f"{PREFIX}:tenant_labels"
 
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"
