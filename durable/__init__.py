@@ -29,6 +29,7 @@ from durable.errors import (
     LeaseLost,
     NondeterminismError,
     PayloadTooLarge,
+    RateLimited,
     Refused,
     RunIdConflict,
     RunNotFound,
@@ -37,6 +38,7 @@ from durable.errors import (
     UnsafeRedis,
     UsageError,
 )
+from durable.limits import Limit
 from durable.log.state import Action, RunState
 from durable.settings import Settings
 from durable.streaming import Partial
@@ -56,11 +58,13 @@ __all__ = [
     "ForbiddenJob",
     "InvalidInput",
     "LeaseLost",
+    "Limit",
     "Lookup",
     "NondeterminismError",
     "OutcomeUnknown",
     "Partial",
     "PayloadTooLarge",
+    "RateLimited",
     "Refused",
     "RunContext",
     "RunIdConflict",

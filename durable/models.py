@@ -70,6 +70,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
+from durable.errors import RateLimited
+from durable.limits import Limit
 
 #: The name the tool is registered under.
 TOOL_NAME = "chat"
@@ -95,6 +97,19 @@ class ModelSettings(BaseSettings):
     timeout_s: float = Field(default=60.0, gt=0,
                              description="The chat step's timeout (read at import).")
     stream: bool = Field(default=False, description="Stream replies (SSE) by default.")
+    rpm: int = Field(default=0, ge=0, description="Requests per minute the whole fleet may "
+                     "send (the provider's quota; 0: no limit; read at import).")
+    tpm: int = Field(default=0, ge=0, description="Tokens per minute the whole fleet may "
+                     "use (0: no limit; read at import).")
+    in_flight: int = Field(default=0, ge=0, description="Requests in flight at once across "
+                           "the fleet (0: no limit; read at import).")
+
+    def limits(self) -> tuple[Limit, ...]:
+        """The ``model`` limit of the chat step, shared by every worker (``durable.limits``)."""
+        if not (self.rpm or self.tpm or self.in_flight):
+            return ()
+        return (Limit("model", rate=self.rpm, tokens=self.tpm, in_flight=self.in_flight,
+                      per_s=60.0),)
 
 
 class ModelUnavailable(Exception):
@@ -129,6 +144,10 @@ def _check(resp: httpx.Response) -> None:
     if resp.status_code == 200:
         return
     text = resp.text[:300]
+    after = resp.headers.get("retry-after", "")
+    if resp.status_code == 429 and after.replace(".", "", 1).isdigit():
+        # The fleet waits as the provider asks, and its limits lower their rate.
+        raise RateLimited(float(after), f"model answered 429: {text}")
     if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
         raise ModelUnavailable(f"model answered {resp.status_code}: {text}")
     raise ModelError(f"model refused the request ({resp.status_code}): {text}")
@@ -249,6 +268,7 @@ class Chat(Tool):
     effect_free = True
     model = True
     log_args = "digest"
+    limits = ModelSettings().limits()
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         ctx.check()

@@ -24,10 +24,12 @@ EXPECTED = {
     "ForbiddenJob": "durable.errors",
     "InvalidInput": "durable.errors",
     "LeaseLost": "durable.errors",
+    "Limit": "durable.limits",
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
     "Partial": "durable.streaming",
+    "RateLimited": "durable.errors",
     "PayloadTooLarge": "durable.errors",
     "RunIdConflict": "durable.errors",
     "Refused": "durable.errors",
@@ -66,6 +68,7 @@ ERRORS = {
     "NondeterminismError": "DurableError",
     "ForbiddenJob": "DurableError",
     "Refused": "DurableError",
+    "RateLimited": "DurableError",
 }
 
 

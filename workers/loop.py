@@ -52,6 +52,7 @@ from durable.errors import (
     UnknownTool,
 )
 from durable.leases import Heartbeats, Lease, Leases
+from durable.limits import Limiter
 from durable.liveness import served_agents
 from durable.log import counters, keys
 from durable.log import events as ev
@@ -122,6 +123,9 @@ class StepLoop:
         self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes,
                                      on_stuck=self.stuck_call)
         self.held: dict[str, Slot] = {}
+        #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
+        self.limiter = Limiter(client, wake=lambda run: enqueue_advance(
+            self.redis, self.queue, run, force=True))
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)
         #: Threads whose run was abandoned: their slot was given back already.
@@ -535,6 +539,10 @@ class StepLoop:
             if asked is not None:
                 return asked
             deadline = now_ms() + int(tool.timeout_s * 1000)
+            args = handle.live_args.get(act.step, act.args)
+            if await self._over_limit(handle, agent, [(tool, act.step, args)], deadline,
+                                      pending, []):
+                return True, 0
             await self._commit(handle, pending, [Spec(ev.ActionDispatched, {
                 "step": act.step, "key": act.key, "deadline": deadline})],
                 ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
@@ -651,6 +659,9 @@ class StepLoop:
             await self._approval(handle, tool, handle.state.actions[step], pending)
             return True, 1
         deadline = now_ms() + int(tool.timeout_s * 1000)
+        if await self._over_limit(handle, agent, [(tool, step, args)], deadline, pending,
+                                  [decided]):
+            return True, 1
         try:
             await self._commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
                 "step": step, "key": key, "deadline": deadline})],
@@ -661,6 +672,21 @@ class StepLoop:
         self.hooks.after_outcome(handle.run_id, step - 1)
         self.hooks.after_intent(handle.run_id, step)
         return await self._run_tool(handle, tool, act, slot, pending)
+
+    async def _over_limit(self, handle: RunHandle, agent: Agent,
+                          calls: list[tuple[Tool, int, Any]], deadline: int,
+                          pending: list[Spec], specs: list[Spec]) -> bool:
+        """Flow control (``durable.limits``): False when every limiter of ``calls`` gave a
+        permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and
+        the run waits as a timer, holding no slot: not an error, no retry consumed."""
+        wait = self.limiter.take_all(handle.state, agent, calls,
+                                     deadline + self.settings.cancel_grace_ms)
+        if wait is None:
+            return False
+        if handle.staged or specs:
+            await self._commit(handle, pending, specs)
+        self.limiter.park(handle.run_id, wait)
+        return True
 
     async def _claimed(self, handle: RunHandle, lease: Lease, exc: Claimed) -> tuple[bool, int]:
         """The ledger knows a key the log does not: never send it blindly."""
@@ -701,6 +727,11 @@ class StepLoop:
                 "step": s, "key": step_key(run_id, s), "reason": reason})
                 for s in group.steps]])
             return False, len(group.steps)
+        longest = now_ms() + int(max(t.timeout_s for t in group.tools) * 1000)
+        if await self._over_limit(handle, agent, list(zip(group.tools, group.steps, group.args,
+                                                          strict=True)),
+                                  longest, pending, decided):
+            return True, len(group.steps)
         sent, ledger = parallel.dispatches(run_id, group)
         try:
             await self._commit(handle, pending, [*decided, *sent], ledger=ledger,
@@ -745,6 +776,7 @@ class StepLoop:
                                    act.attempts) as span:
                 spec = self.dispatcher.dispatch(run_id, tool, act, slot.token,
                                                 handle.live_args.get(act.step, act.args))
+                self.limiter.release(run_id, act.step, spec)
                 outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
                     if spec else ""
                 span.outcome(outcome)
@@ -828,8 +860,10 @@ class StepLoop:
                 with self._outside():
                     slot.thread_id, slot.in_call = threading.get_ident(), True
                     try:
-                        return self.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
+                        spec = self.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
                                                         args)
+                        self.limiter.release(handle.run_id, act.step, spec)
+                        return spec
                     finally:
                         slot.in_call = False
 

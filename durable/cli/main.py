@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import redis
 
-from durable.cli import admin, approvers, audit, deploy, runs, schedules
+from durable.cli import admin, approvers, audit, deploy, limits, runs, schedules
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
 from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
@@ -57,7 +57,7 @@ def build_parser() -> Parser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    for module in (runs, audit, approvers, schedules, deploy, admin):
+    for module in (runs, audit, approvers, schedules, deploy, admin, limits):
         module.register(add)
     for _name, register in plugins():
         register(add)

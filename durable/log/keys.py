@@ -258,6 +258,21 @@ def alive(worker_id: str) -> str:
 #: first ``DURABLE_METRIC_TENANTS`` seen; the others are counted as "other". Not derived.
 TENANT_LABELS = f"{PREFIX}:tenant_labels"
 
+# Limits shared by every worker (``durable.limits``): the keys of one limiter (one limit,
+# one key value) share the hash tag ``{limit:<name>:<key>}``, so one script decides on one
+# slot. Not derived: they expire once the limiter is idle.
+
+
+def limiter(name: str, key: str, part: str) -> str:
+    """One key of a limiter: ``inflight``, ``calls``, ``tokens``, ``used``, ``state``,
+    ``waiting`` (see ``limit_take.lua``)."""
+    return f"{PREFIX}:{{limit:{name}:{key}}}:{part}"
+
+
+#: Hash ``<name>|<key>`` -> last decision (ms): the limiters in use, for ``durable
+#: limits`` and the metrics (an entry idle for a day is dropped by its next reader).
+LIMITERS = f"{PREFIX}:limiters"
+
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"
 

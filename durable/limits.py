@@ -1,0 +1,359 @@
+"""Limits shared by every worker: calls in flight, calls per period, model tokens per period.
+
+A tool (``Tool.limits``) or an agent (``Agent.limits``: every call its runs make) declares
+``Limit`` s; each is keyed by a template over the call's arguments and the run
+(``"{tenant}"``, ``"{args.provider}"``, ``"{agent}:{owner}"``; "" = one key for all), so
+one declaration is one limiter per key value. A limiter lives in Redis under one hash tag
+(``keys.limiter``): one atomic script per decision (``limit_take.lua``), one per release
+(``limit_release.lua``), so any number of workers obey the same count, on a cluster too.
+
+Before a step is dispatched the worker takes a permit of each of its limiters. A call over
+a limit is not an error and consumes no retry: its intent is recorded, the run lets go of
+its worker slot and waits as a timer in the due-set (``retry_at``, staggered so that the
+waiters do not all wake at once); a release of a limit on calls in flight wakes the oldest
+waiter at once. A permit carries an expiry (the call's deadline): a SIGKILLed worker's
+permits lapse at the next decision, nothing leaks.
+
+Model steps reserve ``Tool.estimate_tokens(args)`` (default: the request's ``max_tokens``
+plus a quarter of its size in bytes) and settle with the reply's ``usage.total_tokens``.
+
+A tool whose provider answers 429 raises ``durable.errors.RateLimited(retry_after_s)``: the
+step waits that long (not a failure of the tool), and every limiter the call held lowers
+its share of the declared rate (halved, at most once per Retry-After, down to
+``FLOOR``), regaining ``RECOVER`` of it per period without one: the fleet backs off
+together.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from durable.errors import UsageError
+from durable.log import keys
+from durable.log.scripts import Scripts
+
+if TYPE_CHECKING:
+    from durable.log.state import RunState
+    from durable.log.store import Spec
+
+#: Share of the declared rate regained per period without a 429 (additive increase).
+RECOVER = 0.1
+#: Lowest share a run of 429s lowers a limiter's rate to (multiplicative decrease).
+FLOOR = 0.05
+#: A limiter's keys expire after this long without a decision (ms) past its period.
+IDLE_MS = 3_600_000
+#: How often (s) a process notes a limiter it uses in ``keys.LIMITERS``.
+NOTE_EVERY_S = 5.0
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_FIELD = re.compile(r"\{([^{}]*)\}")
+_RUN_FIELDS = frozenset({"tenant", "owner", "agent", "tool", "run"})
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@+-]")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """At most ``in_flight`` calls at once, ``rate`` calls and ``tokens`` model tokens per
+    ``per_s`` seconds (0: no bound), per value of ``key``. ``margin_s`` is added to the
+    period: a grant counts that much longer than the period, so that the network delay
+    between the grant and the provider's receipt cannot put R+1 calls in one of its
+    windows."""
+
+    name: str
+    key: str = ""
+    in_flight: int = 0
+    rate: int = 0
+    tokens: int = 0
+    per_s: float = 60.0
+    margin_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise UsageError(f"invalid limit name {self.name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        for what in ("in_flight", "rate", "tokens"):
+            n = getattr(self, what)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise UsageError(f"limit {self.name}: {what} must be a whole number >= 0")
+        if not (self.in_flight or self.rate or self.tokens):
+            raise UsageError(f"limit {self.name}: give in_flight, rate or tokens")
+        if self.per_s <= 0 or self.margin_s < 0:
+            raise UsageError(f"limit {self.name}: per_s must be > 0 and margin_s >= 0")
+        for name in _FIELD.findall(self.key):
+            if name not in _RUN_FIELDS and not name.startswith("args."):
+                raise UsageError(f"limit {self.name}: key field {{{name}}} is none of "
+                                 f"{', '.join(sorted(_RUN_FIELDS))} or args.<field>")
+        if self.key.count("{") != self.key.count("}"):
+            raise UsageError(f"limit {self.name}: unbalanced braces in key {self.key!r}")
+
+    @property
+    def period_ms(self) -> int:
+        return int((self.per_s + self.margin_s) * 1000)
+
+
+def key_of(limit: Limit, state: RunState, tool: str, args: Any) -> str:
+    """The limiter a call counts against: ``limit.key`` filled in from the run and the
+    call's arguments (a missing argument is ""), made safe for a hash tag."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name.startswith("args."):
+            found: Any = args
+            for part in name[5:].split("."):
+                found = found.get(part) if isinstance(found, Mapping) else None
+            return "" if found is None else str(found)
+        return {"tenant": state.tenant, "owner": state.owner, "agent": state.agent,
+                "tool": tool, "run": state.run_id}[name]
+
+    return _UNSAFE.sub("_", _FIELD.sub(value, limit.key))[:100]
+
+
+def estimate_tokens(args: Any) -> int:
+    """A model request's token estimate: its ``max_tokens`` plus a quarter of its size."""
+    if not isinstance(args, Mapping):
+        return 0
+    reply = args.get("max_tokens") or args.get("max_output_tokens") or 0
+    size = len(json.dumps(args, default=str, separators=(",", ":")))
+    return (int(reply) if isinstance(reply, int | float) else 0) + size // 4
+
+
+def used_tokens(result: Any) -> int:
+    """Tokens a reply used, from its OpenAI-style ``usage`` (-1: not said)."""
+    usage = result.get("usage") if isinstance(result, Mapping) else None
+    total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
+    return int(total) if isinstance(total, int | float) else -1
+
+
+def _keys(name: str, key: str, *parts: str) -> list[str]:
+    return [keys.limiter(name, key, part) for part in parts]
+
+
+@dataclass
+class Wait:
+    """A call refused by a limiter: when to ask again, and why (shown as the run's reason)."""
+
+    retry_at: int
+    limit: str
+    key: str
+    why: str
+
+    @property
+    def reason(self) -> str:
+        return f"waits for limit {self.limit}[{self.key}]: {self.why}"[:500]
+
+
+@dataclass
+class _Held:
+    limit: Limit
+    key: str
+    permit: str
+
+
+@dataclass
+class Limiter:
+    """Takes and gives back the permits of a worker's calls (``take``/``release``).
+
+    ``wake``: makes a run ready (a waiter woken by a release)."""
+
+    redis: redis.Redis
+    wake: Callable[[str], object] = lambda run_id: None
+    #: ms since the epoch (tests pass their own).
+    clock: Callable[[], int] = lambda: int(time.time() * 1000)
+    held: dict[tuple[str, int], list[_Held]] = field(default_factory=dict)
+    _noted: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.scripts = Scripts(self.redis)
+
+    @staticmethod
+    def limits_of(agent: Any, tool: Any) -> tuple[Limit, ...]:
+        return tuple(getattr(tool, "limits", ())) + tuple(getattr(agent, "limits", ()))
+
+    def take(self, state: RunState, agent: Any, tool: Any, step: int, args: Any,
+             deadline_ms: int) -> Wait | None:
+        """Permits of every limiter of this call, or the first refusal (the permits taken
+        before it are given back). ``deadline_ms``: when the permits lapse."""
+        return self.take_all(state, agent, [(tool, step, args)], deadline_ms)
+
+    def take_all(self, state: RunState, agent: Any, calls: Sequence[tuple[Any, int, Any]],
+                 deadline_ms: int) -> Wait | None:
+        taken: list[tuple[int, list[_Held]]] = []
+        for tool, step, args in calls:
+            limits = self.limits_of(agent, tool)
+            if not limits:
+                continue
+            held: list[_Held] = []
+            taken.append((step, held))
+            estimate = -1
+            # A dispatch sent again (after a crash) is another permit; the same dispatch
+            # taken again (its commit retried) is the same one.
+            act = state.actions.get(step)
+            permit = f"{state.run_id}:{step}:{act.attempts if act is not None else 0}"
+            for limit in limits:
+                key = key_of(limit, state, tool.name, args)
+                if limit.tokens and estimate < 0:
+                    custom = getattr(tool, "estimate_tokens", None)
+                    estimate = int(custom(args)) if callable(custom) else estimate_tokens(args)
+                refused = self._take(limit, key, state.run_id, permit, max(estimate, 0),
+                                     deadline_ms)
+                if refused is not None:
+                    for _step, h in taken:
+                        self._give_back(h, None)
+                    return refused
+                held.append(_Held(limit, key, permit))
+        with self._lock:
+            for step, held in taken:
+                self.held[(state.run_id, step)] = held
+        return None
+
+    def _take(self, limit: Limit, key: str, run_id: str, permit: str, estimate: int,
+              deadline_ms: int) -> Wait | None:
+        now = self.clock()
+        pipe = self.redis.pipeline(transaction=False)
+        self.scripts.limit_take(
+            keys=_keys(limit.name, key, "inflight", "calls", "tokens", "used", "state",
+                       "waiting"),
+            args=[now, permit, max(deadline_ms, now + 1000), run_id,
+                  limit.in_flight, limit.rate, limit.tokens, limit.period_ms, estimate,
+                  RECOVER, limit.period_ms + IDLE_MS], client=pipe)
+        self._note(pipe, limit, key, now)
+        granted, arg, why = pipe.execute()[0]
+        if int(granted):
+            if int(arg):  # it had waited: what `durable runs` shows is no longer true
+                self.redis.hset(keys.run(run_id), "reason", "")
+            return None
+        return Wait(int(arg), limit.name, key, why.decode() if isinstance(why, bytes) else why)
+
+    def _note(self, pipe: Any, limit: Limit, key: str, now: int) -> None:
+        """Record the limiter in ``keys.LIMITERS`` (every ``NOTE_EVERY_S`` per process)."""
+        tag = f"{limit.name}|{key}"
+        if time.monotonic() - self._noted.get(tag, -NOTE_EVERY_S) < NOTE_EVERY_S:
+            return
+        self._noted[tag] = time.monotonic()
+        pipe.hset(keys.LIMITERS, tag, json.dumps({
+            "at": now, "in_flight": limit.in_flight, "rate": limit.rate,
+            "tokens": limit.tokens, "period_ms": limit.period_ms}))
+
+    def release(self, run_id: str, step: int, specs: Iterable[Spec]) -> None:
+        """Give back the permits of a call that returned, given what it observed: the
+        tokens its reply used, a provider's Retry-After. Wakes a run waiting for one."""
+        with self._lock:
+            held = self.held.pop((run_id, step), None)
+        if held:
+            self._give_back(held, list(specs))
+
+    def _give_back(self, held: list[_Held], specs: list[Spec] | None) -> None:
+        now = self.clock()
+        spent, retry_after = -1, 0
+        for spec in specs or ():
+            f = spec.fields
+            if spec.cls.__name__ == "ActionSucceeded":
+                spent = used_tokens(f.get("result"))
+            elif f.get("error_type") == "RateLimited":
+                spent, retry_after = 0, max(int(f.get("retry_at", now)) - now, 1)
+        if specs is None:
+            spent = 0  # never sent
+        pipe = self.redis.pipeline(transaction=False)
+        for h in held:
+            self.scripts.limit_release(
+                keys=_keys(h.limit.name, h.key, "inflight", "used", "state", "waiting"),
+                args=[h.permit, now, spent, retry_after,
+                      "1" if h.limit.in_flight else "0", h.limit.period_ms, RECOVER, FLOOR],
+                client=pipe)
+        for woken in pipe.execute():
+            run = woken.decode() if isinstance(woken, bytes) else woken
+            if run:
+                self.wake(run)
+
+    def park(self, run_id: str, wait: Wait) -> None:
+        """The run waits for ``wait``: due at its ``retry_at``, its reason shown."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.due_of(run_id), {run_id: wait.retry_at})
+        pipe.hset(keys.run(run_id), "reason", wait.reason)
+        pipe.execute()
+
+
+@dataclass(frozen=True)
+class Use:
+    """One limiter as ``durable limits`` shows it: the use now against the declared bound
+    (0: none), the calls waiting, the adaptive share of the rate and its hold."""
+
+    limit: str
+    key: str
+    in_flight: int
+    max_in_flight: int
+    calls: int
+    rate: int
+    tokens: int
+    max_tokens: int
+    period_ms: int
+    waiting: int
+    factor: float
+    until: int
+    granted: int
+    waited: int
+    throttled: int
+    at: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def usage(client: redis.Redis, now: int | None = None) -> list[Use]:
+    """Every limiter noted in ``keys.LIMITERS`` (those idle for a day are dropped)."""
+    now = now if now is not None else int(time.time() * 1000)
+    noted = []
+    for tag, raw in sorted(client.hgetall(keys.LIMITERS).items()):
+        name, _, key = tag.decode().partition("|")
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            continue
+        if now - int(info.get("at", 0)) > 86_400_000:
+            client.hdel(keys.LIMITERS, tag)
+            continue
+        noted.append((name, key, info))
+    pipe = client.pipeline(transaction=False)
+    for name, key, info in noted:
+        inflight, calls, tokens, state, waiting = _keys(name, key, "inflight", "calls",
+                                                        "tokens", "state", "waiting")
+        period = int(info.get("period_ms", 60_000))
+        pipe.zcount(inflight, f"({now}", "+inf")
+        pipe.zcount(calls, f"({now - period}", "+inf")
+        pipe.zrangebyscore(tokens, f"({now - period}", "+inf")
+        pipe.hgetall(state)
+        pipe.zcard(waiting)
+    replies = pipe.execute()
+    pipe = client.pipeline(transaction=False)
+    for i, (name, key, _info) in enumerate(noted):
+        members = replies[5 * i + 2]
+        if members:
+            pipe.hmget(keys.limiter(name, key, "used"), members)
+        else:
+            pipe.echo("")
+    spent = pipe.execute() if noted else []
+    out = []
+    for i, (name, key, info) in enumerate(noted):
+        n_inflight, n_calls, _, raw_state, n_waiting = replies[5 * i:5 * i + 5]
+        st = {k.decode(): v.decode() for k, v in raw_state.items()}
+        period = int(info.get("period_ms", 60_000))
+        factor = float(st.get("factor", 1))
+        if factor < 1:
+            since = max(0, (now - int(st.get("lowered", now))) // period)
+            factor = min(1.0, factor + RECOVER * since)
+        in_tokens = sum(int(v) for v in spent[i] if v) if isinstance(spent[i], list) else 0
+        out.append(Use(name, key, int(n_inflight), int(info.get("in_flight", 0)),
+                       int(n_calls), int(info.get("rate", 0)), in_tokens,
+                       int(info.get("tokens", 0)), period, int(n_waiting),
+                       round(factor, 3), int(st.get("until", 0)),
+                       int(st.get("granted", 0)), int(st.get("waited", 0)),
+                       int(st.get("throttled", 0)), int(info.get("at", 0))))
+    return out
