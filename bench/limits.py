@@ -16,6 +16,9 @@ step, and the issue's full-size fleet against a provider with quotas.
    (the limit declares the same); one worker is SIGKILLed a third of the way. Reported:
    the provider's 429s, its max in flight and max per window against the limit, the
    permits left at the end and the wall time against the ideal (runs / rate x period).
+4. **The small tenant** (``--big`` runs of tenant A, then 10 of tenant B, 2 workers, one
+   0.01 s step each): B's wait from its start to its first step, and how many of A's runs
+   were done when B's were.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from durable.client import Client
 from durable.limits import Limit, Limiter, usage
 from durable.log import keys
 from durable.log.state import RunState
+from durable.log.store import now_ms
 from durable.testing import Server, wait_for
 from durable.testing.provider import Provider
 
@@ -86,7 +90,7 @@ def _wall(url: str, runs: int, limited: bool) -> float:
         began = time.monotonic()
         w = worker(url, **env)
         assert wait_for(lambda: client.redis.zcard(keys.runs_in_state("completed")) == runs,
-                        300)
+                        300), client.counts()
         took = time.monotonic() - began
         w.stop()
         return took
@@ -119,7 +123,8 @@ def fleet(url: str, runs: int, rate: int, per_s: float, in_flight: int) -> dict[
     try:
         began = time.monotonic()
         client.start_many("calls_provider", [{"calls": 1}] * runs)
-        procs = [Reconciler(url, **env), worker(url, **env), worker(url, **env)]
+        procs = [Reconciler(url, **env),  # type: ignore[arg-type]
+                 worker(url, **env), worker(url, **env)]
 
         def done() -> int:
             return int(client.redis.zcard(keys.runs_in_state("completed")))
@@ -145,6 +150,34 @@ def fleet(url: str, runs: int, rate: int, per_s: float, in_flight: int) -> dict[
         client.close()
 
 
+def small_tenant(url: str, big: int) -> dict[str, Any]:
+    from durable.log import events as ev
+
+    client = Client(settings_for(url))
+    client.redis.flushall()
+    procs: list[Any] = []
+    try:
+        a = client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * big, tenant="A")
+        b = [s.run_id for s in client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * 10,
+                                                 tenant="B")]
+        started = now_ms()
+        procs = [worker(url), worker(url)]
+        assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
+                                    for r in b), 600)
+        pipe = client.redis.pipeline(transaction=False)
+        for s in a:
+            pipe.hget(keys.run(s.run_id), "state")
+        done_a = sum(1 for x in pipe.execute() if x == b"completed")
+        waits = [next(e.event.ts for e in client.events(r)
+                      if isinstance(e.event, ev.StepDecided)) - started for r in b]
+        return {"big": big, "small": 10, "small_first_step_ms": {
+            "median": median(waits), "max": max(waits)}, "big_done_when_small_done": done_a}
+    finally:
+        for p in procs:
+            p.stop()
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.limits", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-s", type=float, default=60.0)
     p.add_argument("--in-flight", type=int, default=20)
     p.add_argument("--skip-fleet", action="store_true")
+    p.add_argument("--big", type=int, default=10_000, help="tenant A's runs (item 4)")
     args = p.parse_args(argv)
     srv = Server(fsync="everysec").start()
     try:
@@ -165,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_fleet:
             out["fleet"] = fleet(srv.url, args.runs, args.rate, args.per_s, args.in_flight)
             print(json.dumps(out["fleet"]), flush=True)
+        out["small_tenant"] = small_tenant(srv.url, args.big)
+        print(json.dumps(out["small_tenant"]), flush=True)
     finally:
         srv.stop()
     return 0

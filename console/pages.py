@@ -19,6 +19,7 @@ from console.auth import csrf_token, current
 from console.timeline import masked, timeline
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
+from durable.limits import usage
 from durable.log.replay import summary
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
@@ -254,7 +255,8 @@ async def approvals_page(request: Request) -> Response:
 
 def workers_reads(c: Client) -> dict[str, Any]:
     return {"workers": status.workers(c), "depth": c.queue_depth(), "sweeps": c.sweeps(),
-            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms}
+            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms,
+            "limits": usage(c.redis)}
 
 
 async def workers_page(request: Request) -> Response:

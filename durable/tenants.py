@@ -91,8 +91,12 @@ def fields(who: Who) -> dict[str, Any]:
 
 
 def projection(who: Who) -> dict[str, str]:
-    """The projection fields ``durable runs`` filters on."""
-    return {k: v for k, v in (("tenant", who.tenant), ("owner", who.owner)) if v}
+    """The projection fields ``durable runs`` filters on, and the priority the ready
+    lists order by (``durable.fairness``)."""
+    out = {k: v for k, v in (("tenant", who.tenant), ("owner", who.owner)) if v}
+    if who.priority:
+        out["priority"] = str(who.priority)
+    return out
 
 
 class Labels:

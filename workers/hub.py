@@ -49,6 +49,8 @@ from typing import Any
 
 import redis
 
+from durable import fairness
+from durable.fairness import take_command
 from durable.log import keys
 from durable.log.batching import _Call, packed, read_replies
 from workers.calls import CallAbandoned
@@ -301,7 +303,7 @@ class RunHub(RunPool):
         if free:
             with self._idle:  # busy from now: a burst worker must not end while it pops
                 self._busy += free
-            self._batch.append((None, _Call(None, ("LPOP", self.next_ready_key(), free))))
+            self._batch.append((None, _Call(None, take_command(self.next_ready_key(), free))))
 
     # Batches: sent as soon as they are full, read when nothing else is ready ------------
 
@@ -363,7 +365,7 @@ class RunHub(RunPool):
                 self._popped(call)
 
     def _popped(self, call: _Call) -> None:
-        asked = int(call.command[2])
+        asked = fairness.asked(call.command)
         run_ids = [] if call.error is not None or call.reply is None else \
             [_run_id(x) for x in call.reply]
         if call.error is not None:

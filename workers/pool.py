@@ -34,7 +34,9 @@ from collections.abc import Callable
 
 import redis
 
+from durable import fairness
 from durable.agents import Registry
+from durable.fairness import take_command
 from durable.log import keys
 from durable.outages import Backoff
 from durable.queue import enqueue_advance, enqueue_many, ensure_drain
@@ -72,6 +74,7 @@ class RunPool:
         self._turn = 0
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
+        fairness.load(self.queues)  # the take of ready runs (``durable.fairness``)
         #: The slots' pops of the next ready run go with the step writes of the other run
         #: threads when the ready list is on the log's server (one round trip for many).
         self._batcher = loop.leases.batcher if self.queues is self.redis else None
@@ -180,7 +183,7 @@ class RunPool:
         the same batch (one wait for both, instead of a round trip after it)."""
         if self._batcher is not None and self.accepting and \
                 getattr(self._in_slot, "on", False):  # not RQ's thread: it pops nothing
-            self._batcher.ride_along("LPOP", self.next_ready_key())
+            self._batcher.ride_along(*take_command(self.next_ready_key()))
 
     def _next(self) -> str | None:
         """The run this slot drives next: the one popped with its last commit, else one
@@ -213,7 +216,7 @@ class RunPool:
         """Whether a run waits on any of this worker's ready lists (one round trip)."""
         pipe = self.queues.pipeline(transaction=False)
         for name in self.ready_keys:
-            pipe.llen(name)
+            fairness.depth(pipe, name)
         return any(int(n) for n in pipe.execute())
 
     def _pop_many(self, count: int) -> list[str]:
@@ -221,10 +224,10 @@ class RunPool:
         out: list[str] = []
         for _ in range(len(self.ready_keys)):
             key = self.next_ready_key()
-            if self._batcher is not None:
-                raw = self._batcher.command("LPOP", key, count - len(out))
-            else:
-                raw = self.queues.lpop(key, count - len(out))
+            # (``LPOP key count``, fair by tenant and priority: ``durable.fairness``)
+            send = self._batcher.command if self._batcher is not None else \
+                self.queues.execute_command
+            raw = fairness.take(send, self.queues, key, count - len(out))
             out += [_run_id(x) for x in raw or ()]
             if len(out) >= count:
                 break

@@ -210,6 +210,14 @@ def ready(queue: str, route: str = "") -> str:
     return f"{PREFIX}:ready:{queue}:{route}" if route else f"{PREFIX}:ready:{queue}"
 
 
+def fair(ready_key: str, part: str) -> str:
+    """A key of the fair side of a ready list (``durable.fairness``), beside the list
+    ``ready_key``: ``runs`` (ZSET run id -> virtual start - priority x aging), ``clock``
+    (HASH: the route's virtual time and each tenant's last start), ``prio`` (HASH run id ->
+    priority, for the runs whose priority is not 0). On the queue's server."""
+    return f"{PREFIX}:fair:{part}:{ready_key[len(PREFIX) + 7:]}"
+
+
 def routes(queue: str) -> str:
     """Set of the routes runs were made ready on (``ready``): what readers sum."""
     return f"{PREFIX}:routes:{queue}"

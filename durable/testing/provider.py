@@ -37,6 +37,11 @@ from durable.errors import RateLimited
 from durable.limits import Limit
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # a fleet's calls at once are not refused at the socket
+    daemon_threads = True
+
+
 class Provider:
     def __init__(self, *, rate: int = 0, per_s: float = 1.0, in_flight: int = 0,
                  tokens: int = 0, latency_s: float = 0.05, retry_after_s: float = 1.0) -> None:
@@ -83,7 +88,7 @@ class Provider:
                 code, reply, headers = provider.call(body)
                 self._reply(code, reply, headers)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
