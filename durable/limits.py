@@ -41,6 +41,7 @@ from durable.log import keys
 from durable.log.scripts import Scripts
 
 if TYPE_CHECKING:
+    from durable.log.batching import ScriptBatcher
     from durable.log.state import RunState
     from durable.log.store import Spec
 
@@ -157,6 +158,16 @@ class _Held:
 
 
 @dataclass
+class _Decision:
+    """One limiter's decision for one call (``Limiter._plan``)."""
+
+    step: int
+    held: _Held
+    run_id: str
+    estimate: int
+
+
+@dataclass
 class Limiter:
     """Takes and gives back the permits of a worker's calls (``take``/``release``).
 
@@ -166,6 +177,9 @@ class Limiter:
     wake: Callable[[str], object] = lambda run_id: None
     #: ms since the epoch (tests pass their own).
     clock: Callable[[], int] = lambda: int(time.time() * 1000)
+    #: Sends a run coroutine's decisions with its driver's other calls
+    #: (``take_all_async``); None: each is a round trip.
+    batcher: ScriptBatcher | None = None
     held: dict[tuple[str, int], list[_Held]] = field(default_factory=dict)
     _noted: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -185,52 +199,94 @@ class Limiter:
 
     def take_all(self, state: RunState, agent: Any, calls: Sequence[tuple[Any, int, Any]],
                  deadline_ms: int) -> Wait | None:
-        taken: list[tuple[int, list[_Held]]] = []
+        """``take`` for several calls (a parallel group): all their permits, or none."""
+        plan = self._plan(state, agent, calls)
+        replies: list[Wait | None] = []
+        for d in plan:
+            replies.append(self._decide(d, deadline_ms))
+            if replies[-1] is not None:
+                break
+        return self._settle_plan(state.run_id, plan, replies)
+
+    async def take_all_async(self, state: RunState, agent: Any,
+                             calls: Sequence[tuple[Any, int, Any]],
+                             deadline_ms: int) -> Wait | None:
+        """``take_all`` in a run's coroutine: each decision is a script call its driver
+        sends with the other runs' calls (``durable.log.batching``), not a round trip of
+        its own that would hold a worker's hub."""
+        plan = self._plan(state, agent, calls)
+        if self.batcher is None or not plan:
+            return self.take_all(state, agent, calls, deadline_ms)
+        replies: list[Wait | None] = []
+        for d in plan:
+            now = self.clock()
+            self._note(self.redis, d.held.limit, d.held.key, now)
+            reply = await self.batcher.script_call("limit_take", *self._args(d, deadline_ms,
+                                                                             now))
+            replies.append(self._answer(d, reply))
+            if replies[-1] is not None:
+                break
+        return self._settle_plan(state.run_id, plan, replies)
+
+    def _plan(self, state: RunState, agent: Any,
+              calls: Sequence[tuple[Any, int, Any]]) -> list[_Decision]:
+        """The decisions a set of calls needs: one per limiter of each call."""
+        plan = []
         for tool, step, args in calls:
             limits = self.limits_of(agent, tool)
             if not limits:
                 continue
-            held: list[_Held] = []
-            taken.append((step, held))
-            estimate = -1
             # A dispatch sent again (after a crash) is another permit; the same dispatch
             # taken again (its commit retried) is the same one.
             act = state.actions.get(step)
             permit = f"{state.run_id}:{step}:{act.attempts if act is not None else 0}"
+            estimate = 0
+            if any(limit.tokens for limit in limits):
+                custom = getattr(tool, "estimate_tokens", None)
+                estimate = int(custom(args)) if callable(custom) else estimate_tokens(args)
             for limit in limits:
-                key = key_of(limit, state, tool.name, args)
-                if limit.tokens and estimate < 0:
-                    custom = getattr(tool, "estimate_tokens", None)
-                    estimate = int(custom(args)) if callable(custom) else estimate_tokens(args)
-                refused = self._take(limit, key, state.run_id, permit, max(estimate, 0),
-                                     deadline_ms)
-                if refused is not None:
-                    for _step, h in taken:
-                        self._give_back(h, None)
-                    return refused
-                held.append(_Held(limit, key, permit))
+                plan.append(_Decision(step, _Held(limit, key_of(limit, state, tool.name, args),
+                                                  permit), state.run_id, max(estimate, 0)))
+        return plan
+
+    def _settle_plan(self, run_id: str, plan: list[_Decision],
+                     replies: list[Wait | None]) -> Wait | None:
+        """Keep the permits granted, or give them all back at the first refusal."""
+        granted = [d for d, r in zip(plan, replies, strict=False) if r is None]
+        refused = next((r for r in replies if r is not None), None)
+        if refused is not None:
+            if granted:
+                self._give_back([d.held for d in granted], None)
+            return refused
         with self._lock:
-            for step, held in taken:
-                self.held[(state.run_id, step)] = held
+            for d in plan:
+                self.held.setdefault((run_id, d.step), []).append(d.held)
         return None
 
-    def _take(self, limit: Limit, key: str, run_id: str, permit: str, estimate: int,
-              deadline_ms: int) -> Wait | None:
+    def _args(self, d: _Decision, deadline_ms: int, now: int) -> tuple[list[str], list[Any]]:
+        limit = d.held.limit
+        return (_keys(limit.name, d.held.key, "inflight", "calls", "tokens", "used", "state",
+                      "waiting"),
+                [now, d.held.permit, max(deadline_ms, now + 1000), d.run_id, limit.in_flight,
+                 limit.rate, limit.tokens, limit.period_ms, d.estimate, RECOVER,
+                 limit.period_ms + IDLE_MS])
+
+    def _decide(self, d: _Decision, deadline_ms: int) -> Wait | None:
         now = self.clock()
         pipe = self.redis.pipeline(transaction=False)
-        self.scripts.limit_take(
-            keys=_keys(limit.name, key, "inflight", "calls", "tokens", "used", "state",
-                       "waiting"),
-            args=[now, permit, max(deadline_ms, now + 1000), run_id,
-                  limit.in_flight, limit.rate, limit.tokens, limit.period_ms, estimate,
-                  RECOVER, limit.period_ms + IDLE_MS], client=pipe)
-        self._note(pipe, limit, key, now)
-        granted, arg, why = pipe.execute()[0]
+        script_keys, args = self._args(d, deadline_ms, now)
+        self.scripts.limit_take(keys=script_keys, args=args, client=pipe)
+        self._note(pipe, d.held.limit, d.held.key, now)
+        return self._answer(d, pipe.execute()[0])
+
+    def _answer(self, d: _Decision, reply: Any) -> Wait | None:
+        granted, arg, why = reply
         if int(granted):
             if int(arg):  # it had waited: what `durable runs` shows is no longer true
-                self.redis.hset(keys.run(run_id), "reason", "")
+                self.redis.hset(keys.run(d.run_id), "reason", "")
             return None
-        return Wait(int(arg), limit.name, key, why.decode() if isinstance(why, bytes) else why)
+        return Wait(int(arg), d.held.limit.name, d.held.key,
+                    why.decode() if isinstance(why, bytes) else why)
 
     def _note(self, pipe: Any, limit: Limit, key: str, now: int) -> None:
         """Record the limiter in ``keys.LIMITERS`` (every ``NOTE_EVERY_S`` per process)."""

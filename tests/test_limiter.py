@@ -154,3 +154,12 @@ def test_keys_come_from_the_run_and_the_arguments() -> None:
                 {"name": "a", "rate": 1, "key": "{nope}"}, {"name": "a", "rate": 1, "per_s": 0}):
         with pytest.raises(UsageError):
             Limit(**bad)  # type: ignore[arg-type]
+
+
+def test_a_call_gets_all_its_permits_or_none(r: redis.Redis, clock: _Clock) -> None:
+    lim = _limiter(r, clock)
+    wide, narrow = Limit("wide", in_flight=5), Limit("narrow", in_flight=1)
+    assert lim.take(_state("first"), None, _Tool(narrow), 1, {}, clock() + 5000) is None
+    wait = lim.take(_state("second"), None, _Tool(wide, narrow), 1, {}, clock() + 5000)
+    assert wait is not None and wait.limit == "narrow"
+    assert {u.limit: u.in_flight for u in usage(r, clock())} == {"wide": 0, "narrow": 1}

@@ -125,7 +125,7 @@ class StepLoop:
         self.held: dict[str, Slot] = {}
         #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
         self.limiter = Limiter(client, wake=lambda run: enqueue_advance(
-            self.redis, self.queue, run, force=True))
+            self.redis, self.queue, run, force=True), batcher=self.leases.batcher)
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)
         #: Threads whose run was abandoned: their slot was given back already.
@@ -679,8 +679,8 @@ class StepLoop:
         """Flow control (``durable.limits``): False when every limiter of ``calls`` gave a
         permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and
         the run waits as a timer, holding no slot: not an error, no retry consumed."""
-        wait = self.limiter.take_all(handle.state, agent, calls,
-                                     deadline + self.settings.cancel_grace_ms)
+        wait = await self.limiter.take_all_async(handle.state, agent, calls,
+                                                 deadline + self.settings.cancel_grace_ms)
         if wait is None:
             return False
         if handle.staged or specs:

@@ -40,6 +40,11 @@ from durable.limits import Limit
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # a fleet's calls at once are not refused at the socket
     daemon_threads = True
+    #: Replies whose caller had gone (a SIGKILLed worker): counted, not printed.
+    lost_replies = 0
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        self.lost_replies += 1
 
 
 class Provider:
