@@ -16,9 +16,9 @@ step, and the issue's full-size fleet against a provider with quotas.
    (the limit declares the same); one worker is SIGKILLed a third of the way. Reported:
    the provider's 429s, its max in flight and max per window against the limit, the
    permits left at the end and the wall time against the ideal (runs / rate x period).
-4. **The small tenant** (``--big`` runs of tenant A, then 10 of tenant B, 2 workers, one
-   0.01 s step each): B's wait from its start to its first step, and how many of A's runs
-   were done when B's were.
+4. **The small tenant** (2 workers running; ``--big`` runs of tenant A, then 10 of tenant
+   B, one 0.01 s step each): B's wait from its start to its first step, and how many of
+   A's runs were done when B's were.
 """
 
 from __future__ import annotations
@@ -157,11 +157,14 @@ def small_tenant(url: str, big: int) -> dict[str, Any]:
     client.redis.flushall()
     procs: list[Any] = []
     try:
+        procs = [worker(url), worker(url)]
+        warm = client.start("count", {"steps": 1}).run_id  # the workers are up
+        assert client.wait(warm, 60).state == "completed"
         a = client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * big, tenant="A")
+        waiting_a = int(client.redis.zcard(keys.runs_in_state("pending")))
+        started = now_ms()  # B arrives behind A's backlog
         b = [s.run_id for s in client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * 10,
                                                  tenant="B")]
-        started = now_ms()
-        procs = [worker(url), worker(url)]
         assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
                                     for r in b), 600)
         pipe = client.redis.pipeline(transaction=False)
@@ -170,7 +173,8 @@ def small_tenant(url: str, big: int) -> dict[str, Any]:
         done_a = sum(1 for x in pipe.execute() if x == b"completed")
         waits = [next(e.event.ts for e in client.events(r)
                       if isinstance(e.event, ev.StepDecided)) - started for r in b]
-        return {"big": big, "small": 10, "small_first_step_ms": {
+        return {"big": big, "big_pending_when_small_started": waiting_a, "small": 10,
+                "small_first_step_ms": {
             "median": median(waits), "max": max(waits)}, "big_done_when_small_done": done_a}
     finally:
         for p in procs:
