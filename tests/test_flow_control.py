@@ -116,3 +116,23 @@ def test_a_token_quota_is_kept_and_a_lowered_quota_is_followed(
     # Followed within a period: after the first second of 429s, at most a few probes of
     # the regained rate meet one again.
     assert stats["rejected"] <= 12, stats
+
+
+def test_a_parallel_group_over_a_limit_waits_and_its_calls_go_out_within_it(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+        provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs whose four calls go out at once, under a limit of 3 in flight: a group that
+    does not fit records its intents and waits; its calls then go out one by one within
+    the limit. The provider (3 at once) answers no 429 and every run completes."""
+    provider.quota.update(in_flight=3)
+    _limits(monkeypatch, provider, LIMIT_IN_FLIGHT=3)
+    runs = [s.run_id for s in client.start_many("fans_provider", [{"calls": 4}] * 10)]
+    reconciler()
+    worker()
+    assert wait_for(lambda: _completed(client) == 10, 50), client.counts()
+    stats = _stats(provider)
+    assert stats["rejected"] == 0 and stats["max_in_flight"] <= 3, stats
+    assert stats["accepted"] == 40, stats
+    assert all(client.status(r).result == {"calls": 4} for r in runs)
+    [use] = usage(client.redis)
+    assert use.waited >= 10 and use.in_flight == 0, use  # every group waited once at least

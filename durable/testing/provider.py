@@ -221,3 +221,14 @@ def asks_model(ctx: RunContext, inp: ModelInput) -> dict[str, Any]:
     reply = ctx.call("provider_model", {"provider": "p1", "tokens": inp.tokens,
                                         "max_tokens": inp.tokens})
     return {"usage": reply["usage"]}
+
+
+class FanInput(BaseModel):
+    calls: int = 3
+
+
+@agent(input_model=FanInput, tools=("provider_call",))
+def fans_provider(ctx: RunContext, inp: FanInput) -> dict[str, Any]:
+    """``calls`` requests to the provider at once (a parallel group)."""
+    ctx.parallel([("provider_call", {"provider": "p1", "n": n}) for n in range(inp.calls)])
+    return {"calls": inp.calls}
