@@ -309,6 +309,9 @@ class Agent:
     tools: ClassVar[tuple[str, ...]] = ()
     #: Limits every tool call of this agent's runs counts against (``durable.limits``).
     limits: ClassVar[tuple[Limit, ...]] = ()
+    #: Limits on its runs themselves: at most ``in_flight`` runs in flight (started, not
+    #: ended) per key; ``in_flight=1`` is one run per key at a time (``durable.limits``).
+    run_limits: ClassVar[tuple[Limit, ...]] = ()
     #: What happens to a run started under another version of this agent: ``continue``,
     #: ``reapprove`` (an approver with ``upgrade_role`` must accept it) or ``quarantine``.
     on_version_change: ClassVar[Literal["continue", "reapprove", "quarantine"]] = "continue"

@@ -51,6 +51,10 @@ RECOVER = 0.1
 FLOOR = 0.05
 #: A limiter's keys expire after this long without a decision (ms) past its period.
 IDLE_MS = 3_600_000
+#: A run's place under its agent's ``run_limits`` lapses this long (ms) after the last job
+#: of it began, unless a worker ends the run first (a run ended elsewhere, by a cancel of
+#: a run no worker held, frees its place then).
+RUN_PERMIT_MS = 600_000
 #: How often (s) a process notes a limiter it uses in ``keys.LIMITERS``.
 NOTE_EVERY_S = 5.0
 
@@ -227,6 +231,42 @@ class Limiter:
             if replies[-1] is not None:
                 break
         return self._settle_plan(state.run_id, plan, replies)
+
+    async def take_run(self, state: RunState, agent: Any) -> Wait | None:
+        """The run's place under its agent's ``run_limits`` (at most N runs in flight per
+        key: ``{owner}``, ``{tenant}``, ``{args.<field of the input>}``), taken when a job
+        of it begins; the same run takes its own place again."""
+        plan = self._run_plan(state, agent)
+        if not plan:
+            return None
+        deadline = self.clock() + RUN_PERMIT_MS
+        replies: list[Wait | None] = []
+        for d in plan:
+            now = self.clock()
+            self._note(self.redis, d.held.limit, d.held.key, now)
+            call = self._args(d, deadline, now)
+            if self.batcher is not None:
+                reply = await self.batcher.script_call("limit_take", *call)
+            else:
+                reply = self.scripts.limit_take(keys=call[0], args=call[1])
+            replies.append(self._answer(d, reply))
+            if replies[-1] is not None:
+                break
+        granted = [d.held for d, r in zip(plan, replies, strict=False) if r is None]
+        refused = next((r for r in replies if r is not None), None)
+        if refused is not None and granted:
+            self._give_back(granted, None)
+        return refused
+
+    def release_run(self, state: RunState, agent: Any) -> None:
+        """Free the run's places (it ended): the oldest run waiting for one is woken."""
+        held = [d.held for d in self._run_plan(state, agent)]
+        if held:
+            self._give_back(held, None)
+
+    def _run_plan(self, state: RunState, agent: Any) -> list[_Decision]:
+        return [_Decision(0, _Held(limit, key_of(limit, state, "", state.input), state.run_id),
+                          state.run_id, 0) for limit in getattr(agent, "run_limits", ())]
 
     def _plan(self, state: RunState, agent: Any,
               calls: Sequence[tuple[Any, int, Any]]) -> list[_Decision]:

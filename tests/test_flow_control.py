@@ -136,3 +136,32 @@ def test_a_parallel_group_over_a_limit_waits_and_its_calls_go_out_within_it(
     assert all(client.status(r).result == {"calls": 4} for r in runs)
     [use] = usage(client.redis)
     assert use.waited >= 10 and use.in_flight == 0, use  # every group waited once at least
+
+
+def _span(client: Client, run: str) -> tuple[int, int]:
+    """When the run took its first step and when it ended (its log's times)."""
+    events = [e.event for e in client.events(run) if e.event is not None]
+    first = next(e.ts for e in events if type(e).__name__ == "StepDecided")
+    return first, events[-1].ts
+
+
+def test_at_most_n_runs_per_key_are_in_flight_and_the_others_wait(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+        provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-key run concurrency: 6 runs of owner u1 and 3 of u2 (two 0.1 s calls each), at
+    most 2 runs per owner in flight, 2 workers. From the logs: no three runs of one owner
+    ever overlap; the waiting runs show why; every run completes and every place is free."""
+    _limits(monkeypatch, provider, RUN_LIMIT_IN_FLIGHT=2)
+    u1 = [s.run_id for s in client.start_many("per_owner", [{"calls": 2}] * 6, owner="u1")]
+    u2 = [s.run_id for s in client.start_many("per_owner", [{"calls": 2}] * 3, owner="u2")]
+    reconciler()
+    worker()
+    worker()
+    assert wait_for(lambda: any("waits for limit per-owner[u1]" in r.reason
+                                for r in client.runs("pending", owner="u1")), 20)
+    assert wait_for(lambda: _completed(client) == 9, 50), client.counts()
+    for runs in (u1, u2):
+        spans = [_span(client, r) for r in runs]
+        most = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+        assert most <= 2, spans
+    assert [u.in_flight for u in usage(client.redis) if u.limit == "per-owner"] == [0, 0]

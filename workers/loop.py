@@ -344,6 +344,10 @@ class StepLoop:
         """``kept``: a code agent's function goes on from the last job (nothing to
         re-observe: it issued the open intent itself)."""
         run_id = handle.run_id
+        wait = await self.limiter.take_run(handle.state, agent)
+        if wait is not None:  # at most N runs per key in flight: it waits, nothing written
+            self.limiter.park(run_id, wait)
+            return False
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
         forged = self._unsigned_rejection(handle)
@@ -461,6 +465,8 @@ class StepLoop:
             self.before_last_commit()
         await self.log.commit_async(handle, specs, release=release, **kw)
         pending.clear()
+        if handle.state.terminal:  # its place under a run limit is free
+            self.limiter.release_run(handle.state, self.registry.agents.get(handle.state.agent))
         if release:
             self._released.add((handle.run_id, handle.lease))
             if handle.state.terminal and handle.state.parent_step:  # a child ended

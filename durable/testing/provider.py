@@ -14,7 +14,8 @@ it starts its workers:
 - ``PROVIDER_URL``: the provider's address;
 - ``LIMIT_IN_FLIGHT``, ``LIMIT_RATE``, ``LIMIT_PER_S``, ``LIMIT_MARGIN_S``: the ``provider``
   limit of ``provider_call`` (keyed by its ``provider`` argument);
-- ``LIMIT_TOKENS``: the ``tpm`` limit of ``provider_model`` (a model step).
+- ``LIMIT_TOKENS``: the ``tpm`` limit of ``provider_model`` (a model step);
+- ``RUN_LIMIT_IN_FLIGHT``: runs of the ``per_owner`` agent in flight per owner (1).
 """
 
 from __future__ import annotations
@@ -231,4 +232,15 @@ class FanInput(BaseModel):
 def fans_provider(ctx: RunContext, inp: FanInput) -> dict[str, Any]:
     """``calls`` requests to the provider at once (a parallel group)."""
     ctx.parallel([("provider_call", {"provider": "p1", "n": n}) for n in range(inp.calls)])
+    return {"calls": inp.calls}
+
+
+@agent(input_model=CallsInput, tools=("provider_call",),
+       run_limits=(Limit("per-owner", key="{owner}",
+                         in_flight=int(_env("RUN_LIMIT_IN_FLIGHT", 1))),))
+def per_owner(ctx: RunContext, inp: CallsInput) -> dict[str, Any]:
+    """``calls`` requests one after the other; at most ``RUN_LIMIT_IN_FLIGHT`` runs of
+    one owner in flight at once."""
+    for _ in range(inp.calls):
+        ctx.call("provider_call", {"provider": "p1"})
     return {"calls": inp.calls}
