@@ -31,7 +31,8 @@ from typing import Any
 
 from bench.common import median, settings_for, worker
 from durable.client import Client
-from durable.limits import Limit, Limiter, usage
+from durable.limit_usage import usage
+from durable.limits import Limit, Limiter
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import now_ms

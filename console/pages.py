@@ -19,7 +19,7 @@ from console.auth import csrf_token, current
 from console.timeline import masked, timeline
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
-from durable.limits import usage
+from durable.limit_usage import usage
 from durable.log.replay import summary
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms

@@ -35,7 +35,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from durable.limits import Use, usage
+from durable.limit_usage import Use, usage
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING

@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from durable.errors import UsageError
-from durable.limits import Limit, Limiter, key_of, usage
+from durable.limit_usage import usage
+from durable.limits import Limit, Limiter, key_of
 from durable.log import events as ev
 from durable.log.state import RunState
 from durable.log.store import Spec

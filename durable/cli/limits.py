@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from durable.cli.output import OK, Add, age, client, json_out, local_time, table
-from durable.limits import Use, usage
+from durable.limit_usage import Use, usage
 from durable.log.store import now_ms
 
 
