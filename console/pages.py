@@ -19,6 +19,7 @@ from console.auth import csrf_token, current
 from console.timeline import masked, timeline
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
+from durable.limit_usage import usage
 from durable.log.replay import summary
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
@@ -59,12 +60,13 @@ class Filters:
     age: str = ""
     q: str = ""
     after: str = ""
+    tenant: str = ""
 
     @classmethod
     def of(cls, request: Request) -> Filters:
         p = request.query_params
         f = cls(p.get("state", ""), p.get("agent", "").strip(), p.get("age", ""),
-                p.get("q", "").strip(), p.get("after", ""))
+                p.get("q", "").strip(), p.get("after", ""), p.get("tenant", "").strip())
         if f.state and f.state not in ALL_STATES:
             raise HTTPException(400, f"unknown state {f.state!r}")
         if f.age not in AGES:
@@ -80,13 +82,15 @@ def list_runs(c: Client, f: Filters) -> list[RunSummary]:
     if f.q:
         found = c.search(f.q, limit=PAGE)
         return [r for r in found if (not f.state or r.state == f.state)
-                and (not f.agent or r.agent == f.agent)]
+                and (not f.agent or r.agent == f.agent)
+                and (not f.tenant or r.tenant == f.tenant)]
     since = now_ms() - int(f.age) * 1000 if f.age else None
     try:
         return c.runs(f.state or None, PAGE, agent=f.agent or None, after=f.after or None,
-                      since=since)
+                      since=since, tenant=f.tenant or None)
     except RunNotFound:
-        return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since)
+        return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since,
+                      tenant=f.tenant or None)
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,8 @@ async def approvals_page(request: Request) -> Response:
 
 def workers_reads(c: Client) -> dict[str, Any]:
     return {"workers": status.workers(c), "depth": c.queue_depth(), "sweeps": c.sweeps(),
-            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms}
+            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms,
+            "limits": usage(c.redis)}
 
 
 async def workers_page(request: Request) -> Response:

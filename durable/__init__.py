@@ -29,6 +29,7 @@ from durable.errors import (
     LeaseLost,
     NondeterminismError,
     PayloadTooLarge,
+    RateLimited,
     Refused,
     RunContended,
     RunIdConflict,
@@ -38,6 +39,7 @@ from durable.errors import (
     UnsafeRedis,
     UsageError,
 )
+from durable.limits import Limit
 from durable.log.state import Action, RunState
 from durable.settings import Settings
 from durable.streaming import Partial
@@ -57,11 +59,13 @@ __all__ = [
     "ForbiddenJob",
     "InvalidInput",
     "LeaseLost",
+    "Limit",
     "Lookup",
     "NondeterminismError",
     "OutcomeUnknown",
     "Partial",
     "PayloadTooLarge",
+    "RateLimited",
     "Refused",
     "RunContended",
     "RunContext",

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from durable import clock
 from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
+from durable.limits import Limit, estimate_tokens
 from durable.log.state import RunState
 from durable.sealing import secret_fields
 
@@ -290,6 +291,16 @@ class Tool:
         ``retry_backoff_s`` unless the error says when (a model's ``Retry-After``)."""
         return float(self.retry_backoff_s * 2 ** (attempts - 1))
 
+    #: Limits shared by every worker that this tool's calls count against
+    #: (``durable.limits``): in flight, per period, model tokens per period.
+    limits: ClassVar[tuple[Limit, ...]] = ()
+
+    def estimate_tokens(self, args: dict[str, Any]) -> int:
+        """Tokens a model call reserves against a token limit before it is sent (settled
+        from its reply's ``usage``): by default its ``max_tokens`` and a quarter of its
+        size."""
+        return estimate_tokens(args)
+
     def approval_facts(self, args: dict[str, Any]) -> dict[str, Any]:
         """Facts, read now, that the approver's decision depends on (digested with the
         arguments, and read again before the approved call runs)."""
@@ -314,6 +325,11 @@ class Agent:
     version: ClassVar[str] = "1"
     input_model: ClassVar[type[BaseModel]]
     tools: ClassVar[tuple[str, ...]] = ()
+    #: Limits every tool call of this agent's runs counts against (``durable.limits``).
+    limits: ClassVar[tuple[Limit, ...]] = ()
+    #: Limits on its runs themselves: at most ``in_flight`` runs in flight (started, not
+    #: ended) per key; ``in_flight=1`` is one run per key at a time (``durable.limits``).
+    run_limits: ClassVar[tuple[Limit, ...]] = ()
     #: What happens to a run started under another version of this agent: ``continue``,
     #: ``reapprove`` (an approver with ``upgrade_role`` must accept it) or ``quarantine``.
     on_version_change: ClassVar[Literal["continue", "reapprove", "quarantine"]] = "continue"

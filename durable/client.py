@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 from pydantic import ValidationError
 
-from durable import catalog, overview, settling, tracing
+from durable import catalog, overview, settling, tenants, tracing
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
@@ -74,6 +74,7 @@ class _Checked(NamedTuple):
     limits: dict[str, int]
     plain: Any  # the input in clear
     sensitive: tuple[str, ...]
+    who: tenants.Who = tenants.Who("", "", 0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class RunSummary:
     version: int
     updated: int
     reason: str = ""
+    tenant: str = ""
+    owner: str = ""
 
 
 class Client:
@@ -116,6 +119,8 @@ class Client:
         self.schedules = Schedules(self)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
+        #: Bounded tenant labels of the metrics (``durable.tenants``).
+        self.tenant_labels = tenants.Labels(self.redis, self.settings.metric_tenants)
 
     def close(self) -> None:
         """Close the connections this client opened (not one it was given)."""
@@ -130,7 +135,8 @@ class Client:
               schedule: tuple[str, int] | None = None,
               parent: tuple[str, int] | None = None,
               shared_budgets: bool = False,
-              continue_from: str | None = None) -> Started:
+              continue_from: str | None = None, tenant: str | None = None,
+              owner: str | None = None, priority: int | None = None) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -148,12 +154,21 @@ class Client:
         (what the parent has left), each limit the lower of the agent's and the cap, and
         the child's use is added to the parent's when it ends. ``continue_from``: a
         completed run whose conversation this one continues, by reference
-        (``durable.conversations``)."""
+        (``durable.conversations``).
+
+        ``tenant``, ``owner``, ``priority``: who the run is for, who started it and how it
+        ranks among ready runs (``durable.tenants``); a child inherits its parent's tenant
+        and owner unless given others."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]
         if shared_budgets and parent is None:
             raise UsageError("shared_budgets is for a child run: give its parent")
-        c = self._check_start(agent, input, run_id, budgets, cap=shared_budgets)
+        if parent is not None and (tenant is None or owner is None):
+            up = self.log.projection(parent[0])
+            tenant = up.get("tenant", "") if tenant is None else tenant
+            owner = up.get("owner", "") if owner is None else owner
+        c = self._check_start(agent, input, run_id, budgets, tenant, owner, priority,
+                              cap=shared_budgets)
         if self.log.projection(c.run_id):
             return self._existing(c.run_id, c.name, c.plain)
         if continue_from:
@@ -162,20 +177,25 @@ class Client:
         self._admit()
         handle = RunHandle(c.run_id, RunState(), actor="client")
         with tracing.start_span(c.run_id, c.name):
+            created = now_ms()
+            handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
             try:
                 self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
                                                        parent, shared_budgets,
                                                        continue_from or "")],
-                                extra={"agent": c.name, "created": str(now_ms())})
+                                extra={"agent": c.name, "created": str(created),
+                                       **tenants.projection(c.who)})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain)
+            tenants.index(self.redis, c.run_id, c.who.tenant, created)
             if enqueue:
                 enqueue_advance(self.redis, self.queue, c.run_id, route=c.name)
         return Started(c.run_id, True, handle.state.state)
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
                    run_ids: Sequence[str] | None = None, enqueue: bool = True,
-                   budgets: Mapping[str, int] | None = None) -> list[Started]:
+                   budgets: Mapping[str, int] | None = None, tenant: str | None = None,
+                   owner: str | None = None, priority: int | None = None) -> list[Started]:
         """Start one run of ``agent`` per input, in a few round trips whatever their number
         (one pipeline of appends, one push to the ready list), with ``start``'s guarantees
         for each: a ``run_id`` already started with the same agent and input is returned as
@@ -183,14 +203,15 @@ class Client:
 
         Every input is validated first: one invalid input writes nothing. With
         ``DURABLE_MAX_PENDING_RUNS`` the whole batch must fit. On a cluster, or with
-        ``DURABLE_MIN_REPLICAS``, the appends are made one by one."""
+        ``DURABLE_MIN_REPLICAS``, the appends are made one by one. ``tenant``, ``owner``,
+        ``priority``: as ``start``'s, the same for every run of the batch."""
         inputs = list(inputs)
         ids = list(run_ids) if run_ids is not None else [uuid.uuid4().hex[:16] for _ in inputs]
         if len(ids) != len(inputs):
             raise UsageError(f"{len(ids)} run ids for {len(inputs)} inputs")
         if len(set(ids)) != len(ids):
             raise UsageError("start_many: run ids repeat")
-        checked = [self._check_start(agent, data, run_id, budgets)
+        checked = [self._check_start(agent, data, run_id, budgets, tenant, owner, priority)
                    for run_id, data in zip(ids, inputs, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
@@ -203,8 +224,12 @@ class Client:
             self._require_keys(c)
         self._admit(len(fresh))
         trace = tracing.traceparent()
+        created = now_ms()
         batch = [(RunHandle(c.run_id, RunState(), actor="client"), [self._started(c, trace)],
-                  {"agent": c.name, "created": str(now_ms())}) for c in fresh]
+                  {"agent": c.name, "created": str(created), **tenants.projection(c.who)})
+                 for c in fresh]
+        for (handle, _, _), c in zip(batch, fresh, strict=True):
+            handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
         # Chunk by chunk (a pipeline's memory stays bounded), each made ready once written.
         failed: Exception | None = None
         for at in range(0, len(batch), START_CHUNK):
@@ -218,6 +243,11 @@ class Client:
                 else:
                     started.append(c.run_id)
                     found[c.run_id] = Started(c.run_id, True, handle.state.state)
+            if started and checked[0].who.tenant:
+                pipe = self.redis.pipeline(transaction=False)
+                for run_id in started:
+                    tenants.index(pipe, run_id, checked[0].who.tenant, created)
+                pipe.execute()
             if enqueue and started:
                 enqueue_many(self.redis, self.queue, started, route=checked[0].name)
             if failed is not None:  # what was written is ready; the caller learns the rest
@@ -225,12 +255,15 @@ class Client:
         return [found[run_id] for run_id in ids]
 
     def _check_start(self, agent: str, input: Any, run_id: str,
-                     budgets: Mapping[str, int] | None, cap: bool = False) -> _Checked:
+                     budgets: Mapping[str, int] | None, tenant: str | None = None,
+                     owner: str | None = None, priority: int | None = None,
+                     cap: bool = False) -> _Checked:
         """A run to start, checked: its id, its input against the agent, its budgets and
         the input's size. Raises ``UsageError`` (and its kinds) before anything is
         written."""
         if not keys.RUN_ID_RE.match(run_id):
             raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
+        who = tenants.checked(tenant, owner, priority, required=self.settings.require_tenant)
         name, version, tools, defaults, plain, sensitive = self._checked_input(agent, input)
         given = checked_budgets(budgets or {})
         if cap:  # a shared budget: the lower of the agent's limit and what the parent has left
@@ -239,7 +272,7 @@ class Client:
         size = len(msgspec.msgpack.encode(plain))
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
-        return _Checked(run_id, name, version, tools, limits, plain, sensitive)
+        return _Checked(run_id, name, version, tools, limits, plain, sensitive, who)
 
     def _check_continuable(self, run_id: str) -> None:
         """Only a completed run's conversation is continued (``durable.conversations``):
@@ -272,7 +305,8 @@ class Client:
                                     "input": data, "tools": c.tools, "budgets": c.limits,
                                     "trace": trace, "schedule": name, "slot": slot,
                                     **child, **({"continue_from": continue_from}
-                                                if continue_from else {})})
+                                                if continue_from else {}),
+                                    **tenants.fields(c.who)})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
@@ -368,13 +402,15 @@ class Client:
 
     def runs(self, state: str | None = None, limit: int = 100, *, agent: str | None = None,
              after: str | None = None, since: int | None = None,
-             oldest_first: bool = False) -> list[RunSummary]:
+             oldest_first: bool = False, tenant: str | None = None,
+             owner: str | None = None) -> list[RunSummary]:
         """Runs by update time, newest first (or ``oldest_first``): in ``state``, of
         ``agent``, updated at or after ``since`` (ms since the epoch); ``after`` a run id
-        of the previous page (the next page starts below it)."""
+        of the previous page (the next page starts below it). With ``tenant``: that
+        tenant's runs only, by start time (its index); ``owner``: started by that owner."""
         if oldest_first and since is not None:
             raise UsageError("since and oldest_first cannot be combined")
-        walk = ordered(self.redis, state, after, oldest_first=oldest_first)
+        walk = ordered(self.redis, state, after, oldest_first=oldest_first, tenant=tenant)
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:
@@ -388,11 +424,11 @@ class Client:
             for rid, raw in zip(page, pipe.execute(), strict=True):
                 p = {k.decode(): v.decode() for k, v in raw.items()}
                 if not p or (state and p.get("state") != state) or \
-                        (agent and p.get("agent") != agent):
+                        (agent and p.get("agent") != agent) or \
+                        (tenant and p.get("tenant") != tenant) or \
+                        (owner and p.get("owner") != owner):
                     continue
-                out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
-                                      int(p.get("step", 0)), int(p.get("version", 0)),
-                                      int(p.get("updated", 0)), p.get("reason", "")))
+                out.append(_summary(rid, p))
                 if len(out) == limit:
                     break
             if len(page) < len(scored):
@@ -410,9 +446,7 @@ class Client:
         for _score, rid in sorted(found, reverse=True)[:limit]:
             p = self.log.projection(rid)
             if p:
-                out.append(RunSummary(rid, p.get("state", "?"), p.get("agent", ""),
-                                      int(p.get("step", 0)), int(p.get("version", 0)),
-                                      int(p.get("updated", 0)), p.get("reason", "")))
+                out.append(_summary(rid, p))
         return out
 
     def counts(self) -> dict[str, int]:
@@ -667,6 +701,13 @@ class Client:
         except DecodeError as exc:
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
             raise
+
+
+def _summary(run_id: str, p: Mapping[str, str]) -> RunSummary:
+    """A row of ``runs`` from the run's projection."""
+    return RunSummary(run_id, p.get("state", "?"), p.get("agent", ""), int(p.get("step", 0)),
+                      int(p.get("version", 0)), int(p.get("updated", 0)), p.get("reason", ""),
+                      p.get("tenant", ""), p.get("owner", ""))
 
 
 _ENTRY_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")

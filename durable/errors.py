@@ -30,6 +30,8 @@
      ├── WaitExpired             raised in a code agent: its wait expired, it continues
      ├── ModelUnavailable        the built-in model step: no answer (retryable)
      ├── ModelError              the built-in model step: refused for good (durable.models)
+     ├── RateLimited             raised by a tool: the provider refused the call (a 429),
+     │                           nothing was applied; the step waits ``retry_after_s``
      └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
           ├── Terminal           the run reached a terminal state before this write
           │    └── Tampered       the log ends with an entry the append script did not
@@ -258,3 +260,16 @@ class TooManyPendingRuns(DurableError):
         self.limit = limit
         super().__init__(f"{pending} runs are pending, the limit is {limit} "
                          "(DURABLE_MAX_PENDING_RUNS): start it later or add workers")
+
+
+class RateLimited(DurableError):
+    """Raised by a tool whose provider refused the call for its rate (HTTP 429): nothing
+    was applied. The step is sent again (same key) after ``retry_after_s`` (the
+    provider's ``Retry-After``); it is not one of the tool's failures, and the limits the
+    call holds (``durable.limits``) lower their rate for the whole fleet."""
+
+    def __init__(self, retry_after_s: float = 1.0, detail: str = "") -> None:
+        self.retry_after_s = max(float(retry_after_s), 0.0)
+        self.detail = detail
+        super().__init__(f"rate limited, retry after {self.retry_after_s:g} s"
+                         + (f": {detail}" if detail else ""))

@@ -35,10 +35,12 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from durable.limit_usage import Use, usage
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
 from durable.outcomes import NO_LOOKUP
+from durable.tenants import RUNS_STARTED
 
 if TYPE_CHECKING:
     from durable.client import Client
@@ -60,6 +62,9 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        "or stalled), counted when the run's lease is next taken.", ()),
     c.RECONCILER_ACTIONS: ("durable_reconciler_actions",
                            "What the reconciler did to due runs.", ("action",)),
+    RUNS_STARTED: ("durable_runs_started", "Runs started, by agent and tenant (the first "
+                   "DURABLE_METRIC_TENANTS tenants by name, the rest as 'other').",
+                   ("agent", "tenant")),
 }
 
 #: Prometheus name, help, label names and buckets of each histogram.
@@ -86,6 +91,7 @@ class DurableCollector(Collector):
         yield from self._counters(raw)
         yield from self._histograms(raw)
         yield from self._gauges()
+        yield from limit_metrics(usage(self.redis))
 
     def _counters(self, raw: dict[Any, Any]) -> Iterator[Metric]:
         values: dict[str, dict[tuple[str, ...], int]] = defaultdict(dict)
@@ -175,6 +181,32 @@ class DurableCollector(Collector):
         for rid in ids:
             pipe.hget(keys.run(_s(rid)), "reason")
         return sum(1 for why in pipe.execute() if why and NO_LOOKUP in _s(why))
+
+
+def limit_metrics(found: list[Use]) -> Iterator[Metric]:
+    """Per limit (its name: a bounded label; its keys are summed): calls in flight and
+    waiting, the lowest adaptive share of the declared rate, and its decisions."""
+    by: dict[str, list[Use]] = defaultdict(list)
+    for u in found:
+        by[u.limit].append(u)
+    flight = GaugeMetricFamily("durable_limit_in_flight", "Calls holding a permit of the "
+                               "limit now (all its keys).", labels=("limit",))
+    waiting = GaugeMetricFamily("durable_limit_waiting", "Calls waiting for the limit "
+                                "(all its keys).", labels=("limit",))
+    share = GaugeMetricFamily("durable_limit_rate_share", "Lowest share of the declared "
+                              "rate a key of the limit has after 429s (1: all of it).",
+                              labels=("limit",))
+    decided = CounterMetricFamily("durable_limit_decisions", "The limit's decisions: "
+                                  "granted, waited (over the limit), throttled (a 429); "
+                                  "reset when the limiter was idle for an hour.",
+                                  labels=("limit", "decision"))
+    for name, uses in sorted(by.items()):
+        flight.add_metric((name,), sum(u.in_flight for u in uses))
+        waiting.add_metric((name,), sum(u.waiting for u in uses))
+        share.add_metric((name,), min(u.factor for u in uses))
+        for what in ("granted", "waited", "throttled"):
+            decided.add_metric((name, what), sum(getattr(u, what) for u in uses))
+    yield from (flight, waiting, share, decided)
 
 
 def registry_for(client: redis.Redis) -> CollectorRegistry:

@@ -89,7 +89,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
-from durable.errors import DurableError
+from durable.errors import DurableError, RateLimited
+from durable.limits import Limit
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
 __all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",
@@ -130,6 +131,19 @@ class ModelSettings(BaseSettings):
     max_retry_after_s: float = Field(default=300.0, ge=0,
                                      description="The longest ``Retry-After`` honoured; "
                                                  "a longer one is cut to it.")
+    rpm: int = Field(default=0, ge=0, description="Requests per minute the whole fleet may "
+                     "send (the provider's quota; 0: no limit; read at import).")
+    tpm: int = Field(default=0, ge=0, description="Tokens per minute the whole fleet may "
+                     "use (0: no limit; read at import).")
+    in_flight: int = Field(default=0, ge=0, description="Requests in flight at once across "
+                           "the fleet (0: no limit; read at import).")
+
+    def limits(self) -> tuple[Limit, ...]:
+        """The ``model`` limit of the chat step, shared by every worker (``durable.limits``)."""
+        if not (self.rpm or self.tpm or self.in_flight):
+            return ()
+        return (Limit("model", rate=self.rpm, tokens=self.tpm, in_flight=self.in_flight,
+                      per_s=60.0),)
 
 
 class ModelUnavailable(DurableError):
@@ -188,6 +202,10 @@ def _check(resp: httpx.Response) -> None:
     if resp.status_code == 200:
         return
     text = resp.text[:300]
+    after = resp.headers.get("retry-after", "")
+    if resp.status_code == 429 and after.replace(".", "", 1).isdigit():
+        # The fleet waits as the provider asks, and its limits lower their rate.
+        raise RateLimited(float(after), f"model answered 429: {text}")
     if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
         after = retry_after(resp.headers.get("retry-after")) \
             if resp.status_code in (429, 503) else None
@@ -325,6 +343,7 @@ class Chat(Tool):
     effect_free = True
     model = True
     log_args = "digest"
+    limits = ModelSettings().limits()
 
     def timeout_for(self, args: Any) -> float:
         """The call's ``timeout_s``, else ``DURABLE_MODEL_TIMEOUT_S`` read now."""

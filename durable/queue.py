@@ -12,6 +12,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
+from durable import fairness
 from durable.log import keys
 
 ADVANCE = "workers.handlers.advance"
@@ -62,19 +63,44 @@ def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bo
     and enqueues it again.
     """
     marker = keys.queued(run_id)
-    if not client.set(marker, b"1", nx=True, px=QUEUED_TTL_MS):
+    pipe = client.pipeline(transaction=False)
+    pipe.set(marker, b"1", nx=True, px=QUEUED_TTL_MS)
+    pipe.hmget(keys.run(run_id), ["agent", "tenant", "priority"])
+    fresh, (agent, tenant, priority) = pipe.execute()
+    if not fresh:
         if not force:
             return False
         client.set(marker, b"1", px=QUEUED_TTL_MS)
-    push(queue, route if route is not None else route_of(client, run_id), [run_id])
+    if route is None:
+        route = agent.decode() if agent else ""
+    push(queue, route, [run_id], {run_id: _who(tenant, priority)})
     return True
 
 
-def push(queue: Queue, route: str, run_ids: list[str]) -> None:
+def _who(tenant: bytes | None, priority: bytes | None) -> tuple[str, int]:
+    """A run's tenant and priority, from its projection (``durable.fairness``)."""
+    try:
+        prio = int(priority) if priority else 0
+    except ValueError:
+        prio = 0
+    return (tenant.decode() if tenant else "", prio)
+
+
+def push(queue: Queue, route: str, run_ids: list[str],
+         who: dict[str, tuple[str, int]] | None = None) -> None:
     """Put ``run_ids`` on ``route``'s ready list (recording the route for readers), and a
-    ``drain`` command on RQ unless one is pending."""
+    ``drain`` command on RQ unless one is pending. ``who``: run id -> (tenant, priority);
+    a run with either goes on the list's fair side (``durable.fairness``)."""
+    who = who or {}
+    ready = keys.ready(queue.name, route)
+    plain = [r for r in run_ids if fairness.is_plain(*who.get(r, ("", 0)))]
     pipe = queue.connection.pipeline(transaction=False)
-    pipe.rpush(keys.ready(queue.name, route), *run_ids)
+    if plain:
+        pipe.rpush(ready, *plain)
+    if len(plain) < len(run_ids):
+        fairness.push(queue.connection, ready, [
+            (r, *who[r]) for r in run_ids if not fairness.is_plain(*who.get(r, ("", 0)))],
+            pipe)
     if route:
         pipe.sadd(keys.routes(queue.name), route)
     pipe.execute()
@@ -88,7 +114,7 @@ def ready_depth(queue: Queue) -> int:
                                         for r in conn.smembers(keys.routes(queue.name))]
     pipe = conn.pipeline(transaction=False)
     for name in lists:
-        pipe.llen(name)
+        fairness.depth(pipe, name)
     return sum(int(n) for n in pipe.execute())
 
 
@@ -100,19 +126,19 @@ def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str], *,
     pipe = client.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.set(keys.queued(run_id), b"1", nx=not force, px=QUEUED_TTL_MS)
-        if route is None:
-            pipe.hget(keys.run(run_id), "agent")
+        pipe.hmget(keys.run(run_id), ["agent", "tenant", "priority"])
     replies = pipe.execute()
-    step = 1 if route is not None else 2
     by_route: dict[str, list[str]] = {}
+    who: dict[str, tuple[str, int]] = {}
     for i, run_id in enumerate(run_ids):
-        if not replies[i * step]:
+        if not replies[i * 2]:
             continue
-        agent = route if route is not None else replies[i * step + 1]
-        name = agent.decode() if isinstance(agent, bytes) else (agent or "")
+        agent, tenant, priority = replies[i * 2 + 1]
+        name = route if route is not None else (agent.decode() if agent else "")
         by_route.setdefault(name, []).append(run_id)
+        who[run_id] = _who(tenant, priority)
     for name, ids in by_route.items():
-        push(queue, name, ids)
+        push(queue, name, ids, who)
     return [run_id for ids in by_route.values() for run_id in ids]
 
 

@@ -76,6 +76,9 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     paused: bool = False
     created: int = 0
     by: str = ""
+    #: The tenant and owner of every run the schedule starts (``durable.tenants``).
+    tenant: str = ""
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ class Schedules:
 
     def add(self, name: str, cron: str, agent: str, input: Any = None, *,
             missed: str = "latest", grace_s: int = 60, by: str = "operator",
-            now: int | None = None) -> Listed:
+            now: int | None = None, tenant: str | None = None,
+            owner: str | None = None) -> Listed:
         """Add a schedule; its first slot is the first after ``now``. The name, the
         expression, the agent and the input are checked as a start checks them: a
         ``UsageError`` writes nothing. A name in use is refused (delete it first)."""
@@ -205,13 +209,15 @@ class Schedules:
             raise UsageError(f"grace must be >= 0 s, not {grace_s}")
         cron = check_cron(cron)
         now = now if now is not None else now_ms()
-        checked = self.client._check_start(agent, input, slot_run_id(name, now // 1000), None)
+        checked = self.client._check_start(agent, input, slot_run_id(name, now // 1000), None,
+                                           tenant, owner)
         if checked.sensitive:  # the definition would hold them in clear
             raise UsageError(f"agent {checked.name!r} has sensitive input fields "
                              f"({', '.join(checked.sensitive)}): it cannot be scheduled "
                              "(nothing was written)")
         s = Schedule(name=name, cron=cron, agent=checked.name, input=checked.plain,
-                     missed=missed, grace_s=grace_s, created=now, by=by)
+                     missed=missed, grace_s=grace_s, created=now, by=by,
+                     tenant=checked.who.tenant, owner=checked.who.owner)
         first = _after(cron, now // 1000) * 1000
         if not self._write("add", name, s, first):
             raise UsageError(f"schedule {name!r} exists already; delete it first")
@@ -314,7 +320,9 @@ class Schedules:
         for slot in p.slots:
             run_id = slot_run_id(name, slot)
             try:
-                if self.client.start(s.agent, s.input, run_id, schedule=(name, slot)).created:
+                if self.client.start(s.agent, s.input, run_id, schedule=(name, slot),
+                                     tenant=s.tenant or None,
+                                     owner=s.owner or None).created:
                     started.append(run_id)
             except UsageError as exc:  # the agent or its input changed since the add
                 log.error("schedule %s: slot %d not started: %s", name, slot, exc)

@@ -230,6 +230,14 @@ class Settings(BaseSettings):
         default=None, ge=1,
         description="Refuse new runs while this many runs are pending (unset = no limit).",
     )
+    require_tenant: bool = Field(
+        default=False, description="Refuse a start that names no tenant (durable.tenants).",
+    )
+    metric_tenants: int = Field(
+        default=50, ge=0,
+        description="Tenants that get their own label in the metrics (the first seen); the "
+        "others are counted as 'other'.",
+    )
 
     @property
     def layout_shards(self) -> int:
@@ -253,6 +261,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "shutdown_grace_s", "decide_timeout_ms", "max_stuck_calls", "steps_per_job",
         "clock_skew_ms"),
     "The log": ("checkpoint_every", "action_window", "retention", "max_pending_runs"),
+    "Tenants": ("require_tenant", "metric_tenants"),
     "Payloads and large results": (
         "max_payload_bytes", "max_result_bytes", "blob_budget_bytes", "partial_keep_bytes"),
     "Cancellation": (

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from durable import fairness
 from durable.agents import Registry
 from durable.cancellation import cancel_children, finish_specs
 from durable.children import CHILD_POLL_MS, child_state, wake_parent
@@ -176,7 +177,7 @@ class Reconciler:
             # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
             ready = keys.ready(self.queue.name, handle.state.agent)
             if self.redis.exists(keys.queued(run_id)) and \
-                    self.queue.connection.lpos(ready, run_id) is not None:
+                    fairness.is_ready(self.queue.connection, ready, run_id):
                 self.redis.zadd(keys.due_of(run_id), {run_id: now + 2 * self.settings.lease_ttl_ms})
                 return "queued"
             enqueue_advance(self.redis, self.queue, run_id, force=True,

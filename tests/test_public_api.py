@@ -24,10 +24,12 @@ EXPECTED = {
     "ForbiddenJob": "durable.errors",
     "InvalidInput": "durable.errors",
     "LeaseLost": "durable.errors",
+    "Limit": "durable.limits",
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
     "Partial": "durable.partials",
+    "RateLimited": "durable.errors",
     "PayloadTooLarge": "durable.errors",
     "RunIdConflict": "durable.errors",
     "RunContended": "durable.errors",
@@ -71,6 +73,7 @@ ERRORS = {
     "OutcomeUnknown": "DurableError",
     "StepFailed": "DurableError",
     "WaitExpired": "DurableError",
+    "RateLimited": "DurableError",
 }
 
 

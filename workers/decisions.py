@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import redis
@@ -130,6 +130,9 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
         await approval(loop, handle, tool, handle.state.actions[step], pending)
         return True, 1
     deadline = now_ms() + int(tool.timeout_for(args) * 1000)
+    if await over_limit(loop, handle, agent, [(tool, step, args)], deadline, pending,
+                        [decided]):
+        return True, 1
     try:
         await loop.commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
             "step": step, "key": key, "deadline": deadline})],
@@ -183,6 +186,12 @@ async def decide_group(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Sl
             "step": s, "key": step_key(run_id, s), "reason": reason})
             for s in group.steps]])
         return False, len(group.steps)
+    longest = now_ms() + int(max(t.timeout_for(a) for t, a in
+                                 zip(group.tools, group.args, strict=True)) * 1000)
+    if await over_limit(loop, handle, agent, list(zip(group.tools, group.steps, group.args,
+                                                      strict=True)),
+                        longest, pending, decided):
+        return True, len(group.steps)
     sent, ledger = parallel.dispatches(run_id, group)
     try:
         await loop.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
@@ -228,6 +237,7 @@ async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, A
                                act.attempts) as span:
             spec = loop.dispatcher.dispatch(run_id, tool, act, slot.token,
                                             handle.live_args.get(act.step, act.args))
+            loop.limiter.release(run_id, act.step, spec)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
                 if spec else ""
             span.outcome(outcome)
@@ -327,8 +337,10 @@ async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, s
             with loop.outside():
                 slot.thread_id, slot.in_call = threading.get_ident(), True
                 try:
-                    return loop.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
+                    spec = loop.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
                                                     args)
+                    loop.limiter.release(handle.run_id, act.step, spec)
+                    return spec
                 finally:
                     slot.in_call = False
 
@@ -358,6 +370,22 @@ async def outcomes(loop: StepLoop, handle: RunHandle, slot: Slot, pending: list[
     return False, steps
 
 
+async def over_limit(loop: StepLoop, handle: RunHandle, agent: Agent,
+                     calls: list[tuple[Tool, int, Any]], deadline: int,
+                     pending: list[Spec], specs: list[Spec]) -> bool:
+    """Flow control (``durable.limits``): False when every limiter of ``calls`` gave a
+    permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and the
+    run waits as a timer, holding no slot: not an error, no retry consumed."""
+    wait = await loop.limiter.take_all_async(handle.state, agent, calls,
+                                             deadline + loop.settings.cancel_grace_ms)
+    if wait is None:
+        return False
+    if handle.staged or specs:
+        await loop.commit(handle, pending, specs)
+    await loop.park(handle.run_id, wait)
+    return True
+
+
 def _no_outcome(act: Action) -> Spec:
     """An effect-free call sent as often as its tool allows, with no outcome: it fails."""
     return Spec(ev.ActionFailed, {"step": act.step, "key": act.key, "error_type": "NoOutcome",
@@ -365,8 +393,8 @@ def _no_outcome(act: Action) -> Spec:
                                            f"(last: {act.unknown_reason or 'lost'})"})
 
 
-async def open_call(loop: StepLoop, handle: RunHandle, act: Action, slot: Slot,
-                    pending: list[Spec]) -> tuple[bool, int]:
+async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action,
+                    slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
     """The open call ``act`` of a run taken again: sent when it never was (or was found
     not applied); else the earlier attempt may have applied the effect: sent again at once
     when it has none, else resolved with ``lookup`` once its deadline has passed."""
@@ -391,6 +419,9 @@ async def open_call(loop: StepLoop, handle: RunHandle, act: Action, slot: Slot,
             await loop.io.stat("budgets_exhausted")
             return True, 0
         deadline = now_ms() + int(tool.timeout_for(args) * 1000)
+        if await over_limit(loop, handle, agent, [(tool, act.step, args)], deadline,
+                            pending, []):
+            return True, 0
         await loop.commit(handle, pending, [Spec(ev.ActionDispatched, {
             "step": act.step, "key": act.key, "deadline": deadline})],
             ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)

@@ -16,6 +16,7 @@ import tenacity
 
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
 from durable.cancellation import Cancelled, CancelToken
+from durable.errors import RateLimited
 from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
@@ -155,6 +156,8 @@ class Dispatcher:
                                                or "canceled"})]
             return [Spec(ev.ActionInterrupted, {**base, "reason": "canceled mid-flight"})]
         assert err is not None
+        if isinstance(err, RateLimited):  # refused by the provider: nothing was applied
+            return rate_limited(act, err)
         retryable = isinstance(err, tool.retryable)
         fields = {**base, "error": str(err)[:2000] or type(err).__name__,
                   "error_type": type(err).__name__, "retryable": retryable}
@@ -166,6 +169,18 @@ class Dispatcher:
                                           "reason": f"{type(err).__name__}: {err}"[:500],
                                           "request": act.key})]
         return [Spec(ev.ActionFailed, fields)]
+
+
+def rate_limited(act: Action, err: RateLimited) -> list[Spec]:
+    """A call the provider refused for its rate (429): the step waits its Retry-After and
+    is sent again with the same key, whatever the tool's own retries (``durable.limits``
+    lowers the rate of the limits it held)."""
+    until = now_ms() + max(int(err.retry_after_s * 1000), 1)
+    return [Spec(ev.ActionFailed, {"step": act.step, "key": act.key, "error": str(err)[:2000],
+                                   "error_type": "RateLimited", "retryable": True,
+                                   "retry_at": until}),
+            Spec(ev.WaitEntered, {"kind": "retry", "until": until, "request": act.key,
+                                  "reason": str(err)[:500]})]
 
 
 def _plain(value: Any) -> Any:

@@ -51,6 +51,8 @@ from typing import Any
 
 import redis
 
+from durable import fairness
+from durable.fairness import take_command
 from durable.log import keys
 from durable.log.batching import RedisCall, packed, read_replies
 from workers.calls import CallAbandoned
@@ -303,7 +305,8 @@ class RunHub:
             return
         free = slots.take_free()
         if free:
-            self._batch.append((None, RedisCall(None, ("LPOP", slots.next_ready_key(), free))))
+            self._batch.append((None, RedisCall(None, take_command(slots.next_ready_key(),
+                                                                   free))))
 
     # Batches: sent as soon as they are full, read when nothing else is ready ------------
 
@@ -365,7 +368,7 @@ class RunHub:
                 self._popped(call)
 
     def _popped(self, call: RedisCall) -> None:
-        asked = int(call.command[2])
+        asked = fairness.asked(call.command)
         run_ids = [] if call.error is not None or call.reply is None else \
             [run_id_of(x) for x in call.reply]
         if call.error is not None:

@@ -41,6 +41,7 @@ from durable.errors import (
     UnknownAgent,
 )
 from durable.leases import Heartbeats, Lease, Leases
+from durable.limits import Limiter
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.batching import drive
@@ -49,7 +50,7 @@ from durable.log.replay import matching_call
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.outages import Outage
-from durable.queue import make_queue
+from durable.queue import enqueue_advance, make_queue
 from durable.settings import Settings
 from workers import decisions, family
 from workers.dispatch import Dispatcher
@@ -111,6 +112,9 @@ class StepLoop:
         #: Every Redis call of the protocol's coroutines.
         self.io = RedisIO(client, self.leases.batcher, self.leases, self.queue)
         self.held: dict[str, Slot] = {}
+        #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
+        self.limiter = Limiter(client, wake=lambda run: enqueue_advance(
+            self.redis, self.queue, run, force=True), batcher=self.leases.batcher)
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)
         self.watchdog = Watchdog(settings, client, self.log, self.leases, self.heartbeats,
@@ -277,6 +281,10 @@ class StepLoop:
         """``kept``: a code agent's function goes on from the last job (nothing to
         re-observe: it issued the open intent itself)."""
         run_id = handle.run_id
+        wait = await self.limiter.take_run(handle.state, agent)
+        if wait is not None:  # at most N runs per key in flight: it waits, nothing written
+            await self.park(run_id, wait)
+            return False
         self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                          "epoch": lease.epoch})])
         forged = await decisions.unsigned_rejection(self, handle)
@@ -386,11 +394,22 @@ class StepLoop:
                 slot.callbacks.before_last_commit()
         await self.log.commit_async(handle, specs, release=release, **kw)
         pending.clear()
+        if handle.state.terminal:  # its place under a run limit is free
+            agent = self.registry.agents.get(handle.state.agent)
+            if getattr(agent, "run_limits", ()):
+                state = handle.state
+                await self.io.elsewhere(lambda: self.limiter.release_run(state, agent))
         if release:
             self._released.add((handle.run_id, handle.lease))
             if handle.state.terminal and handle.state.parent_step:  # a child ended
                 await self.woke(await family.wake_parent(self.io, self.log, handle.state,
                                                          self.worker_id))
+
+    async def park(self, run_id: str, wait: Any) -> None:
+        """The run waits for a limit (``durable.limits``): due at its ``retry_at``, its
+        reason shown; the worker lets go of it."""
+        await self.io.look_again_at(run_id, wait.retry_at)
+        await self.io.hset(keys.run(run_id), "reason", wait.reason)
 
     async def woke(self, parent: str | None) -> None:
         """Make a parent whose wait for a child was just resolved ready again."""
@@ -451,7 +470,7 @@ class StepLoop:
         act = state.current
         if act is None:
             return await decisions.decide(self, handle, agent, slot, pending, lease)
-        return await decisions.open_call(self, handle, act, slot, pending)
+        return await decisions.open_call(self, handle, agent, act, slot, pending)
 
 
 def needs_work(state: RunState) -> bool:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import redis
 
+from durable.fairness import take_command
 from durable.log import keys
 from durable.queue import enqueue_advance
 from workers.calls import CallAbandoned
@@ -86,7 +87,7 @@ class RunPool:
         batcher = self.slots.batcher
         if batcher is not None and self.slots.accepting and \
                 getattr(self._in_slot, "on", False):  # not RQ's thread: it pops nothing
-            batcher.ride_along("LPOP", self.slots.next_ready_key())
+            batcher.ride_along(*take_command(self.slots.next_ready_key()))
 
     def _next(self) -> str | None:
         """The run this slot drives next: the one popped with its last commit, else one

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import redis
 
+from durable import fairness
 from durable.agents import Registry
 from durable.log import keys
 from durable.outages import Backoff
@@ -79,6 +80,7 @@ class Slots:
         self._turn = 0
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
+        fairness.load(self.queues)  # the take of ready runs (``durable.fairness``)
         #: Pops of the next ready run go with the other Redis calls of the run threads when
         #: the ready list is on the log's server (one round trip for many).
         self.batcher = loop.leases.batcher if self.queues is self.redis else None
@@ -161,7 +163,7 @@ class Slots:
         """Whether a run waits on any of this worker's ready lists (one round trip)."""
         pipe = self.queues.pipeline(transaction=False)
         for name in self.ready_keys:
-            pipe.llen(name)
+            fairness.depth(pipe, name)
         return any(int(n) for n in pipe.execute())
 
     def pop_many(self, count: int) -> list[str]:
@@ -169,10 +171,10 @@ class Slots:
         out: list[str] = []
         for _ in range(len(self.ready_keys)):
             key = self.next_ready_key()
-            if self.batcher is not None:
-                raw = self.batcher.command("LPOP", key, count - len(out))
-            else:
-                raw = self.queues.lpop(key, count - len(out))
+            # (``LPOP key count``, fair by tenant and priority: ``durable.fairness``)
+            send = self.batcher.command if self.batcher is not None else \
+                self.queues.execute_command
+            raw = fairness.take(send, self.queues, key, count - len(out))
             out += [run_id_of(x) for x in raw or ()]
             if len(out) >= count:
                 break

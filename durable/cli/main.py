@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import redis
 from pydantic import ValidationError
 
-from durable.cli import admin, approvers, audit, config, deploy, runs, schedules
+from durable.cli import admin, approvers, audit, config, deploy, limits, runs, schedules
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
 from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
@@ -59,7 +59,7 @@ def build_parser() -> Parser:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    for module in (runs, audit, approvers, schedules, deploy, admin, config):
+    for module in (runs, audit, approvers, schedules, deploy, admin, config, limits):
         module.register(add)
     for _name, register in plugins():
         register(add)

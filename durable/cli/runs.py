@@ -42,7 +42,8 @@ def _json_arg(text: str, flag: str) -> object:
 def cmd_start(args: argparse.Namespace) -> int:
     data = _json_arg(args.input, "--input") if args.input else {}
     started = client().start(args.agent, data, run_id=args.run_id,
-                             continue_from=args.continue_from)
+                             continue_from=args.continue_from, tenant=args.tenant,
+                             owner=args.owner, priority=args.priority)
     if args.json:
         json_out({"run_id": started.run_id, "created": started.created, "state": started.state})
     else:
@@ -93,14 +94,17 @@ def waiting_for_worker(c: Client, agent: str) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     if args.stuck:
         return _stuck(args)
-    runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after)
+    runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after,
+                         tenant=args.tenant, owner=args.owner)
     if args.json:
         for r in runs:
             json_out(r.__dict__)
         return OK
-    table("runs", ["run", "state", "agent", "step", "version", "updated", "reason"],
-          [(r.run_id, r.state, r.agent, r.step, r.version, age(r.updated), r.reason)
-           for r in runs])
+    who = any(r.tenant or r.owner for r in runs)  # the columns only when some run has them
+    table("runs", ["run", "state", "agent", *(["tenant", "owner"] if who else []), "step",
+                   "version", "updated", "reason"],
+          [(r.run_id, r.state, r.agent, *((r.tenant, r.owner) if who else ()), r.step,
+            r.version, age(r.updated), r.reason) for r in runs])
     return OK
 
 
@@ -194,6 +198,10 @@ def register(add: Add) -> None:
     sp.add_argument("--run-id", default=None, help="idempotent: an existing id returns that run")
     sp.add_argument("--continue-from", default=None, metavar="RUN",
                     help="continue this completed run's conversation (durable.conversations)")
+    sp.add_argument("--tenant", default=None, help="who the run is for (limits, fairness)")
+    sp.add_argument("--owner", default=None, help="who started it")
+    sp.add_argument("--priority", type=int, default=None,
+                    help="higher is taken first among ready runs (-100..100, default 0)")
     add("status", cmd_status, "a run's folded state", run=True)
     sp = add("runs", cmd_runs, "list runs, newest first")
     sp.add_argument("--state", default=None)
@@ -201,6 +209,8 @@ def register(add: Add) -> None:
     sp.add_argument("--after", default=None, metavar="RUN",
                     help="the next page: runs listed after this one")
     sp.add_argument("--agent", default=None, help="only this agent's runs")
+    sp.add_argument("--tenant", default=None, help="only this tenant's runs (by start time)")
+    sp.add_argument("--owner", default=None, help="only runs started by this owner")
     sp.add_argument("--stuck", action="store_true",
                     help="only runs whose unknown outcome no lookup can resolve (settle them)")
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)

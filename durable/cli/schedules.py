@@ -36,7 +36,8 @@ def next_slot(entry: Listed) -> str:
 def cmd_add(args: argparse.Namespace) -> int:
     data = _json_arg(args.input, "--input") if args.input else {}
     entry = schedules().add(args.name, args.cron, args.agent, data, missed=args.missed,
-                            grace_s=args.grace, by=args.by)
+                            grace_s=args.grace, by=args.by, tenant=args.tenant,
+                            owner=args.owner)
     return said(entry, f"{args.agent} at {args.cron!r} (UTC), first run {next_slot(entry)}",
                 args)
 
@@ -99,6 +100,8 @@ def register(add: Add) -> None:
     p.add_argument("--grace", type=int, default=60, metavar="SECONDS",
                    help="how late a slot may start and still be on time (default 60)")
     p.add_argument("--by", default="operator", help="who adds it (recorded)")
+    p.add_argument("--tenant", default=None, help="the tenant of the runs it starts")
+    p.add_argument("--owner", default=None, help="the owner of the runs it starts")
     verb("list", cmd_list, "the schedules, their next slot and last error", named=False)
     verb("pause", cmd_pause, "stop starting runs (slots while paused never run)")
     verb("resume", cmd_resume, "start runs again from the next slot")

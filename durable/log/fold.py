@@ -89,6 +89,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.budgets = dict(e.budgets)
             state.shared_budgets = e.shared_budgets
             state.trace = e.trace
+            state.tenant, state.owner, state.priority = e.tenant, e.owner, e.priority
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():

@@ -31,6 +31,8 @@ def repair(client: Any) -> int:
                 continue
             state = handle.state
             pipe.zadd(keys.runs_index(shard), {run_id: state.updated})
+            if state.tenant:
+                pipe.zadd(keys.runs_of_tenant(state.tenant, shard), {run_id: state.created})
             pipe.zadd(keys.runs_in_state(state.state, shard), {run_id: state.updated})
             pipe.hset(keys.run(run_id), mapping={"state": state.state,
                                                  "version": state.version,
@@ -53,14 +55,18 @@ def newest(r: Any, state: str | None, after: str | None = None,
 
 
 def ordered(r: Any, state: str | None, after: str | None = None, *,
-            oldest_first: bool = False, batch: int = 100) -> Iterator[tuple[str, float]]:
+            oldest_first: bool = False, batch: int = 100,
+            tenant: str | None = None) -> Iterator[tuple[str, float]]:
     """(run id, update time) across every shard of the index of ``state`` (all runs when
-    None), newest first (ties: the greater id first, as ``ZREVRANGE``) or ``oldest_first``
+    None; with ``tenant``: that tenant's index, by start time, whatever ``state``),
+    newest first (ties: the greater id first, as ``ZREVRANGE``) or ``oldest_first``
     (ties: the smaller id first, as ``ZRANGE``); ``after``: start past that run. Raises
     ``RunNotFound`` for an ``after`` not in the index."""
     shards = keys.shard_ids()
 
     def index(shard: int | None) -> str:
+        if tenant:
+            return keys.runs_of_tenant(tenant, shard)
         return keys.runs_in_state(state, shard) if state else keys.runs_index(shard)
 
     starts = {s: 0 for s in shards}

@@ -199,6 +199,12 @@ def runs_in_state(state: str, shard: int | None = None) -> str:
     return _global(f"runs:{state}", shard)
 
 
+def runs_of_tenant(tenant: str, shard: int | None = None) -> str:
+    """ZSET run id -> start time (ms) of the runs of one tenant, per shard
+    (``durable.tenants``): what ``durable runs --tenant`` walks."""
+    return _global(f"tenant:{tenant}", shard)
+
+
 def due(shard: int | None = None) -> str:
     """ZSET run id -> time (ms) at which the reconciler must look at the run, per shard."""
     return _global("due", shard)
@@ -214,6 +220,14 @@ def ready(queue: str, route: str = "") -> str:
     route (an agent's name, or ``name@version`` for runs only that version may take); the
     list without a route holds runs made ready before routing, for any worker."""
     return f"{PREFIX}:ready:{queue}:{route}" if route else f"{PREFIX}:ready:{queue}"
+
+
+def fair(ready_key: str, part: str) -> str:
+    """A key of the fair side of a ready list (``durable.fairness``), beside the list
+    ``ready_key``: ``runs`` (ZSET run id -> virtual start - priority x aging), ``clock``
+    (HASH: the route's virtual time and each tenant's last start), ``prio`` (HASH run id ->
+    priority, for the runs whose priority is not 0). On the queue's server."""
+    return f"{PREFIX}:fair:{part}:{ready_key[len(PREFIX) + 7:]}"
 
 
 def routes(queue: str) -> str:
@@ -259,6 +273,25 @@ def alive(worker_id: str) -> str:
     leases."""
     return f"{PREFIX}:{{workers}}:alive:{worker_id}"
 
+
+#: Set of the tenants that have their own label in the metrics (``durable.tenants``): the
+#: first ``DURABLE_METRIC_TENANTS`` seen; the others are counted as "other". Not derived.
+TENANT_LABELS = f"{PREFIX}:tenant_labels"
+
+# Limits shared by every worker (``durable.limits``): the keys of one limiter (one limit,
+# one key value) share the hash tag ``{limit:<name>:<key>}``, so one script decides on one
+# slot. Not derived: they expire once the limiter is idle.
+
+
+def limiter(name: str, key: str, part: str) -> str:
+    """One key of a limiter: ``inflight``, ``calls``, ``tokens``, ``used``, ``state``,
+    ``waiting`` (see ``limit_take.lua``)."""
+    return f"{PREFIX}:{{limit:{name}:{key}}}:{part}"
+
+
+#: Hash ``<name>|<key>`` -> last decision (ms): the limiters in use, for ``durable
+#: limits`` and the metrics (an entry idle for a day is dropped by its next reader).
+LIMITERS = f"{PREFIX}:limiters"
 
 #: Pub/sub channel carrying cancel hints.
 CANCEL_CHANNEL = f"{PREFIX}:cancel"

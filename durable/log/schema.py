@@ -57,6 +57,13 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     shared_budgets: bool = False
     #: The run whose conversation this one continues (``durable.conversations``), or "".
     continue_from: str = ""
+    #: Who the run is for (``durable.tenants``): the tenant (customer, team) whose limits,
+    #: fairness and metrics it counts against, and the owner (user, service) who started
+    #: it; "" for a run started without them (and every run of older logs).
+    tenant: str = ""
+    owner: str = ""
+    #: Higher is taken first among ready runs (``durable.fairness``); 0 by default.
+    priority: int = 0
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

@@ -165,6 +165,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     blob_bytes: int = 0
     #: W3C ``traceparent`` the producer recorded at start ("" without tracing).
     trace: str = ""
+    #: The tenant and owner recorded at start (``durable.tenants``), and the priority.
+    tenant: str = ""
+    owner: str = ""
+    priority: int = 0
 
     @property
     def terminal(self) -> bool:

@@ -4,7 +4,9 @@ Redis server with a clock the test moves (``AgentEnvironment``, ``TestClock``); 
 Redis server on a random port (``Server``), real worker and reconciler processes
 (``Worker``, ``Reconciler``), and fault injection at the step loop's named crash windows
 (``Worker(url, kill_at="after_effect:2")``, ``faults.KillAt``), and an admin key for an
-approver registry (``AdminKey``)."""
+approver registry (``AdminKey``). ``durable.testing.provider`` is a local HTTP "provider"
+with quotas (and agents that call it), for flow-control tests; import it by name (it
+registers its agents)."""
 
 from durable.testing.admin import AdminKey
 from durable.testing.environment import AgentEnvironment, TestClock, ToolOutcome
