@@ -24,6 +24,7 @@ import redis
 from durable import budgets, tracing
 from durable.agents import (
     Agent,
+    Cancel,
     Fail,
     Finish,
     Parallel,
@@ -599,7 +600,15 @@ class StepLoop:
             self.hooks.after_outcome(handle.run_id, state.step)
             return True, 0
         if isinstance(decision, Fail):
-            await self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+            await self._commit(handle, pending, [Spec(ev.Failed, {"error": decision.error,
+                                                                  "reason": decision.reason})])
+            return True, 0
+        if isinstance(decision, Cancel):  # the agent asked to stop: a cancel, recorded whole
+            asked = now_ms()
+            await self._commit(handle, pending, [
+                Spec(ev.CancelRequested, {"reason": decision.reason, "requested_ts": asked,
+                                          "by": agent.name}),
+                *finish_specs(state, decision.reason, asked)])
             return True, 0
         if isinstance(decision, list):  # a decide() agent's calls at once
             decision = Parallel(list(decision))
