@@ -1,0 +1,108 @@
+"""More pydantic-ai agents run as durable runs, for the tests (imported by the workers
+through ``DURABLE_AGENTS``): a long run past pydantic-ai's default of 50 requests, a tool that
+cancels its run, and an agent whose tools are a real MCP stdio server's (``tests.mcp_server``).
+Models are ``FunctionModel``s counting their requests per idempotency key (``TEST_MODEL_LOG``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from fastmcp.client.transports import StdioTransport
+from pydantic_ai import Agent
+from pydantic_ai.mcp import MCPToolset
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import RunContext
+
+from durable.agents import Lookup
+from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
+from tests.pydantic_ai_agents import _applied, _count_request, _reply, _returns
+
+#: Tool calls the long agent makes, one per model reply (each reply a request).
+LONG_CALLS = int(os.environ.get("TEST_LONG_CALLS", "60"))
+
+
+async def long_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    done = len(_returns(messages))
+    if done < LONG_CALLS:
+        return _reply(ToolCallPart("tick", {"n": done + 1}))
+    return _reply(TextPart(f"ticked {done}"))
+
+
+long_durability = RedisDurability(tools={"tick": StepOptions(effect_free=True)})
+long_agent = Agent(FunctionModel(long_model), name="pai_long", capabilities=[long_durability])
+
+
+@long_agent.tool_plain
+def tick(n: int) -> int:
+    """Count (effect-free)."""
+    return n
+
+
+long_durability.register()
+
+
+# A tool that asks pydantic-ai to cancel its own run (``RunContext.cancel()``).
+
+
+async def quitting_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    if not _returns(messages):
+        return _reply(ToolCallPart("give_up", {}))
+    return _reply(TextPart("went on"))
+
+
+quitter = Agent(FunctionModel(quitting_model), name="pai_quitter",
+                capabilities=[RedisDurability(tools={"give_up": StepOptions(step=False)})])
+
+
+@quitter.tool
+def give_up(ctx: RunContext[None]) -> str:
+    """Stop the whole run."""
+    ctx.cancel()
+    return "stopping"
+
+
+DurableAgent(quitter)  # registered with the capability it carries
+
+
+# An agent whose tools are an MCP server's: ``apply`` (an effect, keyed) 20 times, one per
+# reply, then ``peek`` (read-only), then the answer.
+
+MCP_CALLS = 20
+
+
+def _server() -> MCPToolset[Any]:
+    transport = StdioTransport(command=sys.executable, args=["-m", "tests.mcp_server"],
+                               env=dict(os.environ), cwd=os.getcwd())
+    return MCPToolset(transport, id="ledger")
+
+
+async def mcp_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    names = sorted(t.name for t in info.function_tools)
+    assert names == ["apply", "peek"], names
+    done = _returns(messages)
+    if len(done) < MCP_CALLS:
+        return _reply(ToolCallPart("apply", {"n": len(done) + 1}))
+    if len(done) == MCP_CALLS:
+        return _reply(ToolCallPart("peek", {}))
+    return _reply(TextPart(f"applied {MCP_CALLS}, peeked {done[-1].content}"))
+
+
+def applications_lookup(key: str, args: dict[str, Any]) -> Lookup:
+    """What the ledger says of a call of ``apply``: the server's own reply when applied."""
+    if _applied(key):
+        return Lookup.applied(f"applied {args['args']['n']} ({key})")
+    return Lookup.not_applied()
+
+
+mcp_durability = RedisDurability(tools={
+    "ledger.*": StepOptions(timeout_s=5.0, lookup=applications_lookup)})
+mcp_agent = Agent(FunctionModel(mcp_model), name="pai_mcp", toolsets=[_server()],
+                  capabilities=[mcp_durability])
+mcp_durability.register()

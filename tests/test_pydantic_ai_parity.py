@@ -1,0 +1,127 @@
+"""The pydantic-ai capability's parity with its peers (pydantic-ai's Temporal, DBOS and Prefect
+durability): no hidden request ceiling, every outcome a state, MCP servers pinned per run.
+
+Real worker processes (SIGKILLed for real), a real MCP stdio server (``tests.mcp_server``)
+writing its effects into a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+pytest.importorskip("mcp")
+
+from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai.models.test import TestModel
+
+from durable.agents import registry
+from durable.client import Client
+from durable.integrations.pydantic_ai import DurableAgent, RedisDurability
+from durable.log import events as ev
+from durable.log.verify import verify
+from durable.settings import Settings
+from tests import pydantic_ai_long_agents as agents
+from tests.agents import applications, model_requests
+from tests.conftest import ReconcilerFactory, WorkerFactory
+
+AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents,tests.pydantic_ai_long_agents"
+
+
+@pytest.fixture(autouse=True)
+def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
+    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
+    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+
+
+def _tools(client: Client, run: str) -> list[str]:
+    return [e.event.tool for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
+
+
+def test_a_run_goes_past_fifty_model_requests(client: Client, worker: WorkerFactory,
+                                              tmp_path: Path) -> None:
+    """pydantic-ai's default ``request_limit=50`` does not apply: the run's budgets do."""
+    run = client.start("pai_long", {"prompt": "count"}, run_id="plong").run_id
+    worker()
+    final = client.wait(run, timeout=240)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == f"ticked {agents.LONG_CALLS}"
+    assert final.model_calls == agents.LONG_CALLS + 1
+    assert set(model_requests(str(tmp_path / "model.sqlite")).values()) == {1}
+    assert verify(client.log, run).ok
+
+
+def test_a_usage_limit_of_the_input_ends_the_run_failed_budget_exhausted(
+    client: Client, worker: WorkerFactory
+) -> None:
+    run = client.start("pai_long", {"prompt": "count", "usage_limits": {"request_limit": 3}},
+                       run_id="plimit").run_id
+    worker()
+    final = client.wait(run, timeout=60)
+    assert final.state == "failed", (final.state, final.reason)
+    failed = [e.event for e in client.events(run) if isinstance(e.event, ev.Failed)]
+    assert failed[-1].reason == "budget_exhausted" and "request_limit" in failed[-1].error
+    assert final.model_calls == 3
+
+
+def test_a_bad_input_is_refused_at_start(client: Client) -> None:
+    from durable.errors import InvalidInput
+
+    with pytest.raises(InvalidInput):
+        client.start("pai_long", {"prompt": "x", "usage_limits": {"request_limit": "many"}})
+    with pytest.raises(InvalidInput):
+        client.start("pai_long", {"prompt": [{"kind": "no-such-part"}]})
+
+
+def test_a_tool_that_cancels_its_run_ends_it_canceled(client: Client,
+                                                      worker: WorkerFactory) -> None:
+    """``RunContext.cancel()`` in a tool (pydantic-ai's ``RunCancelled``): ``canceled``."""
+    run = client.start("pai_quitter", {"prompt": "try"}, run_id="pquit").run_id
+    worker()
+    final = client.wait(run, timeout=60)
+    assert final.state == "canceled", (final.state, final.reason)
+    assert verify(client.log, run).ok
+
+
+def test_mcp_calls_are_steps_applied_once_across_a_kill_the_tool_list_recorded_once(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """SIGKILL after the 10th ``apply`` reached the MCP server (step 21), before its outcome
+    was recorded: the call is resolved by its lookup (the server's database has its key);
+    the recovered run reads its tool list from the log, and sends no recorded call again."""
+    run = client.start("pai_mcp", {"prompt": "apply"}, run_id="pmcp").run_id
+    doomed = worker(kill_at="after_effect:21")
+    assert doomed.wait(90) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=180)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == f"applied {agents.MCP_CALLS}, peeked {agents.MCP_CALLS}"
+    tools = _tools(client, run)
+    assert tools.count("pai_mcp.mcp.ledger.tools") == 1  # pinned: recorded once per run
+    assert tools.count("pai_mcp.mcp.ledger.call") == agents.MCP_CALLS
+    assert tools.count("pai_mcp.mcp.ledger.read") == 1  # readOnlyHint: effect-free
+    calls = [n for n, t in enumerate(tools, 1) if t == "pai_mcp.mcp.ledger.call"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in calls}
+    assert verify(client.log, run).ok
+
+
+# In-process: what registration refuses.
+
+
+def test_a_taken_name_and_a_shared_toolset_id_are_refused() -> None:
+    with pytest.raises(ValueError, match="registered already"):
+        DurableAgent(Agent(TestModel()), name="pai_long")
+    one, two = FunctionToolset([lambda: 1], id="same"), FunctionToolset([lambda: 2], id="same")
+    with pytest.raises(ValueError, match="two toolsets have the id 'same'"):
+        DurableAgent(Agent(TestModel(), toolsets=[one, two]), name="pai_twice")
+    assert not [n for n in [*registry.agents, *registry.tools] if n.startswith("pai_twice")]
+    with pytest.raises(ValueError, match="attached to another agent"):
+        shared = RedisDurability(name="pai_shared")
+        Agent(TestModel(), capabilities=[shared])
+        Agent(TestModel(), capabilities=[shared])
