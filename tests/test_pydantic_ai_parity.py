@@ -125,3 +125,29 @@ def test_a_taken_name_and_a_shared_toolset_id_are_refused() -> None:
         shared = RedisDurability(name="pai_shared")
         Agent(TestModel(), capabilities=[shared])
         Agent(TestModel(), capabilities=[shared])
+
+
+def test_a_broad_model_retryable_never_retries_pydantic_ais_own_refusals() -> None:
+    from pydantic_ai.exceptions import UsageLimitExceeded, UserError
+
+    from durable.integrations.pydantic_ai.model import retryable_but_not_usage
+
+    (retryable,) = retryable_but_not_usage((Exception,))
+    assert isinstance(ConnectionError("reset"), retryable)
+    assert not isinstance(UserError("bad settings"), retryable)
+    assert not isinstance(UsageLimitExceeded("limit"), retryable)
+    assert retryable_but_not_usage(()) == ()
+
+
+def test_a_model_request_carries_the_steps_key_and_a_timeout_within_its_deadline() -> None:
+    import time
+
+    from durable.agents import ToolContext
+    from durable.cancellation import CancelToken
+    from durable.integrations.pydantic_ai.model import _downstream
+
+    ctx = ToolContext(run_id="r", step=3, key="r:3", deadline_ms=int(time.time() * 1000) + 5000,
+                      token=CancelToken())
+    settings = _downstream({"timeout": 600.0, "extra_headers": {"X-A": "1"}}, ctx)
+    assert settings["extra_headers"] == {"X-A": "1", "Idempotency-Key": "r:3"}
+    assert 0 < settings["timeout"] <= 5.0
