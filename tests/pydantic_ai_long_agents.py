@@ -106,3 +106,51 @@ mcp_durability = RedisDurability(tools={
 mcp_agent = Agent(FunctionModel(mcp_model), name="pai_mcp", toolsets=[_server()],
                   capabilities=[mcp_durability])
 mcp_durability.register()
+
+
+# An agent on a real OpenAI-compatible server (the world's scripted model, over HTTP, through
+# pydantic-ai's OpenAI model): ``notify`` then ``write``, each an effect keyed in ``TEST_DB``.
+
+
+def _openai_model() -> Any:
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    base = os.environ.get("DURABLE_MODEL_BASE_URL", "http://127.0.0.1:9/v1")
+    return OpenAIChatModel(os.environ.get("DURABLE_MODEL_NAME", "scripted"),
+                           provider=OpenAIProvider(base_url=base, api_key="unused"))
+
+
+def _notified(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"notification_id": 1, "key": key}) if _applied(key) \
+        else Lookup.not_applied()
+
+
+def _written(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"report_id": 2, "key": key}) if _applied(key) \
+        else Lookup.not_applied()
+
+
+openai_durability = RedisDurability(stream=os.environ.get("TEST_PAI_STREAM") == "1", tools={
+    "notify": StepOptions(timeout_s=5.0, lookup=_notified),
+    "write": StepOptions(timeout_s=5.0, lookup=_written)})
+openai_agent = Agent(_openai_model(), name="pai_openai", capabilities=[openai_durability])
+
+
+@openai_agent.tool_plain
+def notify(recipient: str, message: str) -> dict[str, Any]:
+    """Notify someone (an effect)."""
+    from tests.pydantic_ai_agents import _effect
+
+    return {"notification_id": 1, "key": _effect(f"notify {recipient}")["key"]}
+
+
+@openai_agent.tool_plain
+def write(source: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Write a report (an effect)."""
+    from tests.pydantic_ai_agents import _effect
+
+    return {"report_id": 2, "key": _effect(f"report {source}")["key"]}
+
+
+openai_durability.register()

@@ -24,6 +24,8 @@ from durable.integrations.pydantic_ai import DurableAgent, RedisDurability
 from durable.log import events as ev
 from durable.log.verify import verify
 from durable.settings import Settings
+from durable.streaming import Partial
+from examples.world import WorldProcess
 from tests import pydantic_ai_long_agents as agents
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
@@ -151,3 +153,49 @@ def test_a_model_request_carries_the_steps_key_and_a_timeout_within_its_deadline
     settings = _downstream({"timeout": 600.0, "extra_headers": {"X-A": "1"}}, ctx)
     assert settings["extra_headers"] == {"X-A": "1", "Idempotency-Key": "r:3"}
     assert 0 < settings["timeout"] <= 5.0
+
+
+def test_an_openai_model_over_http_gets_each_steps_key_once_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, world: WorldProcess,
+    tmp_path: Path
+) -> None:
+    """pydantic-ai's OpenAI model against a real OpenAI-compatible server (the world's
+    scripted model), SIGKILLed after the ``notify`` effect (step 2), before its outcome is
+    recorded: the server saw each model request once under its step's ``Idempotency-Key``
+    (none recorded was sent again), and each effect was applied once."""
+    run = client.start("pai_openai", {"prompt": "Tell bob@example.com the build is green"},
+                       run_id="poai").run_id
+    doomed = worker(kill_at="after_effect:2")
+    assert doomed.wait(60) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=90)
+    assert final.state == "completed", (final.state, final.reason)
+    assert "notified" in str(final.result)
+    tools = _tools(client, run)
+    assert tools == ["pai_openai.model", "pai_openai.tool.notify", "pai_openai.model",
+                     "pai_openai.tool.write", "pai_openai.model"]
+    for step in (1, 3, 5):
+        seen = world.client.requests(f"{run}:{step}")
+        assert [r["endpoint"] for r in seen] == ["model"], (step, seen)
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
+    assert final.model_calls == 3 and final.tokens > 0
+    assert verify(client.log, run).ok
+
+
+def test_a_streaming_agent_publishes_the_models_text_to_followers(
+    client: Client, worker: WorkerFactory, world: WorldProcess,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stream=True``: the model step streams; its text reaches a follower as partial
+    output, and the log holds the same final answer."""
+    monkeypatch.setenv("TEST_PAI_STREAM", "1")
+    run = client.start("pai_openai", {"prompt": "Tell bob@example.com hi"},
+                       run_id="poais").run_id
+    with client.follow(run) as follower:  # subscribed from here on
+        worker()
+        items = list(follower)
+    text = "".join(i.data for i in items if isinstance(i, Partial) and isinstance(i.data, str))
+    final = client.status(run)
+    assert final.state == "completed", (final.state, final.reason)
+    assert text.startswith("Done: notified") and text == final.result

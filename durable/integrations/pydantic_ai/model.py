@@ -13,7 +13,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic_ai.exceptions import UsageLimitExceeded, UserError
-from pydantic_ai.messages import ModelMessage, ModelResponse, PartDeltaEvent, TextPartDelta
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+)
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -143,6 +150,15 @@ def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettin
     return made
 
 
+def _text_of(event: Any) -> str:
+    """The text a stream event adds (a text part's start, or a delta of one)."""
+    if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+        return event.part.content
+    if isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+        return event.delta.content_delta
+    return ""
+
+
 class ModelStep(Tool):
     """``<name>.model``: one model request, performed by the real model."""
 
@@ -163,9 +179,9 @@ class ModelStep(Tool):
             async with call.model.request_stream(call.messages, settings, call.parameters,
                                                  call.run_context) as streamed:
                 async for event in streamed:
-                    if isinstance(event, PartDeltaEvent) and \
-                            isinstance(event.delta, TextPartDelta) and event.delta.content_delta:
-                        ctx.emit(event.delta.content_delta)
+                    text = _text_of(event)
+                    if text:
+                        ctx.emit(text)
             return encode_response(streamed.get())
 
         return LOOP.run(request, ctx, cancellable=True)
