@@ -21,8 +21,8 @@ from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
 from tests.pydantic_ai_agents import _applied, _count_request, _reply, _returns
 
-#: Tool calls the long agent makes, one per model reply (each reply a request).
-LONG_CALLS = int(os.environ.get("TEST_LONG_CALLS", "60"))
+#: Tool calls the long agent makes, one per model reply: 100 model requests in all.
+LONG_CALLS = 99
 
 
 async def long_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -33,14 +33,21 @@ async def long_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResp
     return _reply(TextPart(f"ticked {done}"))
 
 
-long_durability = RedisDurability(tools={"tick": StepOptions(effect_free=True)})
+def _ticked(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"done": f"tick {args['n']}", "key": key}) if _applied(key) \
+        else Lookup.not_applied()
+
+
+long_durability = RedisDurability(tools={"tick": StepOptions(timeout_s=5.0, lookup=_ticked)})
 long_agent = Agent(FunctionModel(long_model), name="pai_long", capabilities=[long_durability])
 
 
 @long_agent.tool_plain
-def tick(n: int) -> int:
-    """Count (effect-free)."""
-    return n
+def tick(n: int) -> dict[str, Any]:
+    """Count (an effect, keyed: a tick applied twice would show)."""
+    from tests.pydantic_ai_agents import _effect
+
+    return _effect(f"tick {n}")
 
 
 long_durability.register()
@@ -154,3 +161,36 @@ def write(source: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 openai_durability.register()
+
+
+# A dynamic toolset (``@agent.toolset``): its tools exist only once the run builds them.
+
+
+async def dynamic_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    done = _returns(messages)
+    if not done:
+        return _reply(ToolCallPart("stamp", {"label": "a"}), ToolCallPart("stamp",
+                                                                          {"label": "b"}))
+    return _reply(TextPart("stamped " + ", ".join(str(p.content["done"]) for p in done)))
+
+
+dynamic_durability = RedisDurability(tools={"stamps.*": StepOptions(timeout_s=5.0)})
+dynamic_agent = Agent(FunctionModel(dynamic_model), name="pai_dynamic",
+                      capabilities=[dynamic_durability])
+
+
+@dynamic_agent.toolset(id="stamps")
+def _stamps(ctx: RunContext[None]) -> Any:
+    from pydantic_ai import FunctionToolset
+
+    from tests.pydantic_ai_agents import _effect
+
+    def stamp(label: str) -> dict[str, Any]:
+        """Stamp a label (an effect)."""
+        return _effect(f"stamp {label}")
+
+    return FunctionToolset([stamp])
+
+
+dynamic_durability.register()

@@ -45,16 +45,26 @@ def _tools(client: Client, run: str) -> list[str]:
     return [e.event.tool for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
 
 
-def test_a_run_goes_past_fifty_model_requests(client: Client, worker: WorkerFactory,
-                                              tmp_path: Path) -> None:
-    """pydantic-ai's default ``request_limit=50`` does not apply: the run's budgets do."""
+def test_a_hundred_model_requests_complete_across_a_kill_at_the_sixtieth(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """pydantic-ai's default ``request_limit=50`` does not apply (the run's budgets do): 100
+    model requests in one run. SIGKILL after the 60th request was answered (step 119),
+    before its response was recorded: that request alone is sent again (effect-free, never
+    recorded); no recorded request is re-sent and each of the 99 effects is applied once."""
     run = client.start("pai_long", {"prompt": "count"}, run_id="plong").run_id
+    doomed = worker(kill_at="after_effect:119")
+    assert doomed.wait(240) == -signal.SIGKILL
     worker()
-    final = client.wait(run, timeout=240)
+    reconciler()
+    final = client.wait(run, timeout=300)
     assert final.state == "completed", (final.state, final.reason)
     assert final.result == f"ticked {agents.LONG_CALLS}"
-    assert final.model_calls == agents.LONG_CALLS + 1
-    assert set(model_requests(str(tmp_path / "model.sqlite")).values()) == {1}
+    requests = model_requests(str(tmp_path / "model.sqlite"))
+    assert requests == {f"{run}:{2 * k - 1}": 2 if k == 60 else 1 for k in range(1, 101)}
+    assert applications(str(tmp_path / "world.sqlite")) == {
+        f"{run}:{2 * k}": 1 for k in range(1, 100)}
+    assert final.model_calls == 100
     assert verify(client.log, run).ok
 
 
@@ -199,3 +209,19 @@ def test_a_streaming_agent_publishes_the_models_text_to_followers(
     final = client.status(run)
     assert final.state == "completed", (final.state, final.reason)
     assert text.startswith("Done: notified") and text == final.result
+
+
+def test_a_dynamic_toolsets_calls_are_steps(client: Client, worker: WorkerFactory,
+                                            tmp_path: Path) -> None:
+    """``@agent.toolset``: the toolset is built by the run; each call is the toolset's step,
+    with the tool's name and arguments (both calls of the reply in one parallel group)."""
+    run = client.start("pai_dynamic", {"prompt": "stamp"}, run_id="pdyn").run_id
+    worker()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == "stamped stamp a, stamp b"
+    steps = [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
+    assert [s.tool for s in steps] == ["pai_dynamic.model", "pai_dynamic.tool.stamps.call",
+                                       "pai_dynamic.tool.stamps.call", "pai_dynamic.model"]
+    assert steps[1].args == {"tool": "stamp", "args": {"label": "a"}}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:3": 1}

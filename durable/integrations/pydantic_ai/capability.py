@@ -17,6 +17,7 @@ from pydantic_ai.durable_exec import conversation_id_from_run_id, replay_scope
 from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded
 from pydantic_ai.models import Model
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from pydantic_ai.toolsets._dynamic import DynamicToolset
 from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
 from pydantic_ai.toolsets.external import ExternalToolset
 
@@ -29,7 +30,11 @@ from durable.integrations.pydantic_ai.inputs import RunInput
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import Binding, StepOptions, binding, bound
-from durable.integrations.pydantic_ai.toolsets import DurableFunctionToolset, tool_step
+from durable.integrations.pydantic_ai.toolsets import (
+    DurableDynamicToolset,
+    DurableFunctionToolset,
+    tool_step,
+)
 
 
 class RedisDurability(AbstractCapability[Any]):
@@ -81,6 +86,8 @@ class RedisDurability(AbstractCapability[Any]):
         self.approved_here: dict[str, frozenset[str]] = {}
         self.mcp: dict[str, dict[str, str]] = {}
         self.mcp_toolsets: dict[str, AbstractToolset[Any]] = {}
+        #: Dynamic toolset id -> the step of its calls.
+        self.dynamic: dict[str, str] = {}
         #: Tools that are not steps (``StepOptions(step=False)``).
         self.not_steps: set[str] = set()
         self.model_step = ""
@@ -118,6 +125,9 @@ class RedisDurability(AbstractCapability[Any]):
             return DurableFunctionToolset(wrapped=toolset, owner=self,
                                           steps=self.function_steps[toolset.id or ""],
                                           approved_here=self.approved_here[toolset.id or ""])
+        if isinstance(toolset, DynamicToolset) and toolset.id in self.dynamic:
+            return DurableDynamicToolset(wrapped=toolset, owner=self,
+                                         step=self.dynamic[toolset.id or ""])
         if is_mcp(toolset) and toolset.id in self.mcp:
             return DurableMCPToolset(wrapped=toolset, owner=self,
                                      steps=self.mcp[toolset.id or ""])
@@ -167,9 +177,10 @@ class RedisDurability(AbstractCapability[Any]):
                     seen: set[str]) -> list[Tool]:
         if isinstance(toolset, ExternalToolset):
             return []  # its calls are deferred to the caller, never run here
-        if not isinstance(toolset, FunctionToolset) and not is_mcp(toolset):
+        dynamic = isinstance(toolset, DynamicToolset)
+        if not isinstance(toolset, FunctionToolset) and not is_mcp(toolset) and not dynamic:
             raise TypeError(f"durable agent {self.name!r}: {toolset.label} cannot be made "
-                            "durable (function toolsets and MCP servers can)")
+                            "durable (function, dynamic and MCP toolsets can)")
         ident = toolset.id
         if not ident:
             raise ValueError(f"durable agent {self.name!r}: {toolset.label} needs an id "
@@ -178,6 +189,12 @@ class RedisDurability(AbstractCapability[Any]):
             raise ValueError(f"durable agent {self.name!r}: two toolsets have the id "
                              f"{ident!r}; their tools' steps would share names")
         seen.add(ident)
+        if dynamic:
+            used.add(f"{ident}.*")
+            opts = self.options.get(f"{ident}.*", StepOptions())
+            self.dynamic[ident] = f"{self.name}.tool.{ident}.call"
+            return [tool_step(self, self.dynamic[ident], f"{self.name}_{ident}_call", opts,
+                              bool(opts.requires_approval))]
         if is_mcp(toolset):
             used.add(f"{ident}.*")
             self.mcp_toolsets[ident] = toolset

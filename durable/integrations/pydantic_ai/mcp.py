@@ -177,5 +177,5 @@ class DurableMCPToolset(WrapperToolset[Any]):
         if owner is None or bound(owner) is None:
             return await super().call_tool(name, tool_args, ctx, tool)
         step = self.steps["read" if read_only(tool.tool_def) else "call"]
-        return await take_step(owner, step, self.wrapped, name,
-                               {"tool": name, "args": tool_args}, ctx, tool)
+        return await take_step(owner, step, self.wrapped, name, tool_args, ctx, tool,
+                               step_args={"tool": name, "args": tool_args})

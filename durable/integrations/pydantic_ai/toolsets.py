@@ -40,13 +40,14 @@ def original_name(name: str, tool: ToolsetTool[Any]) -> str:
 
 async def take_step(owner: RedisDurability, step: str, toolset: AbstractToolset[Any],
                     name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
-                    tool: ToolsetTool[Any]) -> Any:
-    """A tool call as the step ``step``: its outcome from the log, or from the call."""
+                    tool: ToolsetTool[Any], step_args: dict[str, Any] | None = None) -> Any:
+    """A tool call as the step ``step`` (its arguments ``step_args``, by default the
+    tool's): its outcome from the log, or from the call."""
     b = bound(owner)
     assert b is not None
+    args = plain(tool_args if step_args is None else step_args)
     try:
-        outcome = await b.step(step, plain(tool_args),
-                               ToolCall(toolset, name, tool_args, ctx, tool))
+        outcome = await b.step(step, args, ToolCall(toolset, name, tool_args, ctx, tool))
     except StepFailed as exc:
         if exc.status == "rejected":
             return ToolDenied(f"The tool call was denied: {exc.error}.")
@@ -135,3 +136,21 @@ def tool_step(owner: RedisDurability, step: str, class_name: str, opts: StepOpti
         "requires_approval": needs_approval, "approver_role": opts.approver_role,
         "approval_ttl_s": opts.approval_ttl_s, "owner": owner, "options": opts})()
     return made
+
+
+@dataclass
+class DurableDynamicToolset(WrapperToolset[Any]):
+    """A dynamic toolset (``@agent.toolset``) inside a durable run: its tools are known only
+    once the run builds them, so each call is the one step ``<name>.tool.<id>.call`` of the
+    toolset, with the tool's name and arguments as its arguments."""
+
+    owner: RedisDurability | None = None
+    step: str = ""
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        owner = self.owner
+        if owner is None or bound(owner) is None:
+            return await super().call_tool(name, tool_args, ctx, tool)
+        return await take_step(owner, self.step, self.wrapped, name, tool_args, ctx, tool,
+                               step_args={"tool": name, "args": tool_args})
