@@ -26,11 +26,13 @@ from durable.log.verify import verify
 from durable.settings import Settings
 from durable.streaming import Partial
 from examples.world import WorldProcess
+from tests import mcp_code_agents
 from tests import pydantic_ai_long_agents as agents
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
-AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents,tests.pydantic_ai_long_agents"
+AGENTS = ("examples.agents,tests.agents,tests.pydantic_ai_agents,"
+          "tests.pydantic_ai_long_agents,tests.mcp_code_agents")
 
 
 @pytest.fixture(autouse=True)
@@ -225,3 +227,24 @@ def test_a_dynamic_toolsets_calls_are_steps(client: Client, worker: WorkerFactor
                                        "pai_dynamic.tool.stamps.call", "pai_dynamic.model"]
     assert steps[1].args == {"tool": "stamp", "args": {"label": "a"}}
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:3": 1}
+
+
+def test_a_code_agent_calls_an_mcp_server_each_key_applied_once_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """``durable.integrations.mcp`` from a code agent: SIGKILL after the third ``apply``
+    reached the server (step 4), before its outcome was recorded; the lookup finds its key
+    in the server's database, and the tool list stays the one recorded."""
+    run = client.start("mcp_books", {}, run_id="pmcpc").run_id
+    doomed = worker(kill_at="after_effect:4")
+    assert doomed.wait(60) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=90)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result["peeked"] == {"result": mcp_code_agents.APPLIES}  # structured
+    assert _tools(client, run) == ["mcp_ledger.tools", *["mcp_ledger.call"] * 5,
+                                   "mcp_ledger.read"]
+    assert applications(str(tmp_path / "world.sqlite")) == {
+        f"{run}:{n}": 1 for n in range(2, 7)}
+    assert verify(client.log, run).ok
