@@ -194,3 +194,66 @@ def _stamps(ctx: RunContext[None]) -> Any:
 
 
 dynamic_durability.register()
+
+
+# An agent with its own event-stream handler, which counts every event it sees per run in
+# ``TEST_EVENTS`` (SQLite): a handler shown the same event twice would show.
+
+
+def _count_events(run_id: str, n: int) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(os.environ["TEST_EVENTS"], timeout=10, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS events (run TEXT, n INTEGER)")
+        conn.execute("INSERT INTO events VALUES (?, ?)", (run_id, n))
+    finally:
+        conn.close()
+
+
+async def _handler(ctx: RunContext[None], events: Any) -> None:
+    n = 0
+    async for _ in events:
+        n += 1
+    _count_events(str(ctx.run_id), n)
+
+
+def _stream_script(messages: list[ModelMessage]) -> list[Any]:
+    from pydantic_ai.models.function import DeltaToolCall
+
+    done = len(_returns(messages))
+    if done < 2:
+        return [{0: DeltaToolCall(name="book_it", json_args=f'{{"slot": {done + 1}}}')}]
+    return ["booked ", "both"]
+
+
+async def streamed_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    raise AssertionError("this model only streams")
+
+
+async def streamed_chunks(messages: list[ModelMessage], info: AgentInfo) -> Any:
+    _count_request()
+    for chunk in _stream_script(messages):
+        yield chunk
+
+
+def _booked(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"done": f"slot {args['slot']}", "key": key}) if _applied(key) \
+        else Lookup.not_applied()
+
+
+handled_durability = RedisDurability(event_stream_handler=_handler, tools={
+    "book_it": StepOptions(timeout_s=5.0, lookup=_booked)})
+handled_agent = Agent(FunctionModel(streamed_model, stream_function=streamed_chunks),
+                      name="pai_handled", capabilities=[handled_durability])
+
+
+@handled_agent.tool_plain
+def book_it(slot: int) -> dict[str, Any]:
+    """Book a slot (an effect)."""
+    from tests.pydantic_ai_agents import _effect
+
+    return _effect(f"slot {slot}")
+
+
+handled_durability.register()

@@ -57,7 +57,9 @@ class RedisDurability(AbstractCapability[Any]):
     ``UserError`` and ``UsageLimitExceeded`` are never retried). ``input_model``: a
     ``RunInput`` subclass; ``deps(input)`` builds the agent's dependencies from it, in the
     worker. ``return_messages``: the result is ``{"output": ..., "messages": [...]}``.
-    ``stream``: model requests are streamed, their text published to the run's followers.
+    ``stream``: model requests are streamed, their text published to the run's followers;
+    ``event_stream_handler``: pydantic-ai's, given to each run (streamed too); it sees each
+    event once across recoveries (a recorded request's events are not shown again).
     ``version``, ``budgets`` and ``options`` are the registered agent's (``durable.code``).
     """
 
@@ -66,7 +68,8 @@ class RedisDurability(AbstractCapability[Any]):
         tools: Mapping[str, StepOptions] | None = None, model_timeout_s: float = 120.0,
         model_retryable: tuple[type[BaseException], ...] = (),
         input_model: type[RunInput] = RunInput, deps: Callable[[Any], Any] | None = None,
-        return_messages: bool = False, stream: bool = False, version: str = "1",
+        return_messages: bool = False, stream: bool = False,
+        event_stream_handler: Callable[..., Any] | None = None, version: str = "1",
         budgets: Mapping[str, int] | None = None, **options: Any,
     ) -> None:
         self.id, self.description, self.defer_loading = None, None, False
@@ -75,6 +78,7 @@ class RedisDurability(AbstractCapability[Any]):
         self.model_timeout_s, self.model_retryable = model_timeout_s, tuple(model_retryable)
         self.input_model, self.deps = input_model, deps
         self.return_messages, self.stream = return_messages, stream
+        self.event_stream_handler = event_stream_handler
         self.version, self.budgets, self.agent_options = version, budgets, options
         self.agent: AbstractAgent[Any, Any] | None = None
         self.attached = False
@@ -252,7 +256,9 @@ class RedisDurability(AbstractCapability[Any]):
                              if m.conversation_id), None) or conversation_id_from_run_id(ctx.run_id)
         if "model" not in kwargs and self.model is not None:
             kwargs["model"] = self.model
-        if self.stream:
+        if self.event_stream_handler is not None:
+            kwargs["event_stream_handler"] = self.event_stream_handler
+        elif self.stream:
             kwargs["event_stream_handler"] = _ignore_events
         token = binding.set(Binding(self, ctx))
         try:

@@ -101,19 +101,23 @@ class DurableModel(WrapperModel):
 
     async def _step(self, messages: list[ModelMessage], settings: ModelSettings | None,
                     parameters: ModelRequestParameters, stream: bool,
-                    run_context: RunContext[Any] | None = None) -> ModelResponse:
+                    run_context: RunContext[Any] | None = None) -> tuple[ModelResponse, bool]:
+        """The response, and whether it came from the log (an earlier execution of the
+        function, whose event-stream handler saw its events already)."""
         b = bound(self._owner)
         assert b is not None
         args = {"messages": identity(messages), "settings": plain(settings),
                 "parameters": plain(parameters)}
         call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
-        return decode_response(await b.step(self._owner.model_step, args, call))
+        recorded = b.ctx.replaying
+        return decode_response(await b.step(self._owner.model_step, args, call)), recorded
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
         if bound(self._owner) is None:
             return await super().request(messages, model_settings, model_request_parameters)
-        return await self._step(messages, model_settings, model_request_parameters, False)
+        response, _ = await self._step(messages, model_settings, model_request_parameters, False)
+        return response
 
     @asynccontextmanager
     async def request_stream(
@@ -127,11 +131,12 @@ class DurableModel(WrapperModel):
                 yield streamed
             return
         # The step streams the request (its text reaches the run's followers as it comes);
-        # the function gets the completed response, replayed as events.
-        response = await self._step(messages, model_settings, model_request_parameters, True,
-                                    run_context)
+        # the function gets the completed response, replayed as events, except when it comes
+        # from the log: the handler saw those events when the function first took the step.
+        response, recorded = await self._step(messages, model_settings,
+                                              model_request_parameters, True, run_context)
         yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
-                                        replay_events=True)
+                                        replay_events=not recorded)
 
 
 def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettings:
