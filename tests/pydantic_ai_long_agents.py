@@ -27,6 +27,8 @@ LONG_CALLS = 99
 
 async def long_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     _count_request()
+    if os.environ.get("TEST_BIG_REPLY"):  # a reply over DURABLE_MAX_RESULT_BYTES
+        return _reply(TextPart("x" * 4096))
     done = len(_returns(messages))
     if done < LONG_CALLS:
         return _reply(ToolCallPart("tick", {"n": done + 1}))

@@ -287,3 +287,31 @@ def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across
         assert final.result == "booked both"
     seen = _events_seen(tmp_path / "events.sqlite")
     assert seen[calm] > 0 and seen[killed] == seen[calm], seen
+
+
+def test_a_model_response_over_the_result_limit_fails_the_run_naming_it(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """A response larger than ``DURABLE_MAX_RESULT_BYTES``: the run ends ``failed`` with the
+    cause (it was quarantined with ``KeyError('response')``)."""
+    run = client.start("pai_long", {"prompt": "count"}, run_id="pbig").run_id
+    worker(DURABLE_MAX_PAYLOAD_BYTES="1024", DURABLE_MAX_RESULT_BYTES="2048", TEST_BIG_REPLY="1")
+    final = client.wait(run, timeout=60)
+    assert final.state == "failed", (final.state, final.reason)
+    failed = [e.event for e in client.events(run) if isinstance(e.event, ev.Failed)]
+    assert "over the limit of 2048 (DURABLE_MAX_RESULT_BYTES)" in failed[-1].error, failed
+
+
+def test_a_model_chosen_by_id_in_the_input_is_the_one_asked(
+    client: Client, worker: WorkerFactory, world: WorldProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``{"model": "openai-chat:scripted"}``: pydantic-ai resolves the id in the worker (the
+    OpenAI provider reads ``OPENAI_BASE_URL``), and the request reaches that server."""
+    monkeypatch.setenv("OPENAI_BASE_URL", world.env()["DURABLE_MODEL_BASE_URL"])
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    run = client.start("pai_long", {"prompt": "Tell bob@example.com hi",
+                                    "model": "openai-chat:scripted"}, run_id="pbyid").run_id
+    worker()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason)
+    assert [r["endpoint"] for r in world.client.requests(f"{run}:1")] == ["model"]
