@@ -315,3 +315,23 @@ def test_a_model_chosen_by_id_in_the_input_is_the_one_asked(
     final = client.wait(run, timeout=60)
     assert final.state == "completed", (final.state, final.reason)
     assert [r["endpoint"] for r in world.client.requests(f"{run}:1")] == ["model"]
+
+
+def test_the_input_carries_what_agent_run_takes_as_data() -> None:
+    from pydantic_ai.messages import ImageUrl
+    from pydantic_ai.tools import DeferredToolResults
+    from pydantic_ai.usage import UsageLimits
+
+    from durable.integrations.pydantic_ai import RunInput, prompt_input
+
+    data = prompt_input(["look", ImageUrl(url="https://example.com/a.png")],
+                        usage_limits=UsageLimits(request_limit=200),
+                        deferred_tool_results=DeferredToolResults(approvals={"c1": True}),
+                        model="openai-chat:scripted", metadata={"tenant": "t1"})
+    kwargs = RunInput.model_validate(data).run_kwargs()
+    assert kwargs["user_prompt"] == ["look", ImageUrl(url="https://example.com/a.png")]
+    assert kwargs["usage_limits"].request_limit == 200
+    assert kwargs["deferred_tool_results"].approvals == {"c1": True}
+    assert kwargs["model"] == "openai-chat:scripted" and kwargs["metadata"] == {"tenant": "t1"}
+    # No limit given: none at all (pydantic-ai's own default is 50 requests).
+    assert RunInput(prompt="x").run_kwargs()["usage_limits"].request_limit is None
