@@ -21,6 +21,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.integrations.pydantic_ai.codec import tool_outcome
+from durable.integrations.pydantic_ai.model import retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import LOOP, StepOptions, bound
 from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
 
@@ -125,15 +126,16 @@ def mcp_steps(owner: RedisDurability, ident: str,
     opts = opts or StepOptions()
     base = f"{owner.name}.mcp.{ident}"
     names = {"tools": f"{base}.tools", "call": f"{base}.call", "read": f"{base}.read"}
-    common = {"owner": owner, "ident": ident, "options": opts}
+    common = {"owner": owner, "ident": ident, "options": opts,
+              "retryable": retryable_but_not_usage(opts.retryable)}
     made: list[Tool] = [
         type(f"{owner.name}_mcp_{ident}_tools", (McpToolsStep,),
              {"name": names["tools"], "timeout_s": opts.timeout_s, **common})(),
         type(f"{owner.name}_mcp_{ident}_call", (McpCallStep,), {
-            "name": names["call"], "timeout_s": opts.timeout_s, "retryable": opts.retryable,
+            "name": names["call"], "timeout_s": opts.timeout_s,
             "cancellable": opts.cancellable, "effect_free": opts.effect_free, **common})(),
         type(f"{owner.name}_mcp_{ident}_read", (McpCallStep,), {
-            "name": names["read"], "timeout_s": opts.timeout_s, "retryable": opts.retryable,
+            "name": names["read"], "timeout_s": opts.timeout_s,
             "cancellable": True, "effect_free": True, **common})(),
     ]
     return made, names

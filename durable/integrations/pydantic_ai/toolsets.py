@@ -15,6 +15,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from durable.agents import Lookup, Tool, ToolContext
 from durable.code import StepFailed
 from durable.integrations.pydantic_ai.codec import applied, decode_outcome, plain, tool_outcome
+from durable.integrations.pydantic_ai.model import retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import LOOP, StepOptions, bound
 
 if TYPE_CHECKING:
@@ -131,7 +132,8 @@ def tool_step(owner: RedisDurability, step: str, class_name: str, opts: StepOpti
               needs_approval: bool) -> Tool:
     """The step tool ``step`` of one pydantic-ai tool, with its options."""
     made: Tool = type(class_name, (ToolStep,), {
-        "name": step, "timeout_s": opts.timeout_s, "retryable": opts.retryable,
+        "name": step, "timeout_s": opts.timeout_s,
+        "retryable": retryable_but_not_usage(opts.retryable),
         "cancellable": opts.cancellable, "effect_free": opts.effect_free,
         "requires_approval": needs_approval, "approver_role": opts.approver_role,
         "approval_ttl_s": opts.approval_ttl_s, "owner": owner, "options": opts})()
