@@ -65,6 +65,15 @@ class Finish:
 @dataclass(frozen=True)
 class Fail:
     error: str
+    #: Why, when it is not the agent's own failure (``budget_exhausted``).
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """End the run ``canceled``: the agent itself asked to stop (a framework's own cancel)."""
+
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,7 +88,7 @@ class Wait:
     values: list[Any] = field(default_factory=list)
 
 
-Decision = Call | Parallel | Finish | Fail | Wait
+Decision = Call | Parallel | Finish | Fail | Cancel | Wait
 
 
 def args_digest(args: Any) -> str:

@@ -64,6 +64,7 @@ from durable.session import (
     CHILD_TIMEOUT_S,
     ChildFailed,
     ChildRun,
+    EndRun,
     Session,
     StepFailed,
     Values,
@@ -71,7 +72,7 @@ from durable.session import (
     waits_of,
 )
 
-__all__ = ["AsyncRunContext", "ChildFailed", "ChildRun", "CodeAgent", "FreeInput",
+__all__ = ["AsyncRunContext", "ChildFailed", "ChildRun", "CodeAgent", "EndRun", "FreeInput",
            "RunContext", "StepFailed", "WaitExpired", "agent"]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from durable.agents import Agent, Fail, Finish, Registry
+from durable.agents import Agent, Cancel, Fail, Finish, Registry
 from durable.code import CodeAgent
 from durable.errors import DecodeError, NondeterminismError, RunNotFound
 from durable.log.replay import check_determinism
@@ -72,7 +72,7 @@ def check_run(elog: EventLog, run_id: str, agent: Agent) -> Verdict:
 def _dry_run(elog: EventLog, agent: CodeAgent, state: RunState) -> Verdict:
     agent.bind(elog)
     decision, steps = agent.dry_run(state, DRY_RUN_TIMEOUT_S)
-    if isinstance(decision, Finish | Fail) and steps < state.step:
+    if isinstance(decision, Finish | Fail | Cancel) and steps < state.step:
         return Verdict(state.run_id, agent.name, "diverges", steps + 1,
                        f"the function ends after step {steps}; the log records "
                        f"{state.step} steps")

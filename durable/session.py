@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from durable import clock
 from durable.agents import (
     Call,
+    Cancel,
     Decision,
     Fail,
     Finish,
@@ -84,6 +85,15 @@ class WaitExpired(DurableError):
     (``on_wait_expired = "continue"``)."""
 
 
+class EndRun(Exception):
+    """Raised by a code agent's function to end its run with ``decision`` (``Fail`` with a
+    reason, ``Cancel``) rather than as an agent bug."""
+
+    def __init__(self, decision: Fail | Cancel) -> None:
+        self.decision = decision
+        super().__init__(str(decision))
+
+
 class Unwind(BaseException):
     """Internal: the worker let go of the run; the function's thread ends."""
 
@@ -142,6 +152,8 @@ class Session:
             return
         except StepFailed as exc:
             self.outbox.put(Fail(str(exc)[:2000]))
+        except EndRun as exc:
+            self.outbox.put(exc.decision)
         except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
             self.outbox.put(exc)
 

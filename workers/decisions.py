@@ -19,6 +19,7 @@ import redis
 from durable import budgets, clock, tracing
 from durable.agents import (
     Agent,
+    Cancel,
     Fail,
     Finish,
     Parallel,
@@ -77,7 +78,17 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
         loop.hooks.after_outcome(handle.run_id, state.step)
         return True, 0
     if isinstance(decision, Fail):
-        await loop.commit(handle, pending, [Spec(ev.Failed, {"error": decision.error})])
+        await loop.commit(handle, pending, [Spec(ev.Failed, {"error": decision.error,
+                                                             "reason": decision.reason})])
+        return True, 0
+    if isinstance(decision, Cancel):  # the agent asked to stop: a cancel, recorded whole
+        asked = now_ms()
+        await loop.commit(handle, pending, [
+            Spec(ev.CancelRequested, {"reason": decision.reason, "requested_ts": asked,
+                                      "by": agent.name}),
+            *finish_specs(state, decision.reason, asked)])
+        await family.cancel_children(loop.io, loop.log, handle.state, decision.reason,
+                                     loop.worker_id, loop.settings.cancel_secret)
         return True, 0
     if isinstance(decision, list):  # a decide() agent's calls at once
         decision = Parallel(list(decision))

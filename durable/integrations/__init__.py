@@ -2,5 +2,7 @@
 library itself, and each module imports its framework when it is imported.
 
 - ``durable.integrations.pydantic_ai``: a pydantic-ai ``Agent`` as a durable run
-  (``pip install 'durable-agents[pydantic-ai]'``).
+  (``pip install 'durable-agents[pydantic-ai]'``), MCP servers included.
+- ``durable.integrations.mcp``: an MCP server's tools as steps of a code agent
+  (``pip install 'durable-agents[mcp]'``).
 """

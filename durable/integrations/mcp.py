@@ -1,0 +1,119 @@
+"""An MCP server's tools as steps of a code agent (``pip install 'durable-agents[mcp]'``):
+three step tools, registered by ``McpServer(name, transport)``::
+
+    ledger = McpServer("ledger", lambda: StdioTransport("python", ["-m", "ledger_server"]),
+                       lookup=ledger_lookup)
+
+    @agent(tools=ledger.steps)
+    def books(ctx: RunContext, inp: FreeInput) -> Any:
+        tools = ctx.call("ledger.tools")                 # the tool list, recorded once
+        ctx.call(ledger.step_for(tools, "apply"), {"tool": "apply", "args": {"n": 1}})
+
+- ``<name>.tools``: the server's tool list (effect-free), pinned in the run's log: the run
+  reads it back on recovery, so a server that changes its tools mid-run cannot change it.
+- ``<name>.call``: one call, ``{"tool": ..., "args": {...}}``, with the step's idempotency
+  key and deadline in the request's ``_meta`` (``idempotency_key``, ``deadline_ms``) for the
+  server to deduplicate on; a crash that leaves it unknown is resolved by ``lookup(key,
+  args)``, else it waits for an operator.
+- ``<name>.read``: the same for a tool the server marks ``readOnlyHint`` (effect-free: sent
+  again after a crash); ``step_for(tools, tool)`` picks it from the recorded list.
+
+A call's result is the tool's structured content when it has one, else its text; a tool
+error fails the step (``McpToolError``, not retried). Each step opens its own session (a
+stdio server is started for it): simple and safe across workers, not the fastest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+try:
+    from fastmcp import Client
+    from fastmcp.client.transports import ClientTransport
+except ImportError as exc:  # pragma: no cover - the extra is not installed
+    raise ImportError("durable.integrations.mcp needs the MCP client: "
+                      "pip install 'durable-agents[mcp]'") from exc
+
+from durable.agents import Lookup, Tool, ToolContext, registry
+
+__all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
+
+#: Where a call's idempotency key and deadline travel in its ``_meta``.
+META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
+
+
+class McpToolError(Exception):
+    """The server answered a call with an error (``isError``)."""
+
+
+def _result(result: Any) -> Any:
+    if result.is_error:
+        raise McpToolError(" ".join(getattr(c, "text", "") for c in result.content)
+                           or "the tool returned an error")
+    if result.structured_content is not None:
+        return result.structured_content
+    texts = [getattr(c, "text", None) for c in result.content]
+    return "\n".join(t for t in texts if t is not None)
+
+
+class McpServer:
+    """The step tools of one MCP server, named ``<name>.tools``, ``.call`` and ``.read``.
+    ``transport()`` makes a fresh client transport (a URL, a ``StdioTransport``...) for each
+    step; ``lookup(key, args)`` answers for an unknown call, plain or ``async``."""
+
+    def __init__(self, name: str, transport: Callable[[], ClientTransport | str], *,
+                 lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]]
+                 | None = None, timeout_s: float = 60.0) -> None:
+        taken = [n for n in (f"{name}.tools", f"{name}.call", f"{name}.read")
+                 if n in registry.tools]
+        if taken:
+            raise ValueError(f"MCP server {name!r}: steps {taken} are registered already")
+        self.name, self.transport, self.lookup = name, transport, lookup
+        server = self
+
+        class Listing(Tool):
+            effect_free = True
+
+            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+                async with Client(server.transport()) as client:
+                    tools = await client.list_tools()
+                return [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for t in tools]
+
+            def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+                return Lookup.not_applied()
+
+        class Calling(Tool):
+            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+                meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
+                async with Client(server.transport()) as client:
+                    return _result(await client.call_tool(
+                        args["tool"], dict(args.get("args") or {}), meta=meta,
+                        timeout=ctx.remaining(), raise_on_error=False))
+
+            def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
+                if server.lookup is None:
+                    return Lookup.unknown()
+                return server.lookup(key, args)  # the worker awaits an ``async`` one
+
+        made = [
+            type(f"{name}_tools", (Listing,), {"name": f"{name}.tools", "timeout_s": timeout_s}),
+            type(f"{name}_call", (Calling,), {"name": f"{name}.call", "timeout_s": timeout_s}),
+            type(f"{name}_read", (Calling,), {"name": f"{name}.read", "timeout_s": timeout_s,
+                                              "effect_free": True, "cancellable": True}),
+        ]
+        for cls in made:
+            registry.add_tool(cls())
+        #: The step tool names, for ``@agent(tools=...)``.
+        self.steps: tuple[str, ...] = (f"{name}.tools", f"{name}.call", f"{name}.read")
+
+    def step_for(self, tools: list[dict[str, Any]], tool: str) -> str:
+        """The step to call ``tool`` with, by the recorded tool list: ``.read`` for a tool
+        the server marks read-only, ``.call`` otherwise."""
+        for listed in tools:
+            if listed.get("name") == tool:
+                if (listed.get("annotations") or {}).get("readOnlyHint"):
+                    return f"{self.name}.read"
+                return f"{self.name}.call"
+        raise LookupError(f"MCP server {self.name!r} lists no tool {tool!r}")

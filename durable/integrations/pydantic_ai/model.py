@@ -1,0 +1,195 @@
+"""A model request inside a durable run: the function's side (a wrapper model whose
+``request`` and ``request_stream`` take the step ``<name>.model``) and the worker's side (the
+step tool that sends the request with the step's ``Idempotency-Key`` and deadline, streaming
+its text to the run's followers when the agent streams)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+from pydantic_ai.exceptions import UsageLimitExceeded, UserError
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+)
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    Model,
+    ModelRequestParameters,
+    StreamedResponse,
+)
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
+
+from durable.agents import Lookup, Tool, ToolContext
+from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity, plain
+from durable.integrations.pydantic_ai.steps import LOOP, bound
+
+if TYPE_CHECKING:
+    from durable.integrations.pydantic_ai.capability import RedisDurability
+
+#: pydantic-ai's errors that no retry can fix (the peers never retry them either).
+NOT_RETRYABLE: tuple[type[BaseException], ...] = (UserError, UsageLimitExceeded)
+
+
+class _RetryableMeta(type):
+    """``isinstance(exc, cls)``: one of ``cls.named``, and not one of ``NOT_RETRYABLE``."""
+
+    named: tuple[type[BaseException], ...]
+
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, cls.named) and not isinstance(obj, NOT_RETRYABLE)
+
+
+def retryable_but_not_usage(named: tuple[type[BaseException], ...]) \
+        -> tuple[type[BaseException], ...]:
+    """The errors a model step retries: those named, less pydantic-ai's non-retryable ones
+    (a broad ``Exception`` would otherwise re-send a request pydantic-ai refused itself)."""
+    if not named:
+        return ()
+    marker = _RetryableMeta("Retryable", (Exception,), {"named": tuple(named)})
+    return (marker,)  # type: ignore[return-value]  # a class of Exception, by its metaclass
+
+
+@dataclass
+class ModelCall:
+    """The live request a model step sends: handed from the function to the step tool."""
+
+    model: Model
+    messages: list[ModelMessage]
+    settings: ModelSettings | None
+    parameters: ModelRequestParameters
+    stream: bool = False
+    run_context: RunContext[Any] | None = None
+
+
+class DurableModel(WrapperModel):
+    """The model of a request inside a durable run: ``request`` is the step
+    ``<name>.model``. Outside one (the same agent run directly), it is the model itself."""
+
+    def __init__(self, wrapped: Model, owner: RedisDurability) -> None:
+        super().__init__(wrapped)
+        self._owner = owner
+
+    async def __aenter__(self) -> Self:
+        # In a run, the model is only used by its steps, on the steps' loop: not entered here.
+        if bound(self._owner) is None:
+            await super().__aenter__()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc_val: BaseException | None,
+                        exc_tb: TracebackType | None) -> bool | None:
+        if bound(self._owner) is None:
+            return await super().__aexit__(exc_type, exc_val, exc_tb)
+        return None
+
+    def _run_scope(self) -> AbstractAsyncContextManager[None]:
+        if bound(self._owner) is not None:
+            return nullcontext()
+        return super()._run_scope()
+
+    async def _step(self, messages: list[ModelMessage], settings: ModelSettings | None,
+                    parameters: ModelRequestParameters, stream: bool,
+                    run_context: RunContext[Any] | None = None) -> tuple[ModelResponse, bool]:
+        """The response, and whether it came from the log (an earlier execution of the
+        function, whose event-stream handler saw its events already)."""
+        b = bound(self._owner)
+        assert b is not None
+        args = {"messages": identity(messages), "settings": plain(settings),
+                "parameters": plain(parameters)}
+        call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
+        recorded = b.ctx.replaying
+        return decode_response(await b.step(self._owner.model_step, args, call)), recorded
+
+    async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                      model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        if bound(self._owner) is None:
+            return await super().request(messages, model_settings, model_request_parameters)
+        response, _ = await self._step(messages, model_settings, model_request_parameters, False)
+        return response
+
+    @asynccontextmanager
+    async def request_stream(
+        self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        if bound(self._owner) is None:
+            async with super().request_stream(messages, model_settings, model_request_parameters,
+                                              run_context) as streamed:
+                yield streamed
+            return
+        # The step streams the request (its text reaches the run's followers as it comes);
+        # the function gets the completed response, replayed as events, except when it comes
+        # from the log: the handler saw those events when the function first took the step.
+        response, recorded = await self._step(messages, model_settings,
+                                              model_request_parameters, True, run_context)
+        yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
+                                        replay_events=not recorded)
+
+
+def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettings:
+    """The request's settings with the step's key and deadline for the provider: an
+    ``Idempotency-Key`` header (OpenAI-compatible servers dedupe on it) and a timeout no
+    later than the step's deadline."""
+    out: dict[str, Any] = dict(settings or {})
+    headers = dict(out.get("extra_headers") or {})
+    headers.setdefault("Idempotency-Key", ctx.key)
+    out["extra_headers"] = headers
+    left = max(0.1, ctx.deadline_ms / 1000 - time.time())
+    timeout = out.get("timeout")
+    if not isinstance(timeout, int | float) or timeout > left:
+        out["timeout"] = left
+    made: ModelSettings = ModelSettings(**out)  # type: ignore[typeddict-item]
+    return made
+
+
+def _text_of(event: Any) -> str:
+    """The text a stream event adds (a text part's start, or a delta of one)."""
+    if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+        return event.part.content
+    if isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+        return event.delta.content_delta
+    return ""
+
+
+class ModelStep(Tool):
+    """``<name>.model``: one model request, performed by the real model."""
+
+    effect_free = True
+    model = True
+    log_args = "digest"
+    cancellable = True
+    owner: ClassVar[RedisDurability]
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        call = self.owner.handed(ctx, ModelCall)
+        settings = _downstream(call.settings, ctx)
+
+        async def request() -> dict[str, Any]:
+            if not call.stream:
+                response = await call.model.request(call.messages, settings, call.parameters)
+                return encode_response(response)
+            async with call.model.request_stream(call.messages, settings, call.parameters,
+                                                 call.run_context) as streamed:
+                async for event in streamed:
+                    text = _text_of(event)
+                    if text:
+                        ctx.emit(text)
+            return encode_response(streamed.get())
+
+        return LOOP.run(request, ctx, cancellable=True)
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()  # never asked: an effect-free step is sent again

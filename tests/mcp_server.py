@@ -1,0 +1,56 @@
+"""A real MCP stdio server for the tests (the official SDK's ``MCPServer``), started by the
+MCP client of a worker: ``python -m tests.mcp_server``.
+
+``apply`` writes one row per call into the SQLite file ``TEST_DB`` (``tests.agents``' table,
+which keeps every row with ``TEST_DB_DEDUPE=0``), keyed by the idempotency key the call
+carries in its ``_meta``: a call applied twice would show. ``peek`` only reads (the server
+marks it ``readOnlyHint``). ``TEST_MCP_LISTS`` counts how often the tool list is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+
+server = MCPServer("ledger")
+
+
+def _conn() -> sqlite3.Connection:
+    conn = sqlite3.connect(os.environ["TEST_DB"], timeout=10, isolation_level=None)
+    conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, at REAL)")
+    return conn
+
+
+@server.tool()
+def apply(n: int, ctx: Context) -> str:
+    """Apply change number n (an effect, keyed by the caller's idempotency key)."""
+    meta = ctx.request_context.meta
+    key = (meta.model_dump() if hasattr(meta, "model_dump") else dict(meta or {})).get(
+        "idempotency_key")
+    if not key:
+        raise ValueError("no idempotency_key in the call's _meta")
+    time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
+    conn = _conn()
+    try:
+        conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
+    finally:
+        conn.close()
+    return f"applied {n} ({key})"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def peek() -> int:
+    """How many changes were applied (reads only)."""
+    conn = _conn()
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    server.run("stdio")
