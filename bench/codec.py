@@ -53,7 +53,7 @@ def sample_events() -> dict[str, ev.Event]:
                        until=TS + 3_600_000, request=f"{RUN}:w24", data={"field": "address"}),
         ev.WaitResolved(**base, seq=25, kind="input", request=f"{RUN}:w24",
                         response={"address": "1 Main St"}, by="operator"),
-        ev.WaitExpired(**base, seq=25, kind="input", request=f"{RUN}:w24"),
+        ev.WaitExpiry(**base, seq=25, kind="input", request=f"{RUN}:w24"),
         ev.ApprovalRequested(**base, seq=24, request=f"{RUN}:a7", step=7,
                              digest="9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
                              role="finance", evidence=[f"{RUN}:5"], expires=TS + 86_400_000),

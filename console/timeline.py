@@ -16,7 +16,7 @@ from durable.log.store import Entry
 #: happened: what was observed; stopped: where the run stopped, for now or for good.
 INTENDED = (ev.RunStarted, ev.StepDecided, ev.ApprovalRequested, ev.CancelRequested,
             ev.AgentUpgraded)
-STOPPED = (ev.WaitEntered, ev.WaitExpired, ev.Canceled, ev.Completed, ev.Failed, ev.Expired,
+STOPPED = (ev.WaitEntered, ev.WaitExpiry, ev.Canceled, ev.Completed, ev.Failed, ev.Expired,
            ev.Quarantined)
 
 #: Argument names whose values are never shown (matched anywhere in the name, any case).

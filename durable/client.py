@@ -46,7 +46,7 @@ from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
 from durable.quarantine import release
-from durable.queue import enqueue_advance, enqueue_many, make_queue
+from durable.queue import enqueue_many, make_queue, make_ready
 from durable.schedules import Schedules
 from durable.sealing import (
     contains_envelope,
@@ -189,7 +189,7 @@ class Client:
                 return self._existing(c.run_id, c.name, c.plain)
             tenants.index(self.redis, c.run_id, c.who.tenant, created)
             if enqueue:
-                enqueue_advance(self.redis, self.queue, c.run_id, route=c.name)
+                make_ready(self.redis, self.queue, c.run_id, route=c.name)
         return Started(c.run_id, True, handle.state.state)
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
@@ -373,7 +373,7 @@ class Client:
         return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
 
     def enqueue(self, run_id: str, *, force: bool = False) -> bool:
-        return enqueue_advance(self.redis, self.queue, run_id, force=force)
+        return make_ready(self.redis, self.queue, run_id, force=force)
 
     # Reading -----------------------------------------------------------------------------
 

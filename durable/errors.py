@@ -28,6 +28,8 @@
      │    │                      rejected (durable.session)
      │    └── ChildFailed         its child run did not complete
      ├── WaitExpired             raised in a code agent: its wait expired, it continues
+     ├── EndRun                  raised by a code agent: end the run failed or canceled
+     │                           with this decision, not as an agent bug (durable.session)
      ├── ModelUnavailable        the built-in model step: no answer (retryable)
      ├── ModelError              the built-in model step: refused for good (durable.models)
      ├── RateLimited             raised by a tool: the provider refused the call (a 429),

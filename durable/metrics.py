@@ -72,8 +72,9 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     c.STEP_DURATION: ("durable_step_duration_seconds",
                       "Dispatch to recorded outcome of a step, by tool.", ("tool",),
                       c.STEP_BUCKETS_S),
-    c.CANCEL_LATENCY: ("durable_cancel_latency_seconds",
-                       "Cancel requested to run canceled.", (), c.CANCEL_BUCKETS_S),
+    c.CANCEL_LATENCY_METRIC: ("durable_cancel_latency_seconds",
+                              "Cancel requested to run canceled.", (),
+                              c.CANCEL_BUCKETS_S),
 }
 
 

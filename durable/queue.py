@@ -46,7 +46,7 @@ def route_of(client: redis.Redis, run_id: str) -> str:
     return agent.decode() if agent else ""
 
 
-def enqueue_advance(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False,
+def make_ready(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False,
                     route: str | None = None) -> bool:
     """Make ``run_id`` ready for a worker unless it already is.
 
@@ -120,7 +120,7 @@ def ready_depth(queue: Queue) -> int:
 
 def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str], *,
                  force: bool = False, route: str | None = None) -> list[str]:
-    """``enqueue_advance`` for many runs: their markers in one pipeline, the ready ones in
+    """``make_ready`` for many runs: their markers in one pipeline, the ready ones in
     one push per route, one drain command. Returns the runs made ready (not queued already;
     every one with ``force``). ``route``: theirs when they share one (else looked up)."""
     pipe = client.pipeline(transaction=False)

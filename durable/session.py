@@ -85,7 +85,7 @@ class WaitExpired(DurableError):
     (``on_wait_expired = "continue"``)."""
 
 
-class EndRun(Exception):
+class EndRun(DurableError):
     """Raised by a code agent's function to end its run with ``decision`` (``Fail`` with a
     reason, ``Cancel``) rather than as an agent bug."""
 
@@ -428,6 +428,6 @@ def waits_of(events: list[Any]) -> list[WaitInfo]:
             waits.append(WaitInfo(kind=e.kind, reason=e.reason, request=e.request))
         elif isinstance(e, ev.WaitResolved) and waits and waits[-1].request == e.request:
             waits[-1].response, waits[-1].outcome = e.response, "resolved"
-        elif isinstance(e, ev.WaitExpired) and waits and waits[-1].request == e.request:
+        elif isinstance(e, ev.WaitExpiry) and waits and waits[-1].request == e.request:
             waits[-1].outcome = "expired"
     return [w for w in waits if w.outcome]

@@ -45,7 +45,7 @@ from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
-from durable.queue import enqueue_advance, ensure_drain, make_queue, ready_depth
+from durable.queue import ensure_drain, make_queue, make_ready, ready_depth
 from durable.settings import Settings
 
 log = logging.getLogger("durable.reconciler")
@@ -180,7 +180,7 @@ class Reconciler:
                     fairness.is_ready(self.queue.connection, ready, run_id):
                 self.redis.zadd(keys.due_of(run_id), {run_id: now + 2 * self.settings.lease_ttl_ms})
                 return "queued"
-            enqueue_advance(self.redis, self.queue, run_id, force=True,
+            make_ready(self.redis, self.queue, run_id, force=True,
                             route=handle.state.agent)
             self._stat("requeued")
             self._did("requeued")
@@ -255,7 +255,7 @@ class Reconciler:
                     self._stat(f"{kind}_timers_woken")
                     self._did(f"woke_{kind}")
                     return "enqueue"
-                self.log.commit(handle, [Spec(ev.WaitExpired, {
+                self.log.commit(handle, [Spec(ev.WaitExpiry, {
                     "kind": state.wait.kind, "request": state.wait.request,
                     "outcome": self._expiry_outcome(state.agent)})])
                 self._stat("waits_expired")
@@ -271,7 +271,7 @@ class Reconciler:
         if state.terminal and state.parent_step:
             parent = wake_parent(self.log, state, self.token)
             if parent is not None:
-                enqueue_advance(self.redis, self.queue, parent, force=True)
+                make_ready(self.redis, self.queue, parent, force=True)
                 self._did("woke_parent")
         if state.state == "canceled" and state.children:
             cancel_children(self.log, self.redis, state, state.reason or "canceled",
@@ -291,7 +291,7 @@ class Reconciler:
             return "waiting"
         expires = int(data.get("expires", 0) or 0)
         if expires and expires <= now:
-            self.log.commit(handle, [Spec(ev.WaitExpired, {
+            self.log.commit(handle, [Spec(ev.WaitExpiry, {
                 "kind": "child", "request": wait.request,
                 "outcome": self._expiry_outcome(handle.state.agent)})])
             self._did("expired_wait")

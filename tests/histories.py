@@ -77,7 +77,7 @@ class _Writer:
         self.ask(request, step)
         if gate == "expire":
             outcome = self.pick("expired", "continue")
-            self.add(ev.WaitExpired, kind="approval", request=request, outcome=outcome)
+            self.add(ev.WaitExpiry, kind="approval", request=request, outcome=outcome)
             if outcome == "expired":
                 self.ended = True
                 return False
@@ -165,7 +165,7 @@ class _Writer:
                 self.add(ev.RevalidationFailed, reason="stale facts", then=then)
                 self.ended = then == "expire"
         else:
-            self.add(ev.WaitExpired, kind="input", request="q", outcome=end)
+            self.add(ev.WaitExpiry, kind="input", request="q", outcome=end)
             self.ended = end == "expired"
 
     def upgrade_chapter(self) -> None:

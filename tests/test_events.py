@@ -80,7 +80,7 @@ def test_the_fold_ends_where_the_history_does(history: list[ev.Event]) -> None:
         assert state.state == f"waiting_{last.kind}" and state.wait is not None
     if isinstance(last, ev.Quarantined):
         assert state.state == "quarantined" and state.reason == last.reason
-    if isinstance(last, ev.WaitExpired) and last.outcome == "expired":
+    if isinstance(last, ev.WaitExpiry) and last.outcome == "expired":
         assert state.state == "expired" and state.wait is None
     asked = {e.request for e in history if isinstance(e, ev.ApprovalRequested)}
     assert set(state.approvals) == asked

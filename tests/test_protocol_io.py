@@ -14,7 +14,7 @@ name, across the modules), it fails on
 - a method of the event log, the leases, the approver registry or RQ's queue other than
   the ones that make no call or are coroutines (``NON_BLOCKING``);
 - a call that is not awaited and is handed a client, the log, the leases, the approver
-  registry or the queue (``enqueue_advance(self.redis, ...)``, ``wake_parent(self.log,
+  registry or the queue (``make_ready(self.redis, ...)``, ``wake_parent(self.log,
   ...)``), but for ``bind`` (which only keeps the log).
 
 Bodies of nested functions and lambdas are not walked: they are what is handed to an
@@ -149,7 +149,7 @@ async def step(self):
     self.redis.hincrby("stats", "x", 1)
     helper(self)
     await self.io.stat("x")
-    await Offload("(wait)", lambda: enqueue_advance(self.redis, self.queue, "r"))
+    await Offload("(wait)", lambda: make_ready(self.redis, self.queue, "r"))
     await family.wake_parent(self.io, self.log, None, "w")
     self.log.stage(None, [])
     agent.bind(self.log)

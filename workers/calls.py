@@ -54,7 +54,7 @@ class CallAbandoned(BaseException):
 
 
 @dataclass(eq=False)
-class Call:
+class WatchedCall:
     thread_id: int
     token: CancelToken
     grace: float
@@ -81,7 +81,7 @@ class CallWatch:
                  escalate_s: float = 1.0) -> None:
         self.on_stuck = on_stuck
         self.escalate_s = escalate_s
-        self._heap: list[tuple[float, int, Call, str]] = []
+        self._heap: list[tuple[float, int, WatchedCall, str]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -96,7 +96,7 @@ class CallWatch:
         """Run ``fn`` on this thread, for at most ``timeout`` seconds (and ``grace`` after a
         cancel of ``token``). Raises ``CallAbandoned`` when the call got stuck and its run
         was given up."""
-        call = Call(threading.get_ident(), token, grace)
+        call = WatchedCall(threading.get_ident(), token, grace)
         began = time.monotonic()
         with self._cond:
             self._live += 1
@@ -133,7 +133,7 @@ class CallWatch:
             return CallResult(call.injected or "timed_out")
         return result
 
-    def _finish(self, call: Call) -> None:
+    def _finish(self, call: WatchedCall) -> None:
         with call.lock:
             if call.done:
                 return
@@ -145,7 +145,7 @@ class CallWatch:
 
     # The watcher -----------------------------------------------------------------------
 
-    def _at(self, when: float, call: Call, kind: str) -> None:
+    def _at(self, when: float, call: WatchedCall, kind: str) -> None:
         with self._cond:
             if len(self._heap) > 2 * self._live + 1024:
                 self._heap = [entry for entry in self._heap if not entry[2].done]
@@ -174,7 +174,7 @@ class CallWatch:
             except Exception:
                 log.exception("call watcher")
 
-    def _act(self, call: Call, kind: str) -> None:
+    def _act(self, call: WatchedCall, kind: str) -> None:
         with call.lock:
             if call.done:
                 return

@@ -50,7 +50,7 @@ from durable.log.replay import matching_call
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.outages import Outage
-from durable.queue import enqueue_advance, make_queue
+from durable.queue import make_queue, make_ready
 from durable.settings import Settings
 from workers import decisions, family
 from workers.dispatch import Dispatcher
@@ -113,7 +113,7 @@ class StepLoop:
         self.io = RedisIO(client, self.leases.batcher, self.leases, self.queue)
         self.held: dict[str, Slot] = {}
         #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
-        self.limiter = Limiter(client, wake=lambda run: enqueue_advance(
+        self.limiter = Limiter(client, wake=lambda run: make_ready(
             self.redis, self.queue, run, force=True), batcher=self.leases.batcher)
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)

@@ -30,7 +30,7 @@ import redis
 
 from durable.fairness import take_command
 from durable.log import keys
-from durable.queue import enqueue_advance
+from durable.queue import make_ready
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
 from workers.slots import Slots, run_id_of
@@ -101,7 +101,7 @@ class RunPool:
         _, run_id = self._ridden_run()
         if run_id is not None:
             with contextlib.suppress(redis.RedisError):
-                enqueue_advance(self.loop.redis, self.loop.queue, run_id, force=True)
+                make_ready(self.loop.redis, self.loop.queue, run_id, force=True)
 
     def _ridden_run(self) -> tuple[bool, str | None]:
         """(whether a pop rode with this thread's last commit and was answered, the run it

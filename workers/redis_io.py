@@ -35,7 +35,7 @@ from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
-from durable.queue import QUEUED_TTL_MS, enqueue_advance, ensure_drain
+from durable.queue import QUEUED_TTL_MS, ensure_drain, make_ready
 from workers.turns import FOLD, WAITING, Offload
 
 T = TypeVar("T")
@@ -99,10 +99,10 @@ class RedisIO:
 
     async def enqueue(self, run_id: str, *, force: bool = False,
                       route: str | None = None) -> bool:
-        """``enqueue_advance``: make ``run_id`` ready, the same commands one at a time."""
+        """``make_ready``: make ``run_id`` ready, the same commands one at a time."""
         queue = self.queue
         if not self._queue_here:
-            return await self.elsewhere(lambda: enqueue_advance(self.redis, queue, run_id,
+            return await self.elsewhere(lambda: make_ready(self.redis, queue, run_id,
                                                                 force=force, route=route))
         marker = keys.queued(run_id)
         if await self.command("SET", marker, b"1", "NX", "PX", QUEUED_TTL_MS) is None:

@@ -26,7 +26,7 @@ from durable.leases import Heartbeats, Leases
 from durable.log import keys
 from durable.log.store import EventLog
 from durable.outages import Outage
-from durable.queue import enqueue_advance
+from durable.queue import make_ready
 from durable.settings import Settings
 from workers.turns import Abandoned, Slot
 
@@ -119,7 +119,7 @@ class Watchdog:
             if slot.lease is not None:
                 self.leases.release(slot.lease)
             if quarantine is None or moved_on:  # let another attempt continue it
-                enqueue_advance(self.redis, self.queue, run_id, force=True, route=slot.route)
+                make_ready(self.redis, self.queue, run_id, force=True, route=slot.route)
             self.redis.hincrby(keys.STATS, stat, 1)
         except redis.RedisError as exc:  # the lease expires; the reconciler takes it from there
             self.outage.failed(exc)
@@ -138,6 +138,6 @@ class Watchdog:
             self.heartbeats.drop(slot.lease)
             slot.token.cancel("lease lost")
             if self.leases.release(slot.lease):
-                enqueue_advance(self.redis, self.queue, run_id, force=True, route=slot.route)
+                make_ready(self.redis, self.queue, run_id, force=True, route=slot.route)
                 handed.append(run_id)
         return handed

@@ -43,7 +43,7 @@ OUTCOMES: dict[type[ev.Event], str] = {
 # Metric names inside the hash (the Prometheus names are in ``durable.metrics``).
 STEPS = "steps"
 STEP_DURATION = "step_duration"
-CANCEL_LATENCY = "cancel_latency"
+CANCEL_LATENCY_METRIC = "cancel_latency"
 DUPLICATES = "duplicates_suppressed"
 LOOKUPS = "lookups"
 LEASE_EXPIRIES = "lease_expiries"
@@ -101,7 +101,7 @@ def for_event(state: RunState, event: ev.Event) -> list[tuple[str, int]]:
             _observe(out, STEP_DURATION, (tool,), event.ts - act.dispatched_at,
                      STEP_BUCKETS_S)
     elif isinstance(event, ev.Canceled):
-        _observe(out, CANCEL_LATENCY, (), event.latency_ms, CANCEL_BUCKETS_S)
+        _observe(out, CANCEL_LATENCY_METRIC, (), event.latency_ms, CANCEL_BUCKETS_S)
     return out
 
 

@@ -57,7 +57,7 @@ from durable.log.schema import (
     RunStarted,
     StepDecided,
     WaitEntered,
-    WaitExpired,
+    WaitExpiry,
     WaitResolved,
 )
 
@@ -75,7 +75,7 @@ __all__ = [
     "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
     "Completed", "Event", "Expired", "Failed", "LeaseAcquired", "Quarantined", "Released",
     "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
-    "WaitExpired", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
+    "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
     "named_actor", "to_builtins",
 ]
 

@@ -188,7 +188,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.wait = None
             state.state = _active(state)
             state.resumed = True
-        case ev.WaitExpired():
+        case ev.WaitExpiry():
             if state.wait is not None:
                 state.wait.outcome = "expired"
             state.last_wait = state.wait

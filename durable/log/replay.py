@@ -111,7 +111,7 @@ def describe(event: ev.Event) -> str:
             return f"waits ({event.kind}) until {event.until}: {event.reason}"
         case ev.WaitResolved():
             return f"wait ({event.kind}) resolved by {event.by or '?'}"
-        case ev.WaitExpired():
+        case ev.WaitExpiry():
             return f"wait ({event.kind}) expired -> {event.outcome}"
         case ev.ApprovalRequested():
             return f"approval {event.request} requested for step {event.step} (role {event.role})"
@@ -203,8 +203,8 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
     return handle
 
 
-def check_decision(run_id: str, agent: Any, before: RunState, step: int, tool: str,
-                   args: Any, group: int = 0) -> Call:
+def redecide(run_id: str, agent: Any, before: RunState, step: int, tool: str,
+             args: Any, group: int = 0) -> Call:
     """Re-decide from ``before`` (the state before ``step``'s intent); the agent must decide
     the call the log recorded, else ``NondeterminismError``. Returns the call decided again
     (its arguments are the live ones when the log kept only their digest)."""
@@ -235,7 +235,7 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
     """Re-decide every recorded step from the state before it; raise on a difference.
 
     Returns the number of intents re-observed. A worker checks the open intent the same way
-    (``check_decision``) when it re-drives a run; this applies it to the whole log (audits,
+    (``redecide``) when it re-drives a run; this applies it to the whole log (audits,
     fixtures, upgrades).
     """
     state = RunState()
@@ -244,7 +244,7 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
         event = _decoded(entry)
         # A parallel group is re-decided once, from the state before its first step.
         if isinstance(event, ev.StepDecided) and event.group in (0, event.step):
-            check_decision(run_id, agent, state, event.step, event.tool, event.args,
+            redecide(run_id, agent, state, event.step, event.tool, event.args,
                            event.group)
             checked += 1
         apply(state, event, elog.window)

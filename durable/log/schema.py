@@ -191,7 +191,7 @@ class WaitResolved(Event, tag="wait_resolved", kw_only=True, frozen=True):
     by: str = ""
 
 
-class WaitExpired(Event, tag="wait_expired", kw_only=True, frozen=True):
+class WaitExpiry(Event, tag="wait_expired", kw_only=True, frozen=True):
     kind: str
     request: str = ""
     outcome: str = "expired"
@@ -300,7 +300,7 @@ AnyEvent = (
     | Canceled
     | WaitEntered
     | WaitResolved
-    | WaitExpired
+    | WaitExpiry
     | ApprovalRequested
     | ApprovalDecided
     | LeaseAcquired
