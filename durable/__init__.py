@@ -18,7 +18,7 @@ from durable.agents import (
     registry,
 )
 from durable.cancellation import Cancelled, CancelToken
-from durable.client import Client, RunSummary, Started
+from durable.client import Client, RunSummary
 from durable.code import RunContext, StepFailed, WaitExpired, agent
 from durable.errors import (
     ConflictError,
@@ -42,6 +42,7 @@ from durable.errors import (
 from durable.limits import Limit
 from durable.log.state import Action, RunState
 from durable.settings import Settings
+from durable.starts import Started
 from durable.streaming import Partial
 
 __all__ = [

@@ -6,35 +6,26 @@ import itertools
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-import msgspec
 import redis
 import redis.asyncio
-from pydantic import ValidationError
 
-from durable import catalog, overview, settling, tenants, tracing
+from durable import catalog, overview, settling, tenants
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
 from durable.approvers import Approvers
-from durable.budgets import checked as checked_budgets
 from durable.cancellation import CancelMessage, cancel_children, encode_message, finish_specs
 from durable.connection import connect, connect_queue
 from durable.contention import update_run
 from durable.errors import (
-    ConflictError,
     DecodeError,
-    InvalidInput,
-    PayloadTooLarge,
     Refused,
-    RunIdConflict,
     RunNotFound,
-    SealError,
     Terminal,
-    TooManyPendingRuns,
     UnknownAgent,
     UsageError,
 )
@@ -46,42 +37,15 @@ from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
 from durable.quarantine import release
-from durable.queue import enqueue_many, make_queue, make_ready
+from durable.queue import make_queue
 from durable.schedules import Schedules
 from durable.sealing import (
-    contains_envelope,
     contains_sensitive,
-    open_all,
     seal_fields,
-    secret_fields,
 )
 from durable.settings import Settings
+from durable.starts import Starts
 from durable.streaming import Follower, Partial, afollow, async_twin
-
-#: Runs ``Client.start_many`` appends in one pipeline before making them ready (a
-#: pipeline per chunk bounds the memory of a huge batch; smaller chunks made the batch
-#: slower to run: its later chunks competed with the workers already busy on the first).
-START_CHUNK = 1000
-
-
-class _Checked(NamedTuple):
-    """A run to start, its input checked (``Client._check_start``)."""
-
-    run_id: str
-    name: str
-    version: str
-    tools: list[str]
-    limits: dict[str, int]
-    plain: Any  # the input in clear
-    sensitive: tuple[str, ...]
-    who: tenants.Who = tenants.Who("", "", 0)
-
-
-@dataclass(frozen=True)
-class Started:
-    run_id: str
-    created: bool
-    state: str
 
 
 @dataclass(frozen=True)
@@ -97,7 +61,10 @@ class RunSummary:
     owner: str = ""
 
 
-class Client:
+class Client(Starts):
+    """Producers start runs (``durable.starts.Starts``), readers follow and audit them,
+    operators act on them: every read and write of run state goes through here."""
+
     def __init__(self, settings: Settings | None = None, client: redis.Redis | None = None,
                  agents: Registry | None = None) -> None:
         self.settings = settings or Settings()
@@ -127,253 +94,6 @@ class Client:
         for owned in self._owned:
             owned.close()
         self._owned = []
-
-    # Producers ---------------------------------------------------------------------------
-
-    def start(self, agent: str, input: Any = None, run_id: str | None = None,
-              *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
-              schedule: tuple[str, int] | None = None,
-              parent: tuple[str, int] | None = None,
-              shared_budgets: bool = False,
-              continue_from: str | None = None, tenant: str | None = None,
-              owner: str | None = None, priority: int | None = None) -> Started:
-        """Start a run; the same ``run_id`` with the same agent and input returns the
-        existing run, writing nothing; with another agent or input it raises
-        ``RunIdConflict``.
-
-        An agent this process imports is validated with its input model (and published to
-        the catalog if no one has); any other is looked up in the catalog workers publish
-        (``durable.catalog``), its input checked against the published JSON schema, and the
-        run records the published version.
-
-        ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
-        run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
-        start the run, recorded in its ``run_started`` (``durable.schedules``); ``parent``:
-        the run and step that start it as a child (``durable.children``); with
-        ``shared_budgets`` the child shares the parent's budgets: ``budgets`` are then caps
-        (what the parent has left), each limit the lower of the agent's and the cap, and
-        the child's use is added to the parent's when it ends. ``continue_from``: a
-        completed run whose conversation this one continues, by reference
-        (``durable.conversations``).
-
-        ``tenant``, ``owner``, ``priority``: who the run is for, who started it and how it
-        ranks among ready runs (``durable.tenants``); a child inherits its parent's tenant
-        and owner unless given others."""
-        if run_id is None:
-            run_id = uuid.uuid4().hex[:16]
-        if shared_budgets and parent is None:
-            raise UsageError("shared_budgets is for a child run: give its parent")
-        if parent is not None and (tenant is None or owner is None):
-            up = self.log.projection(parent[0])
-            tenant = up.get("tenant", "") if tenant is None else tenant
-            owner = up.get("owner", "") if owner is None else owner
-        c = self._check_start(agent, input, run_id, budgets, tenant, owner, priority,
-                              cap=shared_budgets)
-        if self.log.projection(c.run_id):
-            return self._existing(c.run_id, c.name, c.plain)
-        if continue_from:
-            self._check_continuable(continue_from)
-        self._require_keys(c)
-        self._admit()
-        handle = RunHandle(c.run_id, RunState(), actor="client")
-        with tracing.start_span(c.run_id, c.name):
-            created = now_ms()
-            handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
-            try:
-                self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
-                                                       parent, shared_budgets,
-                                                       continue_from or "")],
-                                extra={"agent": c.name, "created": str(created),
-                                       **tenants.projection(c.who)})
-            except ConflictError:
-                return self._existing(c.run_id, c.name, c.plain)
-            tenants.index(self.redis, c.run_id, c.who.tenant, created)
-            if enqueue:
-                make_ready(self.redis, self.queue, c.run_id, route=c.name)
-        return Started(c.run_id, True, handle.state.state)
-
-    def start_many(self, agent: str, inputs: Sequence[Any], *,
-                   run_ids: Sequence[str] | None = None, enqueue: bool = True,
-                   budgets: Mapping[str, int] | None = None, tenant: str | None = None,
-                   owner: str | None = None, priority: int | None = None) -> list[Started]:
-        """Start one run of ``agent`` per input, in a few round trips whatever their number
-        (one pipeline of appends, one push to the ready list), with ``start``'s guarantees
-        for each: a ``run_id`` already started with the same agent and input is returned as
-        it is, with another input it raises ``RunIdConflict`` before anything is written.
-
-        Every input is validated first: one invalid input writes nothing. With
-        ``DURABLE_MAX_PENDING_RUNS`` the whole batch must fit. On a cluster, or with
-        ``DURABLE_MIN_REPLICAS``, the appends are made one by one. ``tenant``, ``owner``,
-        ``priority``: as ``start``'s, the same for every run of the batch."""
-        inputs = list(inputs)
-        ids = list(run_ids) if run_ids is not None else [uuid.uuid4().hex[:16] for _ in inputs]
-        if len(ids) != len(inputs):
-            raise UsageError(f"{len(ids)} run ids for {len(inputs)} inputs")
-        if len(set(ids)) != len(ids):
-            raise UsageError("start_many: run ids repeat")
-        checked = [self._check_start(agent, data, run_id, budgets, tenant, owner, priority)
-                   for run_id, data in zip(ids, inputs, strict=True)]
-        pipe = self.redis.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.exists(keys.run(run_id))
-        exists = [bool(n) for n in pipe.execute()]
-        found = {c.run_id: self._existing(c.run_id, c.name, c.plain)
-                 for c, e in zip(checked, exists, strict=True) if e}
-        fresh = [c for c in checked if c.run_id not in found]
-        for c in fresh:
-            self._require_keys(c)
-        self._admit(len(fresh))
-        trace = tracing.traceparent()
-        created = now_ms()
-        batch = [(RunHandle(c.run_id, RunState(), actor="client"), [self._started(c, trace)],
-                  {"agent": c.name, "created": str(created), **tenants.projection(c.who)})
-                 for c in fresh]
-        for (handle, _, _), c in zip(batch, fresh, strict=True):
-            handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
-        # Chunk by chunk (a pipeline's memory stays bounded), each made ready once written.
-        failed: Exception | None = None
-        for at in range(0, len(batch), START_CHUNK):
-            chunk, started = batch[at:at + START_CHUNK], []
-            for (handle, _, _), c, answer in zip(chunk, fresh[at:at + START_CHUNK],
-                                                 self.log.commit_many(chunk), strict=True):
-                if isinstance(answer, ConflictError):  # started meanwhile by someone else
-                    found[c.run_id] = self._existing(c.run_id, c.name, c.plain)
-                elif isinstance(answer, Exception):
-                    failed = failed or answer
-                else:
-                    started.append(c.run_id)
-                    found[c.run_id] = Started(c.run_id, True, handle.state.state)
-            if started and checked[0].who.tenant:
-                pipe = self.redis.pipeline(transaction=False)
-                for run_id in started:
-                    tenants.index(pipe, run_id, checked[0].who.tenant, created)
-                pipe.execute()
-            if enqueue and started:
-                enqueue_many(self.redis, self.queue, started, route=checked[0].name)
-            if failed is not None:  # what was written is ready; the caller learns the rest
-                raise failed
-        return [found[run_id] for run_id in ids]
-
-    def _check_start(self, agent: str, input: Any, run_id: str,
-                     budgets: Mapping[str, int] | None, tenant: str | None = None,
-                     owner: str | None = None, priority: int | None = None,
-                     cap: bool = False) -> _Checked:
-        """A run to start, checked: its id, its input against the agent, its budgets and
-        the input's size. Raises ``UsageError`` (and its kinds) before anything is
-        written."""
-        if not keys.RUN_ID_RE.match(run_id):
-            raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        who = tenants.checked(tenant, owner, priority, required=self.settings.require_tenant)
-        name, version, tools, defaults, plain, sensitive = self._checked_input(agent, input)
-        given = checked_budgets(budgets or {})
-        if cap:  # a shared budget: the lower of the agent's limit and what the parent has left
-            given = {k: min(v, defaults.get(k, v)) for k, v in given.items()}
-        limits = checked_budgets({**defaults, **given})
-        size = len(msgspec.msgpack.encode(plain))
-        if size > self.settings.max_payload_bytes:
-            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
-        return _Checked(run_id, name, version, tools, limits, plain, sensitive, who)
-
-    def _check_continuable(self, run_id: str) -> None:
-        """Only a completed run's conversation is continued (``durable.conversations``):
-        else ``UsageError``, nothing written."""
-        state = self.log.projection(run_id).get("state")
-        if state is None:
-            raise UsageError(f"continue_from: no run {run_id!r}")
-        if state != "completed":
-            raise UsageError(f"continue_from: run {run_id!r} is {state}, not completed: "
-                             "only a completed run's conversation can be continued")
-
-    def _require_keys(self, c: _Checked) -> None:
-        """Sensitive input fields are sealed: without keys the run is not started."""
-        if c.sensitive and not self.log.keyring:
-            raise UsageError(f"agent {c.name!r} has sensitive input fields "
-                             f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
-                             "start it (nothing was written)")
-
-    def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
-                 parent: tuple[str, int] | None = None, shared_budgets: bool = False,
-                 continue_from: str = "") -> Spec:
-        """The ``run_started`` event of a checked run, its sensitive fields sealed."""
-        data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
-        name, slot = schedule or ("", 0)
-        child: dict[str, Any] = {"parent": parent[0], "parent_step": parent[1]} if parent \
-            else {}
-        if shared_budgets:
-            child["shared_budgets"] = True
-        return Spec(ev.RunStarted, {"agent": c.name, "agent_version": c.version,
-                                    "input": data, "tools": c.tools, "budgets": c.limits,
-                                    "trace": trace, "schedule": name, "slot": slot,
-                                    **child, **({"continue_from": continue_from}
-                                                if continue_from else {}),
-                                    **tenants.fields(c.who)})
-
-    def _admit(self, new: int = 1) -> None:
-        """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
-        limit = self.settings.max_pending_runs
-        if limit is None:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        for shard in keys.shard_ids():  # one round trip, however many shards
-            pipe.zcard(keys.runs_in_state("pending", shard))
-        pending = sum(int(n) for n in pipe.execute())
-        if pending + new > limit:
-            raise TooManyPendingRuns(pending, limit)
-
-    def _checked_input(self, agent: str, input: Any
-                       ) -> tuple[str, str, list[str], dict[str, int], Any, tuple[str, ...]]:
-        """(name, version, tools, budgets, input in clear as the run records it, its
-        sensitive fields), or a ``UsageError``."""
-        data = input if input is not None else {}
-        try:
-            spec = self.registry.agent(agent)
-        except UnknownAgent:
-            found = catalog.published(self.redis, agent)
-            if found is None:
-                known = sorted(set(self.registry.agents) | set(catalog.names(self.redis)))
-                raise UnknownAgent(agent, known, "no worker has registered it") from None
-            return (found.name, found.version, list(found.tools), dict(found.budgets),
-                    catalog.validate(found, data), found.sensitive)
-        try:
-            model = spec.input_model.model_validate(data)
-        except ValidationError as exc:
-            msg = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
-            )
-            raise InvalidInput(agent, msg) from None
-        if spec.name not in self._published:
-            catalog.publish(self.redis, [spec], catalog.producer_id(), replace=False)
-            self._published.add(spec.name)
-        dumped = model.model_dump(mode="json")
-        for secret in secret_fields(type(model)):  # dumped as "**********": keep the value
-            value = getattr(model, secret)
-            if value is not None:
-                plain = value.get_secret_value()
-                dumped[secret] = plain.decode() if isinstance(plain, bytes) else plain
-        return (spec.name, spec.version, list(spec.tools), dict(spec.budgets), dumped,
-                spec.sensitive_input())
-
-    def _existing(self, run_id: str, agent: str, data: Any) -> Started:
-        """The run already started under ``run_id``, if it was started with this agent and
-        input; else ``RunIdConflict``."""
-        first = self.log.read(run_id, "-", "+", count=1)
-        started = first[0].event if first else None
-        if not isinstance(started, ev.RunStarted):
-            raise RunIdConflict(run_id, "a log that does not begin with run_started")
-        if started.agent != agent:
-            raise RunIdConflict(run_id, f"agent {started.agent!r}, not {agent!r}")
-        recorded = started.input
-        if self.log.keyring and contains_envelope(recorded):
-            try:
-                recorded = open_all(recorded, self.log.keyring)
-            except SealError:
-                raise RunIdConflict(run_id, "an input sealed with a key not held here") from None
-        if _canonical(recorded) != _canonical(data):
-            raise RunIdConflict(run_id, "a different input")
-        return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
-
-    def enqueue(self, run_id: str, *, force: bool = False) -> bool:
-        return make_ready(self.redis, self.queue, run_id, force=force)
 
     # Reading -----------------------------------------------------------------------------
 
@@ -717,6 +437,3 @@ def _check_entry_id(entry_id: str, *special: str) -> None:
     if entry_id not in special and not _ENTRY_ID.match(entry_id):
         raise UsageError(f"{entry_id!r} is not a log entry id (like 1700000000000-0)")
 
-
-def _canonical(data: Any) -> bytes:
-    return msgspec.json.encode(data, order="sorted")

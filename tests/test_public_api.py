@@ -39,7 +39,7 @@ EXPECTED = {
     "RunState": "durable.log.state",
     "RunSummary": "durable.client",
     "Settings": "durable.settings",
-    "Started": "durable.client",
+    "Started": "durable.starts",
     "StepFailed": "durable.session",
     "Tool": "durable.agents",
     "ToolContext": "durable.agents",
