@@ -11,6 +11,7 @@ the script's reply against it: it advances the handle, or raises what the script
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -79,24 +80,42 @@ class AppendCall:
     blobs: list[tuple[str, bytes]] = field(metadata=GROUP)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.metadata["part"] == "count":
-                setattr(self, f.name, len(getattr(self, f.metadata["of"])))
+        for name, of in _layout().counts:
+            setattr(self, name, len(getattr(self, of)))
 
     @property
     def keys(self) -> list[str]:
-        return [getattr(self, f.name) for f in fields(self) if f.metadata["part"] == "key"]
+        return [getattr(self, name) for name in _layout().keys]
 
     @property
     def args(self) -> list[Any]:
         out: list[Any] = []
-        for f in fields(self):
-            part, value = f.metadata["part"], getattr(self, f.name)
-            if part in ("arg", "count"):
-                out.append(value)
-            elif part == "group":
+        for name, part in _layout().argv:
+            value = getattr(self, name)
+            if part == "group":
                 out.extend(x for item in value for x in item)
+            else:
+                out.append(value)
         return out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """``AppendCall``'s fields by part, read once (``dataclasses.fields`` on every append
+    cost about 40 µs of a step)."""
+
+    keys: tuple[str, ...]
+    argv: tuple[tuple[str, str], ...]  # (name, "arg" | "count" | "group"), in order
+    counts: tuple[tuple[str, str], ...]  # (count field, the group it counts)
+
+
+@functools.cache
+def _layout() -> _Layout:
+    fs = fields(AppendCall)
+    return _Layout(
+        keys=tuple(f.name for f in fs if f.metadata["part"] == "key"),
+        argv=tuple((f.name, f.metadata["part"]) for f in fs if f.metadata["part"] != "key"),
+        counts=tuple((f.name, f.metadata["of"]) for f in fs if f.metadata["part"] == "count"))
 
 
 @dataclass
