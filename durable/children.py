@@ -89,24 +89,35 @@ def outcome_of(state: RunState) -> dict[str, Any]:
     return out
 
 
+def parent_wake(child: RunState, parent: RunState) -> Spec | None:
+    """The event that resolves ``parent``'s wait for ``child`` (terminal), or None when
+    the parent waits for something else (or no longer waits)."""
+    wait = parent.wait
+    if wait is None or wait.kind != "child" or not isinstance(wait.data, dict) or \
+            wait.data.get("child") != child.run_id:
+        return None
+    return Spec(ev.WaitResolved, {"kind": "child", "request": wait.request,
+                                  "response": outcome_of(child), "by": child.run_id})
+
+
+#: Conflicting writes a parent's wake-up retries before it gives up.
+WAKE_ATTEMPTS = 10
+
+
 def wake_parent(elog: EventLog, child: RunState, actor: str) -> str | None:
     """Resolve the wait of ``child``'s parent when it waits for this child and the child
     is terminal. Returns the parent's id when it was woken (it must be made ready)."""
     if not (child.terminal and child.parent and child.parent_step):
         return None
-    for _ in range(10):
+    for _ in range(WAKE_ATTEMPTS):
         try:
             handle = elog.load(child.parent, actor=actor)
         except (RunNotFound, DecodeError):
             return None
-        wait = handle.state.wait
-        if wait is None or wait.kind != "child" or not isinstance(wait.data, dict) or \
-                wait.data.get("child") != child.run_id:
+        if (wake := parent_wake(child, handle.state)) is None:
             return None
         try:
-            elog.commit(handle, [Spec(ev.WaitResolved, {
-                "kind": "child", "request": wait.request, "response": outcome_of(child),
-                "by": child.run_id})])
+            elog.commit(handle, [wake])
             return child.parent
         except ConflictError:
             continue

@@ -12,7 +12,7 @@ deterministic (a retried write finds its event there, and does nothing).
 from __future__ import annotations
 
 from durable.cancellation import CancelMessage, encode_message
-from durable.children import outcome_of
+from durable.children import WAKE_ATTEMPTS, parent_wake
 from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
 from durable.log import events as ev
 from durable.log.keys import CANCEL_CHANNEL
@@ -20,8 +20,7 @@ from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from workers.redis_io import RedisIO
 
-#: Attempts of an update of another run before it is given up (as the library's).
-WAKE_ATTEMPTS = 10
+#: Attempts of an update of another run before it is given up.
 CANCEL_ATTEMPTS = 5
 
 
@@ -43,14 +42,10 @@ async def wake_parent(io: RedisIO, elog: EventLog, child: RunState, actor: str) 
             handle = await io.load(elog, child.parent, actor=actor)
         except (RunNotFound, DecodeError):
             return None
-        wait = handle.state.wait
-        if wait is None or wait.kind != "child" or not isinstance(wait.data, dict) or \
-                wait.data.get("child") != child.run_id:
+        if (wake := parent_wake(child, handle.state)) is None:
             return None
         try:
-            await elog.commit_async(handle, [Spec(ev.WaitResolved, {
-                "kind": "child", "request": wait.request, "response": outcome_of(child),
-                "by": child.run_id})])
+            await elog.commit_async(handle, [wake])
             return child.parent
         except ConflictError:
             continue

@@ -33,8 +33,7 @@ from durable.liveness import served_agents
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
-from durable.log.state import RunState
-from durable.log.store import EventLog, RunHandle, Spec
+from durable.log.store import EventLog, RunHandle, Spec, quarantine_handle
 from durable.queue import QUEUED_TTL_MS, ensure_drain, make_ready
 from workers.turns import FOLD, WAITING, Offload
 
@@ -170,15 +169,9 @@ class RedisIO:
         raw = await self.command("HGETALL", keys.run(run_id))
         proj = {_s(k): _s(v) for k, v in zip(raw[::2], raw[1::2], strict=True)} \
             if isinstance(raw, list) else {_s(k): _s(v) for k, v in (raw or {}).items()}
-        if not proj:
-            raise RunNotFound(run_id)
-        if proj.get("state") == "quarantined":
+        handle = quarantine_handle(run_id, proj, actor)
+        if handle is None:
             return False
-        version = int(proj.get("version", "0"))
-        state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
-                         step=int(proj.get("step", "0")))
-        handle = RunHandle(run_id, state, actor=actor, base_version=version,
-                           base_state=state.state)
         try:
             await elog.commit_async(handle, [Spec(ev.Quarantined, {"reason": reason})],
                                     extra={"reason": reason[:500]}, quarantine=True)

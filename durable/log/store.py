@@ -419,16 +419,9 @@ class EventLog:
 
     def quarantine(self, run_id: str, reason: str, actor: str = "") -> bool:
         """Mark a run quarantined without folding it (its log may be unreadable)."""
-        proj = self.projection(run_id)
-        if not proj:
-            raise RunNotFound(run_id)
-        if proj.get("state") == "quarantined":
+        handle = quarantine_handle(run_id, self.projection(run_id), actor)
+        if handle is None:
             return False
-        version = int(proj.get("version", "0"))
-        state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
-                         step=int(proj.get("step", "0")))
-        handle = RunHandle(run_id, state, actor=actor, base_version=version,
-                           base_state=state.state)
         try:
             self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
                         extra={"reason": reason[:500]}, quarantine=True)
@@ -437,3 +430,15 @@ class EventLog:
         self.redis.hset(keys.QUARANTINE, run_id, reason[:500])
         return True
 
+
+def quarantine_handle(run_id: str, proj: dict[str, str], actor: str) -> RunHandle | None:
+    """A handle on a run to quarantine, built from its projection alone (its log may be
+    unreadable); None when it is quarantined already. Raises ``RunNotFound``."""
+    if not proj:
+        raise RunNotFound(run_id)
+    if proj.get("state") == "quarantined":
+        return None
+    version = int(proj.get("version", "0"))
+    state = RunState(run_id=run_id, state=proj.get("state", "pending"), version=version,
+                     step=int(proj.get("step", "0")))
+    return RunHandle(run_id, state, actor=actor, base_version=version, base_state=state.state)
