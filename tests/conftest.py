@@ -28,6 +28,9 @@ from examples.world import WorldProcess
 
 T = TypeVar("T")
 
+#: The console's browser fixtures (``browser``, ``page``, ``console``, ``apps``).
+pytest_plugins = ["tests.browser"]
+
 #: ``worker(**opts)``: a ``durable worker`` process on the session's server.
 WorkerFactory = Callable[..., Worker]
 #: ``reconciler(**opts)``: a ``durable reconciler`` process on the session's server.

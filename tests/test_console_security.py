@@ -24,8 +24,8 @@ from durable.log import keys
 from durable.log.store import now_ms
 from durable.overview import LeaseInfo, WorkerInfo
 from durable.testing import Server, wait_for
+from tests.browser import PASSWORDS, Console, serving
 from tests.conftest import ApproverFactory, WorkerFactory
-from tests.test_console import PASSWORDS, Console, serving
 
 CSRF = re.compile(r'name="csrf-token" content="([^"]+)"')
 
