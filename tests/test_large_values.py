@@ -121,6 +121,22 @@ def test_past_the_ceiling_the_agent_sees_a_payload_too_large_step_failure(
     assert [f.decode().split(".")[0] for f in stored(r, run)] == ["2"]
 
 
+def test_a_ceiling_below_the_inline_limit_still_holds(
+    client: Client, r: redis.Redis, worker: WorkerFactory,
+) -> None:
+    """``DURABLE_MAX_RESULT_BYTES`` under ``DURABLE_MAX_PAYLOAD_BYTES`` (the inline limit):
+    a result between the two is refused by the ceiling, not kept inline because it fits."""
+    run = client.start(AGENTS[0], {"pages": [200_000, 50_000]}, run_id="low-ceil").run_id
+    worker(burst=True, DURABLE_MAX_RESULT_BYTES="100000").wait(60)
+    final = client.wait(run, timeout=30)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    failed, kept = final.result["seen"]
+    assert failed["status"] == "failed" and failed["error_type"] == "PayloadTooLarge"
+    assert "over the limit of 100000 (DURABLE_MAX_RESULT_BYTES)" in failed["error"]
+    assert kept == expected(2, 50_000)
+    assert stored(r, run) == {}
+
+
 def test_the_run_byte_budget_fails_the_step_that_would_exceed_it(
     client: Client, r: redis.Redis, worker: WorkerFactory,
 ) -> None:

@@ -86,13 +86,13 @@ def place(cls: type[ev.Event], fields: dict[str, Any], state: RunState, seq: int
     except (TypeError, ValueError) as exc:
         return ev.ActionFailed, _failed(fields, f"the result is not plain data: {exc}"[:500],
                                         "TypeError"), None
-    if len(data) <= limits.inline:
-        return cls, fields, None
     step = fields["step"]
-    if len(data) > limits.ceiling:
+    if len(data) > limits.ceiling:  # before the inline check: the ceiling may be the lower
         too_large = PayloadTooLarge(f"the result of step {step}", len(data), limits.ceiling)
         return ev.ActionFailed, _failed(fields, f"{too_large} (DURABLE_MAX_RESULT_BYTES)",
                                         "PayloadTooLarge"), None
+    if len(data) <= limits.inline:
+        return cls, fields, None
     names = frozenset(sealed)
     stored = data
     if names and contains_sensitive(value, names):
