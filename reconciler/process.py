@@ -21,6 +21,7 @@ from durable.sealing import require_keys
 from durable.settings import Settings
 from reconciler.listener import ReconcilerListener
 from reconciler.liveness import LivenessWatch
+from reconciler.probe import Heartbeat, serve
 from reconciler.sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
@@ -33,8 +34,10 @@ def build(settings: Settings) -> Reconciler:
     return Reconciler(settings, client, registry)
 
 
-def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None = None) -> None:
+def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None = None,
+                heart: Heartbeat | None = None) -> None:
     stop = stop or threading.Event()
+    heart = heart or Heartbeat(float("inf"), lambda: rec.outage.down)
     listener = ReconcilerListener(rec)
     listener.start()
     watch = LivenessWatch(rec)
@@ -50,11 +53,13 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
                 # On a cluster a ping may answer while a master is down: wait first, so a
                 # sweep that fails at once is not retried in a loop.
                 rec.outage.failed(exc)
+                heart.beat()
                 if not backoff.wait(stop):
                     rec.outage.wait_until_up(rec.redis, stop, backoff)
                 continue
             backoff.reset()
             rec.outage.ok()
+            heart.beat(report.examined)
             try:  # for operators (the console's workers page); never stops a sweep
                 last = record_sweep(rec.redis, rec.token, report.examined, report.actions, last)
             except redis.RedisError as exc:
@@ -67,14 +72,22 @@ def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None =
         watch.stop.set()
 
 
-def run_reconciler(settings: Settings, interval: float | None = None) -> int:
+def run_reconciler(settings: Settings, interval: float | None = None, *,
+                   probe: tuple[str, int] | None = None, stale_after_s: float = 0.0) -> int:
+    """Sweep until interrupted; ``probe`` (host, port) serves ``/healthz`` and ``/metrics``
+    (``reconciler.probe``), stale once no pass went round for ``stale_after_s``."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    interval = interval or settings.reconcile_interval_s
     rec = build(settings)
-    log.info("reconciler %s started: agents %s, Redis %s", rec.token,
-             ", ".join(sorted(registry.agents)) or "none", safe_url(client_url(rec.redis)))
+    heart = Heartbeat(stale_after_s or max(60.0, 20 * interval), lambda: rec.outage.down)
+    if probe is not None:
+        serve(*probe, heart)
+    log.info("reconciler %s started: agents %s, Redis %s%s", rec.token,
+             ", ".join(sorted(registry.agents)) or "none", safe_url(client_url(rec.redis)),
+             f", probe on {probe[0]}:{probe[1]}" if probe else "")
     try:
-        run_forever(rec, interval or settings.reconcile_interval_s)
+        run_forever(rec, interval, heart=heart)
     except KeyboardInterrupt:
         pass
     return 0

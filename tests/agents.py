@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -263,7 +264,8 @@ class Quoter(Agent):
 @register
 class LostReply(Tool):
     """Writes its row, then reports that the reply was lost (``OutcomeUnknown``); its
-    lookup fails while ``TEST_LOOKUP_DOWN`` names an existing file."""
+    lookup fails while ``TEST_LOOKUP_DOWN`` names an existing file, and hangs while
+    ``TEST_LOOKUP_HANG`` does."""
 
     name = "lostreply"
     timeout_s = 0.5
@@ -278,6 +280,9 @@ class LostReply(Tool):
         down = os.environ.get("TEST_LOOKUP_DOWN")
         if down and os.path.exists(down):
             raise ConnectionError("authoritative system unreachable")
+        hang = os.environ.get("TEST_LOOKUP_HANG")
+        while hang and os.path.exists(hang):  # an authoritative system that never answers
+            time.sleep(0.05)
         return SqlWrite().lookup(key, args)
 
 

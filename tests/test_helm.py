@@ -208,9 +208,9 @@ def test_each_process_accepts_connections_only_on_the_port_it_serves() -> None:
                         for p in c.get("ports", []))
         allowed = sorted(port["port"] for rule in spec["ingress"] for port in rule["ports"])
         assert allowed == served, name
-    assert policies["prod-durable-reconciler"]["spec"]["ingress"] == []
-    assert policies["prod-durable-worker"]["spec"]["ingress"][0]["from"] == \
-        EVERYTHING["networkPolicy"]["metricsFrom"]
+    for scraped in ("prod-durable-reconciler", "prod-durable-worker"):
+        assert policies[scraped]["spec"]["ingress"][0]["from"] == \
+            EVERYTHING["networkPolicy"]["metricsFrom"]
     assert policies["prod-durable-console"]["spec"]["ingress"][0]["from"] == [
         {"podSelector": {}}]
     assert not by_kind(render(MINIMAL), "NetworkPolicy")
@@ -303,9 +303,11 @@ def test_the_probes_answer_on_the_processes_the_chart_starts(
     the rendered settings: its startup, liveness and readiness probes get 200."""
     from console.users import hash_password
 
-    ports = {"worker": free_port(), "console": free_port(), "metrics": free_port()}
+    ports = {"worker": free_port(), "console": free_port(), "metrics": free_port(),
+             "reconciler": free_port()}
     objects = render({**MINIMAL, "agents": "examples.agents",
                       "worker": {"metricsPort": ports["worker"]},
+                      "reconciler": {"probePort": ports["reconciler"]},
                       "console": {"port": ports["console"]},
                       "metrics": {"port": ports["metrics"]}})
     config = by_kind(objects, "ConfigMap")["prod-durable"]["data"]
@@ -324,9 +326,6 @@ def test_the_probes_answer_on_the_processes_the_chart_starts(
         for component, _, c in started:
             probes = [c[p] for p in ("startupProbe", "livenessProbe", "readinessProbe")
                       if p in c]
-            if component == "reconciler":
-                assert probes == []  # it serves nothing; it must at least stay up
-                continue
             assert probes, component
             named = {p["name"]: p["containerPort"] for p in c["ports"]}
             for probe in probes:

@@ -96,11 +96,12 @@ class Worker(Process):
 
 
 class Reconciler(Process):
-    """A ``durable reconciler`` process sweeping every ``interval`` seconds."""
+    """A ``durable reconciler`` process sweeping every ``interval`` seconds; ``args`` are
+    more of its command line options (``--probe-port``...)."""
 
     def __init__(self, url: str, *, interval: float = 0.2, log_path: Path | None = None,
-                 **env: str) -> None:
-        super().__init__(url, ["reconciler", "--interval", str(interval)],
+                 args: Sequence[str] = (), **env: str) -> None:
+        super().__init__(url, ["reconciler", "--interval", str(interval), *args],
                          log_path=log_path, **env)
 
 
