@@ -28,7 +28,7 @@ log = logging.getLogger("durable.reconciler")
 
 def build(settings: Settings) -> Reconciler:
     client = connect(settings)
-    registry.load(settings.agents)
+    registry.load(settings.worker.agents)
     require_keys(registry.sensitive_names(), settings)
     return Reconciler(settings, client, registry)
 
@@ -74,7 +74,7 @@ def run_reconciler(settings: Settings, interval: float | None = None) -> int:
     log.info("reconciler %s started: agents %s, Redis %s", rec.token,
              ", ".join(sorted(registry.agents)) or "none", safe_url(client_url(rec.redis)))
     try:
-        run_forever(rec, interval or settings.reconcile_interval_s)
+        run_forever(rec, interval or settings.reconciler.interval_s)
     except KeyboardInterrupt:
         pass
     return 0
