@@ -49,7 +49,7 @@ def settings_for(url: str, **kw: Any) -> Settings:
     """Settings for ``url`` with the bench agents, also registered in this process."""
     kw.setdefault("agents", AGENTS)
     registry.load(kw["agents"])
-    return Settings(redis_url=url, **kw)
+    return Settings.from_env(redis_url=url, **kw)
 
 
 def worker(url: str, **kw: Any) -> Worker:

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     without_s: list[float] = []
     with Server(fsync="everysec") as srv:
         r = srv.client()
-        client = Client(Settings(redis_url=srv.url, agents="examples.agents"), r)
+        client = Client(Settings.from_env(redis_url=srv.url, agents="examples.agents"), r)
         for n in range(args.rounds):
             counters.for_event = nothing  # type: ignore[assignment]
             without_s.append(_steps(client, f"without{n}-", args.runs, args.steps))

@@ -153,7 +153,7 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
     # One slot, on RQ's thread: runs are driven one at a time, as the exclusive-time
     # accounting expects.
     wr._pool = _InlinePool(wr._loop, 1)
-    queue = make_queue(r, settings.queue)
+    queue = make_queue(r, settings.worker.queue)
     worker = wr.DurableWorker([queue], connection=r, name="bench-profile",
                               serializer=queue.serializer)
     acct = Accounting()

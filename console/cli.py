@@ -28,7 +28,10 @@ def cmd_console(args: argparse.Namespace) -> int:
             raise UsageError("an empty password")
         print(hash_password(password))
         return 0
-    return serve(Settings(), args.host, args.port, dev=args.dev, dev_user=args.dev_user,
+    settings = Settings()
+    host = settings.console.host if args.host is None else args.host
+    port = settings.console.port if args.port is None else args.port
+    return serve(settings, host, port, dev=args.dev, dev_user=args.dev_user,
                  secure_cookies=args.secure_cookies)
 
 
@@ -49,19 +52,19 @@ def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
                          f"{host!r} (use 127.0.0.1)")
     if dev:
         access = Access(None, dev_user)
-    elif settings.console_users is None:
+    elif settings.console.users is None:
         raise UsageError("set DURABLE_CONSOLE_USERS to the users file (see docs/operations.md, "
                          "Console), or use --dev on a loopback address")
     else:
-        access = Access(Users.load(settings.console_users))
+        access = Access(Users.load(settings.console.users))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if settings.console_secret is None:
+    if settings.console.secret is None:
         logging.getLogger("durable.console").warning(
             "DURABLE_CONSOLE_SECRET is unset: sessions end when this process does")
     client = Client(settings)
-    app = build_app(client, access, secret=settings.console_secret,
-                    https_only=secure_cookies or settings.console_secure_cookies)
+    app = build_app(client, access, secret=settings.console.secret,
+                    https_only=secure_cookies or settings.console.secure_cookies)
     logging.getLogger("durable.console").info(
         "console on http://%s:%d/%s", host, port,
         f" (development mode: no login, every request is {dev_user!r})" if dev else "")
@@ -75,8 +78,9 @@ def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
 
 def register(add: Callable[..., Any]) -> None:
     sp = add("console", cmd_console, "run the web console", js=False)
-    sp.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    sp.add_argument("--port", type=int, default=8700, help="port to listen on (8700)")
+    sp.add_argument("--host", help="address to listen on (DURABLE_CONSOLE_HOST, 127.0.0.1)")
+    sp.add_argument("--port", type=int,
+                    help="port to listen on (DURABLE_CONSOLE_PORT, 8700)")
     sp.add_argument("--dev", action="store_true",
                     help="development mode: no login (only on a loopback address)")
     sp.add_argument("--dev-user", default="dev", metavar="NAME",

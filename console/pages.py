@@ -255,7 +255,7 @@ async def approvals_page(request: Request) -> Response:
 
 def workers_reads(c: Client) -> dict[str, Any]:
     return {"workers": status.workers(c), "depth": c.queue_depth(), "sweeps": c.sweeps(),
-            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.lease_ttl_ms,
+            "counts": c.counts(), "now": now_ms(), "lease_ttl_ms": c.settings.leases.ttl_ms,
             "limits": usage(c.redis)}
 
 

@@ -84,7 +84,7 @@ def holders(c: Client, runs: list[RunSummary]) -> dict[str, Holder]:
     """The holders of the listed runs that are not over: their leases in one round trip,
     then the last ``LOOK_BACK`` entries of each held one in another."""
     live = [r.run_id for r in runs if r.state not in TERMINAL]
-    leases = leases_of(c.redis, live, c.settings.lease_ttl_ms)
+    leases = leases_of(c.redis, live, c.settings.leases.ttl_ms)
     if not leases:
         return {}
     pipe = c.redis.pipeline(transaction=False)

@@ -84,7 +84,8 @@ class Approver:
 
 class Approvers:
     """The approver registry in Redis (``dx:approvers``), checked against ``admin_keys``
-    (raw Ed25519 public keys: ``durable.signing.parse_public_keys(settings.admin_keys)``)."""
+    (raw Ed25519 public keys:
+    ``durable.signing.parse_public_keys(settings.security.admin_keys)``)."""
 
     def __init__(self, client: redis.Redis, admin_keys: Sequence[bytes]) -> None:
         self.redis = client

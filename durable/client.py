@@ -73,13 +73,13 @@ class Client(Starts):
         if client is None:
             self._owned.append(self.redis)
         self.registry = agents or registry
-        self.registry.load(self.settings.agents)
+        self.registry.load(self.settings.worker.agents)
         self.log = EventLog.from_settings(self.redis, self.settings,
                                           lean_agents=self.registry.rebuilt_agents())
         queue_client = connect_queue(self.settings, self.redis)
         if queue_client is not self.redis:
             self._owned.append(queue_client)
-        self.queue = make_queue(queue_client, self.settings.queue)
+        self.queue = make_queue(queue_client, self.settings.worker.queue)
         #: The approver registry (``durable approvers``).
         self.approvers = Approvers(self.redis, self.log.admin_keys)
         #: Schedules that start a run per slot (``durable schedule``).
@@ -87,7 +87,7 @@ class Client(Starts):
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
         #: Bounded tenant labels of the metrics (``durable.tenants``).
-        self.tenant_labels = tenants.Labels(self.redis, self.settings.metric_tenants)
+        self.tenant_labels = tenants.Labels(self.redis, self.settings.tenants.in_metrics)
 
     def close(self) -> None:
         """Close the connections this client opened (not one it was given)."""
@@ -187,11 +187,11 @@ class Client(Starts):
 
     def lease(self, run_id: str) -> overview.LeaseInfo | None:
         """Who holds the run now, and how long ago its lease was renewed (None: nobody)."""
-        return overview.lease(self.redis, run_id, self.settings.lease_ttl_ms)
+        return overview.lease(self.redis, run_id, self.settings.leases.ttl_ms)
 
     def leases(self) -> list[overview.LeaseInfo]:
         """Every lease held now (a ``SCAN``: for operators' pages)."""
-        return overview.leases(self.redis, self.settings.lease_ttl_ms)
+        return overview.leases(self.redis, self.settings.leases.ttl_ms)
 
     def workers(self) -> list[overview.WorkerInfo]:
         """The live worker processes, each with the runs it holds."""
@@ -228,7 +228,7 @@ class Client(Starts):
         stops it earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
         ``Entry.id`` seen: resume). Raises ``RunNotFound``."""
         return Follower(self.redis, run_id, after=from_id, partial=partial,
-                        reconnect_s=self.settings.connect_timeout_s)
+                        reconnect_s=self.settings.redis.connect_timeout_s)
 
     def afollow(self, run_id: str, *, from_id: str = "0", partial: bool = True,
                 client: redis.asyncio.Redis | None = None) -> AsyncIterator[Entry | Partial]:
@@ -236,7 +236,7 @@ class Client(Starts):
         instead of a new client for the same server). ``RunNotFound`` is raised on first
         iteration."""
         return afollow(client or async_twin(self.redis), run_id, after=from_id,
-                       partial=partial, reconnect_s=self.settings.connect_timeout_s,
+                       partial=partial, reconnect_s=self.settings.redis.connect_timeout_s,
                        close_client=client is None)
 
     def stats(self) -> dict[str, int]:
@@ -284,10 +284,10 @@ class Client(Starts):
                 self.redis.hdel(keys.QUARANTINE, run_id)
         if scope == "run" and state.children:  # scope run includes them
             cancel_children(self.log, self.redis, state, reason, by,
-                            self.settings.cancel_secret)
+                            self.settings.cancel.secret)
         self.redis.publish(keys.CANCEL_CHANNEL, encode_message(
             CancelMessage(run=run_id, reason=reason, scope=scope, ts=now_ms()),
-            self.settings.cancel_secret))
+            self.settings.cancel.secret))
         return state
 
     def respond(self, run_id: str, response: Any, *, request: str | None = None,
@@ -355,9 +355,10 @@ class Client(Starts):
         ``applied`` (with ``result``) or ``not_applied`` (``durable.settling``), and let the
         run go on. Refused (``Refused``, nothing written) unless the step is unknown and
         the signature is ``signer``'s registered key's, with ``DURABLE_SETTLE_ROLE``."""
-        state = settling.settle(self.log, self.approvers, self.settings.settle_role, run_id,
+        state = settling.settle(self.log, self.approvers,
+                                self.settings.security.settle_role, run_id,
                                 step, resolution, result, evidence, signer, signature,
-                                max_bytes=self.settings.max_payload_bytes)
+                                max_bytes=self.settings.payloads.max_payload_bytes)
         if not (state.terminal or state.waiting):
             self.enqueue(run_id)
         return state

@@ -32,20 +32,20 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     the process's key layout is set from the settings and checked against the one the data
     was written with (``dx:layout``).
     """
-    keys.use_shards(settings.layout_shards)
-    if settings.redis_cluster:
-        if not settings.redis_url:
+    keys.use_shards(settings.cluster.layout_shards)
+    if settings.cluster.enabled:
+        if not settings.redis.url:
             raise UsageError("DURABLE_REDIS_CLUSTER needs DURABLE_REDIS_URL naming a node of "
                              "the cluster")
-        cluster = _connect_cluster(settings, settings.redis_url)
+        cluster = _connect_cluster(settings, settings.redis.url)
         if check:
             for problem in safety_problems(cluster):
-                warnings.warn(f"{safe_url(settings.redis_url)}: {problem}", UnsafeRedis,
+                warnings.warn(f"{safe_url(settings.redis.url)}: {problem}", UnsafeRedis,
                               stacklevel=2)
-        check_layout(cluster, settings.layout_shards)
+        check_layout(cluster, settings.cluster.layout_shards)
         return cluster
-    if settings.redis_url:
-        url = settings.redis_url
+    if settings.redis.url:
+        url = settings.redis.url
     else:
         from durable.embedded import ensure_server
 
@@ -54,19 +54,20 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     # sized from DURABLE_CONCURRENCY and waits for a free connection rather than failing
     # (redis-py's default pool refuses past 100, which a busy worker took for an outage).
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=2 * settings.concurrency + 32, timeout=settings.connect_timeout_s,
+        url, max_connections=2 * settings.worker.concurrency + 32,
+        timeout=settings.redis.connect_timeout_s,
         health_check_interval=30, **connection_options(settings, url))
     client = redis.Redis(connection_pool=pool)
-    if settings.redis_url:
-        _wait_until_up(client, settings.connect_timeout_s, url)
-    if settings.redis_url and _cluster_enabled(client):
+    if settings.redis.url:
+        _wait_until_up(client, settings.redis.connect_timeout_s, url)
+    if settings.redis.url and _cluster_enabled(client):
         client.close()
         raise UsageError(f"{safe_url(url)} is a Redis Cluster node: set DURABLE_REDIS_CLUSTER=1 "
                          "(and DURABLE_QUEUE_URL to a plain server for RQ)")
-    if check and settings.redis_url:
+    if check and settings.redis.url:
         for problem in safety_problems(client):
             warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
-    check_layout(client, settings.layout_shards)
+    check_layout(client, settings.cluster.layout_shards)
     return client
 
 
@@ -80,13 +81,13 @@ def _cluster_enabled(client: redis.Redis) -> bool:
 def _connect_cluster(settings: Settings, url: str) -> redis.Redis:
     def make() -> Any:
         return redis.RedisCluster.from_url(
-            url, max_connections=2 * settings.concurrency + 32,
-            socket_connect_timeout=settings.connect_timeout_s or None,
+            url, max_connections=2 * settings.worker.concurrency + 32,
+            socket_connect_timeout=settings.redis.connect_timeout_s or None,
             **connection_options(settings, url))
 
     for attempt in tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(redis.RedisClusterException | redis.ConnectionError),
-        stop=tenacity.stop_after_delay(settings.connect_timeout_s),
+        stop=tenacity.stop_after_delay(settings.redis.connect_timeout_s),
         wait=tenacity.wait_exponential(multiplier=0.05, max=1.0), reraise=True,
     ):
         with attempt:
@@ -97,13 +98,13 @@ def _connect_cluster(settings: Settings, url: str) -> redis.Redis:
 def connect_queue(settings: Settings, log_client: redis.Redis) -> redis.Redis:
     """The server RQ's commands and the ready lists live on: ``DURABLE_QUEUE_URL``, else the
     log's own server (refused on a cluster: RQ's transactions span many slots)."""
-    if settings.queue_url:
+    if settings.cluster.queue_url:
         pool = redis.BlockingConnectionPool.from_url(
-            settings.queue_url, max_connections=2 * settings.concurrency + 32,
-            timeout=settings.connect_timeout_s, health_check_interval=30,
-            **connection_options(settings, settings.queue_url))
+            settings.cluster.queue_url, max_connections=2 * settings.worker.concurrency + 32,
+            timeout=settings.redis.connect_timeout_s, health_check_interval=30,
+            **connection_options(settings, settings.cluster.queue_url))
         client = redis.Redis(connection_pool=pool)
-        _wait_until_up(client, settings.connect_timeout_s, settings.queue_url)
+        _wait_until_up(client, settings.redis.connect_timeout_s, settings.cluster.queue_url)
         return client
     if is_cluster(log_client):
         raise UsageError("DURABLE_QUEUE_URL must name a plain Redis server when "
@@ -134,12 +135,12 @@ def connection_options(settings: Settings, url: str) -> dict[str, Any]:
     for a ``rediss://`` URL the CA, client certificate and key. TLS files with a plain
     ``redis://`` URL are a ``UsageError``: the connection would not be encrypted."""
     options: dict[str, Any] = dict(_DRIVER)
-    if settings.redis_username:
-        options["username"] = settings.redis_username
-    if settings.redis_password is not None:
-        options["password"] = settings.redis_password.get_secret_value()
-    files = {"ssl_ca_certs": settings.redis_tls_ca, "ssl_certfile": settings.redis_tls_cert,
-             "ssl_keyfile": settings.redis_tls_key}
+    if settings.redis.username:
+        options["username"] = settings.redis.username
+    if settings.redis.password is not None:
+        options["password"] = settings.redis.password.get_secret_value()
+    files = {"ssl_ca_certs": settings.redis.tls_ca, "ssl_certfile": settings.redis.tls_cert,
+             "ssl_keyfile": settings.redis.tls_key}
     given = {name: path for name, path in files.items() if path is not None}
     if not given:
         return options
@@ -151,7 +152,7 @@ def connection_options(settings: Settings, url: str) -> dict[str, Any]:
             setting = {"ssl_ca_certs": "CA", "ssl_certfile": "CERT", "ssl_keyfile": "KEY"}[name]
             raise UsageError(f"DURABLE_REDIS_TLS_{setting}: no such file: {path}")
         options[name] = str(path)
-    if settings.redis_tls_cert is not None and settings.redis_tls_key is None:
+    if settings.redis.tls_cert is not None and settings.redis.tls_key is None:
         raise UsageError("DURABLE_REDIS_TLS_CERT is set without DURABLE_REDIS_TLS_KEY")
     return options
 

@@ -190,7 +190,7 @@ def _starting_url(data_dir: Path, timeout: float = 15.0) -> str | None:
 def ensure_server(settings: Settings) -> str:
     """The URL of the embedded server for this data dir, starting it if none answers (and
     saying so on stderr: a new server holds none of the runs of another)."""
-    data_dir = settings.data_dir
+    data_dir = settings.server.data_dir
     url = recorded_url(data_dir) or _starting_url(data_dir)
     if url:
         return url
@@ -200,7 +200,7 @@ def ensure_server(settings: Settings) -> str:
         url = recorded_url(data_dir)
         if url:
             return url
-        url, proc = start(data_dir, settings.fsync)
+        url, proc = start(data_dir, settings.server.fsync)
         _BACKGROUND.append(proc)  # it outlives this process; never reaped here
         print(f"durable: no server was running for {data_dir}; started one at {url} "
               "(stop it with `durable redis --stop`; set DURABLE_REDIS_URL to use another)",
@@ -217,19 +217,19 @@ def run_foreground(settings: Settings, port: int = 0, linger_s: float = 4.0) -> 
     shuts the server down: stopping a formation stops Redis last. A second signal shuts it
     down at once.
     """
-    data_dir = settings.data_dir
+    data_dir = settings.server.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     if recorded_url(data_dir):
         print(f"durable: a server already runs for {data_dir}: {recorded_url(data_dir)}",
               file=sys.stderr, flush=True)
         return 1
-    port = port or settings.redis_port or free_port()
+    port = port or settings.server.port or free_port()
     url = f"redis://127.0.0.1:{port}/0"
     if not port_free(port):
         print(f"durable: port {port} on 127.0.0.1 is taken by another process; choose "
               "another with --port (nothing was started or recorded)", file=sys.stderr)
         return 1
-    proc = subprocess.Popen(server_args(data_dir, port, settings.fsync),
+    proc = subprocess.Popen(server_args(data_dir, port, settings.server.fsync),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -239,7 +239,7 @@ def run_foreground(settings: Settings, port: int = 0, linger_s: float = 4.0) -> 
         proc.kill()
         return 1
     _record(data_dir, url, proc.pid)
-    print(f"embedded redis on {url} (data in {data_dir}, appendfsync {settings.fsync})",
+    print(f"embedded redis on {url} (data in {data_dir}, appendfsync {settings.server.fsync})",
           flush=True)
     signals: list[int] = []
 

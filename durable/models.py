@@ -56,17 +56,9 @@ reply: retried, like a 429, a 5xx, a 408 (refused past the deadline) or a connec
 error (``ModelUnavailable``). Any other refusal (400, 401, 404...) fails the step
 (``ModelError``).
 
-Settings (environment, read at each call):
-
-====================================  ==============================  ===================
-``DURABLE_MODEL_BASE_URL``            ``https://api.openai.com/v1``   the API's base URL
-``DURABLE_MODEL_API_KEY``             unset                           sent as ``Bearer``
-``DURABLE_MODEL_NAME``                ``gpt-4o-mini``                 the ``model`` field
-``DURABLE_MODEL_TIMEOUT_S``           ``60``                          a request's timeout
-``DURABLE_MODEL_ATTEMPTS``            ``3``                           requests per step
-``DURABLE_MODEL_MAX_RETRY_AFTER_S``   ``300``                         longest Retry-After
-``DURABLE_MODEL_STREAM``              ``false``                       stream by default
-====================================  ==============================  ===================
+Settings: ``durable.settings.ModelSettings`` (``Settings().models``), the ``DURABLE_MODEL_*``
+variables of docs/reference.md (base URL, API key, model name, timeout, attempts, longest
+Retry-After, streaming, fleet-wide limits), read at each call (the limits at import).
 
 Tool schemas: :func:`tool_schemas` derives the ``tools`` argument from the registered
 tools' ``args_model`` (pydantic), so nothing is written by hand twice.
@@ -84,13 +76,12 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
 from durable.errors import DurableError, RateLimited
 from durable.limits import Limit
+from durable.settings import ModelSettings
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
 __all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",
@@ -110,40 +101,12 @@ PASSED_THROUGH = ("temperature", "max_tokens", "tool_choice", "top_p", "seed", "
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
 
 
-class ModelSettings(BaseSettings):
-    """Where the model is: each field reads ``DURABLE_MODEL_<NAME>``."""
-
-    model_config = SettingsConfigDict(env_prefix="DURABLE_MODEL_", extra="ignore")
-
-    base_url: str = Field(default="https://api.openai.com/v1",
-                          description="OpenAI-compatible API base URL (.../v1).")
-    api_key: SecretStr | None = Field(default=None, description="Sent as a Bearer token.")
-    name: str = Field(default="gpt-4o-mini", description="The request's model field.")
-    timeout_s: float = Field(default=60.0, gt=0,
-                             description="A chat step's timeout, unless the call gives "
-                                         "its own ``timeout_s``.")
-    stream: bool = Field(default=False, description="Stream replies (SSE) by default.")
-    attempts: int = Field(default=3, ge=1,
-                          description="Most requests one chat step sends (timed out, "
-                                      "refused with 429/5xx or lost), unless the call gives "
-                                      "its own ``max_attempts``; each counts as a model "
-                                      "call.")
-    max_retry_after_s: float = Field(default=300.0, ge=0,
-                                     description="The longest ``Retry-After`` honoured; "
-                                                 "a longer one is cut to it.")
-    rpm: int = Field(default=0, ge=0, description="Requests per minute the whole fleet may "
-                     "send (the provider's quota; 0: no limit; read at import).")
-    tpm: int = Field(default=0, ge=0, description="Tokens per minute the whole fleet may "
-                     "use (0: no limit; read at import).")
-    in_flight: int = Field(default=0, ge=0, description="Requests in flight at once across "
-                           "the fleet (0: no limit; read at import).")
-
-    def limits(self) -> tuple[Limit, ...]:
-        """The ``model`` limit of the chat step, shared by every worker (``durable.limits``)."""
-        if not (self.rpm or self.tpm or self.in_flight):
-            return ()
-        return (Limit("model", rate=self.rpm, tokens=self.tpm, in_flight=self.in_flight,
-                      per_s=60.0),)
+def model_limits(settings: ModelSettings) -> tuple[Limit, ...]:
+    """The ``model`` limit of the chat step, shared by every worker (``durable.limits``)."""
+    if not (settings.rpm or settings.tpm or settings.in_flight):
+        return ()
+    return (Limit("model", rate=settings.rpm, tokens=settings.tpm,
+                  in_flight=settings.in_flight, per_s=60.0),)
 
 
 class ModelUnavailable(DurableError):
@@ -343,7 +306,7 @@ class Chat(Tool):
     effect_free = True
     model = True
     log_args = "digest"
-    limits = ModelSettings().limits()
+    limits = model_limits(ModelSettings())
 
     def timeout_for(self, args: Any) -> float:
         """The call's ``timeout_s``, else ``DURABLE_MODEL_TIMEOUT_S`` read now."""

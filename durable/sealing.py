@@ -33,6 +33,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from durable.errors import SealError, UsageError
+from durable.settings import Settings
 
 TAG = "_sealed"
 ALGORITHM = "aes-256-gcm"
@@ -105,13 +106,13 @@ class Keyring:
                                  "(altered, or another key under the same id)") from None
 
 
-def settings_keyring(settings: Any) -> Keyring:
+def settings_keyring(settings: Settings) -> Keyring:
     """The keyring of ``DURABLE_ENCRYPTION_KEYS``."""
-    keys = settings.encryption_keys
+    keys = settings.security.encryption_keys
     return Keyring.parse(keys.get_secret_value() if keys is not None else None)
 
 
-def require_keys(names: Iterable[str], settings: Any) -> None:
+def require_keys(names: Iterable[str], settings: Settings) -> None:
     """For a process that runs agent and tool code (a worker, the reconciler): refuse to
     start when what it serves marks fields sensitive and no key can seal them."""
     wanted = sorted(set(names))

@@ -216,15 +216,15 @@ class Starts:
         written."""
         if not keys.RUN_ID_RE.match(run_id):
             raise UsageError(f"invalid run id {run_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        who = tenants.checked(tenant, owner, priority, required=self.settings.require_tenant)
+        who = tenants.checked(tenant, owner, priority, required=self.settings.tenants.required)
         name, version, tools, defaults, plain, sensitive = self._checked_input(agent, input)
         given = checked_budgets(budgets or {})
         if cap:  # a shared budget: the lower of the agent's limit and what the parent has left
             given = {k: min(v, defaults.get(k, v)) for k, v in given.items()}
         limits = checked_budgets({**defaults, **given})
         size = len(msgspec.msgpack.encode(plain))
-        if size > self.settings.max_payload_bytes:
-            raise PayloadTooLarge("input", size, self.settings.max_payload_bytes)
+        if size > self.settings.payloads.max_payload_bytes:
+            raise PayloadTooLarge("input", size, self.settings.payloads.max_payload_bytes)
         return _Checked(run_id, name, version, tools, limits, plain, sensitive, who)
 
     def _check_continuable(self, run_id: str) -> None:
@@ -263,7 +263,7 @@ class Starts:
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
-        limit = self.settings.max_pending_runs
+        limit = self.settings.log.max_pending_runs
         if limit is None:
             return
         pipe = self.redis.pipeline(transaction=False)

@@ -71,7 +71,7 @@ def cmd_world(args: argparse.Namespace) -> int:
 
     host = args.host or url.hostname or "127.0.0.1"
     port = args.port if args.port is not None else (url.port or 8765)
-    data_dir = args.data_dir or settings.data_dir / "world"
+    data_dir = args.data_dir or settings.server.data_dir / "world"
     try:
         return serve(host, port, data_dir, dedupe=not args.no_dedupe, reset=args.reset,
                      verbose=args.verbose)

@@ -18,10 +18,10 @@ log = logging.getLogger("durable.reconciler")
 
 class ReconcilerListener(CancelSubscriber):
     def __init__(self, rec: Reconciler) -> None:
-        super().__init__(rec.redis, rec.settings.cancel_secret, self.on_cancel,
+        super().__init__(rec.redis, rec.settings.cancel.secret, self.on_cancel,
                          lambda: None, log, rec.outage,
-                         max_age_ms=rec.settings.cancel_max_age_ms,
-                         report_interval_s=rec.settings.cancel_report_interval_s)
+                         max_age_ms=rec.settings.cancel.max_age_ms,
+                         report_interval_s=rec.settings.cancel.report_interval_s)
         self.rec = rec
 
     def on_cancel(self, msg: CancelMessage) -> None:

@@ -30,7 +30,7 @@ class LivenessWatch(threading.Thread):
     def __init__(self, rec: Reconciler, stop: threading.Event | None = None) -> None:
         super().__init__(name="liveness-watch", daemon=True)
         self.rec = rec
-        self.ttl_s = rec.settings.liveness_ttl_ms / 1000
+        self.ttl_s = rec.settings.leases.liveness_ttl_ms / 1000
         self.stop = stop or threading.Event()
         #: Workers found dead so far, and their runs released.
         self.dead = 0

@@ -29,7 +29,7 @@ log = logging.getLogger("durable.reconciler")
 
 def build(settings: Settings) -> Reconciler:
     client = connect(settings)
-    registry.load(settings.agents)
+    registry.load(settings.worker.agents)
     require_keys(registry.sensitive_names(), settings)
     return Reconciler(settings, client, registry)
 
@@ -78,7 +78,7 @@ def run_reconciler(settings: Settings, interval: float | None = None, *,
     (``reconciler.probe``), stale once no pass went round for ``stale_after_s``."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    interval = interval or settings.reconcile_interval_s
+    interval = interval or settings.reconciler.interval_s
     rec = build(settings)
     heart = Heartbeat(stale_after_s or max(60.0, 20 * interval), lambda: rec.outage.down)
     if probe is not None:

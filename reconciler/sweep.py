@@ -67,9 +67,9 @@ class Reconciler:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.lease_ttl_ms)
+        self.leases = Leases(client, settings.leases.ttl_ms)
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
-        self.queue = make_queue(connect_queue(settings, client), settings.queue)
+        self.queue = make_queue(connect_queue(settings, client), settings.worker.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
         self.outage = Outage(log)
         #: Starts the runs of due schedule slots, validated and recorded as any start.
@@ -82,7 +82,7 @@ class Reconciler:
         ids: list[bytes | str] = []
         for shard in keys.shard_ids():  # each shard's due set is in its own slot
             ids += self.log.scripts.due_claim(keys=[keys.due(shard)],
-                                              args=[now, limit, self.settings.lease_ttl_ms])
+                                              args=[now, limit, self.settings.leases.ttl_ms])
         report = Tick()
         for name, what in self.schedules.sweep(now).items():
             report.examined += 1
@@ -148,7 +148,7 @@ class Reconciler:
         holder = self.leases.holder(run_id)
         if holder is not None:
             ttl = max(int(self.redis.pttl(keys.lease(run_id))), 0)
-            self.redis.zadd(keys.due_of(run_id), {run_id: now + ttl + self.settings.lease_ttl_ms})
+            self.redis.zadd(keys.due_of(run_id), {run_id: now + ttl + self.settings.leases.ttl_ms})
             return "held"
         lease, version, raw = self.leases.acquire(run_id, self.token)
         if lease is None:
@@ -178,7 +178,8 @@ class Reconciler:
             ready = keys.ready(self.queue.name, handle.state.agent)
             if self.redis.exists(keys.queued(run_id)) and \
                     fairness.is_ready(self.queue.connection, ready, run_id):
-                self.redis.zadd(keys.due_of(run_id), {run_id: now + 2 * self.settings.lease_ttl_ms})
+                self.redis.zadd(keys.due_of(run_id),
+                                {run_id: now + 2 * self.settings.leases.ttl_ms})
                 return "queued"
             make_ready(self.redis, self.queue, run_id, force=True,
                             route=handle.state.agent)
@@ -189,7 +190,7 @@ class Reconciler:
 
     def _settle(self, handle: RunHandle, now: int) -> str:
         state = handle.state
-        skew = self.settings.clock_skew_ms
+        skew = self.settings.worker.clock_skew_ms
         # Unknown outcomes first: nothing else may happen to a step whose effect is unknown.
         for act in list(state.actions.values()):
             if act.status not in ("dispatched", "unknown"):
@@ -275,7 +276,7 @@ class Reconciler:
                 self._did("woke_parent")
         if state.state == "canceled" and state.children:
             cancel_children(self.log, self.redis, state, state.reason or "canceled",
-                            self.token, self.settings.cancel_secret)
+                            self.token, self.settings.cancel.secret)
 
     def _child_wait(self, handle: RunHandle, now: int) -> str:
         """A parent waiting for a child, looked at every ``CHILD_POLL_MS``: woken when the

@@ -33,7 +33,7 @@ def secret(monkeypatch: pytest.MonkeyPatch, client: Client) -> str:
     """The cancel secret, for the test's client and every process it starts."""
     monkeypatch.setenv("DURABLE_CANCEL_SECRET", SECRET)
     monkeypatch.setenv("DURABLE_CANCEL_REPORT_INTERVAL_S", "0.5")
-    client.settings.cancel_secret = SECRET
+    client.settings.cancel.secret = SECRET
     return SECRET
 
 

@@ -78,10 +78,10 @@ def test_a_process_configured_for_another_layout_refuses_to_start(server: Server
     would not find the runs, so it stops with one clear line instead."""
     if isinstance(r, redis.RedisCluster):
         pytest.skip("the single-server layout check")
-    first = connect(Settings(redis_url=server.url), check=False)
+    first = connect(Settings.from_env(redis_url=server.url), check=False)
     first.close()
     with pytest.raises(UsageError, match="DURABLE_SHARDS=0"):
-        connect(Settings(redis_url=server.url, shards=4), check=False)
+        connect(Settings.from_env(redis_url=server.url, shards=4), check=False)
     keys.use_shards(0)
 
 
@@ -132,14 +132,14 @@ def test_losing_the_queue_server_loses_no_run(
     producer = Client(Settings(), client.redis)
     ids = [producer.start("writer", {"steps": 2}, run_id=f"q-{i}").run_id for i in range(12)]
     with queue.client() as q:
-        assert q.llen(keys.ready(settings.queue, "writer")) == len(ids)
+        assert q.llen(keys.ready(settings.worker.queue, "writer")) == len(ids)
     queue.kill()
     empty = Server(fsync="everysec")
     empty.port, empty.url = queue.port, queue.url
     make_server_started = empty.start()
     try:
         with queue.client() as q:
-            assert q.llen(keys.ready(settings.queue, "writer")) == 0  # every command is gone
+            assert q.llen(keys.ready(settings.worker.queue, "writer")) == 0  # every command is gone
         worker()
         reconciler()
         assert wait_for(lambda: all(client.redis.hget(keys.run(i), "state") == b"completed"

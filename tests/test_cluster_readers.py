@@ -39,7 +39,7 @@ def test_counts_follow_and_the_console_read_every_shard(
 
     port = free_port()
     log = tmp_path / "console.log"
-    proc = Process(client.settings.redis_url or "", ["console", "--dev", "--port", str(port)],
+    proc = Process(client.settings.redis.url or "", ["console", "--dev", "--port", str(port)],
                    log_path=log)
     try:
         def page() -> int:

@@ -203,7 +203,7 @@ def test_workers_are_busy_while_they_hold_runs_idle_or_stale_after(
                         == ["busy"], 30)
         (seen,) = c.get("/api/workers").json()["workers"]
         assert seen["runs"] == [run] and seen["rq_state"] != "busy"  # RQ does not know
-        assert 0 <= seen["renewed_ms"] <= client.settings.lease_ttl_ms
+        assert 0 <= seen["renewed_ms"] <= client.settings.leases.ttl_ms
         client.cancel(run, "enough", by="test")
         assert client.wait(run, 30).state == "canceled"
         assert wait_for(lambda: [x["status"] for x in c.get("/api/workers").json()["workers"]]

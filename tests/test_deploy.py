@@ -49,8 +49,7 @@ def test_the_production_procfile_names_no_embedded_server() -> None:
     nothing else; the console asks for a login (no --dev)."""
     assert _procfile("Procfile") == {
         "worker": "durable worker", "reconciler": "durable reconciler",
-        "console": "durable console --host ${DURABLE_CONSOLE_HOST:-127.0.0.1} "
-                   "--port ${DURABLE_CONSOLE_PORT:-8700}"}
+        "console": "durable console"}
 
 
 def test_the_development_procfile_runs_the_embedded_server_too() -> None:

@@ -61,7 +61,7 @@ def test_a_recorded_address_now_served_by_another_server_is_not_used(
     data.mkdir()
     (data / embedded.ADDRESS_FILE).write_text(json.dumps({"url": foreign.url, "pid": 1}))
     assert embedded.recorded_url(data) is None
-    url = embedded.ensure_server(Settings(data_dir=data, redis_url=None))
+    url = embedded.ensure_server(Settings.from_env(data_dir=data, redis_url=None))
     try:
         assert url != foreign.url
         assert embedded.recorded_url(data) == url

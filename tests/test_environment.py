@@ -81,7 +81,7 @@ def test_a_lease_left_by_a_dead_worker_expires_on_the_test_clock(
     the lease's time to live has passed on the test clock the run stays with it; then the
     sweep takes it back and the run completes here."""
     run = env.client.start("count", {"steps": 2}, enqueue=False).run_id
-    ttl = env.settings.lease_ttl_ms
+    ttl = env.settings.leases.ttl_ms
     lease, _, _ = Leases(env.redis, ttl).acquire(run, "w:dead")
     assert lease is not None
     env.redis.zadd(keys.due_of(run), {run: clock.now_ms() + ttl})  # as a holder does

@@ -49,7 +49,7 @@ def test_invalid_input_is_refused_before_anything_is_written(client: Client,
 
 
 def test_oversized_input_is_refused(client: Client, r: redis.Redis) -> None:
-    client.settings.max_payload_bytes = 1024
+    client.settings.payloads.max_payload_bytes = 1024
     with pytest.raises(PayloadTooLarge):
         client.start("echo", {"text": "y" * 2000}, run_id="big")
     assert not r.exists(keys.log("big"))
@@ -140,12 +140,12 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
     srv = make_server(fsync="everysec")
     conn = srv.client()
     with warnings_as_list() as caught:
-        connect(Settings(redis_url=srv.url)).close()
+        connect(Settings.from_env(redis_url=srv.url)).close()
     assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
     conn.config_set("appendonly", "no")
     conn.config_set("maxmemory-policy", "allkeys-lru")
     with pytest.warns(UnsafeRedis) as record:
-        connect(Settings(redis_url=srv.url)).close()
+        connect(Settings.from_env(redis_url=srv.url)).close()
     messages = " | ".join(str(w.message) for w in record)
     assert "appendonly is off" in messages and "allkeys-lru" in messages
 
@@ -153,7 +153,7 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
     conn.config_set("requirepass", "s3cret-pw")
     url = srv.url.replace("redis://", "redis://:s3cret-pw@")
     with pytest.warns(UnsafeRedis) as record:
-        connect(Settings(redis_url=url)).close()
+        connect(Settings.from_env(redis_url=url)).close()
     messages = " | ".join(str(w.message) for w in record)
     assert "s3cret-pw" not in messages and ":***@127.0.0.1" in messages
     with redis.Redis.from_url(url) as again:

@@ -26,7 +26,7 @@ def test_an_append_no_replica_confirmed_is_an_error_the_caller_sees(
     success); with a replica attached the same start is acknowledged."""
     if isinstance(r, redis.RedisCluster):
         pytest.skip("single-server WAIT")
-    settings = Settings(redis_url=server.url, min_replicas=1, replica_timeout_ms=200,
+    settings = Settings.from_env(redis_url=server.url, min_replicas=1, replica_timeout_ms=200,
                         agents="examples.agents")
     client = Client(settings, r)
     with pytest.raises(ReplicationTimeout, match="confirmed by 0 of 1 replicas"):

@@ -262,8 +262,8 @@ def test_a_redis_error_while_reobserving_is_not_taken_for_an_agent_bug(
         Spec(ev.ActionDispatched, {"step": 1, "key": f"{run}:1", "deadline": now_ms()})])
     r.acl_setuser("no-counters", enabled=True, nopass=True, categories=["+@all"],
                   commands=["-hincrby"], keys=["*"], channels=["*"])
-    url = settings.redis_url.replace("redis://", "redis://no-counters:x@", 1)
-    registry.load(settings.agents)
+    url = settings.redis.url.replace("redis://", "redis://no-counters:x@", 1)
+    registry.load(settings.worker.agents)
     loop = StepLoop(settings, redis.Redis.from_url(url), registry, "w:denied")
     with pytest.raises(redis.RedisError, match="hincrby"):
         loop.advance(run)

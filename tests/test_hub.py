@@ -34,7 +34,7 @@ def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
     """A hub of 64 slots in this process, on a step loop of its own."""
     registry.load("examples.agents,tests.agents")
     test_agents.GATE.clear()
-    loop = StepLoop(settings, redis.Redis.from_url(settings.redis_url), registry,
+    loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                     "w:hub:test")
     hub = RunHub(loop, 64)
     yield hub
@@ -129,7 +129,7 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     w = worker(DURABLE_CONCURRENCY="64", log_path=log)
     reconciler()
     assert wait_for(lambda: _completed(r, runs) >= 1, 30)  # both are up and serving
-    killer = redis.Redis.from_url(client.settings.redis_url)
+    killer = redis.Redis.from_url(client.settings.redis.url)
     stop = threading.Event()
 
     def kill() -> None:

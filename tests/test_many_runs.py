@@ -194,7 +194,7 @@ def test_the_connection_pool_serves_as_many_threads_as_the_worker_has_slots(
 
     from durable.connection import connect
 
-    conn = connect(settings.model_copy(update={"concurrency": 300}))
+    conn = connect(settings.replace(concurrency=300))
     errors: list[BaseException] = []
 
     def hold() -> None:

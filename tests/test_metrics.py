@@ -172,7 +172,7 @@ def test_counters_equal_the_events_in_the_logs(client: Client, worker: WorkerFac
     calls = {(("outcome", o), ("tool", t)): float(n)
              for (_actor, t, o), n in logs["worker_calls"].items()}
     assert own["durable_worker_steps_total"] == calls
-    assert own["durable_worker_slots"][()] == client.settings.concurrency
+    assert own["durable_worker_slots"][()] == client.settings.worker.concurrency
 
 
 def test_lease_expiries_and_reconciler_actions(client: Client, worker: WorkerFactory,

@@ -42,7 +42,7 @@ def test_leases_workers_and_the_queue(client: Client, worker: WorkerFactory,
     assert wait_for(lambda: client.lease(run) is not None, 30)
     lease = client.lease(run)
     assert lease is not None and lease.epoch >= 1
-    assert 0 <= lease.age_ms <= client.settings.lease_ttl_ms
+    assert 0 <= lease.age_ms <= client.settings.leases.ttl_ms
     assert [x.run_id for x in client.leases()] == [run]
     assert wait_for(lambda: [w.runs for w in client.workers()] == [[run]], 30)
     (w,) = client.workers()

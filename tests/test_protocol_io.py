@@ -175,7 +175,7 @@ class _Watched:
 
     def __init__(self, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
         registry.load("examples.agents,tests.agents")
-        self.loop = StepLoop(settings, redis.Redis.from_url(settings.redis_url), registry,
+        self.loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                              "w:io:test")
         self.hub = RunHub(self.loop, 16)
         self.direct: list[str] = []

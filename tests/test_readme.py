@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pydantic.fields import FieldInfo
+
 from durable.cli.config import reference
-from durable.settings import GROUPS, Settings
+from durable.settings import Settings, variables
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -20,6 +22,17 @@ def _table() -> dict[str, str]:
     section = REFERENCE.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `(DURABLE_[A-Z_]+)` \| ([^|]*) \|", section, re.MULTILINE)
     return {name: default.strip() for name, default in rows}
+
+
+def _settings() -> dict[str, FieldInfo]:
+    """``DURABLE_X`` -> its field, from every group of ``Settings``."""
+    groups = Settings.model_fields
+    out = {}
+    for var, (group, name) in variables().items():
+        annotation = groups[group].annotation
+        assert annotation is not None
+        out[var] = annotation.model_fields[name]
+    return out
 
 
 def _shown(value: object) -> str | None:
@@ -35,17 +48,17 @@ def _shown(value: object) -> str | None:
 
 def test_the_configuration_table_lists_every_setting_and_nothing_else() -> None:
     table = _table()
-    assert sorted(table) == sorted(f"DURABLE_{name.upper()}" for name in Settings.model_fields)
+    assert sorted(table) == sorted(_settings())
 
 
 def test_the_configuration_table_shows_each_default() -> None:
     table = _table()
-    for name, field in Settings.model_fields.items():
+    for var, field in _settings().items():
         shown = _shown(field.default)
         if shown is not None:
-            assert table[f"DURABLE_{name.upper()}"].startswith(shown), name
+            assert table[var].startswith(shown), var
         elif field.default is None:
-            assert table[f"DURABLE_{name.upper()}"] == "unset", name
+            assert table[var] == "unset", var
 
 
 def test_the_configuration_tables_are_the_generated_ones() -> None:
@@ -56,11 +69,13 @@ def test_the_configuration_tables_are_the_generated_ones() -> None:
         "docs/reference.md is stale: paste `durable config --reference` between its markers"
 
 
-def test_every_setting_is_in_exactly_one_group_and_described() -> None:
-    grouped = [name for names in GROUPS.values() for name in names]
-    assert sorted(grouped) == sorted(Settings.model_fields)
-    assert len(grouped) == len(set(grouped))
-    assert [n for n, f in Settings.model_fields.items() if not f.description] == []
+def test_every_setting_has_its_own_variable_a_title_and_a_description() -> None:
+    named = [var for group in Settings.model_fields.values() if group.annotation
+             for var in (str(f.validation_alias) for f in group.annotation.model_fields.values())]
+    assert len(named) == len(set(named)) == len(variables())
+    assert all(v.startswith("DURABLE_") and v == v.upper() for v in named)
+    assert [n for n, group in Settings.model_fields.items() if not group.title] == []
+    assert [v for v, f in _settings().items() if not f.description] == []
 
 
 def test_the_readme_is_a_front_door_whose_links_exist() -> None:

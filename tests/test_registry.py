@@ -25,7 +25,7 @@ from tests.conftest import WorkerFactory
 
 def _bare_client(r: redis.Redis) -> Client:
     """A producer that imports no agent at all."""
-    return Client(Settings(agents=""), r, agents=Registry())
+    return Client(Settings.from_env(agents=""), r, agents=Registry())
 
 
 def _published(r: redis.Redis, name: str) -> dict[str, object]:
@@ -114,12 +114,13 @@ def test_the_same_run_id_with_the_same_input_returns_the_existing_run(
     catalog.publish(r, [registry.agent("echo")], "worker:test")
     producer = client if local else _bare_client(r)
     first = producer.start("echo", {"text": "same"}, run_id="same-1")
-    length, queued = r.xlen(keys.log("same-1")), r.llen(keys.ready(client.settings.queue, "echo"))
+    queue = client.settings.worker.queue
+    length, queued = r.xlen(keys.log("same-1")), r.llen(keys.ready(queue, "echo"))
     # Equal once the defaults are filled in: still the same input.
     again = producer.start("echo", {"steps": 1, "text": "same"}, run_id="same-1")
     assert first.created and not again.created and again.run_id == "same-1"
     assert r.xlen(keys.log("same-1")) == length
-    assert r.llen(keys.ready(client.settings.queue, "echo")) == queued
+    assert r.llen(keys.ready(client.settings.worker.queue, "echo")) == queued
 
 
 @pytest.mark.parametrize("local", [True, False], ids=["imported", "by-name"])
@@ -131,14 +132,14 @@ def test_the_same_run_id_with_another_input_is_refused_and_nothing_written(
     producer.start("echo", {"text": "first"}, run_id="other-1")
     before = r.xrange(keys.log("other-1"))
     projection = r.hgetall(keys.run("other-1"))
-    queued = r.llen(keys.ready(client.settings.queue, "echo"))
+    queued = r.llen(keys.ready(client.settings.worker.queue, "echo"))
     with pytest.raises(RunIdConflict, match="already exists with a different input"):
         producer.start("echo", {"text": "second"}, run_id="other-1")
     with pytest.raises(RunIdConflict, match="agent 'echo', not 'count'"):
         client.start("count", {"steps": 1}, run_id="other-1")
     assert r.xrange(keys.log("other-1")) == before
     assert r.hgetall(keys.run("other-1")) == projection
-    assert r.llen(keys.ready(client.settings.queue, "echo")) == queued
+    assert r.llen(keys.ready(client.settings.worker.queue, "echo")) == queued
 
 
 def test_the_cli_says_why_a_run_id_is_refused(server: Server, client: Client) -> None:

@@ -39,7 +39,7 @@ def test_recorded_logs_replay_verify_and_re_decide_identically(path: Path, clien
 
 def test_replay_from_every_offset_equals_the_incremental_fold(client: Client,
                                                               worker: WorkerFactory) -> None:
-    client.settings.checkpoint_every = 10
+    client.settings.log.checkpoint_every = 10
     client.log.checkpoint_every = 10
     run = client.start("count", {"steps": 12}, run_id="every", enqueue=False).run_id
     worker(DURABLE_CHECKPOINT_EVERY="10")

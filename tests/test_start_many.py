@@ -48,7 +48,7 @@ def test_one_bad_input_or_conflicting_id_writes_nothing(client: Client) -> None:
 
 
 def test_a_batch_over_the_pending_limit_is_refused_whole(client: Client) -> None:
-    limited = Client(client.settings.model_copy(update={"max_pending_runs": 5}), client.redis)
+    limited = Client(client.settings.replace(max_pending_runs=5), client.redis)
     limited.start_many("count", [{"steps": 1}] * 3, run_ids=["p-1", "p-2", "p-3"],
                        enqueue=False)
     with pytest.raises(TooManyPendingRuns):

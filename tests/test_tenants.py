@@ -58,7 +58,7 @@ def test_bad_names_and_a_required_tenant_are_refused_before_anything_is_written(
     for bad in ({"tenant": "a{b}"}, {"owner": "x" * 65}, {"priority": 1000}):
         with pytest.raises(UsageError):
             client.start("count", {"steps": 1}, run_id="bad", **bad)  # type: ignore[arg-type]
-    strict = Client(settings.model_copy(update={"require_tenant": True}), client.redis)
+    strict = Client(settings.replace(require_tenant=True), client.redis)
     with pytest.raises(UsageError, match="tenant is required"):
         strict.start("count", {"steps": 1}, run_id="bad")
     with pytest.raises(UsageError, match="tenant is required"):
@@ -69,7 +69,7 @@ def test_bad_names_and_a_required_tenant_are_refused_before_anything_is_written(
 
 def test_the_metrics_label_at_most_the_configured_tenants(settings: Settings,
                                                            client: Client) -> None:
-    capped = Client(settings.model_copy(update={"metric_tenants": 2}), client.redis)
+    capped = Client(settings.replace(metric_tenants=2), client.redis)
     for n, tenant in enumerate(["t1", "t2", "t3", "t4", "t1"]):
         capped.start("count", {"steps": 1}, run_id=f"m{n}", tenant=tenant)
     capped.start("count", {"steps": 1}, run_id="m-none")

@@ -88,7 +88,7 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
                                       "by": agent.name}),
             *finish_specs(state, decision.reason, asked)])
         await family.cancel_children(loop.io, loop.log, handle.state, decision.reason,
-                                     loop.worker_id, loop.settings.cancel_secret)
+                                     loop.worker_id, loop.settings.cancel.secret)
         return True, 0
     if isinstance(decision, list):  # a decide() agent's calls at once
         decision = Parallel(list(decision))
@@ -112,9 +112,9 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
         tool = loop.registry.tool(decision.tool)
         args = plain(decision.args)
         if tool.log_args == "full" and \
-                len(msgspec.msgpack.encode(args)) > loop.settings.max_payload_bytes:
+                len(msgspec.msgpack.encode(args)) > loop.settings.payloads.max_payload_bytes:
             raise ValueError(f"arguments of {decision.tool} exceed "
-                             f"{loop.settings.max_payload_bytes} bytes")
+                             f"{loop.settings.payloads.max_payload_bytes} bytes")
     except (UnknownTool, ValueError, TypeError) as exc:
         await loop.commit(handle, pending, [])
         await loop.quarantine(handle, f"step {state.step + 1}: {exc}")
@@ -176,8 +176,8 @@ async def decide_group(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Sl
     state, run_id = handle.state, handle.run_id
     try:
         group = parallel.check_group(agent, loop.registry, state, decision,
-                                     loop.settings.max_payload_bytes,
-                                     loop.settings.action_window)
+                                     loop.settings.payloads.max_payload_bytes,
+                                     loop.settings.log.action_window)
     except (UnknownTool, ValueError, TypeError) as exc:
         await loop.commit(handle, pending, [])
         await loop.quarantine(handle, f"steps from {state.step + 1}: {exc}")
@@ -296,7 +296,7 @@ def _unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
             problem = check_history(loop.approvers, handle.run_id, appr)
             if problem is not None:
                 return f"the rejection of {appr.request} does not hold: {problem}"
-    return unsigned_settle(loop.approvers, loop.settings.settle_role, handle.state)
+    return unsigned_settle(loop.approvers, loop.settings.security.settle_role, handle.state)
 
 
 def approval_check(loop: StepLoop, run_id: str) -> Check:
@@ -388,7 +388,7 @@ async def over_limit(loop: StepLoop, handle: RunHandle, agent: Agent,
     permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and the
     run waits as a timer, holding no slot: not an error, no retry consumed."""
     wait = await loop.limiter.take_all_async(handle.state, agent, calls,
-                                             deadline + loop.settings.cancel_grace_ms)
+                                             deadline + loop.settings.cancel.grace_ms)
     if wait is None:
         return False
     if handle.staged or specs:
@@ -450,7 +450,7 @@ async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action
         pending[:] = specs
         loop.log.stage(handle, specs)
         return False, 0
-    wait_s = (act.deadline + loop.settings.clock_skew_ms) / 1000 - clock.time()
+    wait_s = (act.deadline + loop.settings.worker.clock_skew_ms) / 1000 - clock.time()
     if wait_s > MAX_INLINE_WAIT_S:
         if handle.staged:
             await loop.commit(handle, pending, [])
@@ -487,4 +487,4 @@ async def finish_cancel(loop: StepLoop, handle: RunHandle, pending: list[Spec]) 
     await loop.commit(handle, pending, specs)
     await loop.io.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
     await family.cancel_children(loop.io, loop.log, handle.state, cancel.reason,
-                                 loop.worker_id, loop.settings.cancel_secret)
+                                 loop.worker_id, loop.settings.cancel.secret)

@@ -25,9 +25,9 @@ log = logging.getLogger("durable.worker")
 
 class CancelListener(CancelSubscriber):
     def __init__(self, settings: Settings, client: redis.Redis, loop: StepLoop) -> None:
-        super().__init__(client, settings.cancel_secret, self.on_cancel, self.recheck_held,
-                         log, loop.outage, max_age_ms=settings.cancel_max_age_ms,
-                         report_interval_s=settings.cancel_report_interval_s)
+        super().__init__(client, settings.cancel.secret, self.on_cancel, self.recheck_held,
+                         log, loop.outage, max_age_ms=settings.cancel.max_age_ms,
+                         report_interval_s=settings.cancel.report_interval_s)
         self.loop = loop
 
     def handle(self, data: Any) -> None:

@@ -97,7 +97,7 @@ class StepLoop:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.lease_ttl_ms)
+        self.leases = Leases(client, settings.leases.ttl_ms)
         # The run threads' appends and lease acquisitions go out together.
         self.leases.batcher = self.log.batch_appends()
         #: The approver registry: a decision is checked again before its call is sent.
@@ -108,7 +108,8 @@ class StepLoop:
         #: whose epochs agree, so the run id is part of the key.
         self._released: set[tuple[str, str]] = set()
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
-        self.queue = make_queue(connect_queue(settings, client), queue_name or settings.queue)
+        self.queue = make_queue(connect_queue(settings, client),
+                                queue_name or settings.worker.queue)
         #: Every Redis call of the protocol's coroutines.
         self.io = RedisIO(client, self.leases.batcher, self.leases, self.queue)
         self.held: dict[str, Slot] = {}
@@ -121,7 +122,7 @@ class StepLoop:
                                  self.queue, worker_id, self.held, self.outage,
                                  stuck_now=lambda: self.dispatcher.watch.stuck_now,
                                  on_restart=on_restart)
-        self.dispatcher = Dispatcher(settings.cancel_grace_ms, settings.max_payload_bytes,
+        self.dispatcher = Dispatcher(settings.cancel.grace_ms, settings.payloads.max_payload_bytes,
                                      on_stuck=self.watchdog.stuck_call)
         #: Threads whose run was abandoned (``Watchdog.abandoned_threads``).
         self.abandoned_threads = self.watchdog.abandoned_threads
@@ -347,7 +348,7 @@ class StepLoop:
             steps += stepped
             if done:
                 return False
-            if steps >= self.settings.steps_per_job or self.stopping.is_set():
+            if steps >= self.settings.worker.steps_per_job or self.stopping.is_set():
                 # Its turn is used up, or the worker is shutting down: let go at this step
                 # boundary (the run goes back on the ready list).
                 if handle.staged:

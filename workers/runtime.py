@@ -150,7 +150,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         worker_metrics.listen(metrics_host, metrics_port)
         chain.hooks.append(worker_metrics.MetricsHook())
     client = connect(settings)
-    registry.load(settings.agents)
+    registry.load(settings.worker.agents)
     if not registry.agents:
         log.warning("no agents registered: set DURABLE_AGENTS to the modules that define "
                     "them (every run this worker takes will be quarantined as unknown)")
@@ -166,9 +166,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
                      on_restart=(lambda: None) if burst else
                      (lambda: os.kill(os.getpid(), signal.SIGTERM)))
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
-    _loop.dispatcher.publisher = Publisher(client, settings.max_payload_bytes,
-                                           settings.partial_keep_bytes)
-    _pool = pool = make_pool(_loop, concurrency or settings.concurrency)
+    _loop.dispatcher.publisher = Publisher(client, settings.payloads.max_payload_bytes,
+                                           settings.payloads.partial_keep_bytes)
+    _pool = pool = make_pool(_loop, concurrency or settings.worker.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
@@ -176,7 +176,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     # Before the first run is taken: the reconciler releases the leases of a worker whose
     # liveness key expired (``durable.liveness``). On a client of its own: the runs'
     # client, busy retrying calls to a failed cluster master, must not delay the beats.
-    presence = Presence(connect(settings, check=False), wid, settings.liveness_ttl_ms,
+    presence = Presence(connect(settings, check=False), wid, settings.leases.liveness_ttl_ms,
                         _loop.outage, serves=routes(registry))
     presence.start()
     listener = CancelListener(settings, connect(settings, check=False), _loop)
@@ -191,7 +191,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         pool.slots.finish()
         presence.leave()
         return 0
-    code = _shut_down(pool, settings.shutdown_grace_s, presence)
+    code = _shut_down(pool, settings.worker.shutdown_grace_s, presence)
     if _loop.restart_requested.is_set():
         _restart()
     return code
@@ -200,7 +200,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
 def make_pool(loop: StepLoop, size: int) -> Driver:
     """The hub (``workers.hub``) where its script calls can be batched and the settings
     do not ask for threads; else one thread per held run (``workers.pool``)."""
-    if loop.settings.driver == "hub" and loop.leases.batcher is not None:
+    if loop.settings.worker.driver == "hub" and loop.leases.batcher is not None:
         return RunHub(loop, size)
     return RunPool(loop, size)
 
@@ -247,7 +247,7 @@ def _serve(queue: Queue, client: redis.Redis, wid: str, loop: StepLoop, burst: b
 
 def _watchdog(loop: StepLoop) -> None:
     """Abandons runs whose agent code overran ``DURABLE_DECIDE_TIMEOUT_MS``."""
-    interval = min(1.0, loop.settings.decide_timeout_ms / 4000)
+    interval = min(1.0, loop.settings.worker.decide_timeout_ms / 4000)
     while True:
         time.sleep(interval)
         try:

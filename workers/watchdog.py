@@ -63,14 +63,14 @@ class Watchdog:
     def check_overruns(self, now: float | None = None) -> list[str]:
         """Abandon every run whose agent code has run longer than
         ``DURABLE_DECIDE_TIMEOUT_MS``. Returns their ids."""
-        limit = self.settings.decide_timeout_ms / 1000
+        limit = self.settings.worker.decide_timeout_ms / 1000
         now = time.monotonic() if now is None else now
         overran = []
         for run_id, slot in list(self.held.items()):
             since = slot.user_code_since
             if since and now - since > limit and not slot.abandoned:
                 self.abandon(run_id, slot, f"{slot.user_code} did not return within "
-                                           f"{self.settings.decide_timeout_ms} ms")
+                                           f"{self.settings.worker.decide_timeout_ms} ms")
                 overran.append(run_id)
         return overran
 
@@ -95,12 +95,12 @@ class Watchdog:
                           "handed back and its slot goes on with other runs", run_id)
                 self._let_go(run_id, slot, None, "stuck_calls")
         stuck = self.stuck_now()
-        if stuck >= self.settings.max_stuck_calls and not self.restart_requested.is_set():
+        if stuck >= self.settings.worker.max_stuck_calls and not self.restart_requested.is_set():
             # Each stuck call keeps its thread (and what its tool holds) until it returns,
             # which may be never: past the bound, the process is renewed.
             log.error("%d tool calls are stuck in this process (DURABLE_MAX_STUCK_CALLS=%d): "
                       "it hands its runs back and restarts", stuck,
-                      self.settings.max_stuck_calls)
+                      self.settings.worker.max_stuck_calls)
             self.restart_requested.set()
             self.on_restart()
 

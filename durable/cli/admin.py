@@ -21,9 +21,9 @@ from durable.settings import Settings
 def cmd_redis(args: argparse.Namespace) -> int:
     settings = Settings()
     if args.stop:
-        stopped = stop(settings.data_dir)
-        print(f"stopped the server of {settings.data_dir}" if stopped
-              else f"no server runs for {settings.data_dir}")
+        stopped = stop(settings.server.data_dir)
+        print(f"stopped the server of {settings.server.data_dir}" if stopped
+              else f"no server runs for {settings.server.data_dir}")
         return OK if stopped else CHECK_FAILED
     return run_foreground(settings, args.port, args.linger)
 
@@ -34,7 +34,7 @@ def cmd_repair_index(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    where = Path(args.dir) if args.dir else Settings().data_dir / "cluster"
+    where = Path(args.dir) if args.dir else Settings().server.data_dir / "cluster"
     found = LocalCluster.recorded(where)
     if args.action == "stop":
         if found is None or not found.nodes:

@@ -151,7 +151,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
-    report = verify(c.log, args.run, settle_role=c.settings.settle_role)
+    report = verify(c.log, args.run, settle_role=c.settings.security.settle_role)
     if args.json:
         json_out({"run_id": args.run, "ok": report.ok, "events": report.events,
                   "checks": report.checks})

@@ -3,8 +3,8 @@
 ``durable config`` shows each ``DURABLE_*`` setting's value here and where it came from (the
 environment or the default); secrets show only whether they are set. ``durable config
 --reference`` prints the reference tables of docs/reference.md, generated from
-``durable.settings.Settings`` (each field's default and description) in the order of
-``durable.settings.GROUPS``: the page is this output, and a test fails when they differ.
+``durable.settings.Settings`` (each group a table titled by its field's title, each setting's
+default and description): the page is this output, and a test fails when they differ.
 """
 
 from __future__ import annotations
@@ -19,25 +19,25 @@ from pydantic.fields import FieldInfo
 
 from durable.cli.output import OK, Add, json_out, table
 from durable.connection import safe_url
-from durable.settings import GROUPS, Settings
+from durable.settings import Settings, variables
 
 #: How the reference writes defaults made by a function.
 FACTORY_DEFAULTS = {
-    "data_dir": "`$XDG_STATE_HOME/durable` (`~/.local/state/durable`)",
-    "approvers": "`{}`",
+    "DURABLE_DATA_DIR": "`$XDG_STATE_HOME/durable` (`~/.local/state/durable`)",
+    "DURABLE_APPROVERS": "`{}`",
 }
+#: Shown as set or unset only.
+SECRETS = ("DURABLE_CANCEL_SECRET", "DURABLE_CONSOLE_SECRET")
+#: Shown without their password.
+URLS = ("DURABLE_REDIS_URL", "DURABLE_QUEUE_URL", "DURABLE_MODEL_BASE_URL")
 
 _VAR = re.compile(r"(?<![`\w])(DURABLE_[A-Z_]+)")
 
 
-def variable(name: str) -> str:
-    return f"DURABLE_{name.upper()}"
-
-
-def default_cell(name: str, field: FieldInfo) -> str:
+def default_cell(var: str, field: FieldInfo) -> str:
     """The reference's default column for one setting."""
-    if name in FACTORY_DEFAULTS:
-        return FACTORY_DEFAULTS[name]
+    if var in FACTORY_DEFAULTS:
+        return FACTORY_DEFAULTS[var]
     value = field.default
     if value is None:
         return "unset"
@@ -56,25 +56,41 @@ def meaning(field: FieldInfo) -> str:
     return _VAR.sub(r"`\1`", text).replace("|", "\\|")
 
 
-def reference() -> str:
-    """The configuration reference, one table per group of ``GROUPS``."""
-    fields = Settings.model_fields
+def _fields() -> list[tuple[str, str, str, FieldInfo]]:
+    """(group title, variable, attribute path, field) of every setting, in the reference's
+    order: ``("Leases and liveness", "DURABLE_LEASE_TTL_MS", "leases.ttl_ms", ...)``."""
+    groups = Settings.model_fields
     out = []
-    for group, names in GROUPS.items():
-        out += [f"### {group}", "", "| variable | default | meaning |", "|---|---|---|"]
-        out += [f"| `{variable(n)}` | {default_cell(n, fields[n])} | {meaning(fields[n])} |"
-                for n in names]
-        out.append("")
+    for var, (group, name) in variables().items():
+        annotation = groups[group].annotation
+        assert annotation is not None
+        out.append((str(groups[group].title), var, f"{group}.{name}",
+                    annotation.model_fields[name]))
+    return out
+
+
+def reference() -> str:
+    """The configuration reference, one table per group of ``Settings``."""
+    out: list[str] = []
+    title = None
+    for group_title, var, _path, field in _fields():
+        if group_title != title:
+            if title is not None:
+                out.append("")
+            title = group_title
+            out += [f"### {title}", "", "| variable | default | meaning |", "|---|---|---|"]
+        out.append(f"| `{var}` | {default_cell(var, field)} | {meaning(field)} |")
+    out.append("")
     return "\n".join(out)
 
 
-def shown(name: str, value: Any) -> str:
+def shown(var: str, value: Any) -> str:
     """A setting's value as this command prints it: secrets and passwords never."""
-    if isinstance(value, SecretStr) or name in ("cancel_secret", "console_secret"):
+    if isinstance(value, SecretStr) or var in SECRETS:
         return "(unset)" if value is None else "(set)"
     if value is None:
         return "(unset)"
-    if name in ("redis_url", "queue_url"):
+    if var in URLS:
         return safe_url(str(value))
     return str(value)
 
@@ -85,12 +101,11 @@ def cmd_config(args: argparse.Namespace) -> int:
         return OK
     settings = Settings()
     rows = []
-    for group, names in GROUPS.items():
-        for name in names:
-            var = variable(name)
-            rows.append({"group": group, "variable": var,
-                         "value": shown(name, getattr(settings, name)),
-                         "from": "environment" if var in os.environ else "default"})
+    for title, var, path, _field in _fields():
+        group, name = path.split(".")
+        rows.append({"group": title, "variable": var,
+                     "value": shown(var, getattr(getattr(settings, group), name)),
+                     "from": "environment" if var in os.environ else "default"})
     if args.json:
         json_out(rows)
     else:

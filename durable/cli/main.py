@@ -115,7 +115,7 @@ def redis_problem(exc: redis.RedisError) -> str:
         settings: Settings | None = Settings()
     except ValidationError:  # the settings are the problem then; say what can be said
         settings = None
-    where = settings.redis_url if settings else None
+    where = settings.redis.url if settings else None
     server = safe_url(where) if where else "the embedded server"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if "caused error: " in text:  # a pipeline's error: the command's own message is enough
@@ -126,7 +126,7 @@ def redis_problem(exc: redis.RedisError) -> str:
                "password: DURABLE_REDIS_USERNAME, DURABLE_REDIS_PASSWORD or the URL)"
     if isinstance(exc, redis.exceptions.NoPermissionError) or "no permissions" in text or \
             "can't run this command" in text:
-        user = (settings.redis_username if settings else None) or "this user"
+        user = (settings.redis.username if settings else None) or "this user"
         return f"Redis at {server} denied a command to {user}: {text} (this role may not " \
                "do that; see deploy/users.acl)"
     if where and where.startswith("rediss://") and \

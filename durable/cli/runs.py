@@ -159,7 +159,7 @@ def cmd_approve(args: argparse.Namespace) -> int:
         print(f"durable: request {args.request} is already decided: {before.decision} by "
               f"{before.approver} at {when}; nothing written", file=sys.stderr)
         return CHECK_FAILED
-    if c.settings.approvers:
+    if c.settings.security.approvers:
         print("durable: warning: DURABLE_APPROVERS grants nothing; approvers are registered "
               "keys (durable approvers add)", file=sys.stderr)
     state = c.sign_and_approve(args.run, args.request, args.decision, args.approver,

@@ -42,6 +42,7 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import Action, BlobRef, RunState
 from durable.sealing import Keyring, contains_envelope, contains_sensitive, open_all, seal_fields
+from durable.settings import Settings
 
 #: The outcome events whose result may be kept beside the run.
 OUTCOMES: frozenset[type[ev.Event]] = frozenset({ev.ActionSucceeded, ev.ActionReconciled})
@@ -57,9 +58,9 @@ class Limits:
     budget: int = 64 * 1024 * 1024
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Limits:
-        return cls(settings.max_payload_bytes, settings.max_result_bytes,
-                   settings.blob_budget_bytes)
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(settings.payloads.max_payload_bytes, settings.payloads.max_result_bytes,
+                   settings.payloads.blob_budget_bytes)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState, copy_state
 from durable.sealing import Keyring, settings_keyring
+from durable.settings import Settings
 from durable.signing import parse_public_keys
 
 __all__ = ["COMPACT_MAX_ENTRIES", "Entry", "EventLog", "RunHandle", "Spec", "continuity",
@@ -106,18 +107,20 @@ class EventLog:
         self.compact_max = compact_max
 
     @classmethod
-    def from_settings(cls, client: redis.Redis, settings: Any, *, open_sealed: bool = False,
+    def from_settings(cls, client: redis.Redis, settings: Settings, *, open_sealed: bool = False,
                       sealed_names: Iterable[str] = (),
                       lean_agents: Iterable[str] = ()) -> EventLog:
-        keys.use_shards(settings.layout_shards)
-        return cls(client, window=settings.action_window,
-                   checkpoint_every=settings.checkpoint_every,
-                   lease_ttl_ms=settings.lease_ttl_ms, min_replicas=settings.min_replicas,
-                   replica_timeout_ms=settings.replica_timeout_ms,
+        keys.use_shards(settings.cluster.layout_shards)
+        retention = settings.log.retention
+        return cls(client, window=settings.log.action_window,
+                   checkpoint_every=settings.log.checkpoint_every,
+                   lease_ttl_ms=settings.leases.ttl_ms,
+                   min_replicas=settings.cluster.min_replicas,
+                   replica_timeout_ms=settings.cluster.replica_timeout_ms,
                    keyring=settings_keyring(settings),
                    open_sealed=open_sealed, sealed_names=sealed_names,
-                   retention_ms=parse_duration_ms(settings.retention) if settings.retention
-                   else 0, admin_keys=parse_public_keys(settings.admin_keys),
+                   retention_ms=parse_duration_ms(retention) if retention else 0,
+                   admin_keys=parse_public_keys(settings.security.admin_keys),
                    lean_agents=lean_agents,
                    limits=blobs.Limits.from_settings(settings))
 

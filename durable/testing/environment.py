@@ -132,7 +132,8 @@ class AgentEnvironment:
             if url is None:
                 self.server = self._stack.enter_context(Server(fsync="everysec"))
                 url = self.server.url
-            self.settings = Settings(redis_url=url, agents=self.agents, **self._overrides)
+            self.settings = Settings.from_env(redis_url=url, agents=self.agents,
+                                              **self._overrides)
             registry.load(self.agents)
             self.redis = redis.Redis.from_url(url)
             self._stack.callback(self.redis.close)

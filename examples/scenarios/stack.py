@@ -90,12 +90,12 @@ class Scene:
 
     def __post_init__(self) -> None:
         self.queue = f"scenario-{self.name}-{uuid.uuid4().hex[:6]}"
-        self.settings = Settings(redis_url=self.stack.redis_url, queue=self.queue,
-                                 lease_ttl_ms=LEASE_TTL_MS,
-                                 agents="examples.agents",
-                                 redis_cluster=self.stack.queue_url is not None,
-                                 queue_url=self.stack.queue_url,
-                                 admin_keys=self.stack.admin.public)
+        self.settings = Settings.from_env(redis_url=self.stack.redis_url, queue=self.queue,
+                                          lease_ttl_ms=LEASE_TTL_MS,
+                                          agents="examples.agents",
+                                          redis_cluster=self.stack.queue_url is not None,
+                                          queue_url=self.stack.queue_url,
+                                          admin_keys=self.stack.admin.public)
         self.client = Client(self.settings)
         self.world: WorldClient = self.stack.world.client
         self.world.reset_faults()
