@@ -103,8 +103,8 @@ class Settings(BaseSettings):
         default="hub",
         description="How a worker drives its runs: 'hub' (one driving thread resumes "
         "every run, another takes over while agent code or a tool is slow) or 'threads' "
-        "(one thread per held run). On a cluster, or with DURABLE_MIN_REPLICAS, the "
-        "worker uses threads either way.",
+        "(one thread per held run). Both run on a Redis Cluster and with "
+        "DURABLE_MIN_REPLICAS; the worker's start line names the driver.",
     )
     shutdown_grace_s: float = Field(
         default=10.0, ge=0,
