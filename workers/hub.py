@@ -54,7 +54,8 @@ import redis
 from durable import fairness
 from durable.fairness import take_command
 from durable.log import keys
-from durable.log.batching import RedisCall, Stream
+from durable.log.batching import RedisCall
+from durable.log.inflight import Stream
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
 from workers.slots import Slots, run_id_of, slot_live

@@ -29,7 +29,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -315,14 +314,16 @@ class ScriptBatcher:
                     done[id(call)] = reply
 
         try:
-            cluster.retry.call_with_retry(attempt, self._refresh)
+            cluster.retry.call_with_retry(attempt, self.refresh_map)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             for call in batch:
                 done.setdefault(id(call), exc)
         return [done[id(call)] for call in batch]
 
-    def _refresh(self, _error: BaseException) -> None:
+    def refresh_map(self, _error: BaseException | None = None) -> None:
         """A cluster node could not be reached: learn the cluster's map again."""
+        if self.routes.cluster is None:
+            return
         try:
             self.routes.cluster.nodes_manager.initialize()
         except redis.RedisError:
@@ -345,69 +346,6 @@ class ScriptBatcher:
     def _exchange(self, conn: Any, wire: list[Any]) -> list[Any]:
         conn.send_packed_command([pack_wire(wire)])
         return read_replies(conn, wire)
-
-
-class Stream:
-    """Batches sent without waiting for their replies, on a driver's own connections (one
-    per server: a cluster's masters), read later in the order sent (``workers.hub``: the
-    next batch is built while Redis works on the last). Only one thread at a time uses it."""
-
-    def __init__(self, batcher: ScriptBatcher) -> None:
-        self.batcher = batcher
-        self._conns: dict[str, tuple[Any, Any]] = {}
-        #: Parts sent and not read yet, per server.
-        self._unread: dict[str, int] = {}
-        self._sent: deque[tuple[list[RedisCall], list[Part]]] = deque()
-
-    def send(self, batch: list[RedisCall]) -> None:
-        """Send ``batch`` (a part per server); its replies are read by ``read_oldest``."""
-        parts = self.batcher.routes.parts(batch)
-        self._sent.append((batch, parts))
-        for part in parts:
-            conn = self._conn(part.node)
-            unread = self._unread.get(part.node, 0)
-            # No health check with replies pending: its PING would read theirs.
-            conn.send_packed_command([pack_wire(part.wire)], check_health=not unread)
-            self._unread[part.node] = unread + 1
-
-    def read_oldest(self) -> list[RedisCall]:
-        """Read the replies of the oldest batch sent and answer its calls (NOSCRIPT and
-        cluster redirections are sent again first); returns the batch. A lost connection
-        is raised: the calls of the parts read before it are answered already."""
-        batch, parts = self._sent[0]
-        for part in parts:
-            if part.calls[0].answered:
-                continue
-            got = read_replies(self._conns[part.node][1], part.wire)
-            self._unread[part.node] -= 1
-            replies = self.batcher.routes.unwire(part, got)
-            try:
-                self.batcher.answer(part.calls, replies)
-            except Exception as exc:  # every call gets an answer, every run goes on
-                for call in part.calls:
-                    if not call.answered:
-                        call.error, call.answered = exc, True
-        self._sent.popleft()
-        return batch
-
-    def close(self) -> None:
-        """Drop the connections (replies may be left unread on them) and what was sent."""
-        for pool, conn in self._conns.values():
-            try:
-                conn.disconnect()
-                pool.release(conn)
-            except Exception:  # a pool of a node the cluster forgot
-                pass
-        self._conns.clear()
-        self._unread.clear()
-        self._sent.clear()
-
-    def _conn(self, node: str) -> Any:
-        held = self._conns.get(node)
-        if held is None:
-            pool = self.batcher.routes.pool(node)
-            held = self._conns[node] = (pool, pool.get_connection())
-        return held[1]
 
 
 def pack_wire(commands: list[Any]) -> bytes:

@@ -46,6 +46,9 @@ class Part:
     #: ``WAIT`` (and ``WAITAOF``) sent after the calls.
     waits: int = 0
     asking: bool = False
+    #: The connection it was sent on, by a driver that reads its replies later
+    #: (``durable.log.inflight``); None until sent.
+    sent_on: Any = None
 
 
 class Routes:
@@ -81,7 +84,10 @@ class Routes:
         if key is None:
             return str(self.cluster.get_default_node().name)
         raw = key if isinstance(key, bytes) else str(key).encode()
-        return str(manager.get_node_from_slot(key_slot(raw)).name)
+        try:
+            return str(manager.get_node_from_slot(key_slot(raw)).name)
+        except redis.exceptions.SlotNotCoveredError as exc:  # a failover under way: as a
+            raise redis.ConnectionError(str(exc)) from exc    # master not reached
 
     def pool(self, node: str) -> Any:
         """The connection pool of the server named ``node``."""
