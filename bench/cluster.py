@@ -212,11 +212,26 @@ def run(servers: Any = None, quick: bool = False, rounds: int | None = None,
                    "3 shards / 1 shard": three / one,
                    "MIN_REPLICAS=1 / 3 shards": wait / three,
                    "3 shards: hub / threads": three / threads},
+        # The same ratios round by round (each round runs every configuration within
+        # seconds of the others), their median: steadier than a ratio of medians when the
+        # machine's load swings between rounds.
+        "paired_ratios": {
+            "3 shards / one server": _paired(samples, "3 shards", "one server"),
+            "MIN_REPLICAS=1 / 3 shards": _paired(samples, "3 shards, MIN_REPLICAS=1",
+                                                 "3 shards"),
+            "3 shards: hub / threads": _paired(samples, "3 shards", "3 shards, threads"),
+        },
         "min_replicas_ms_per_append": latency["3 shards, MIN_REPLICAS=1"]["median_ms"]
         - latency["3 shards"]["median_ms"],
         "capacity": capacity.model(rows["one server"]["redis_cpu_us_per_step"][0],
                                    rows["3 shards"]["redis_cpu_us_per_step"]),
     }
+
+
+def _paired(samples: dict[str, list[dict[str, Any]]], top: str, bottom: str) -> float:
+    """The median over rounds of ``top``'s steps/s over ``bottom``'s in the same round."""
+    return median([a["steps_per_s"] / b["steps_per_s"]
+                   for a, b in zip(samples[top], samples[bottom], strict=True)])
 
 
 def _has_replica(port: int) -> bool:

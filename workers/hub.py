@@ -66,8 +66,9 @@ log = logging.getLogger("durable.worker")
 #: User code that runs longer than this on the driving thread hands the driving over.
 HANDOFF_S = 0.001
 
-#: Calls in a batch before it is sent while more runs are resumed (Redis works on it
-#: meanwhile); the rest go when no run is left to resume.
+#: Calls in a batch, per server it goes to (a cluster's masters), before it is sent while
+#: more runs are resumed (Redis works on it meanwhile); the rest go when no run is left to
+#: resume.
 FLUSH_EVERY = 16
 
 #: Batches out at most before a new run is started (runs already going are not held).
@@ -143,6 +144,7 @@ class RunHub:
         self._inflight: collections.deque[list[tuple[_Task | None, RedisCall]]] = \
             collections.deque()
         self._stream = Stream(batcher)
+        self._flush_at = FLUSH_EVERY * self._stream.servers
         #: Guards who drives (the driver checks it after inline user code, the monitor moves
         #: it) and the spares.
         self._mu = threading.Lock()
@@ -236,7 +238,7 @@ class RunHub:
                     item = self._resume(task)
                 if item is not None:
                     self._batch.append((task, item))
-                    if len(self._batch) >= FLUSH_EVERY:
+                    if len(self._batch) >= self._flush_at:
                         self._flush()
             self._pop_ready()
             if self._batch:

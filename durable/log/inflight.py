@@ -29,6 +29,12 @@ from durable.log.routes import Part
 
 _LOST = (redis.ConnectionError, redis.TimeoutError)
 
+#: Connections per server with ``DURABLE_MIN_REPLICAS``, taken in turn batch after batch:
+#: a ``WAIT`` holds back the commands sent after it on its own connection (Redis serves a
+#: blocked client's pipeline in order), so the next batches go on other connections and
+#: their waits overlap. One connection per server otherwise.
+WAIT_LANES = 4
+
 
 class Stream:
     """Batches sent without waiting for their replies (see the module doc). Only one thread
@@ -37,14 +43,22 @@ class Stream:
     def __init__(self, batcher: ScriptBatcher) -> None:
         self.batcher = batcher
         self.routes = batcher.routes
-        #: Per server: its pool and the connection the batches go on.
-        self._conns: dict[str, tuple[Any, Any]] = {}
-        #: Parts sent on each server's connection and not read yet.
-        self._unread: dict[str, int] = {}
+        #: Per server and lane: its pool and the connection the batches go on.
+        self._conns: dict[tuple[str, int], tuple[Any, Any]] = {}
+        #: Parts sent on each of those connections and not read yet.
+        self._unread: dict[tuple[str, int], int] = {}
+        self._lanes = WAIT_LANES if self.routes.min_replicas else 1
+        self._turn = 0
         self._sent: deque[tuple[list[RedisCall], list[Part]]] = deque()
         #: Connections lost on a cluster (by ``id``), and why: the parts sent on one are
         #: answered with its error, never read.
         self._lost: dict[int, BaseException] = {}
+
+    @property
+    def servers(self) -> int:
+        """The servers a batch may be split over: a cluster's masters, else 1."""
+        cluster = self.routes.cluster
+        return 1 if cluster is None else max(1, len(cluster.get_primaries()))
 
     def send(self, batch: list[RedisCall]) -> None:
         """Send ``batch`` (a part per server); its replies are read by ``read_oldest``."""
@@ -56,10 +70,12 @@ class Stream:
             self.batcher.refresh_map()
             return
         self._sent.append((batch, parts))
+        self._turn = lane = (self._turn + 1) % self._lanes
         for part in parts:
+            where = (part.node, lane)
             try:
-                conn = self._conn(part.node)
-                unread = self._unread.get(part.node, 0)
+                conn = self._conn(where)
+                unread = self._unread.get(where, 0)
                 # No health check with replies pending: its PING would read theirs.
                 conn.send_packed_command([pack_wire(part.wire)], check_health=not unread)
             except _LOST as exc:
@@ -68,8 +84,8 @@ class Stream:
                 self._lose(part.node, exc)
                 _answer(part.calls, exc)
                 continue
-            part.sent_on = conn
-            self._unread[part.node] = unread + 1
+            part.sent_on, part.lane = conn, lane
+            self._unread[where] = unread + 1
 
     def read_oldest(self) -> list[RedisCall]:
         """Read the replies of the oldest batch sent and answer its calls (NOSCRIPT and
@@ -91,7 +107,7 @@ class Stream:
             if error is not None:
                 _answer(part.calls, error)
                 continue
-            self._unread[part.node] -= 1
+            self._unread[(part.node, part.lane)] -= 1
             replies = self.routes.unwire(part, got)
             try:
                 self.batcher.answer(part.calls, replies)
@@ -111,19 +127,19 @@ class Stream:
         self._sent.clear()
         self._lost.clear()
 
-    def _conn(self, node: str) -> Any:
-        held = self._conns.get(node)
+    def _conn(self, where: tuple[str, int]) -> Any:
+        held = self._conns.get(where)
         if held is None:
-            pool = self.routes.pool(node)
-            held = self._conns[node] = (pool, pool.get_connection())
+            pool = self.routes.pool(where[0])
+            held = self._conns[where] = (pool, pool.get_connection())
         return held[1]
 
     def _lose(self, node: str, error: BaseException) -> None:
-        """The connection to ``node`` failed: what was sent on it is answered with
-        ``error``; the next batch there goes on a new one, on the map read again."""
-        held = self._conns.pop(node, None)
-        self._unread.pop(node, None)
-        if held is not None:
+        """A connection to ``node`` failed: what was sent on its connections is answered
+        with ``error``; the next batch there goes on a new one, on the map read again."""
+        for where in [w for w in self._conns if w[0] == node]:
+            held = self._conns.pop(where)
+            self._unread.pop(where, None)
             self._lost[id(held[1])] = error
             _drop(*held)
         self.batcher.refresh_map()

@@ -49,6 +49,8 @@ class Part:
     #: The connection it was sent on, by a driver that reads its replies later
     #: (``durable.log.inflight``); None until sent.
     sent_on: Any = None
+    #: Which of that server's connections (``durable.log.inflight.WAIT_LANES``).
+    lane: int = 0
 
 
 class Routes:
