@@ -6,9 +6,19 @@ Side by side, in interleaved rounds, on the same cluster (flushed between batche
   master does all the log's work (what one server gives, plus the cluster client).
 - ``3 shards``: ``DURABLE_SHARDS=3``: the shards' tags fall one in each third of the slot
   space, one shard per master.
-- ``3 shards, MIN_REPLICAS=1``: the same, each append acknowledged only after ``WAIT 1``.
-- ``one server``: the unsharded layout on one plain server (the embedded default), for
-  reference.
+- ``3 shards, MIN_REPLICAS=1``: the same, each append acknowledged only after ``WAIT 1``
+  (the hub: one ``WAIT`` per pipeline to a master, covering every append in it).
+- ``3 shards, threads``: ``DURABLE_DRIVER=threads``, a thread per run and a call each (what
+  every worker did on a cluster before the hub ran there), for reference.
+- ``one server``: the unsharded layout on one plain server (the embedded default): what
+  the cluster is compared with.
+
+Every configuration but ``threads`` runs the worker's default driver, the hub (its start
+line says so). The ratios: ``3 shards / one server`` (target >= 0.8: spreading the log
+over masters must not cost a fifth of the throughput when all of them share this
+machine's cores -- one shard per master, as many masters as the machine has cores or
+more), and ``MIN_REPLICAS=1 / 3 shards`` (target >= 0.8: a replica acknowledgement costs at
+most 20 %).
 
 Each batch: K four-step ``count`` runs started in this process, then W ``durable worker
 --burst`` processes; steps/s from the runs' logs (first worker write to last write), as
@@ -41,7 +51,8 @@ from durable.log.store import EventLog, Spec
 from durable.testing import Server, wait_for
 
 STEPS = 4
-CONFIGS = ("one server", "1 shard", "3 shards", "3 shards, MIN_REPLICAS=1")
+CONFIGS = ("one server", "1 shard", "3 shards", "3 shards, MIN_REPLICAS=1",
+           "3 shards, threads")
 
 
 def _env(cfg: str, cluster: LocalCluster, queue: Server, server: Server) -> dict[str, str]:
@@ -50,7 +61,8 @@ def _env(cfg: str, cluster: LocalCluster, queue: Server, server: Server) -> dict
                 "DURABLE_MIN_REPLICAS": "0"}
     return {"DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
             "DURABLE_QUEUE_URL": queue.url, "DURABLE_SHARDS": "1" if cfg == "1 shard" else "3",
-            "DURABLE_MIN_REPLICAS": "1" if "MIN_REPLICAS" in cfg else "0"}
+            "DURABLE_MIN_REPLICAS": "1" if "MIN_REPLICAS" in cfg else "0",
+            "DURABLE_DRIVER": "threads" if "threads" in cfg else "hub"}
 
 
 def _flush(cluster: LocalCluster, queue: Server, server: Server) -> None:
@@ -103,7 +115,7 @@ def batch(cfg: str, env: dict[str, str], runs: int, workers: int,
         out: dict[str, Any] = {"steps_per_s": done * STEPS / window, "completed": done,
                                "runs": runs, "wall_s": wall,
                                "redis_cpu_us_per_step": [cpu[u] for u in log_servers]}
-        if cfg != "3 shards, MIN_REPLICAS=1":
+        if cfg in ("one server", "1 shard", "3 shards"):
             out["bytes_per_run"] = _bytes_per_run(client.redis, ids[: min(50, runs)])
         return out
     finally:
@@ -192,16 +204,34 @@ def run(servers: Any = None, quick: bool = False, rounds: int | None = None,
             rows[cfg]["bytes_per_run"] = {k: median([b[k] for b in sizes]) for k in sizes[0]}
     one, three = rows["1 shard"]["steps_per_s"], rows["3 shards"]["steps_per_s"]
     wait = rows["3 shards, MIN_REPLICAS=1"]["steps_per_s"]
+    single, threads = rows["one server"]["steps_per_s"], rows["3 shards, threads"]["steps_per_s"]
     return {
         "runs_per_batch": runs, "steps_per_run": STEPS, "rounds": rounds, "workers": workers,
         "cpus": os.cpu_count(), "rows": rows, "append_latency": latency,
-        "ratios": {"3 shards / 1 shard": three / one,
-                   "MIN_REPLICAS=1 / 3 shards": wait / three},
+        "ratios": {"3 shards / one server": three / single,
+                   "3 shards / 1 shard": three / one,
+                   "MIN_REPLICAS=1 / 3 shards": wait / three,
+                   "3 shards: hub / threads": three / threads},
+        # The same ratios round by round (each round runs every configuration within
+        # seconds of the others), their median: steadier than a ratio of medians when the
+        # machine's load swings between rounds.
+        "paired_ratios": {
+            "3 shards / one server": _paired(samples, "3 shards", "one server"),
+            "MIN_REPLICAS=1 / 3 shards": _paired(samples, "3 shards, MIN_REPLICAS=1",
+                                                 "3 shards"),
+            "3 shards: hub / threads": _paired(samples, "3 shards", "3 shards, threads"),
+        },
         "min_replicas_ms_per_append": latency["3 shards, MIN_REPLICAS=1"]["median_ms"]
         - latency["3 shards"]["median_ms"],
         "capacity": capacity.model(rows["one server"]["redis_cpu_us_per_step"][0],
                                    rows["3 shards"]["redis_cpu_us_per_step"]),
     }
+
+
+def _paired(samples: dict[str, list[dict[str, Any]]], top: str, bottom: str) -> float:
+    """The median over rounds of ``top``'s steps/s over ``bottom``'s in the same round."""
+    return median([a["steps_per_s"] / b["steps_per_s"]
+                   for a, b in zip(samples[top], samples[bottom], strict=True)])
 
 
 def _has_replica(port: int) -> bool:

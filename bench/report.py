@@ -412,6 +412,9 @@ def _cluster(cl: dict[str, Any]) -> list[str]:
         out.append(f"| {name} | {row['steps_per_s']:.0f} | {row['all']} | "
                    f"{'' if size is None else f'{size:.0f}'} | {cpu} |")
     ratios = ", ".join(f"{k}: {v:.2f}" for k, v in cl["ratios"].items())
+    if cl.get("paired_ratios"):
+        ratios += "; round by round (median of each round's ratio): " + ", ".join(
+            f"{k}: {v:.2f}" for k, v in cl["paired_ratios"].items())
     lat = cl["append_latency"]
     out.append(f"\nRatios: {ratios}. One append, sequential: "
                + "; ".join(f"{k} {v['median_ms']:.3f} ms (p95 {v['p95_ms']:.3f})"

@@ -104,7 +104,8 @@ class Leases:
     def _renew_on_cluster(self, leases: list[Lease]) -> list[bool]:
         """A cluster pipeline refuses scripts: one plain pipeline per master instead, each
         with the leases of the slots it serves (a moved slot raises: the next beat asks
-        again, the TTL has slack for two)."""
+        again, the TTL has slack for two). A master that fails does not keep the others'
+        leases from being renewed: its error is raised after every master was asked."""
         cluster: Any = self.redis
         by_node: dict[str, list[int]] = {}
         nodes: dict[str, Any] = {}
@@ -114,23 +115,34 @@ class Leases:
             nodes[node.name] = node
         out = [False] * len(leases)
         sha = self.scripts.lease_renew.sha
+        failed: redis.RedisError | None = None
         for name, positions in by_node.items():
             conn = cluster.get_redis_connection(nodes[name])
-            for attempt in range(2):
-                with conn.pipeline(transaction=False) as pipe:
-                    for i in positions:
-                        pipe.evalsha(sha, 1, keys.lease(leases[i].run_id), leases[i].value,
-                                     self.ttl_ms)
-                    try:
-                        replies = pipe.execute()
-                        break
-                    except redis.exceptions.NoScriptError:
-                        if attempt:
-                            raise
-                        conn.script_load(source("lease_renew"))
+            try:
+                replies = self._renew_on(conn, sha, [leases[i] for i in positions])
+            except redis.RedisError as exc:
+                failed = failed or exc
+                continue
             for i, ok in zip(positions, replies, strict=True):
                 out[i] = bool(ok)
+        if failed is not None:
+            raise failed
         return out
+
+    def _renew_on(self, conn: Any, sha: str, leases: list[Lease]) -> list[Any]:
+        """``lease_renew.lua`` for ``leases`` in one pipeline on one master's client."""
+        for attempt in range(2):
+            with conn.pipeline(transaction=False) as pipe:
+                for lease in leases:
+                    pipe.evalsha(sha, 1, keys.lease(lease.run_id), lease.value, self.ttl_ms)
+                try:
+                    replies: list[Any] = pipe.execute()
+                    return replies
+                except redis.exceptions.NoScriptError:
+                    if attempt:
+                        raise
+                    conn.script_load(source("lease_renew"))
+        raise AssertionError("unreachable")
 
     def release(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_release(

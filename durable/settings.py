@@ -140,8 +140,8 @@ class WorkerSettings(BaseSettings):
         default="hub", validation_alias="DURABLE_DRIVER",
         description="How a worker drives its runs: 'hub' (one driving thread resumes "
         "every run, another takes over while agent code or a tool is slow) or 'threads' "
-        "(one thread per held run). On a cluster, or with DURABLE_MIN_REPLICAS, the "
-        "worker uses threads either way.")
+        "(one thread per held run). Both run on a Redis Cluster and with "
+        "DURABLE_MIN_REPLICAS; the worker's start line names the driver.")
     shutdown_grace_s: float = Field(
         default=10.0, ge=0, validation_alias="DURABLE_SHUTDOWN_GRACE_S",
         description="On SIGTERM/SIGINT, how long in-flight calls may finish before the "

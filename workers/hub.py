@@ -54,7 +54,8 @@ import redis
 from durable import fairness
 from durable.fairness import take_command
 from durable.log import keys
-from durable.log.batching import RedisCall, packed, read_replies
+from durable.log.batching import RedisCall
+from durable.log.inflight import Stream
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
 from workers.slots import Slots, run_id_of, slot_live
@@ -65,8 +66,9 @@ log = logging.getLogger("durable.worker")
 #: User code that runs longer than this on the driving thread hands the driving over.
 HANDOFF_S = 0.001
 
-#: Calls in a batch before it is sent while more runs are resumed (Redis works on it
-#: meanwhile); the rest go when no run is left to resume.
+#: Calls in a batch, per server it goes to (a cluster's masters), before it is sent while
+#: more runs are resumed (Redis works on it meanwhile); the rest go when no run is left to
+#: resume.
 FLUSH_EVERY = 16
 
 #: Batches out at most before a new run is started (runs already going are not held).
@@ -113,8 +115,8 @@ class RunHub:
     def __init__(self, loop: StepLoop, size: int) -> None:
         batcher = loop.leases.batcher
         if batcher is None:
-            raise ValueError("the hub needs batched script calls (not on a cluster, nor "
-                             "with DURABLE_MIN_REPLICAS): use the run threads")
+            raise ValueError("the hub needs batched script calls: a step loop whose "
+                             "settings name the hub (DURABLE_DRIVER=hub)")
         self.loop = loop
         #: From other threads: new runs, and runs whose user code returned off the driving
         #: thread (its result is on the ``Offload`` they wait on).
@@ -137,10 +139,12 @@ class RunHub:
         #: in the order sent).
         self._fresh: collections.deque[_Task] = collections.deque()
         self._batch: list[tuple[_Task | None, RedisCall]] = []
-        #: Batches sent and not read yet, oldest first, on the hub's own connection.
+        #: Batches sent and not read yet, oldest first, on the hub's own connections (one
+        #: per server: a cluster's masters).
         self._inflight: collections.deque[list[tuple[_Task | None, RedisCall]]] = \
             collections.deque()
-        self._conn: Any = None
+        self._stream = Stream(batcher)
+        self._flush_at = FLUSH_EVERY * self._stream.servers
         #: Guards who drives (the driver checks it after inline user code, the monitor moves
         #: it) and the spares.
         self._mu = threading.Lock()
@@ -234,7 +238,7 @@ class RunHub:
                     item = self._resume(task)
                 if item is not None:
                     self._batch.append((task, item))
-                    if len(self._batch) >= FLUSH_EVERY:
+                    if len(self._batch) >= self._flush_at:
                         self._flush()
             self._pop_ready()
             if self._batch:
@@ -316,10 +320,7 @@ class RunHub:
         batch, self._batch = self._batch, []
         calls = [call for _, call in batch]
         try:
-            if self._conn is None:
-                self._conn = self.loop.redis.connection_pool.get_connection()
-            # No health check with replies pending: its PING would read theirs.
-            self._conn.send_packed_command([packed(calls)], check_health=not self._inflight)
+            self._stream.send(calls)
         except Exception:
             self._inflight.append(batch)
             self._recover()
@@ -328,33 +329,21 @@ class RunHub:
 
     def _read_oldest(self) -> None:
         """Read the replies of the oldest batch sent and make its runs ready."""
-        batch = self._inflight[0]
-        calls = [call for _, call in batch]
         try:
-            replies = read_replies(self._conn, calls)
+            self._stream.read_oldest()  # may send NOSCRIPT refusals, redirections again
         except Exception:
             self._recover()
             return
-        self._inflight.popleft()
-        try:
-            self._sender.answer(calls, replies)  # may send NOSCRIPT refusals again
-        except Exception as exc:  # every call gets an answer, every run goes on
-            for call in calls:
-                if call.reply is None and call.error is None:
-                    call.error = exc
-        self._answered(batch)
+        self._answered(self._inflight.popleft())
 
     def _recover(self) -> None:
         """The hub's connection failed with batches out: whether their calls ran is not
         known. Each batch is sent again as the batcher sends one (retried as redis-py
         retries a pipeline, then the error is each call's answer), exactly as a batch whose
         connection failed is retried on the run threads: an append sent twice is refused
-        by its version check the second time, and its run reloads."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-                self.loop.redis.connection_pool.release(conn)
+        by its version check the second time, and its run reloads. Calls answered already
+        (their server's part was read) are not sent again."""
+        self._stream.close()
         while self._inflight:
             batch = self._inflight.popleft()
             self._sender.send_now([call for _, call in batch])

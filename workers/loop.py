@@ -98,8 +98,9 @@ class StepLoop:
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
         self.leases = Leases(client, settings.leases.ttl_ms)
-        # The run threads' appends and lease acquisitions go out together.
-        self.leases.batcher = self.log.batch_appends()
+        # The run threads' appends and lease acquisitions go out together (the hub's on a
+        # cluster and with DURABLE_MIN_REPLICAS too: ``workers.runtime.choose_driver``).
+        self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
         #: The approver registry: a decision is checked again before its call is sent.
         self.approvers = Approvers(client, self.log.admin_keys)
         self.heartbeats = Heartbeats(self.leases)

@@ -1,21 +1,22 @@
 """The step protocol's Redis calls, as awaitables: the protocol never blocks its driver.
 
 A run's coroutine (``workers.loop``) ``await``s every Redis call it makes. Where the log's
-script calls are batched (``EventLog.batch_appends``: one server, no
-``DURABLE_MIN_REPLICAS``), each call here is a plain command of that batcher
-(``ScriptBatcher.command_call``): a run thread sends it with the other threads' calls and a
-worker's hub sends it in its own pipelines, with the other runs' calls, while it resumes
-them. Several commands a library function makes in a row (making a run ready, a whole
-quarantine) are made here as a sequence of such awaits, each on the keys of one run or one
-global key, so each is one call in a pipeline.
+script calls are batched (``EventLog.batch_appends``: always for a worker's hub; for the
+run threads on one server without ``DURABLE_MIN_REPLICAS``), each call here is a plain
+command of that batcher (``ScriptBatcher.command_call``): a run thread sends it with the
+other threads' calls and a worker's hub sends it in its own pipelines, with the other
+runs' calls, while it resumes them. On a Redis Cluster those pipelines are one per master:
+each command names one key (one slot), or none. Several commands a library function makes
+in a row (making a run ready, a whole quarantine) are made here as a sequence of such
+awaits, each on the keys of one run or one global key, so each is one call in a pipeline.
 
 What cannot be one command -- RQ's own enqueue of a ``drain``, a ready list on another
-server (``DURABLE_QUEUE_URL``), every call where nothing is batched (a Redis Cluster, or
-``DURABLE_MIN_REPLICAS``: there the run threads drive, a thread per run) -- is the library's
-own function, run on a thread of its own (an ``Offload`` named ``WAITING``: a hub never runs
-one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``: a hub runs it
-inline, and the rare fold that reads more (a large value beside the run, a layout refolded
-from the start) hands the driving over as slow user code does.
+server (``DURABLE_QUEUE_URL``, always so on a cluster), every call where nothing is batched
+(the run threads on a cluster or with ``DURABLE_MIN_REPLICAS``: a thread per run) -- is the
+library's own function, run on a thread of its own (an ``Offload`` named ``WAITING``: a
+hub never runs one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``:
+a hub runs it inline, and the rare fold that reads more (a large value beside the run, a
+layout refolded from the start) hands the driving over as slow user code does.
 """
 
 from __future__ import annotations

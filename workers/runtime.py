@@ -183,8 +183,8 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     listener.start()
     listener.ready.wait(5)
     queue = _loop.queue
-    log.info("worker %s started: queue %r, %d run slots (%s), agents: %s, Redis %s", wid,
-             queue.name, pool.slots.size, pool.model, ", ".join(sorted(registry.agents)) or "none",
+    log.info("worker %s started: queue %r, %s, agents: %s, Redis %s", wid, queue.name,
+             driver_line(_loop, pool), ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
@@ -198,11 +198,37 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
 
 
 def make_pool(loop: StepLoop, size: int) -> Driver:
-    """The hub (``workers.hub``) where its script calls can be batched and the settings
-    do not ask for threads; else one thread per held run (``workers.pool``)."""
-    if loop.settings.worker.driver == "hub" and loop.leases.batcher is not None:
-        return RunHub(loop, size)
-    return RunPool(loop, size)
+    """The driver the settings name (``choose_driver``)."""
+    driver, why = choose_driver(loop)
+    if why and driver != loop.settings.worker.driver:
+        log.warning("DURABLE_DRIVER=%s cannot run here: %s; the run threads drive instead",
+                    loop.settings.worker.driver, why)
+    return RunHub(loop, size) if driver == "hub" else RunPool(loop, size)
+
+
+def choose_driver(loop: StepLoop) -> tuple[str, str]:
+    """The driver of this worker, ``hub`` (``workers.hub``) or ``threads`` (one thread per
+    held run, ``workers.pool``), and why, for the start line: the settings'
+    ``DURABLE_DRIVER``. The hub runs on one server, on a Redis Cluster (a pipeline per
+    master) and with ``DURABLE_MIN_REPLICAS`` (a ``WAIT`` per pipeline) alike; it needs the
+    step loop's script calls batched (``EventLog.batch_appends``), and says so if not."""
+    if loop.settings.worker.driver == "threads":
+        return "threads", "DURABLE_DRIVER=threads"
+    if loop.leases.batcher is None:
+        return "threads", "the step loop's script calls are not batched"
+    return "hub", ""
+
+
+def driver_line(loop: StepLoop, pool: Driver) -> str:
+    """``driver hub`` or ``driver threads (why)``, then where the log is, for the start
+    line."""
+    driver, why = choose_driver(loop)
+    where = [f"{len(loop.redis.get_primaries())} cluster masters"
+             if hasattr(loop.redis, "nodes_manager") else "one server"]
+    if loop.settings.cluster.min_replicas:
+        where.append(f"appends wait for {loop.settings.cluster.min_replicas} replicas")
+    return f"driver {driver}" + (f" ({why})" if why else "") + \
+        f", {pool.slots.size} run slots ({pool.model}), log on " + ", ".join(where)
 
 
 def _restart() -> None:

@@ -15,6 +15,12 @@ transaction, and one call's refusal does not touch another's. A Redis error that
 batch (a lost connection) is raised in every caller of that batch, as it would have been
 raised in each of them alone; whether a call ran is then unknown to its caller, exactly as
 for a single call, and the caller reloads the run.
+
+On a Redis Cluster a batch goes out as one pipeline per master (``durable.log.routes``); a
+call refused with ``MOVED``, ``ASK``, ``TRYAGAIN`` or ``CLUSTERDOWN`` (a failover, a
+resharding) did not run, and is sent again where the cluster now says, as redis-py's
+cluster client sends one call again. With ``DURABLE_MIN_REPLICAS`` each pipeline that holds
+an append ends with one ``WAIT``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -29,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 import redis
 from hiredis import pack_command
 
+from durable.log.routes import Part, Routes
 from durable.log.scripts import source
 
 log = logging.getLogger("durable.log")
@@ -38,8 +46,13 @@ T = TypeVar("T")
 #: Most calls sent in one pipeline.
 MAX_BATCH = 256
 
-#: Times a batch's calls refused with NOSCRIPT are loaded and sent again.
-NOSCRIPT_RETRIES = 5
+#: Times a batch's calls refused with NOSCRIPT (scripts lost), or redirected by a cluster
+#: (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), are sent again (redis-py's cluster client: 16).
+NOSCRIPT_RETRIES = 16
+
+#: Refusals that say "not here, not now" on a cluster: the call did not run.
+_REDIRECTS = (redis.exceptions.AskError, redis.exceptions.TryAgainError,
+              redis.exceptions.ClusterDownError)
 
 
 @dataclass(eq=False)
@@ -57,6 +70,11 @@ class RedisCall:
     done: threading.Lock = field(default_factory=threading.Lock)
     #: The batcher that sends it when a coroutine's call is driven on a thread (``drive``).
     via: ScriptBatcher | None = None
+    #: The run whose append this is: with ``DURABLE_MIN_REPLICAS`` its ``ok`` stands only
+    #: once its pipeline's ``WAIT`` confirmed enough replicas (``durable.log.routes``).
+    acks: str | None = None
+    #: Its reply or error is set (a reply may be None: a nil).
+    answered: bool = False
 
     def __await__(self) -> Generator[RedisCall, None, Any]:
         """A coroutine's script call: it is handed to whoever drives the coroutine (a
@@ -96,8 +114,11 @@ def drive(coro: Coroutine[Any, None, T]) -> T:
 class ScriptBatcher:
     """Sends the script calls of many threads in pipelines (see the module doc)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, min_replicas: int = 0,
+                 timeout_ms: int = 2000) -> None:
         self.client = client
+        #: Where each call goes, and the ``WAIT`` its pipeline ends with.
+        self.routes = Routes(client, min_replicas, timeout_ms)
         self._shas: dict[str, str] = {}
         self._inbox: queue.SimpleQueue[RedisCall] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -106,19 +127,23 @@ class ScriptBatcher:
         #: (that command once sent, with its reply or error).
         self._local = threading.local()
 
-    def call(self, script: str, keys: list[str], args: list[Any]) -> Any:
+    def call(self, script: str, keys: list[str], args: list[Any], *,
+             acks: str | None = None) -> Any:
         """The reply of the script ``script`` (its name in ``durable/log/scripts``) on
         ``keys`` and ``args``, sent with the other calls waiting; raises what the call (or
-        its batch) raised."""
-        return self._wait(self.script_call(script, keys, args))
+        its batch) raised. ``acks``: as for ``script_call``."""
+        return self._wait(self.script_call(script, keys, args, acks=acks))
 
-    def script_call(self, script: str, keys: list[str], args: list[Any]) -> RedisCall:
+    def script_call(self, script: str, keys: list[str], args: list[Any], *,
+                    acks: str | None = None) -> RedisCall:
         """The call of ``script`` on ``keys`` and ``args``, not sent yet: ``await`` it in a
-        coroutine (see ``RedisCall.__await__``)."""
+        coroutine (see ``RedisCall.__await__``). ``acks``: the run whose append it is
+        (acknowledged by replicas with ``DURABLE_MIN_REPLICAS``)."""
         sha = self._shas.get(script)
         if sha is None:
             sha = self._shas[script] = self.client.register_script(source(script)).sha
-        return RedisCall(script, ("EVALSHA", sha, len(keys), *keys, *args), via=self)
+        return RedisCall(script, ("EVALSHA", sha, len(keys), *keys, *args), via=self,
+                         acks=acks)
 
     def command_call(self, *command: Any) -> RedisCall:
         """The plain ``command``, not sent yet: ``await`` it in a coroutine. Its reply is
@@ -157,13 +182,17 @@ class ScriptBatcher:
 
     def send_now(self, batch: list[RedisCall]) -> None:
         """Send ``batch`` on this thread, in one pipeline, and set each call's reply or
-        error (a worker's hub: it sends its own batches)."""
+        error (a worker's hub: it sends its own batches). Calls answered already are not
+        sent again."""
+        batch = [call for call in batch if not call.answered]
+        if not batch:
+            return
         try:
             self._send(batch)
         except BaseException as exc:  # every call gets its answer
             for call in batch:
-                if call.reply is None and call.error is None:
-                    call.error = exc
+                if not call.answered:
+                    call.error, call.answered = exc, True
             if not isinstance(exc, Exception):
                 raise
 
@@ -213,49 +242,115 @@ class ScriptBatcher:
 
     def answer(self, batch: list[RedisCall], replies: list[Any]) -> None:
         """Set each call's reply or error from what its pipeline read; calls refused with
-        NOSCRIPT are sent again (on this thread) first."""
+        NOSCRIPT, or redirected by a cluster, are sent again (on this thread) first."""
         for _ in range(NOSCRIPT_RETRIES):
-            missing = [i for i, r in enumerate(replies)
-                       if isinstance(r, redis.exceptions.NoScriptError)]
-            if not missing:
+            again = [i for i, r in enumerate(replies)
+                     if isinstance(r, redis.exceptions.NoScriptError) or
+                     (self.routes.cluster is not None and isinstance(r, _REDIRECTS))]
+            if not again:
                 break
-            # The server lost its scripts (a restart, SCRIPT FLUSH): nothing of those ran.
-            # Load and send them again -- more than once, should it lose them meanwhile.
-            for name in {batch[i].script for i in missing}:
+            # Nothing of those ran: the server lost its scripts (a restart, SCRIPT FLUSH, a
+            # replica that took over), or the slot is served elsewhere now.
+            asking = self._redirected({i: replies[i] for i in again})
+            for name in {batch[i].script for i in again
+                         if isinstance(replies[i], redis.exceptions.NoScriptError)}:
                 if name is not None:
                     self.client.script_load(source(name))
-            again = self._pipeline([batch[i] for i in missing])
-            for i, reply in zip(missing, again, strict=True):
+            plain = [i for i in again if i not in asking]
+            for i, reply in zip(plain, self._pipeline([batch[i] for i in plain]),
+                                strict=True):
                 replies[i] = reply
+            for node in set(asking.values()):
+                sent = [i for i in asking if asking[i] == node]
+                for i, reply in zip(sent, self._pipeline([batch[i] for i in sent],
+                                                         asking=node), strict=True):
+                    replies[i] = reply
         for call, reply in zip(batch, replies, strict=True):
             if isinstance(reply, Exception):
                 call.error = reply
             else:
                 call.reply = reply
+            call.answered = True
 
-    def _pipeline(self, batch: list[RedisCall]) -> list[Any]:
-        """Send ``batch`` on one pooled connection and read its replies: a refusal is the
-        call's reply (an exception object), a lost connection is retried as redis-py's
-        own pipelines retry it (the client's ``Retry``), then raised.
+    def _redirected(self, replies: dict[int, Any]) -> dict[int, str]:
+        """What the cluster's refusals among ``replies`` (by the call's place in its batch)
+        say: the slots moved are moved in the client's map, a cluster down or busy is
+        waited on; returns the calls to send once with ``ASKING`` to the node named."""
+        cluster = self.routes.cluster
+        asking: dict[int, str] = {}
+        waited = False
+        for i, reply in replies.items():
+            if isinstance(reply, redis.exceptions.MovedError):
+                cluster.nodes_manager.move_slot(reply)
+            elif isinstance(reply, redis.exceptions.AskError):
+                asking[i] = f"{reply.host}:{reply.port}"
+            elif isinstance(reply, _REDIRECTS) and not waited:
+                waited = True
+                time.sleep(0.05 if isinstance(reply, redis.exceptions.TryAgainError)
+                           else 0.25)
+                if isinstance(reply, redis.exceptions.ClusterDownError):
+                    cluster.nodes_manager.initialize()
+        return asking
+
+    def _pipeline(self, batch: list[RedisCall], *, asking: str | None = None) -> list[Any]:
+        """Send ``batch`` -- one pipeline per server it goes to -- and read its replies: a
+        refusal is the call's reply (an exception object). A lost connection is retried as
+        redis-py retries it (the client's ``Retry``); on a cluster the calls not answered
+        yet are routed again after a refresh of the cluster's map, as its client does for
+        one call; once the retries are spent, the error is the reply of those calls.
 
         Why not ``client.pipeline()``: its per-command bookkeeping (argument conversion,
         response callbacks, observability hooks) cost twice the socket work for these
         40-argument calls. The commands are packed by hiredis in one go instead."""
-        pool = self.client.connection_pool
+        cluster = self.routes.cluster
+        if cluster is None:
+            return self._send_part(self.routes.parts(batch)[0])
+        done: dict[int, Any] = {}
+
+        def attempt() -> None:
+            todo = [call for call in batch if id(call) not in done]
+            for part in self.routes.parts(todo, asking=asking):
+                for call, reply in zip(part.calls, self._send_part(part), strict=True):
+                    done[id(call)] = reply
+
+        try:
+            cluster.retry.call_with_retry(attempt, self.refresh_map)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            for call in batch:
+                done.setdefault(id(call), exc)
+        return [done[id(call)] for call in batch]
+
+    def refresh_map(self, _error: BaseException | None = None) -> None:
+        """A cluster node could not be reached: learn the cluster's map again."""
+        if self.routes.cluster is None:
+            return
+        try:
+            self.routes.cluster.nodes_manager.initialize()
+        except redis.RedisError:
+            pass  # the next attempt routes on the map as it is, or fails the same way
+
+    def _send_part(self, part: Part) -> list[Any]:
+        """The replies of ``part``'s calls, sent on one pooled connection of its server."""
+        pool = self.routes.pool(part.node)
         conn = pool.get_connection()
         try:
             replies: list[Any] = conn.retry.call_with_retry(
-                lambda: self._exchange(conn, batch), lambda _error: conn.disconnect())
-            return replies
+                lambda: self._exchange(conn, part.wire), lambda _error: conn.disconnect())
+            return self.routes.unwire(part, replies)
         except BaseException:
             conn.disconnect()  # replies may be left unread on it: never reuse it as is
             raise
         finally:
             pool.release(conn)
 
-    def _exchange(self, conn: Any, batch: list[RedisCall]) -> list[Any]:
-        conn.send_packed_command([packed(batch)])
-        return read_replies(conn, batch)
+    def _exchange(self, conn: Any, wire: list[Any]) -> list[Any]:
+        conn.send_packed_command([pack_wire(wire)])
+        return read_replies(conn, wire)
+
+
+def pack_wire(commands: list[Any]) -> bytes:
+    """``commands`` (tuples of arguments), packed in one go (hiredis)."""
+    return b"".join([pack_command(c) for c in commands])
 
 
 def packed(batch: list[RedisCall]) -> bytes:
@@ -263,9 +358,9 @@ def packed(batch: list[RedisCall]) -> bytes:
     return b"".join([pack_command(c.command) for c in batch])
 
 
-def read_replies(conn: Any, batch: list[RedisCall]) -> list[Any]:
-    """The replies of ``batch``, sent on ``conn``: a refusal is its call's reply (an
-    exception object); a lost connection is raised."""
+def read_replies(conn: Any, batch: list[Any]) -> list[Any]:
+    """The replies of ``batch`` (calls or commands), sent on ``conn``: a refusal is its
+    call's reply (an exception object); a lost connection is raised."""
     replies: list[Any] = []
     for _ in batch:
         try:

@@ -9,6 +9,10 @@ With ``min_replicas = k`` every ``append.lua`` call is followed, *on the same co
 raise :class:`durable.errors.ReplicationTimeout`: the caller never takes the append for
 acknowledged. The event may still be on the master (and later on its replicas); the caller
 reloads the run like after any Redis fault, and the log says what is there.
+
+Where appends are batched (a worker's hub, ``EventLog.batch_appends``), one ``WAIT`` ends
+each pipeline instead and covers every append in it (``durable.log.routes``); an append it
+did not confirm is answered with the same ``ReplicationTimeout``.
 """
 
 from __future__ import annotations
@@ -36,15 +40,16 @@ class Replicated:
         self.batcher: ScriptBatcher | None = None
 
     async def append_async(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
-        """``append``, as a coroutine whose batched call is sent by whoever drives it."""
-        if not self.min_replicas and self.batcher is not None:
-            return await self.batcher.script_call("append", keys, args)
+        """``append``, as a coroutine whose batched call is sent by whoever drives it (with
+        the ``WAIT`` of its pipeline, ``durable.log.routes``, when replicas must confirm)."""
+        if self.batcher is not None:
+            return await self.batcher.script_call("append", keys, args, acks=run_id)
         return self.append(run_id, keys, args)
 
     def append(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
+        if self.batcher is not None:
+            return self.batcher.call("append", keys, args, acks=run_id)
         if not self.min_replicas:
-            if self.batcher is not None:
-                return self.batcher.call("append", keys, args)
             return self.scripts.append(keys=keys, args=args)
         for attempt in range(3):
             node = self._node_client(keys[0])

@@ -124,20 +124,25 @@ class EventLog:
                    lean_agents=lean_agents,
                    limits=blobs.Limits.from_settings(settings))
 
-    def batch_appends(self) -> ScriptBatcher | None:
+    def batch_appends(self, everywhere: bool = False) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
-        for a worker, whose run threads append at once, where ``_pipelines_appends``.
-        Returns the batcher, for other script calls of the same threads (None: not
-        batched)."""
-        if not self._pipelines_appends():
+        for a worker, whose run threads append at once. Returns the batcher, for other
+        script calls of the same threads (None: not batched).
+
+        On a cluster, or with ``DURABLE_MIN_REPLICAS``, only when ``everywhere`` (a
+        worker's hub: a pipeline per master, one ``WAIT`` per pipeline); the run threads
+        there keep one call each, as before batching."""
+        if not everywhere and (self.replicas.min_replicas or
+                               hasattr(self.redis, "nodes_manager")):
             return None
-        self.replicas.batcher = ScriptBatcher(self.redis)
+        self.replicas.batcher = ScriptBatcher(self.redis, self.replicas.min_replicas,
+                                              self.replicas.timeout_ms)
         return self.replicas.batcher
 
     def _pipelines_appends(self) -> bool:
-        """Whether appends may go out several to a pipeline: not on a cluster (its
-        pipelines carry no scripts), nor with ``DURABLE_MIN_REPLICAS`` (each append waits
-        for its own replicas on its own connection)."""
+        """Whether a redis-py pipeline may carry several appends (``commit_many``): not on
+        a cluster, nor with ``DURABLE_MIN_REPLICAS`` (each append waits for its own
+        replicas)."""
         return not self.replicas.min_replicas and not hasattr(self.redis, "nodes_manager")
 
     # Reading ---------------------------------------------------------------------------
