@@ -181,7 +181,7 @@ def test_the_hub_goes_on_across_the_failover_of_a_master(
     """Crash window: a master (not the one the worker starts from) is killed -9 while a
     worker drives 30 runs of several effects each, some of them in flight on its
     connection to that master; its replica takes over. The hub's calls to the dead master
-    fail (the worker says Redis is unavailable, then answers again) or are redirected
+    fail (the worker says Redis is unavailable, then that it answers again) or are redirected
     (MOVED) to the new one; every run completes, and every effect is applied exactly once
     -- as with the run threads."""
     queue = make_server(fsync="everysec")
@@ -209,7 +209,9 @@ def test_the_hub_goes_on_across_the_failover_of_a_master(
         text = log.read_text()
         assert ("driver hub," if driver == "hub" else
                 "driver threads (DURABLE_DRIVER=threads),") in text
-        assert "Redis unavailable" in text and "Redis answers again" in text
+        # Calls in flight to the dead master fail (an outage the worker logs, and ends);
+        # when none was in flight at the kill, the redirections alone show nothing.
+        assert ("Redis unavailable" in text) <= ("Redis answers again" in text), text[-3000:]
     assert applications(str(tmp_path / "world.sqlite")) == \
         {f"{r}:{s}": 1 for r in runs for s in range(1, 7)}
 
