@@ -2,7 +2,9 @@
 the session's latest run by reference, one turn at a time, per tenant. Real worker
 processes and real SIGKILLs; the model servers are local HTTP servers that see the whole
 conversation of each turn (``tests.model_server`` for a code agent, ``tests.openai_server``
-for pydantic-ai and the OpenAI Agents SDK, ``tests.session_agents``)."""
+for pydantic-ai and the OpenAI Agents SDK, ``tests.session_agents``). The tests marked
+``cluster`` run on a real 3-master cluster with ``pytest --cluster``: a session's keys and
+its runs' keys are on different shards."""
 
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def _turns(client: Client, agent: str, inputs: list[Any], session: str, *, prefi
     return runs
 
 
+@pytest.mark.cluster
 def test_a_code_agents_session_continued_three_times_past_1_mb(
         client: Client, worker: WorkerFactory, model: ModelServer,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,6 +157,7 @@ def test_an_openai_agents_sdk_session_continued_three_times_past_1_mb(
         assert verify(client.log, run).ok
 
 
+@pytest.mark.cluster
 def test_two_concurrent_starts_of_one_session_one_wins_the_other_is_refused(
         client: Client, settings: Settings, model: ModelServer,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -234,29 +238,35 @@ def test_a_session_run_killed_mid_save_loses_no_message(
     assert verify(client.log, second).ok
 
 
-def test_a_pydantic_ai_session_run_killed_mid_save_loses_no_message(
+@pytest.mark.parametrize(("agent", "field"), [("pai_reader", "prompt"),
+                                            ("oai_reader", "input")])
+def test_a_framework_session_run_killed_mid_save_loses_no_message(
         client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
-        openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        openai_server: OpenAIServer, monkeypatch: pytest.MonkeyPatch, agent: str,
+        field: str) -> None:
     """SIGKILL after turn 2's ``conversation.save`` (step 5: load, model, read_page, model,
     save) ran, before its outcome was recorded: the function executed again builds the same
-    messages (their requests' timestamps are left out of what is saved), so the save is the
-    same step, not a nondeterminism; turn 3 sees both earlier turns."""
+    messages (pydantic-ai's requests' timestamps are left out of what is saved), so the save
+    is the same step, not a nondeterminism; no model request is sent again, and turn 3 sees
+    both earlier turns."""
     monkeypatch.setenv("TEST_PAGE_CHARS", "1000")
     client.registry.load(AGENTS)
-    first = client.start("pai_reader", {"prompt": "turn 1"}, run_id="pk-1",
-                         session="pkill").run_id
+    first = client.start(agent, {field: "turn 1"}, run_id=f"{agent}-k1",
+                         session="kill").run_id
     worker(burst=True).wait(60)
     assert client.status(first).state == "completed"
-    second = client.start("pai_reader", {"prompt": "turn 2"}, run_id="pk-2",
-                          session="pkill").run_id
-    assert worker(kill_at="after_effect:5").wait(30) == -signal.SIGKILL
+    second = client.start(agent, {field: "turn 2"}, run_id=f"{agent}-k2",
+                          session="kill").run_id
+    assert worker(kill_at="after_effect:5").wait(60) == -signal.SIGKILL
     worker()
     reconciler()
     final = client.wait(second, timeout=60, waiting=False)
     assert final.state == "completed", (final.state, final.error)
-    assert openai_server.counts("pk-2") == {"pk-2:2": 1, "pk-2:4": 1}  # none sent again
-    third = client.start("pai_reader", {"prompt": "turn 3"}, run_id="pk-3",
-                         session="pkill").run_id
+    assert openai_server.counts(second) == {f"{second}:2": 1, f"{second}:4": 1}
+    dispatched = [e.step for e in _events(client, second) if isinstance(e, ev.ActionDispatched)]
+    assert dispatched == [1, 2, 3, 4, 5, 5]  # the save in flight twice, nothing else again
+    third = client.start(agent, {field: "turn 3"}, run_id=f"{agent}-k3",
+                         session="kill").run_id
     assert client.wait(third, timeout=60, waiting=False).state == "completed"
     body = openai_server.requests[-1]["body"]["messages"]
     assert [m["content"] for m in body if m["role"] == "user"] == ["turn 1", "turn 2",
@@ -282,6 +292,7 @@ def test_a_turn_that_did_not_complete_is_passed_over_for_what_it_continued(
     assert client.status(first).state == "completed"
 
 
+@pytest.mark.cluster
 def test_a_claim_whose_start_died_is_taken_up_or_passed_over(
         client: Client, model: ModelServer) -> None:
     """The starter died between claiming the session and writing ``run_started``: the
