@@ -120,6 +120,9 @@ def conversation_before(client: Any, run_id: str) -> tuple[str, list[dict[str, A
     seen: set[str] = set()
     while run_id and run_id not in seen:
         seen.add(run_id)
+        if not client.log.exists(run_id):
+            raise ConversationMissing(f"run {run_id!r}, whose conversation this run "
+                                      "continues, no longer exists (expired or archived)")
         messages = kept(client, run_id)
         if messages is not None:
             return run_id, messages

@@ -290,6 +290,13 @@ def test_a_turn_that_did_not_complete_is_passed_over_for_what_it_continued(
     sent = model.requests(f"{third}:2")[-1].body["messages"]
     assert [m["content"].strip() for m in sent if m["role"] == "user"] == ["turn 1", "turn 2"]
     assert client.status(first).state == "completed"
+    # A conversation that expired after its turn was started: the load says so.
+    late = client.start("talker", {"say": "turn 3"}, run_id="po-4",
+                        continue_from=third).run_id
+    client.redis.delete(keys.log(third), keys.run(third), keys.blobs(third))
+    worker(burst=True).wait(60)
+    failed = client.status(late)
+    assert failed.state == "failed" and "no longer exists" in (failed.error or ""), failed
 
 
 @pytest.mark.cluster
