@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from durable import catalog, overview, settling, tenants
+from durable import catalog, overview, sessions, settling, tenants
 from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
@@ -123,14 +123,21 @@ class Client(Starts):
     def runs(self, state: str | None = None, limit: int = 100, *, agent: str | None = None,
              after: str | None = None, since: int | None = None,
              oldest_first: bool = False, tenant: str | None = None,
-             owner: str | None = None) -> list[RunSummary]:
+             owner: str | None = None, session: str | None = None) -> list[RunSummary]:
         """Runs by update time, newest first (or ``oldest_first``): in ``state``, of
         ``agent``, updated at or after ``since`` (ms since the epoch); ``after`` a run id
         of the previous page (the next page starts below it). With ``tenant``: that
-        tenant's runs only, by start time (its index); ``owner``: started by that owner."""
+        tenant's runs only, by start time (its index); ``owner``: started by that owner.
+        With ``session``: the runs of that session (of ``tenant``), the latest turn first
+        (``durable.sessions``)."""
         if oldest_first and since is not None:
             raise UsageError("since and oldest_first cannot be combined")
-        walk = ordered(self.redis, state, after, oldest_first=oldest_first, tenant=tenant)
+        if session is not None and (oldest_first or since is not None):
+            raise UsageError("a session's runs are listed by turn, latest first: "
+                             "without since or oldest_first")
+        walk = sessions.walk(self.redis, tenant or "", sessions.checked(session), after) \
+            if session is not None else \
+            ordered(self.redis, state, after, oldest_first=oldest_first, tenant=tenant)
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:

@@ -98,6 +98,17 @@ class RunContext:
         return self._session.pos
 
     @property
+    def continues(self) -> str:
+        """The run whose conversation this one continues ("" for none): the one given as
+        ``continue_from``, or the latest run of its session (``durable.sessions``)."""
+        return self._session.continues
+
+    @property
+    def session_name(self) -> str:
+        """The named session this run is a turn of ("" for none)."""
+        return self._session.session_name
+
+    @property
     def replaying(self) -> bool:
         """True while recorded steps are being returned (recovery); do no side effects
         outside ``call`` either way."""
@@ -292,7 +303,9 @@ class CodeAgent(Agent):
             self._log.resolve(state.run_id, actions.values())
         inp = self.input_model.model_validate(state.input or {})
         context = AsyncRunContext if inspect.iscoroutinefunction(self.fn) else RunContext
-        return Session(self, state.run_id, actions, waits, inp, values, context=context)
+        session = Session(self, state.run_id, actions, waits, inp, values, context=context)
+        session.continues, session.session_name = state.continue_from, state.session
+        return session
 
 
 def _child_args(agent: str, input: Any, detached: bool,

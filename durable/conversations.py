@@ -5,6 +5,9 @@ continues::
 
     client.start("talker", {"say": "and then?"}, continue_from="turn-1")
 
+or as the next turn of a named session (``start(..., session="support-42")``: the session's
+latest run is the one continued, ``durable.sessions``).
+
 The new run's ``run_started`` records the reference (``continue_from``); nothing of the
 conversation goes through the input, so the input limit (``DURABLE_MAX_PAYLOAD_BYTES``)
 does not cap it. The run it continues must have completed (else ``UsageError``, nothing written).
@@ -109,6 +112,27 @@ def kept(client: Any, run_id: str) -> list[dict[str, Any]] | None:
     return messages
 
 
+def conversation_before(client: Any, run_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """(the run whose conversation is continued, its messages) for a run that continues
+    ``run_id`` ("" for none: ``("", [])``). A run that did not complete and kept nothing (a
+    session's turn that failed before its load) is passed over for the run it continued; a
+    completed one that kept nothing raises ``ConversationMissing``."""
+    seen: set[str] = set()
+    while run_id and run_id not in seen:
+        seen.add(run_id)
+        if not client.log.exists(run_id):
+            raise ConversationMissing(f"run {run_id!r}, whose conversation this run "
+                                      "continues, no longer exists (expired or archived)")
+        messages = kept(client, run_id)
+        if messages is not None:
+            return run_id, messages
+        if client.log.projection(run_id).get("state") == "completed":
+            raise ConversationMissing(f"run {run_id!r} kept no conversation "
+                                      f"({SAVE} or {LOAD} steps)")
+        run_id = continued_from(client, run_id)
+    return "", []
+
+
 def continued_from(client: Any, run_id: str) -> str:
     """The run ``run_id`` continues ("" for none), from its ``run_started``."""
     first = client.log.read(run_id, "-", "+", count=1)
@@ -142,13 +166,7 @@ class LoadConversation(_ClientTool):
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         client = self.client()
-        earlier = continued_from(client, ctx.run_id)
-        if not earlier:
-            return {"run": "", "messages": []}
-        messages = kept(client, earlier)
-        if messages is None:
-            raise ConversationMissing(f"run {earlier!r} kept no conversation "
-                                      f"({SAVE} or {LOAD} steps)")
+        earlier, messages = conversation_before(client, continued_from(client, ctx.run_id))
         return {"run": earlier, "messages": messages}
 
 

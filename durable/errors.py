@@ -8,7 +8,8 @@
      │    ├── UnknownTool
      │    ├── InvalidInput
      │    ├── PayloadTooLarge
-     │    └── RunIdConflict       a start reusing a run id with another agent or input
+     │    ├── RunIdConflict       a start reusing a run id with another agent or input
+     │    └── SessionBusy         a start in a session whose latest run has not ended
      ├── RunNotFound
      ├── ScheduleNotFound
      ├── ConflictError           a stale writer: the expected version moved on
@@ -102,6 +103,18 @@ class RunIdConflict(UsageError):
         self.run_id, self.detail = run_id, detail
         super().__init__(f"run {run_id!r} already exists with {detail}: choose another run "
                          "id, or start again with the same input to get the existing run")
+
+
+class SessionBusy(UsageError):
+    """A start in a named session whose latest run has not ended (``durable.sessions``):
+    refused, nothing written, so that two turns never continue one conversation at once."""
+
+    def __init__(self, session: str, tenant: str, run_id: str, state: str) -> None:
+        self.session, self.tenant, self.run_id, self.state = session, tenant, run_id, state
+        of = f" of tenant {tenant!r}" if tenant else ""
+        super().__init__(f"session {session!r}{of} has a run in progress: {run_id!r} is "
+                         f"{state}; start the next turn when it has ended (nothing was "
+                         "written)")
 
 
 class RunNotFound(DurableError):

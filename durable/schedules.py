@@ -36,6 +36,7 @@ import msgspec
 import redis
 from croniter import CroniterError, croniter
 
+from durable import sessions
 from durable.errors import DurableError, ScheduleNotFound, UsageError
 from durable.log import keys
 from durable.log.scripts import Scripts
@@ -79,6 +80,8 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: The tenant and owner of every run the schedule starts (``durable.tenants``).
     tenant: str = ""
     owner: str = ""
+    #: The named session each run is the next turn of (``durable.sessions``), or "".
+    session: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,10 +200,13 @@ class Schedules:
     def add(self, name: str, cron: str, agent: str, input: Any = None, *,
             missed: str = "latest", grace_s: int = 60, by: str = "operator",
             now: int | None = None, tenant: str | None = None,
-            owner: str | None = None) -> Listed:
+            owner: str | None = None, session: str | None = None) -> Listed:
         """Add a schedule; its first slot is the first after ``now``. The name, the
         expression, the agent and the input are checked as a start checks them: a
-        ``UsageError`` writes nothing. A name in use is refused (delete it first)."""
+        ``UsageError`` writes nothing. A name in use is refused (delete it first).
+        ``session``: each run is the next turn of that session (of ``tenant``); a slot
+        whose session's latest run has not ended is refused (``SessionBusy``), recorded
+        as the schedule's error like any refused slot."""
         if not NAME_RE.match(name):
             raise UsageError(f"invalid schedule name {name!r}: use 1-100 of A-Z a-z 0-9 _ . : -")
         if missed not in POLICIES:
@@ -208,6 +214,8 @@ class Schedules:
         if grace_s < 0:
             raise UsageError(f"grace must be >= 0 s, not {grace_s}")
         cron = check_cron(cron)
+        if session is not None:
+            sessions.checked(session)
         now = now if now is not None else now_ms()
         checked = self.client._check_start(agent, input, slot_run_id(name, now // 1000), None,
                                            tenant, owner)
@@ -217,7 +225,8 @@ class Schedules:
                              "(nothing was written)")
         s = Schedule(name=name, cron=cron, agent=checked.name, input=checked.plain,
                      missed=missed, grace_s=grace_s, created=now, by=by,
-                     tenant=checked.who.tenant, owner=checked.who.owner)
+                     tenant=checked.who.tenant, owner=checked.who.owner,
+                     session=session or "")
         first = _after(cron, now // 1000) * 1000
         if not self._write("add", name, s, first):
             raise UsageError(f"schedule {name!r} exists already; delete it first")
@@ -322,7 +331,8 @@ class Schedules:
             try:
                 if self.client.start(s.agent, s.input, run_id, schedule=(name, slot),
                                      tenant=s.tenant or None,
-                                     owner=s.owner or None).created:
+                                     owner=s.owner or None,
+                                     session=s.session or None).created:
                     started.append(run_id)
             except UsageError as exc:  # the agent or its input changed since the add
                 log.error("schedule %s: slot %d not started: %s", name, slot, exc)

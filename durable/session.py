@@ -105,6 +105,10 @@ UNWIND = object()
 class Session:
     """One execution of a code agent's function, for as long as a worker drives the run."""
 
+    #: The run it continues and the named session it is a turn of (``RunContext``).
+    continues: str = ""
+    session_name: str = ""
+
     def __init__(self, agent: CodeAgent, run_id: str, actions: dict[int, Action],
                  waits: list[WaitInfo], inp: Any, values: Values | None = None, *,
                  context: Callable[[Session], Any]) -> None:

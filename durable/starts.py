@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from rq import Queue
 
 from durable import catalog, tenants, tracing
+from durable import sessions as sessions_
 from durable.agents import Registry
 from durable.budgets import checked as checked_budgets
 from durable.errors import (
@@ -89,7 +90,8 @@ class Starts:
               parent: tuple[str, int] | None = None,
               shared_budgets: bool = False,
               continue_from: str | None = None, tenant: str | None = None,
-              owner: str | None = None, priority: int | None = None) -> Started:
+              owner: str | None = None, priority: int | None = None,
+              session: str | None = None) -> Started:
         """Start a run; the same ``run_id`` with the same agent and input returns the
         existing run, writing nothing; with another agent or input it raises
         ``RunIdConflict``.
@@ -107,7 +109,9 @@ class Starts:
         (what the parent has left), each limit the lower of the agent's and the cap, and
         the child's use is added to the parent's when it ends. ``continue_from``: a
         completed run whose conversation this one continues, by reference
-        (``durable.conversations``).
+        (``durable.conversations``). ``session``: a named session (of the run's tenant)
+        whose latest run this one continues, by reference; refused with ``SessionBusy``
+        while that run has not ended (``durable.sessions``).
 
         ``tenant``, ``owner``, ``priority``: who the run is for, who started it and how it
         ranks among ready runs (``durable.tenants``); a child inherits its parent's tenant
@@ -120,14 +124,35 @@ class Starts:
             up = self.log.projection(parent[0])
             tenant = up.get("tenant", "") if tenant is None else tenant
             owner = up.get("owner", "") if owner is None else owner
+        if session is not None:
+            sessions_.checked(session)
+            if continue_from:
+                raise UsageError("give a session or continue_from, not both: a session "
+                                 "continues its latest run")
         c = self._check_start(agent, input, run_id, budgets, tenant, owner, priority,
                               cap=shared_budgets)
         if self.log.projection(c.run_id):
-            return self._existing(c.run_id, c.name, c.plain)
+            return self._existing(c.run_id, c.name, c.plain, session or "")
         if continue_from:
             self._check_continuable(continue_from)
         self._require_keys(c)
         self._admit()
+        if session:
+            continue_from = sessions_.claim(self.redis, self.log.projection, c.who.tenant,
+                                           session, c.run_id, now_ms())
+        try:
+            return self._write_start(c, enqueue, schedule, parent, shared_budgets,
+                                     continue_from or "", session or "")
+        except Exception:
+            if session and not self.log.projection(c.run_id):  # not started after all:
+                sessions_.release(self.redis, c.who.tenant, session, c.run_id,
+                                 continue_from or "")  # the session goes back
+            raise
+
+    def _write_start(self, c: _Checked, enqueue: bool, schedule: tuple[str, int] | None,
+                     parent: tuple[str, int] | None, shared_budgets: bool,
+                     continue_from: str, session: str) -> Started:
+        """Append the checked run's ``run_started`` and make it ready."""
         handle = RunHandle(c.run_id, RunState(), actor="client")
         with tracing.start_span(c.run_id, c.name):
             created = now_ms()
@@ -135,11 +160,11 @@ class Starts:
             try:
                 self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
                                                        parent, shared_budgets,
-                                                       continue_from or "")],
+                                                       continue_from, session)],
                                 extra={"agent": c.name, "created": str(created),
                                        **tenants.projection(c.who)})
             except ConflictError:
-                return self._existing(c.run_id, c.name, c.plain)
+                return self._existing(c.run_id, c.name, c.plain, session)
             tenants.index(self.redis, c.run_id, c.who.tenant, created)
             if enqueue:
                 make_ready(self.redis, self.queue, c.run_id, route=c.name)
@@ -148,7 +173,8 @@ class Starts:
     def start_many(self, agent: str, inputs: Sequence[Any], *,
                    run_ids: Sequence[str] | None = None, enqueue: bool = True,
                    budgets: Mapping[str, int] | None = None, tenant: str | None = None,
-                   owner: str | None = None, priority: int | None = None) -> list[Started]:
+                   owner: str | None = None, priority: int | None = None,
+                   sessions: Sequence[str] | None = None) -> list[Started]:
         """Start one run of ``agent`` per input, in a few round trips whatever their number
         (one pipeline of appends, one push to the ready list), with ``start``'s guarantees
         for each: a ``run_id`` already started with the same agent and input is returned as
@@ -157,28 +183,39 @@ class Starts:
         Every input is validated first: one invalid input writes nothing. With
         ``DURABLE_MAX_PENDING_RUNS`` the whole batch must fit. On a cluster, or with
         ``DURABLE_MIN_REPLICAS``, the appends are made one by one. ``tenant``, ``owner``,
-        ``priority``: as ``start``'s, the same for every run of the batch."""
+        ``priority``: as ``start``'s, the same for every run of the batch. ``sessions``: one
+        session per input, each a different one (``start``'s ``session``); one that is busy
+        refuses the whole batch, nothing written."""
         inputs = list(inputs)
         ids = list(run_ids) if run_ids is not None else [uuid.uuid4().hex[:16] for _ in inputs]
         if len(ids) != len(inputs):
             raise UsageError(f"{len(ids)} run ids for {len(inputs)} inputs")
         if len(set(ids)) != len(ids):
             raise UsageError("start_many: run ids repeat")
+        names = [sessions_.checked(n) for n in sessions] if sessions is not None else None
+        if names is not None and len(names) != len(inputs):
+            raise UsageError(f"{len(names)} sessions for {len(inputs)} inputs")
+        if names is not None and len(set(names)) != len(names):
+            raise UsageError("start_many: sessions repeat (a session takes one turn at a time)")
+        of = dict(zip(ids, names, strict=True)) if names is not None else {}
         checked = [self._check_start(agent, data, run_id, budgets, tenant, owner, priority)
                    for run_id, data in zip(ids, inputs, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
             pipe.exists(keys.run(run_id))
         exists = [bool(n) for n in pipe.execute()]
-        found = {c.run_id: self._existing(c.run_id, c.name, c.plain)
+        found = {c.run_id: self._existing(c.run_id, c.name, c.plain, of.get(c.run_id, ""))
                  for c, e in zip(checked, exists, strict=True) if e}
         fresh = [c for c in checked if c.run_id not in found]
         for c in fresh:
             self._require_keys(c)
         self._admit(len(fresh))
+        claims = self._claim_all(fresh, of)
         trace = tracing.traceparent()
         created = now_ms()
-        batch = [(RunHandle(c.run_id, RunState(), actor="client"), [self._started(c, trace)],
+        batch = [(RunHandle(c.run_id, RunState(), actor="client"),
+                  [self._started(c, trace, continue_from=claims.get(c.run_id, ""),
+                                 session=of.get(c.run_id, ""))],
                   {"agent": c.name, "created": str(created), **tenants.projection(c.who)})
                  for c in fresh]
         for (handle, _, _), c in zip(batch, fresh, strict=True):
@@ -190,9 +227,13 @@ class Starts:
             for (handle, _, _), c, answer in zip(chunk, fresh[at:at + START_CHUNK],
                                                  self.log.commit_many(chunk), strict=True):
                 if isinstance(answer, ConflictError):  # started meanwhile by someone else
-                    found[c.run_id] = self._existing(c.run_id, c.name, c.plain)
+                    found[c.run_id] = self._existing(c.run_id, c.name, c.plain,
+                                                     of.get(c.run_id, ""))
                 elif isinstance(answer, Exception):
                     failed = failed or answer
+                    if c.run_id in claims and not self.log.projection(c.run_id):
+                        sessions_.release(self.redis, c.who.tenant, of[c.run_id], c.run_id,
+                                          claims[c.run_id])
                 else:
                     started.append(c.run_id)
                     found[c.run_id] = Started(c.run_id, True, handle.state.state)
@@ -206,6 +247,24 @@ class Starts:
             if failed is not None:  # what was written is ready; the caller learns the rest
                 raise failed
         return [found[run_id] for run_id in ids]
+
+    def _claim_all(self, fresh: list[_Checked], of: Mapping[str, str]) -> dict[str, str]:
+        """Claim the session of each run that names one: {run id: the run it continues}.
+        A busy session releases the claims made so far and refuses the batch."""
+        claims: dict[str, str] = {}
+        try:
+            for c in fresh:
+                if of.get(c.run_id):
+                    claims[c.run_id] = sessions_.claim(self.redis, self.log.projection,
+                                                       c.who.tenant, of[c.run_id], c.run_id,
+                                                       now_ms())
+        except Exception:
+            for c in fresh:
+                if c.run_id in claims:
+                    sessions_.release(self.redis, c.who.tenant, of[c.run_id], c.run_id,
+                                      claims[c.run_id])
+            raise
+        return claims
 
     def _check_start(self, agent: str, input: Any, run_id: str,
                      budgets: Mapping[str, int] | None, tenant: str | None = None,
@@ -246,7 +305,7 @@ class Starts:
 
     def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
                  parent: tuple[str, int] | None = None, shared_budgets: bool = False,
-                 continue_from: str = "") -> Spec:
+                 continue_from: str = "", session: str = "") -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
         name, slot = schedule or ("", 0)
@@ -259,7 +318,8 @@ class Starts:
                                     "trace": trace, "schedule": name, "slot": slot,
                                     **child, **({"continue_from": continue_from}
                                                 if continue_from else {}),
-                                    **tenants.fields(c.who)})
+                                    **tenants.fields(c.who),
+                                    **({"session": session} if session else {})})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
@@ -306,9 +366,9 @@ class Starts:
         return (spec.name, spec.version, list(spec.tools), dict(spec.budgets), dumped,
                 spec.sensitive_input())
 
-    def _existing(self, run_id: str, agent: str, data: Any) -> Started:
-        """The run already started under ``run_id``, if it was started with this agent and
-        input; else ``RunIdConflict``."""
+    def _existing(self, run_id: str, agent: str, data: Any, session: str = "") -> Started:
+        """The run already started under ``run_id``, if it was started with this agent,
+        input and session; else ``RunIdConflict``."""
         first = self.log.read(run_id, "-", "+", count=1)
         started = first[0].event if first else None
         if not isinstance(started, ev.RunStarted):
@@ -323,6 +383,8 @@ class Starts:
                 raise RunIdConflict(run_id, "an input sealed with a key not held here") from None
         if _canonical(recorded) != _canonical(data):
             raise RunIdConflict(run_id, "a different input")
+        if started.session != session:
+            raise RunIdConflict(run_id, f"session {started.session!r}, not {session!r}")
         return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
 
     def enqueue(self, run_id: str, *, force: bool = False) -> bool:

@@ -73,6 +73,13 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if not results:
             return {"tool_calls": [_call(1, "tell_story", input="a story")]}
         return {"content": "the story: " + results[0]}
+    if system.startswith("reader"):  # one read_page call per user turn, then the count
+        turns = sum(1 for m in messages if m.get("role") == "user")
+        last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+        if not _tool_results(messages[last:]):
+            return {"tool_calls": [_call(turns, "read_page", n=turns)]}
+        seen = sum(len(str(m.get("content") or "")) for m in messages)
+        return {"content": f"read {len(results)} pages in {turns} turns, {seen} chars seen"}
     if system.startswith("storyteller"):
         return {"content": " ".join(f"word{i}" for i in range(40))}
     return {"content": "hello"}

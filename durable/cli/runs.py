@@ -43,7 +43,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     data = _json_arg(args.input, "--input") if args.input else {}
     started = client().start(args.agent, data, run_id=args.run_id,
                              continue_from=args.continue_from, tenant=args.tenant,
-                             owner=args.owner, priority=args.priority)
+                             owner=args.owner, priority=args.priority, session=args.session)
     if args.json:
         json_out({"run_id": started.run_id, "created": started.created, "state": started.state})
     else:
@@ -67,6 +67,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append(("parent", f"{state.parent} (step {state.parent_step})"))
     if state.children:
         rows.append(("children", ", ".join(state.children)))
+    if state.session or state.continue_from:
+        rows.append(("session", f"{state.session or '-'} (continues "
+                                f"{state.continue_from or 'nothing: its first turn'})"))
     if state.cancel:
         rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
     if state.wait:
@@ -95,7 +98,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if args.stuck:
         return _stuck(args)
     runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after,
-                         tenant=args.tenant, owner=args.owner)
+                         tenant=args.tenant, owner=args.owner, session=args.session)
     if args.json:
         for r in runs:
             json_out(r.__dict__)
@@ -198,6 +201,9 @@ def register(add: Add) -> None:
     sp.add_argument("--run-id", default=None, help="idempotent: an existing id returns that run")
     sp.add_argument("--continue-from", default=None, metavar="RUN",
                     help="continue this completed run's conversation (durable.conversations)")
+    sp.add_argument("--session", default=None, metavar="NAME",
+                    help="a turn of this named session (of --tenant): continues its latest "
+                    "run, refused while that run has not ended (durable.sessions)")
     sp.add_argument("--tenant", default=None, help="who the run is for (limits, fairness)")
     sp.add_argument("--owner", default=None, help="who started it")
     sp.add_argument("--priority", type=int, default=None,
@@ -211,6 +217,8 @@ def register(add: Add) -> None:
     sp.add_argument("--agent", default=None, help="only this agent's runs")
     sp.add_argument("--tenant", default=None, help="only this tenant's runs (by start time)")
     sp.add_argument("--owner", default=None, help="only runs started by this owner")
+    sp.add_argument("--session", default=None, metavar="NAME",
+                    help="only this session's runs (of --tenant), the latest turn first")
     sp.add_argument("--stuck", action="store_true",
                     help="only runs whose unknown outcome no lookup can resolve (settle them)")
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)

@@ -37,7 +37,7 @@ def cmd_add(args: argparse.Namespace) -> int:
     data = _json_arg(args.input, "--input") if args.input else {}
     entry = schedules().add(args.name, args.cron, args.agent, data, missed=args.missed,
                             grace_s=args.grace, by=args.by, tenant=args.tenant,
-                            owner=args.owner)
+                            owner=args.owner, session=args.session)
     return said(entry, f"{args.agent} at {args.cron!r} (UTC), first run {next_slot(entry)}",
                 args)
 
@@ -102,6 +102,9 @@ def register(add: Add) -> None:
     p.add_argument("--by", default="operator", help="who adds it (recorded)")
     p.add_argument("--tenant", default=None, help="the tenant of the runs it starts")
     p.add_argument("--owner", default=None, help="the owner of the runs it starts")
+    p.add_argument("--session", default=None, metavar="NAME",
+                   help="each run is the next turn of this named session (a slot whose "
+                   "session is busy is refused)")
     verb("list", cmd_list, "the schedules, their next slot and last error", named=False)
     verb("pause", cmd_pause, "stop starting runs (slots while paused never run)")
     verb("resume", cmd_resume, "start runs again from the next slot")

@@ -90,6 +90,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.shared_budgets = e.shared_budgets
             state.trace = e.trace
             state.tenant, state.owner, state.priority = e.tenant, e.owner, e.priority
+            state.continue_from, state.session = e.continue_from, e.session
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():

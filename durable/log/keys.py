@@ -175,6 +175,22 @@ def partial(run_id: str, step: int) -> str:
     return _per_run(run_id, f"partial:{step}")
 
 
+def _session_tag(tenant: str, name: str) -> str:
+    return f"session/{tenant}/{name}"  # "/" is in neither a tenant's nor a session's name
+
+
+def session(tenant: str, name: str) -> str:
+    """Hash of a named session of a tenant (``durable.sessions``): ``head`` its latest
+    run, ``from`` the run that one continues, ``at`` when it was claimed (ms), ``n`` its
+    runs so far. Keyed like a run's keys, by its own tag (one slot with ``session_runs``)."""
+    return _per_run(_session_tag(tenant, name), "session")
+
+
+def session_runs(tenant: str, name: str) -> str:
+    """ZSET run id -> its turn in the session (1, 2, ...): ``durable runs --session``."""
+    return _per_run(_session_tag(tenant, name), "session_runs")
+
+
 # Global, derived and repairable -------------------------------------------------------
 
 #: Hash ``shards`` -> the layout's shard count: written once, checked by every process.

@@ -64,6 +64,9 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     owner: str = ""
     #: Higher is taken first among ready runs (``durable.fairness``); 0 by default.
     priority: int = 0
+    #: The named session the run is a turn of (``durable.sessions``; its tenant is
+    #: ``tenant``), or "": the run continues the session's latest run (``continue_from``).
+    session: str = ""
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

@@ -169,6 +169,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     tenant: str = ""
     owner: str = ""
     priority: int = 0
+    #: The run whose conversation this one continues, and the named session it is a turn
+    #: of ("" for none; ``durable.sessions``).
+    continue_from: str = ""
+    session: str = ""
 
     @property
     def terminal(self) -> bool:

@@ -47,6 +47,10 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
 - A handoff is the step ``<name>.handoff`` (the handoff's ``on_handoff`` runs there once); the
   agent handed to is recorded by name, and the run goes on with that agent's clone: one
   run, one conversation, one budget.
+- A run that continues another (a named session's turn, ``start(..., session=...)``, or
+  ``continue_from``) is given that run's kept items first, then its input; a session's run
+  keeps ``result.to_input_list()`` for the next turn: the SDK's ``Session`` role, with the
+  history in the log (``durable.sessions``).
 - ``other.as_child_tool(name)`` (another ``DurableAgent``) is a tool whose call runs that
   agent as a child run (``durable.children``): started once however often this run is
   executed again, waited for holding no worker, its final output the tool's result.

@@ -33,6 +33,7 @@ from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE, FunctionTool
 from agents.tool_context import ToolContext as SdkToolContext
 from pydantic import BaseModel, ConfigDict
 
+from durable import conversations
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext, StepFailed
 from durable.code import agent as code_agent
@@ -182,7 +183,8 @@ class DurableAgent:
 
         run.__name__ = run.__qualname__ = resolved
         register = code_agent(resolved, input_model=input_model,
-                              tools=tuple(s.name for s in self._steps), version=version,
+                              tools=(*(s.name for s in self._steps), *conversations.TOOLS),
+                              version=version,
                               budgets=budgets, **options)
         self.code_agent = register(run).agent  # type: ignore[attr-defined]
 
@@ -292,21 +294,36 @@ class DurableAgent:
     # The run ---------------------------------------------------------------------------
 
     async def _run(self, ctx: AsyncRunContext, inp: AgentInput) -> Any:
+        items = await continued_items(ctx, inp.input)
         token = binding.set(Binding(self, ctx))
         try:
             result = await Runner.run(
-                self.root, inp.input,  # type: ignore[arg-type]
+                self.root, items,  # type: ignore[arg-type]
                 context=self.context(inp) if self.context is not None else None,
                 max_turns=self.max_turns, hooks=self.hooks, run_config=self.run_config)
         except BaseException as exc:
             raise primary(exc) from None
         finally:
             binding.reset(token)
+        if ctx.continues or ctx.session_name:  # kept for the run that continues this one
+            await conversations.asave(ctx, st.plain(result.to_input_list()))
         output = st.plain(result.final_output)
         if self.return_items:
             return {"output": output, "items": st.plain(result.to_input_list()),
                     "last_agent": result.last_agent.name}
         return output
+
+
+async def continued_items(ctx: AsyncRunContext, given: str | list[dict[str, Any]]
+                          ) -> str | list[dict[str, Any]]:
+    """The run's input: for a run that continues another (``continue_from`` or a named
+    session), the items that run kept (the step ``conversation.load``) then the input's,
+    text becoming a user message; else the input as given."""
+    if not ctx.continues:
+        return given
+    earlier = await conversations.aload(ctx)
+    new = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
+    return [*earlier, *new]
 
 
 def _step_tool(base: type[Tool], name: str, owner: DurableAgent, **attrs: Any) -> Tool:

@@ -47,6 +47,10 @@ message history carried as JSON. Here:
 - An MCP server (``MCPToolset(..., id=...)``) is pinned per run: its tool list is recorded
   once (``durable.integrations.pydantic_ai.mcp``), each call is a step with its key in
   ``_meta``, read-only tools are effect-free.
+- A run that continues another (a named session's turn, ``start(..., session=...)``, or
+  ``continue_from``) gets that run's kept conversation as its ``message_history``; a
+  session's run keeps its messages for the next turn
+  (``durable.integrations.pydantic_ai.history``).
 - ``RunCancelled`` (``ctx.cancel()`` in a tool) ends the run ``canceled``; a step failure
   (a response over ``DURABLE_MAX_RESULT_BYTES``, a rejected call) ends it ``failed`` naming it.
 

@@ -22,9 +22,11 @@ from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
 from pydantic_ai.toolsets.external import ExternalToolset
 
 from durable import budgets as run_budgets
+from durable import conversations
 from durable.agents import Cancel, Fail, Tool, ToolContext, registry
 from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
+from durable.integrations.pydantic_ai import history as kept
 from durable.integrations.pydantic_ai.codec import plain, primary
 from durable.integrations.pydantic_ai.inputs import RunInput
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
@@ -233,7 +235,8 @@ class RedisDurability(AbstractCapability[Any]):
 
         run.__name__ = run.__qualname__ = self.name
         register = code_agent(self.name, input_model=self.input_model,
-                              tools=(self.model_step, *self.tool_steps), version=self.version,
+                              tools=(self.model_step, *self.tool_steps, *conversations.TOOLS),
+                              version=self.version,
                               budgets=self.budgets, **self.agent_options)
         register(run)
 
@@ -250,7 +253,7 @@ class RedisDurability(AbstractCapability[Any]):
         agent = self.agent
         assert agent is not None
         kwargs = inp.run_kwargs()
-        history = kwargs["message_history"]
+        history = kwargs["message_history"] = await kept.load(ctx, kwargs["message_history"])
         # Replay-stable ids: the conversation's own, or one derived from the run id.
         conversation = next((m.conversation_id for m in reversed(history or [])
                              if m.conversation_id), None) or conversation_id_from_run_id(ctx.run_id)
@@ -276,6 +279,8 @@ class RedisDurability(AbstractCapability[Any]):
             raise primary(group) from None
         finally:
             binding.reset(token)
+        if kept.keeps(ctx):  # for the run that continues this one
+            await kept.save(ctx, result.all_messages())
         output = plain(result.output)
         if self.return_messages:
             return {"output": output, "messages": ModelMessagesTypeAdapter.dump_python(
