@@ -95,9 +95,16 @@ class Settings(BaseSettings):
         "fencing: a write after that is refused.",
     )
     concurrency: int = Field(
-        default=64, ge=1, le=10_000,
-        description="Runs one worker process drives at once. Agents wait on models and "
-        "APIs most of the time: size it to the runs a process should hold.",
+        default=1024, ge=1, le=10_000,
+        description="Runs one worker process holds at once. A held run that waits on an "
+        "async tool or an async agent costs no thread; sync user code runs on at most "
+        "DURABLE_USER_THREADS threads (see docs/scaling.md).",
+    )
+    user_threads: int = Field(
+        default=256, ge=1, le=10_000,
+        description="Threads a worker's hub hands slow sync user code to at once (sync "
+        "tools, decide(), sync code agents' steps, waits on a deadline); past it such calls "
+        "wait their turn. Raise it for many slow sync tools, lower it for CPU-bound code.",
     )
     driver: Literal["hub", "threads"] = Field(
         default="hub",
@@ -257,9 +264,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "redis_cluster", "shards", "queue_url", "min_replicas", "replica_timeout_ms"),
     "The embedded server": ("data_dir", "redis_port", "fsync"),
     "Workers": (
-        "queue", "agents", "concurrency", "driver", "lease_ttl_ms", "liveness_ttl_ms",
-        "shutdown_grace_s", "decide_timeout_ms", "max_stuck_calls", "steps_per_job",
-        "clock_skew_ms"),
+        "queue", "agents", "concurrency", "user_threads", "driver", "lease_ttl_ms",
+        "liveness_ttl_ms", "shutdown_grace_s", "decide_timeout_ms", "max_stuck_calls",
+        "steps_per_job", "clock_skew_ms"),
     "The log": ("checkpoint_every", "action_window", "retention", "max_pending_runs"),
     "Tenants": ("require_tenant", "metric_tenants"),
     "Payloads and large results": (
