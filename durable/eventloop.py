@@ -9,9 +9,9 @@ on a thread meanwhile.
 
 Code on the loop must not block it: ``time.sleep`` or a blocking client in an ``async
 def`` agent or tool stalls every other task of the process. The loop is watched (the
-monitor thread pings it every ``PING_S``):
+monitor thread looks at the task running on it every ``PING_S``):
 
-- blocked for ``WARN_S``, it logs a warning naming the task that blocks it (an agent's
+- a task found running in every look for ``WARN_S`` is named in a warning (an agent's
   task is named ``agent:<run id>``, a tool call's ``tool:<name>:<run id>``);
 - an agent's task that blocks it for longer than its limit (``block_limit_s``, the
   worker's ``DURABLE_DECIDE_TIMEOUT_MS``) gets ``LoopBlocked`` raised inside it, at its
@@ -24,23 +24,25 @@ monitor thread pings it every ``PING_S``):
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import ctypes
+import functools
 import logging
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger("durable.eventloop")
 
 T = TypeVar("T")
 
-#: How often the monitor pings the loop (s).
+#: How often the monitor looks at the task running on the loop (s).
 PING_S = 0.05
 
-#: A loop blocked this long is reported (s), naming the task that blocks it.
-WARN_S = 0.25
+#: A task that holds the loop this long is reported (s), by name.
+WARN_S = 0.5
 
 #: Tasks whose names start with this are an agent's function (``durable.session``).
 AGENT_TASK = "agent:"
@@ -60,9 +62,11 @@ class EventLoop:
         self._lock = threading.Lock()
         #: Longest an agent's task may block the loop before ``LoopBlocked`` (s).
         self.block_limit_s = 30.0
-        #: Times the loop was found blocked past ``WARN_S``, and the longest block (s).
+        #: Times a task was found holding the loop past ``WARN_S``, and the longest (s).
         self.blocked = 0
         self.longest_block_s = 0.0
+        self._posted: collections.deque[Callable[[], object]] = collections.deque()
+        self._woken = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -104,12 +108,29 @@ class EventLoop:
 
             task.add_done_callback(finished)
 
-        loop.call_soon_threadsafe(start)
+        self._post(start)
         return done
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         """Call ``fn(*args)`` on the loop, from any thread."""
-        self.loop.call_soon_threadsafe(fn, *args)
+        self._post(functools.partial(fn, *args) if args else fn)
+
+    def _post(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop soon: posted calls are run together, and the loop is
+        woken (a write to its self-pipe) once per bunch, not once per call."""
+        self._posted.append(fn)
+        if not self._woken:
+            self._woken = True
+            self.loop.call_soon_threadsafe(self._run_posted)
+
+    def _run_posted(self) -> None:
+        self._woken = False  # before draining: a call posted after the drain wakes it again
+        posted = self._posted
+        while posted:
+            try:
+                posted.popleft()()
+            except Exception:
+                log.exception("a call posted to the event loop")
 
     def _start(self) -> None:
         ready = threading.Event()
@@ -131,37 +152,39 @@ class EventLoop:
         threading.Thread(target=self._monitor, name="durable-aio-monitor", daemon=True).start()
 
     def _monitor(self) -> None:
+        """Sample the task running on the loop every ``PING_S``: one found running in every
+        sample for ``WARN_S`` holds the loop (a loop merely busy with many short steps, or
+        slowed by a loaded machine, shows other tasks, or none, between them)."""
         loop = self._loop
         assert loop is not None
         warned_at = 0.0
+        last: asyncio.Task[Any] | None = None
+        since = time.monotonic()
+        interrupted: asyncio.Task[Any] | None = None
         while True:
-            pong = threading.Event()
-            sent = time.monotonic()
-            loop.call_soon_threadsafe(pong.set)
-            interrupted = None
-            while not pong.wait(PING_S):
-                blocked_s = time.monotonic() - sent
-                task = _running_task(loop)
-                name = task.get_name() if task is not None else "?"
-                if blocked_s >= WARN_S and time.monotonic() - warned_at > 5.0:
-                    warned_at = time.monotonic()
-                    log.warning("the event loop of async agents and tools is blocked for "
-                                "%.2f s by %s: code on it must not block (no time.sleep or "
-                                "blocking clients in an async def agent or tool: await "
-                                "asyncio.sleep, an async client, or asyncio.to_thread)",
-                                blocked_s, name)
-                if blocked_s > self.block_limit_s and task is not None and \
-                        name.startswith(AGENT_TASK) and interrupted is not task:
-                    interrupted = task
-                    log.error("%s blocked the event loop for %.1f s: interrupted",
-                              name, blocked_s)
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
-            took = time.monotonic() - sent
-            if took >= WARN_S:
-                self.blocked += 1
-                self.longest_block_s = max(self.longest_block_s, took)
             time.sleep(PING_S)
+            task = _running_task(loop)
+            now = time.monotonic()
+            if task is None or task is not last:
+                if last is not None and now - since >= WARN_S:
+                    self.blocked += 1
+                    self.longest_block_s = max(self.longest_block_s, now - since)
+                last, since = task, now
+                continue
+            held_s = now - since
+            name = task.get_name()
+            if held_s >= WARN_S and now - warned_at > 5.0:
+                warned_at = now
+                log.warning("the event loop of async agents and tools is blocked for %.2f s "
+                            "by %s: code on it must not block (no time.sleep or blocking "
+                            "clients in an async def agent or tool: await asyncio.sleep, an "
+                            "async client, or asyncio.to_thread)", held_s, name)
+            if held_s > self.block_limit_s and name.startswith(AGENT_TASK) and \
+                    interrupted is not task:
+                interrupted = task
+                log.error("%s blocked the event loop for %.1f s: interrupted", name, held_s)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
 
 
 def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:

@@ -20,6 +20,7 @@ from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.runs import types_of
 
 #: Runs held at once by one worker in the thread test.
 HELD = 300
@@ -119,3 +120,19 @@ def test_an_async_agent_blocking_the_loop_past_its_limit_is_quarantined(
     stuck = client.status(blocker)
     assert stuck.state == "quarantined"
     assert "blocked the event loop" in (stuck.reason or "")
+
+
+def test_a_cancel_stops_an_async_agents_tool_in_flight_at_once(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """An ``async def`` agent awaits an ``async def`` tool of 30 s; a cancel while it is in
+    flight (window: dispatched, no outcome) cancels the tool's task where it awaits: the
+    call is recorded ``call_canceled`` and the run ``canceled`` well before the 30 s."""
+    run = client.start("async_holder", {"sleep_s": 30.0}, run_id="acancel").run_id
+    worker()
+    assert wait_for(lambda: (a := client.status(run).current) is not None
+                    and a.status == "dispatched", 30)
+    client.cancel(run, "no longer needed")
+    final = client.wait(run, timeout=10)
+    assert final.state == "canceled"
+    assert types_of(client, run)[-3:] == ["cancel_requested", "call_canceled", "canceled"]

@@ -154,10 +154,9 @@ class Dispatcher:
     async def _dispatch_async(self, tool: Tool, act: Action, token: CancelToken,
                               ctx: ToolContext, args: Any) -> list[Spec]:
         args = dict((act.args if args is None else args) or {})
-        grace = self.grace_ms / 1000
 
         async def attempt() -> CallResult:
-            result = await awaited(tool.run(args, ctx), token, ctx.remaining(), grace)
+            result = await awaited(tool.run(args, ctx), token, ctx.remaining())
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
             return result
@@ -225,46 +224,42 @@ class Dispatcher:
         return [Spec(ev.ActionFailed, fields)]
 
 
-async def awaited(call: Any, token: CancelToken, timeout: float, grace: float) -> CallResult:
-    """Await one call of an ``async def`` tool on the running loop: cancelled at once when
-    ``token`` fires (``Cancelled``), at ``timeout`` (``timed_out``); a call that goes on
-    ``grace`` after its cancel is left to itself and recorded ``interrupted``."""
+async def awaited(call: Any, token: CancelToken, timeout: float) -> CallResult:
+    """Await one call of an ``async def`` tool in the running task: cancelled where it
+    awaits when ``token`` fires (``Cancelled``) or at ``timeout`` (``timed_out``). One
+    timer and one listener per call, no task of its own: the worker holds thousands."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(call)
-    fired = asyncio.Event()
+    task = asyncio.current_task()
+    assert task is not None
+    why: list[str] = []
 
-    def cancel() -> None:
-        def now() -> None:
+    def stop(reason: str) -> None:
+        if not why:
+            why.append(reason)
             task.cancel()
-            fired.set()
 
-        loop.call_soon_threadsafe(now)
+    def cancel() -> None:  # the token fires on any thread
+        loop.call_soon_threadsafe(stop, "cancel")
 
-    deadline = loop.time() + max(timeout, 0.0)
+    timer = loop.call_later(max(timeout, 0.0), stop, "deadline")
     token.add_listener(cancel)
-    watcher = loop.create_task(fired.wait())
     try:
-        done, _ = await asyncio.wait({task, watcher}, timeout=max(timeout, 0.0),
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if task not in done and watcher in done:  # canceled: it has ``grace`` to stop
-            done, _ = await asyncio.wait({task}, timeout=min(grace, max(
-                deadline - loop.time(), 0.0)))
-            if task not in done:
-                return CallResult("interrupted")
-        elif task not in done:
-            task.cancel()
+        return CallResult("returned", await call)
+    except asyncio.CancelledError:
+        if not why:  # the call's own task was cancelled from outside: not ours to record
+            raise
+        task.uncancel()
+        if why[0] == "deadline":
             return CallResult("timed_out")
-    finally:
-        watcher.cancel()
-        token.remove_listener(cancel)
-    if task.cancelled():
         return CallResult("raised", error=Cancelled(token.reason or "canceled"))
-    error = task.exception()
-    if isinstance(error, Overrun):
+    except Overrun:
         return CallResult("timed_out")
-    if error is not None:
-        return CallResult("raised", error=error)
-    return CallResult("returned", task.result())
+    except BaseException as exc:  # Cancelled from ctx.check() among them
+        return CallResult("raised", error=exc)
+    finally:
+        why.append("over")  # a stop that comes later cancels nothing
+        timer.cancel()
+        token.remove_listener(cancel)
 
 
 def rate_limited(act: Action, err: RateLimited) -> list[Spec]:
