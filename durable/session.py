@@ -108,7 +108,6 @@ CURRENT: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "durable_session", default=None)
 
 
-
 class Session:
     """One execution of a code agent's function, for as long as a worker drives the run."""
 
@@ -412,7 +411,6 @@ def sleep_wait(seconds: float) -> tuple[str, str, float, Any]:
 #: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``,
 #: ``ctx.join``).
 CODE_WAITS = ("input", "external", "timer", "child")
-
 
 
 class Values:
