@@ -5,7 +5,7 @@
     python -m bench --only throughput,cancel
 
 Items: codec, throughput, profile, cancel, recovery, takeover, memory, whatif, iobound,
-cluster. Outputs
+styles, cluster. Outputs
 go to
 ``bench/results/``: ``results.md`` (also printed), ``results.json`` and ``chart.png``.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "takeover", "memory", "whatif",
-         "iobound", "cluster")
+         "iobound", "styles", "cluster")
 
 
 def _log(msg: str) -> None:
@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                 from bench import iobound
 
                 res[item] = iobound.run(srv, quick=args.quick, out_dir=args.out, log=_log)
+            elif item == "styles":
+                from bench import styles
+
+                res[item] = styles.run(srv, quick=args.quick, out_dir=args.out, log=_log)
             elif item == "cluster":
                 from bench import cluster
 

@@ -92,6 +92,11 @@ class Config:
     rounds: int | None = None  # rounds of its own (None: every round)
     #: Runs started with one ``Client.start_many`` (False: one ``Client.start`` per run).
     batch: bool = True
+    #: The agent run, and the modules the workers load (``bench.styles``' agent styles).
+    agent: str = "count"
+    agents: str = AGENTS
+    #: More environment of the workers (``DURABLE_USER_THREADS``...).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 DURABLE = (
@@ -221,14 +226,14 @@ def _machine_busy_s() -> float:
                  + getattr(t, "softirq", 0))
 
 
-def _start(client: Client, ids: list[str], batch: bool) -> None:
+def _start(client: Client, ids: list[str], batch: bool, agent: str = "count") -> None:
     """Start the runs: in one ``start_many`` call, or one ``start`` call each."""
     given = {"steps": STEPS, "sleep_s": SLEEP_S}
     if batch:
-        client.start_many("count", [given] * len(ids), run_ids=ids)
+        client.start_many(agent, [given] * len(ids), run_ids=ids)
         return
     for rid in ids:
-        client.start("count", given, run_id=rid)
+        client.start(agent, given, run_id=rid)
 
 
 def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
@@ -237,15 +242,15 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     docstring); with ``cfg.backlog`` the runs are all started while the workers are
     stopped (SIGSTOP) and the clock starts when they continue (SIGCONT)."""
     fresh(r)
-    client = Client(settings_for(url), r)
+    client = Client(settings_for(url, agents=cfg.agents), r)
     logs = [log_dir / f"{tag}-w{i}.log" for i in range(cfg.workers)]
     counts = [log_dir / f"{tag}-w{i}.rt.json" for i in range(cfg.workers)]
     for p in logs + counts:
         p.unlink(missing_ok=True)
     wurl = f"{url}?max_connections={cfg.pool}" if cfg.pool else url
     workers = [Worker(wurl, log_path=logs[i], hooks=[f"bench.rtcount:Counter={counts[i]}"],
-                      DURABLE_CONCURRENCY=str(cfg.concurrency), DURABLE_AGENTS=AGENTS,
-                      PYTHONPATH=str(ROOT)) for i in range(cfg.workers)]
+                      DURABLE_CONCURRENCY=str(cfg.concurrency), DURABLE_AGENTS=cfg.agents,
+                      PYTHONPATH=str(ROOT), **dict(cfg.env)) for i in range(cfg.workers)]
     rec = None
     if cfg.reconciler:
         logs.append(log_dir / f"{tag}-reconciler.log")
@@ -268,7 +273,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             with rtcount.counting():
                 client_rt0 = rtcount.sent()
                 t0 = time.perf_counter()
-                _start(client, ids, cfg.batch)
+                _start(client, ids, cfg.batch, cfg.agent)
                 start_s = time.perf_counter() - t0
                 client_rt = rtcount.sent() - client_rt0
         cmds0 = int(r.info("stats")["total_commands_processed"])
@@ -285,7 +290,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             else:
                 with rtcount.counting():
                     client_rt0 = rtcount.sent()
-                    _start(client, ids, cfg.batch)
+                    _start(client, ids, cfg.batch, cfg.agent)
                     start_s = time.perf_counter() - t0
                     client_rt = rtcount.sent() - client_rt0
             end = time.monotonic() + timeout

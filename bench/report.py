@@ -372,6 +372,10 @@ def markdown(res: dict[str, Any]) -> str:
     io = res.get("iobound")
     if io:
         out += _iobound(io)
+    if res.get("styles"):
+        from bench import styles
+
+        out += styles.report(res["styles"])
     cd = res.get("codec")
     if cd:
         out.append("## Codec: msgpack vs JSON (msgspec typed encoders/decoders over AnyEvent)\n")

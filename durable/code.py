@@ -10,8 +10,10 @@
 
 The worker drives a code agent through the same step protocol as a ``decide(state)`` agent
 (intent, ledger claim, dispatch with key and deadline, outcome; waits, approvals, cancel,
-budgets, ``verify``): the function runs on a thread of its own, and each ``ctx.call`` hands
-its call to the worker and blocks until the outcome is in the log.
+budgets, ``verify``): a plain function runs on a thread of its own, and each ``ctx.call``
+hands its call to the worker and blocks until the outcome is in the log; an ``async def``
+function is a task on the process's event loop (``durable.eventloop``), with no thread of
+its own, and each ``await ctx.call`` hands its call over and awaits the outcome.
 
 Recovery re-executes the function from the start. Every step already in the log returns its
 recorded outcome without being sent; an open intent is resolved as for any agent (lookup
@@ -38,6 +40,7 @@ another thread than the function's own is refused (``UsageError``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import random
 import time
@@ -55,6 +58,7 @@ from durable.agents import (
     Decision,
     registry,
 )
+from durable.async_session import AsyncSession
 from durable.log.fold import fold
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
@@ -192,20 +196,22 @@ class AsyncRunContext(RunContext):
     callback ready at that moment, so the calls started together run together, numbered
     in the order they were started."""
 
+    _session: AsyncSession
+
     async def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
         return await self._session.batched(tool, dict(args or {}))
 
     async def parallel(self, calls: Sequence[tuple[str, Mapping[str, Any] | None]], *,  # type: ignore[override]
                        return_exceptions: bool = False) -> list[Any]:
-        return self._session.parallel([(t, dict(a or {})) for t, a in calls],
-                                      return_exceptions)
+        return await self._session.parallel_async([(t, dict(a or {})) for t, a in calls],
+                                                  return_exceptions)
 
     async def wait(self, kind: str = "input", reason: str = "",
                    timeout_s: float = 3600.0, data: Any = None) -> Any:
-        return self._session.wait(kind, reason, timeout_s, data)
+        return await self._session.wait_async(kind, reason, timeout_s, data)
 
     async def sleep(self, seconds: float) -> None:  # type: ignore[override]
-        self._session.sleep(seconds)
+        await self._session.sleep_async(seconds)
 
     async def start_child(self, agent: str, input: Any = None, *,  # type: ignore[override]
                           detached: bool = False, share_budgets: bool = False) -> ChildRun:
@@ -214,16 +220,15 @@ class AsyncRunContext(RunContext):
         return ChildRun(str(got["run_id"]), agent, detached)
 
     async def join(self, child: ChildRun, timeout_s: float = CHILD_TIMEOUT_S) -> Any:
-        return self._session.join(child, timeout_s)
+        return await self._session.join_async(child, timeout_s)
 
     async def child(self, agent: str, input: Any = None, *,
                     timeout_s: float = CHILD_TIMEOUT_S, share_budgets: bool = False) -> Any:
-        return self._session.join(await self.start_child(agent, input,
-                                                         share_budgets=share_budgets),
-                                  timeout_s)
+        return await self._session.join_async(
+            await self.start_child(agent, input, share_budgets=share_budgets), timeout_s)
 
     async def sleep_until(self, when: datetime | float) -> None:  # type: ignore[override]
-        self._session.sleep_until(when)
+        await self._session.sleep_until_async(when)
 
 
 class CodeAgent(Agent):
@@ -244,11 +249,39 @@ class CodeAgent(Agent):
         """The worker's log, read to rebuild a run's history on recovery."""
         self._log = log
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is ``async def``: a task on the process's event loop."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def decide(self, state: RunState) -> Decision:
+        return self.open_session(state).next_decision(state)
+
+    def open_session(self, state: RunState) -> Session:
+        """The run's execution of the function, made (its history read from the log) when
+        there is none."""
         session = self._sessions.get(state.run_id)
         if session is None:
             session = self._sessions[state.run_id] = self._session(state)
-        return session.next_decision(state)
+        return session
+
+    def has_session(self, run_id: str) -> bool:
+        return run_id in self._sessions
+
+    @staticmethod
+    def needs_history(state: RunState) -> bool:
+        """Whether making a session for ``state`` reads the run's log: not for a run that
+        has taken no step and made no wait yet (nothing to re-observe, no value drawn:
+        values are recorded with a step's intent or a wait)."""
+        return bool(state.step or state.wait is not None or state.last_wait is not None)
+
+    def decide_soon(self, state: RunState) -> concurrent.futures.Future[Any]:
+        """An ``async def`` function's next decision, without blocking: the future is
+        resolved with it (or what the function raised: ``decision_of``) on the event
+        loop's thread. Its session is made by ``open_session`` first (that reads the log)."""
+        session = self.open_session(state)
+        assert isinstance(session, AsyncSession)
+        return session.begin(state)
 
     def dry_run(self, state: RunState, timeout_s: float = 10.0) -> tuple[Decision, int]:
         """Execute the function against ``state``'s log without a worker: (the decision it
@@ -291,7 +324,7 @@ class CodeAgent(Agent):
         actions: dict[int, Action] = {}
         waits: list[WaitInfo] = []
         values = Values()
-        if self._log is not None:
+        if self._log is not None and self.needs_history(state):
             events = [e.event for e in self._log.read(state.run_id) if e.event is not None]
             full = fold(events, window=ALL_ACTIONS)
             actions = full.actions
@@ -302,8 +335,12 @@ class CodeAgent(Agent):
         if self._log is not None:  # results kept beside the run, read back whole
             self._log.resolve(state.run_id, actions.values())
         inp = self.input_model.model_validate(state.input or {})
-        context = AsyncRunContext if inspect.iscoroutinefunction(self.fn) else RunContext
-        session = Session(self, state.run_id, actions, waits, inp, values, context=context)
+        if self.is_async:
+            session: Session = AsyncSession(self, state.run_id, actions, waits, inp, values,
+                                            context=AsyncRunContext)
+        else:
+            session = Session(self, state.run_id, actions, waits, inp, values,
+                              context=RunContext)
         session.continues, session.session_name = state.continue_from, state.session
         return session
 

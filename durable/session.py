@@ -1,14 +1,14 @@
-"""One execution of a code agent's function, for as long as a worker drives its run: the
-function runs on a thread of its own; each step it takes is handed to the worker as a
+"""One execution of a code agent's function, for as long as a worker drives its run: a
+plain function runs on a thread of its own (an ``async def`` one is a task on the process's
+event loop: ``durable.async_session``); each step it takes is handed to the worker as a
 decision (``outbox``) and it blocks until the step's outcome comes back (``inbox``); values
 it draws from its context and the waits it makes are checked against what the log records
 (``Values``, ``waits_of``). The context the function is given is ``durable.code``'s."""
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 import ctypes
-import inspect
 import queue
 import threading
 from collections.abc import Callable
@@ -100,6 +100,12 @@ class Unwind(BaseException):
 
 UNWIND = object()
 
+#: What a step hands over: the steps it waits for, and the decision.
+Handing = tuple[list[int], Decision]
+
+#: The session whose function runs in the current context (a thread's, or a task's).
+CURRENT: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "durable_session", default=None)
 
 
 class Session:
@@ -130,8 +136,6 @@ class Session:
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: The steps handed to the worker and not answered yet.
         self.pending: list[int] = []
-        #: Calls of an ``async def`` function waiting to be handed over together.
-        self.batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]] = []
         self.thread = threading.Thread(target=self._main, name=f"agent-{run_id}", daemon=True)
         self.started = False
         #: True while the function waits for the worker's answer to a decision.
@@ -144,11 +148,9 @@ class Session:
     # The function's side --------------------------------------------------------------
 
     def _main(self) -> None:
+        CURRENT.set(self)
         try:
-            if inspect.iscoroutinefunction(self.agent.fn):
-                value = asyncio.run(self.agent.fn(self.context(self), self.input))
-            else:
-                value = self.agent.fn(self.context(self), self.input)
+            value = self.agent.fn(self.context(self), self.input)
             if isinstance(value, BaseModel):
                 value = value.model_dump(mode="json")
             self.outbox.put(Finish(value))
@@ -163,6 +165,15 @@ class Session:
 
     def call(self, tool: str, args: dict[str, Any]) -> Any:
         self._on_own_thread()
+        got = self._plan_call(tool, args)
+        if isinstance(got, Action):
+            return self._outcome(got)
+        (act,) = self._hand_over(*got)
+        return self._outcome(act)
+
+    def _plan_call(self, tool: str, args: dict[str, Any]) -> Action | Handing:
+        """The recorded outcome of the next step when the log has it settled, else the
+        decision to hand over for it."""
         self.pos += 1
         step = self.pos
         recorded = self.actions.get(step)
@@ -170,13 +181,18 @@ class Session:
             self._check(recorded, tool, args)
             self._check_drawn(("step", step), f"call {recorded.tool}")
             if recorded.settled:
-                return self._outcome(recorded)
-        (act,) = self._hand_over([step], Call(tool, args, values=self._take_fresh()))
-        return self._outcome(act)
+                return recorded
+        return [step], Call(tool, args, values=self._take_fresh())
 
     def parallel(self, calls: list[tuple[str, dict[str, Any]]],
                  return_exceptions: bool) -> list[Any]:
         self._on_own_thread()
+        got = self._plan_parallel(calls)
+        acts = got if isinstance(got, list) else self._hand_over(*got)
+        return self._gathered(acts, return_exceptions)
+
+    def _plan_parallel(self, calls: list[tuple[str, dict[str, Any]]]
+                       ) -> list[Action] | Handing:
         if len(calls) > self.agent.max_parallel:
             raise ValueError(f"{len(calls)} calls at once, the agent's max_parallel is "
                              f"{self.agent.max_parallel}")
@@ -194,10 +210,11 @@ class Session:
         if known:
             self._check_drawn(("step", steps[0]), f"call {known[0].tool}")
         if known and all(act.settled for act in known):
-            acts = known
-        else:
-            acts = self._hand_over(steps, Parallel(
-                [Call(t, a) for t, a in calls], steps=steps, values=self._take_fresh()))
+            return known
+        return steps, Parallel([Call(t, a) for t, a in calls], steps=steps,
+                               values=self._take_fresh())
+
+    def _gathered(self, acts: list[Action], return_exceptions: bool) -> list[Any]:
         outcomes: list[Any] = []
         for act in acts:
             try:
@@ -209,35 +226,6 @@ class Session:
             failed.outcomes = outcomes
             raise failed
         return outcomes
-
-    async def batched(self, tool: str, args: dict[str, Any]) -> Any:
-        """An ``async def`` function's call: joins the batch handed over once the calls
-        started together have all joined it (see ``AsyncRunContext``)."""
-        self._on_own_thread()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self.batch.append((tool, args, future))
-        if len(self.batch) == 1:
-            loop.call_soon(self._flush)
-        return await future
-
-    def _flush(self) -> None:
-        batch, self.batch = self.batch, []
-        try:
-            if len(batch) == 1:
-                tool, args, _ = batch[0]
-                results: list[Any] = [self.call(tool, args)]
-            else:
-                results = self.parallel([(t, a) for t, a, _ in batch], True)
-        except BaseException as exc:  # Unwind, a nondeterminism: every caller gets it
-            for *_, future in batch:
-                future.set_exception(exc)
-            return
-        for (*_, future), result in zip(batch, results, strict=True):
-            if isinstance(result, StepFailed):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
 
     def _hand_over(self, steps: list[int], decision: Decision) -> list[Action]:
         """Give ``decision`` to the worker and wait for the outcomes of ``steps``."""
@@ -252,7 +240,7 @@ class Session:
         return acts
 
     def _on_own_thread(self) -> None:
-        if threading.current_thread() is not self.thread:
+        if CURRENT.get() is not self:
             raise UsageError(
                 f"run {self.run_id}: a step was taken from another thread than the agent's "
                 "own; steps are taken one decision at a time, in order, so that recovery "
@@ -260,6 +248,17 @@ class Session:
                 "asyncio.gather in an async def agent)")
 
     def wait(self, kind: str, reason: str, timeout_s: float, data: Any) -> Any:
+        recorded, got = self._plan_wait(kind, reason, timeout_s, data)
+        if recorded:
+            return got
+        self.outbox.put(got)
+        self._answer()  # the worker lets go of the run while it waits: always an unwind
+        raise Unwind
+
+    def _plan_wait(self, kind: str, reason: str, timeout_s: float,
+                   data: Any) -> tuple[bool, Any]:
+        """(True, the response) when the log has this wait ended, else (False, the
+        ``Wait`` to hand over); raises ``WaitExpired`` for a wait that expired."""
         self.waits_seen += 1
         if self.waits_seen <= len(self.waits):
             done = self.waits[self.waits_seen - 1]
@@ -269,30 +268,22 @@ class Session:
             self._check_drawn(("wait", self.waits_seen), f"wait {done.kind}")
             if done.outcome == "expired":
                 raise WaitExpired(f"{kind} wait expired: {done.reason}")
-            return done.response
-        self.outbox.put(Wait(kind, reason, timeout_s, data,  # type: ignore[arg-type]
-                             values=self._take_fresh()))
-        self._answer()  # the worker lets go of the run while it waits: always an unwind
-        raise Unwind
+            return True, done.response
+        return False, Wait(kind, reason, timeout_s, data,  # type: ignore[arg-type]
+                           values=self._take_fresh())
 
     def join(self, child: ChildRun, timeout_s: float) -> Any:
-        expires = clock.now_ms() + int(timeout_s * 1000)
-        outcome = self.wait("child", f"child run {child.run_id} ({child.agent})",
-                            CHILD_POLL_MS / 1000, {"child": child.run_id, "expires": expires})
-        if not isinstance(outcome, dict) or outcome.get("state") != "completed":
-            state = outcome.get("state", "?") if isinstance(outcome, dict) else "?"
-            error = outcome.get("error") if isinstance(outcome, dict) else None
-            raise ChildFailed(child.run_id, str(state), error)
-        return outcome.get("result")
+        return joined(child, self.wait(*join_wait(child, timeout_s)))
 
     def sleep(self, seconds: float) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"ctx.sleep takes seconds >= 0, not {seconds!r}")
-        self.wait("timer", f"sleep {seconds:g} s", float(seconds), None)
+        self.wait(*sleep_wait(seconds))
 
     def sleep_until(self, when: datetime | float) -> None:
+        self.sleep(self.seconds_until(when))
+
+    def seconds_until(self, when: datetime | float) -> float:
         at = when.timestamp() if isinstance(when, datetime) else float(when)
-        self.sleep(max(0.0, at - float(self.draw("time", clock.time))))
+        return max(0.0, at - float(self.draw("time", clock.time)))
 
     def draw(self, kind: str, make: Callable[[], Any]) -> Any:
         """A value of ``kind``: the recorded one when the log has it, else a new one,
@@ -343,11 +334,7 @@ class Session:
             self.started = True
             self.thread.start()
         elif self.pending:
-            acts = [state.actions.get(step) for step in self.pending]
-            if any(act is None or not act.settled for act in acts):
-                raise RuntimeError(f"steps {self.pending} of {self.run_id} are not settled")
-            self.pending = []
-            self.inbox.put(acts)
+            self.inbox.put(self._answered(state))
         while True:
             try:
                 item = self.outbox.get(timeout=0.1)  # short: the watchdog can interrupt
@@ -357,6 +344,14 @@ class Session:
                 raise item
             decision: Decision = item
             return decision
+
+    def _answered(self, state: RunState) -> list[Action]:
+        """The outcomes of the steps handed over, now in ``state``."""
+        acts = [state.actions.get(step) for step in self.pending]
+        if any(act is None or not act.settled for act in acts):
+            raise RuntimeError(f"steps {self.pending} of {self.run_id} are not settled")
+        self.pending = []
+        return acts  # type: ignore[return-value]
 
     def _answer(self) -> Any:
         """Block until the worker answers the decision just handed over."""
@@ -394,10 +389,32 @@ class Session:
         return decision
 
 
+def join_wait(child: ChildRun, timeout_s: float) -> tuple[str, str, float, Any]:
+    """The wait of ``ctx.join(child)``: (kind, reason, poll time, data)."""
+    expires = clock.now_ms() + int(timeout_s * 1000)
+    return ("child", f"child run {child.run_id} ({child.agent})", CHILD_POLL_MS / 1000,
+            {"child": child.run_id, "expires": expires})
+
+
+def joined(child: ChildRun, outcome: Any) -> Any:
+    """The result of a child run from its wait's outcome, or ``ChildFailed``."""
+    if not isinstance(outcome, dict) or outcome.get("state") != "completed":
+        state = outcome.get("state", "?") if isinstance(outcome, dict) else "?"
+        error = outcome.get("error") if isinstance(outcome, dict) else None
+        raise ChildFailed(child.run_id, str(state), error)
+    return outcome.get("result")
+
+
+def sleep_wait(seconds: float) -> tuple[str, str, float, Any]:
+    """The wait of ``ctx.sleep(seconds)``."""
+    if not seconds >= 0:
+        raise ValueError(f"ctx.sleep takes seconds >= 0, not {seconds!r}")
+    return "timer", f"sleep {seconds:g} s", float(seconds), None
+
+
 #: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``,
 #: ``ctx.join``).
 CODE_WAITS = ("input", "external", "timer", "child")
-
 
 
 class Values:

@@ -133,9 +133,15 @@ class WorkerSettings(BaseSettings):
         "default: a worker serves the agents it is told to load; `examples.agents` for the "
         "examples).")
     concurrency: int = Field(
-        default=64, ge=1, le=10_000, validation_alias="DURABLE_CONCURRENCY",
-        description="Runs one worker process drives at once. Agents wait on models and "
-        "APIs most of the time: size it to the runs a process should hold.")
+        default=1024, ge=1, le=10_000, validation_alias="DURABLE_CONCURRENCY",
+        description="Runs one worker process holds at once. A held run that waits on an "
+        "async tool or an async agent costs no thread; sync user code runs on at most "
+        "DURABLE_USER_THREADS threads (see docs/scaling.md).")
+    user_threads: int = Field(
+        default=256, ge=1, le=10_000, validation_alias="DURABLE_USER_THREADS",
+        description="Threads a worker's hub hands slow sync user code to at once (sync "
+        "tools, decide(), sync code agents' steps, waits on a deadline); past it such calls "
+        "wait their turn. Raise it for many slow sync tools, lower it for CPU-bound code.")
     driver: Literal["hub", "threads"] = Field(
         default="hub", validation_alias="DURABLE_DRIVER",
         description="How a worker drives its runs: 'hub' (one driving thread resumes "

@@ -405,6 +405,7 @@ class Asyncer(Agent):
 
 
 # Code agents (ordinary functions) register on import too.
+import tests.async_agents  # noqa: E402
 import tests.child_agents  # noqa: E402
 import tests.code_agents  # noqa: E402
 import tests.parallel_agents  # noqa: E402, F401

@@ -47,7 +47,7 @@ from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.settling import unsigned_settle
-from workers import family, parallel
+from workers import aio, family, parallel
 from workers.gates import Check, gate, request_specs
 from workers.steps import agent_traceback, plain, step_key, values_field
 from workers.turns import WAITING, Offload, Slot
@@ -65,7 +65,7 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
     """The agent decides the next step; what it decided is recorded (and sent)."""
     state = handle.state
     try:
-        decision = await loop.user(f"{agent.name}.decide()", lambda: agent.decide(state))
+        decision = await aio.decide(loop, agent, state)
     except Exception as exc:  # an agent bug: keep the evidence, quarantine
         await loop.commit(handle, pending, [])
         where = agent.name if isinstance(agent, CodeAgent) else f"{agent.name}.decide"
@@ -355,7 +355,10 @@ async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, s
                 finally:
                     slot.in_call = False
 
-        spec: list[Spec] = await Offload(act.tool, call)
+        if aio.is_async_tool(loop, tool):  # awaited on the event loop: no thread waits
+            spec = await aio.call_tool(loop, handle.run_id, tool, act, slot, args)
+        else:
+            spec = await Offload(act.tool, call)
         outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
         span.outcome(outcome)
     loop.hooks.after_effect(handle.run_id, act.step)

@@ -7,6 +7,8 @@ The call runs on the thread that makes it, watched by the worker's ``CallWatch``
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +17,9 @@ import msgspec
 import tenacity
 
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
-from durable.cancellation import Cancelled, CancelToken
+from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import RateLimited
+from durable.eventloop import EVENT_LOOP
 from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
@@ -67,7 +70,8 @@ class Dispatcher:
         #: Tool name -> (the tool, whether its ``run`` is ``async def``): asked per call.
         self._async: dict[str, tuple[Tool, bool]] = {}
 
-    def _is_async(self, tool: Tool) -> bool:
+    def is_async(self, tool: Tool) -> bool:
+        """Whether ``tool.run`` is ``async def``: its calls are tasks on the event loop."""
         known = self._async.get(tool.name)
         if known is None or known[0] is not tool:
             known = self._async[tool.name] = (tool, inspect.iscoroutinefunction(tool.run))
@@ -96,7 +100,7 @@ class Dispatcher:
 
         # An async tool stops itself at its deadline (its task is cancelled); the watcher
         # is its backstop, a moment later.
-        margin = ASYNC_MARGIN_S if self._is_async(tool) else 0.0
+        margin = ASYNC_MARGIN_S if self.is_async(tool) else 0.0
 
         def attempt() -> CallResult:
             left = ctx.remaining()
@@ -123,6 +127,55 @@ class Dispatcher:
         )
         try:
             result = retrying(attempt)
+        except _Retryable as spent:
+            result = spent.result
+        return self._outcome(tool, act, token, result, args)
+
+    def dispatch_soon(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
+                      args: Any = None) -> concurrent.futures.Future[list[Spec]]:
+        """``dispatch`` for an ``async def`` tool, as a task on the process's event loop:
+        the future is resolved with the events its call observed; nothing blocks. Its
+        deadline and a cancel stop it where it awaits (its task is cancelled at once)."""
+        ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
+                          token=token, attempt=act.attempts)
+        output = None
+        if self.publisher is not None:
+            ctx.publish = output = self.publisher.for_call(run_id, act.step, act.attempts)
+
+        async def call() -> list[Spec]:
+            try:
+                return await self._dispatch_async(tool, act, token, ctx, args)
+            finally:
+                if output is not None:
+                    output.close()
+
+        return EVENT_LOOP.submit(call(), name=f"tool:{tool.name}:{run_id}")
+
+    async def _dispatch_async(self, tool: Tool, act: Action, token: CancelToken,
+                              ctx: ToolContext, args: Any) -> list[Spec]:
+        args = dict((act.args if args is None else args) or {})
+
+        async def attempt() -> CallResult:
+            result = await awaited(tool.run(args, ctx), token, ctx.remaining())
+            if result.outcome == "raised" and isinstance(result.error, tool.retryable):
+                raise _Retryable(result)
+            return result
+
+        if not tool.retryable or tool.max_quick_retries <= 0:
+            try:
+                return self._outcome(tool, act, token, await attempt(), args)
+            except _Retryable as once:
+                return self._outcome(tool, act, token, once.result, args)
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(tool.max_quick_retries + 1)
+            | _StopWhen(lambda: ctx.remaining() < 0.1 or token.cancelled),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            sleep=lambda seconds: asyncio.sleep(max(min(seconds, ctx.remaining() / 2), 0.0)),
+            reraise=True,
+        )
+        try:
+            result: CallResult = await retrying(attempt)
         except _Retryable as spent:
             result = spent.result
         return self._outcome(tool, act, token, result, args)
@@ -169,6 +222,44 @@ class Dispatcher:
                                           "reason": f"{type(err).__name__}: {err}"[:500],
                                           "request": act.key})]
         return [Spec(ev.ActionFailed, fields)]
+
+
+async def awaited(call: Any, token: CancelToken, timeout: float) -> CallResult:
+    """Await one call of an ``async def`` tool in the running task: cancelled where it
+    awaits when ``token`` fires (``Cancelled``) or at ``timeout`` (``timed_out``). One
+    timer and one listener per call, no task of its own: the worker holds thousands."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    why: list[str] = []
+
+    def stop(reason: str) -> None:
+        if not why:
+            why.append(reason)
+            task.cancel()
+
+    def cancel() -> None:  # the token fires on any thread
+        loop.call_soon_threadsafe(stop, "cancel")
+
+    timer = loop.call_later(max(timeout, 0.0), stop, "deadline")
+    token.add_listener(cancel)
+    try:
+        return CallResult("returned", await call)
+    except asyncio.CancelledError:
+        if not why:  # the call's own task was cancelled from outside: not ours to record
+            raise
+        task.uncancel()
+        if why[0] == "deadline":
+            return CallResult("timed_out")
+        return CallResult("raised", error=Cancelled(token.reason or "canceled"))
+    except Overrun:
+        return CallResult("timed_out")
+    except BaseException as exc:  # Cancelled from ctx.check() among them
+        return CallResult("raised", error=exc)
+    finally:
+        why.append("over")  # a stop that comes later cancels nothing
+        timer.cancel()
+        token.remove_listener(cancel)
 
 
 def rate_limited(act: Action, err: RateLimited) -> list[Spec]:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 import logging
 import queue
 import threading
@@ -56,6 +57,7 @@ from durable.fairness import take_command
 from durable.log import keys
 from durable.log.batching import RedisCall
 from durable.log.inflight import Stream
+from workers.aio import Awaiting
 from workers.calls import CallAbandoned
 from workers.loop import StepLoop
 from workers.slots import Slots, run_id_of, slot_live
@@ -73,6 +75,9 @@ FLUSH_EVERY = 16
 
 #: Batches out at most before a new run is started (runs already going are not held).
 MAX_INFLIGHT = 4
+
+#: Spare threads started with the hub (more are started as slow calls need them).
+PRESTARTED = 16
 
 #: How often the monitor looks at the driving thread while runs are held.
 MONITOR_S = 0.001
@@ -157,11 +162,16 @@ class RunHub:
         self.handoffs = -1
         #: Calls of user code sent to a spare thread as they started (known to be slow).
         self.offloads = 0
+        #: Most threads that run user code handed to them at once (``DURABLE_USER_THREADS``);
+        #: past it, such calls wait in ``_queued`` for one of them (the driving never does).
+        self.max_jobs = max(1, loop.settings.worker.user_threads)
+        self._jobs = 0
+        self._queued: collections.deque[tuple[_Task, Offload]] = collections.deque()
         with self._mu:
             self._promote()
-            # One spare per slot, started now: a thread's start waits for the new thread
-            # to run, which cost a burst of slow calls about a millisecond each, in turn.
-            for _ in range(size):
+            # A few spares started now: a thread's start waits for the new thread to run,
+            # about a millisecond each; more are started as calls need them, up to the cap.
+            for _ in range(min(size, self.max_jobs, PRESTARTED)):
                 self._spares.append(self._start_thread())
         threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
 
@@ -202,8 +212,13 @@ class RunHub:
             me.wake.acquire()
             job, me.job = me.job, None
             if job is not None:
-                with contextlib.suppress(BaseException):  # see ``_run_job``
-                    self._run_job(*job)
+                while job is not None:  # then the calls that waited for a thread, in turn
+                    with contextlib.suppress(BaseException):  # see ``_run_job``
+                        self._run_job(*job)
+                    with self._mu:
+                        job = self._queued.popleft() if self._queued else None
+                        if job is None:
+                            self._jobs -= 1
             else:
                 try:
                     self._drive(me)
@@ -224,6 +239,10 @@ class RunHub:
                 task.started = True
                 item = self._resume(task)
                 while isinstance(item, Offload):
+                    if isinstance(item, Awaiting):  # on the event loop: called back
+                        item.begin(functools.partial(self._incoming.put, task))
+                        item = None
+                        break
                     if item.what == WAITING or (item.what != FOLD and
                                                 self._took.get(item.what, 0.0) > HANDOFF_S):
                         self._elsewhere(task, item)
@@ -395,6 +414,10 @@ class RunHub:
         """Run ``call`` on a spare thread; ``task`` goes on once it returns."""
         self.offloads += 1
         with self._mu:
+            if self._jobs >= self.max_jobs:
+                self._queued.append((task, call))
+                return
+            self._jobs += 1
             self._spare((task, call))
 
     def _run_job(self, task: _Task, call: Offload) -> None:

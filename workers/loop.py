@@ -40,6 +40,7 @@ from durable.errors import (
     Terminal,
     UnknownAgent,
 )
+from durable.eventloop import EVENT_LOOP
 from durable.leases import Heartbeats, Lease, Leases
 from durable.limits import Limiter
 from durable.log import events as ev
@@ -52,7 +53,7 @@ from durable.log.store import EventLog, RunHandle, Spec
 from durable.outages import Outage
 from durable.queue import make_queue, make_ready
 from durable.settings import Settings
-from workers import decisions, family
+from workers import aio, decisions, family
 from workers.dispatch import Dispatcher
 from workers.gates import revalidate, version_policy
 from workers.hooks import HookChain, StepHooks
@@ -130,6 +131,9 @@ class StepLoop:
         self.restart_requested = self.watchdog.restart_requested
         #: Turns for driving steps (``workers.turns.STEP_TURNS``).
         self.turns = Turns(STEP_TURNS)
+        # Async agent code that blocks the event loop longer than agent code may run is
+        # interrupted there (``durable.eventloop``).
+        EVENT_LOOP.block_limit_s = settings.worker.decide_timeout_ms / 1000
         #: Set on shutdown: every run lets go at its next step boundary.
         self.stopping = threading.Event()
 
@@ -447,7 +451,7 @@ class StepLoop:
             # group, whose state before it is not kept: it is not re-decided.
             return
         seen = before
-        decided = await self.user(f"{agent.name}.decide()", lambda: agent.decide(seen))
+        decided = await aio.decide(self, agent, seen)
         call = matching_call(handle.run_id, decided, act.step, act.tool, act.args, act.group)
         handle.live_args[act.step] = call.args
         if isinstance(decided, Parallel):  # the group's other open calls go out again too

@@ -1,0 +1,123 @@
+"""Item: 10,000 slow runs at once in every agent style, on 2 worker processes.
+
+The load is ``bench.iobound``'s -- each run ``STEPS`` (3) calls of a tool that waits
+``SLEEP_S`` (0.5 s), so the ideal wall time is 1.5 s whatever the number of runs -- with
+``RUNS`` (10,000) runs on 2 worker processes of ``HELD`` (5,000) slots each, every run
+queued first (one ``start_many`` while the workers are stopped; the clock starts when they
+continue, as ``bench.iobound``'s backlog rows). One row per agent style
+(``bench.style_agents``):
+
+- ``async code``: an ``async def`` code agent awaiting an ``async def`` tool: each run a
+  task on the worker's event loop, no thread of its own;
+- ``sync code``: a plain code agent calling a plain tool: a thread per run's function,
+  and the tool calls on the hub's threads (``DURABLE_USER_THREADS`` raised to ``HELD``,
+  as a deployment of slow sync tools would);
+- ``decide()``: the examples' ``count`` (a plain tool, the same threads), and
+  ``count_async`` (the async tool, no thread per call);
+- ``async code, 5,000 runs``: the same agent at 5,000 runs, beside DBOS at 5,000 runs
+  (``bench.iobound.dbos``: its threads and its async workflows, on a local PostgreSQL).
+
+Reported per row: wall, wall / ideal, peak RSS and threads of each worker (at ``HELD``
+runs held), starts, latency, and the problems the worker logs show; and the ratio of
+DBOS's wall to ours at 5,000 runs. ``--quick``: 600 runs on 2 x 300 slots, no DBOS.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bench import iobound
+from bench.common import AGENTS
+
+RUNS = 10_000
+HELD = 5_000
+DBOS_RUNS = 5_000
+STYLE_AGENTS = f"{AGENTS},bench.style_agents"
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (row, agent, whether its user code needs a thread per call in flight)
+STYLES = (("async code", "async_count", False), ("sync code", "sync_count", True),
+          ("decide(), sync tool", "count", True), ("decide(), async tool", "count_async",
+                                                   False))
+
+
+def _config(name: str, agent: str, held: int, threads: bool) -> iobound.Config:
+    env: tuple[tuple[str, str], ...] = (("DURABLE_USER_THREADS", str(held)),) if threads else ()
+    return iobound.Config(name, 2, held, pool=held + 100, agent=agent, agents=STYLE_AGENTS,
+                          env=env, backlog=True)
+
+
+def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
+        log: Any = print) -> dict[str, Any]:
+    runs, held = (600, 300) if quick else (RUNS, HELD)
+    log_dir = (out_dir or ROOT / "bench" / "results") / "styles-logs"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    srv = servers.get("everysec")
+    rows: dict[str, Any] = {}
+    plan = [(_config(f"{name}, {runs:,} runs", agent, held, threads), runs)
+            for name, agent, threads in STYLES]
+    if not quick:
+        plan.append((_config(f"async code, {DBOS_RUNS:,} runs", "async_count", held, False),
+                     DBOS_RUNS))
+    for i, (cfg, n) in enumerate(plan):
+        r = srv.client()
+        try:
+            res = iobound.durable(srv.url, r, cfg, n, log_dir, tag=f"s{i}")
+        finally:
+            r.close()
+        keep = ("runs", "completed", "wall_s", "ratio_to_ideal", "start_s", "rss_idle_mb",
+                "worker_round_trips_per_step",
+                "rss_peak_mb", "threads_peak", "latency_ms", "runs_per_worker", "cpu_s",
+                "log_problems", "incomplete", "concurrency")
+        rows[cfg.name] = {k: res[k] for k in keep if k in res}
+        log(f"  styles {cfg.name:34s} wall {res['wall_s']:6.2f} s "
+            f"({res['ratio_to_ideal']:.2f}x ideal), peak RSS "
+            f"{'/'.join(f'{x:.0f}' for x in res['rss_peak_mb'])} MB, threads "
+            f"{'/'.join(str(x) for x in res['threads_peak'])}, starts {res['start_s']:.2f} s, "
+            f"{res['log_problems']['count']} log problems")
+        if "incomplete" in res:
+            log(f"  WARNING: {cfg.name}: {res['incomplete']}")
+    out: dict[str, Any] = {"runs": runs, "held_per_worker": held, "steps": iobound.STEPS,
+                           "sleep_s": iobound.SLEEP_S,
+                           "ideal_s": iobound.STEPS * iobound.SLEEP_S, "configs": rows}
+    if not quick:
+        dbos = iobound.dbos(DBOS_RUNS, 1, log)
+        out["configs"].update({f"{name}, {DBOS_RUNS:,} runs": row
+                               for name, row in dbos.items()})
+        ours = rows[f"async code, {DBOS_RUNS:,} runs"]["wall_s"]
+        out["dbos_over_ours_at_5000"] = {
+            name: round(row["wall_s"] / ours, 2) for name, row in dbos.items()
+            if "wall_s" in row}
+        log(f"  styles DBOS wall / ours at {DBOS_RUNS:,} runs: {out['dbos_over_ours_at_5000']}")
+    return out
+
+
+def report(st: dict[str, Any]) -> list[str]:
+    """The item's section of ``results.md``."""
+    out = [f"## Every agent style at once ({st['runs']:,} runs x {st['steps']} steps of "
+           f"{st['sleep_s']} s on 2 workers x {st['held_per_worker']:,} slots: ideal "
+           f"{st['ideal_s']} s)\n",
+           "| configuration | wall s | x ideal | starts s | peak RSS per worker MB | "
+           "threads per worker | log problems |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, c in st["configs"].items():
+        if "unavailable" in c:
+            out.append(f"| {name} | not available: {c['unavailable']} | | | | | |")
+        elif "rss_peak_mb" in c and "log_problems" in c:
+            bad = f" ({c['incomplete']})" if c.get("incomplete") else ""
+            out.append(f"| {name}{bad} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | "
+                       f"{c['start_s']:.2f} | "
+                       f"{' / '.join(f'{x:.0f}' for x in c['rss_peak_mb'])} | "
+                       f"{' / '.join(str(x) for x in c['threads_peak'])} | "
+                       f"{c['log_problems']['count']} |")
+        else:  # DBOS
+            out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | "
+                       f"{c.get('start_s', float('nan')):.2f} | "
+                       f"{c.get('rss_peak_mb', float('nan')):.0f} | "
+                       f"{c.get('threads_peak', '?')} | |")
+    if "dbos_over_ours_at_5000" in st:
+        out.append("\nDBOS's wall over ours (async code) at 5,000 runs: " + ", ".join(
+            f"{k}: {v}x" for k, v in st["dbos_over_ours_at_5000"].items()) + ".\n")
+    return out

@@ -1,0 +1,233 @@
+"""One execution of an ``async def`` code agent's function: a task on the process's event
+loop (``durable.eventloop``), with no thread of its own.
+
+Each step the function takes is handed to the worker as a decision (a future the worker
+is called back on: ``begin``), and the function awaits the step's outcome (an asyncio
+future the worker resolves from its own thread). The checks against the log (replay,
+nondeterminism, values drawn, waits) are ``Session``'s, shared with plain functions.
+
+Calls awaited together (``asyncio.gather``, tasks) are one parallel decision: each call
+joins a batch, handed over once the loop has run every callback ready at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from durable.agents import Decision, Fail, Finish
+from durable.errors import UsageError
+from durable.eventloop import AGENT_TASK, EVENT_LOOP, LoopBlocked
+from durable.log.state import Action, RunState
+from durable.session import (
+    CURRENT,
+    UNWIND,
+    ChildRun,
+    EndRun,
+    Session,
+    StepFailed,
+    Unwind,
+    join_wait,
+    joined,
+    sleep_wait,
+)
+
+
+class AsyncSession(Session):
+    """``Session`` for an ``async def`` function (see the module doc)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        #: Calls waiting to be handed over together.
+        self.batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]] = []
+        #: The worker's side of the decision asked for: resolved by the function.
+        self.decided: concurrent.futures.Future[Any] | None = None
+        #: The function's side of the step handed over: resolved by the worker.
+        self.answer: asyncio.Future[Any] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.closed = False
+
+    # The function's side (on the loop) -------------------------------------------------
+
+    async def _amain(self) -> None:
+        CURRENT.set(self)
+        self.task = asyncio.current_task()
+        if self.closed:
+            return
+        try:
+            value = await self.agent.fn(self.context(self), self.input)
+            if isinstance(value, BaseModel):
+                value = value.model_dump(mode="json")
+            self._deliver(Finish(value))
+        except (Unwind, asyncio.CancelledError):
+            return
+        except LoopBlocked:
+            self._deliver(UsageError(
+                f"run {self.run_id}: the agent blocked the event loop of async agents past "
+                f"{EVENT_LOOP.block_limit_s:g} s (time.sleep or a blocking call in an async "
+                "def function: await asyncio.sleep, an async client, or asyncio.to_thread)"))
+        except StepFailed as exc:
+            self._deliver(Fail(str(exc)[:2000]))
+        except EndRun as exc:
+            self._deliver(exc.decision)
+        except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
+            self._deliver(exc)
+
+    def _deliver(self, item: Any) -> None:
+        """Give the worker what the function decided (or raised)."""
+        wanted = self.decided
+        if wanted is not None:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned
+                wanted.set_result(item)
+
+    async def _hand_over_async(self, steps: list[int], decision: Decision) -> list[Action]:
+        self.pending = steps
+        answer = self.answer = asyncio.get_running_loop().create_future()
+        self._deliver(decision)
+        self.blocked = True
+        try:
+            got = await answer
+        finally:
+            self.blocked = False
+            self.answer = None
+        if got is UNWIND:
+            raise Unwind
+        acts: list[Action] = got
+        for act in acts:
+            self.actions[act.step] = act
+        return acts
+
+    async def call_async(self, tool: str, args: dict[str, Any]) -> Any:
+        self._on_own_thread()
+        got = self._plan_call(tool, args)
+        if isinstance(got, Action):
+            return self._outcome(got)
+        (act,) = await self._hand_over_async(*got)
+        return self._outcome(act)
+
+    async def parallel_async(self, calls: list[tuple[str, dict[str, Any]]],
+                             return_exceptions: bool) -> list[Any]:
+        self._on_own_thread()
+        got = self._plan_parallel(calls)
+        acts = got if isinstance(got, list) else await self._hand_over_async(*got)
+        return self._gathered(acts, return_exceptions)
+
+    async def batched(self, tool: str, args: dict[str, Any]) -> Any:
+        """A call that joins the batch handed over once the calls started together have
+        all joined it (``asyncio.gather``)."""
+        self._on_own_thread()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self.batch.append((tool, args, future))
+        if len(self.batch) == 1:
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self.batch = self.batch, []
+        asyncio.get_running_loop().create_task(self._send(batch),
+                                               name=f"{AGENT_TASK}{self.run_id}")
+
+    async def _send(self, batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]]
+                    ) -> None:
+        try:
+            if len(batch) == 1:
+                tool, args, _ = batch[0]
+                got = self._plan_call(tool, args)
+                acts = [got] if isinstance(got, Action) else await self._hand_over_async(*got)
+            else:
+                many = self._plan_parallel([(t, a) for t, a, _ in batch])
+                acts = many if isinstance(many, list) else await self._hand_over_async(*many)
+            results = self._gathered(acts, True)
+        except BaseException as exc:  # Unwind, a nondeterminism: every caller gets it
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (*_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, StepFailed):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def wait_async(self, kind: str, reason: str, timeout_s: float, data: Any) -> Any:
+        recorded, got = self._plan_wait(kind, reason, timeout_s, data)
+        if recorded:
+            return got
+        await self._hand_over_async([], got)  # the worker lets go while it waits: an unwind
+        raise Unwind
+
+    async def join_async(self, child: ChildRun, timeout_s: float) -> Any:
+        return joined(child, await self.wait_async(*join_wait(child, timeout_s)))
+
+    async def sleep_async(self, seconds: float) -> None:
+        await self.wait_async(*sleep_wait(seconds))
+
+    async def sleep_until_async(self, when: datetime | float) -> None:
+        await self.sleep_async(self.seconds_until(when))
+
+    # The worker's side (any thread) --------------------------------------------------------
+
+    def begin(self, state: RunState | None) -> concurrent.futures.Future[Any]:
+        """Ask for the function's next decision: the future is resolved with it (or with
+        what the function raised) on the loop's thread; nothing blocks meanwhile."""
+        wanted: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.decided = wanted
+        if not self.started:
+            self.started = True
+            EVENT_LOOP.submit(self._amain(), name=f"{AGENT_TASK}{self.run_id}")
+        elif self.pending:
+            assert state is not None
+            EVENT_LOOP.call_soon(self._reply, self._answered(state))
+        return wanted
+
+    def _reply(self, answer: Any) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_result(answer)
+
+    def next_decision(self, state: RunState) -> Decision:
+        wanted = self.begin(state)
+        while True:
+            try:
+                item = wanted.result(timeout=0.1)  # short: the watchdog can interrupt
+            except concurrent.futures.TimeoutError:
+                continue
+            return decision_of(item)
+
+    def close(self) -> None:
+        """End the function: at the step it waits on (``Unwind``), else where it awaits
+        (its task is cancelled)."""
+        self.closed = True
+        if self.started:
+            EVENT_LOOP.call_soon(self._unwind)
+
+    def _unwind(self) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_result(UNWIND)
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def first_decision(self, timeout_s: float) -> Decision:
+        wanted = self.begin(None)
+        try:
+            item = wanted.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"did not reach its next step within {timeout_s:g} s") from None
+        finally:
+            self.close()
+        return decision_of(item)
+
+
+def decision_of(item: Any) -> Decision:
+    """What a function handed over: its decision, or what it raised (raised here)."""
+    if isinstance(item, BaseException):
+        raise item
+    decision: Decision = item
+    return decision

@@ -1,0 +1,199 @@
+"""The process's event loop for ``async def`` agent code and tools: one asyncio loop on one
+thread, shared by every run the process holds.
+
+An ``async def`` code agent's function is a task on this loop, and so is each call of an
+``async def`` tool: a thousand runs waiting on their models or APIs cost a thousand tasks,
+not a thousand threads. Whoever drives a run (a worker's hub, a run thread, a dry run)
+hands work to the loop with ``submit`` and is called back when it is done; nothing waits
+on a thread meanwhile.
+
+Code on the loop must not block it: ``time.sleep`` or a blocking client in an ``async
+def`` agent or tool stalls every other task of the process. The loop is watched (the
+monitor thread looks at the task running on it every ``PING_S``):
+
+- a task found running in every look for ``WARN_S`` is named in a warning (an agent's
+  task is named ``agent:<run id>``, a tool call's ``tool:<name>:<run id>``);
+- an agent's task that blocks it for longer than its limit (``block_limit_s``, the
+  worker's ``DURABLE_DECIDE_TIMEOUT_MS``) gets ``LoopBlocked`` raised inside it, at its
+  next bytecode (a call blocked in C, ``time.sleep`` among them, returns first): the
+  function ends, its run is quarantined with the reason, and the loop goes on with the
+  others. A tool's task is not interrupted here: its call's own deadline
+  and cancel stop it once it yields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import ctypes
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger("durable.eventloop")
+
+T = TypeVar("T")
+
+#: How often the monitor looks at the task running on the loop (s).
+PING_S = 0.05
+
+#: A task that holds the loop this long is reported (s), by name.
+WARN_S = 0.5
+
+#: Tasks whose names start with this are an agent's function (``durable.session``).
+AGENT_TASK = "agent:"
+
+
+class LoopBlocked(BaseException):
+    """Raised inside an agent's task that blocked the process's event loop past its limit
+    (a ``BaseException``: an agent's ``except Exception`` does not swallow it)."""
+
+
+class EventLoop:
+    """One asyncio loop on a thread of its own, started on first use (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_id = 0
+        self._lock = threading.Lock()
+        #: Longest an agent's task may block the loop before ``LoopBlocked`` (s).
+        self.block_limit_s = 30.0
+        #: Times a task was found holding the loop past ``WARN_S``, and the longest (s).
+        self.blocked = 0
+        self.longest_block_s = 0.0
+        self._posted: collections.deque[Callable[[], object]] = collections.deque()
+        self._woken = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            with self._lock:
+                if self._loop is None:
+                    self._start()
+                loop = self._loop
+        assert loop is not None
+        return loop
+
+    @property
+    def thread_id(self) -> int:
+        self.loop  # noqa: B018 -- started on first use
+        return self._thread_id
+
+    def on_loop(self) -> bool:
+        """Whether the calling code runs on this loop's thread."""
+        return self._loop is not None and threading.get_ident() == self._thread_id
+
+    def submit(self, coro: Coroutine[Any, Any, T], name: str = "") -> concurrent.futures.Future[T]:
+        """Run ``coro`` as a task of the loop; its result (or what it raised) is on the
+        future returned, which may be waited on or given a done callback from any thread."""
+        loop = self.loop
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            task = loop.create_task(coro, name=name or None)
+
+            def finished(t: asyncio.Task[T]) -> None:
+                if t.cancelled():
+                    done.cancel()
+                    done.set_running_or_notify_cancel()
+                elif t.exception() is not None:
+                    done.set_exception(t.exception())
+                else:
+                    done.set_result(t.result())
+
+            task.add_done_callback(finished)
+
+        self._post(start)
+        return done
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        """Call ``fn(*args)`` on the loop, from any thread."""
+        self._post(functools.partial(fn, *args) if args else fn)
+
+    def _post(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop soon: posted calls are run together, and the loop is
+        woken (a write to its self-pipe) once per bunch, not once per call."""
+        self._posted.append(fn)
+        if not self._woken:
+            self._woken = True
+            self.loop.call_soon_threadsafe(self._run_posted)
+
+    def _run_posted(self) -> None:
+        self._woken = False  # before draining: a call posted after the drain wakes it again
+        posted = self._posted
+        while posted:
+            try:
+                posted.popleft()()
+            except Exception:
+                log.exception("a call posted to the event loop")
+
+    def _start(self) -> None:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._thread_id = threading.get_ident()
+            self._loop = loop
+            ready.set()
+            while True:  # a LoopBlocked that lands past its task's code ends run_forever
+                try:
+                    loop.run_forever()
+                    return
+                except LoopBlocked:
+                    continue
+
+        threading.Thread(target=run, name="durable-aio", daemon=True).start()
+        ready.wait()
+        threading.Thread(target=self._monitor, name="durable-aio-monitor", daemon=True).start()
+
+    def _monitor(self) -> None:
+        """Sample the task running on the loop every ``PING_S``: one found running in every
+        sample for ``WARN_S`` holds the loop (a loop merely busy with many short steps, or
+        slowed by a loaded machine, shows other tasks, or none, between them)."""
+        loop = self._loop
+        assert loop is not None
+        warned_at = 0.0
+        last: asyncio.Task[Any] | None = None
+        since = time.monotonic()
+        interrupted: asyncio.Task[Any] | None = None
+        while True:
+            time.sleep(PING_S)
+            task = _running_task(loop)
+            now = time.monotonic()
+            if task is None or task is not last:
+                if last is not None and now - since >= WARN_S:
+                    self.blocked += 1
+                    self.longest_block_s = max(self.longest_block_s, now - since)
+                last, since = task, now
+                continue
+            held_s = now - since
+            name = task.get_name()
+            if held_s >= WARN_S and now - warned_at > 5.0:
+                warned_at = now
+                log.warning("the event loop of async agents and tools is blocked for %.2f s "
+                            "by %s: code on it must not block (no time.sleep or blocking "
+                            "clients in an async def agent or tool: await asyncio.sleep, an "
+                            "async client, or asyncio.to_thread)", held_s, name)
+            if held_s > self.block_limit_s and name.startswith(AGENT_TASK) and \
+                    interrupted is not task:
+                interrupted = task
+                log.error("%s blocked the event loop for %.1f s: interrupted", name, held_s)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
+
+
+def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:
+    """The task running on ``loop`` now, read from another thread."""
+    try:
+        return asyncio.current_task(loop)
+    except RuntimeError:
+        return None
+
+
+#: The process's loop.
+EVENT_LOOP = EventLoop()

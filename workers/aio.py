@@ -1,0 +1,99 @@
+"""User code a run's coroutine waits on without any thread waiting for it: an ``async def``
+code agent's next decision, a call of an ``async def`` tool. Both are tasks on the
+process's event loop (``durable.eventloop``); the run's coroutine awaits an ``Awaiting``,
+and its driver is called back once the task is done:
+
+- a worker's hub starts it and goes on with its other runs; the callback puts the run
+  back among those to resume (``workers.hub``);
+- a run thread, or RQ's, waits for it in place (``Awaiting.settle``).
+
+The watchdog does not time an ``async def`` agent's decision as it times agent code on a
+thread: awaiting wedges no thread, and while one function blocks the loop every other
+one waits on it too, so timing them would quarantine its victims. The loop's own monitor
+reports the function that blocks it, and interrupts it past its limit
+(``durable.eventloop``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from durable.agents import Agent, Tool
+from durable.async_session import decision_of
+from durable.code import CodeAgent
+from durable.log.state import Action, RunState
+from durable.log.store import Spec
+from workers.turns import Abandoned, Offload, Slot
+
+if TYPE_CHECKING:
+    from workers.loop import StepLoop
+
+
+class Awaiting(Offload):
+    """User code on the event loop: ``start`` begins it and returns its future."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, what: str, start: Callable[[], concurrent.futures.Future[Any]]) -> None:
+        super().__init__(what, start)
+        self.start = start
+
+    def begin(self, done: Callable[[], object]) -> None:
+        """Start the code; ``done`` is called (on any thread) once its result is kept."""
+        try:
+            future = self.start()
+        except BaseException as exc:  # raised again in the coroutine that awaits it
+            self.error = exc
+            done()
+            return
+
+        def finished(f: concurrent.futures.Future[Any]) -> None:
+            if f.cancelled():
+                self.error = Abandoned()
+            elif f.exception() is not None:
+                self.error = f.exception()
+            else:
+                self.result = f.result()
+            done()
+
+        future.add_done_callback(finished)
+
+    def settle(self) -> None:
+        """Wait for it on this thread (a run thread's driver)."""
+        over = threading.Event()
+        self.begin(over.set)
+        while not over.wait(0.1):  # short: the watchdog can interrupt this thread
+            pass
+
+
+async def decide(loop: StepLoop, agent: Agent, state: RunState) -> Any:
+    """The agent's next decision: a ``decide()`` or a plain function's on a thread (as
+    ``StepLoop.user``), an ``async def`` function's awaited on the event loop."""
+    what = f"{agent.name}.decide()"
+    if not (isinstance(agent, CodeAgent) and agent.is_async):
+        return await loop.user(what, lambda: agent.decide(state))
+    if not agent.has_session(state.run_id) and agent.needs_history(state):
+        # Its history is read from the log first, on a thread.
+        await loop.io.elsewhere(lambda: agent.open_session(state))
+    return decision_of(await Awaiting(what, lambda: agent.decide_soon(state)))
+
+
+def is_async_tool(loop: StepLoop, tool: Tool) -> bool:
+    return loop.dispatcher.is_async(tool)
+
+
+async def call_tool(loop: StepLoop, run_id: str, tool: Tool, act: Action, slot: Slot,
+                    args: Any) -> list[Spec]:
+    """Call an ``async def`` tool on the event loop: the events its call observed."""
+    slot.in_call = True
+    try:
+        specs: list[Spec] = await Awaiting(act.tool, lambda: loop.dispatcher.dispatch_soon(
+            run_id, tool, act, slot.token, args))
+    finally:
+        slot.in_call = False
+    if (run_id, act.step) in loop.limiter.held:
+        await loop.io.elsewhere(lambda: loop.limiter.release(run_id, act.step, specs))
+    return specs
