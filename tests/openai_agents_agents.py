@@ -11,7 +11,6 @@ applied twice shows.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from agents import Agent, function_tool
@@ -19,9 +18,10 @@ from agents.models.interface import Model, ModelProvider
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
 
-from durable.agents import Lookup, OutcomeUnknown
+from durable.agents import OutcomeUnknown
 from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
-from tests.agents import _db
+from tests.integration_world import book_lookup, refund_lookup
+from tests.integration_world import effect as _effect
 
 
 class LocalProvider(ModelProvider):
@@ -34,37 +34,8 @@ class LocalProvider(ModelProvider):
         return OpenAIChatCompletionsModel(model=model_name or "scripted", openai_client=client)
 
 
-def _effect(what: str) -> dict[str, Any]:
-    key = step_context().key
-    time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
-    conn = _db()
-    try:
-        conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
-    finally:
-        conn.close()
-    return {"done": what, "key": key}
 
 
-def _applied(key: str) -> bool:
-    conn = _db()
-    try:
-        return bool(conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?",
-                                 (key,)).fetchone()[0])
-    finally:
-        conn.close()
-
-
-def book_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    """What the database says of a booking: the tool's own result when it was applied."""
-    if _applied(key):
-        return Lookup.applied({"done": f"slot {args['slot']}", "key": key})
-    return Lookup.not_applied()
-
-
-def refund_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    if _applied(key):
-        return Lookup.applied({"done": f"refund {args['order']} {args['cents']}", "key": key})
-    return Lookup.not_applied()
 
 
 # A triage agent hands off to a booker, which books two slots (the second reply also leaves a

@@ -33,6 +33,7 @@ from durable.testing import wait_for
 from tests import openai_agents_agents
 from tests.agents import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
+from tests.integration_world import decided, set_env
 from tests.openai_server import OpenAIServer
 
 AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
@@ -49,15 +50,9 @@ def openai_server() -> Iterator[OpenAIServer]:
 def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          openai_server: OpenAIServer) -> None:
     openai_server.reset()
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
-    monkeypatch.setenv("TEST_OPENAI_URL", openai_server.url)
-    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    set_env(monkeypatch, tmp_path, AGENTS, TEST_OPENAI_URL=openai_server.url,
+            OPENAI_AGENTS_DISABLE_TRACING="1")
 
-
-def _steps(client: Client, run: str) -> list[ev.StepDecided]:
-    return [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
 
 
 def _effects(tmp_path: Path) -> dict[str, int]:
@@ -79,7 +74,7 @@ def test_an_agent_runs_as_a_durable_run_with_a_handoff(
     state = client.status(run)
     assert state.state == "completed", (state.state, state.reason, state.error)
     assert state.result == "booked: slot 1, slot 2"
-    steps = _steps(client, run)
+    steps = decided(client, run)
     assert [s.tool for s in steps] == BOOKER_STEPS
     assert steps[1].args == {"to": "booker", "tool": "transfer_to_booker", "arguments": "{}"}
     assert state.actions[2].result == {"agent": "booker"}  # the handoff, recorded by name
@@ -133,7 +128,7 @@ def test_a_killed_run_resumes_without_resending_requests_or_repeating_effects(
     final = client.wait(run, timeout=60)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "booked: slot 1, slot 2"
-    assert [s.tool for s in _steps(client, run)] == BOOKER_STEPS
+    assert [s.tool for s in decided(client, run)] == BOOKER_STEPS
     requests = openai_server.counts(f"{run}:")
     assert set(requests) == {f"{run}:{n}" for n in BOOKER_MODEL_STEPS}
     assert _resent_after_recorded(client, run, openai_server) == []
@@ -222,7 +217,7 @@ def test_a_callable_needs_approval_holds_back_only_the_calls_it_names(
     final = client.wait(run, 30)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "refunded: refund A1 50, refund A1 500"
-    assert [s.tool for s in _steps(client, run)] == [
+    assert [s.tool for s in decided(client, run)] == [
         "oai_small_refunder.model", "oai_small_refunder.tool.small_refund",
         "oai_small_refunder.model", "oai_small_refunder.tool.small_refund.approval",
         "oai_small_refunder.model"]
@@ -264,8 +259,8 @@ def test_a_tool_whose_reply_was_lost_is_resolved_by_its_lookup(
     assert _effects(tmp_path) == {f"{run}:2": 1}
     types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
     assert "action_reconciled" in types
-    assert [s.tool for s in _steps(client, run)] == ["oai_lossy.model", "oai_lossy.tool.lossy_book",
-                                                    "oai_lossy.model"]
+    assert [s.tool for s in decided(client, run)] == [
+        "oai_lossy.model", "oai_lossy.tool.lossy_book", "oai_lossy.model"]
 
 
 def test_a_run_goes_past_the_sdks_default_turn_limit(
@@ -332,7 +327,7 @@ def test_a_child_tool_runs_the_other_agent_as_a_child_run(
     assert final.state == "completed", (final.state, final.reason, final.error)
     story = " ".join(f"word{i}" for i in range(40))
     assert final.result == f"the story: {story}"
-    assert [s.tool for s in _steps(client, run)] == ["oai_manager.model", "durable.child",
+    assert [s.tool for s in decided(client, run)] == ["oai_manager.model", "durable.child",
                                                     "oai_manager.model"]
     (child,) = final.children
     assert client.status(child).result == story

@@ -22,8 +22,9 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from durable.agents import Lookup, Tool, ToolContext
 from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import LOOP, StepOptions, bound
+from durable.integrations.pydantic_ai.steps import StepOptions, bound
 from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
+from durable.integrations.steploop import LOOP
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability

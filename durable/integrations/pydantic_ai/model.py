@@ -33,7 +33,8 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity, plain
-from durable.integrations.pydantic_ai.steps import LOOP, bound
+from durable.integrations.pydantic_ai.steps import bound
+from durable.integrations.steploop import LOOP
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability
