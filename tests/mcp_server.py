@@ -10,6 +10,7 @@ marks it ``readOnlyHint``). ``TEST_MCP_LISTS`` counts how often the tool list is
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import time
 
@@ -37,8 +38,14 @@ def apply(n: int, ctx: Context) -> str:
     conn = _conn()
     try:
         conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
+        applied = int(conn.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
     finally:
         conn.close()
+    die_at = int(os.environ.get("TEST_MCP_DIE_AT", "0"))
+    marker = os.environ["TEST_DB"] + ".mcp-died"
+    if die_at and applied >= die_at and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     return f"applied {n} ({key})"
 
 
@@ -52,5 +59,26 @@ def peek() -> int:
         conn.close()
 
 
+def _started() -> None:
+    conn = _conn()
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS starts (pid INTEGER, at REAL)")
+        conn.execute("INSERT INTO starts VALUES (?, ?)", (os.getpid(), time.time()))
+    finally:
+        conn.close()
+
+
+def starts(db_path: str) -> int:
+    """How often the server was started against the database ``db_path``."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM starts").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        conn.close()
+
+
 if __name__ == "__main__":
+    _started()
     server.run("stdio")
