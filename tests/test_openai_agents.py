@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,9 @@ from tests import openai_agents_agents
 from tests.agents import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
 from tests.integration_world import decided, set_env
-from tests.openai_server import OpenAIServer
+from tests.openai_server import OpenAIServer, resent_after_recorded
 
 AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
-
-
-@pytest.fixture(scope="module")
-def openai_server() -> Iterator[OpenAIServer]:
-    server = OpenAIServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -93,20 +85,6 @@ def test_an_agent_runs_as_a_durable_run_with_a_handoff(
     assert verify(client.log, run).ok
 
 
-def _resent_after_recorded(client: Client, run: str, server: OpenAIServer) -> list[str]:
-    """The model requests of ``run`` that arrived after their step's reply was recorded: a
-    recorded request sent again. (A request in flight, not recorded, may be sent again after
-    a crash: that is the contract of an effect-free step.)"""
-    recorded = {e.event.step: e.event.ts / 1000 for e in client.events(run)
-                if isinstance(e.event, ev.ActionSucceeded)}
-    resent = []
-    for request in list(server.requests):
-        run_id, _, step = str(request["key"]).rpartition(":")
-        if run_id == run and int(step) in recorded and request["at"] > recorded[int(step)]:
-            resent.append(request["key"])
-    return resent
-
-
 @pytest.mark.parametrize(("window", "step"), [
     ("after_effect", 4),    # after the booking's effect, before its outcome: lookup
     ("after_effect", 2),    # after the handoff ran, before it was recorded
@@ -131,7 +109,7 @@ def test_a_killed_run_resumes_without_resending_requests_or_repeating_effects(
     assert [s.tool for s in decided(client, run)] == BOOKER_STEPS
     requests = openai_server.counts(f"{run}:")
     assert set(requests) == {f"{run}:{n}" for n in BOOKER_MODEL_STEPS}
-    assert _resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
     if step in BOOKER_MODEL_STEPS:  # the reply that arrived was never recorded: sent again
         assert requests[f"{run}:{step}"] >= 2
     assert _effects(tmp_path) == {f"{run}:4": 1, f"{run}:6": 1}
@@ -189,7 +167,7 @@ def test_an_approved_call_killed_after_its_effect_is_applied_once(
     assert final.result == "refunded: refund A1 500"
     assert _effects(tmp_path) == {f"{run}:2": 1}
     assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
-    assert _resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
     assert verify(client.log, run).ok
 
 
@@ -334,8 +312,8 @@ def test_a_child_tool_runs_the_other_agent_as_a_child_run(
     assert client.status(child).parent == run
     assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
     assert set(openai_server.counts(f"{child}:")) == {f"{child}:1"}
-    assert _resent_after_recorded(client, run, openai_server) == []
-    assert _resent_after_recorded(client, child, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, child, openai_server) == []
     assert verify(client.log, run).ok and verify(client.log, child).ok
 
 

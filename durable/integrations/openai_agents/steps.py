@@ -26,8 +26,11 @@ from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseErrorEvent,
     ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseTextDeltaEvent,
 )
@@ -36,6 +39,7 @@ from pydantic_core import to_jsonable_python
 
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext, args_digest
 from durable.integrations.steploop import LOOP, current_step, recorded_lookup
+from durable.partials import tool_call_delta
 
 if TYPE_CHECKING:
     from durable.integrations.openai_agents.runner import DurableAgent
@@ -211,14 +215,24 @@ def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
 
 async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
     """Stream the request: each text delta is partial output (``{"delta": text}``) for the
-    run's followers; the completed response is the step's result."""
+    run's followers, and each function call's name and argument deltas too
+    (``durable.partials.tool_call_delta``); the completed response is the step's result."""
     done: list[Any] = []
     completed = None
+    calls: dict[int, int] = {}  # output index -> the tool call's place among the reply's calls
     async for event in call.model.stream_response(
             call.instructions, call.input, settings, call.tools, call.output_schema,
             call.handoffs, call.tracing, **call.extra):
         if isinstance(event, ResponseTextDeltaEvent):
             ctx.emit({"delta": event.delta})
+        elif isinstance(event, ResponseOutputItemAddedEvent) and \
+                isinstance(event.item, ResponseFunctionToolCall):
+            place = calls.setdefault(event.output_index, len(calls))
+            ctx.emit(tool_call_delta(place, call_id=event.item.call_id, name=event.item.name,
+                                     args=event.item.arguments or ""))
+        elif isinstance(event, ResponseFunctionCallArgumentsDeltaEvent):
+            place = calls.setdefault(event.output_index, len(calls))
+            ctx.emit(tool_call_delta(place, args=event.delta))
         elif isinstance(event, ResponseOutputItemDoneEvent):
             done.append(event.item)
         elif isinstance(event, ResponseCompletedEvent):
