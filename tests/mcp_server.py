@@ -23,6 +23,8 @@ server = MCPServer("ledger")
 def _conn() -> sqlite3.Connection:
     conn = sqlite3.connect(os.environ["TEST_DB"], timeout=10, isolation_level=None)
     conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, at REAL)")
+    conn.execute("CREATE TABLE IF NOT EXISTS served (pid INTEGER PRIMARY KEY)")
+    conn.execute("INSERT OR IGNORE INTO served VALUES (?)", (os.getpid(),))
     return conn
 
 
@@ -59,20 +61,12 @@ def peek() -> int:
         conn.close()
 
 
-def _started() -> None:
-    conn = _conn()
-    try:
-        conn.execute("CREATE TABLE IF NOT EXISTS starts (pid INTEGER, at REAL)")
-        conn.execute("INSERT INTO starts VALUES (?, ?)", (os.getpid(), time.time()))
-    finally:
-        conn.close()
-
-
-def starts(db_path: str) -> int:
-    """How often the server was started against the database ``db_path``."""
+def sessions(db_path: str) -> int:
+    """How many server processes served calls against the database ``db_path``: one per
+    session a client kept."""
     conn = sqlite3.connect(db_path)
     try:
-        return int(conn.execute("SELECT COUNT(*) FROM starts").fetchone()[0])
+        return int(conn.execute("SELECT COUNT(*) FROM served").fetchone()[0])
     except sqlite3.OperationalError:
         return 0
     finally:
@@ -80,5 +74,4 @@ def starts(db_path: str) -> int:
 
 
 if __name__ == "__main__":
-    _started()
     server.run("stdio")

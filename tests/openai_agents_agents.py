@@ -14,13 +14,14 @@ import os
 from typing import Any
 
 from agents import Agent, function_tool
+from agents.mcp import MCPServerStdio
 from agents.models.interface import Model, ModelProvider
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
 
 from durable.agents import OutcomeUnknown
 from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
-from tests.integration_world import book_lookup, refund_lookup
+from tests.integration_world import book_lookup, mcp_apply_lookup, mcp_server_command, refund_lookup
 from tests.integration_world import effect as _effect
 
 
@@ -167,3 +168,22 @@ durable_lossy = DurableAgent(
     Agent(name="lossy", instructions="lossy: book.", model="scripted", tools=[lossy_book]),
     name="oai_lossy", model_provider=LocalProvider(),
     tools={"lossy_book": StepOptions(timeout_s=1.0, lookup=book_lookup)})
+
+
+# An agent whose tools are a real MCP stdio server's (``tests.mcp_server``): ``apply`` (an
+# effect, keyed by the call's ``_meta``) MCP_APPLIES times, one per reply, then ``peek``.
+
+MCP_APPLIES = 6
+
+
+def _ledger() -> MCPServerStdio:
+    command, args, env, cwd = mcp_server_command()
+    return MCPServerStdio(name="ledger", params={"command": command, "args": args, "env": env,
+                                                 "cwd": cwd}, client_session_timeout_seconds=30)
+
+
+durable_mcp = DurableAgent(
+    Agent(name="applier", instructions=f"mcp_applier {MCP_APPLIES}", model="scripted",
+          mcp_servers=[_ledger()]),
+    name="oai_mcp", model_provider=LocalProvider(),
+    tools={"ledger.*": StepOptions(timeout_s=5.0, lookup=mcp_apply_lookup)})

@@ -5,7 +5,7 @@ one when the server died.
 A real stdio MCP server (``tests.mcp_server``) started by the worker's MCP client; it SIGKILLs
 itself inside a call (``TEST_MCP_DIE_AT``), after its effect is committed and before it
 answers. Its effects go to a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``), and it
-counts its own starts there.
+counts there the server processes that served calls.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests import pydantic_ai_long_agents as long_agents
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.integration_world import decided, set_env
-from tests.mcp_server import starts
+from tests.mcp_server import sessions
 
 AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_long_agents,tests.mcp_code_agents"
 
@@ -41,7 +41,7 @@ def test_a_code_agent_keeps_one_session_and_reconnects_when_the_server_dies_mid_
 ) -> None:
     """The server dies inside the third ``apply`` (step 4), its effect committed, its answer
     never sent: the call is unknown, the lookup finds its key, and the run goes on over a new
-    session; the tool list stays the one recorded at step 1. One worker, two server starts
+    session; the tool list stays the one recorded at step 1. One worker, two server processes
     (not one per call)."""
     monkeypatch.setenv("TEST_MCP_DIE_AT", "3")
     run = client.start("mcp_books", {}, run_id="msess").run_id
@@ -55,7 +55,7 @@ def test_a_code_agent_keeps_one_session_and_reconnects_when_the_server_dies_mid_
     db = str(tmp_path / "world.sqlite")
     assert applications(db) == {f"{run}:{n}": 1 for n in range(2, 2 + mcp_code_agents.APPLIES)}
     assert final.actions[4].result == f"applied 3 ({run}:4)"  # the lookup's answer
-    assert starts(db) == 2
+    assert sessions(db) == 2
     assert verify(client.log, run).ok
 
 
@@ -80,5 +80,5 @@ def test_a_pydantic_ai_mcp_toolset_reconnects_when_its_server_dies_mid_run(
     calls = [n for n, t in enumerate(tools, 1) if t == "pai_mcp.mcp.ledger.call"]
     db = str(tmp_path / "world.sqlite")
     assert applications(db) == {f"{run}:{n}": 1 for n in calls}
-    assert starts(db) == 2
+    assert sessions(db) == 2
     assert verify(client.log, run).ok

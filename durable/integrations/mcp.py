@@ -38,13 +38,11 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[mcp]'") from exc
 
 from durable.agents import Lookup, Tool, ToolContext, registry
-from durable.integrations.mcp_sessions import SESSIONS
+from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
 from durable.integrations.steploop import LOOP
 
 __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
 
-#: Where a call's idempotency key and deadline travel in its ``_meta``.
-META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
 
 
 class McpToolError(Exception):
@@ -134,7 +132,5 @@ class McpServer:
         the server marks read-only, ``.call`` otherwise."""
         for listed in tools:
             if listed.get("name") == tool:
-                if (listed.get("annotations") or {}).get("readOnlyHint"):
-                    return f"{self.name}.read"
-                return f"{self.name}.call"
+                return f"{self.name}.read" if read_only(listed) else f"{self.name}.call"
         raise LookupError(f"MCP server {self.name!r} lists no tool {tool!r}")

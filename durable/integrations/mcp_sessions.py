@@ -28,7 +28,8 @@ import anyio
 
 from durable.agents import OutcomeUnknown
 
-__all__ = ["SESSIONS", "Session", "Sessions", "connection_lost"]
+__all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "Session", "Sessions", "connection_lost",
+           "read_only"]
 
 T = TypeVar("T")
 
@@ -36,6 +37,16 @@ T = TypeVar("T")
 CONNECTION_CLOSED = -32000
 #: How long a liveness ping may take before the session counts as dead.
 PING_TIMEOUT_S = 5.0
+#: How long closing a dead session may take before it is left to itself.
+CLOSE_TIMEOUT_S = 5.0
+#: Where a call's idempotency key and deadline travel in its ``_meta``.
+META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
+
+
+def read_only(listed: dict[str, Any]) -> bool:
+    """Whether a tool of a recorded tool list (MCP's JSON of a tool) is marked read-only: its
+    calls are then effect-free steps."""
+    return bool((listed.get("annotations") or {}).get("readOnlyHint"))
 
 
 class Session(Protocol):
@@ -79,9 +90,29 @@ def connection_lost(exc: BaseException) -> bool:
 @dataclass
 class _Slot:
     session: Any = None
+    #: Set to close the open session (its host task leaves the context it entered).
+    closing: asyncio.Event | None = None
+    host: asyncio.Task[None] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: How often a session was opened for this server in this process.
     opened: int = 0
+
+
+async def _host(session: Session, entered: asyncio.Future[None], closing: asyncio.Event) -> None:
+    """Enter ``session`` and leave it in this one task (anyio's task groups, which stdio
+    clients open, must be left by the task that entered them), when ``closing`` is set."""
+    try:
+        await session.__aenter__()
+    except BaseException as exc:
+        if not entered.done():
+            entered.set_exception(exc)
+        return
+    entered.set_result(None)
+    try:
+        await closing.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await session.__aexit__(None, None, None)
 
 
 class Sessions:
@@ -99,8 +130,12 @@ class Sessions:
         async with slot.lock:
             if slot.session is None:
                 session = make()
-                await session.__aenter__()
-                slot.session, slot.opened = session, slot.opened + 1
+                entered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                closing = asyncio.Event()
+                host = asyncio.ensure_future(_host(session, entered, closing))
+                await entered
+                slot.session, slot.closing, slot.host = session, closing, host
+                slot.opened += 1
             return slot.session
 
     async def drop(self, name: str, session: Any) -> None:
@@ -108,9 +143,12 @@ class Sessions:
         slot = self._slots.get(name)
         if slot is None or slot.session is not session:
             return
-        slot.session = None
-        with contextlib.suppress(Exception):
-            await session.__aexit__(None, None, None)
+        closing, host = slot.closing, slot.host
+        slot.session, slot.closing, slot.host = None, None, None
+        if closing is not None and host is not None:
+            closing.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(host), CLOSE_TIMEOUT_S)
 
     async def call(self, name: str, make: Callable[[], Session],
                    use: Callable[[Any], Awaitable[T]], *,

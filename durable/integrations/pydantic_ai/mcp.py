@@ -22,7 +22,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
-from durable.integrations.mcp_sessions import SESSIONS
+from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS
 from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import StepOptions, bound
@@ -39,8 +39,6 @@ except ImportError:  # pragma: no cover - pydantic-ai without its MCP extra
 
 _DEFS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(list[ToolDefinition])
 
-#: The key under which a call's idempotency key and deadline travel in its ``_meta``.
-META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
 
 
 def is_mcp(toolset: AbstractToolset[Any]) -> bool:
