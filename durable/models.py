@@ -50,7 +50,9 @@ A tool call whose arguments are not a JSON object carries ``"error"`` (and empty
 
 Streaming (``"stream": true``, server-sent events): each content delta is published with
 ``ctx.emit(text)`` as it arrives (``Client.follow`` yields it as a ``Partial``; never
-logged), tool-call deltas are assembled, and usage is asked for with
+logged), tool-call deltas are assembled and published as they arrive too
+(``durable.partials.tool_call_delta``: ``{"tool_call": {"index", "id", "name", "args"}}``),
+and usage is asked for with
 ``stream_options.include_usage``. A stream that ends before ``data: [DONE]`` is a lost
 reply: retried, like a 429, a 5xx, a 408 (refused past the deadline) or a connection
 error (``ModelUnavailable``). Any other refusal (400, 401, 404...) fails the step
@@ -81,6 +83,7 @@ from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
 from durable.errors import DurableError, RateLimited
 from durable.limits import Limit
+from durable.partials import tool_call_delta
 from durable.settings import ModelSettings
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
@@ -282,6 +285,9 @@ async def _streamed(http: httpx.AsyncClient, url: str, body: dict[str, Any],
                     fn = tc.get("function") or {}
                     slot["function"]["name"] += fn.get("name") or ""
                     slot["function"]["arguments"] += fn.get("arguments") or ""
+                    ctx.emit(tool_call_delta(int(tc.get("index", 0)), call_id=tc.get("id"),
+                                             name=fn.get("name"),
+                                             args=fn.get("arguments") or ""))
                 finish = choice.get("finish_reason") or finish
     if not done:
         raise ModelUnavailable("the stream ended before [DONE]: the reply was lost")

@@ -9,6 +9,12 @@ step's list ``dx:{R}:partial:<step>`` and publishes it on the run's channel
 first message, deleted when the call ends (its outcome goes to the log) and expires
 anyway (``KEPT_TTL_MS``) after a crash. Partial output never enters the log.
 
+What a model step emits while the model streams: its text as plain strings (each the next
+piece), and each tool call the reply makes as ``tool_call_delta(...)``'s
+``{"tool_call": {"index", "id", "name", "args"}}``: ``index`` the call's place in the reply,
+``id`` and ``name`` once known, ``args`` the next piece of its JSON arguments. The built-in
+``chat`` step, pydantic-ai's and the OpenAI Agents SDK's model steps emit the same shapes.
+
 A follower subscribes first, then reads what is kept (:func:`kept`), then hears the rest;
 :class:`Heard` drops a message it got both ways. So it gets the text so far, then the rest,
 in order, each message once: nothing is lost between the read and the subscription, as a
@@ -49,6 +55,17 @@ class Partial:
     seq: int
     data: Any
     attempt: int = 1
+
+
+def tool_call_delta(index: int, *, call_id: str | None = None, name: str | None = None,
+                    args: str = "") -> dict[str, Any]:
+    """The partial output of a tool call the model is streaming (see the module's doc)."""
+    call: dict[str, Any] = {"index": index, "args": args}
+    if call_id:
+        call["id"] = call_id
+    if name:
+        call["name"] = name
+    return {"tool_call": call}
 
 
 def encode_partial(run_id: str, step: int, attempt: int, seq: int, data: Any,

@@ -239,6 +239,17 @@ def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProc
     return raw_world
 
 
+@pytest.fixture(scope="module")
+def openai_server() -> Iterator[Any]:
+    """The local OpenAI-compatible server of ``tests.openai_server``, one per test module
+    (``reset()`` it per test)."""
+    from tests.openai_server import OpenAIServer
+
+    server = OpenAIServer().start()
+    yield server
+    server.stop()
+
+
 def run_durable(*args: str, env: dict[str, str], cwd: Path | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``durable ARGS`` in a process of its own, as a user runs it."""

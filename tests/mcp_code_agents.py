@@ -3,28 +3,23 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 from fastmcp.client.transports import StdioTransport
 
-from durable.agents import Lookup
 from durable.code import FreeInput, RunContext, agent
 from durable.integrations.mcp import McpServer
-from tests.pydantic_ai_agents import _applied
+from tests.integration_world import mcp_apply_lookup, mcp_server_command
 
 APPLIES = 5
 
 
-def _applied_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    return Lookup.applied(f"applied {args['args']['n']} ({key})") if _applied(key) \
-        else Lookup.not_applied()
+def _transport() -> StdioTransport:
+    command, args, env, cwd = mcp_server_command()
+    return StdioTransport(command=command, args=args, env=env, cwd=cwd)
 
 
-ledger = McpServer("mcp_ledger", lambda: StdioTransport(
-    command=sys.executable, args=["-m", "tests.mcp_server"], env=dict(os.environ),
-    cwd=os.getcwd()), lookup=_applied_lookup, timeout_s=10.0)
+ledger = McpServer("mcp_ledger", _transport, lookup=mcp_apply_lookup, timeout_s=10.0)
 
 
 @agent(tools=ledger.steps)

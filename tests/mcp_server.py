@@ -10,6 +10,7 @@ marks it ``readOnlyHint``). ``TEST_MCP_LISTS`` counts how often the tool list is
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import time
 
@@ -22,6 +23,8 @@ server = MCPServer("ledger")
 def _conn() -> sqlite3.Connection:
     conn = sqlite3.connect(os.environ["TEST_DB"], timeout=10, isolation_level=None)
     conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, at REAL)")
+    conn.execute("CREATE TABLE IF NOT EXISTS served (pid INTEGER PRIMARY KEY)")
+    conn.execute("INSERT OR IGNORE INTO served VALUES (?)", (os.getpid(),))
     return conn
 
 
@@ -37,8 +40,14 @@ def apply(n: int, ctx: Context) -> str:
     conn = _conn()
     try:
         conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
+        applied = int(conn.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
     finally:
         conn.close()
+    die_at = int(os.environ.get("TEST_MCP_DIE_AT", "0"))
+    marker = os.environ["TEST_DB"] + ".mcp-died"
+    if die_at and applied >= die_at and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     return f"applied {n} ({key})"
 
 
@@ -48,6 +57,18 @@ def peek() -> int:
     conn = _conn()
     try:
         return int(conn.execute("SELECT COUNT(*) FROM effects").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def sessions(db_path: str) -> int:
+    """How many server processes served calls against the database ``db_path``: one per
+    session a client kept."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM served").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
     finally:
         conn.close()
 

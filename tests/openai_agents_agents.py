@@ -11,17 +11,18 @@ applied twice shows.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from agents import Agent, function_tool
+from agents.mcp import MCPServerStdio
 from agents.models.interface import Model, ModelProvider
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from openai import AsyncOpenAI
 
-from durable.agents import Lookup, OutcomeUnknown
+from durable.agents import OutcomeUnknown
 from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
-from tests.agents import _db
+from tests.integration_world import book_lookup, mcp_apply_lookup, mcp_server_command, refund_lookup
+from tests.integration_world import effect as _effect
 
 
 class LocalProvider(ModelProvider):
@@ -34,37 +35,8 @@ class LocalProvider(ModelProvider):
         return OpenAIChatCompletionsModel(model=model_name or "scripted", openai_client=client)
 
 
-def _effect(what: str) -> dict[str, Any]:
-    key = step_context().key
-    time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
-    conn = _db()
-    try:
-        conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
-    finally:
-        conn.close()
-    return {"done": what, "key": key}
 
 
-def _applied(key: str) -> bool:
-    conn = _db()
-    try:
-        return bool(conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?",
-                                 (key,)).fetchone()[0])
-    finally:
-        conn.close()
-
-
-def book_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    """What the database says of a booking: the tool's own result when it was applied."""
-    if _applied(key):
-        return Lookup.applied({"done": f"slot {args['slot']}", "key": key})
-    return Lookup.not_applied()
-
-
-def refund_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    if _applied(key):
-        return Lookup.applied({"done": f"refund {args['order']} {args['cents']}", "key": key})
-    return Lookup.not_applied()
 
 
 # A triage agent hands off to a booker, which books two slots (the second reply also leaves a
@@ -196,3 +168,22 @@ durable_lossy = DurableAgent(
     Agent(name="lossy", instructions="lossy: book.", model="scripted", tools=[lossy_book]),
     name="oai_lossy", model_provider=LocalProvider(),
     tools={"lossy_book": StepOptions(timeout_s=1.0, lookup=book_lookup)})
+
+
+# An agent whose tools are a real MCP stdio server's (``tests.mcp_server``): ``apply`` (an
+# effect, keyed by the call's ``_meta``) MCP_APPLIES times, one per reply, then ``peek``.
+
+MCP_APPLIES = 6
+
+
+def _ledger() -> MCPServerStdio:
+    command, args, env, cwd = mcp_server_command()
+    return MCPServerStdio(name="ledger", params={"command": command, "args": args, "env": env,
+                                                 "cwd": cwd}, client_session_timeout_seconds=30)
+
+
+durable_mcp = DurableAgent(
+    Agent(name="applier", instructions=f"mcp_applier {MCP_APPLIES}", model="scripted",
+          mcp_servers=[_ledger()]),
+    name="oai_mcp", model_provider=LocalProvider(),
+    tools={"ledger.*": StepOptions(timeout_s=5.0, lookup=mcp_apply_lookup)})

@@ -16,6 +16,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from durable.log.events import ActionSucceeded
+
 
 def _tool_results(messages: list[dict[str, Any]]) -> list[str]:
     return [str(m.get("content")) for m in messages if m.get("role") == "tool"]
@@ -69,6 +71,13 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(results) < turns:
             return {"tool_calls": [_call(len(results) + 1, "tick", n=len(results) + 1)]}
         return {"content": f"counted {len(results)}"}
+    if system.startswith("mcp_applier"):  # an MCP server's apply, one per turn, then peek
+        turns = int(system.split()[1])
+        if len(results) < turns:
+            return {"tool_calls": [_call(len(results) + 1, "apply", n=len(results) + 1)]}
+        if len(results) == turns:
+            return {"tool_calls": [_call(turns + 1, "peek")]}
+        return {"content": f"applied {turns}, peeked {results[-1]}"}
     if system.startswith("manager"):
         if not results:
             return {"tool_calls": [_call(1, "tell_story", input="a story")]}
@@ -176,9 +185,13 @@ def completion(reply: dict[str, Any]) -> dict[str, Any]:
                          "finish_reason": "tool_calls" if "tool_calls" in reply else "stop"}]}
 
 
+#: How many characters of a tool call's arguments one streamed chunk carries.
+ARGS_PIECE = 8
+
+
 def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reply as stream chunks: its text word by word, its tool calls whole; then a chunk
-    with the usage."""
+    """The reply as stream chunks: its text word by word, each tool call as its id and name,
+    then its arguments ``ARGS_PIECE`` characters at a time; then a chunk with the usage."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"id": "chatcmpl-1", "object": "chat.completion.chunk",
@@ -191,12 +204,32 @@ def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
     for i, word in enumerate(words):
         out.append(chunk({"content": word if i == 0 else " " + word}))
     for i, call in enumerate(reply.get("tool_calls") or ()):
-        out.append(chunk({"tool_calls": [{"index": i, **call}]}))
+        args = call["function"]["arguments"]
+        head = {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
+        out.append(chunk({"tool_calls": [{"index": i, **head}]}))
+        for at in range(0, len(args), ARGS_PIECE):
+            out.append(chunk({"tool_calls": [
+                {"index": i, "function": {"arguments": args[at:at + ARGS_PIECE]}}]}))
     out.append(chunk({}, "tool_calls" if reply.get("tool_calls") else "stop"))
     out.append({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": "scripted", "choices": [],
                 "usage": USAGE})
     return out
+
+
+def resent_after_recorded(client: Any, run: str, server: OpenAIServer) -> list[str]:
+    """The model requests of ``run`` that arrived after their step's reply was recorded: a
+    recorded request sent again. (A request in flight, not recorded, may be sent again after
+    a crash: that is the contract of an effect-free step.)"""
+    recorded = {e.event.step: e.event.ts / 1000 for e in client.events(run)
+                if isinstance(e.event, ActionSucceeded)}
+    resent = []
+    for request in list(server.requests):
+        run_id, _, step = str(request["key"]).rpartition(":")
+        if run_id == run and int(step) in recorded and request["at"] > recorded[int(step)]:
+            resent.append(request["key"])
+    return resent
+
 
 
 if __name__ == "__main__":  # a server of its own: ``python -m tests.openai_server PORT``

@@ -27,9 +27,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage
 
-from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, StepOptions, step_context
-from tests.agents import _db
+from tests.integration_world import book_lookup, refund_lookup
+from tests.integration_world import effect as _effect
 
 
 def _count_request() -> None:
@@ -50,39 +50,8 @@ def _reply(*parts: Any) -> ModelResponse:
     return ModelResponse(parts=list(parts), usage=RequestUsage(input_tokens=7, output_tokens=3))
 
 
-def _effect(what: str) -> dict[str, Any]:
-    """One application, keyed by the step's idempotency key, in a database that (with
-    ``TEST_DB_DEDUPE=0``) keeps every row: a duplicate would show."""
-    key = step_context().key
-    time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
-    conn = _db()
-    try:
-        conn.execute("INSERT INTO effects VALUES (?, ?)", (key, time.time()))
-    finally:
-        conn.close()
-    return {"done": what, "key": key}
 
 
-def _applied(key: str) -> bool:
-    conn = _db()
-    try:
-        return bool(conn.execute("SELECT COUNT(*) FROM effects WHERE key = ?",
-                                 (key,)).fetchone()[0])
-    finally:
-        conn.close()
-
-
-def book_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    """What the database says of a booking: the tool's own result when it was applied."""
-    if _applied(key):
-        return Lookup.applied({"done": f"slot {args['slot']}", "key": key})
-    return Lookup.not_applied()
-
-
-def refund_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    if _applied(key):
-        return Lookup.applied({"done": f"refund {args['order']} {args['cents']}", "key": key})
-    return Lookup.not_applied()
 
 
 # A booking agent: two model turns that each book a slot (the second also leaves a note, two

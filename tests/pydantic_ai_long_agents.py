@@ -7,7 +7,6 @@ Models are ``FunctionModel``s counting their requests per idempotency key (``TES
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from fastmcp.client.transports import StdioTransport
@@ -19,7 +18,9 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
-from tests.pydantic_ai_agents import _applied, _count_request, _reply, _returns
+from tests.integration_world import applied as _applied
+from tests.integration_world import mcp_apply_lookup, mcp_server_command
+from tests.pydantic_ai_agents import _count_request, _reply, _returns
 
 #: Tool calls the long agent makes, one per model reply: 100 model requests in all.
 LONG_CALLS = 99
@@ -47,7 +48,7 @@ long_agent = Agent(FunctionModel(long_model), name="pai_long", capabilities=[lon
 @long_agent.tool_plain
 def tick(n: int) -> dict[str, Any]:
     """Count (an effect, keyed: a tick applied twice would show)."""
-    from tests.pydantic_ai_agents import _effect
+    from tests.integration_world import effect as _effect
 
     return _effect(f"tick {n}")
 
@@ -86,9 +87,8 @@ MCP_CALLS = 20
 
 
 def _server() -> MCPToolset[Any]:
-    transport = StdioTransport(command=sys.executable, args=["-m", "tests.mcp_server"],
-                               env=dict(os.environ), cwd=os.getcwd())
-    return MCPToolset(transport, id="ledger")
+    command, args, env, cwd = mcp_server_command()
+    return MCPToolset(StdioTransport(command=command, args=args, env=env, cwd=cwd), id="ledger")
 
 
 async def mcp_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -103,15 +103,8 @@ async def mcp_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespo
     return _reply(TextPart(f"applied {MCP_CALLS}, peeked {done[-1].content}"))
 
 
-def applications_lookup(key: str, args: dict[str, Any]) -> Lookup:
-    """What the ledger says of a call of ``apply``: the server's own reply when applied."""
-    if _applied(key):
-        return Lookup.applied(f"applied {args['args']['n']} ({key})")
-    return Lookup.not_applied()
-
-
 mcp_durability = RedisDurability(tools={
-    "ledger.*": StepOptions(timeout_s=5.0, lookup=applications_lookup)})
+    "ledger.*": StepOptions(timeout_s=5.0, lookup=mcp_apply_lookup)})
 mcp_agent = Agent(FunctionModel(mcp_model), name="pai_mcp", toolsets=[_server()],
                   capabilities=[mcp_durability])
 mcp_durability.register()
@@ -149,7 +142,7 @@ openai_agent = Agent(_openai_model(), name="pai_openai", capabilities=[openai_du
 @openai_agent.tool_plain
 def notify(recipient: str, message: str) -> dict[str, Any]:
     """Notify someone (an effect)."""
-    from tests.pydantic_ai_agents import _effect
+    from tests.integration_world import effect as _effect
 
     return {"notification_id": 1, "key": _effect(f"notify {recipient}")["key"]}
 
@@ -157,7 +150,7 @@ def notify(recipient: str, message: str) -> dict[str, Any]:
 @openai_agent.tool_plain
 def write(source: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Write a report (an effect)."""
-    from tests.pydantic_ai_agents import _effect
+    from tests.integration_world import effect as _effect
 
     return {"report_id": 2, "key": _effect(f"report {source}")["key"]}
 
@@ -186,7 +179,7 @@ dynamic_agent = Agent(FunctionModel(dynamic_model), name="pai_dynamic",
 def _stamps(ctx: RunContext[None]) -> Any:
     from pydantic_ai import FunctionToolset
 
-    from tests.pydantic_ai_agents import _effect
+    from tests.integration_world import effect as _effect
 
     def stamp(label: str) -> dict[str, Any]:
         """Stamp a label (an effect)."""
@@ -253,7 +246,7 @@ handled_agent = Agent(FunctionModel(streamed_model, stream_function=streamed_chu
 @handled_agent.tool_plain
 def book_it(slot: int) -> dict[str, Any]:
     """Book a slot (an effect)."""
-    from tests.pydantic_ai_agents import _effect
+    from tests.integration_world import effect as _effect
 
     return _effect(f"slot {slot}")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,31 +32,19 @@ from durable.testing import wait_for
 from tests import openai_agents_agents
 from tests.agents import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.openai_server import OpenAIServer
+from tests.integration_world import decided, set_env
+from tests.openai_server import OpenAIServer, resent_after_recorded
 
 AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
-
-
-@pytest.fixture(scope="module")
-def openai_server() -> Iterator[OpenAIServer]:
-    server = OpenAIServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)
 def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
          openai_server: OpenAIServer) -> None:
     openai_server.reset()
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
-    monkeypatch.setenv("TEST_OPENAI_URL", openai_server.url)
-    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    set_env(monkeypatch, tmp_path, AGENTS, TEST_OPENAI_URL=openai_server.url,
+            OPENAI_AGENTS_DISABLE_TRACING="1")
 
-
-def _steps(client: Client, run: str) -> list[ev.StepDecided]:
-    return [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
 
 
 def _effects(tmp_path: Path) -> dict[str, int]:
@@ -79,7 +66,7 @@ def test_an_agent_runs_as_a_durable_run_with_a_handoff(
     state = client.status(run)
     assert state.state == "completed", (state.state, state.reason, state.error)
     assert state.result == "booked: slot 1, slot 2"
-    steps = _steps(client, run)
+    steps = decided(client, run)
     assert [s.tool for s in steps] == BOOKER_STEPS
     assert steps[1].args == {"to": "booker", "tool": "transfer_to_booker", "arguments": "{}"}
     assert state.actions[2].result == {"agent": "booker"}  # the handoff, recorded by name
@@ -96,20 +83,6 @@ def test_an_agent_runs_as_a_durable_run_with_a_handoff(
     # The tools saw their step's key; the note's result went back to the model as recorded.
     assert state.actions[7].result == {"return": f"noted two ({run}:7)"}
     assert verify(client.log, run).ok
-
-
-def _resent_after_recorded(client: Client, run: str, server: OpenAIServer) -> list[str]:
-    """The model requests of ``run`` that arrived after their step's reply was recorded: a
-    recorded request sent again. (A request in flight, not recorded, may be sent again after
-    a crash: that is the contract of an effect-free step.)"""
-    recorded = {e.event.step: e.event.ts / 1000 for e in client.events(run)
-                if isinstance(e.event, ev.ActionSucceeded)}
-    resent = []
-    for request in list(server.requests):
-        run_id, _, step = str(request["key"]).rpartition(":")
-        if run_id == run and int(step) in recorded and request["at"] > recorded[int(step)]:
-            resent.append(request["key"])
-    return resent
 
 
 @pytest.mark.parametrize(("window", "step"), [
@@ -133,10 +106,10 @@ def test_a_killed_run_resumes_without_resending_requests_or_repeating_effects(
     final = client.wait(run, timeout=60)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "booked: slot 1, slot 2"
-    assert [s.tool for s in _steps(client, run)] == BOOKER_STEPS
+    assert [s.tool for s in decided(client, run)] == BOOKER_STEPS
     requests = openai_server.counts(f"{run}:")
     assert set(requests) == {f"{run}:{n}" for n in BOOKER_MODEL_STEPS}
-    assert _resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
     if step in BOOKER_MODEL_STEPS:  # the reply that arrived was never recorded: sent again
         assert requests[f"{run}:{step}"] >= 2
     assert _effects(tmp_path) == {f"{run}:4": 1, f"{run}:6": 1}
@@ -194,7 +167,7 @@ def test_an_approved_call_killed_after_its_effect_is_applied_once(
     assert final.result == "refunded: refund A1 500"
     assert _effects(tmp_path) == {f"{run}:2": 1}
     assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
-    assert _resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
     assert verify(client.log, run).ok
 
 
@@ -222,7 +195,7 @@ def test_a_callable_needs_approval_holds_back_only_the_calls_it_names(
     final = client.wait(run, 30)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result == "refunded: refund A1 50, refund A1 500"
-    assert [s.tool for s in _steps(client, run)] == [
+    assert [s.tool for s in decided(client, run)] == [
         "oai_small_refunder.model", "oai_small_refunder.tool.small_refund",
         "oai_small_refunder.model", "oai_small_refunder.tool.small_refund.approval",
         "oai_small_refunder.model"]
@@ -264,8 +237,8 @@ def test_a_tool_whose_reply_was_lost_is_resolved_by_its_lookup(
     assert _effects(tmp_path) == {f"{run}:2": 1}
     types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
     assert "action_reconciled" in types
-    assert [s.tool for s in _steps(client, run)] == ["oai_lossy.model", "oai_lossy.tool.lossy_book",
-                                                    "oai_lossy.model"]
+    assert [s.tool for s in decided(client, run)] == [
+        "oai_lossy.model", "oai_lossy.tool.lossy_book", "oai_lossy.model"]
 
 
 def test_a_run_goes_past_the_sdks_default_turn_limit(
@@ -332,15 +305,15 @@ def test_a_child_tool_runs_the_other_agent_as_a_child_run(
     assert final.state == "completed", (final.state, final.reason, final.error)
     story = " ".join(f"word{i}" for i in range(40))
     assert final.result == f"the story: {story}"
-    assert [s.tool for s in _steps(client, run)] == ["oai_manager.model", "durable.child",
+    assert [s.tool for s in decided(client, run)] == ["oai_manager.model", "durable.child",
                                                     "oai_manager.model"]
     (child,) = final.children
     assert client.status(child).result == story
     assert client.status(child).parent == run
     assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:3"}
     assert set(openai_server.counts(f"{child}:")) == {f"{child}:1"}
-    assert _resent_after_recorded(client, run, openai_server) == []
-    assert _resent_after_recorded(client, child, openai_server) == []
+    assert resent_after_recorded(client, run, openai_server) == []
+    assert resent_after_recorded(client, child, openai_server) == []
     assert verify(client.log, run).ok and verify(client.log, child).ok
 
 

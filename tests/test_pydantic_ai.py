@@ -32,6 +32,7 @@ from durable.testing import wait_for
 from tests import pydantic_ai_agents
 from tests.agents import applications, model_requests
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
+from tests.integration_world import decided, set_env
 from tests.runs import types_of
 
 AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
@@ -39,18 +40,12 @@ AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
 
 @pytest.fixture(autouse=True)
 def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
-    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+    set_env(monkeypatch, tmp_path, AGENTS)
 
 
 def _model_requests(tmp_path: Path) -> dict[str, int]:
     return model_requests(str(tmp_path / "model.sqlite"))
 
-
-def _steps(client: Client, run: str) -> list[ev.StepDecided]:
-    return [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
 
 
 BOOKER_STEPS = ["pai_booker.model", "pai_booker.tool.book", "pai_booker.model",
@@ -65,7 +60,7 @@ def test_an_agent_runs_as_a_durable_run_its_requests_and_calls_steps(
     state = client.status(run)
     assert state.state == "completed", (state.state, state.reason)
     assert state.result == "booked: slot 1, slot 2"
-    steps = _steps(client, run)
+    steps = decided(client, run)
     assert [s.tool for s in steps] == BOOKER_STEPS  # two calls of one response: in order
     models = [s for s in steps if s.tool == "pai_booker.model"]
     assert all(s.model and is_placeholder(s.args) for s in models)  # digest, not the chat
@@ -99,7 +94,7 @@ def test_a_killed_run_resumes_without_repeating_requests_or_effects(
     final = client.wait(run, timeout=60)
     assert final.state == "completed", (final.state, final.reason)
     assert final.result == "booked: slot 1, slot 2"
-    assert [s.tool for s in _steps(client, run)] == BOOKER_STEPS
+    assert [s.tool for s in decided(client, run)] == BOOKER_STEPS
     requests = _model_requests(tmp_path)
     assert requests == {f"{run}:{n}": repeated.get(n, 1) for n in (1, 3, 6)}
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
@@ -114,7 +109,8 @@ def test_a_cancel_stops_a_model_request_in_flight(
     monkeypatch.setenv("TEST_MODEL_SLOW_S", "30")
     run = client.start("pai_booker", {"prompt": "book"}, run_id="pbc").run_id
     worker()
-    assert wait_for(lambda: _model_requests(tmp_path) != {}, 15)
+    # A worker's start (importing pydantic-ai) takes seconds on a loaded machine.
+    assert wait_for(lambda: _model_requests(tmp_path) != {}, 60)
     client.cancel(run, "user changed their mind")
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"

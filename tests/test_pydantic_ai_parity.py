@@ -30,6 +30,7 @@ from tests import mcp_code_agents
 from tests import pydantic_ai_long_agents as agents
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.integration_world import decided, set_env
 
 AGENTS = ("examples.agents,tests.agents,tests.pydantic_ai_agents,"
           "tests.pydantic_ai_long_agents,tests.mcp_code_agents")
@@ -37,14 +38,11 @@ AGENTS = ("examples.agents,tests.agents,tests.pydantic_ai_agents,"
 
 @pytest.fixture(autouse=True)
 def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
-    monkeypatch.setenv("TEST_DB_DEDUPE", "0")
-    monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
+    set_env(monkeypatch, tmp_path, AGENTS)
 
 
 def _tools(client: Client, run: str) -> list[str]:
-    return [e.event.tool for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
+    return [s.tool for s in decided(client, run)]
 
 
 def test_a_hundred_model_requests_complete_across_a_kill_at_the_sixtieth(

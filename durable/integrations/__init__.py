@@ -3,6 +3,12 @@ library itself, and each module imports its framework when it is imported.
 
 - ``durable.integrations.pydantic_ai``: a pydantic-ai ``Agent`` as a durable run
   (``pip install 'durable-agents[pydantic-ai]'``), MCP servers included.
+- ``durable.integrations.openai_agents``: an OpenAI Agents SDK ``Agent`` as a durable run
+  (``pip install 'durable-agents[openai-agents]'``), MCP servers included.
 - ``durable.integrations.mcp``: an MCP server's tools as steps of a code agent
   (``pip install 'durable-agents[mcp]'``).
+
+What they share: ``steploop`` (the one event loop every step's coroutine runs on, the step
+it runs in) and ``mcp_sessions`` (one MCP session per worker and server, reopened when the
+server died).
 """

@@ -19,8 +19,10 @@ three step tools, registered by ``McpServer(name, transport)``::
   again after a crash); ``step_for(tools, tool)`` picks it from the recorded list.
 
 A call's result is the tool's structured content when it has one, else its text; a tool
-error fails the step (``McpToolError``, not retried). Each step opens its own session (a
-stdio server is started for it): simple and safe across workers, not the fastest.
+error fails the step (``McpToolError``, not retried). A worker keeps one session per server,
+reused by every step of every run it holds, and opens a new one when the server died
+(``durable.integrations.mcp_sessions``): a call the dying server may have received is
+unknown, resolved by ``lookup``.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[mcp]'") from exc
 
 from durable.agents import Lookup, Tool, ToolContext, registry
+from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
+from durable.integrations.steploop import LOOP
 
 __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
 
-#: Where a call's idempotency key and deadline travel in its ``_meta``.
-META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
 
 
 class McpToolError(Exception):
@@ -59,8 +61,8 @@ def _result(result: Any) -> Any:
 
 class McpServer:
     """The step tools of one MCP server, named ``<name>.tools``, ``.call`` and ``.read``.
-    ``transport()`` makes a fresh client transport (a URL, a ``StdioTransport``...) for each
-    step; ``lookup(key, args)`` answers for an unknown call, plain or ``async``."""
+    ``transport()`` makes a client transport (a URL, a ``StdioTransport``...) for each session
+    a worker opens; ``lookup(key, args)`` answers for an unknown call, plain or ``async``."""
 
     def __init__(self, name: str, transport: Callable[[], ClientTransport | str], *,
                  lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]]
@@ -75,22 +77,29 @@ class McpServer:
         class Listing(Tool):
             effect_free = True
 
-            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-                async with Client(server.transport()) as client:
+            def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+                async def listing(client: Client[Any]) -> Any:
                     tools = await client.list_tools()
-                return [t.model_dump(mode="json", by_alias=True, exclude_none=True)
-                        for t in tools]
+                    return [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                            for t in tools]
+
+                return LOOP.run(lambda: server.session(listing, effect=False), ctx,
+                                cancellable=True)
 
             def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
                 return Lookup.not_applied()
 
         class Calling(Tool):
-            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+            def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
                 meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
-                async with Client(server.transport()) as client:
+
+                async def calling(client: Client[Any]) -> Any:
                     return _result(await client.call_tool(
                         args["tool"], dict(args.get("args") or {}), meta=meta,
                         timeout=ctx.remaining(), raise_on_error=False))
+
+                return LOOP.run(lambda: server.session(calling, effect=not self.effect_free),
+                                ctx, cancellable=self.cancellable)
 
             def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
                 if server.lookup is None:
@@ -108,12 +117,20 @@ class McpServer:
         #: The step tool names, for ``@agent(tools=...)``.
         self.steps: tuple[str, ...] = (f"{name}.tools", f"{name}.call", f"{name}.read")
 
+    async def session(self, use: Callable[[Client[Any]], Awaitable[Any]], *,
+                      effect: bool) -> Any:
+        """``use(client)`` on this worker's open session with the server."""
+
+        async def ping(client: Client[Any]) -> None:
+            await client.ping()
+
+        return await SESSIONS.call(f"mcp:{self.name}", lambda: Client(self.transport()), use,
+                                   ping=ping, effect=effect)
+
     def step_for(self, tools: list[dict[str, Any]], tool: str) -> str:
         """The step to call ``tool`` with, by the recorded tool list: ``.read`` for a tool
         the server marks read-only, ``.call`` otherwise."""
         for listed in tools:
             if listed.get("name") == tool:
-                if (listed.get("annotations") or {}).get("readOnlyHint"):
-                    return f"{self.name}.read"
-                return f"{self.name}.call"
+                return f"{self.name}.read" if read_only(listed) else f"{self.name}.call"
         raise LookupError(f"MCP server {self.name!r} lists no tool {tool!r}")

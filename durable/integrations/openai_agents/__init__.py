@@ -62,8 +62,11 @@ rebuilds its state from them. The SDK's ``max_turns`` defaults to the "model_cal
 SDK's own outcomes (``MaxTurnsExceeded``, a guardrail's tripwire, a malformed reply) fail
 the run with their message.
 
-Limits: MCP servers and local tools other than function tools (computer, shell, apply-patch)
-are refused when the ``DurableAgent`` is built; hosted tools (web and file search, code
+- An agent's MCP servers are pinned per run (``durable.integrations.openai_agents.mcp``): the
+  tool list recorded once, each call a keyed step, read-only tools effect-free.
+
+Limits: local tools other than function tools (computer, shell, apply-patch) are refused
+when the ``DurableAgent`` is built; hosted tools (web and file search, code
 interpreter, image generation, hosted MCP) run inside the model step. Instructions,
 guardrails, hooks, handoff input filters and ``is_enabled`` callbacks run in the function and
 are executed again on recovery: they must be deterministic and without effects (a guardrail

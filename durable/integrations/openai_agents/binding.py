@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agents.exceptions import AgentsException
@@ -37,6 +37,8 @@ class Binding:
     owner: DurableAgent
     ctx: AsyncRunContext
     unwound: bool = False
+    #: What was recorded once per run and is read again from the binding (MCP tool lists).
+    pinned: dict[str, Any] = field(default_factory=dict)
 
     async def step(self, tool: str, args: dict[str, Any], live: Any) -> Any:
         """Take a step, handing the live request to the step tool that performs it."""

@@ -27,6 +27,7 @@ from agents import (
     WebSearchTool,
     handoff,
 )
+from agents.mcp import MCPServer
 from agents.models.interface import Model, ModelProvider, ModelTracing
 from agents.models.multi_provider import MultiProvider
 from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE, FunctionTool
@@ -37,7 +38,7 @@ from durable import conversations
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext, StepFailed
 from durable.code import agent as code_agent
-from durable.integrations.openai_agents import children
+from durable.integrations.openai_agents import children, mcp
 from durable.integrations.openai_agents import steps as st
 from durable.integrations.openai_agents.binding import (
     AgentRunFailed,
@@ -114,9 +115,11 @@ class DurableAgent:
     agent ``name``, registered on construction with its step tools (import the module that
     builds it in the workers, through ``DURABLE_AGENTS``).
 
-    ``tools``: ``StepOptions`` per function tool name. ``model_retryable``: the exceptions a
-    model step is retried on (default ``MODEL_RETRYABLE``; ``()``: never). ``model_provider``
-    resolves the models agents name by a string (default the SDK's ``MultiProvider``).
+    ``tools``: ``StepOptions`` per function tool name, and ``"<server>.*"`` for every tool
+    of an MCP server (``durable.integrations.openai_agents.mcp``). ``model_retryable``: the
+    exceptions a model step is retried on (default ``MODEL_RETRYABLE``; ``()``: never).
+    ``model_provider`` resolves the models agents name by a string (default the SDK's
+    ``MultiProvider``).
     ``stream``: model requests are streamed, their text deltas published to the run's
     followers. ``context(input)`` builds the run context object from the run's input (an
     ``input_model``, an ``AgentInput`` subclass). ``max_turns``: the SDK's limit, by default
@@ -165,13 +168,15 @@ class DurableAgent:
                        retryable=tuple(model_retryable)),
             _step_tool(st.HandoffStep, self.handoff_step, self)]
         self._tools: dict[str, FunctionTool] = {}
+        self._mcp: dict[str, mcp.DurableMCPServer] = {}
         self.clones: dict[str, Agent[Any]] = {}
         originals = list(_graph(agent))
         for original in originals:
             self.clones[original.name] = self._clone(original)
         for original in originals:
             self.clones[original.name].handoffs = [self._handoff(h) for h in original.handoffs]
-        unknown = sorted(set(self._options) - set(self._tools))
+        unknown = sorted(set(self._options) - set(self._tools)
+                         - {f"{name}.*" for name in self._mcp})
         if unknown:
             raise ValueError(f"DurableAgent({resolved!r}): options for unknown tools {unknown}")
         self.root = self.clones[agent.name]
@@ -197,9 +202,7 @@ class DurableAgent:
     # The clone ------------------------------------------------------------------------
 
     def _clone(self, agent: Agent[Any]) -> Agent[Any]:
-        if agent.mcp_servers:
-            raise TypeError(f"DurableAgent({self.name!r}): agent {agent.name!r} has MCP servers; "
-                            "their calls cannot be made durable steps yet")
+        servers = [self._mcp_server(server) for server in agent.mcp_servers]
         tools: list[Any] = []
         for tool in agent.tools:
             if isinstance(tool, HOSTED):
@@ -213,7 +216,23 @@ class DurableAgent:
                 raise TypeError(f"DurableAgent({self.name!r}): {type(tool).__name__} "
                                 f"{getattr(tool, 'name', '')!r} of agent {agent.name!r} runs "
                                 "locally outside a function tool; it cannot be made a step")
-        return agent.clone(model=_DurableModel(self, agent.name, agent.model), tools=tools)
+        return agent.clone(model=_DurableModel(self, agent.name, agent.model), tools=tools,
+                           mcp_servers=servers)
+
+    def _mcp_server(self, server: MCPServer) -> MCPServer:
+        """The durable stand-in of one MCP server (one per server, however many agents of the
+        graph list it), with its step tools."""
+        made = self._mcp.get(server.name)
+        if made is not None:
+            if made.real is not server:
+                raise ValueError(f"DurableAgent({self.name!r}): two MCP servers are named "
+                                 f"{server.name!r}; their steps would share names")
+            return made
+        steps, names = mcp.mcp_steps(self, server, self._options.get(f"{server.name}.*"))
+        self._steps.extend(steps)
+        made = mcp.DurableMCPServer(self, server, names)
+        self._mcp[server.name] = made
+        return made
 
     def _function_tool(self, tool: FunctionTool) -> FunctionTool:
         seen = self._tools.get(tool.name)

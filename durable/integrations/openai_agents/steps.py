@@ -7,19 +7,14 @@ takes the step, keyed by run, step tool and the digest of the step's arguments: 
 only ever runs a code agent's step while its function waits at that very call, and the
 arguments name the call (a tool call's arguments carry the model's ``call_id``).
 
-Every coroutine runs on one event loop per process (a daemon thread), so a model's cached
-HTTP client (``AsyncOpenAI``) is never used from two event loops.
+Every coroutine runs on one event loop per process (``durable.integrations.steploop``), so a
+model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import dataclasses
-import inspect
-import threading
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,8 +26,11 @@ from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseErrorEvent,
     ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseOutputItem,
+    ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseTextDeltaEvent,
 )
@@ -40,7 +38,8 @@ from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext, args_digest
-from durable.cancellation import Cancelled
+from durable.integrations.steploop import LOOP, current_step, recorded_lookup
+from durable.partials import tool_call_delta
 
 if TYPE_CHECKING:
     from durable.integrations.openai_agents.runner import DurableAgent
@@ -68,64 +67,14 @@ class StepOptions:
     approval_ttl_s: float = 86400.0
 
 
-# The steps' event loop -------------------------------------------------------------------
-
-
-class StepLoop:
-    """One event loop per process, on a daemon thread, for every step's coroutine."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def _get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="openai-agents-steps",
-                                 daemon=True).start()
-                self._loop = loop
-            return self._loop
-
-    def run(self, make: Callable[[], Awaitable[Any]], ctx: ToolContext, cancellable: bool) -> Any:
-        """Run ``make()``'s coroutine there and wait for it on the calling (tool) thread. A
-        cancel of a cancellable step, or the worker interrupting the thread, cancels it."""
-        fut = asyncio.run_coroutine_threadsafe(_awaited(make, ctx), self._get())
-        try:
-            # Polled, not a blocking wait: the worker interrupts a tool thread by raising in
-            # it, which only lands while it runs Python.
-            while not concurrent.futures.wait([fut], timeout=0.05).done:
-                if cancellable and ctx.token.cancelled:
-                    fut.cancel()
-                    raise Cancelled(ctx.token.reason or "cancelled")
-            try:
-                return fut.result()
-            except concurrent.futures.CancelledError:
-                raise Cancelled(ctx.token.reason or "cancelled") from None
-        except BaseException:
-            fut.cancel()
-            raise
-
-
-async def _awaited(make: Callable[[], Awaitable[Any]], ctx: ToolContext) -> Any:
-    _current.set(ctx)
-    return await make()
-
-
-_current: ContextVar[ToolContext | None] = ContextVar("durable_openai_agents_step", default=None)
-
-
 def step_context() -> ToolContext:
     """The step a ``DurableAgent``'s tool (or model) runs in: ``key`` (its idempotency key,
     to pass downstream), ``deadline_ms``, ``token``, ``attempt``, ``emit``. Raises
     ``LookupError`` outside a step."""
-    ctx = _current.get()
+    ctx = current_step()
     if ctx is None:
         raise LookupError("not inside a durable step of a DurableAgent")
     return ctx
-
-
-LOOP = StepLoop()
 
 
 # Encodings ---------------------------------------------------------------------------------
@@ -266,14 +215,24 @@ def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
 
 async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
     """Stream the request: each text delta is partial output (``{"delta": text}``) for the
-    run's followers; the completed response is the step's result."""
+    run's followers, and each function call's name and argument deltas too
+    (``durable.partials.tool_call_delta``); the completed response is the step's result."""
     done: list[Any] = []
     completed = None
+    calls: dict[int, int] = {}  # output index -> the tool call's place among the reply's calls
     async for event in call.model.stream_response(
             call.instructions, call.input, settings, call.tools, call.output_schema,
             call.handoffs, call.tracing, **call.extra):
         if isinstance(event, ResponseTextDeltaEvent):
             ctx.emit({"delta": event.delta})
+        elif isinstance(event, ResponseOutputItemAddedEvent) and \
+                isinstance(event.item, ResponseFunctionToolCall):
+            place = calls.setdefault(event.output_index, len(calls))
+            ctx.emit(tool_call_delta(place, call_id=event.item.call_id, name=event.item.name,
+                                     args=event.item.arguments or ""))
+        elif isinstance(event, ResponseFunctionCallArgumentsDeltaEvent):
+            place = calls.setdefault(event.output_index, len(calls))
+            ctx.emit(tool_call_delta(place, args=event.delta))
         elif isinstance(event, ResponseOutputItemDoneEvent):
             done.append(event.item)
         elif isinstance(event, ResponseCompletedEvent):
@@ -308,19 +267,9 @@ class FunctionStep(Tool):
         return LOOP.run(invoke, ctx, cancellable=self.cancellable)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
-        fn = self.options.lookup
-        if fn is None:
-            return Lookup.unknown()
         arguments = args.get("arguments")
-        found = fn(key, arguments if isinstance(arguments, dict) else {})
-        if inspect.isawaitable(found):
-            pending = found
-
-            async def wrapped() -> Lookup:
-                return _applied(await pending)
-
-            return wrapped()
-        return _applied(found)
+        return recorded_lookup(self.options.lookup, key,
+                               arguments if isinstance(arguments, dict) else {}, encode_output)
 
 
 async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) -> Any:
@@ -347,13 +296,6 @@ async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) ->
         if callable(handled):
             handled(tool, exc, call.arguments, call.context)
         return message
-
-
-def _applied(found: Lookup) -> Lookup:
-    """A user's lookup answers with the tool's own result: recorded as the step's outcome."""
-    if found.status == "applied":
-        return Lookup.applied(encode_output(found.result))
-    return found
 
 
 class HandoffStep(Tool):

@@ -18,7 +18,6 @@ from pydantic_ai import (
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturn, ToolReturnContent
 from pydantic_core import to_jsonable_python
 
-from durable.agents import Lookup
 from durable.code import StepFailed
 
 
@@ -103,13 +102,6 @@ def decode_outcome(data: Any) -> Any:
     if "deferred" in data:
         raise CallDeferred(data["deferred"], kind=data.get("kind", "external"))
     raise TypeError(f"a tool step recorded {data!r}")
-
-
-def applied(found: Lookup) -> Lookup:
-    """A user's lookup answers with the tool's own result: recorded as the step's outcome."""
-    if found.status == "applied":
-        return Lookup.applied(encode_return(found.result))
-    return found
 
 
 def primary(group: BaseExceptionGroup[Any]) -> BaseException:

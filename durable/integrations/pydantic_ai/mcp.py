@@ -6,12 +6,14 @@ request's ``_meta`` (``idempotency_key``, ``deadline_ms``), or ``<name>.mcp.<id>
 (effect-free: sent again after a crash) for a tool the server marks ``readOnlyHint``.
 
 The worker talks to the server over one session per process, opened on the steps' event
-loop on first use and kept open: the function's own ``async with`` of the toolset is a no-op
-inside a run."""
+loop on first use, kept open across steps and runs, and opened again when the server died
+(``durable.integrations.mcp_sessions``: a call the dying server may have received is unknown,
+resolved by ``lookup``); the function's own ``async with`` of the toolset is a no-op inside a
+run."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
@@ -20,10 +22,12 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
+from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS
 from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import LOOP, StepOptions, bound
+from durable.integrations.pydantic_ai.steps import StepOptions, bound
 from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
+from durable.integrations.steploop import LOOP
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability
@@ -35,8 +39,6 @@ except ImportError:  # pragma: no cover - pydantic-ai without its MCP extra
 
 _DEFS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(list[ToolDefinition])
 
-#: The key under which a call's idempotency key and deadline travel in its ``_meta``.
-META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
 
 
 def is_mcp(toolset: AbstractToolset[Any]) -> bool:
@@ -55,27 +57,6 @@ class ToolsCall:
     ctx: RunContext[Any]
 
 
-class _Sessions:
-    """One open session per MCP toolset and process, on the steps' loop."""
-
-    def __init__(self) -> None:
-        self.entered: set[int] = set()
-        self.lock: asyncio.Lock | None = None
-
-    async def open(self, toolset: AbstractToolset[Any]) -> None:
-        if id(toolset) in self.entered:
-            return
-        if self.lock is None:
-            self.lock = asyncio.Lock()
-        async with self.lock:
-            if id(toolset) not in self.entered:
-                await toolset.__aenter__()  # kept open for the process (a daemon loop)
-                self.entered.add(id(toolset))
-
-
-_SESSIONS = _Sessions()
-
-
 class _McpStep(Tool):
     owner: ClassVar[RedisDurability]
     ident: ClassVar[str]
@@ -83,6 +64,16 @@ class _McpStep(Tool):
 
     def server(self) -> AbstractToolset[Any]:
         return self.owner.mcp_toolsets[self.ident]
+
+    async def session(self, use: Callable[[Any], Awaitable[Any]], *, effect: bool) -> Any:
+        """``use(toolset)`` with this worker's session with the server open."""
+        server = self.server()
+
+        async def ping(toolset: Any) -> None:
+            await toolset.client.ping()
+
+        return await SESSIONS.call(f"pydantic-ai:{self.owner.name}:{self.ident}",
+                                   lambda: server, use, ping=ping, effect=effect)
 
 
 class McpToolsStep(_McpStep):
@@ -92,14 +83,12 @@ class McpToolsStep(_McpStep):
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call = self.owner.handed(ctx, ToolsCall)
-        server = self.server()
 
-        async def listing() -> Any:
-            await _SESSIONS.open(server)
+        async def listing(server: Any) -> Any:
             tools = await server.get_tools(call.ctx)
             return _DEFS.dump_python([t.tool_def for t in tools.values()], mode="json")
 
-        return LOOP.run(listing, ctx, cancellable=True)
+        return LOOP.run(lambda: self.session(listing, effect=False), ctx, cancellable=True)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()
@@ -109,13 +98,14 @@ class McpCallStep(_McpStep, ToolStep):
     """``<name>.mcp.<id>.call`` / ``.read``: one call of a tool of the server."""
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        server = self.server()
         meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
 
+        async def calling(server: Any) -> Any:
+            # A lost connection is raised, not told to the model: ``SESSIONS`` must see it.
+            return await server.direct_call_tool(args["tool"], args["args"], metadata=meta)
+
         async def invoke() -> dict[str, Any]:
-            await _SESSIONS.open(server)
-            return await tool_outcome(server.direct_call_tool(  # type: ignore[attr-defined]
-                args["tool"], args["args"], metadata=meta))
+            return await tool_outcome(self.session(calling, effect=not self.effect_free))
 
         return LOOP.run(invoke, ctx, cancellable=self.cancellable)
 

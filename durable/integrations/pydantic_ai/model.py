@@ -1,10 +1,11 @@
 """A model request inside a durable run: the function's side (a wrapper model whose
 ``request`` and ``request_stream`` take the step ``<name>.model``) and the worker's side (the
 step tool that sends the request with the step's ``Idempotency-Key`` and deadline, streaming
-its text to the run's followers when the agent streams)."""
+its text and tool calls to the run's followers when the agent streams)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -20,6 +21,8 @@ from pydantic_ai.messages import (
     PartStartEvent,
     TextPart,
     TextPartDelta,
+    ToolCallPart,
+    ToolCallPartDelta,
 )
 from pydantic_ai.models import (
     CompletedStreamedResponse,
@@ -33,7 +36,9 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity, plain
-from durable.integrations.pydantic_ai.steps import LOOP, bound
+from durable.integrations.pydantic_ai.steps import bound
+from durable.integrations.steploop import LOOP
+from durable.partials import tool_call_delta
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability
@@ -155,13 +160,28 @@ def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettin
     return made
 
 
-def _text_of(event: Any) -> str:
-    """The text a stream event adds (a text part's start, or a delta of one)."""
+def partial_of(event: Any) -> Any:
+    """What a stream event shows followers (``durable.partials``): the text it adds, or the
+    piece of a tool call it adds; ``None`` for anything else."""
     if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
-        return event.part.content
+        return event.part.content or None
     if isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
-        return event.delta.content_delta
-    return ""
+        return event.delta.content_delta or None
+    if isinstance(event, PartStartEvent) and isinstance(event.part, ToolCallPart):
+        part = event.part
+        return tool_call_delta(event.index, call_id=part.tool_call_id, name=part.tool_name,
+                               args=_args_text(part.args))
+    if isinstance(event, PartDeltaEvent) and isinstance(event.delta, ToolCallPartDelta):
+        delta = event.delta
+        return tool_call_delta(event.index, call_id=delta.tool_call_id,
+                               name=delta.tool_name_delta, args=_args_text(delta.args_delta))
+    return None
+
+
+def _args_text(args: Any) -> str:
+    if args is None or args == {} or args == "":
+        return ""
+    return args if isinstance(args, str) else json.dumps(plain(args))
 
 
 class ModelStep(Tool):
@@ -184,9 +204,9 @@ class ModelStep(Tool):
             async with call.model.request_stream(call.messages, settings, call.parameters,
                                                  call.run_context) as streamed:
                 async for event in streamed:
-                    text = _text_of(event)
-                    if text:
-                        ctx.emit(text)
+                    shown = partial_of(event)
+                    if shown is not None:
+                        ctx.emit(shown)
             return encode_response(streamed.get())
 
         return LOOP.run(request, ctx, cancellable=True)

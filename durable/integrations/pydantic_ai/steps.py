@@ -1,12 +1,10 @@
 """What the function and the step tools of a durable pydantic-ai run share: the options of a
-tool's steps, the step a tool runs in (``step_context()``), the event loop every step's
-coroutine runs on, and the binding of the function to the durable run it executes."""
+tool's steps, the step a tool runs in (``step_context()``), and the binding of the function to
+the durable run it executes. Every step's coroutine runs on the loop of
+``durable.integrations.steploop``."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -15,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic_ai.durable_exec import record_durable_unit
 
 from durable.agents import Lookup, ToolContext
-from durable.cancellation import Cancelled
 from durable.code import AsyncRunContext
+from durable.integrations.steploop import LOOP, current_step
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability
@@ -46,65 +44,14 @@ class StepOptions:
     step: bool = True
 
 
-_step: ContextVar[ToolContext | None] = ContextVar("durable_pydantic_ai_step", default=None)
-
-
 def step_context() -> ToolContext:
     """The step a durable pydantic-ai agent's tool (or model) runs in: ``key`` (its
     idempotency key, to pass downstream), ``deadline_ms``, ``token``, ``attempt``. Raises
     ``LookupError`` outside a step."""
-    ctx = _step.get()
+    ctx = current_step()
     if ctx is None:
         raise LookupError("not inside a durable step of a pydantic-ai agent")
     return ctx
-
-
-class StepLoop:
-    """One event loop per process, on a daemon thread, for every step's coroutine: a model
-    keeps its HTTP client on the loop it was first used on, and an MCP client its session."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="pydantic-ai-steps",
-                                 daemon=True).start()
-                self._loop = loop
-            return self._loop
-
-    def run(self, make: Callable[[], Awaitable[Any]], ctx: ToolContext | None,
-            cancellable: bool) -> Any:
-        """Run the coroutine ``make()`` returns, with ``step_context()`` set, and wait for it
-        on the calling (tool) thread. A cancel of a cancellable step cancels it; a thread
-        interrupted by the worker (deadline, grace spent) cancels it too."""
-
-        async def body() -> Any:
-            _step.set(ctx)
-            return await make()
-
-        fut = asyncio.run_coroutine_threadsafe(body(), self.get())
-        try:
-            # Polled, not a blocking wait: the worker interrupts a tool thread by raising in
-            # it, which only lands while it runs Python.
-            while not concurrent.futures.wait([fut], timeout=0.05).done:
-                if cancellable and ctx is not None and ctx.token.cancelled:
-                    fut.cancel()
-                    raise Cancelled(ctx.token.reason or "cancelled")
-            try:
-                return fut.result()
-            except concurrent.futures.CancelledError:
-                reason = ctx.token.reason if ctx is not None else ""
-                raise Cancelled(reason or "cancelled") from None
-        except BaseException:
-            fut.cancel()
-            raise
-
-
-LOOP = StepLoop()
 
 
 @dataclass
@@ -144,3 +91,6 @@ binding: ContextVar[Binding | None] = ContextVar("durable_pydantic_ai_run", defa
 def bound(owner: RedisDurability) -> Binding | None:
     b = binding.get()
     return b if b is not None and b.owner is owner else None
+
+
+__all__ = ["LOOP", "Binding", "StepOptions", "binding", "bound", "step_context"]

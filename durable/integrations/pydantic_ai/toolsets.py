@@ -4,7 +4,6 @@ toolset's tool, and asks its ``lookup`` after a crash)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,9 +13,15 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.code import StepFailed
-from durable.integrations.pydantic_ai.codec import applied, decode_outcome, plain, tool_outcome
+from durable.integrations.pydantic_ai.codec import (
+    decode_outcome,
+    encode_return,
+    plain,
+    tool_outcome,
+)
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import LOOP, StepOptions, bound
+from durable.integrations.pydantic_ai.steps import StepOptions, bound
+from durable.integrations.steploop import LOOP, recorded_lookup
 
 if TYPE_CHECKING:
     from durable.integrations.pydantic_ai.capability import RedisDurability
@@ -114,18 +119,7 @@ class ToolStep(Tool):
         return LOOP.run(invoke, ctx, cancellable=self.cancellable)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
-        fn = self.options.lookup
-        if fn is None:
-            return Lookup.unknown()
-        found = fn(key, args)
-        if inspect.isawaitable(found):
-            pending = found
-
-            async def wrapped() -> Lookup:
-                return applied(await pending)
-
-            return wrapped()
-        return applied(found)
+        return recorded_lookup(self.options.lookup, key, args, encode_return)
 
 
 def tool_step(owner: RedisDurability, step: str, class_name: str, opts: StepOptions,
