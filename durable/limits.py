@@ -195,6 +195,13 @@ class Limiter:
     def limits_of(agent: Any, tool: Any) -> tuple[Limit, ...]:
         return tuple(getattr(tool, "limits", ())) + tuple(getattr(agent, "limits", ()))
 
+    @staticmethod
+    def unlimited(agent: Any, calls: Sequence[tuple[Any, int, Any]]) -> bool:
+        """Whether no limiter counts these calls (most tools, most agents): nothing to take,
+        nothing to give back, no lock and no script call."""
+        return not getattr(agent, "limits", ()) and \
+            not any(getattr(tool, "limits", ()) for tool, _, _ in calls)
+
     def take(self, state: RunState, agent: Any, tool: Any, step: int, args: Any,
              deadline_ms: int) -> Wait | None:
         """Permits of every limiter of this call, or the first refusal (the permits taken
@@ -204,6 +211,8 @@ class Limiter:
     def take_all(self, state: RunState, agent: Any, calls: Sequence[tuple[Any, int, Any]],
                  deadline_ms: int) -> Wait | None:
         """``take`` for several calls (a parallel group): all their permits, or none."""
+        if self.unlimited(agent, calls):
+            return None
         plan = self._plan(state, agent, calls)
         replies: list[Wait | None] = []
         for d in plan:
@@ -218,6 +227,8 @@ class Limiter:
         """``take_all`` in a run's coroutine: each decision is a script call its driver
         sends with the other runs' calls (``durable.log.batching``), not a round trip of
         its own that would hold a worker's hub."""
+        if self.unlimited(agent, calls):
+            return None
         plan = self._plan(state, agent, calls)
         if self.batcher is None or not plan:
             return self.take_all(state, agent, calls, deadline_ms)
@@ -341,6 +352,8 @@ class Limiter:
     def release(self, run_id: str, step: int, specs: Iterable[Spec]) -> None:
         """Give back the permits of a call that returned, given what it observed: the
         tokens its reply used, a provider's Retry-After. Wakes a run waiting for one."""
+        if not self.held:  # nothing taken (no call held a permit): no lock to take
+            return
         with self._lock:
             held = self.held.pop((run_id, step), None)
         if held:

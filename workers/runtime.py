@@ -16,6 +16,7 @@ as it starts: the runs the pool took meanwhile are handed back all the same.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -186,6 +187,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     log.info("worker %s started: queue %r, %s, agents: %s, Redis %s", wid, queue.name,
              driver_line(_loop, pool), ", ".join(sorted(registry.agents)) or "none",
              safe_url(client_url(client)))
+    # What start-up made (modules, agents, settings) lives as long as the process: out of
+    # the collector's full passes, which otherwise walk all of it again and again.
+    gc.freeze()
     _serve(queue, queue.connection, wid, _loop, burst)
     if burst:
         pool.slots.finish()

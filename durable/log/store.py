@@ -185,11 +185,13 @@ class EventLog:
         entry before it (``after``: the actor of the log's last entry, None if unknown)
         has the same. A checkpoint is encoded when staged, naming its actor."""
         out = []
+        # Nothing to seal (most logs): the codec directly, not through the sealing path.
+        encode = self._encode if self.sealed_names else ev.encode
         for ts, item in staged:
             if isinstance(item, bytes):
                 out.append((ts, item))
             else:
-                out.append((ts, self._encode(item, same_actor=after == item.actor)))
+                out.append((ts, encode(item, same_actor=after == item.actor)))
                 after = item.actor
                 continue
             after = handle.actor
