@@ -27,7 +27,7 @@ def _wait_for(r: redis.Redis, run_id: str, cls: type[ev.Event], last: bytes,
               timeout_s: float = 20.0) -> tuple[ev.Event, bytes]:
     """Block on the run's log until an event of type ``cls`` appears after ``last``."""
     end = time.monotonic() + timeout_s
-    stream = keys.log(run_id)
+    stream = keys.UNSHARDED.log(run_id)
     while time.monotonic() < end:
         reply = r.xread({stream: last}, block=1000)
         for _name, entries in reply or []:
@@ -51,7 +51,7 @@ def _phases(r: redis.Redis, run_ids: list[str]) -> dict[str, list[float]]:
     for rid in run_ids:
         at: dict[str, float] = {}
         requested = 0
-        for eid, fields in r.xrange(keys.log(rid)):
+        for eid, fields in r.xrange(keys.UNSHARDED.log(rid)):
             event = ev.decode(fields[b"e"])
             tag = type(event).__struct_config__.tag  # type: ignore[attr-defined]
             at.setdefault(tag, float(eid.split(b"-")[0]))

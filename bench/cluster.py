@@ -109,31 +109,32 @@ def batch(cfg: str, env: dict[str, str], runs: int, workers: int,
             except subprocess.TimeoutExpired:
                 p.kill()
         wall = time.perf_counter() - t0
-        first, last, done = run_window(client.redis, ids)
+        first, last, done = run_window(client.redis, ids, client.log.keys)
         window = max(last - first, 1) / 1000
         cpu = capacity.per_step(cpu_before, capacity.cpu_seconds(log_servers), done * STEPS)
         out: dict[str, Any] = {"steps_per_s": done * STEPS / window, "completed": done,
                                "runs": runs, "wall_s": wall,
                                "redis_cpu_us_per_step": [cpu[u] for u in log_servers]}
         if cfg in ("one server", "1 shard", "3 shards"):
-            out["bytes_per_run"] = _bytes_per_run(client.redis, ids[: min(50, runs)])
+            out["bytes_per_run"] = _bytes_per_run(client.redis, client.log.keys,
+                                                  ids[: min(50, runs)])
         return out
     finally:
         client.close()
 
 
-def _bytes_per_run(r: Any, ids: list[str]) -> dict[str, float]:
+def _bytes_per_run(r: Any, layout: keys.KeyLayout, ids: list[str]) -> dict[str, float]:
     per: dict[str, list[int]] = {"log": [], "run": [], "fx": []}
     for rid in ids:
-        per["log"].append(int(r.memory_usage(keys.log(rid), samples=0) or 0))
-        per["run"].append(int(r.memory_usage(keys.run(rid), samples=0) or 0))
-        per["fx"].append(int(r.memory_usage(keys.ledger(rid), samples=0) or 0))
+        per["log"].append(int(r.memory_usage(layout.log(rid), samples=0) or 0))
+        per["run"].append(int(r.memory_usage(layout.run(rid), samples=0) or 0))
+        per["fx"].append(int(r.memory_usage(layout.ledger(rid), samples=0) or 0))
     index = 0
     members = 0
-    for shard in keys.shard_ids():
-        for key in (keys.runs_index(shard), keys.runs_in_state("completed", shard)):
+    for shard in layout.shard_ids():
+        for key in (layout.runs_index(shard), layout.runs_in_state("completed", shard)):
             index += int(r.memory_usage(key, samples=0) or 0)
-            members += 0 if key != keys.runs_index(shard) else int(r.zcard(key))
+            members += 0 if key != layout.runs_index(shard) else int(r.zcard(key))
     out = {k: median(v) for k, v in per.items()}
     out["indexes"] = index / max(members, 1)
     out["total"] = sum(out.values())

@@ -184,7 +184,7 @@ def redis_bytes(r: Any, run_id: str) -> dict[str, float]:
     re-encoded as JSON in a scratch stream (same ids, so the same stream layout)."""
     from durable.log import keys
 
-    log_key = keys.log(run_id)
+    log_key = keys.UNSHARDED.log(run_id)
     n = r.xlen(log_key)
     mp = r.memory_usage(log_key, samples=0)
     scratch = f"bench:{{{run_id}}}:json"

@@ -103,16 +103,18 @@ def fresh(r: redis.Redis) -> None:
         time.sleep(0.01)
 
 
-def run_window(r: redis.Redis, run_ids: Sequence[str]) -> tuple[int, int, int]:
-    """(first worker write ms, last write ms, runs completed) read from the runs' logs.
+def run_window(r: redis.Redis, run_ids: Sequence[str],
+               layout: keys.KeyLayout = keys.UNSHARDED) -> tuple[int, int, int]:
+    """(first worker write ms, last write ms, runs completed) read from the runs' logs
+    (of the key layout ``layout``).
 
     The first worker write is the second entry of a run's log (the first is the client's
     ``run_started``); the last write is the projection's ``last`` entry id.
     """
     pipe = r.pipeline(transaction=False)
     for rid in run_ids:
-        pipe.xrange(keys.log(rid), "-", "+", count=2)
-        pipe.hmget(keys.run(rid), "last", "state")
+        pipe.xrange(layout.log(rid), "-", "+", count=2)
+        pipe.hmget(layout.run(rid), "last", "state")
     out = pipe.execute()
     first, last, done = None, None, 0
     for i in range(0, len(out), 2):

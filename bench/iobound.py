@@ -162,8 +162,8 @@ def _run_details(r: redis.Redis, ids: list[str], since_ms: float = 0) -> dict[st
     Latency and wait count from ``since_ms`` for runs started before it (a backlog)."""
     pipe = r.pipeline(transaction=False)
     for rid in ids:
-        pipe.xrange(keys.log(rid), "-", "+", count=2)
-        pipe.hmget(keys.run(rid), "last", "state")
+        pipe.xrange(keys.UNSHARDED.log(rid), "-", "+", count=2)
+        pipe.hmget(keys.UNSHARDED.run(rid), "last", "state")
     out = pipe.execute()
     latency, wait, states, takers = [], [], Counter(), Counter()
     first_start, last_write = None, None
@@ -261,7 +261,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
                            "max_connections": cfg.pool or "redis-py default",
                            "reconciler": cfg.reconciler, "backlog": cfg.backlog}
     ids = [f"io{tag}-{i}" for i in range(runs)]
-    done_key = keys.runs_in_state("completed")
+    done_key = keys.UNSHARDED.runs_in_state("completed")
     try:
         _wait_ready(workers)
         time.sleep(0.5)  # RQ's loop is up; start-up allocations are done

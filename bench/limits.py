@@ -33,7 +33,6 @@ from bench.common import median, settings_for, worker
 from durable.client import Client
 from durable.limit_usage import usage
 from durable.limits import Limit, Limiter
-from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import now_ms
 from durable.testing import Server, wait_for
@@ -90,7 +89,8 @@ def _wall(url: str, runs: int, limited: bool) -> float:
         client.start_many("calls_provider", [{"calls": 1}] * runs)
         began = time.monotonic()
         w = worker(url, **env)
-        assert wait_for(lambda: client.redis.zcard(keys.runs_in_state("completed")) == runs,
+        completed = client.log.keys.runs_in_state("completed")
+        assert wait_for(lambda: client.redis.zcard(completed) == runs,
                         300), client.counts()
         took = time.monotonic() - began
         w.stop()
@@ -128,7 +128,7 @@ def fleet(url: str, runs: int, rate: int, per_s: float, in_flight: int) -> dict[
                  worker(url, **env), worker(url, **env)]
 
         def done() -> int:
-            return int(client.redis.zcard(keys.runs_in_state("completed")))
+            return int(client.redis.zcard(client.log.keys.runs_in_state("completed")))
 
         assert wait_for(lambda: done() >= runs // 3, 3600)
         procs[1].kill()
@@ -162,15 +162,16 @@ def small_tenant(url: str, big: int) -> dict[str, Any]:
         warm = client.start("count", {"steps": 1}).run_id  # the workers are up
         assert client.wait(warm, 60).state == "completed"
         a = client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * big, tenant="A")
-        waiting_a = int(client.redis.zcard(keys.runs_in_state("pending")))
+        waiting_a = int(client.redis.zcard(client.log.keys.runs_in_state("pending")))
         started = now_ms()  # B arrives behind A's backlog
         b = [s.run_id for s in client.start_many("count", [{"steps": 1, "sleep_s": 0.01}] * 10,
                                                  tenant="B")]
-        assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
+        k = client.log.keys
+        assert wait_for(lambda: all(client.redis.hget(k.run(r), "state") == b"completed"
                                     for r in b), 600)
         pipe = client.redis.pipeline(transaction=False)
         for s in a:
-            pipe.hget(keys.run(s.run_id), "state")
+            pipe.hget(client.log.keys.run(s.run_id), "state")
         done_a = sum(1 for x in pipe.execute() if x == b"completed")
         waits = [next(e.event.ts for e in client.events(r)
                       if isinstance(e.event, ev.StepDecided)) - started for r in b]

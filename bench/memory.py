@@ -31,7 +31,7 @@ def wait_done(r: redis.Redis, ids: list[str], timeout: float = 300.0) -> None:
     while time.monotonic() < end:
         pipe = r.pipeline(transaction=False)
         for rid in ids:
-            pipe.hget(keys.run(rid), "state")
+            pipe.hget(keys.UNSHARDED.run(rid), "state")
         states = pipe.execute()
         if all(s == b"completed" for s in states):
             return
@@ -41,14 +41,15 @@ def wait_done(r: redis.Redis, ids: list[str], timeout: float = 300.0) -> None:
 
 def per_run_bytes(r: redis.Redis, rid: str) -> dict[str, int]:
     return {name: int(r.memory_usage(fn(rid), samples=0) or 0)
-            for name, fn in (("log", keys.log), ("run", keys.run), ("fx", keys.ledger),
-                             ("fence", keys.fence))}
+            for name, fn in (("log", keys.UNSHARDED.log), ("run", keys.UNSHARDED.run),
+                             ("fx", keys.UNSHARDED.ledger),
+                             ("fence", keys.UNSHARDED.fence))}
 
 
 def checkpoint_spacing(r: redis.Redis, rid: str) -> dict[str, int]:
-    seqs = [ev.decode(f[b"e"]).seq for _i, f in r.xrange(keys.log(rid))
+    seqs = [ev.decode(f[b"e"]).seq for _i, f in r.xrange(keys.UNSHARDED.log(rid))
             if ev.decode(f[b"e"]).__class__ is ev.Checkpoint]
-    total = r.xlen(keys.log(rid))
+    total = r.xlen(keys.UNSHARDED.log(rid))
     gaps = [b - a for a, b in zip([0, *seqs], [*seqs, total], strict=True)]
     return {"checkpoints": len(seqs), "max_events_between": max(gaps), "events": total}
 
@@ -71,7 +72,7 @@ def conversations(r: redis.Redis, client: Client, quick: bool) -> dict[str, Any]
         messages = message_bytes(turns, size)
         out[f"{turns} calls x {size // 1000} KB"] = {
             "bytes": parts, "message_bytes": messages, "run_bytes": stored,
-            "ratio": stored / messages, "log_entries": r.xlen(keys.log(rid))}
+            "ratio": stored / messages, "log_entries": r.xlen(keys.UNSHARDED.log(rid))}
     return out
 
 
@@ -105,7 +106,7 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
                     per = [per_run_bytes(r, rid) for rid in ids]
                     parts = {k: median([p[k] for p in per]) for k in per[0]}
                     durable_bytes = parts["log"] + parts["run"] + parts["fx"]
-                    xlen = median([r.xlen(keys.log(rid)) for rid in ids])
+                    xlen = median([r.xlen(keys.UNSHARDED.log(rid)) for rid in ids])
                     out[label] = {"runs": len(ids), "steps": steps, "bytes": parts,
                                   "log_entries": xlen,
                                   "bytes_per_step": durable_bytes / steps,
@@ -113,7 +114,7 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
                 out["checkpoints (1000-step run)"] = checkpoint_spacing(r, long[0])
                 n_runs = short_runs + long_runs
                 glob = {k: int(r.memory_usage(k, samples=0) or 0) for k in
-                        (keys.RUNS_BY_UPDATE, keys.runs_in_state("completed"), keys.DUE)}
+                        (keys.RUNS_BY_UPDATE, keys.UNSHARDED.runs_in_state("completed"), keys.DUE)}
                 out["global bytes per run"] = {k: v / n_runs for k, v in glob.items()}
         out["conversations"] = conversations(r, client, quick)
         out["worker_rss"] = rss

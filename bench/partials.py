@@ -32,7 +32,7 @@ RUN = "bench-partials"
 
 def _drain(r: redis.Redis, stop: threading.Event) -> None:
     pubsub = r.pubsub()
-    pubsub.subscribe(keys.stream(RUN))
+    pubsub.subscribe(keys.UNSHARDED.stream(RUN))
     try:
         while not stop.is_set():
             pubsub.get_message(timeout=0.1)
@@ -43,7 +43,7 @@ def _drain(r: redis.Redis, stop: threading.Event) -> None:
 
 
 def _publish_only(r: redis.Redis, n: int) -> float:
-    channel = keys.stream(RUN)
+    channel = keys.UNSHARDED.stream(RUN)
     t0 = time.perf_counter()
     for i in range(n):
         r.publish(channel, encode_partial(RUN, 1, 1, i + 1, f"tok{i % 100} ", 262144))
@@ -65,9 +65,9 @@ def _join(r: redis.Redis, pub: Publisher, n: int, step: int) -> dict[str, Any]:
     for i in range(n):
         out(f"tok{i % 100} ")
     t0 = time.perf_counter()
-    got = kept(r, RUN)
+    got = kept(r, keys.UNSHARDED, RUN)
     took = (time.perf_counter() - t0) * 1000
-    memory = r.memory_usage(keys.partial(RUN, step)) or 0
+    memory = r.memory_usage(keys.UNSHARDED.partial(RUN, step)) or 0
     result = {"tokens": n, "kept": len(got), "first_seq": got[0].seq if got else 0,
               "read_ms": round(took, 2), "redis_bytes": int(memory)}
     out.close()
@@ -80,7 +80,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     stop = threading.Event()
     try:
         r = srv.client()
-        r.hset(keys.run(RUN), "state", "pending")
+        r.hset(keys.UNSHARDED.run(RUN), "state", "pending")
         drain = threading.Thread(target=_drain, args=(srv.client(), stop), daemon=True)
         drain.start()
         time.sleep(0.2)

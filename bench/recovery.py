@@ -51,8 +51,8 @@ def build(elog: EventLog, run_id: str, n_events: int) -> int:
 
 
 def tail_len(elog: EventLog, run_id: str) -> int:
-    ckpt = elog.redis.hget(keys.run(run_id), "ckpt")
-    return len(elog.redis.xrange(keys.log(run_id), ckpt or "-", "+"))
+    ckpt = elog.redis.hget(elog.keys.run(run_id), "ckpt")
+    return len(elog.redis.xrange(elog.keys.log(run_id), ckpt or "-", "+"))
 
 
 def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def run(servers: Any, quick: bool = False, log: Any = print) -> dict[str, Any]:
     for size in sizes:
         t0 = time.perf_counter()
         version = build(elog, f"rec{size}", size)
-        info[size] = {"events": r.xlen(keys.log(f"rec{size}")), "version": version,
+        info[size] = {"events": r.xlen(keys.UNSHARDED.log(f"rec{size}")), "version": version,
                       "folded_on_load": tail_len(elog, f"rec{size}"),
                       "build_s": time.perf_counter() - t0}
         log(f"  recovery: built {info[size]['events']} events in {info[size]['build_s']:.1f}s")

@@ -24,7 +24,7 @@ from durable.testing import Reconciler, wait_for
 def _owners(r: redis.Redis, runs: list[str]) -> list[str]:
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        pipe.get(keys.lease(run))
+        pipe.get(keys.UNSHARDED.lease(run))
     return [v.decode().rsplit("|", 1)[0] if v else "" for v in pipe.execute()]
 
 

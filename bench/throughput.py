@@ -194,7 +194,7 @@ def durable(url: str, r: redis.Redis, runs: int, workers: int,
     if done != runs:
         pipe = r.pipeline(transaction=False)
         for rid in ids:
-            pipe.hget(keys.run(rid), "state")
+            pipe.hget(keys.UNSHARDED.run(rid), "state")
         states = Counter((s or b"?").decode() for s in pipe.execute())
         out["incomplete"] = {"completed": done, "runs": runs, "states": dict(states)}
     return out

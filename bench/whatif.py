@@ -119,7 +119,7 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
 
     def drive(driver: RunPool | RunHub) -> Any:
         def run(ids: list[str]) -> None:
-            enqueue_many(r, driver.loop.queue, ids)
+            enqueue_many(r, driver.loop.log.keys, driver.loop.queue, ids)
             driver.slots.finish()
         return run
 
@@ -135,7 +135,7 @@ def model_variants(servers: Any, runs: int, rounds: int) -> dict[str, Any]:
             dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             pipe = r.pipeline(transaction=False)
             for rid in ids:
-                pipe.hget(keys.run(rid), "state")
+                pipe.hget(keys.UNSHARDED.run(rid), "state")
             done = sum(state == b"completed" for state in pipe.execute())
             assert done == runs, f"{name}: {done} of {runs} runs completed"
             samples[name].append((runs * 4 / dt, cpu / (runs * 4) * 1e6))
@@ -165,11 +165,11 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
         load_lua = r.register_script((Path(__file__).parent / "load.lua").read_text())
 
         def direct(rid: str = rid) -> None:
-            _version, ckpt, last = r.hmget(keys.run(rid), "version", "ckpt", "last")
-            r.xrange(keys.log(rid), ckpt or "-", last)
+            _version, ckpt, last = r.hmget(keys.UNSHARDED.run(rid), "version", "ckpt", "last")
+            r.xrange(keys.UNSHARDED.log(rid), ckpt or "-", last)
 
         def script(rid: str = rid, load_lua: Any = load_lua) -> None:
-            load_lua(keys=[keys.log(rid), keys.run(rid)])
+            load_lua(keys=[keys.UNSHARDED.log(rid), keys.UNSHARDED.run(rid)])
 
         def load(rid: str = rid) -> None:
             elog.load(rid)
@@ -216,7 +216,8 @@ def memory_variants(servers: Any, long_steps: int) -> dict[str, Any]:
                 while driver.advance(rid).get("more"):
                     pass
                 total = sum(int(r.memory_usage(k, samples=0) or 0) for k in
-                            (keys.log(rid), keys.run(rid), keys.ledger(rid)))
+                            (keys.UNSHARDED.log(rid), keys.UNSHARDED.run(rid),
+                             keys.UNSHARDED.ledger(rid)))
                 row[f"{steps}-step B/step"] = total / steps
             out["stream-node-max-bytes"][nbytes] = row
     finally:

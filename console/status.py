@@ -24,7 +24,6 @@ from durable import overview
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.state import TERMINAL
 from durable.log.store import Entry, now_ms
 from durable.overview import LeaseInfo, WorkerInfo, leases_of, owner_of
@@ -84,12 +83,12 @@ def holders(c: Client, runs: list[RunSummary]) -> dict[str, Holder]:
     """The holders of the listed runs that are not over: their leases in one round trip,
     then the last ``LOOK_BACK`` entries of each held one in another."""
     live = [r.run_id for r in runs if r.state not in TERMINAL]
-    leases = leases_of(c.redis, live, c.settings.leases.ttl_ms)
+    leases = leases_of(c.redis, c.log.keys, live, c.settings.leases.ttl_ms)
     if not leases:
         return {}
     pipe = c.redis.pipeline(transaction=False)
     for run_id in leases:
-        pipe.xrevrange(keys.log(run_id), count=LOOK_BACK)
+        pipe.xrevrange(c.log.keys.log(run_id), count=LOOK_BACK)
     tails = pipe.execute()
     return {run_id: _holder(lease, _decoded(tail))
             for (run_id, lease), tail in zip(leases.items(), tails, strict=True)}

@@ -137,7 +137,8 @@ class Client(Starts):
                              "without since or oldest_first")
         walk = sessions.walk(self.redis, tenant or "", sessions.checked(session), after) \
             if session is not None else \
-            ordered(self.redis, state, after, oldest_first=oldest_first, tenant=tenant)
+            ordered(self.redis, self.log.keys, state, after, oldest_first=oldest_first,
+                    tenant=tenant)
         out: list[RunSummary] = []
         batch = max(limit, 100)
         while len(out) < limit:
@@ -147,7 +148,7 @@ class Client(Starts):
                 break
             pipe = self.redis.pipeline(transaction=False)
             for rid in page:
-                pipe.hgetall(keys.run(rid))
+                pipe.hgetall(self.log.keys.run(rid))
             for rid, raw in zip(page, pipe.execute(), strict=True):
                 p = {k.decode(): v.decode() for k, v in raw.items()}
                 if not p or (state and p.get("state") != state) or \
@@ -167,8 +168,9 @@ class Client(Starts):
         cost grows with the number of runs)."""
         if not keys.RUN_ID_RE.match(text):
             raise UsageError(f"search {text!r}: a run id has only A-Z a-z 0-9 _ . : -")
-        found = [(score, rid.decode()) for shard in keys.shard_ids() for rid, score in
-                 self.redis.zscan_iter(keys.runs_index(shard), match=f"*{text}*", count=1000)]
+        found = [(score, rid.decode()) for shard in self.log.keys.shard_ids() for rid, score in
+                 self.redis.zscan_iter(self.log.keys.runs_index(shard), match=f"*{text}*",
+                                       count=1000)]
         out = []
         for _score, rid in sorted(found, reverse=True)[:limit]:
             p = self.log.projection(rid)
@@ -178,7 +180,7 @@ class Client(Starts):
 
     def counts(self) -> dict[str, int]:
         """Runs per state (from the state indexes)."""
-        return overview.counts(self.redis)
+        return overview.counts(self.redis, self.log.keys)
 
     def state_at(self, run_id: str, entry_id: str = "+") -> tuple[RunState, str]:
         """The folded state at ``entry_id`` (inclusive), from the nearest checkpoint at or
@@ -190,22 +192,23 @@ class Client(Starts):
     def ledger(self, run_id: str) -> dict[str, str]:
         """The run's action ledger: idempotency key -> ``claimed|<deadline>`` or
         ``done|<outcome>``."""
-        return {k.decode(): v.decode() for k, v in self.redis.hgetall(keys.ledger(run_id)).items()}
+        raw = self.redis.hgetall(self.log.keys.ledger(run_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
 
     def lease(self, run_id: str) -> overview.LeaseInfo | None:
         """Who holds the run now, and how long ago its lease was renewed (None: nobody)."""
-        return overview.lease(self.redis, run_id, self.settings.leases.ttl_ms)
+        return overview.lease(self.redis, self.log.keys, run_id, self.settings.leases.ttl_ms)
 
     def leases(self) -> list[overview.LeaseInfo]:
         """Every lease held now (a ``SCAN``: for operators' pages)."""
-        return overview.leases(self.redis, self.settings.leases.ttl_ms)
+        return overview.leases(self.redis, self.log.keys, self.settings.leases.ttl_ms)
 
     def workers(self) -> list[overview.WorkerInfo]:
         """The live worker processes, each with the runs it holds."""
         return overview.workers(self.redis, self.queue, self.leases())
 
     def queue_depth(self) -> dict[str, int]:
-        return overview.queue_depth(self.redis, self.queue)
+        return overview.queue_depth(self.redis, self.log.keys, self.queue)
 
     def sweeps(self) -> list[overview.Sweep]:
         """Each reconciler's last sweep and what its last busy sweep did."""
@@ -217,7 +220,7 @@ class Client(Starts):
         end = time.monotonic() + timeout
         delay = 0.005
         while True:
-            state = self.redis.hget(keys.run(run_id), "state")
+            state = self.redis.hget(self.log.keys.run(run_id), "state")
             if state is None:
                 raise RunNotFound(run_id)
             if state.decode() in stop:
@@ -234,7 +237,7 @@ class Client(Starts):
         said so far (``durable.partials``). It ends after a terminal event; ``close()``
         stops it earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
         ``Entry.id`` seen: resume). Raises ``RunNotFound``."""
-        return Follower(self.redis, run_id, after=from_id, partial=partial,
+        return Follower(self.redis, self.log.keys, run_id, after=from_id, partial=partial,
                         reconnect_s=self.settings.redis.connect_timeout_s)
 
     def afollow(self, run_id: str, *, from_id: str = "0", partial: bool = True,
@@ -242,7 +245,7 @@ class Client(Starts):
         """``follow`` as an async iterator (``redis.asyncio``; ``client``: use this one
         instead of a new client for the same server). ``RunNotFound`` is raised on first
         iteration."""
-        return afollow(client or async_twin(self.redis), run_id, after=from_id,
+        return afollow(client or async_twin(self.redis), self.log.keys, run_id, after=from_id,
                        partial=partial, reconnect_s=self.settings.redis.connect_timeout_s,
                        close_client=client is None)
 
@@ -421,7 +424,7 @@ class Client(Starts):
         """Make the run due in the reconciler's due-set now: the next sweep of a running
         ``durable reconciler`` looks at it (a held run is left to its holder)."""
         self.projection(run_id)
-        self.redis.zadd(keys.due_of(run_id), {run_id: now_ms()})
+        self.redis.zadd(self.log.keys.due_of(run_id), {run_id: now_ms()})
 
     def _load(self, run_id: str, actor: str = "operator") -> RunHandle:
         try:

@@ -29,10 +29,9 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
 
     With ``DURABLE_REDIS_CLUSTER`` it is redis-py's cluster client (typed as ``redis.Redis``:
     it answers the same commands, each routed to the node of its key's slot). Either way
-    the process's key layout is set from the settings and checked against the one the data
-    was written with (``dx:layout``).
+    the settings' key layout (``KeyLayout.of(settings)``, which the log made from the same
+    settings uses) is checked against the one the data was written with (``dx:layout``).
     """
-    keys.use_shards(settings.cluster.layout_shards)
     if settings.cluster.enabled:
         if not settings.redis.url:
             raise UsageError("DURABLE_REDIS_CLUSTER needs DURABLE_REDIS_URL naming a node of "

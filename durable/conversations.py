@@ -45,7 +45,7 @@ import msgspec
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.client import Client
 from durable.errors import DurableError, UsageError
-from durable.log import blobs, keys
+from durable.log import blobs
 from durable.log import events as ev
 
 LOAD = "conversation.load"
@@ -104,7 +104,7 @@ def kept(client: Any, run_id: str) -> list[dict[str, Any]] | None:
     outcome = last[1]
     value = outcome.result
     if outcome.blob is not None:
-        data = client.redis.hget(keys.blobs(run_id), outcome.blob.field)
+        data = client.redis.hget(client.log.keys.blobs(run_id), outcome.blob.field)
         value = blobs.value_of(outcome.blob, data, client.log.keyring, step=outcome.step)
     messages = value.get("messages") if isinstance(value, dict) else None
     if not isinstance(messages, list):

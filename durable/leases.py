@@ -41,9 +41,12 @@ class Lease:
 
 
 class Leases:
-    def __init__(self, client: redis.Redis, ttl_ms: int) -> None:
+    def __init__(self, client: redis.Redis, ttl_ms: int,
+                 layout: keys.KeyLayout = keys.UNSHARDED) -> None:
         self.scripts = Scripts(client)
         self.redis = client
+        #: The keys of the log the leases guard (``EventLog.keys``).
+        self.keys = layout
         self.ttl_ms = ttl_ms
         #: Sends ``acquire`` together with other threads' script calls (a worker's).
         self.batcher: ScriptBatcher | None = None
@@ -62,8 +65,8 @@ class Leases:
         ``take_queued`` also drops the run's "queued" marker: a worker starting a command
         makes a new enqueue no longer a duplicate.
         """
-        run_keys = [keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
-                    keys.log(run_id), keys.run(run_id)]
+        run_keys = [self.keys.lease(run_id), self.keys.fence(run_id), self.keys.queued(run_id),
+                    self.keys.log(run_id), self.keys.run(run_id)]
         args = [token, self.ttl_ms, "1" if take_queued else "0"]
         if self.batcher is not None:
             reply = await self.batcher.script_call("lease_acquire", run_keys, args)
@@ -77,7 +80,7 @@ class Leases:
             # (a worker's hub must not wait on it in place).
             if self.batcher is not None:
                 await self.batcher.command_call(
-                    "HINCRBY", keys.metrics(), counters.field(counters.LEASE_EXPIRIES), 1)
+                    "HINCRBY", self.keys.metrics(), counters.field(counters.LEASE_EXPIRIES), 1)
             else:
                 counters.incr(self.redis, counters.LEASE_EXPIRIES)
         return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
@@ -89,7 +92,7 @@ class Leases:
         for attempt in range(2):
             pipe = self.redis.pipeline(transaction=False)
             for lease in leases:
-                self.scripts.lease_renew(keys=[keys.lease(lease.run_id)],
+                self.scripts.lease_renew(keys=[self.keys.lease(lease.run_id)],
                                          args=[lease.value, self.ttl_ms], client=pipe)
             try:
                 return [bool(ok) for ok in pipe.execute()]
@@ -110,7 +113,7 @@ class Leases:
         by_node: dict[str, list[int]] = {}
         nodes: dict[str, Any] = {}
         for i, lease in enumerate(leases):
-            node = cluster.get_node_from_key(keys.lease(lease.run_id))
+            node = cluster.get_node_from_key(self.keys.lease(lease.run_id))
             by_node.setdefault(node.name, []).append(i)
             nodes[node.name] = node
         out = [False] * len(leases)
@@ -134,7 +137,7 @@ class Leases:
         for attempt in range(2):
             with conn.pipeline(transaction=False) as pipe:
                 for lease in leases:
-                    pipe.evalsha(sha, 1, keys.lease(lease.run_id), lease.value, self.ttl_ms)
+                    pipe.evalsha(sha, 1, self.keys.lease(lease.run_id), lease.value, self.ttl_ms)
                 try:
                     replies: list[Any] = pipe.execute()
                     return replies
@@ -146,10 +149,10 @@ class Leases:
 
     def release(self, lease: Lease) -> bool:
         return bool(self.scripts.lease_release(
-            keys=[keys.lease(lease.run_id), keys.run(lease.run_id)], args=[lease.value]))
+            keys=[self.keys.lease(lease.run_id), self.keys.run(lease.run_id)], args=[lease.value]))
 
     def holder(self, run_id: str) -> str | None:
-        value = self.redis.get(keys.lease(run_id))
+        value = self.redis.get(self.keys.lease(run_id))
         return _s(value) if value is not None else None
 
 

@@ -184,6 +184,8 @@ class Limiter:
     #: Sends a run coroutine's decisions with its driver's other calls
     #: (``take_all_async``); None: each is a round trip.
     batcher: ScriptBatcher | None = None
+    #: The keys of the runs' log (``EventLog.keys``): their reasons and due times.
+    layout: keys.KeyLayout = keys.UNSHARDED
     held: dict[tuple[str, int], list[_Held]] = field(default_factory=dict)
     _noted: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -334,7 +336,7 @@ class Limiter:
         granted, arg, why = reply
         if int(granted):
             if int(arg):  # it had waited: what `durable runs` shows is no longer true
-                self.redis.hset(keys.run(d.run_id), "reason", "")
+                self.redis.hset(self.layout.run(d.run_id), "reason", "")
             return None
         return Wait(int(arg), d.held.limit.name, d.held.key,
                     why.decode() if isinstance(why, bytes) else why)
@@ -385,7 +387,7 @@ class Limiter:
     def park(self, run_id: str, wait: Wait) -> None:
         """The run waits for ``wait``: due at its ``retry_at``, its reason shown."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(keys.due_of(run_id), {run_id: wait.retry_at})
-        pipe.hset(keys.run(run_id), "reason", wait.reason)
+        pipe.zadd(self.layout.due_of(run_id), {run_id: wait.retry_at})
+        pipe.hset(self.layout.run(run_id), "reason", wait.reason)
         pipe.execute()
 

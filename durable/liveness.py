@@ -106,29 +106,29 @@ def dead_workers(client: redis.Redis) -> list[str]:
     return [wid for wid, alive in zip(members, pipe.execute(), strict=True) if not alive]
 
 
-def held_by(client: redis.Redis, worker_id: str) -> list[tuple[str, str]]:
+def held_by(client: redis.Redis, layout: keys.KeyLayout, worker_id: str) -> list[tuple[str, str]]:
     """(run, lease value) of every run with work left whose lease ``worker_id`` holds."""
     prefix = f"{worker_id}|"
     found: list[tuple[str, str]] = []
-    for shard in keys.shard_ids():
-        runs = [_s(r) for r in client.zrange(keys.due(shard), 0, -1)]
+    for shard in layout.shard_ids():
+        runs = [_s(r) for r in client.zrange(layout.due(shard), 0, -1)]
         for start in range(0, len(runs), CHUNK):
             chunk = runs[start:start + CHUNK]
             pipe = client.pipeline(transaction=False)
             for run_id in chunk:
-                pipe.get(keys.lease(run_id))
+                pipe.get(layout.lease(run_id))
             for run_id, value in zip(chunk, pipe.execute(), strict=True):
                 if value is not None and _s(value).startswith(prefix):
                     found.append((run_id, _s(value)))
     return found
 
 
-def release_worker(client: redis.Redis, release: Callable[[str, str], bool],
+def release_worker(client: redis.Redis, layout: keys.KeyLayout, release: Callable[[str, str], bool],
                    worker_id: str) -> list[str]:
     """Release every lease ``worker_id`` holds (``release(run, value)``, one script call on
     that run's keys) and forget the worker; returns the runs released (the caller makes
     them ready again). A lease renewed or taken meanwhile has another value and is kept."""
-    released = [run_id for run_id, value in held_by(client, worker_id)
+    released = [run_id for run_id, value in held_by(client, layout, worker_id)
                 if release(run_id, value)]
     pipe = client.pipeline(transaction=False)
     pipe.srem(keys.WORKERS, worker_id)

@@ -81,12 +81,13 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
 class DurableCollector(Collector):
     """Reads the shared counters and the state indexes on every scrape."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, layout: keys.KeyLayout = keys.UNSHARDED) -> None:
         self.redis = client
+        self.keys = layout
 
     def collect(self) -> Iterator[Metric]:
         raw: dict[Any, int] = defaultdict(int)
-        for key in keys.metrics_keys():  # one hash per shard: their sum is the total
+        for key in self.keys.metrics_keys():  # one hash per shard: their sum is the total
             for f, v in self.redis.hgetall(key).items():
                 raw[f] += int(v)
         yield from self._counters(raw)
@@ -130,15 +131,15 @@ class DurableCollector(Collector):
     def _gauges(self) -> Iterator[Metric]:
         states = sorted(ALL_STATES)
         waiting = sorted(WAITING)
-        shards = keys.shard_ids()
+        shards = self.keys.shard_ids()
         aged = [*waiting, "outcome_unknown"]
         pipe = self.redis.pipeline(transaction=False)
         for state in states:
             for shard in shards:
-                pipe.zcard(keys.runs_in_state(state, shard))
+                pipe.zcard(self.keys.runs_in_state(state, shard))
         for state in aged:
             for shard in shards:
-                pipe.zrange(keys.runs_in_state(state, shard), 0, 0, withscores=True)
+                pipe.zrange(self.keys.runs_in_state(state, shard), 0, 0, withscores=True)
         replies = pipe.execute()
         per = len(shards)
         counts = [sum(int(n) for n in replies[i * per:(i + 1) * per])
@@ -175,12 +176,12 @@ class DurableCollector(Collector):
         (one read of each shard's index, one pipelined HGET per waiting run, at most
         ``UNSETTLED_SCAN`` per shard)."""
         ids = [rid for shard in shards for rid in self.redis.zrange(
-            keys.runs_in_state("waiting_external", shard), 0, UNSETTLED_SCAN - 1)]
+            self.keys.runs_in_state("waiting_external", shard), 0, UNSETTLED_SCAN - 1)]
         if not ids:
             return 0
         pipe = self.redis.pipeline(transaction=False)
         for rid in ids:
-            pipe.hget(keys.run(_s(rid)), "reason")
+            pipe.hget(self.keys.run(_s(rid)), "reason")
         return sum(1 for why in pipe.execute() if why and NO_LOOKUP in _s(why))
 
 
@@ -210,29 +211,33 @@ def limit_metrics(found: list[Use]) -> Iterator[Metric]:
     yield from (flight, waiting, share, decided)
 
 
-def registry_for(client: redis.Redis) -> CollectorRegistry:
+def registry_for(client: redis.Redis, layout: keys.KeyLayout) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DurableCollector(client))
+    registry.register(DurableCollector(client, layout))
     return registry
 
 
-def exposition(client: Client | redis.Redis) -> tuple[bytes, str]:
+def exposition(client: Client | redis.Redis,
+               layout: keys.KeyLayout = keys.UNSHARDED) -> tuple[bytes, str]:
     """The system's metrics in Prometheus' text format: ``(body, content type)``.
 
-    ``client`` is a :class:`durable.client.Client` or a ``redis.Redis`` on the log's server.
+    ``client`` is a :class:`durable.client.Client` (its log's layout is used) or a
+    ``redis.Redis`` on the log's server, whose data has the layout ``layout``.
     """
-    conn: redis.Redis = client if isinstance(client, (redis.Redis, redis.RedisCluster)) \
-        else client.redis
-    return generate_latest(registry_for(conn)), CONTENT_TYPE_LATEST
+    if isinstance(client, (redis.Redis, redis.RedisCluster)):
+        conn: redis.Redis = client
+    else:
+        conn, layout = client.redis, client.log.keys
+    return generate_latest(registry_for(conn, layout)), CONTENT_TYPE_LATEST
 
 
-def serve(client: redis.Redis, host: str, port: int) -> None:
+def serve(client: redis.Redis, layout: keys.KeyLayout, host: str, port: int) -> None:
     """Serve ``/metrics`` in the foreground until interrupted (``durable metrics``)."""
     class _Quiet(WSGIRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    app = make_wsgi_app(registry_for(client))
+    app = make_wsgi_app(registry_for(client, layout))
     with make_server(host, port, app, handler_class=_Quiet) as httpd:
         print(f"durable: metrics on http://{host}:{httpd.server_port}/metrics", flush=True)
         httpd.serve_forever()

@@ -70,14 +70,14 @@ class Sweep:
     did: dict[str, str] = field(default_factory=dict)
 
 
-def counts(client: redis.Redis) -> dict[str, int]:
+def counts(client: redis.Redis, layout: keys.KeyLayout) -> dict[str, int]:
     """Runs per state, from the state indexes of every shard (one pipeline)."""
     states = sorted(ALL_STATES)
-    shards = keys.shard_ids()
+    shards = layout.shard_ids()
     pipe = client.pipeline(transaction=False)
     for state in states:
         for shard in shards:
-            pipe.zcard(keys.runs_in_state(state, shard))
+            pipe.zcard(layout.runs_in_state(state, shard))
     replies = [int(n) for n in pipe.execute()]
     return {s: sum(replies[i * len(shards):(i + 1) * len(shards)])
             for i, s in enumerate(states)}
@@ -93,36 +93,39 @@ def _lease(run_id: str, value: Any, pttl: Any, ttl_ms: int) -> LeaseInfo | None:
                      max(ttl_ms - left, 0))
 
 
-def lease(client: redis.Redis, run_id: str, ttl_ms: int) -> LeaseInfo | None:
+def lease(client: redis.Redis, layout: keys.KeyLayout, run_id: str,
+          ttl_ms: int) -> LeaseInfo | None:
     pipe = client.pipeline(transaction=False)
-    pipe.get(keys.lease(run_id))
-    pipe.pttl(keys.lease(run_id))
+    pipe.get(layout.lease(run_id))
+    pipe.pttl(layout.lease(run_id))
     value, pttl = pipe.execute()
     return _lease(run_id, value, pttl, ttl_ms)
 
 
-def leases(client: redis.Redis, ttl_ms: int, limit: int = MAX_LEASES) -> list[LeaseInfo]:
+def leases(client: redis.Redis, layout: keys.KeyLayout, ttl_ms: int,
+           limit: int = MAX_LEASES) -> list[LeaseInfo]:
     """Every lease held right now (at most ``limit``): a ``SCAN`` of the keyspace, so its
     cost grows with the number of keys; meant for an operator's page, not a hot path."""
     found: list[str] = []
-    for shard in keys.shard_ids():
-        for key in client.scan_iter(match=keys.pattern("lease", shard), count=1000):
+    for shard in layout.shard_ids():
+        for key in client.scan_iter(match=layout.pattern("lease", shard), count=1000):
             found.append(key.decode() if isinstance(key, bytes) else str(key))
             if len(found) >= limit:
                 break
         if len(found) >= limit:
             break
-    return list(leases_of(client, [keys.run_of(key) for key in found], ttl_ms).values())
+    return list(leases_of(client, layout, [layout.run_of(key) for key in found], ttl_ms).values())
 
 
-def leases_of(client: redis.Redis, run_ids: list[str], ttl_ms: int) -> dict[str, LeaseInfo]:
+def leases_of(client: redis.Redis, layout: keys.KeyLayout, run_ids: list[str],
+              ttl_ms: int) -> dict[str, LeaseInfo]:
     """The leases held now of these runs (one round trip), by run id."""
     if not run_ids:
         return {}
     pipe = client.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.get(keys.lease(run_id))
-        pipe.pttl(keys.lease(run_id))
+        pipe.get(layout.lease(run_id))
+        pipe.pttl(layout.lease(run_id))
     replies = pipe.execute()
     out = {}
     for i, run_id in enumerate(run_ids):
@@ -152,14 +155,14 @@ def workers(client: redis.Redis, queue: Queue, held: list[LeaseInfo]) -> list[Wo
     return sorted(out, key=lambda w: w.name)
 
 
-def queue_depth(client: redis.Redis, queue: Queue) -> dict[str, int]:
+def queue_depth(client: redis.Redis, layout: keys.KeyLayout, queue: Queue) -> dict[str, int]:
     """Runs on the ready list, commands on the RQ queue, runs in the reconciler's due-set
     (and those due now)."""
     now = now_ms()
     pipe = client.pipeline(transaction=False)
-    for shard in keys.shard_ids():
-        pipe.zcard(keys.due(shard))
-        pipe.zcount(keys.due(shard), "-inf", now)
+    for shard in layout.shard_ids():
+        pipe.zcard(layout.due(shard))
+        pipe.zcount(layout.due(shard), "-inf", now)
     replies = pipe.execute()
     ready = ready_depth(queue)  # every route's list, on the queue's own server
     return {"ready": int(ready), "jobs": int(queue.count), "due": sum(replies[0::2]),

@@ -109,9 +109,10 @@ class CallOutput:
         msg = encode_partial(self.run_id, self.step, self.attempt, seq, data, pub.max_bytes)
         try:
             pub.scripts.partial_emit(
-                keys=[keys.partials(self.run_id), keys.partial(self.run_id, self.step)],
+                keys=[self.publisher.keys.partials(self.run_id),
+                      self.publisher.keys.partial(self.run_id, self.step)],
                 args=[self.step, msg, "1" if seq == 1 else "0", pub.keep_bytes, KEPT_TTL_MS,
-                      keys.stream(self.run_id)])
+                      self.publisher.keys.stream(self.run_id)])
             self.emitted += 1
         except redis.RedisError:
             pass
@@ -121,7 +122,8 @@ class CallOutput:
             return  # nothing kept: no round trip
         try:
             self.publisher.scripts.partial_done(
-                keys=[keys.partials(self.run_id), keys.partial(self.run_id, self.step)],
+                keys=[self.publisher.keys.partials(self.run_id),
+                      self.publisher.keys.partial(self.run_id, self.step)],
                 args=[self.step])
         except redis.RedisError:
             pass  # it expires
@@ -132,8 +134,10 @@ class Publisher:
     data, ``keep_bytes`` kept per step in flight."""
 
     def __init__(self, client: redis.Redis, max_bytes: int,
-                 keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
+                 keep_bytes: int = DEFAULT_KEEP_BYTES,
+                 layout: keys.KeyLayout = keys.UNSHARDED) -> None:
         self.redis = client
+        self.keys = layout
         self.scripts = Scripts(client)
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes
@@ -162,19 +166,19 @@ def _steps(index: Any) -> list[int]:
     return sorted(steps)
 
 
-def kept(client: redis.Redis, run_id: str) -> list[Partial]:
+def kept(client: redis.Redis, layout: keys.KeyLayout, run_id: str) -> list[Partial]:
     """The partial output kept of the run's steps in flight, by step, in order."""
-    steps = _steps(client.hgetall(keys.partials(run_id)))
+    steps = _steps(client.hgetall(layout.partials(run_id)))
     pipe = client.pipeline(transaction=False)
     for step in steps:
-        pipe.lrange(keys.partial(run_id, step), 0, -1)
+        pipe.lrange(layout.partial(run_id, step), 0, -1)
     return _decoded(run_id, steps, pipe.execute() if steps else [])
 
 
-async def akept(client: redis.asyncio.Redis, run_id: str) -> list[Partial]:
+async def akept(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str) -> list[Partial]:
     """``kept`` on a ``redis.asyncio`` client."""
-    steps = _steps(await client.hgetall(keys.partials(run_id)))
-    lists = [await client.lrange(keys.partial(run_id, step), 0, -1) for step in steps]
+    steps = _steps(await client.hgetall(layout.partials(run_id)))
+    lists = [await client.lrange(layout.partial(run_id, step), 0, -1) for step in steps]
     return _decoded(run_id, steps, lists)
 
 

@@ -39,15 +39,15 @@ def make_queue(client: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=client, serializer=JSONSerializer)
 
 
-def route_of(client: redis.Redis, run_id: str) -> str:
+def route_of(client: redis.Redis, layout: keys.KeyLayout, run_id: str) -> str:
     """The ready list a run goes on: its agent's (the projection names it), so that only
     workers that have the agent take it; "" (the shared list) when it is not known."""
-    agent = client.hget(keys.run(run_id), "agent")
+    agent = client.hget(layout.run(run_id), "agent")
     return agent.decode() if agent else ""
 
 
-def make_ready(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = False,
-                    route: str | None = None) -> bool:
+def make_ready(client: redis.Redis, layout: keys.KeyLayout, queue: Queue, run_id: str, *,
+               force: bool = False, route: str | None = None) -> bool:
     """Make ``run_id`` ready for a worker unless it already is.
 
     The run id goes on its route's ready list ``dx:ready:<queue>:<agent>`` (``route``, or
@@ -62,10 +62,10 @@ def make_ready(client: redis.Redis, queue: Queue, run_id: str, *, force: bool = 
     reconciler finds every run with work left in its due set, sees it on no ready list,
     and enqueues it again.
     """
-    marker = keys.queued(run_id)
+    marker = layout.queued(run_id)
     pipe = client.pipeline(transaction=False)
     pipe.set(marker, b"1", nx=True, px=QUEUED_TTL_MS)
-    pipe.hmget(keys.run(run_id), ["agent", "tenant", "priority"])
+    pipe.hmget(layout.run(run_id), ["agent", "tenant", "priority"])
     fresh, (agent, tenant, priority) = pipe.execute()
     if not fresh:
         if not force:
@@ -118,15 +118,15 @@ def ready_depth(queue: Queue) -> int:
     return sum(int(n) for n in pipe.execute())
 
 
-def enqueue_many(client: redis.Redis, queue: Queue, run_ids: list[str], *,
+def enqueue_many(client: redis.Redis, layout: keys.KeyLayout, queue: Queue, run_ids: list[str], *,
                  force: bool = False, route: str | None = None) -> list[str]:
     """``make_ready`` for many runs: their markers in one pipeline, the ready ones in
     one push per route, one drain command. Returns the runs made ready (not queued already;
     every one with ``force``). ``route``: theirs when they share one (else looked up)."""
     pipe = client.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.set(keys.queued(run_id), b"1", nx=not force, px=QUEUED_TTL_MS)
-        pipe.hmget(keys.run(run_id), ["agent", "tenant", "priority"])
+        pipe.set(layout.queued(run_id), b"1", nx=not force, px=QUEUED_TTL_MS)
+        pipe.hmget(layout.run(run_id), ["agent", "tenant", "priority"])
     replies = pipe.execute()
     by_route: dict[str, list[str]] = {}
     who: dict[str, tuple[str, int]] = {}

@@ -165,9 +165,9 @@ class Starts:
                                        **tenants.projection(c.who)})
             except ConflictError:
                 return self._existing(c.run_id, c.name, c.plain, session)
-            tenants.index(self.redis, c.run_id, c.who.tenant, created)
+            tenants.index(self.redis, self.log.keys, c.run_id, c.who.tenant, created)
             if enqueue:
-                make_ready(self.redis, self.queue, c.run_id, route=c.name)
+                make_ready(self.redis, self.log.keys, self.queue, c.run_id, route=c.name)
         return Started(c.run_id, True, handle.state.state)
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
@@ -202,7 +202,7 @@ class Starts:
                    for run_id, data in zip(ids, inputs, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
-            pipe.exists(keys.run(run_id))
+            pipe.exists(self.log.keys.run(run_id))
         exists = [bool(n) for n in pipe.execute()]
         found = {c.run_id: self._existing(c.run_id, c.name, c.plain, of.get(c.run_id, ""))
                  for c, e in zip(checked, exists, strict=True) if e}
@@ -240,10 +240,10 @@ class Starts:
             if started and checked[0].who.tenant:
                 pipe = self.redis.pipeline(transaction=False)
                 for run_id in started:
-                    tenants.index(pipe, run_id, checked[0].who.tenant, created)
+                    tenants.index(pipe, self.log.keys, run_id, checked[0].who.tenant, created)
                 pipe.execute()
             if enqueue and started:
-                enqueue_many(self.redis, self.queue, started, route=checked[0].name)
+                enqueue_many(self.redis, self.log.keys, self.queue, started, route=checked[0].name)
             if failed is not None:  # what was written is ready; the caller learns the rest
                 raise failed
         return [found[run_id] for run_id in ids]
@@ -327,8 +327,8 @@ class Starts:
         if limit is None:
             return
         pipe = self.redis.pipeline(transaction=False)
-        for shard in keys.shard_ids():  # one round trip, however many shards
-            pipe.zcard(keys.runs_in_state("pending", shard))
+        for shard in self.log.keys.shard_ids():  # one round trip, however many shards
+            pipe.zcard(self.log.keys.runs_in_state("pending", shard))
         pending = sum(int(n) for n in pipe.execute())
         if pending + new > limit:
             raise TooManyPendingRuns(pending, limit)
@@ -388,7 +388,7 @@ class Starts:
         return Started(run_id, False, self.log.projection(run_id).get("state", "?"))
 
     def enqueue(self, run_id: str, *, force: bool = False) -> bool:
-        return make_ready(self.redis, self.queue, run_id, force=force)
+        return make_ready(self.redis, self.log.keys, self.queue, run_id, force=force)
 
 
 

@@ -59,8 +59,8 @@ BATCH = 256
 # Reading the log -------------------------------------------------------------------------
 
 
-def _entries(reply: Any, actor: str = "") -> list[Entry]:
-    """An XREAD reply for one stream as entries (RESP2: ``[[key, rows]]``; RESP3:
+def _entries(reply: Any, run_id: str, actor: str = "") -> list[Entry]:
+    """An XREAD reply for ``run_id``'s log as entries (RESP2: ``[[key, rows]]``; RESP3:
     ``{key: [rows]}``). ``actor``: that of the entry before the first (an entry whose actor
     is the previous one's leaves it out)."""
     if not reply:
@@ -70,8 +70,7 @@ def _entries(reply: Any, actor: str = "") -> list[Entry]:
         groups = [(key, rows) for key, value in reply.items() for rows in value]
     else:
         groups = [(key, rows) for key, rows in reply]
-    for key, rows in groups:
-        run_id = keys.run_of_log(key.decode() if isinstance(key, bytes) else str(key))
+    for _key, rows in groups:
         for entry_id, fields in rows:
             entry = EventLog._entry(entry_id, fields, run_id, actor)
             actor = entry.event.actor if entry.event is not None else actor
@@ -107,12 +106,12 @@ class Follower:
     ``next()``.
     """
 
-    def __init__(self, client: redis.Redis, run_id: str, *, after: str = "0",
-                 partial: bool = True, block_ms: int = 1000,
+    def __init__(self, client: redis.Redis, layout: keys.KeyLayout, run_id: str, *,
+                 after: str = "0", partial: bool = True, block_ms: int = 1000,
                  reconnect_s: float = 30.0) -> None:
         self._stop = threading.Event()
         self._done = False
-        if not client.exists(keys.run(run_id)):
+        if not client.exists(layout.run(run_id)):
             raise RunNotFound(run_id)
         self.run_id = run_id
         #: The id of the last log entry returned: pass it as ``after`` to resume.
@@ -123,9 +122,9 @@ class Follower:
         caught_up = threading.Event()
         if partial:
             pubsub = client.pubsub()
-            pubsub.subscribe(keys.stream(run_id))
+            pubsub.subscribe(layout.stream(run_id))
             _await_confirmation(pubsub)  # partials published from now on are seen
-            so_far = kept(client, run_id)  # ...and those of the steps in flight, before
+            so_far = kept(client, layout, run_id)  # ...and those of the steps in flight, before
             barrier: Barrier | None = Barrier()
             threading.Thread(target=_pump_partials, daemon=True,
                              args=(pubsub, self._items, self._stop, Heard(so_far), caught_up,
@@ -133,7 +132,7 @@ class Follower:
         else:
             so_far, barrier = [], None
         threading.Thread(target=_pump_log, daemon=True, name=f"follow-log-{run_id}",
-                         args=(client, run_id, self.last, block_ms, reconnect_s,
+                         args=(client, layout, run_id, self.last, block_ms, reconnect_s,
                                self._items, self._stop, so_far, caught_up, barrier)).start()
 
     def __iter__(self) -> Follower:
@@ -169,28 +168,28 @@ class Follower:
 
 _RETRIED = (redis.ConnectionError, redis.TimeoutError)
 
-def _pump_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconnect_s: float,
-              out: queue.SimpleQueue[object], stop: threading.Event, so_far: list[Partial],
-              caught_up: threading.Event, barrier: Barrier | None) -> None:
+def _pump_log(client: redis.Redis, layout: keys.KeyLayout, run_id: str, last: str, block_ms: int,
+              reconnect_s: float, out: queue.SimpleQueue[object], stop: threading.Event,
+              so_far: list[Partial], caught_up: threading.Event, barrier: Barrier | None) -> None:
     """Puts the log's entries after ``last`` on ``out``, then the end marker after a
     terminal event (or an error); once it has read up to now, ``so_far``, then sets
     ``caught_up``; from then on, the partial output of a call before the call's end."""
     try:
-        _read_log(client, run_id, last, block_ms, reconnect_s, out, stop, so_far, caught_up,
+        _read_log(client, layout, run_id, last, block_ms, reconnect_s, out, stop, so_far, caught_up,
                   barrier)
     finally:
         caught_up.set()
 
 
-def _read_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconnect_s: float,
-              out: queue.SimpleQueue[object], stop: threading.Event, so_far: list[Partial],
-              caught_up: threading.Event, barrier: Barrier | None) -> None:
-    key, run_key = keys.log(run_id), keys.run(run_id)
+def _read_log(client: redis.Redis, layout: keys.KeyLayout, run_id: str, last: str, block_ms: int,
+              reconnect_s: float, out: queue.SimpleQueue[object], stop: threading.Event,
+              so_far: list[Partial], caught_up: threading.Event, barrier: Barrier | None) -> None:
+    key, run_key = layout.log(run_id), layout.run(run_id)
     failing_since = 0.0
     actor = ""
     while not stop.is_set():
         try:  # (the actor of the entry followed from: the next may leave it out)
-            actor = actor_at(client, run_id, last) if last != "0-0" else ""
+            actor = actor_at(client, layout, run_id, last) if last != "0-0" else ""
             break
         except _RETRIED:
             stop.wait(0.2)
@@ -204,7 +203,7 @@ def _read_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconn
     while not stop.is_set():
         try:
             block = block_ms if caught_up.is_set() else None
-            got = _entries(client.xread({key: last}, count=BATCH, block=block), actor)
+            got = _entries(client.xread({key: last}, count=BATCH, block=block), run_id, actor)
             if not got and block is None:
                 release()
                 continue
@@ -213,7 +212,7 @@ def _read_log(client: redis.Redis, run_id: str, last: str, block_ms: int, reconn
                 if state is not None and state.decode() not in TERMINAL:
                     continue
                 # Terminal (or gone): what was appended since the last read, then stop.
-                got = _entries(client.xread({key: last}, count=BATCH), actor)
+                got = _entries(client.xread({key: last}, count=BATCH), run_id, actor)
                 if not got:
                     out.put(_END)
                     return
@@ -290,7 +289,8 @@ def _await_confirmation(pubsub: Any, timeout: float = 5.0) -> None:
             return
 
 
-async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
+async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, *,
+                  after: str = "0",
                   partial: bool = True, block_ms: int = 1000, reconnect_s: float = 30.0,
                   close_client: bool = False) -> AsyncIterator[Entry | Partial]:
     """The async twin of :class:`Follower` (``redis.asyncio``): the same items, in the
@@ -303,21 +303,21 @@ async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
     so_far: list[Partial] = []
     barrier: AsyncBarrier | None = None
     try:
-        if not await client.exists(keys.run(run_id)):
+        if not await client.exists(layout.run(run_id)):
             raise RunNotFound(run_id)
         if partial:
             pubsub = client.pubsub()
-            await pubsub.subscribe(keys.stream(run_id))
+            await pubsub.subscribe(layout.stream(run_id))
             end = time.monotonic() + 5.0
             while time.monotonic() < end:
                 msg = await pubsub.get_message(timeout=0.1)
                 if msg and msg.get("type") == "subscribe":
                     break
-            so_far = await akept(client, run_id)
+            so_far = await akept(client, layout, run_id)
             barrier = AsyncBarrier()
             tasks.append(asyncio.create_task(_apump_partials(pubsub, items, Heard(so_far),
                                                              caught_up, barrier)))
-        tasks.append(asyncio.create_task(_apump_log(client, run_id, _after_arg(after),
+        tasks.append(asyncio.create_task(_apump_log(client, layout, run_id, _after_arg(after),
                                                     block_ms, reconnect_s, items, so_far,
                                                     caught_up, barrier)))
         while True:
@@ -341,25 +341,28 @@ async def afollow(client: redis.asyncio.Redis, run_id: str, *, after: str = "0",
             await client.aclose()
 
 
-async def _apump_log(client: redis.asyncio.Redis, run_id: str, last: str, block_ms: int,
-                     reconnect_s: float, out: asyncio.Queue[object], so_far: list[Partial],
-                     caught_up: asyncio.Event, barrier: AsyncBarrier | None) -> None:
+async def _apump_log(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, last: str,
+                     block_ms: int, reconnect_s: float, out: asyncio.Queue[object],
+                     so_far: list[Partial], caught_up: asyncio.Event,
+                     barrier: AsyncBarrier | None) -> None:
     try:
-        await _aread_log(client, run_id, last, block_ms, reconnect_s, out, so_far, caught_up,
+        await _aread_log(client, layout, run_id, last, block_ms, reconnect_s, out, so_far,
+                         caught_up,
                          barrier)
     finally:
         caught_up.set()
 
 
-async def _aread_log(client: redis.asyncio.Redis, run_id: str, last: str, block_ms: int,
-                     reconnect_s: float, out: asyncio.Queue[object], so_far: list[Partial],
-                     caught_up: asyncio.Event, barrier: AsyncBarrier | None) -> None:
-    key, run_key = keys.log(run_id), keys.run(run_id)
+async def _aread_log(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, last: str,
+                     block_ms: int, reconnect_s: float, out: asyncio.Queue[object],
+                     so_far: list[Partial], caught_up: asyncio.Event,
+                     barrier: AsyncBarrier | None) -> None:
+    key, run_key = layout.log(run_id), layout.run(run_id)
     failing_since = 0.0
     actor = ""
     while True:
         try:  # (the actor of the entry followed from: the next may leave it out)
-            actor = await aactor_at(client, run_id, last) if last != "0-0" else ""
+            actor = await aactor_at(client, layout, run_id, last) if last != "0-0" else ""
             break
         except _RETRIED:
             await asyncio.sleep(0.2)
@@ -373,7 +376,7 @@ async def _aread_log(client: redis.asyncio.Redis, run_id: str, last: str, block_
     while True:
         try:
             block = block_ms if caught_up.is_set() else None
-            got = _entries(await client.xread({key: last}, count=BATCH, block=block),
+            got = _entries(await client.xread({key: last}, count=BATCH, block=block), run_id,
                            actor)
             if not got and block is None:
                 release()
@@ -382,7 +385,7 @@ async def _aread_log(client: redis.asyncio.Redis, run_id: str, last: str, block_
                 state = await client.hget(run_key, "state")
                 if state is not None and state.decode() not in TERMINAL:
                     continue
-                got = _entries(await client.xread({key: last}, count=BATCH), actor)
+                got = _entries(await client.xread({key: last}, count=BATCH), run_id, actor)
                 if not got:
                     out.put_nowait(_END)
                     return

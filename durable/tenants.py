@@ -5,7 +5,7 @@ run counts against), an **owner** (the user or service that started it) and a
 **priority** (``durable.fairness``). They are recorded in the run's ``run_started`` event
 (defaulted fields: a log written before them reads as tenant "", owner "", priority 0),
 copied to the run's projection (``tenant``, ``owner``) and indexed per tenant
-(``keys.runs_of_tenant``), so ``durable runs --tenant`` walks one tenant's runs only.
+(``KeyLayout.runs_of_tenant``), so ``durable runs --tenant`` walks one tenant's runs only.
 
 A child run inherits its parent's tenant and owner unless its start names others; a
 schedule's runs get the schedule's. ``DURABLE_REQUIRE_TENANT`` refuses a start without one.
@@ -124,12 +124,12 @@ class Labels:
         return counters.field(RUNS_STARTED, agent, self.of(tenant)), 1
 
 
-def index(pipe: Any, run_id: str, tenant: str, ts: int) -> None:
+def index(pipe: Any, layout: keys.KeyLayout, run_id: str, tenant: str, ts: int) -> None:
     """Add the run to its tenant's index (derived: ``repair`` rebuilds it)."""
     if tenant:
-        pipe.zadd(keys.runs_of_tenant(tenant, keys.shard_of(run_id)), {run_id: ts})
+        pipe.zadd(layout.runs_of_tenant(tenant, layout.shard_of(run_id)), {run_id: ts})
 
 
-def repair(client: redis.Redis, run_id: str, tenant: str, ts: int) -> None:
+def repair(client: redis.Redis, layout: keys.KeyLayout, run_id: str, tenant: str, ts: int) -> None:
     """Index one run again (``durable repair-index``)."""
-    index(client, run_id, tenant, ts)
+    index(client, layout, run_id, tenant, ts)

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.log import keys
 from durable.log.state import TERMINAL
 from durable.log.store import now_ms
 from durable.log.verify import verify
@@ -120,7 +119,7 @@ Progress = Callable[[str, dict[str, Any]], None]
 def _terminal(scene: Scene, run_ids: list[str]) -> dict[str, str]:
     pipe = scene.client.redis.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.hget(keys.run(run_id), "state")
+        pipe.hget(scene.client.log.keys.run(run_id), "state")
     return {r: (s or b"?").decode() for r, s in zip(run_ids, pipe.execute(), strict=True)}
 
 
@@ -182,7 +181,8 @@ def run_chaos(cfg: ChaosConfig, *, redis_url: str | None = None, cluster: bool =
             "slow_s": 3.0, "slow_phase": "mixed", "seed": cfg.seed, "per_key": 1},
             latency_ms=list(cfg.latency_ms))
         pool = WorkerPool(lambda spec: scene.worker(kill_at=spec), cfg.workers,
-                          scene.client.redis, rng, cfg.fault_workers).start()
+                          scene.client.redis, scene.client.log.keys, rng,
+                          cfg.fault_workers).start()
         recovery = scene.recovery()
         report.recovery_by = recovery.mode
         tag = f"{now_ms() % 1_000_000:06d}"

@@ -73,10 +73,11 @@ class LivenessWatch(threading.Thread):
         for wid in dead:
             started = time.monotonic()
             released = release_worker(
-                rec.redis, lambda run_id, value: rec.leases.release(Lease(run_id, value)), wid)
+                rec.redis, rec.log.keys,
+                lambda run_id, value: rec.leases.release(Lease(run_id, value)), wid)
             if released:
                 ready += released
-                enqueue_many(rec.redis, rec.queue, released, force=True)
+                enqueue_many(rec.redis, rec.log.keys, rec.queue, released, force=True)
             self.dead += 1
             self.released += len(released)
             log.warning("worker %s is gone (its liveness key expired): released its %d "

@@ -67,7 +67,7 @@ class Reconciler:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.leases.ttl_ms)
+        self.leases = Leases(client, settings.leases.ttl_ms, self.log.keys)
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), settings.worker.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
@@ -80,8 +80,8 @@ class Reconciler:
         if ready_depth(self.queue):
             ensure_drain(self.queue)  # ready runs, and the drain command was lost
         ids: list[bytes | str] = []
-        for shard in keys.shard_ids():  # each shard's due set is in its own slot
-            ids += self.log.scripts.due_claim(keys=[keys.due(shard)],
+        for shard in self.log.keys.shard_ids():  # each shard's due set is in its own slot
+            ids += self.log.scripts.due_claim(keys=[self.log.keys.due(shard)],
                                               args=[now, limit, self.settings.leases.ttl_ms])
         report = Tick()
         for name, what in self.schedules.sweep(now).items():
@@ -108,24 +108,25 @@ class Reconciler:
         cutoff = now - self.log.retention_ms
         dropped = 0
         for state in sorted(TERMINAL):
-            for shard in keys.shard_ids():  # the runs of one shard share its slot
-                index = keys.runs_in_state(state, shard)
+            for shard in self.log.keys.shard_ids():  # the runs of one shard share its slot
+                index = self.log.keys.runs_in_state(state, shard)
                 ids = [i.decode() for i in
                        self.redis.zrangebyscore(index, "-inf", cutoff, 0, limit)]
                 if not ids:
                     continue
                 pipe = self.redis.pipeline(transaction=False)
                 for run_id in ids:
-                    pipe.exists(keys.run(run_id))
+                    pipe.exists(self.log.keys.run(run_id))
                 gone = [rid for rid, alive in zip(ids, pipe.execute(), strict=True)
                         if not alive]
                 if gone:
                     pipe.zrem(index, *gone)
-                    pipe.zrem(keys.runs_index(shard), *gone)
-                    pipe.zrem(keys.due(shard), *gone)
+                    pipe.zrem(self.log.keys.runs_index(shard), *gone)
+                    pipe.zrem(self.log.keys.due(shard), *gone)
                     pipe.hdel(keys.QUARANTINE, *gone)
                     pipe.hdel(keys.CANCEL_LATENCY, *gone)
-                    pipe.delete(*[keys.fence(rid) for rid in gone])  # outlives the run's keys
+                    # the fence outlives the run's keys
+                    pipe.delete(*[self.log.keys.fence(rid) for rid in gone])
                     pipe.execute()
                     dropped += len(gone)
         if dropped:
@@ -143,12 +144,13 @@ class Reconciler:
         """Do what one run needs now; returns what was done."""
         now = now if now is not None else now_ms()
         if not self.log.exists(run_id):
-            self.redis.zrem(keys.due_of(run_id), run_id)
+            self.redis.zrem(self.log.keys.due_of(run_id), run_id)
             return "gone"
         holder = self.leases.holder(run_id)
         if holder is not None:
-            ttl = max(int(self.redis.pttl(keys.lease(run_id))), 0)
-            self.redis.zadd(keys.due_of(run_id), {run_id: now + ttl + self.settings.leases.ttl_ms})
+            ttl = max(int(self.redis.pttl(self.log.keys.lease(run_id))), 0)
+            self.redis.zadd(self.log.keys.due_of(run_id),
+                            {run_id: now + ttl + self.settings.leases.ttl_ms})
             return "held"
         lease, version, raw = self.leases.acquire(run_id, self.token)
         if lease is None:
@@ -167,7 +169,7 @@ class Reconciler:
             try:
                 result = self._settle(handle, now)
             except (ConflictError, Terminal, LeaseLost) as exc:
-                self.redis.zadd(keys.due_of(run_id), {run_id: now + 100})
+                self.redis.zadd(self.log.keys.due_of(run_id), {run_id: now + 100})
                 return f"retry later ({type(exc).__name__})"
         finally:
             self.leases.release(lease)
@@ -176,12 +178,12 @@ class Reconciler:
             # Queued only if the run id is still on the ready list: a worker killed after
             # taking it (or RQ losing a job) would otherwise stall the run for the marker's TTL.
             ready = keys.ready(self.queue.name, handle.state.agent)
-            if self.redis.exists(keys.queued(run_id)) and \
+            if self.redis.exists(self.log.keys.queued(run_id)) and \
                     fairness.is_ready(self.queue.connection, ready, run_id):
-                self.redis.zadd(keys.due_of(run_id),
+                self.redis.zadd(self.log.keys.due_of(run_id),
                                 {run_id: now + 2 * self.settings.leases.ttl_ms})
                 return "queued"
-            make_ready(self.redis, self.queue, run_id, force=True,
+            make_ready(self.redis, self.log.keys, self.queue, run_id, force=True,
                             route=handle.state.agent)
             self._stat("requeued")
             self._did("requeued")
@@ -206,7 +208,7 @@ class Reconciler:
                     if state.state == "quarantined" and state.cancel is not None:
                         break  # the cancel records it interrupted, below
                     if state.terminal or state.state == "outcome_unknown":
-                        self.redis.zadd(keys.due_of(handle.run_id),
+                        self.redis.zadd(self.log.keys.due_of(handle.run_id),
                                         {handle.run_id: act.deadline + skew + 1})
                         return "awaiting deadline"
                     return "enqueue"
@@ -219,7 +221,7 @@ class Reconciler:
                     return "quarantined"
                 specs = resolve_unknown(self.redis, tool, act, handle.run_id)
                 if not specs:
-                    self.redis.zadd(keys.due_of(handle.run_id),
+                    self.redis.zadd(self.log.keys.due_of(handle.run_id),
                                     {handle.run_id: now + LOOKUP_RETRY_MS})
                     return "lookup failed; asking again later"
             self.log.commit(handle, specs, checkpoint=not state.terminal,
@@ -230,7 +232,7 @@ class Reconciler:
                 return f"resolved {act.key}"
             return "enqueue"
         if state.terminal:
-            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
+            self.redis.zrem(self.log.keys.due_of(handle.run_id), handle.run_id)
             return "terminal"
         if state.cancel is not None and state.cancel.scope == "run":
             # A quarantined run too: no worker will drive it, and a cancel always ends it.
@@ -243,7 +245,7 @@ class Reconciler:
             self._did("finished_cancel")
             return "canceled"
         if state.state == "quarantined":
-            self.redis.zrem(keys.due_of(handle.run_id), handle.run_id)
+            self.redis.zrem(self.log.keys.due_of(handle.run_id), handle.run_id)
             return "quarantined"
         if state.waiting and state.wait is not None:
             if state.wait.until and state.wait.until <= now:
@@ -272,7 +274,7 @@ class Reconciler:
         if state.terminal and state.parent_step:
             parent = wake_parent(self.log, state, self.token)
             if parent is not None:
-                make_ready(self.redis, self.queue, parent, force=True)
+                make_ready(self.redis, self.log.keys, self.queue, parent, force=True)
                 self._did("woke_parent")
         if state.state == "canceled" and state.children:
             cancel_children(self.log, self.redis, state, state.reason or "canceled",
@@ -297,7 +299,7 @@ class Reconciler:
                 "outcome": self._expiry_outcome(handle.state.agent)})])
             self._did("expired_wait")
             return "enqueue" if not handle.state.terminal else "expired"
-        self.redis.zadd(keys.due_of(handle.run_id), {handle.run_id: now + CHILD_POLL_MS})
+        self.redis.zadd(self.log.keys.due_of(handle.run_id), {handle.run_id: now + CHILD_POLL_MS})
         return "waiting"
 
     def _expiry_outcome(self, agent_name: str) -> str:

@@ -111,9 +111,15 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
 
 
 @pytest.fixture()
+def layout(server: Server) -> keys.KeyLayout:
+    """The key layout of the test server's data: 16 shards on the cluster (the default
+    there), else unsharded: what ``EventLog.from_settings`` gives the ``settings``."""
+    return keys.KeyLayout(16 if isinstance(server, ClusterServer) else 0)
+
+
+@pytest.fixture()
 def r(server: Server) -> Iterator[redis.Redis]:
     clustered = isinstance(server, ClusterServer)
-    keys.use_shards(16 if clustered else 0)
     client = server.client()
     client.flushall()
     if clustered:

@@ -20,6 +20,7 @@ from durable.approvers import Approvers
 from durable.leases import Lease, Leases
 from durable.liveness import Presence, dead_workers, release_worker
 from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.signing import keygen, load_public_key
 from durable.testing import AdminKey, Worker, wait_for
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
@@ -139,7 +140,7 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
 
 
 def test_liveness_keys_are_the_workers_and_the_reconcilers(
-    acl: AclServer, admin: redis.Redis
+    layout: KeyLayout, acl: AclServer, admin: redis.Redis
 ) -> None:
     """A worker keeps its liveness key as the worker user; the reconciler, as its own user,
     finds the key gone and releases that worker's lease (one script call on the run's
@@ -148,15 +149,16 @@ def test_liveness_keys_are_the_workers_and_the_reconcilers(
                                     ("worker", "reconciler", "producer"))
     try:
         Presence(worker, "host:9:w", 60_000).beat()
-        admin.zadd(keys.due(), {"c9": 1})
-        assert Leases(worker, 60_000).acquire("c9", "host:9:w")[0] is not None
+        admin.zadd(layout.due(), {"c9": 1})
+        assert Leases(worker, 60_000, layout).acquire("c9", "host:9:w")[0] is not None
         assert dead_workers(reconciler) == []
         admin.delete(keys.alive("host:9:w"))  # it expired
         assert dead_workers(reconciler) == ["host:9:w"]
-        leases = Leases(reconciler, 5_000)
-        assert release_worker(reconciler, lambda run, value: leases.release(Lease(run, value)),
+        leases = Leases(reconciler, 5_000, layout)
+        assert release_worker(reconciler, layout,
+                              lambda run, value: leases.release(Lease(run, value)),
                               "host:9:w") == ["c9"]
-        assert not admin.exists(keys.lease("c9"))
+        assert not admin.exists(layout.lease("c9"))
         with pytest.raises(redis.exceptions.NoPermissionError):
             Presence(producer, "host:9:p", 60_000).beat()
     finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 import redis
 
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.append import AppendCall, prepare
+from durable.log.keys import KeyLayout
 from durable.log.scripts import source
 from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec
@@ -49,18 +49,19 @@ def test_every_count_argument_counts_a_declared_group() -> None:
     assert counted == {g for g, _ in groups}
 
 
-def test_a_built_call_lays_its_groups_out_as_the_header_says(r: redis.Redis) -> None:
+def test_a_built_call_lays_its_groups_out_as_the_header_says(layout: KeyLayout,
+                                                             r: redis.Redis) -> None:
     """A real batch: the ARGV list has one value per scalar, then each group's items
     flattened with the header's width, and the script accepts it."""
     _, script_args, groups = header("append")
-    elog = EventLog(r)
+    elog = EventLog(r, layout=layout)
     handle = RunHandle("typed", RunState(), actor="test")
     specs = [Spec(ev.RunStarted, {"agent": "a", "tools": []}),
              Spec(ev.Completed, {"result": 1})]
     prepared = prepare(elog, handle, specs, {"extra": {"agent": "a"}})
     call = prepared.call
     args = call.args
-    assert len(call.keys) == 11 and call.keys[0] == keys.log("typed")
+    assert len(call.keys) == 11 and call.keys[0] == layout.log("typed")
     width = dict(groups)
     expected = len(script_args) + sum(width[g] * len(getattr(call, g)) for g in width)
     assert len(args) == expected and call.n == 2 and call.nextra == len(call.extras)

@@ -63,7 +63,7 @@ def test_a_run_of_an_agent_this_worker_lacks_waits_on_that_agents_list(
     state = client.status("ghost")
     assert state.state == "pending" and state.version == version
     assert r.lrange(keys.ready(client.queue.name, "ghost-agent"), 0, -1) == [b"ghost"]
-    assert not r.exists(keys.lease("ghost"))
+    assert not r.exists(client.log.keys.lease("ghost"))
 
 
 def test_an_agent_deciding_an_unknown_tool_is_quarantined(client: Client) -> None:

@@ -82,7 +82,7 @@ def test_cancel_while_waiting_cancels_at_once(client: Client, worker: WorkerFact
     run = client.start("asker", {"text": "hi"}, run_id="c4").run_id
     worker()
     assert client.wait(run, timeout=15).state == "waiting_input"
-    assert client.redis.get(keys.lease(run)) is None  # a waiting run holds no lease
+    assert client.redis.get(client.log.keys.lease(run)) is None  # a waiting run holds no lease
     assert client.cancel(run, "no answer coming").state == "canceled"
     _assert_no_effect_after_cancel(client, run)
 

@@ -34,7 +34,7 @@ def hung(client: Client, worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch)
     state = client.wait(run, 30)
     assert state.state == "quarantined", state
     assert "did not return within 500 ms" in (state.reason or "")
-    assert wait_for(lambda: client.redis.get(keys.lease(run)) is None, 5)
+    assert wait_for(lambda: client.redis.get(client.log.keys.lease(run)) is None, 5)
     assert state.actions[1].status == "dispatched"  # what was in flight, by the log
     return run
 
@@ -64,7 +64,8 @@ def test_the_reconciler_ends_a_quarantined_run_whose_cancel_was_only_requested(
     handle = client.log.load(hung, actor="op")
     client.log.commit(handle, [Spec(ev.CancelRequested, {"reason": "later", "by": "op"})])
     assert client.status(hung).state == "quarantined"
-    assert client.redis.zscore(keys.due_of(hung), hung) is not None  # due for the reconciler
+    # due for the reconciler
+    assert client.redis.zscore(client.log.keys.due_of(hung), hung) is not None
     rec = Reconciler(client.settings, client.redis, client.registry)
     assert rec.reconcile(hung) == "canceled"
     assert client.status(hung).state == "canceled"

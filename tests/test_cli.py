@@ -71,7 +71,7 @@ def test_verify_fails_with_exit_1_when_the_projection_lies(
     capsys: pytest.CaptureFixture[str], client: Client, r: redis.Redis
 ) -> None:
     client.start("count", {"steps": 1}, run_id="liar", enqueue=False)
-    r.hset(keys.run("liar"), "state", "completed")
+    r.hset(client.log.keys.run("liar"), "state", "completed")
     code, out, _ = _run(capsys, "verify", "liar", "--json")
     assert code == 1 and json.loads(out)["checks"]["projection"] != "ok"
 

@@ -18,6 +18,7 @@ from durable.connection import connect
 from durable.errors import UsageError
 from durable.log import keys
 from durable.log.index import repair
+from durable.log.keys import KeyLayout
 from durable.log.state import ALL_STATES
 from durable.settings import Settings
 from durable.testing import Server, wait_for
@@ -35,41 +36,49 @@ def _ids(n: int, seed: int = 7) -> list[str]:
 def test_every_key_of_a_run_and_its_shard_indexes_share_one_slot(shards: int) -> None:
     """append.lua writes the log, projection, ledger, lease and the shard's indexes in one
     call: on a cluster they must all hash to one slot, for any run id."""
-    keys.use_shards(shards)
-    try:
-        for run_id in _ids(300):
-            shard = keys.shard_of(run_id)
-            names = [keys.log(run_id), keys.run(run_id), keys.ledger(run_id),
-                     keys.lease(run_id), keys.fence(run_id), keys.queued(run_id),
-                     keys.runs_index(shard), keys.due(shard), keys.runs_of(run_id),
-                     keys.due_of(run_id), *[keys.runs_in_state(s, shard) for s in ALL_STATES]]
-            assert len({key_slot(n.encode()) for n in names}) == 1, run_id
-            assert keys.run_of_log(keys.log(run_id)) == run_id
-    finally:
-        keys.use_shards(0)
+    layout = KeyLayout(shards)
+    for run_id in _ids(300):
+        shard = layout.shard_of(run_id)
+        names = [layout.log(run_id), layout.run(run_id), layout.ledger(run_id),
+                 layout.lease(run_id), layout.fence(run_id), layout.queued(run_id),
+                 layout.runs_index(shard), layout.due(shard), layout.runs_of(run_id),
+                 layout.due_of(run_id), layout.blobs(run_id), layout.metrics(shard),
+                 *[layout.runs_in_state(s, shard) for s in ALL_STATES]]
+        assert len({key_slot(n.encode()) for n in names}) == 1, run_id
+        assert layout.run_of_log(layout.log(run_id)) == run_id
 
 
 def test_shards_spread_evenly_over_the_slot_space() -> None:
     """Shard k of n hashes into the k-th n-th of the slots: masters that split the slots
     evenly get n/masters shards each."""
-    keys.use_shards(16)
-    try:
-        slots = [key_slot(keys.due(k).encode()) for k in range(16)]
-        assert [s * 16 // 16384 for s in slots] == list(range(16))
-        counts = [0] * 16
-        for run_id in _ids(4000):
-            counts[keys.shard_of(run_id) or 0] += 1
-        assert min(counts) > 4000 / 16 / 2, counts
-    finally:
-        keys.use_shards(0)
+    layout = KeyLayout(16)
+    slots = [key_slot(layout.due(k).encode()) for k in range(16)]
+    assert [s * 16 // 16384 for s in slots] == list(range(16))
+    counts = [0] * 16
+    for run_id in _ids(4000):
+        counts[layout.shard_of(run_id) or 0] += 1
+    assert min(counts) > 4000 / 16 / 2, counts
 
 
 def test_the_unsharded_layout_is_the_one_single_servers_always_had() -> None:
     """Data written before shards existed is found as it is: no migration."""
-    assert keys.log("R") == "dx:{R}:log" and keys.run("R") == "dx:{R}:run"
-    assert keys.due_of("R") == keys.DUE == "dx:due"
-    assert keys.runs_of("R") == keys.RUNS_BY_UPDATE == "dx:runs"
-    assert keys.runs_in_state("pending") == "dx:runs:pending"
+    layout = keys.UNSHARDED
+    assert layout.log("R") == "dx:{R}:log" and layout.run("R") == "dx:{R}:run"
+    assert layout.due_of("R") == keys.DUE == "dx:due"
+    assert layout.runs_of("R") == keys.RUNS_BY_UPDATE == "dx:runs"
+    assert layout.runs_in_state("pending") == "dx:runs:pending"
+    assert layout.metrics() == keys.METRICS == "dx:metrics"
+
+
+def test_the_sharded_key_strings_are_the_ones_written_before() -> None:
+    """Data written by earlier releases on a cluster is found as it is: the same strings."""
+    layout = KeyLayout(16)
+    assert layout.shard_of("R") == 7 and layout.log("R") == "dx:{7.40}:R:log"
+    assert layout.due(3) == "dx:{3.0}:due"
+    assert layout.runs_in_state("pending", 0) == "dx:{0.13}:runs:pending"
+    assert layout.pattern("lease", 3) == "dx:{3.0}:*:lease"
+    assert layout.run_of("dx:{7.40}:R:lease") == "R"
+    assert layout.metrics_keys()[-1] == "dx:metrics"
 
 
 def test_a_process_configured_for_another_layout_refuses_to_start(server: Server,
@@ -82,7 +91,6 @@ def test_a_process_configured_for_another_layout_refuses_to_start(server: Server
     first.close()
     with pytest.raises(UsageError, match="DURABLE_SHARDS=0"):
         connect(Settings.from_env(redis_url=server.url, shards=4), check=False)
-    keys.use_shards(0)
 
 
 @pytest.mark.cluster
@@ -108,12 +116,14 @@ def test_runs_are_listed_and_reindexed_across_shards(client: Client, r: redis.Re
     updated = [client.projection(i)["updated"] for i in listed]
     assert updated == sorted(updated, reverse=True)
     assert {s.run_id for s in client.runs("pending", limit=100)} == set(ids)
-    for shard in keys.shard_ids():
-        r.delete(keys.runs_index(shard), keys.due(shard), keys.runs_in_state("pending", shard))
+    layout = client.log.keys
+    for shard in layout.shard_ids():
+        r.delete(layout.runs_index(shard), layout.due(shard),
+                 layout.runs_in_state("pending", shard))
     assert client.runs(limit=100) == []
     assert repair(client) == len(ids)
     assert sorted(pages()) == sorted(ids)
-    assert sum(r.zcard(keys.due(s)) for s in keys.shard_ids()) == len(ids)
+    assert sum(r.zcard(layout.due(s)) for s in layout.shard_ids()) == len(ids)
 
 
 @pytest.mark.cluster
@@ -142,7 +152,8 @@ def test_losing_the_queue_server_loses_no_run(
             assert q.llen(keys.ready(settings.worker.queue, "writer")) == 0  # every command is gone
         worker()
         reconciler()
-        assert wait_for(lambda: all(client.redis.hget(keys.run(i), "state") == b"completed"
+        k = client.log.keys
+        assert wait_for(lambda: all(client.redis.hget(k.run(i), "state") == b"completed"
                                     for i in ids), 90, 0.2)
     finally:
         make_server_started.stop()
@@ -191,3 +202,28 @@ def test_durable_cluster_starts_and_stops_a_local_cluster(tmp_path: Path) -> Non
     stopped = run_durable("cluster", "stop", "--dir", str(where), env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert run_durable("cluster", "stop", "--dir", str(where), env=env).returncode == 1
+
+
+def test_two_logs_of_different_layouts_live_in_one_process() -> None:
+    """The layout belongs to a log, not to the process: an unsharded log on one server and
+    a log of 4 shards on another, both open in this process, each run and listed in its own
+    layout, neither one's keys written in the other's."""
+    from durable.testing import AgentEnvironment
+
+    with AgentEnvironment("examples.agents") as plain, \
+            AgentEnvironment("examples.agents", shards=4) as sharded:
+        assert (plain.client.log.keys, sharded.client.log.keys) == (KeyLayout(0), KeyLayout(4))
+        a = plain.client.start("count", {"steps": 2}, run_id="same-id").run_id
+        b = sharded.client.start("count", {"steps": 3}, run_id="same-id").run_id
+        assert plain.status(a).state == sharded.status(b).state == "pending"
+        assert plain.drain() and sharded.drain()
+        assert plain.status(a).result == {"steps": 2}
+        assert sharded.status(b).result == {"steps": 3}
+        assert plain.redis.exists("dx:{same-id}:log") and \
+            not plain.redis.exists(KeyLayout(4).log("same-id"))
+        assert sharded.redis.exists(KeyLayout(4).log("same-id")) and \
+            not sharded.redis.exists("dx:{same-id}:log")
+        assert [s.run_id for s in plain.client.runs("completed")] == ["same-id"]
+        assert [s.run_id for s in sharded.client.runs("completed")] == ["same-id"]
+        assert len(list(sharded.client.events("same-id"))) > len(
+            list(plain.client.events("same-id")))  # one more step, read from its own log

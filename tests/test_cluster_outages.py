@@ -83,16 +83,16 @@ def test_a_master_killed_under_load_gives_a_few_lines_per_process_and_no_spinnin
         rec = Reconciler(cluster.url, log_path=tmp_path / "rec.log")
         procs = [busy, idle, rec]
         try:
-            assert wait_for(lambda: all(client.redis.xlen(keys.log(r)) > 6 for r in runs),
-                            60, 0.1)
+            k = client.log.keys
+            assert wait_for(lambda: all(client.redis.xlen(k.log(r)) > 6 for r in runs), 60, 0.1)
             victim = _victim_with_the_liveness_keys(cluster)
             cpu_before, started = _cpu_s(idle.pid), time.monotonic()
             before = [len(_lines(p)) for p in procs]
             cluster.kill(victim)
             cluster.wait_failover(victim, 60)
             # Every run writes again: the processes went on after the failover.
-            after = {r: client.redis.xlen(keys.log(r)) for r in runs}
-            assert wait_for(lambda: all(client.redis.xlen(keys.log(r)) > after[r] + 2
+            after = {r: client.redis.xlen(k.log(r)) for r in runs}
+            assert wait_for(lambda: all(client.redis.xlen(k.log(r)) > after[r] + 2
                                         for r in runs), 60, 0.1)
             window = time.monotonic() - started
             idle_cpu = (_cpu_s(idle.pid) - cpu_before) / window

@@ -17,7 +17,6 @@ import redis
 
 from durable.client import Client
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.verify import verify
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
@@ -150,7 +149,8 @@ def test_a_long_conversation_grows_the_log_linearly_and_resumes_without_repeats(
     message_bytes = turns * (size + len("turn 200 ")) + sum(
         len(f"question {t}") for t in range(turns))
     run_bytes = sum(int(r.memory_usage(k, samples=0) or 0) for k in
-                    (keys.log(run), keys.run(run), keys.ledger(run)))
+                    (client.log.keys.log(run), client.log.keys.run(run),
+                     client.log.keys.ledger(run)))
     # Measured 1.16 (the v4 log, 32 KB stream nodes; 1.55 before): the ids' spacing in time
     # moves the stream's radix-tree count a little from run to run.
     assert run_bytes < 1.25 * message_bytes, (run_bytes, message_bytes)

@@ -11,7 +11,6 @@ from playwright.sync_api import Page, expect
 
 from durable.client import Client
 from durable.limit_usage import usage
-from durable.log import keys
 from durable.testing import wait_for
 from durable.testing.provider import Provider
 from tests.browser import Console, login
@@ -52,7 +51,8 @@ def test_the_limits_table_shows_the_call_in_flight_the_runs_waiting_and_the_gran
     in_flight, waiting = _cells(page, "provider")[2], _cells(page, "provider")[6]
     assert (in_flight, waiting) == ("1 / 1", "2"), _cells(page, "provider")
     expect(row.locator("td").nth(1)).to_have_text("p1")
-    assert wait_for(lambda: client.redis.zcard(keys.runs_in_state("completed")) == 3, 30), \
+    completed = client.log.keys.runs_in_state("completed")
+    assert wait_for(lambda: client.redis.zcard(completed) == 3, 30), \
         [client.status(r).state for r in runs]
     page.reload()
     cells = _cells(page, "provider")

@@ -16,7 +16,6 @@ from durable.client import Client
 from durable.contention import ATTEMPTS, update_run
 from durable.errors import DurableError, RunContended
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.log.verify import verify
 from tests import agents  # noqa: F401 - registers the test agents
@@ -42,7 +41,7 @@ def _ours_in_log(elog: EventLog, run_id: str) -> int:
 def test_a_writer_that_loses_three_races_folds_again_and_lands_once(client: Client,
                                                                      r: redis.Redis) -> None:
     client.start("count", {"steps": 1}, run_id="race3", enqueue=False)
-    elog, seen = EventLog(r), []
+    elog, seen = EventLog(r, layout=client.log.keys), []
 
     def write(handle: RunHandle) -> int:
         seen.append(handle.state.version)  # each attempt decides from a fresh fold
@@ -60,7 +59,7 @@ def test_a_writer_that_loses_three_races_folds_again_and_lands_once(client: Clie
 def test_a_writer_that_always_loses_gives_up_with_run_contended_and_writes_nothing(
         client: Client, r: redis.Redis) -> None:
     client.start("count", {"steps": 1}, run_id="race_all", enqueue=False)
-    elog, attempts = EventLog(r), []
+    elog, attempts = EventLog(r, layout=client.log.keys), []
 
     def write(handle: RunHandle) -> int:
         attempts.append(handle.state.version)
@@ -80,12 +79,12 @@ def test_a_writer_that_always_loses_gives_up_with_run_contended_and_writes_nothi
 def test_a_write_that_decides_to_write_nothing_returns_at_once(client: Client,
                                                                r: redis.Redis) -> None:
     client.start("count", {"steps": 1}, run_id="noop", enqueue=False)
-    elog = EventLog(r)
-    before = r.xlen(keys.log("noop"))
+    elog = EventLog(r, layout=client.log.keys)
+    before = r.xlen(client.log.keys.log("noop"))
     calls: list[int] = []
     assert update_run(elog, "noop", "us", lambda h: calls.append(1) or "left") == "left"
     assert calls == [1] and elog.load("noop").state.version == 1
-    assert r.xlen(keys.log("noop")) == before == 1
+    assert r.xlen(client.log.keys.log("noop")) == before == 1
 
 
 def test_every_operator_update_gives_up_the_same_way() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from durable import clock
 from durable.leases import Leases
-from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.testing import AgentEnvironment, TestClock
 from tests.agents import applications
 from tests.runs import types_of
@@ -75,21 +75,21 @@ def test_an_input_wait_is_answered_or_expires_on_the_test_clock(
 
 
 def test_a_lease_left_by_a_dead_worker_expires_on_the_test_clock(
-    env: AgentEnvironment,
+    layout: KeyLayout, env: AgentEnvironment,
 ) -> None:
     """Window: a worker took the run's lease and died (nothing written after it). Until
     the lease's time to live has passed on the test clock the run stays with it; then the
     sweep takes it back and the run completes here."""
     run = env.client.start("count", {"steps": 2}, enqueue=False).run_id
     ttl = env.settings.leases.ttl_ms
-    lease, _, _ = Leases(env.redis, ttl).acquire(run, "w:dead")
+    lease, _, _ = Leases(env.redis, ttl, env.client.log.keys).acquire(run, "w:dead")
     assert lease is not None
-    env.redis.zadd(keys.due_of(run), {run: clock.now_ms() + ttl})  # as a holder does
+    env.redis.zadd(layout.due_of(run), {run: clock.now_ms() + ttl})  # as a holder does
     assert env.advance(ttl / 2000).get(run) in (None, "held")
-    assert env.redis.exists(keys.lease(run))
+    assert env.redis.exists(layout.lease(run))
     env.advance(ttl / 1000)
     assert env.status(run).state == "completed"
-    assert env.status(run).version > 1 and not env.redis.exists(keys.lease(run))
+    assert env.status(run).version > 1 and not env.redis.exists(layout.lease(run))
 
 
 def test_one_tool_is_called_as_a_worker_calls_it(env: AgentEnvironment) -> None:

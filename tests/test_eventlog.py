@@ -16,7 +16,7 @@ from durable.errors import (
     UnknownAgent,
 )
 from durable.log import events as ev
-from durable.log import keys, store
+from durable.log import store
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.log.verify import verify
@@ -29,12 +29,12 @@ def test_start_is_idempotent_and_writes_nothing_the_second_time(client: Client,
                                                                 r: redis.Redis) -> None:
     first = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
     assert first.created and first.state == "pending"
-    before = r.xlen(keys.log("same"))
+    before = r.xlen(client.log.keys.log("same"))
     again = client.start("count", {"steps": 2}, run_id="same", enqueue=False)
     assert not again.created and again.run_id == "same"
     with pytest.raises(RunIdConflict):  # another input under the same id is refused
         client.start("count", {"steps": 99}, run_id="same", enqueue=False)
-    assert r.xlen(keys.log("same")) == before == 1
+    assert r.xlen(client.log.keys.log("same")) == before == 1
     assert client.status("same").input == {"steps": 2, "sleep_s": 0.0}
 
 
@@ -45,14 +45,14 @@ def test_invalid_input_is_refused_before_anything_is_written(client: Client,
         client.start("count", {"steps": "many"}, run_id="bad")
     with pytest.raises(UnknownAgent, match="nope"):
         client.start("nope", {}, run_id="bad")
-    assert not r.exists(keys.log("bad")) and not r.exists(keys.run("bad"))
+    assert not r.exists(client.log.keys.log("bad")) and not r.exists(client.log.keys.run("bad"))
 
 
 def test_oversized_input_is_refused(client: Client, r: redis.Redis) -> None:
     client.settings.payloads.max_payload_bytes = 1024
     with pytest.raises(PayloadTooLarge):
         client.start("echo", {"text": "y" * 2000}, run_id="big")
-    assert not r.exists(keys.log("big"))
+    assert not r.exists(client.log.keys.log("big"))
 
 
 @pytest.mark.cluster
@@ -60,7 +60,7 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
                                                                    r: redis.Redis) -> None:
     """N threads append at the same expected version, M trials: one winner each time."""
     client.start("count", {"steps": 1}, run_id="race", enqueue=False)
-    elog = EventLog(r)
+    elog = EventLog(r, layout=client.log.keys)
     n_threads, trials = 8, 25
     for trial in range(trials):
         base = elog.load("race")
@@ -95,7 +95,7 @@ def test_concurrent_writers_with_the_same_version_exactly_one_wins(client: Clien
 def test_an_undecodable_entry_quarantines_the_run_and_never_raises(client: Client,
                                                                    r: redis.Redis) -> None:
     client.start("count", {"steps": 1}, run_id="junk", enqueue=False)
-    r.xadd(keys.log("junk"), {"e": b"\xc1 not msgpack"})
+    r.xadd(client.log.keys.log("junk"), {"e": b"\xc1 not msgpack"})
     state = client.status("junk")
     assert state.state == "quarantined"
     assert "unreadable log entry" in (state.reason or "")
@@ -108,9 +108,9 @@ def test_a_future_version_entry_quarantines_with_the_reason(client: Client,
     import msgspec
 
     client.start("count", {"steps": 1}, run_id="future", enqueue=False)
-    r.xadd(keys.log("future"), {"e": msgspec.msgpack.encode(
+    r.xadd(client.log.keys.log("future"), {"e": msgspec.msgpack.encode(
         {"type": "completed", "v": 99, "run": "future", "seq": 2, "ts": 1})})
-    r.hset(keys.run("future"), "version", 2)
+    r.hset(client.log.keys.run("future"), "version", 2)
     state = client.status("future")
     assert state.state == "quarantined" and "newer schema version 99" in (state.reason or "")
 
@@ -179,14 +179,14 @@ def test_a_log_written_by_the_previous_schema_goes_on_under_the_new_one(
 ) -> None:
     """A run started and stepped by v3 code (maps, ids from ``XADD *``) is loaded, written
     to in the v4 form after its old entries, read back whole and verified."""
-    log = keys.log("old")
+    log = client.log.keys.log("old")
     ids = [r.xadd(log, {"e": data}).decode() for data in (
         _v3("run_started", 1, 1000, "client", agent="count", agent_version="1",
             input={"steps": 1, "sleep_s": 0.0}, tools=["noop"]),
         _v3("step_decided", 2, 1001, "w-old", step=1, tool="noop", args={"n": 1}, key="old:1"),
     )]
-    r.hset(keys.run("old"), mapping={"version": 2, "state": "pending", "step": 1,
-                                     "last": ids[-1], "cancel": "0"})
+    r.hset(client.log.keys.run("old"), mapping={"version": 2, "state": "pending", "step": 1,
+                                                "last": ids[-1], "cancel": "0"})
     handle = client.log.load("old", actor="w-old")
     assert handle.state.step == 1 and handle.tail_actor == "w-old"
     client.log.commit(handle, [Spec(ev.ActionDispatched, {"step": 1, "key": "old:1",
@@ -219,7 +219,7 @@ def test_entries_read_back_with_the_run_time_and_actor_their_place_gives(
         handle = elog.load("place", actor=actor)
         elog.commit(handle, [Spec(ev.LeaseAcquired, {"owner": actor, "epoch": 1})])
     entries = elog.read("place")
-    named = [ev.named_actor(f[b"e"]) for _, f in r.xrange(keys.log("place"))]
+    named = [ev.named_actor(f[b"e"]) for _, f in r.xrange(client.log.keys.log("place"))]
     assert named == [True, True, False, True, False, False]
     assert [e.event.actor for e in entries if e.event] == [
         "client", "w1", "w1", "w2", "w2", "w2"]
@@ -253,10 +253,10 @@ def test_entries_deleted_past_the_tail_do_not_stop_the_log(client: Client,
     client.start("count", {"steps": 1}, run_id="gap", enqueue=False)
     handle = client.log.load("gap", actor="w")
     ahead = f"{ev.entry_ms(handle.last_id) + 3_600_000}-0"
-    r.xadd(keys.log("gap"), {"e": b"x"}, id=ahead)
-    r.xdel(keys.log("gap"), ahead)
+    r.xadd(client.log.keys.log("gap"), {"e": b"x"}, id=ahead)
+    r.xdel(client.log.keys.log("gap"), ahead)
     client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1})])
-    assert r.xrevrange(keys.log("gap"), count=1)[0][0].decode() > ahead
+    assert r.xrevrange(client.log.keys.log("gap"), count=1)[0][0].decode() > ahead
     assert verify(client.log, "gap").ok
 
 
@@ -269,10 +269,10 @@ def test_a_short_run_s_log_is_rewritten_to_its_exact_size_when_it_ends(
     client.start("count", {"steps": 1}, run_id="small", enqueue=False)
     handle = client.log.load("small", actor="w")
     client.log.commit(handle, [Spec(ev.LeaseAcquired, {"owner": "w", "epoch": 1})])
-    before = r.memory_usage(keys.log("small"), samples=0)
-    ids = [i for i, _ in r.xrange(keys.log("small"))]
+    before = r.memory_usage(client.log.keys.log("small"), samples=0)
+    ids = [i for i, _ in r.xrange(client.log.keys.log("small"))]
     client.log.commit(handle, [Spec(ev.Completed, {"result": 1})])
-    after = r.memory_usage(keys.log("small"), samples=0)
+    after = r.memory_usage(client.log.keys.log("small"), samples=0)
     assert after < before - 2000, (before, after)
-    assert [i for i, _ in r.xrange(keys.log("small"))][:-1] == ids
+    assert [i for i, _ in r.xrange(client.log.keys.log("small"))][:-1] == ids
     assert client.status("small").state == "completed" and verify(client.log, "small").ok

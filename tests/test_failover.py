@@ -12,7 +12,6 @@ import redis
 from durable.client import Client
 from durable.cluster import LocalCluster, Node
 from durable.errors import ReplicationTimeout
-from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker, wait_for
 from tests.agents import applications
@@ -27,7 +26,7 @@ def test_an_append_no_replica_confirmed_is_an_error_the_caller_sees(
     if isinstance(r, redis.RedisCluster):
         pytest.skip("single-server WAIT")
     settings = Settings.from_env(redis_url=server.url, min_replicas=1, replica_timeout_ms=200,
-                        agents="examples.agents")
+                                 agents="examples.agents")
     client = Client(settings, r)
     with pytest.raises(ReplicationTimeout, match="confirmed by 0 of 1 replicas"):
         client.start("count", {"n": 1}, run_id="alone", enqueue=False)
@@ -38,7 +37,8 @@ def test_an_append_no_replica_confirmed_is_an_error_the_caller_sees(
     started = client.start("count", {"n": 1}, run_id="replicated", enqueue=False)
     assert started.created
     with replica.client() as rep:
-        assert rep.exists(keys.log("replicated"))  # it was on the replica when acknowledged
+        # it was on the replica when acknowledged
+        assert rep.exists(client.log.keys.log("replicated"))
         rep.replicaof("no", "one")
 
 
@@ -100,7 +100,7 @@ def test_acknowledged_appends_survive_the_failover_of_a_master(
         took = time.monotonic() - started
         after = redis.RedisCluster.from_url(cluster.url)
         try:
-            lost = [i for i in acknowledged if not after.exists(keys.log(i))]
+            lost = [i for i in acknowledged if not after.exists(client.log.keys.log(i))]
         finally:
             after.close()
         print(f"\nMIN_REPLICAS={min_replicas}: {len(lost)} of {len(acknowledged)} "
@@ -123,7 +123,8 @@ def test_acknowledged_appends_survive_the_failover_of_a_master(
             for run_id in survivors:
                 check.enqueue(run_id, force=True)
             assert wait_for(lambda: all(
-                check.redis.hget(keys.run(i), "state") == b"completed" for i in survivors),
+                check.redis.hget(check.log.keys.run(i), "state") == b"completed"
+                for i in survivors),
                 120, 0.25)
         finally:
             worker.stop()

@@ -88,9 +88,9 @@ def test_a_small_tenant_starts_while_a_big_tenants_backlog_drains(
     small = [s.run_id for s in began]
     started_ms = client.events(small[0])[0].event.ts  # type: ignore[union-attr]
     worker(DURABLE_CONCURRENCY="4")
-    assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
+    assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state") == b"completed"
                                 for r in small), 60)
-    done_a = sum(1 for s in big if client.redis.hget(keys.run(s.run_id), "state")
+    done_a = sum(1 for s in big if client.redis.hget(client.log.keys.run(s.run_id), "state")
                  == b"completed")
     waits = [(_first_step_ms(client, r) - started_ms) / 1000 for r in small]
     assert max(waits) < 10, waits

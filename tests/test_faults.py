@@ -19,6 +19,7 @@ from durable.agents import registry
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.settings import Settings
@@ -62,7 +63,7 @@ def test_a_killed_subscription_comes_back_and_still_interrupts_a_held_run(
 
 
 def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
-    make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    layout: KeyLayout, make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``kill -9`` of Redis while two workers hold runs inside their calls (claims recorded,
     outcomes not), down for two seconds, then restarted: the workers and the reconciler
@@ -81,7 +82,7 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
     procs = [Worker(srv.url, log_path=tmp_path / f"w{i}.log") for i in range(2)]
     procs.append(Reconciler(srv.url, log_path=tmp_path / "rec.log"))
     try:
-        assert wait_for(lambda: sum(client.redis.exists(keys.lease(r)) for r in runs) >= 8,
+        assert wait_for(lambda: sum(client.redis.exists(layout.lease(r)) for r in runs) >= 8,
                         20)
         srv.kill()
         wait_for(lambda: False, 2.0)  # the outage itself: two seconds without Redis
@@ -95,7 +96,7 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
             _publish_cancel(r, run, "published after the restart")
 
         def settled() -> bool:
-            states = [client.redis.hget(keys.run(run), "state") for run in runs]
+            states = [client.redis.hget(client.log.keys.run(run), "state") for run in runs]
             return all(s in (b"completed", b"canceled") for s in states)
 
         assert wait_for(settled, 90)
@@ -128,7 +129,7 @@ def test_agent_code_that_never_returns_is_quarantined_and_the_worker_goes_on(
     state = client.wait(stuck, timeout=20)
     assert state.state == "quarantined"
     assert "hang.decide() did not return within 500 ms" in (state.reason or "")
-    assert wait_for(lambda: client.redis.get(keys.lease(stuck)) is None, 5)
+    assert wait_for(lambda: client.redis.get(client.log.keys.lease(stuck)) is None, 5)
     others = [client.start("hang", {"hang": False}, run_id=f"fine-{i}").run_id
               for i in range(4)]
     for run in others:

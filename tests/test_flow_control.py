@@ -17,7 +17,6 @@ import pytest
 import durable.testing.provider  # noqa: F401  (registers the agents in this process too)
 from durable.client import Client
 from durable.limit_usage import usage
-from durable.log import keys
 from durable.metrics import exposition
 from durable.testing import wait_for
 from durable.testing.provider import Provider
@@ -46,7 +45,7 @@ def _stats(provider: Provider) -> dict[str, Any]:
 
 
 def _completed(client: Client) -> int:
-    return int(client.redis.zcard(keys.runs_in_state("completed")))
+    return int(client.redis.zcard(client.log.keys.runs_in_state("completed")))
 
 
 def test_runs_obey_the_providers_limits_and_a_killed_worker_leaks_no_permit(
@@ -81,7 +80,7 @@ def test_runs_obey_the_providers_limits_and_a_killed_worker_leaks_no_permit(
     assert use.waited > 0 and use.granted >= n, use  # the limit did make calls wait
     shown = run_durable("limits", env=dict(os.environ)).stdout
     assert "provider" in shown and "p1" in shown, shown
-    text = exposition(client.redis)[0].decode()
+    text = exposition(client)[0].decode()
     assert 'durable_limit_in_flight{limit="provider"} 0.0' in text, text
     assert f'durable_limit_decisions_total{{decision="granted",limit="provider"}} ' \
            f'{float(use.granted)}' in text, text

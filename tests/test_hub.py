@@ -17,7 +17,7 @@ import redis
 
 from durable.agents import registry
 from durable.client import Client
-from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.log.verify import verify
 from durable.queue import enqueue_many
 from durable.settings import Settings
@@ -42,10 +42,10 @@ def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
     hub.slots.shutdown(5)
 
 
-def _completed(r: redis.Redis, runs: list[str]) -> int:
+def _completed(layout: KeyLayout, r: redis.Redis, runs: list[str]) -> int:
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        pipe.hget(keys.run(run), "state")
+        pipe.hget(layout.run(run), "state")
     try:
         return sum(s == b"completed" for s in pipe.execute())
     except redis.ConnectionError:  # the test's own connection was killed too
@@ -53,36 +53,36 @@ def _completed(r: redis.Redis, runs: list[str]) -> int:
 
 
 def test_quick_agent_code_and_tools_run_on_the_driving_thread(
-    hub: RunHub, client: Client, r: redis.Redis
+    layout: KeyLayout, hub: RunHub, client: Client, r: redis.Redis
 ) -> None:
     """300 runs of four quick steps each: the driving stays on its thread (a hand-off per
     call would be 2,400 of them; at most 1 % is allowed), and every run completes."""
     runs = client.start_many("count", [{"steps": 4}] * 300, enqueue=False)
     ids = [run.run_id for run in runs]
-    enqueue_many(r, client.queue, ids)
+    enqueue_many(r, client.log.keys, client.queue, ids)
     hub.slots.finish()
-    assert _completed(r, ids) == 300
+    assert _completed(layout, r, ids) == 300
     # A collection pause, or the machine preempting the driver inside agent code, may
     # cost a few: far from one per call.
     assert hub.handoffs <= 24, hub.handoffs
 
 
 def test_a_slow_tool_hands_the_driving_over_and_the_other_runs_go_on(
-    hub: RunHub, client: Client, r: redis.Redis
+    layout: KeyLayout, hub: RunHub, client: Client, r: redis.Redis
 ) -> None:
     """A run blocks in its tool (the gate stays closed: dispatched, no outcome) while 100
     quick runs arrive: another thread drives them all to the end meanwhile; once the gate
     opens, the blocked run completes too."""
     gated = client.start("gated", {}, enqueue=False).run_id
-    enqueue_many(r, client.queue, [gated])
+    enqueue_many(r, client.log.keys, client.queue, [gated])
     hub.slots.fill()
     assert wait_for(lambda: (a := client.status(gated).current) is not None
                     and a.status == "dispatched", 10)
     quick = [run.run_id for run in client.start_many("count", [{"steps": 2}] * 100,
                                                       enqueue=False)]
-    enqueue_many(r, client.queue, quick)
+    enqueue_many(r, client.log.keys, client.queue, quick)
     hub.slots.fill()
-    assert wait_for(lambda: _completed(r, quick) == 100, 30)
+    assert wait_for(lambda: _completed(layout, r, quick) == 100, 30)
     still = client.status(gated).current
     assert still is not None and still.status == "dispatched"  # still in its call
     assert hub.handoffs >= 1
@@ -103,7 +103,7 @@ def test_slow_code_goes_to_a_spare_thread_once_known_slow(
             for _ in range(10)]
     threads = hub.threads  # the spares started with it, and the driver
     for run in runs:
-        enqueue_many(r, client.queue, [run])
+        enqueue_many(r, client.log.keys, client.queue, [run])
         hub.slots.fill()
         assert client.wait(run, timeout=10).state == "completed"
     assert hub.handoffs == 1, hub.handoffs
@@ -112,6 +112,7 @@ def test_slow_code_goes_to_a_spare_thread_once_known_slow(
 
 
 def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
+    layout: KeyLayout,
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -129,7 +130,7 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     log = tmp_path / "w.log"
     w = worker(DURABLE_CONCURRENCY="64", log_path=log)
     reconciler()
-    assert wait_for(lambda: _completed(r, runs) >= 1, 30)  # both are up and serving
+    assert wait_for(lambda: _completed(layout, r, runs) >= 1, 30)  # both are up and serving
     killer = redis.Redis.from_url(client.settings.redis.url)
     stop = threading.Event()
 
@@ -145,7 +146,7 @@ def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     cutter = threading.Thread(target=kill)
     cutter.start()
     try:
-        done = wait_for(lambda: _completed(r, runs) == 200, 60)
+        done = wait_for(lambda: _completed(layout, r, runs) == 200, 60)
     finally:
         stop.set()
         cutter.join()
@@ -188,7 +189,7 @@ def _log_lines(client: Client, run: str) -> str:
 
 
 def test_the_run_threads_remain_a_choice(
-    client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
+    layout: KeyLayout, client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``DURABLE_DRIVER=threads``: one thread per held run, as before the hub; 30 runs
@@ -199,7 +200,7 @@ def test_the_run_threads_remain_a_choice(
             for i in range(30)]
     log = tmp_path / "w.log"
     worker(DURABLE_CONCURRENCY="16", DURABLE_DRIVER="threads", log_path=log)
-    assert wait_for(lambda: _completed(r, runs) == 30, 60)
+    assert wait_for(lambda: _completed(layout, r, runs) == 30, 60)
     assert applied_once(tmp_path, runs, 2)
     assert "run threads" in log.read_text()
 
@@ -211,6 +212,7 @@ def applied_once(tmp_path: Path, runs: list[str], steps: int) -> bool:
 
 
 def test_the_ready_list_on_its_own_server_still_feeds_the_hub(
+    layout: KeyLayout,
     settings: Settings, make_server: ServerFactory, worker: WorkerFactory, r: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -222,5 +224,5 @@ def test_the_ready_list_on_its_own_server_still_feeds_the_hub(
     client = Client(Settings())
     runs = [client.start("count", {"steps": 2}).run_id for _ in range(120)]
     worker(DURABLE_CONCURRENCY="16")
-    assert wait_for(lambda: _completed(r, runs) == 120, 60)
+    assert wait_for(lambda: _completed(layout, r, runs) == 120, 60)
     client.close()

@@ -18,8 +18,8 @@ from durable.client import Client
 from durable.cluster import LocalCluster
 from durable.errors import ReplicationTimeout
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.batching import RedisCall, ScriptBatcher
+from durable.log.keys import UNSHARDED, KeyLayout
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.settings import Settings
 from durable.testing import Server, Worker, wait_for
@@ -28,6 +28,9 @@ from tests.conftest import ServerFactory
 from tests.test_failover import _in_sync, _victim
 
 # Runs on a cluster of their own, started here, whatever the pass.
+
+#: The layout of the producer's log on the cluster (``DURABLE_SHARDS=16``).
+SHARDED = KeyLayout(16)
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +41,10 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture()
 def cc(cluster: LocalCluster) -> Iterator[redis.RedisCluster]:
-    keys.use_shards(16)
     client = redis.RedisCluster.from_url(cluster.url)
     client.flushall()
     yield client
     client.close()
-    keys.use_shards(0)
 
 
 @pytest.fixture()
@@ -84,7 +85,7 @@ def _append_together(elog: EventLog, batcher: ScriptBatcher,
 
 
 def _masters_of(cc: redis.RedisCluster, run_ids: list[str]) -> set[str]:
-    return {cc.get_node_from_key(keys.log(r)).name for r in run_ids}
+    return {cc.get_node_from_key(SHARDED.log(r)).name for r in run_ids}
 
 
 def test_a_batch_goes_to_each_master_as_one_pipeline(cc: redis.RedisCluster,
@@ -96,10 +97,10 @@ def test_a_batch_goes_to_each_master_as_one_pipeline(cc: redis.RedisCluster,
     batcher = elog.batch_appends(everywhere=True)
     assert batcher is not None
     handles = _started(elog, producer, 60, "rt")
-    owners = [cc.get_node_from_key(keys.log(h.run_id)).name for h in handles]
+    owners = [cc.get_node_from_key(SHARDED.log(h.run_id)).name for h in handles]
     assert len(set(owners)) == 3
     before = _evalshas(cc)
-    coros_parts = batcher.routes.parts([batcher.command_call("XLEN", keys.log(h.run_id))
+    coros_parts = batcher.routes.parts([batcher.command_call("XLEN", SHARDED.log(h.run_id))
                                         for h in handles])
     assert sorted(p.node for p in coros_parts) == sorted(set(owners))
     answers = _append_together(elog, batcher, handles)
@@ -108,7 +109,7 @@ def test_a_batch_goes_to_each_master_as_one_pipeline(cc: redis.RedisCluster,
     assert {n: after[n] - before[n] for n in after} == \
         {n: owners.count(n) for n in set(owners)}
     for h in handles:
-        assert cc.xlen(keys.log(h.run_id)) == 2
+        assert cc.xlen(SHARDED.log(h.run_id)) == 2
 
 
 def _evalshas(cc: redis.RedisCluster) -> dict[str, int]:
@@ -136,16 +137,16 @@ def test_a_call_sent_to_the_wrong_master_is_redirected(
         manager = stale.nodes_manager
         primaries = stale.get_primaries()
         for h in handles:  # point each run's slot at the next master
-            slot = stale.keyslot(keys.log(h.run_id))
+            slot = stale.keyslot(SHARDED.log(h.run_id))
             owner = manager.slots_cache[slot][0]
             wrong = primaries[(primaries.index(owner) + 1) % len(primaries)]
             manager.slots_cache[slot] = [wrong]
         answers = _append_together(elog, batcher, handles)
         assert all(isinstance(a, str) for a in answers), answers
         for h in handles:
-            assert cc.xlen(keys.log(h.run_id)) == 2
-            assert manager.slots_cache[stale.keyslot(keys.log(h.run_id))][0].name == \
-                cc.get_node_from_key(keys.log(h.run_id)).name  # the map learned
+            assert cc.xlen(SHARDED.log(h.run_id)) == 2
+            assert manager.slots_cache[stale.keyslot(SHARDED.log(h.run_id))][0].name == \
+                cc.get_node_from_key(SHARDED.log(h.run_id)).name  # the map learned
     finally:
         stale.close()
 
@@ -196,7 +197,7 @@ def test_the_hub_goes_on_across_the_failover_of_a_master(
         w = Worker(cluster.url, log_path=log, DURABLE_CONCURRENCY="8",
                    TEST_SLOW_S="0.05", DURABLE_DRIVER=driver)
         try:
-            assert wait_for(lambda: sum(client.redis.xlen(keys.log(r)) > 4 for r in runs)
+            assert wait_for(lambda: sum(client.redis.xlen(client.log.keys.log(r)) > 4 for r in runs)
                             >= 8, 60, 0.05)
             victim = _victim(cluster)
             cluster.kill(victim)
@@ -229,7 +230,7 @@ def _cluster_env(monkeypatch: pytest.MonkeyPatch, cluster: LocalCluster, queue: 
 
 def _completed(client: Client, runs: list[str]) -> int:
     try:
-        return sum(client.redis.hget(keys.run(r), "state") == b"completed" for r in runs)
+        return sum(client.redis.hget(client.log.keys.run(r), "state") == b"completed" for r in runs)
     except redis.RedisError:  # the test's own client during the failover
         return -1
 
@@ -271,7 +272,7 @@ def test_one_wait_covers_every_append_of_a_pipeline(
     assert all(isinstance(a, str) for a in answers), answers
     assert _waits(r) - before == 1
     with replica.client() as rep:
-        assert all(rep.xlen(keys.log(h.run_id)) == 2 for h in handles)
+        assert all(rep.xlen(UNSHARDED.log(h.run_id)) == 2 for h in handles)
 
 
 def test_an_append_no_replica_confirmed_is_not_taken_for_acknowledged(
@@ -295,7 +296,7 @@ def test_an_append_no_replica_confirmed_is_not_taken_for_acknowledged(
     assert [type(a) for a in answers] == [ReplicationTimeout] * len(handles)
     assert [a.run_id for a in answers] == [h.run_id for h in handles]
     assert all("confirmed by 0 of 1 replicas" in str(a) for a in answers)
-    assert all(r.xlen(keys.log(h.run_id)) == 2 for h in handles)
+    assert all(r.xlen(UNSHARDED.log(h.run_id)) == 2 for h in handles)
 
 
 def test_the_hub_with_min_replicas_drives_runs_and_waits_out_a_stopped_replica(
@@ -316,7 +317,7 @@ def test_the_hub_with_min_replicas_drives_runs_and_waits_out_a_stopped_replica(
     log = tmp_path / "worker.log"
     w = Worker(server.url, log_path=log, DURABLE_CONCURRENCY="8", TEST_SLOW_S="0.1")
     try:
-        assert wait_for(lambda: sum(r.xlen(keys.log(x)) > 3 for x in runs) >= 4, 60, 0.02)
+        assert wait_for(lambda: sum(r.xlen(UNSHARDED.log(x)) > 3 for x in runs) >= 4, 60, 0.02)
         os.kill(replica.proc.pid, signal.SIGSTOP)
         try:
             assert wait_for(lambda: "DURABLE_MIN_REPLICAS" in log.read_text(), 30, 0.05), \
@@ -333,5 +334,5 @@ def test_the_hub_with_min_replicas_drives_runs_and_waits_out_a_stopped_replica(
     assert applications(str(tmp_path / "world.sqlite")) == \
         {f"{x}:{s}": 1 for x in runs for s in range(1, 5)}
     with replica.client() as rep:
-        assert wait_for(lambda: all(rep.hget(keys.run(x), "state") == b"completed"
+        assert wait_for(lambda: all(rep.hget(UNSHARDED.run(x), "state") == b"completed"
                                     for x in runs), 10)

@@ -22,8 +22,8 @@ import redis
 from redis.crc import key_slot
 
 from durable.client import Client
-from durable.log import keys
 from durable.log.fold import fold
+from durable.log.keys import KeyLayout
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory
@@ -60,15 +60,16 @@ def noted(client: Client, run: str, step: int) -> Any:
     return client.status(run).actions[step].args["seen"]
 
 
-def stored(r: redis.Redis, run: str) -> dict[bytes, bytes]:
-    return r.hgetall(keys.blobs(run))
+def stored(layout: KeyLayout, r: redis.Redis, run: str) -> dict[bytes, bytes]:
+    return r.hgetall(layout.blobs(run))
 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("window", ["after_effect", "after_outcome"])
 @pytest.mark.parametrize("name", AGENTS)
 def test_a_1mb_result_reaches_the_agent_whole_before_and_after_a_crash(
-    name: str, window: str, client: Client, r: redis.Redis, worker: WorkerFactory,
+    layout: KeyLayout, name: str, window: str, client: Client, r: redis.Redis,
+    worker: WorkerFactory,
     reconciler: ReconcilerFactory,
 ) -> None:
     """SIGKILL at step 1's window: ``after_effect`` (the page was fetched, its outcome not
@@ -93,19 +94,20 @@ def test_a_1mb_result_reaches_the_agent_whole_before_and_after_a_crash(
     act = fold([e.event for e in client.events(run) if e.event is not None]).actions[1]
     assert act.result is None and act.blob is not None  # a reference, not the value
     assert act.blob.size > MB
-    values = stored(r, run)
+    values = stored(layout, r, run)
     assert list(values) == [act.blob.field.encode()]
     assert hashlib.sha256(values[act.blob.field.encode()]).hexdigest() == act.blob.sha256
-    entries = r.xrange(keys.log(run))
+    entries = r.xrange(client.log.keys.log(run))
     assert max(len(fields[b"e"]) for _, fields in entries) < 4096
-    assert key_slot(keys.blobs(run).encode()) == key_slot(keys.log(run).encode())
+    k = client.log.keys
+    assert key_slot(k.blobs(run).encode()) == key_slot(k.log(run).encode())
     report = verify(client.log, run)
     assert report.ok and report.checks["large_values"] == "ok", report.checks
 
 
 @pytest.mark.parametrize("name", AGENTS)
 def test_past_the_ceiling_the_agent_sees_a_payload_too_large_step_failure(
-    name: str, client: Client, r: redis.Redis, worker: WorkerFactory,
+    layout: KeyLayout, name: str, client: Client, r: redis.Redis, worker: WorkerFactory,
 ) -> None:
     """A code agent's ``ctx.call`` raises ``StepFailed``, a ``decide()`` agent sees the
     action failed, both naming ``PayloadTooLarge`` and the limit; nothing is stored and
@@ -118,7 +120,7 @@ def test_past_the_ceiling_the_agent_sees_a_payload_too_large_step_failure(
     assert failed["status"] == "failed" and failed["error_type"] == "PayloadTooLarge"
     assert "over the limit of 350000 (DURABLE_MAX_RESULT_BYTES)" in failed["error"]
     assert kept == expected(2, 300_000)
-    assert [f.decode().split(".")[0] for f in stored(r, run)] == ["2"]
+    assert [f.decode().split(".")[0] for f in stored(layout, r, run)] == ["2"]
 
 
 def test_a_ceiling_below_the_inline_limit_still_holds(
@@ -138,7 +140,7 @@ def test_a_ceiling_below_the_inline_limit_still_holds(
 
 
 def test_the_run_byte_budget_fails_the_step_that_would_exceed_it(
-    client: Client, r: redis.Redis, worker: WorkerFactory,
+    layout: KeyLayout, client: Client, r: redis.Redis, worker: WorkerFactory,
 ) -> None:
     run = client.start("page_reader", {"pages": [400_000, 400_000, 100]},
                        run_id="budget").run_id
@@ -151,11 +153,11 @@ def test_the_run_byte_budget_fails_the_step_that_would_exceed_it(
     assert "over the limit of 700000 (DURABLE_BLOB_BUDGET_BYTES)" in second["error"]
     state = client.status(run)
     assert state.blob_bytes == state.actions[1].blob.size  # type: ignore[union-attr]
-    assert len(stored(r, run)) == 1
+    assert len(stored(layout, r, run)) == 1
 
 
 def test_a_large_sensitive_result_is_sealed_at_rest_and_whole_for_the_agent(
-    client: Client, r: redis.Redis, worker: WorkerFactory,
+    layout: KeyLayout, client: Client, r: redis.Redis, worker: WorkerFactory,
 ) -> None:
     run = client.start("page_reader", {"pages": [400_000], "secret": True},
                        run_id="sealed-big").run_id
@@ -164,7 +166,7 @@ def test_a_large_sensitive_result_is_sealed_at_rest_and_whole_for_the_agent(
     assert final.state == "completed", (final.state, final.reason, final.error)
     token = page(400_000, "token")
     assert final.result["seen"][0]["token_sha256"] == sha(token)
-    (value,) = stored(r, run).values()
+    (value,) = stored(layout, r, run).values()
     assert b"_sealed" in value and token[:64].encode() not in value
     assert page(400_000, "page-1")[:64].encode() in value  # what is not sensitive stays
     assert verify(client.log, run).ok
@@ -181,7 +183,7 @@ def test_archive_carries_the_value_and_deletes_it_with_the_run(
     done = durable("archive", "--older-than", "1ms", "--to", str(tmp_path), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["archived"] == [run]
-    assert not r.exists(keys.blobs(run)) and not r.exists(keys.log(run))
+    assert not r.exists(client.log.keys.blobs(run)) and not r.exists(client.log.keys.log(run))
     with gzip.open(tmp_path / f"{run}.jsonl.gz", "rt") as f:
         lines = [json.loads(line) for line in f]
     (kept,) = [line for line in lines if line["kind"] == "blob"]
@@ -196,13 +198,13 @@ def test_retention_expires_the_value_with_the_run(
     run = client.start("page_reader", {"pages": [300_000]}, run_id="ret").run_id
     worker(burst=True, DURABLE_RETENTION="2s").wait(60)
     assert client.wait(run, timeout=30).state == "completed"
-    ttl = r.pttl(keys.blobs(run))
-    assert 0 < ttl <= 2000 and 0 < r.pttl(keys.log(run)) <= 2000
-    assert wait_for(lambda: not r.exists(keys.blobs(run), keys.log(run)), 10)
+    ttl = r.pttl(client.log.keys.blobs(run))
+    assert 0 < ttl <= 2000 and 0 < r.pttl(client.log.keys.log(run)) <= 2000
+    assert wait_for(lambda: not r.exists(client.log.keys.blobs(run), client.log.keys.log(run)), 10)
 
 
 def test_verify_checks_the_digest_and_log_and_export_show_a_reference(
-    client: Client, r: redis.Redis, worker: WorkerFactory,
+    layout: KeyLayout, client: Client, r: redis.Redis, worker: WorkerFactory,
 ) -> None:
     run = client.start("page_decider", {"pages": [MB]}, run_id="shown").run_id
     worker(burst=True).wait(60)
@@ -220,13 +222,13 @@ def test_verify_checks_the_digest_and_log_and_export_show_a_reference(
     forked = durable("fork", run, "--at", client.events(run)[-1].id, "--new-run-id", "shown2")
     assert forked.returncode == 0, forked.stderr
     assert verify(client.log, "shown2").checks["large_values"] == "ok"
-    assert list(stored(r, "shown2").values()) == list(stored(r, run).values())
+    assert list(stored(layout, r, "shown2").values()) == list(stored(layout, r, run).values())
 
-    r.hset(keys.blobs(run), ref.field, b'{"body": "altered"}')
+    r.hset(client.log.keys.blobs(run), ref.field, b'{"body": "altered"}')
     report = verify(client.log, run)
     assert not report.ok and "does not match the digest" in report.checks["large_values"]
     assert durable("verify", run).returncode == 1
-    r.hdel(keys.blobs(run), ref.field)
+    r.hdel(client.log.keys.blobs(run), ref.field)
     assert "missing" in verify(client.log, run).checks["large_values"]
 
 
@@ -237,7 +239,7 @@ def test_a_missing_value_quarantines_the_run_instead_of_giving_the_agent_none(
     behind the system's back: the next worker refuses to give the agent anything else."""
     run = client.start("page_decider", {"pages": [300_000]}, run_id="lost").run_id
     assert worker(kill_at="after_outcome:1").wait(60) == -signal.SIGKILL
-    r.delete(keys.blobs(run))
+    r.delete(client.log.keys.blobs(run))
     worker()
     reconciler()
     assert wait_for(lambda: client.status(run).state == "quarantined", 30)

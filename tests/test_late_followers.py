@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from durable.client import Client
+from durable.log.keys import KeyLayout
 from durable.log.store import Entry
 from durable.partials import Publisher, kept
 from durable.streaming import Partial
@@ -46,7 +47,7 @@ def _halfway(client: Client, worker: WorkerFactory, model: ModelServer, run_id: 
     run = client.start("asker", {"stream": True}, run_id=run_id).run_id
     worker()
     assert model.holding.wait(30)
-    wait_for(lambda: len(kept(client.redis, run)) == 100, timeout=15)
+    wait_for(lambda: len(kept(client.redis, client.log.keys, run)) == 100, timeout=15)
     return run
 
 
@@ -66,7 +67,8 @@ def test_a_follower_joining_after_100_of_200_tokens_receives_all_200_in_order(
     assert {(p.step, p.attempt) for p in partials} == {(1, 1)}
     final = client.status(run)
     assert final.state == "completed" and final.result["answer"] == expected_text(200)
-    assert kept(client.redis, run) == []  # the step ended: nothing is kept any more
+    # the step ended: nothing is kept any more
+    assert kept(client.redis, client.log.keys, run) == []
 
 
 @pytest.mark.cluster
@@ -117,22 +119,22 @@ def test_durable_log_follow_prints_partial_text_as_a_stream(
 
 
 def test_what_is_kept_is_bounded_per_step_and_forgotten_when_the_call_ends(
-        r: redis.Redis) -> None:
-    r.hset("dx:{kept-run}:run", "state", "pending")
-    pub = Publisher(r, max_bytes=1024, keep_bytes=400)
+        r: redis.Redis, layout: KeyLayout) -> None:
+    r.hset(layout.run("kept-run"), "state", "pending")
+    pub = Publisher(r, max_bytes=1024, keep_bytes=400, layout=layout)
     out = pub.for_call("kept-run", 3, 1)
     for i in range(50):
         out(f"token {i}")
-    got = kept(r, "kept-run")
+    got = kept(r, layout, "kept-run")
     assert got and got[-1].seq == 50
     assert [p.seq for p in got] == list(range(got[0].seq, 51))  # the newest, contiguous
     assert sum(len(str(p.data)) + 60 for p in got) <= 400 + 100
     again = pub.for_call("kept-run", 3, 2)  # the step sent again: its output starts over
     again("fresh")
-    assert [(p.attempt, p.seq, p.data) for p in kept(r, "kept-run")] == [(2, 1, "fresh")]
+    assert [(p.attempt, p.seq, p.data) for p in kept(r, layout, "kept-run")] == [(2, 1, "fresh")]
     other = pub.for_call("kept-run", 4, 1)  # a parallel step keeps its own
     other("beside")
-    assert [(p.step, p.data) for p in kept(r, "kept-run")] == [(3, "fresh"), (4, "beside")]
+    assert [(p.step, p.data) for p in kept(r, layout, "kept-run")] == [(3, "fresh"), (4, "beside")]
     again.close()
     other.close()
-    assert kept(r, "kept-run") == [] and r.keys("*partial*") == []
+    assert kept(r, layout, "kept-run") == [] and r.keys("*partial*") == []

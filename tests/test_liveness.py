@@ -21,6 +21,7 @@ from durable.leases import Lease, Leases
 from durable.liveness import Presence, dead_workers, held_by, release_worker
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.log.store import Spec
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
@@ -33,10 +34,10 @@ def _owner(value: bytes | None) -> str:
     return value.decode().rsplit("|", 1)[0] if value else ""
 
 
-def _owners(r: redis.Redis, runs: list[str]) -> list[str]:
+def _owners(layout: KeyLayout, r: redis.Redis, runs: list[str]) -> list[str]:
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        pipe.get(keys.lease(run))
+        pipe.get(layout.lease(run))
     return [_owner(v) for v in pipe.execute()]
 
 
@@ -47,14 +48,14 @@ def _live_workers(r: redis.Redis) -> set[str]:
 
 @pytest.mark.cluster
 def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
-    client: Client, r: redis.Redis
+    layout: KeyLayout, client: Client, r: redis.Redis
 ) -> None:
     """The reconciler's part alone, on the real scripts: a worker whose liveness key is gone
     is found, exactly its leases are released (another live worker's is kept), and a write
     under a released lease is refused (fencing: it may have been only slow)."""
     runs = [client.start("count", {"steps": 3}, run_id=f"lr-{i}", enqueue=False).run_id
             for i in range(6)]
-    leases = Leases(r, 60_000)
+    leases = Leases(r, 60_000, client.log.keys)
     held = [leases.acquire(run, "host:1:dead")[0] for run in runs[:4]]
     other = leases.acquire(runs[4], "host:2:live")[0]
     presence = Presence(r, "host:2:live", 60_000)
@@ -62,12 +63,13 @@ def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
     Presence(r, "host:1:dead", 60_000).beat()
     r.delete(keys.alive("host:1:dead"))  # its key expired: it did not beat again
     assert dead_workers(r) == ["host:1:dead"]
-    assert sorted(run for run, _ in held_by(r, "host:1:dead")) == sorted(runs[:4])
+    assert sorted(run for run, _ in held_by(r, client.log.keys, "host:1:dead")) == sorted(runs[:4])
 
-    released = release_worker(r, lambda run, value: leases.release(Lease(run, value)),
+    released = release_worker(r, client.log.keys,
+                              lambda run, value: leases.release(Lease(run, value)),
                               "host:1:dead")
     assert sorted(released) == sorted(runs[:4])
-    assert _owners(r, runs[4:5]) == ["host:2:live"] and other is not None
+    assert _owners(layout, r, runs[4:5]) == ["host:2:live"] and other is not None
     assert dead_workers(r) == []  # forgotten until it beats again
     assert int(r.hget(keys.STATS, "dead_worker_leases_released") or 0) == 4
 
@@ -82,6 +84,7 @@ def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
 
 @pytest.mark.cluster
 def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
+    layout: KeyLayout,
     client: Client, r: redis.Redis, worker: WorkerFactory, reconciler: ReconcilerFactory,
     tmp_path: Path, record_property: object,
 ) -> None:
@@ -94,14 +97,15 @@ def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
     rec = reconciler(DURABLE_LEASE_TTL_MS="5000", log_path=tmp_path / "rec.log")
     runs = [h.run_id for h in client.start_many(
         "count", [{"steps": 1, "sleep_s": 60}] * RUNS, run_ids=[f"kill-{i}" for i in range(RUNS)])]
-    assert wait_for(lambda: len(set(_owners(r, runs)) - {""}) == 1 and all(_owners(r, runs)),
+    assert wait_for(lambda: len(set(_owners(layout, r, runs)) - {""}) == 1
+                    and all(_owners(layout, r, runs)),
                     60, 0.1), a.log_path.read_text()[-2000:] if a.log_path else ""
-    dead = _owners(r, runs)[0]
+    dead = _owners(layout, r, runs)[0]
     b = worker(DURABLE_CONCURRENCY="256", DURABLE_LEASE_TTL_MS="5000",
                log_path=tmp_path / "b.log")
     assert wait_for(lambda: len(_live_workers(r)) == 2, 30, 0.05)
     (survivor,) = _live_workers(r) - {dead}
-    epochs = {run: int(r.get(keys.fence(run)) or 0) for run in runs}
+    epochs = {run: int(r.get(client.log.keys.fence(run)) or 0) for run in runs}
 
     a.kill()
     killed = time.monotonic()
@@ -109,7 +113,7 @@ def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
 
     def all_resumed() -> bool:
         now = time.monotonic() - killed
-        for run, owner in zip(runs, _owners(r, runs), strict=True):
+        for run, owner in zip(runs, _owners(layout, r, runs), strict=True):
             if owner == survivor and run not in resumed:
                 resumed[run] = now
         return len(resumed) == RUNS
@@ -124,12 +128,13 @@ def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
     # Generous on a shared 2-core machine; the lease's TTL path took 9.5-10.6 s.
     assert p50 <= 2.0, took
     assert took[-1] <= 4.0, took
-    assert all(int(r.get(keys.fence(run)) or 0) > epochs[run] for run in runs)  # new epochs
+    # new epochs
+    assert all(int(r.get(client.log.keys.fence(run)) or 0) > epochs[run] for run in runs)
     assert int(r.hget(keys.STATS, "dead_workers") or 0) == 1
 
 
 def test_redis_restart_workers_take_their_runs_again_within_a_second_of_it_answering(
-    make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    layout: KeyLayout, make_server: ServerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     record_property: object,
 ) -> None:
     """Crash window: Redis is killed -9 while a worker drives 20 runs step after step (an
@@ -147,7 +152,7 @@ def test_redis_restart_workers_take_their_runs_again_within_a_second_of_it_answe
     w = Worker(srv.url, log_path=tmp_path / "w.log")
     rec = Reconciler(srv.url, log_path=tmp_path / "rec.log")
     try:
-        assert wait_for(lambda: all(_owners(client.redis, runs)), 30, 0.05)
+        assert wait_for(lambda: all(_owners(layout, client.redis, runs)), 30, 0.05)
         wait_for(lambda: False, 1.0)  # steps under way
         srv.kill()
         wait_for(lambda: False, 2.0)  # the outage itself
@@ -161,7 +166,7 @@ def test_redis_restart_workers_take_their_runs_again_within_a_second_of_it_answe
             for run in runs:
                 if run in first:
                     continue
-                entry = r.xrange(keys.log(run), str(answered_ms), "+", count=1)
+                entry = r.xrange(keys.UNSHARDED.log(run), str(answered_ms), "+", count=1)
                 if entry:
                     first[run] = (int(entry[0][0].split(b"-")[0]) - answered_ms) / 1000
             return len(first) == len(runs)

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from durable.client import Client
-from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Server, wait_for
@@ -35,22 +35,22 @@ def _start(client: Client, prefix: str, steps: int) -> list[str]:
             for i in range(RUNS)]
 
 
-def _held(r: redis.Redis, runs: list[str]) -> int:
+def _held(layout: KeyLayout, r: redis.Redis, runs: list[str]) -> int:
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        pipe.exists(keys.lease(run))
+        pipe.exists(layout.lease(run))
     return int(sum(pipe.execute()))
 
 
-def _states(r: redis.Redis, runs: list[str]) -> list[str]:
+def _states(layout: KeyLayout, r: redis.Redis, runs: list[str]) -> list[str]:
     pipe = r.pipeline(transaction=False)
     for run in runs:
-        pipe.hget(keys.run(run), "state")
+        pipe.hget(layout.run(run), "state")
     return [s.decode() for s in pipe.execute()]
 
 
-def _all(state: str, r: redis.Redis, runs: list[str]) -> bool:
-    return all(s == state for s in _states(r, runs))
+def _all(layout: KeyLayout, state: str, r: redis.Redis, runs: list[str]) -> bool:
+    return all(s == state for s in _states(layout, r, runs))
 
 
 def _assert_each_key_applied_once(tmp_path: Path, client: Client, runs: list[str],
@@ -61,7 +61,8 @@ def _assert_each_key_applied_once(tmp_path: Path, client: Client, runs: list[str
         assert verify(client.log, run).ok
 
 
-def test_one_worker_holds_many_runs_at_once(client: Client, worker: WorkerFactory,
+def test_one_worker_holds_many_runs_at_once(
+        layout: KeyLayout, client: Client, worker: WorkerFactory,
                                             r: redis.Redis, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """50 runs whose one-second calls overlap: one worker process holds all 50 leases at
@@ -69,12 +70,13 @@ def test_one_worker_holds_many_runs_at_once(client: Client, worker: WorkerFactor
     monkeypatch.setenv("TEST_SLOW_S", "1.0")
     runs = _start(client, "many", 2)
     worker(DURABLE_CONCURRENCY="64")
-    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
-    assert wait_for(lambda: _all("completed", r, runs), 30)
+    assert wait_for(lambda: _held(layout, r, runs) == RUNS, 20)
+    assert wait_for(lambda: _all(layout, "completed", r, runs), 30)
     _assert_each_key_applied_once(tmp_path, client, runs, 2)
 
 
-def test_concurrency_bounds_the_runs_a_worker_holds(client: Client, worker: WorkerFactory,
+def test_concurrency_bounds_the_runs_a_worker_holds(
+        layout: KeyLayout, client: Client, worker: WorkerFactory,
                                                     r: redis.Redis,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``--concurrency 5``: never more than five leases at once, and all runs finish."""
@@ -85,14 +87,15 @@ def test_concurrency_bounds_the_runs_a_worker_holds(client: Client, worker: Work
 
     def done() -> bool:
         nonlocal most
-        most = max(most, _held(r, runs))
-        return _all("completed", r, runs)
+        most = max(most, _held(layout, r, runs))
+        return _all(layout, "completed", r, runs)
 
     assert wait_for(done, 60, interval=0.02)
     assert 1 <= most <= 5
 
 
 def test_a_worker_killed_with_50_runs_in_flight_loses_and_repeats_nothing(
+    layout: KeyLayout,
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -102,18 +105,18 @@ def test_a_worker_killed_with_50_runs_in_flight_loses_and_repeats_nothing(
     monkeypatch.setenv("TEST_SLOW_S", "1.0")
     runs = _start(client, "killed", 3)
     doomed = worker(DURABLE_CONCURRENCY="64")
-    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
+    assert wait_for(lambda: _held(layout, r, runs) == RUNS, 20)
     doomed.kill()
     assert doomed.wait(5) == -signal.SIGKILL
     monkeypatch.setenv("TEST_SLOW_S", "0.05")
     worker(DURABLE_CONCURRENCY="64")
     reconciler()
-    assert wait_for(lambda: _all("completed", r, runs), 60)
+    assert wait_for(lambda: _all(layout, "completed", r, runs), 60)
     _assert_each_key_applied_once(tmp_path, client, runs, 3)
 
 
 def test_sigterm_hands_every_run_back_without_waiting_for_a_lease(
-    client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
+    layout: KeyLayout, client: Client, worker: WorkerFactory, r: redis.Redis, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SIGTERM while the worker holds 50 runs inside their calls: the calls finish, their
@@ -124,17 +127,18 @@ def test_sigterm_hands_every_run_back_without_waiting_for_a_lease(
     monkeypatch.setenv("TEST_SLOW_S", "1.0")
     runs = _start(client, "termed", 3)
     first = worker(DURABLE_CONCURRENCY="64", DURABLE_SHUTDOWN_GRACE_S="20")
-    assert wait_for(lambda: _held(r, runs) == RUNS, 20)
+    assert wait_for(lambda: _held(layout, r, runs) == RUNS, 20)
     first.send(signal.SIGTERM)
     assert first.wait(20) == 0
-    assert _held(r, runs) == 0  # every lease was let go, none left to expire
+    assert _held(layout, r, runs) == 0  # every lease was let go, none left to expire
     monkeypatch.setenv("TEST_SLOW_S", "0.05")
     worker(DURABLE_CONCURRENCY="64")
-    assert wait_for(lambda: _all("completed", r, runs), 30)
+    assert wait_for(lambda: _all(layout, "completed", r, runs), 30)
     _assert_each_key_applied_once(tmp_path, client, runs, 3)
 
 
 def test_a_second_signal_hands_runs_back_mid_call(
+    layout: KeyLayout,
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -147,23 +151,23 @@ def test_a_second_signal_hands_runs_back_mid_call(
     runs = _start(client, "twice", 2)
     log = tmp_path / "first.log"
     first = worker(DURABLE_CONCURRENCY="64", DURABLE_SHUTDOWN_GRACE_S="60", log_path=log)
-    assert wait_for(lambda: _held(r, runs) == len(runs), 20)
+    assert wait_for(lambda: _held(layout, r, runs) == len(runs), 20)
     first.send(signal.SIGTERM)
     assert wait_for(lambda: "shutting down" in log.read_text(), 10)
     first.send(signal.SIGTERM)
     assert first.wait(20) == 0
-    assert _held(r, runs) == 0
+    assert _held(layout, r, runs) == 0
     assert "handed back" in log.read_text()
     monkeypatch.setenv("TEST_SLOW_S", "0.05")
     worker(DURABLE_CONCURRENCY="64")
     reconciler()
-    assert wait_for(lambda: _all("completed", r, runs), 40)
+    assert wait_for(lambda: _all(layout, "completed", r, runs), 40)
     applied = applications(str(tmp_path / "world.sqlite"))
     assert all(applied.get(f"{run}:{s}") == 1 for run in runs for s in (1, 2)), applied
 
 
 def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
-    client: Client, worker: WorkerFactory, r: redis.Redis
+    layout: KeyLayout, client: Client, worker: WorkerFactory, r: redis.Redis
 ) -> None:
     """``async def`` tools: 20 runs whose awaits overlap complete on one worker; a cancel
     while one awaits (window: dispatched, no outcome) cancels its task at once."""
@@ -171,7 +175,7 @@ def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
             for i in range(20)]
     stuck = client.start("asyncer", {"steps": 1, "sleep_s": 30}, run_id="aio-long").run_id
     worker(DURABLE_CONCURRENCY="32")
-    assert wait_for(lambda: _all("completed", r, runs), 30)
+    assert wait_for(lambda: _all(layout, "completed", r, runs), 30)
     assert client.status(runs[0]).result == [{"slept": 0.5, "key": f"{runs[0]}:1"},
                                              {"slept": 0.5, "key": f"{runs[0]}:2"}]
     assert wait_for(lambda: client.status(stuck).current is not None
@@ -226,7 +230,7 @@ def test_a_run_whose_lease_expired_under_its_worker_goes_back_on_the_ready_list(
                     and a.status == "dispatched", 15)
     w.send(signal.SIGSTOP)
     try:
-        assert wait_for(lambda: r.get(keys.lease(run)) is None, 10)
+        assert wait_for(lambda: r.get(client.log.keys.lease(run)) is None, 10)
     finally:
         w.send(signal.SIGCONT)
     assert client.wait(run, timeout=40).state == "completed"

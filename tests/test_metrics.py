@@ -25,8 +25,9 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from durable.client import Client
-from durable.log import counters, keys
+from durable.log import counters
 from durable.log import events as ev
+from durable.log.keys import KeyLayout
 from durable.metrics import exposition
 from durable.testing import Server, wait_for
 from examples.world import WorldProcess
@@ -69,8 +70,8 @@ def from_logs(client: Client) -> dict[str, Any]:
     durations: dict[str, list[int]] = {}
     cancels: list[int] = []
     finals: Counter[str] = Counter()
-    run_ids = [r.decode() for shard in keys.shard_ids()
-               for r in client.redis.zrange(keys.runs_index(shard), 0, -1)]
+    run_ids = [r.decode() for shard in client.log.keys.shard_ids()
+               for r in client.redis.zrange(client.log.keys.runs_index(shard), 0, -1)]
     for run in run_ids:
         agent, tools, dispatched = "", {}, {}
         for entry in client.events(run):
@@ -187,7 +188,7 @@ def test_lease_expiries_and_reconciler_actions(client: Client, worker: WorkerFac
     reconciler(DURABLE_LEASE_TTL_MS="5000")  # leases no pause of a loaded machine outlasts
     worker(DURABLE_LEASE_TTL_MS="5000")
     assert client.wait(run, timeout=60).state == "completed"
-    shared = samples(exposition(client.redis)[0].decode())
+    shared = samples(exposition(client)[0].decode())
     stats = client.stats()
     owners = [e.event.owner for e in client.events(run)
               if isinstance(e.event, ev.LeaseAcquired)]
@@ -254,12 +255,13 @@ def _names(text: str) -> set[str]:
             for sfx in suffixes.get(f.type, ("",))}
 
 
-def test_the_dashboard_and_scrape_config_use_metrics_that_exist(r: Any) -> None:
+def test_the_dashboard_and_scrape_config_use_metrics_that_exist(r: Any,
+                                                                layout: KeyLayout) -> None:
     """deploy/grafana-dashboard.json queries only names the two endpoints serve, and every
     metric the issue names is served."""
     assert worker_metrics.CALLS  # imported: the worker's own metrics are registered
     root = Path(__file__).resolve().parent.parent
-    served = _names(exposition(r)[0].decode()) | _names(generate_latest(REGISTRY).decode())
+    served = _names(exposition(r, layout)[0].decode()) | _names(generate_latest(REGISTRY).decode())
     dashboard = json.loads((root / "deploy" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {n for e in exprs for n in re.findall(r"\b(?:durable|process)_[a-z_]+", e)}

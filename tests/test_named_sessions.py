@@ -293,7 +293,8 @@ def test_a_turn_that_did_not_complete_is_passed_over_for_what_it_continued(
     # A conversation that expired after its turn was started: the load says so.
     late = client.start("talker", {"say": "turn 3"}, run_id="po-4",
                         continue_from=third).run_id
-    client.redis.delete(keys.log(third), keys.run(third), keys.blobs(third))
+    client.redis.delete(client.log.keys.log(third), client.log.keys.run(third),
+                        client.log.keys.blobs(third))
     worker(burst=True).wait(60)
     failed = client.status(late)
     assert failed.state == "failed" and "no longer exists" in (failed.error or ""), failed

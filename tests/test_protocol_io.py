@@ -228,7 +228,7 @@ def test_the_hub_sends_no_redis_command_in_place_while_it_resumes_runs(
     runs = [run.run_id for run in client.start_many("count", [{"steps": 6}] * 40,
                                                      enqueue=False)]
     parent = client.start("parent", {"children": 2}, enqueue=False).run_id
-    enqueue_many(r, client.queue, [*runs, parent])
+    enqueue_many(r, client.log.keys, client.queue, [*runs, parent])
     assert wait_for(lambda: all(client.status(run).state == "completed"
                                 for run in [*runs, parent]), 60)
     assert watched.hub.slots.wait_idle(10)

@@ -188,7 +188,7 @@ def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
     taking it): the reconciler does not wait for the marker to expire."""
     client.start("writer", {"steps": 1}, run_id="lostq")
     assert r.lpop(keys.ready(client.queue.name, "writer")) == b"lostq"  # a worker died with it
-    assert r.exists(keys.queued("lostq"))
+    assert r.exists(client.log.keys.queued("lostq"))
     rec = Reconciler(client.settings, client.redis, registry)
     assert rec.reconcile("lostq", now_ms() + 60_000) == "requeued"
     assert r.lrange(keys.ready(client.queue.name, "writer"), 0, -1) == [b"lostq"]

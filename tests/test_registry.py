@@ -76,7 +76,8 @@ def test_invalid_input_is_refused_with_the_published_schema(
     bare = _bare_client(r)
     with pytest.raises(InvalidInput, match="text: 5 is not of type 'string'"):
         bare.start("echo", {"text": 5}, run_id="bad-2")
-    assert not r.exists(keys.run("bad-1"), keys.run("bad-2"), keys.log("bad-1"))
+    k = client.log.keys
+    assert not r.exists(k.run("bad-1"), k.run("bad-2"), k.log("bad-1"))
     assert bare.runs() == []
 
 
@@ -115,11 +116,11 @@ def test_the_same_run_id_with_the_same_input_returns_the_existing_run(
     producer = client if local else _bare_client(r)
     first = producer.start("echo", {"text": "same"}, run_id="same-1")
     queue = client.settings.worker.queue
-    length, queued = r.xlen(keys.log("same-1")), r.llen(keys.ready(queue, "echo"))
+    length, queued = r.xlen(client.log.keys.log("same-1")), r.llen(keys.ready(queue, "echo"))
     # Equal once the defaults are filled in: still the same input.
     again = producer.start("echo", {"steps": 1, "text": "same"}, run_id="same-1")
     assert first.created and not again.created and again.run_id == "same-1"
-    assert r.xlen(keys.log("same-1")) == length
+    assert r.xlen(client.log.keys.log("same-1")) == length
     assert r.llen(keys.ready(client.settings.worker.queue, "echo")) == queued
 
 
@@ -130,15 +131,15 @@ def test_the_same_run_id_with_another_input_is_refused_and_nothing_written(
     catalog.publish(r, [registry.agent("echo")], "worker:test")
     producer = client if local else _bare_client(r)
     producer.start("echo", {"text": "first"}, run_id="other-1")
-    before = r.xrange(keys.log("other-1"))
-    projection = r.hgetall(keys.run("other-1"))
+    before = r.xrange(client.log.keys.log("other-1"))
+    projection = r.hgetall(client.log.keys.run("other-1"))
     queued = r.llen(keys.ready(client.settings.worker.queue, "echo"))
     with pytest.raises(RunIdConflict, match="already exists with a different input"):
         producer.start("echo", {"text": "second"}, run_id="other-1")
     with pytest.raises(RunIdConflict, match="agent 'echo', not 'count'"):
         client.start("count", {"steps": 1}, run_id="other-1")
-    assert r.xrange(keys.log("other-1")) == before
-    assert r.hgetall(keys.run("other-1")) == projection
+    assert r.xrange(client.log.keys.log("other-1")) == before
+    assert r.hgetall(client.log.keys.run("other-1")) == projection
     assert r.llen(keys.ready(client.settings.worker.queue, "echo")) == queued
 
 

@@ -18,6 +18,7 @@ from durable.client import Client
 from durable.connection import parse_config_file
 from durable.errors import TooManyPendingRuns
 from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.settings import Settings
 from durable.testing import wait_for
 from reconciler.sweep import Reconciler
@@ -32,8 +33,8 @@ def durable(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-def run_keys(run_id: str) -> list[str]:
-    return [keys.log(run_id), keys.run(run_id), keys.ledger(run_id), keys.fence(run_id)]
+def run_keys(layout: KeyLayout, run_id: str) -> list[str]:
+    return [layout.log(run_id), layout.run(run_id), layout.ledger(run_id), layout.fence(run_id)]
 
 
 def test_archive_writes_evidence_then_deletes_keys(client: Client, r: redis.Redis,
@@ -54,10 +55,10 @@ def test_archive_writes_evidence_then_deletes_keys(client: Client, r: redis.Redi
             lines = [json.loads(line) for line in f]
         assert lines[0]["type"] == "run_started" and lines[-1]["kind"] == "summary"
         assert lines[-1]["state"] == "completed" and lines[-1]["events"] > 5
-        assert not r.exists(*run_keys(f"old{i}"))
+        assert not r.exists(*run_keys(client.log.keys, f"old{i}"))
         assert r.zscore(keys.RUNS_BY_UPDATE, f"old{i}") is None
-        assert r.zscore(keys.runs_in_state("completed"), f"old{i}") is None
-    assert r.exists(keys.log("live")) and [s.run_id for s in client.runs()] == ["live"]
+        assert r.zscore(client.log.keys.runs_in_state("completed"), f"old{i}") is None
+    assert r.exists(client.log.keys.log("live")) and [s.run_id for s in client.runs()] == ["live"]
     again = durable("archive", "--older-than", "1ms", "--to", str(out), "--json")
     assert json.loads(again.stdout)["archived"] == []
 
@@ -68,17 +69,17 @@ def test_archive_keeps_a_run_that_moved_on(client: Client, r: redis.Redis) -> No
     client.start("asker", {}, run_id="moved", enqueue=False)
     client.cancel("moved")
     version = client.projection("moved")["version"]
-    r.hset(keys.run("moved"), "version", int(version) + 1)  # another writer's append
+    r.hset(client.log.keys.run("moved"), "version", int(version) + 1)  # another writer's append
     reply = client.log.scripts.archive_delete(
-        keys=[keys.log("moved"), keys.run("moved"), keys.ledger("moved"),
-              keys.lease("moved"), keys.fence("moved"), keys.queued("moved")],
+        keys=[*run_keys(client.log.keys, "moved")[:3], client.log.keys.lease("moved"),
+              client.log.keys.fence("moved"), client.log.keys.queued("moved")],
         args=[version])
     assert reply[0] == b"changed"
-    assert r.exists(keys.log("moved"))
+    assert r.exists(client.log.keys.log("moved"))
 
 
 def test_retention_expires_terminal_runs_and_prunes_indexes(
-        settings: Settings, r: redis.Redis, worker: WorkerFactory,
+        layout: KeyLayout, settings: Settings, r: redis.Redis, worker: WorkerFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_RETENTION", "3s")
     client = Client(Settings(), r)
@@ -87,20 +88,20 @@ def test_retention_expires_terminal_runs_and_prunes_indexes(
     worker(burst=True).wait(120)
     assert client.wait("short", 30).state == "completed"
     assert client.wait("waits", 30).state == "waiting_input"
-    for key in run_keys("short")[:3]:
+    for key in run_keys(client.log.keys, "short")[:3]:
         assert 0 < r.pttl(key) <= 3000, key
-    assert r.pttl(keys.log("waits")) == -1           # not terminal: no expiry
-    assert wait_for(lambda: not r.exists(keys.log("short")), 20)
+    assert r.pttl(layout.log("waits")) == -1           # not terminal: no expiry
+    assert wait_for(lambda: not r.exists(layout.log("short")), 20)
     assert r.zscore(keys.RUNS_BY_UPDATE, "short") is not None  # the index still lists it
     pruned = Reconciler(Settings(), r, client.registry).tick()
     assert pruned.examined >= 1
     assert r.zscore(keys.RUNS_BY_UPDATE, "short") is None
-    assert r.zscore(keys.runs_in_state("completed"), "short") is None
-    assert not r.exists(keys.fence("short"))
+    assert r.zscore(layout.runs_in_state("completed"), "short") is None
+    assert not r.exists(layout.fence("short"))
     assert [s.run_id for s in client.runs()] == ["waits"]
 
 
-def test_max_pending_runs_refuses_new_runs(settings: Settings, r: redis.Redis,
+def test_max_pending_runs_refuses_new_runs(layout: KeyLayout, settings: Settings, r: redis.Redis,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_MAX_PENDING_RUNS", "2")
     client = Client(Settings(), r)
@@ -108,12 +109,12 @@ def test_max_pending_runs_refuses_new_runs(settings: Settings, r: redis.Redis,
     client.start("count", {"steps": 1}, run_id="p2", enqueue=False)
     with pytest.raises(TooManyPendingRuns):
         client.start("count", {"steps": 1}, run_id="p3")
-    assert not r.exists(keys.log("p3"))
+    assert not r.exists(layout.log("p3"))
     assert client.start("count", {"steps": 1}, run_id="p1").created is False  # idempotent
     done = durable("start", "count", "--run-id", "p4")
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "DURABLE_MAX_PENDING_RUNS" in done.stderr
-    assert not r.exists(keys.log("p4"))
+    assert not r.exists(layout.log("p4"))
 
 
 def test_deploy_redis_conf_has_a_memory_ceiling_without_eviction() -> None:

@@ -13,7 +13,6 @@ import tests.routing_agents_b  # noqa: F401  (the client validates starts agains
 from durable.client import Client
 from durable.liveness import served_agents
 from durable.log import events as ev
-from durable.log import keys
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
 
@@ -38,7 +37,8 @@ def test_two_kinds_of_workers_take_only_their_agents_runs(client: Client,
     every = [run for ids in runs.values() for run in ids]
 
     def states() -> set[str]:
-        return {(client.redis.hget(keys.run(run), "state") or b"").decode() for run in every}
+        return {(client.redis.hget(client.log.keys.run(run), "state") or b"").decode()
+                for run in every}
 
     assert wait_for(lambda: states() == {"completed"}, 60), states()
     owners = {agent: set().union(*(_owners(client, run) for run in ids))
@@ -72,7 +72,7 @@ def test_a_rolling_deploy_runs_old_and_new_workers_side_by_side(
             for i in range(40)]
     worker(DURABLE_AGENTS=ALPHA, TEST_ALPHA_VERSION="1")
     worker(DURABLE_AGENTS=ALPHA, TEST_ALPHA_VERSION="2")
-    assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
+    assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state") == b"completed"
                                 for r in runs), 60)
     versions = {client.status(r).result["version"] for r in runs}
     assert versions <= {"1", "2"} and versions
@@ -90,7 +90,7 @@ def test_a_strict_new_version_hands_old_runs_to_an_old_worker(
     assert wait_for(lambda: {"alpha@1", "alpha@2"} <= serving(), 20)
     runs = [client.start("alpha", {"steps": 3, "sleep_s": 0.02}, run_id=f"strict-{i}").run_id
             for i in range(30)]
-    assert wait_for(lambda: all(client.redis.hget(keys.run(r), "state") == b"completed"
+    assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state") == b"completed"
                                 for r in runs), 60), {r: client.status(r).state for r in runs}
     assert {client.status(r).result["version"] for r in runs} == {"1"}
     assert not [e for r in runs for e in client.events(r)

@@ -16,6 +16,7 @@ import redis
 
 from durable.client import Client
 from durable.errors import UsageError
+from durable.log.keys import KeyLayout
 from durable.sealing import Keyring, is_envelope
 from durable.settings import Settings
 from durable.testing import Server, wait_for
@@ -173,7 +174,7 @@ def test_envelope_altered_does_not_open() -> None:
         ring.open(env)
 
 
-def test_checkpoint_seals_what_the_worker_holds_in_clear(r: redis.Redis) -> None:
+def test_checkpoint_seals_what_the_worker_holds_in_clear(layout: KeyLayout, r: redis.Redis) -> None:
     """A worker's folded state holds the opened values; the checkpoint it writes seals them
     again (input, arguments, results), and a worker reading it back gets them in clear."""
     from durable.log import events as ev
@@ -181,7 +182,8 @@ def test_checkpoint_seals_what_the_worker_holds_in_clear(r: redis.Redis) -> None
     from durable.log.store import EventLog, RunHandle, Spec
 
     ring = Keyring.parse(new_key("k1"))
-    elog = EventLog(r, keyring=ring, open_sealed=True, sealed_names={"card_number", "auth"})
+    elog = EventLog(r, keyring=ring, open_sealed=True, sealed_names={"card_number", "auth"},
+                    layout=layout)
     handle = RunHandle("ckpt1", RunState(), actor="test")
     elog.commit(handle, [Spec(ev.RunStarted, {"agent": "a", "agent_version": "1",
                                               "input": {"card_number": CARD}})])
@@ -190,7 +192,7 @@ def test_checkpoint_seals_what_the_worker_holds_in_clear(r: redis.Redis) -> None
                                      status="succeeded")
     elog.commit(handle, [], checkpoint=True)
     raw = raw_log(r, "ckpt1")
-    assert any(isinstance(e.event, ev.Checkpoint) for e in EventLog(r).read("ckpt1"))
+    assert any(isinstance(e.event, ev.Checkpoint) for e in EventLog(r, layout=layout).read("ckpt1"))
     assert CARD.encode() not in raw and b"A-1" not in raw
     loaded = elog.load("ckpt1")
     assert loaded.state.input == {"card_number": CARD}

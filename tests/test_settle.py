@@ -14,7 +14,7 @@ import pytest
 import tests.settle_agents  # noqa: F401  (registers peek, peeker)
 from durable.client import Client
 from durable.errors import Refused
-from durable.log import counters, keys
+from durable.log import counters
 from durable.log import events as ev
 from durable.log.store import Spec
 from durable.log.verify import verify
@@ -43,7 +43,8 @@ def _stuck(client: Client, worker: WorkerFactory, run_id: str) -> None:
 
 
 def _lookups(client: Client) -> int:
-    return int(client.redis.hget(keys.metrics(), counters.field(counters.LOOKUPS, "unknown"))
+    return int(client.redis.hget(client.log.keys.metrics(),
+                                 counters.field(counters.LOOKUPS, "unknown"))
                or 0)
 
 

@@ -7,7 +7,6 @@ import pytest
 
 from durable.client import Client
 from durable.errors import InvalidInput, RunIdConflict, TooManyPendingRuns
-from durable.log import keys
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
 
@@ -21,7 +20,8 @@ def test_many_runs_start_and_complete(client: Client, worker: WorkerFactory) -> 
     started = client.start_many("count", [{"steps": 2}] * len(ids), run_ids=ids)
     assert [s.run_id for s in started] == ids and all(s.created for s in started)
     worker(DURABLE_CONCURRENCY="16")
-    assert wait_for(lambda: client.redis.zcard(keys.runs_in_state("completed")) == 60, 60)
+    completed = client.log.keys.runs_in_state("completed")
+    assert wait_for(lambda: client.redis.zcard(completed) == 60, 60)
     for run_id in ids:
         assert client.status(run_id).state == "completed"
 
@@ -29,10 +29,10 @@ def test_many_runs_start_and_complete(client: Client, worker: WorkerFactory) -> 
 def test_again_with_the_same_inputs_writes_nothing(client: Client) -> None:
     ids = ["again-1", "again-2"]
     client.start_many("count", [{"steps": 1}, {"steps": 2}], run_ids=ids)
-    lengths = [client.redis.xlen(keys.log(r)) for r in ids]
+    lengths = [client.redis.xlen(client.log.keys.log(r)) for r in ids]
     again = client.start_many("count", [{"steps": 1}, {"steps": 2}], run_ids=ids)
     assert [s.created for s in again] == [False, False]
-    assert [client.redis.xlen(keys.log(r)) for r in ids] == lengths
+    assert [client.redis.xlen(client.log.keys.log(r)) for r in ids] == lengths
 
 
 def test_one_bad_input_or_conflicting_id_writes_nothing(client: Client) -> None:
@@ -44,7 +44,7 @@ def test_one_bad_input_or_conflicting_id_writes_nothing(client: Client) -> None:
     with pytest.raises(RunIdConflict):
         client.start_many("count", [{"steps": 1}, {"steps": 9}], run_ids=["b-3", "taken"])
     assert _runs(client) == before
-    assert not client.redis.exists(keys.log("b-1"), keys.log("b-3"))
+    assert not client.redis.exists(client.log.keys.log("b-1"), client.log.keys.log("b-3"))
 
 
 def test_a_batch_over_the_pending_limit_is_refused_whole(client: Client) -> None:
@@ -53,5 +53,5 @@ def test_a_batch_over_the_pending_limit_is_refused_whole(client: Client) -> None
                        enqueue=False)
     with pytest.raises(TooManyPendingRuns):
         limited.start_many("count", [{"steps": 1}] * 3, run_ids=["p-4", "p-5", "p-6"])
-    assert not client.redis.exists(keys.log("p-4"))
+    assert not client.redis.exists(client.log.keys.log("p-4"))
     assert len(limited.start_many("count", [{"steps": 1}] * 2, run_ids=["p-4", "p-5"])) == 2

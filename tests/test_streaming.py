@@ -16,7 +16,6 @@ import redis
 from durable.client import Client
 from durable.errors import RunNotFound
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.store import Entry
 from durable.streaming import Partial, decode_partial, encode_partial
 from durable.testing import Server, env_for, wait_for
@@ -126,7 +125,7 @@ def test_durable_log_follow_json_prints_every_event_and_exits_at_the_end(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Once it listens for partial output, start the worker.
-        channel = keys.stream("cli-follow-1")
+        channel = client.log.keys.stream("cli-follow-1")
         assert wait_for(lambda: r.pubsub_numsub(channel)[0][1] >= 1, 30)
         worker()
         out, err = proc.communicate(timeout=60)

@@ -39,7 +39,8 @@ def test_a_start_records_and_indexes_tenant_owner_and_priority(client: Client) -
     assert [r.run_id for r in client.runs(tenant="acme")] == ["t-a1"]
     assert {r.run_id for r in client.runs(owner="svc")} == {"t-b1", "t-b2", "t-b3"}
     assert client.runs(tenant="acme", state="completed") == []
-    assert client.redis.zcard(keys.runs_of_tenant("bolt", keys.shard_of("t-b1"))) == 3
+    k = client.log.keys
+    assert client.redis.zcard(k.runs_of_tenant("bolt", k.shard_of("t-b1"))) == 3
     row = client.runs(tenant="acme")[0]
     assert (row.tenant, row.owner) == ("acme", "ann@acme")
 
@@ -63,7 +64,7 @@ def test_bad_names_and_a_required_tenant_are_refused_before_anything_is_written(
         strict.start("count", {"steps": 1}, run_id="bad")
     with pytest.raises(UsageError, match="tenant is required"):
         strict.start_many("count", [{"steps": 1}], run_ids=["bad"])
-    assert not client.redis.exists(keys.log("bad"))
+    assert not client.redis.exists(client.log.keys.log("bad"))
     assert strict.start("count", {"steps": 1}, run_id="good", tenant="acme").created
 
 
@@ -73,7 +74,7 @@ def test_the_metrics_label_at_most_the_configured_tenants(settings: Settings,
     for n, tenant in enumerate(["t1", "t2", "t3", "t4", "t1"]):
         capped.start("count", {"steps": 1}, run_id=f"m{n}", tenant=tenant)
     capped.start("count", {"steps": 1}, run_id="m-none")
-    text = exposition(client.redis)[0].decode()
+    text = exposition(client)[0].decode()
     started = {line for line in text.splitlines()
                if line.startswith("durable_runs_started_total{")}
     assert started == {'durable_runs_started_total{agent="count",tenant="t1"} 2.0',

@@ -13,7 +13,6 @@ from rq import Worker as RQWorker
 from durable.agents import registry
 from durable.client import Client
 from durable.errors import Refused
-from durable.log import keys
 from durable.log.state import RunState
 from durable.log.verify import verify
 from durable.signing import keygen
@@ -61,7 +60,7 @@ def test_approve_then_the_action_runs_once(client: Client, keys_: Keys, worker: 
     (request,) = [a.request for a in state.approvals.values() if a.decision is None]
     appr = state.approvals[request]
     assert appr.role == "finance" and appr.evidence == ["invoice:42"] and len(appr.digest) == 64
-    assert r.get(keys.lease(run)) is None  # a waiting run holds no lease...
+    assert r.get(client.log.keys.lease(run)) is None  # a waiting run holds no lease...
     rq_workers = RQWorker.all(connection=r)
     assert len(rq_workers) == 1 and rq_workers[0].get_current_job_id() is None  # ...no job
     _approve(client, keys_, run, request, "approve", "alice")
@@ -198,11 +197,11 @@ def test_a_v1_log_is_upcast_and_completed_under_v2_code(client: Client, worker: 
     run = "v1run"
     for e in prefix:
         e["run"] = run
-        r.xadd(keys.log(run), {"e": msgspec.msgpack.encode(e)})
+        r.xadd(client.log.keys.log(run), {"e": msgspec.msgpack.encode(e)})
         if e["type"] == "action_succeeded":  # the v1 system's ledger, as it left it
-            r.hset(keys.ledger(run), e["key"], f"done|succeeded|{e['seq']}")
-    r.hset(keys.run(run), mapping={"version": len(prefix), "state": "pending", "step": 2,
-                                   "agent": "count"})
+            r.hset(client.log.keys.ledger(run), e["key"], f"done|succeeded|{e['seq']}")
+    r.hset(client.log.keys.run(run), mapping={"version": len(prefix), "state": "pending", "step": 2,
+                                              "agent": "count"})
     assert client.status(run).agent_version == "1"
     client.enqueue(run)
     _drive(client, worker, run)
@@ -218,10 +217,10 @@ def test_a_future_version_log_is_quarantined_then_released_after_an_upgrade(
     from durable.log import migrations
 
     run = client.start("count", {"steps": 1}, run_id="fut", enqueue=False).run_id
-    r.xadd(keys.log(run), {"e": msgspec.msgpack.encode(
+    r.xadd(client.log.keys.log(run), {"e": msgspec.msgpack.encode(
         {"type": "lease_lost", "v": ev.SCHEMA_VERSION + 1, "run": run, "seq": 2, "ts": 1,
          "owner": "w", "epoch": 1})})
-    r.hset(keys.run(run), "version", 2)
+    r.hset(client.log.keys.run(run), "version", 2)
     assert client.status(run).state == "quarantined"
     assert run in [s.run_id for s in client.runs("quarantined")]
     assert client.release(run) == "quarantined"  # this code still cannot read it

@@ -16,7 +16,6 @@ import pytest
 import redis
 
 from durable.client import Client
-from durable.log import keys
 from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
@@ -48,7 +47,7 @@ def test_crash_window_recovers_with_every_key_applied_once(
     first = worker(kill_at=f"{window}:2", **_env(tmp_path, dedupe))
     assert first.wait(30) == -signal.SIGKILL
     assert client.status(run).state == "pending"
-    assert wait_for(lambda: client.redis.get(keys.lease(run)) is None, 5)
+    assert wait_for(lambda: client.redis.get(client.log.keys.lease(run)) is None, 5)
     worker(**_env(tmp_path, dedupe))
     client.enqueue(run, force=True)
     final = client.wait(run, timeout=30)
@@ -88,7 +87,7 @@ def test_a_paused_worker_resumed_after_its_lease_moved_on_writes_nothing(
                     and client.status(run).actions[1].status == "dispatched", 10)
     os.kill(slow.pid, signal.SIGSTOP)
     try:
-        assert wait_for(lambda: r.get(keys.lease(run)) is None, 10)
+        assert wait_for(lambda: r.get(client.log.keys.lease(run)) is None, 10)
         worker(**_env(tmp_path, False))
         client.enqueue(run, force=True)
         final = client.wait(run, timeout=30)

@@ -49,7 +49,7 @@ class CancelListener(CancelSubscriber):
             return 0
         pipe = self.client.pipeline(transaction=False)
         for run_id, _slot in held:
-            pipe.hget(keys.run(run_id), "state")
+            pipe.hget(self.loop.log.keys.run(run_id), "state")
         signalled = 0
         for (run_id, slot), state in zip(held, pipe.execute(), strict=True):
             if state != b"cancel_requested" or slot.token.cancelled:

@@ -98,7 +98,7 @@ class StepLoop:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.leases.ttl_ms)
+        self.leases = Leases(client, settings.leases.ttl_ms, self.log.keys)
         # The run threads' appends and lease acquisitions go out together (the hub's on a
         # cluster and with DURABLE_MIN_REPLICAS too: ``workers.runtime.choose_driver``).
         self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
@@ -117,7 +117,8 @@ class StepLoop:
         self.held: dict[str, Slot] = {}
         #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
         self.limiter = Limiter(client, wake=lambda run: make_ready(
-            self.redis, self.queue, run, force=True), batcher=self.leases.batcher)
+            self.redis, self.log.keys, self.queue, run, force=True),
+            batcher=self.leases.batcher, layout=self.log.keys)
         self.hooks = hooks or HookChain()
         self.outage = Outage(log)
         self.watchdog = Watchdog(settings, client, self.log, self.leases, self.heartbeats,
@@ -415,7 +416,7 @@ class StepLoop:
         """The run waits for a limit (``durable.limits``): due at its ``retry_at``, its
         reason shown; the worker lets go of it."""
         await self.io.look_again_at(run_id, wait.retry_at)
-        await self.io.hset(keys.run(run_id), "reason", wait.reason)
+        await self.io.hset(self.log.keys.run(run_id), "reason", wait.reason)
 
     async def woke(self, parent: str | None) -> None:
         """Make a parent whose wait for a child was just resolved ready again."""

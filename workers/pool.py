@@ -101,7 +101,7 @@ class RunPool:
         _, run_id = self._ridden_run()
         if run_id is not None:
             with contextlib.suppress(redis.RedisError):
-                make_ready(self.loop.redis, self.loop.queue, run_id, force=True)
+                make_ready(self.loop.redis, self.loop.log.keys, self.loop.queue, run_id, force=True)
 
     def _ridden_run(self) -> tuple[bool, str | None]:
         """(whether a pop rode with this thread's last commit and was answered, the run it

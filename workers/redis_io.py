@@ -75,11 +75,11 @@ class RedisIO:
 
     async def count(self, metric: str, *labels: str) -> None:
         """``counters.incr``: a counter the log does not record."""
-        await self.command("HINCRBY", keys.metrics(), counters.field(metric, *labels), 1)
+        await self.command("HINCRBY", keys.METRICS, counters.field(metric, *labels), 1)
 
     async def look_again_at(self, run_id: str, when_ms: int) -> None:
         """Put ``run_id`` in the due set at ``when_ms`` (the reconciler looks at it then)."""
-        await self.command("ZADD", keys.due_of(run_id), when_ms, run_id)
+        await self.command("ZADD", self.leases.keys.due_of(run_id), when_ms, run_id)
 
     async def hset(self, key: str, field: str, value: Any) -> None:
         await self.command("HSET", key, field, value)
@@ -94,7 +94,8 @@ class RedisIO:
         if self.batcher is None:
             return await self.elsewhere(lambda: self.leases.release(lease))
         reply = await self.batcher.script_call(
-            "lease_release", [keys.lease(lease.run_id), keys.run(lease.run_id)], [lease.value])
+            "lease_release", [self.leases.keys.lease(lease.run_id),
+                              self.leases.keys.run(lease.run_id)], [lease.value])
         return bool(reply)
 
     async def enqueue(self, run_id: str, *, force: bool = False,
@@ -102,15 +103,15 @@ class RedisIO:
         """``make_ready``: make ``run_id`` ready, the same commands one at a time."""
         queue = self.queue
         if not self._queue_here:
-            return await self.elsewhere(lambda: make_ready(self.redis, queue, run_id,
-                                                                force=force, route=route))
-        marker = keys.queued(run_id)
+            return await self.elsewhere(lambda: make_ready(
+                self.redis, self.leases.keys, queue, run_id, force=force, route=route))
+        marker = self.leases.keys.queued(run_id)
         if await self.command("SET", marker, b"1", "NX", "PX", QUEUED_TTL_MS) is None:
             if not force:
                 return False
             await self.command("SET", marker, b"1", "PX", QUEUED_TTL_MS)
         if route is None:
-            agent = await self.command("HGET", keys.run(run_id), "agent")
+            agent = await self.command("HGET", self.leases.keys.run(run_id), "agent")
             route = _s(agent) if agent else ""
         await self.command("RPUSH", keys.ready(queue.name, route), run_id)
         if route:
@@ -148,10 +149,11 @@ class RedisIO:
         it (two reads, as ``load`` makes them), folded."""
         if self.batcher is None:
             return await self.elsewhere(lambda: elog.load(run_id, lease=lease, actor=actor))
-        version, ckpt = await self.command("HMGET", keys.run(run_id), "version", "ckpt")
+        version, ckpt = await self.command("HMGET", self.leases.keys.run(run_id), "version", "ckpt")
         if version is None:
             raise RunNotFound(run_id)
-        raw = await self.command("XRANGE", keys.log(run_id), _s(ckpt) if ckpt else "-", "+")
+        raw = await self.command("XRANGE", self.leases.keys.log(run_id),
+                                 _s(ckpt) if ckpt else "-", "+")
         return await self.fold(elog, run_id, int(version), raw, lease=lease, actor=actor,
                                at_least=True)
 
@@ -167,7 +169,7 @@ class RedisIO:
         be unreadable). False when it was quarantined already, or someone wrote first."""
         if self.batcher is None:
             return await self.elsewhere(lambda: elog.quarantine(run_id, reason, actor))
-        raw = await self.command("HGETALL", keys.run(run_id))
+        raw = await self.command("HGETALL", self.leases.keys.run(run_id))
         proj = {_s(k): _s(v) for k, v in zip(raw[::2], raw[1::2], strict=True)} \
             if isinstance(raw, list) else {_s(k): _s(v) for k, v in (raw or {}).items()}
         handle = quarantine_handle(run_id, proj, actor)

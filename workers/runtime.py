@@ -168,7 +168,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
                      (lambda: os.kill(os.getpid(), signal.SIGTERM)))
     # A tool's ctx.emit publishes on its run's stream channel (Client.follow reads it).
     _loop.dispatcher.publisher = Publisher(client, settings.payloads.max_payload_bytes,
-                                           settings.payloads.partial_keep_bytes)
+                                           settings.payloads.partial_keep_bytes, _loop.log.keys)
     _pool = pool = make_pool(_loop, concurrency or settings.worker.concurrency)
     if metrics_port is not None:
         worker_metrics.watch(_loop, pool)

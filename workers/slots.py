@@ -259,7 +259,7 @@ class Slots:
             left = [run_id for run_id in runs if not self.take_again(run_id)]
             try:
                 if left:
-                    enqueue_many(self.redis, self.queue, left, force=True)
+                    enqueue_many(self.redis, self.loop.log.keys, self.queue, left, force=True)
             except redis.RedisError as exc:
                 self.loop.outage.failed(exc)
                 for run_id in left:

@@ -119,7 +119,8 @@ class Watchdog:
             if slot.lease is not None:
                 self.leases.release(slot.lease)
             if quarantine is None or moved_on:  # let another attempt continue it
-                make_ready(self.redis, self.queue, run_id, force=True, route=slot.route)
+                make_ready(self.redis, self.log.keys, self.queue, run_id, force=True,
+                           route=slot.route)
             self.redis.hincrby(keys.STATS, stat, 1)
         except redis.RedisError as exc:  # the lease expires; the reconciler takes it from there
             self.outage.failed(exc)
@@ -138,6 +139,7 @@ class Watchdog:
             self.heartbeats.drop(slot.lease)
             slot.token.cancel("lease lost")
             if self.leases.release(slot.lease):
-                make_ready(self.redis, self.queue, run_id, force=True, route=slot.route)
+                make_ready(self.redis, self.log.keys, self.queue, run_id, force=True,
+                           route=slot.route)
                 handed.append(run_id)
         return handed

@@ -56,9 +56,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    conn = client().redis
+    c = client()
+    conn = c.redis
     try:
-        serve(conn, args.host, args.port)
+        serve(conn, c.log.keys, args.host, args.port)
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: "
                          f"{exc.strerror or exc}") from None

@@ -23,7 +23,6 @@ from durable.cli.output import (
 from durable.client import Client
 from durable.errors import UsageError
 from durable.liveness import served_agents
-from durable.log import keys
 from durable.log.replay import summary
 from durable.log.state import TERMINAL
 from durable.sealing import shown_struct
@@ -61,7 +60,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
             *[(k, v) for k, v in info.items()]]
-    if state.state == "pending" and not c.redis.exists(keys.lease(args.run)):
+    if state.state == "pending" and not c.redis.exists(c.log.keys.lease(args.run)):
         rows.append(("worker", waiting_for_worker(c, state.agent)))
     if state.parent and state.parent_step:
         rows.append(("parent", f"{state.parent} (step {state.parent_step})"))

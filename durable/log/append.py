@@ -18,7 +18,6 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from durable.errors import CancelPending, Claimed, ConflictError, LeaseLost, Tampered, Terminal
-from durable.log import keys
 from durable.log.handle import CommitOptions, RunHandle, Spec, now_ms, text
 from durable.log.state import TERMINAL
 
@@ -193,14 +192,15 @@ def prepare(elog: EventLog, handle: RunHandle, specs: Sequence[Spec],
         "r" if options.get("release", False) else "") + (
         "q" if options.get("quarantine", False) else "")
     run_id = handle.run_id
-    shard = keys.shard_of(run_id)
+    shard = elog.keys.shard_of(run_id)
     call = AppendCall(
-        log_key=keys.log(run_id), run_key=keys.run(run_id), lease_key=keys.lease(run_id),
-        ledger_key=keys.ledger(run_id), runs_key=keys.runs_index(shard),
-        due_key=keys.due(shard), old_index_key=keys.runs_in_state(old_state, shard),
-        new_index_key=keys.runs_in_state(main_state, shard),
-        free_index_key=keys.runs_in_state(free_state, shard),
-        metrics_key=keys.metrics(shard), blobs_key=keys.blobs(run_id),
+        log_key=elog.keys.log(run_id), run_key=elog.keys.run(run_id),
+        lease_key=elog.keys.lease(run_id),
+        ledger_key=elog.keys.ledger(run_id), runs_key=elog.keys.runs_index(shard),
+        due_key=elog.keys.due(shard), old_index_key=elog.keys.runs_in_state(old_state, shard),
+        new_index_key=elog.keys.runs_in_state(main_state, shard),
+        free_index_key=elog.keys.runs_in_state(free_state, shard),
+        metrics_key=elog.keys.metrics(shard), blobs_key=elog.keys.blobs(run_id),
         expected_version=expected, lease=handle.lease, new_state=main_state,
         new_step=main_step, now=ts, due=due, checkpoint_pos=ckpt_pos, flags=flags,
         free_state=free_state, cancel=cancel_flag, run_id=run_id,

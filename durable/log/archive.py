@@ -35,8 +35,8 @@ def candidates(elog: EventLog, cutoff_ms: int, limit: int) -> list[str]:
     """Terminal runs last updated at or before ``cutoff_ms``, oldest first."""
     found: list[tuple[float, str]] = []
     for state in sorted(TERMINAL):
-        for shard in keys.shard_ids():
-            for member, score in elog.redis.zrangebyscore(keys.runs_in_state(state, shard),
+        for shard in elog.keys.shard_ids():
+            for member, score in elog.redis.zrangebyscore(elog.keys.runs_in_state(state, shard),
                                                           "-inf", cutoff_ms, 0, limit,
                                                           withscores=True):
                 found.append((score, _s(member)))
@@ -58,8 +58,9 @@ def archive(elog: EventLog, directory: Path, cutoff_ms: int, *, limit: int = 100
         _write(directory / f"{run_id}.jsonl.gz", export_lines(elog, run_id, keep_sealed=True,
                                                               with_blobs=True))
         reply = elog.scripts.archive_delete(
-            keys=[keys.log(run_id), keys.run(run_id), keys.ledger(run_id), keys.lease(run_id),
-                  keys.fence(run_id), keys.queued(run_id), keys.blobs(run_id)],
+            keys=[elog.keys.log(run_id), elog.keys.run(run_id), elog.keys.ledger(run_id),
+                  elog.keys.lease(run_id), elog.keys.fence(run_id), elog.keys.queued(run_id),
+                  elog.keys.blobs(run_id)],
             args=[version])
         tag = _s(reply[0])
         if tag != "ok":
@@ -88,13 +89,13 @@ def _write(path: Path, lines: Iterable[str]) -> None:
 
 
 def _unindex(elog: EventLog, run_id: str, state: str) -> None:
-    shard = keys.shard_of(run_id)
+    shard = elog.keys.shard_of(run_id)
     pipe = elog.redis.pipeline(transaction=False)
-    for index in ([keys.runs_in_state(state, shard)] if state else
-                  [keys.runs_in_state(s, shard) for s in sorted(TERMINAL)]):
+    for index in ([elog.keys.runs_in_state(state, shard)] if state else
+                  [elog.keys.runs_in_state(s, shard) for s in sorted(TERMINAL)]):
         pipe.zrem(index, run_id)
-    pipe.zrem(keys.runs_index(shard), run_id)
-    pipe.zrem(keys.due(shard), run_id)
+    pipe.zrem(elog.keys.runs_index(shard), run_id)
+    pipe.zrem(elog.keys.due(shard), run_id)
     pipe.hdel(keys.QUARANTINE, run_id)
     pipe.hdel(keys.CANCEL_LATENCY, run_id)
     pipe.execute()

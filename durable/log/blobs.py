@@ -115,15 +115,15 @@ def _failed(fields: dict[str, Any], error: str, error_type: str) -> dict[str, An
             "error_type": error_type}
 
 
-def resolve(client: redis.Redis, run_id: str, actions: Iterable[Action], keyring: Keyring,
-            learned: set[str] | None = None) -> None:
+def resolve(client: redis.Redis, layout: keys.KeyLayout, run_id: str, actions: Iterable[Action],
+            keyring: Keyring, learned: set[str] | None = None) -> None:
     """Fill in, in place, the result of every action whose value is kept beside the run
     and not yet read. Raises ``DecodeError`` for a value missing or unlike its digest."""
     wanted = [a for a in actions if a.blob is not None and a.result is None]
     if not wanted:
         return
     fields = sorted({a.blob.field for a in wanted if a.blob is not None})
-    raw = dict(zip(fields, client.hmget(keys.blobs(run_id), fields), strict=True))
+    raw = dict(zip(fields, client.hmget(layout.blobs(run_id), fields), strict=True))
     values: dict[str, Any] = {}
     for act in wanted:
         ref = act.blob
@@ -160,10 +160,11 @@ def check(ref: BlobRef, data: bytes | None) -> str | None:
     return None
 
 
-def raw_value(client: redis.Redis, run_id: str, ref: BlobRef, entry_id: str = "?") -> Any:
+def raw_value(client: redis.Redis, layout: keys.KeyLayout, run_id: str, ref: BlobRef,
+              entry_id: str = "?") -> Any:
     """The value stored for ``ref``, checked against its digest, sealed fields kept sealed
     (a fork copies it as it is)."""
-    data = client.hget(keys.blobs(run_id), ref.field)
+    data = client.hget(layout.blobs(run_id), ref.field)
     problem = check(ref, data)
     if problem is not None:
         raise DecodeError(entry_id, problem)
@@ -171,9 +172,9 @@ def raw_value(client: redis.Redis, run_id: str, ref: BlobRef, entry_id: str = "?
     return msgspec.json.decode(data)
 
 
-def stored(client: redis.Redis, run_id: str) -> dict[str, bytes]:
+def stored(client: redis.Redis, layout: keys.KeyLayout, run_id: str) -> dict[str, bytes]:
     """Every large value of a run, field -> bytes as stored (for an archive)."""
-    raw = client.hgetall(keys.blobs(run_id))
+    raw = client.hgetall(layout.blobs(run_id))
     return {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in raw.items()}
 
 

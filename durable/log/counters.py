@@ -1,6 +1,6 @@
 """The shared counters: what each event adds to the Prometheus counters and histograms.
 
-Counters live in Redis hashes (``keys.metrics``, one per shard), not in a process's memory,
+Counters live in Redis hashes (``KeyLayout.metrics``, one per shard), not in a process's memory,
 so that any number of workers, reconcilers and producers add to the same totals and a
 restart loses nothing. Most of them count events, and those are incremented by
 ``append.lua`` in the same script call that appends the events: a counter moves if and only
@@ -107,4 +107,4 @@ def for_event(state: RunState, event: ev.Event) -> list[tuple[str, int]]:
 
 def incr(client: redis.Redis | Any, metric: str, *labels: str, amount: int = 1) -> None:
     """Add to a counter the log does not record (``client`` may be a pipeline)."""
-    client.hincrby(keys.metrics(), field(metric, *labels), amount)
+    client.hincrby(keys.METRICS, field(metric, *labels), amount)

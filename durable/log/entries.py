@@ -41,30 +41,31 @@ def decode_entry(entry_id: Any, fields: dict[Any, Any], run_id: str = "",
         return Entry(eid, None, exc.reason)
 
 
-def actor_before(client: redis.Redis, run_id: str, raw: Any) -> str:
+def actor_before(client: redis.Redis, layout: keys.KeyLayout, run_id: str, raw: Any) -> str:
     """The actor in effect just before the first entry of ``raw`` (read from an offset),
     when that entry leaves its own out ("" when it names it)."""
     if not raw or ev.named_actor(raw[0][1].get(b"e") or b""):
         return ""
-    return actor_at(client, run_id, f"({text(raw[0][0])}")
+    return actor_at(client, layout, run_id, f"({text(raw[0][0])}")
 
 
-def actor_at(client: redis.Redis, run_id: str, end: str) -> str:
+def actor_at(client: redis.Redis, layout: keys.KeyLayout, run_id: str, end: str) -> str:
     """The actor of the entry at ``end`` (an XREVRANGE bound: an id, or ``(id``): that of
     the latest entry up to it that names its own. A checkpoint always does, so this looks
     back at most one checkpoint interval."""
     while True:
-        batch = client.xrevrange(keys.log(run_id), end, "-", count=_PAGE)
+        batch = client.xrevrange(layout.log(run_id), end, "-", count=_PAGE)
         found = _named(batch, run_id)
         if found is not None or len(batch) < _PAGE:
             return found or ""
         end = f"({text(batch[-1][0])}"
 
 
-async def aactor_at(client: redis.asyncio.Redis, run_id: str, end: str) -> str:
+async def aactor_at(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str,
+                    end: str) -> str:
     """``actor_at``, on an asyncio client."""
     while True:
-        batch = await client.xrevrange(keys.log(run_id), end, "-", count=_PAGE)
+        batch = await client.xrevrange(layout.log(run_id), end, "-", count=_PAGE)
         found = _named(batch, run_id)
         if found is not None or len(batch) < _PAGE:
             return found or ""

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from durable.log import blobs, keys
+from durable.log import blobs
 from durable.log import events as ev
 from durable.log.fold import fold
 from durable.log.store import EventLog
@@ -51,14 +51,15 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
                 fx["dispatches"] += 1
             elif not isinstance(e, ev.StepDecided):
                 fx["outcomes"].append(e.__struct_config__.tag)
-    ledger = {k.decode(): v.decode() for k, v in elog.redis.hgetall(keys.ledger(run_id)).items()}
+    raw = elog.redis.hgetall(elog.keys.ledger(run_id))
+    ledger = {k.decode(): v.decode() for k, v in raw.items()}
     for key, fx in effects.items():
         fx["ledger"] = ledger.get(key)
         yield enc.encode(fx).decode()
     if with_blobs:
         refs = {ref.field: ref for e in decoded
                 if (ref := getattr(e, "blob", None)) is not None}
-        for name, data in sorted(blobs.stored(elog.redis, run_id).items()):
+        for name, data in sorted(blobs.stored(elog.redis, elog.keys, run_id).items()):
             ref = refs.get(name)
             yield enc.encode({"kind": "blob", "run": run_id, "field": name,
                               "sha256": ref.sha256 if ref else None,

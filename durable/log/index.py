@@ -8,53 +8,53 @@ from collections.abc import Iterator
 from typing import Any
 
 from durable.errors import RunNotFound
-from durable.log import keys
+from durable.log.keys import KeyLayout
 from durable.log.state import ALL_STATES
 
 
 def repair(client: Any) -> int:
     """Rebuild ``dx:runs``, ``dx:runs:<state>`` and the due-set from every run's log, shard
     by shard."""
-    r = client.redis
+    r, layout = client.redis, client.log.keys
     count = 0
-    for shard in keys.shard_ids():
+    for shard in layout.shard_ids():
         # One call (a cluster pipeline deletes one key at a time): the shard's keys share
         # a slot.
-        r.delete(keys.runs_index(shard), keys.due(shard),
-                 *[keys.runs_in_state(s, shard) for s in ALL_STATES])
+        r.delete(layout.runs_index(shard), layout.due(shard),
+                 *[layout.runs_in_state(s, shard) for s in ALL_STATES])
         pipe = r.pipeline(transaction=False)
-        for raw in r.scan_iter(match=keys.log_pattern(shard), count=500):
-            run_id = keys.run_of_log(raw.decode())
+        for raw in r.scan_iter(match=layout.log_pattern(shard), count=500):
+            run_id = layout.run_of_log(raw.decode())
             try:
                 handle = client.log.load(run_id)
             except Exception:
                 continue
             state = handle.state
-            pipe.zadd(keys.runs_index(shard), {run_id: state.updated})
+            pipe.zadd(layout.runs_index(shard), {run_id: state.updated})
             if state.tenant:
-                pipe.zadd(keys.runs_of_tenant(state.tenant, shard), {run_id: state.created})
-            pipe.zadd(keys.runs_in_state(state.state, shard), {run_id: state.updated})
-            pipe.hset(keys.run(run_id), mapping={"state": state.state,
-                                                 "version": state.version,
-                                                 "step": state.step})
+                pipe.zadd(layout.runs_of_tenant(state.tenant, shard), {run_id: state.created})
+            pipe.zadd(layout.runs_in_state(state.state, shard), {run_id: state.updated})
+            pipe.hset(layout.run(run_id), mapping={"state": state.state,
+                                                   "version": state.version,
+                                                   "step": state.step})
             due = client.log.due_for(state, state.updated)
             if due != "-":
-                pipe.zadd(keys.due(shard), {run_id: int(due)})
+                pipe.zadd(layout.due(shard), {run_id: int(due)})
             count += 1
         pipe.execute()
     return count
 
 
-def newest(r: Any, state: str | None, after: str | None = None,
+def newest(r: Any, layout: KeyLayout, state: str | None, after: str | None = None,
            batch: int = 100) -> Iterator[str]:
     """Run ids by update time, newest first (ties: the greater id first, as ``ZREVRANGE``),
     across every shard of the index of ``state`` (all runs when None); ``after``: start
     below that run. Raises ``RunNotFound`` for an ``after`` not in the index."""
-    for run_id, _score in ordered(r, state, after, batch=batch):
+    for run_id, _score in ordered(r, layout, state, after, batch=batch):
         yield run_id
 
 
-def ordered(r: Any, state: str | None, after: str | None = None, *,
+def ordered(r: Any, layout: KeyLayout, state: str | None, after: str | None = None, *,
             oldest_first: bool = False, batch: int = 100,
             tenant: str | None = None) -> Iterator[tuple[str, float]]:
     """(run id, update time) across every shard of the index of ``state`` (all runs when
@@ -62,16 +62,16 @@ def ordered(r: Any, state: str | None, after: str | None = None, *,
     newest first (ties: the greater id first, as ``ZREVRANGE``) or ``oldest_first``
     (ties: the smaller id first, as ``ZRANGE``); ``after``: start past that run. Raises
     ``RunNotFound`` for an ``after`` not in the index."""
-    shards = keys.shard_ids()
+    shards = layout.shard_ids()
 
     def index(shard: int | None) -> str:
         if tenant:
-            return keys.runs_of_tenant(tenant, shard)
-        return keys.runs_in_state(state, shard) if state else keys.runs_index(shard)
+            return layout.runs_of_tenant(tenant, shard)
+        return layout.runs_in_state(state, shard) if state else layout.runs_index(shard)
 
     starts = {s: 0 for s in shards}
     if after is not None:
-        home = shards[0] if len(shards) == 1 else keys.shard_of(after)
+        home = shards[0] if len(shards) == 1 else layout.shard_of(after)
         score = r.zscore(index(home), after)
         if score is None:
             raise RunNotFound(after)

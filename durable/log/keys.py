@@ -1,7 +1,10 @@
 """Every Redis key and channel the system uses, in one place.
 
-Two layouts, chosen by ``DURABLE_SHARDS`` (``Settings.layout_shards``) and fixed for the
-life of the data (``dx:layout`` records it; a process configured otherwise refuses to start):
+Two layouts, chosen by ``DURABLE_SHARDS`` (``settings.cluster.layout_shards``) and fixed for
+the life of the data (``dx:layout`` records it; a process configured otherwise refuses to
+start). A ``KeyLayout`` value names the keys of one layout; each ``EventLog`` owns one
+(``elog.keys.log(run_id)``), so logs of different layouts can live in one process. The keys
+that do not depend on the layout (the queue's, the console's, constants) are module-level.
 
 - **unsharded** (0, the single-server default): a run's keys carry the hash tag
   ``{run_id}`` (``dx:{R}:log``); the derived indexes are one key each (``dx:runs``,
@@ -22,9 +25,14 @@ queue's server (``DURABLE_QUEUE_URL``), not the log's.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+if TYPE_CHECKING:
+    from durable.settings import Settings
 
 PREFIX = "dx"
 
@@ -40,22 +48,6 @@ def child_id(parent: str, step: int) -> str:
     executed again starts it once (a second start of the same id is a no-op)."""
     return f"{parent}.{step}"
 
-#: Shards of this process's layout: 0 = unsharded (see the module's docstring).
-_shards = 0
-
-
-def use_shards(n: int) -> None:
-    """Set the layout of this process (``durable.connection.connect`` does it)."""
-    global _shards
-    if n < 0:
-        raise ValueError(f"shards must be >= 0, not {n}")
-    _shards = n
-
-
-def shards() -> int:
-    return _shards
-
-
 @cache
 def shard_tag(k: int, n: int) -> str:
     """The hash tag of shard ``k`` of ``n``: the first ``"<k>.<j>"`` whose slot lies in the
@@ -68,111 +60,163 @@ def shard_tag(k: int, n: int) -> str:
     return f"{k}.{j}"
 
 
-def shard_of(run_id: str) -> int | None:
-    """The run's shard, or None when the layout is unsharded."""
-    if not _shards:
-        return None
-    return int(key_slot(run_id.encode())) % _shards
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """The keys of one log's data: ``shards`` 0 is the unsharded layout, N the sharded one
+    (see the module's docstring). Owned by the ``EventLog`` (``elog.keys``), made from the
+    settings (``KeyLayout.of``); two logs of one process may have different layouts."""
+
+    shards: int = 0
+
+    def __post_init__(self) -> None:
+        if self.shards < 0:
+            raise ValueError(f"shards must be >= 0, not {self.shards}")
+
+    @classmethod
+    def of(cls, settings: Settings) -> KeyLayout:
+        """The layout ``DURABLE_SHARDS`` (or ``DURABLE_REDIS_CLUSTER``) names."""
+        return cls(settings.cluster.layout_shards)
+
+    # Shards ------------------------------------------------------------------------------
+
+    def shard_of(self, run_id: str) -> int | None:
+        """The run's shard, or None when the layout is unsharded."""
+        if not self.shards:
+            return None
+        return int(key_slot(run_id.encode())) % self.shards
+
+    def shard_ids(self) -> list[int | None]:
+        """Every shard a reader must look at: ``[None]`` when unsharded."""
+        return list(range(self.shards)) if self.shards else [None]
+
+    def _per_run(self, run_id: str, name: str) -> str:
+        if not self.shards:
+            return f"{PREFIX}:{{{run_id}}}:{name}"
+        return f"{PREFIX}:{{{shard_tag(key_slot(run_id.encode()) % self.shards, self.shards)}}}:" \
+               f"{run_id}:{name}"
+
+    def _global(self, name: str, shard: int | None) -> str:
+        if shard is None:
+            return f"{PREFIX}:{name}"
+        return f"{PREFIX}:{{{shard_tag(shard, self.shards)}}}:{name}"
+
+    def pattern(self, name: str, shard: int | None) -> str:
+        """SCAN pattern of one per-run key (``log``, ``lease``...) of the runs of one shard;
+        ``run_of`` reads the run id back from a key found."""
+        if shard is None:
+            return f"{PREFIX}:{{*}}:{name}"
+        return f"{PREFIX}:{{{shard_tag(shard, self.shards)}}}:*:{name}"
+
+    def run_of(self, key: str) -> str:
+        """The run id of a per-run key (either layout)."""
+        tail = key[len(PREFIX) + 2:key.rindex(":")]  # after "dx:{", before ":<name>"
+        tag, _, rest = tail.partition("}")
+        return rest[1:] if self.shards else tag
+
+    def log_pattern(self, shard: int | None) -> str:
+        return self.pattern("log", shard)
+
+    def run_of_log(self, key: str) -> str:
+        return self.run_of(key)
+
+    # A run's keys ------------------------------------------------------------------------
+
+    def log(self, run_id: str) -> str:
+        """Stream: the run's append-only log. Never trimmed while the run lives."""
+        return self._per_run(run_id, "log")
+
+    def run(self, run_id: str) -> str:
+        """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
+        and ``held``: the lease taken last, until it is released (an expiry is counted when
+        a new lease is taken while it is still set)."""
+        return self._per_run(run_id, "run")
+
+    def ledger(self, run_id: str) -> str:
+        """Hash: idempotency key -> ``claimed|<deadline ms>`` or ``done|<outcome>``."""
+        return self._per_run(run_id, "fx")
+
+    def blobs(self, run_id: str) -> str:
+        """Hash: the run's large values (``durable.log.blobs``), field ``<step>.<seq>`` (the
+        outcome event that refers to it) -> the value's JSON, sensitive fields sealed.
+        Written by ``append.lua`` with that event; expires and is archived with the run's
+        log."""
+        return self._per_run(run_id, "blobs")
+
+    def lease(self, run_id: str) -> str:
+        """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business
+        state."""
+        return self._per_run(run_id, "lease")
+
+    def fence(self, run_id: str) -> str:
+        """Integer: the fencing epoch, incremented on every lease acquisition."""
+        return self._per_run(run_id, "fence")
+
+    def queued(self, run_id: str) -> str:
+        """String with PX TTL (ms): an ``advance`` command for the run is on the queue. On
+        the log's server (``lease_acquire.lua`` drops it with the lease), not the queue's."""
+        return self._per_run(run_id, "queued")
+
+    def stream(self, run_id: str) -> str:
+        """Pub/sub channel: a run's partial outputs (``ToolContext.emit``), JSON messages
+        ``{"run", "step", "attempt", "seq", "data"}``. Best-effort, never logged: a
+        follower gets them only while it is subscribed (``Client.follow``)."""
+        return self._per_run(run_id, "stream")
+
+    def partials(self, run_id: str) -> str:
+        """Hash step -> bytes kept of its partial output, for the steps in flight
+        (``durable.streaming``); PX expiry renewed at each emit."""
+        return self._per_run(run_id, "partials")
+
+    def partial(self, run_id: str, step: int) -> str:
+        """List: the partial output messages kept of one step in flight, oldest first,
+        bounded (``DURABLE_PARTIAL_KEEP_BYTES``); deleted when its call ends; PX expiry."""
+        return self._per_run(run_id, f"partial:{step}")
+
+    # Indexes, derived and repairable, one per shard ----------------------------------------
+
+    def runs_index(self, shard: int | None = None) -> str:
+        """ZSET run id -> last update (ms since epoch) of one shard."""
+        return self._global("runs", shard)
+
+    def runs_of(self, run_id: str) -> str:
+        """The ``runs_index`` of the run's shard."""
+        return self.runs_index(self.shard_of(run_id))
+
+    def runs_in_state(self, state: str, shard: int | None = None) -> str:
+        """ZSET run id -> last update (ms), one per state (and shard)."""
+        return self._global(f"runs:{state}", shard)
+
+    def runs_of_tenant(self, tenant: str, shard: int | None = None) -> str:
+        """ZSET run id -> start time (ms) of the runs of one tenant, per shard
+        (``durable.tenants``): what ``durable runs --tenant`` walks."""
+        return self._global(f"tenant:{tenant}", shard)
+
+    def due(self, shard: int | None = None) -> str:
+        """ZSET run id -> time (ms) at which the reconciler must look at the run, per
+        shard."""
+        return self._global("due", shard)
+
+    def due_of(self, run_id: str) -> str:
+        """The due set of the run's shard."""
+        return self.due(self.shard_of(run_id))
+
+    def metrics(self, shard: int | None = None) -> str:
+        """Hash of the shared Prometheus counters and histogram buckets
+        (``durable.log.counters``): field = JSON ``[metric, label values..., bucket]``, value
+        = integer count (durations in ms). ``append.lua`` adds to the one of the run's shard,
+        in the call that writes the events counted, so every process shares them and they
+        survive restarts; counts with no event go to the unsharded one (``shard`` None). Not
+        derived: a counter that is rebuilt is a reset."""
+        return self._global("metrics", shard)
+
+    def metrics_keys(self) -> list[str]:
+        """Every counters hash a reader sums: each shard's, and the unsharded one."""
+        return list(dict.fromkeys([*(self.metrics(s) for s in self.shard_ids()),
+                                   self.metrics(None)]))
 
 
-def shard_ids() -> list[int | None]:
-    """Every shard a reader must look at: ``[None]`` when unsharded."""
-    return list(range(_shards)) if _shards else [None]
-
-
-def _per_run(run_id: str, name: str) -> str:
-    if not _shards:
-        return f"{PREFIX}:{{{run_id}}}:{name}"
-    return f"{PREFIX}:{{{shard_tag(key_slot(run_id.encode()) % _shards, _shards)}}}:" \
-           f"{run_id}:{name}"
-
-
-def _global(name: str, shard: int | None) -> str:
-    if shard is None:
-        return f"{PREFIX}:{name}"
-    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:{name}"
-
-
-def pattern(name: str, shard: int | None) -> str:
-    """SCAN pattern of one per-run key (``log``, ``lease``...) of the runs of one shard;
-    ``run_of`` reads the run id back from a key found."""
-    if shard is None:
-        return f"{PREFIX}:{{*}}:{name}"
-    return f"{PREFIX}:{{{shard_tag(shard, _shards)}}}:*:{name}"
-
-
-def run_of(key: str) -> str:
-    """The run id of a per-run key (either layout)."""
-    tail = key[len(PREFIX) + 2:key.rindex(":")]  # after "dx:{", before ":<name>"
-    tag, _, rest = tail.partition("}")
-    return rest[1:] if _shards else tag
-
-
-def log_pattern(shard: int | None) -> str:
-    return pattern("log", shard)
-
-
-def run_of_log(key: str) -> str:
-    return run_of(key)
-
-
-def log(run_id: str) -> str:
-    """Stream: the run's append-only log. Never trimmed while the run lives."""
-    return _per_run(run_id, "log")
-
-
-def run(run_id: str) -> str:
-    """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
-    and ``held``: the lease taken last, until it is released (an expiry is counted when a
-    new lease is taken while it is still set)."""
-    return _per_run(run_id, "run")
-
-
-def ledger(run_id: str) -> str:
-    """Hash: idempotency key -> ``claimed|<deadline ms>`` or ``done|<outcome>``."""
-    return _per_run(run_id, "fx")
-
-
-def blobs(run_id: str) -> str:
-    """Hash: the run's large values (``durable.log.blobs``), field ``<step>.<seq>`` (the
-    outcome event that refers to it) -> the value's JSON, sensitive fields sealed. Written
-    by ``append.lua`` with that event; expires and is archived with the run's log."""
-    return _per_run(run_id, "blobs")
-
-
-def lease(run_id: str) -> str:
-    """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business state."""
-    return _per_run(run_id, "lease")
-
-
-def fence(run_id: str) -> str:
-    """Integer: the fencing epoch, incremented on every lease acquisition."""
-    return _per_run(run_id, "fence")
-
-
-def queued(run_id: str) -> str:
-    """String with PX TTL (ms): an ``advance`` command for the run is on the queue. On the
-    log's server (``lease_acquire.lua`` drops it with the lease), not the queue's."""
-    return _per_run(run_id, "queued")
-
-
-def stream(run_id: str) -> str:
-    """Pub/sub channel: a run's partial outputs (``ToolContext.emit``), JSON messages
-    ``{"run", "step", "attempt", "seq", "data"}``. Best-effort, never logged: a follower
-    gets them only while it is subscribed (``Client.follow``)."""
-    return _per_run(run_id, "stream")
-
-
-def partials(run_id: str) -> str:
-    """Hash step -> bytes kept of its partial output, for the steps in flight
-    (``durable.streaming``); PX expiry renewed at each emit."""
-    return _per_run(run_id, "partials")
-
-
-def partial(run_id: str, step: int) -> str:
-    """List: the partial output messages kept of one step in flight, oldest first, bounded
-    (``DURABLE_PARTIAL_KEEP_BYTES``); deleted when its call ends; PX expiry."""
-    return _per_run(run_id, f"partial:{step}")
+#: The single-server layout (``DURABLE_SHARDS`` 0).
+UNSHARDED = KeyLayout(0)
 
 
 def _session_tag(tenant: str, name: str) -> str:
@@ -182,13 +226,14 @@ def _session_tag(tenant: str, name: str) -> str:
 def session(tenant: str, name: str) -> str:
     """Hash of a named session of a tenant (``durable.sessions``): ``head`` its latest
     run, ``from`` the run that one continues, ``at`` when it was claimed (ms), ``n`` its
-    runs so far. Keyed like a run's keys, by its own tag (one slot with ``session_runs``)."""
-    return _per_run(_session_tag(tenant, name), "session")
+    runs so far. In every layout its own hash tag (one slot with ``session_runs``): no script
+    touches a session's keys with a run's."""
+    return f"{PREFIX}:{{{_session_tag(tenant, name)}}}:session"
 
 
 def session_runs(tenant: str, name: str) -> str:
     """ZSET run id -> its turn in the session (1, 2, ...): ``durable runs --session``."""
-    return _per_run(_session_tag(tenant, name), "session_runs")
+    return f"{PREFIX}:{{{_session_tag(tenant, name)}}}:session_runs"
 
 
 # Global, derived and repairable -------------------------------------------------------
@@ -198,37 +243,6 @@ LAYOUT = f"{PREFIX}:layout"
 
 #: ZSET run id -> last update (ms since epoch), unsharded layout (``runs_index``).
 RUNS_BY_UPDATE = f"{PREFIX}:runs"
-
-
-def runs_index(shard: int | None = None) -> str:
-    """ZSET run id -> last update (ms since epoch) of one shard."""
-    return _global("runs", shard)
-
-
-def runs_of(run_id: str) -> str:
-    """The ``runs_index`` of the run's shard."""
-    return runs_index(shard_of(run_id))
-
-
-def runs_in_state(state: str, shard: int | None = None) -> str:
-    """ZSET run id -> last update (ms), one per state (and shard)."""
-    return _global(f"runs:{state}", shard)
-
-
-def runs_of_tenant(tenant: str, shard: int | None = None) -> str:
-    """ZSET run id -> start time (ms) of the runs of one tenant, per shard
-    (``durable.tenants``): what ``durable runs --tenant`` walks."""
-    return _global(f"tenant:{tenant}", shard)
-
-
-def due(shard: int | None = None) -> str:
-    """ZSET run id -> time (ms) at which the reconciler must look at the run, per shard."""
-    return _global("due", shard)
-
-
-def due_of(run_id: str) -> str:
-    """The due set of the run's shard."""
-    return due(shard_of(run_id))
 
 
 def ready(queue: str, route: str = "") -> str:
@@ -262,19 +276,8 @@ DUE = f"{PREFIX}:due"
 #: Hash of counters (duplicates suppressed, forged cancels, stuck runs, ...).
 STATS = f"{PREFIX}:stats"
 
-def metrics(shard: int | None = None) -> str:
-    """Hash of the shared Prometheus counters and histogram buckets (``durable.log.counters``):
-    field = JSON ``[metric, label values..., bucket]``, value = integer count (durations in
-    ms). ``append.lua`` adds to the one of the run's shard, in the call that writes the events
-    counted, so every process shares them and they survive restarts; counts with no event go
-    to the unsharded one (``shard`` None). Not derived: a counter that is rebuilt is a reset.
-    """
-    return _global("metrics", shard)
-
-
-def metrics_keys() -> list[str]:
-    """Every counters hash a reader sums: each shard's, and the unsharded one."""
-    return list(dict.fromkeys([*(metrics(s) for s in shard_ids()), metrics(None)]))
+#: The counters hash of the counts with no event, in either layout (``KeyLayout.metrics``).
+METRICS = f"{PREFIX}:metrics"
 
 # Worker liveness (``durable.liveness``): one hash tag for both keys, so on a cluster they
 # sit on one master and a reconciler that can read one can read the other. Not derived.

@@ -43,7 +43,7 @@ def state_at(elog: EventLog, run_id: str, end: str = "+") -> tuple[RunState, str
     cursor = end
     base: RunState | None = None
     while base is None:
-        batch = elog.redis.xrevrange(keys.log(run_id), cursor, "-", count=256)
+        batch = elog.redis.xrevrange(elog.keys.log(run_id), cursor, "-", count=256)
         if not batch:
             break
         for raw_id, fields in batch:
@@ -195,7 +195,7 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
         ref = getattr(event, "blob", None)
         if isinstance(ref, BlobRef):  # the fork keeps its own copy of the large value
             del fields["blob"]
-            fields["result"] = blobs.raw_value(elog.redis, run_id, ref, entry.id)
+            fields["result"] = blobs.raw_value(elog.redis, elog.keys, run_id, ref, entry.id)
         specs.append(Spec(type(event), fields))
     handle = RunHandle(new_run_id, RunState(), actor=by)
     elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},

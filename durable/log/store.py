@@ -76,8 +76,12 @@ class EventLog:
         limits: blobs.Limits | None = None,
         lean_agents: Iterable[str] = (),
         compact_max: int = COMPACT_MAX_ENTRIES,
+        layout: keys.KeyLayout = keys.UNSHARDED,
     ) -> None:
         self.redis = client
+        #: The keys of this log's data (``durable.log.keys``): its layout, unsharded or N
+        #: shards, fixed for the life of the data.
+        self.keys = layout
         self.scripts = Scripts(client)
         self.replicas = Replicated(client, self.scripts, min_replicas, replica_timeout_ms)
         self.window = window
@@ -110,7 +114,6 @@ class EventLog:
     def from_settings(cls, client: redis.Redis, settings: Settings, *, open_sealed: bool = False,
                       sealed_names: Iterable[str] = (),
                       lean_agents: Iterable[str] = ()) -> EventLog:
-        keys.use_shards(settings.cluster.layout_shards)
         retention = settings.log.retention
         return cls(client, window=settings.log.action_window,
                    checkpoint_every=settings.log.checkpoint_every,
@@ -122,7 +125,8 @@ class EventLog:
                    retention_ms=parse_duration_ms(retention) if retention else 0,
                    admin_keys=parse_public_keys(settings.security.admin_keys),
                    lean_agents=lean_agents,
-                   limits=blobs.Limits.from_settings(settings))
+                   limits=blobs.Limits.from_settings(settings),
+                   layout=keys.KeyLayout.of(settings))
 
     def batch_appends(self, everywhere: bool = False) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
@@ -150,7 +154,7 @@ class EventLog:
     def read(
         self, run_id: str, start: str = "-", end: str = "+", count: int | None = None
     ) -> list[Entry]:
-        raw = self.redis.xrange(keys.log(run_id), start, end, count=count)
+        raw = self.redis.xrange(self.keys.log(run_id), start, end, count=count)
         actor = self._actor_before(run_id, raw) if start not in ("-", "0", "0-0") else ""
         return self.entries(run_id, raw, actor)
 
@@ -166,7 +170,7 @@ class EventLog:
         return out
 
     def _actor_before(self, run_id: str, raw: Any) -> str:
-        return actor_before(self.redis, run_id, raw)
+        return actor_before(self.redis, self.keys, run_id, raw)
 
     _entry = staticmethod(decode_entry)
 
@@ -198,10 +202,10 @@ class EventLog:
         return out
 
     def exists(self, run_id: str) -> bool:
-        return bool(self.redis.exists(keys.run(run_id)))
+        return bool(self.redis.exists(self.keys.run(run_id)))
 
     def projection(self, run_id: str) -> dict[str, str]:
-        raw = self.redis.hgetall(keys.run(run_id))
+        raw = self.redis.hgetall(self.keys.run(run_id))
         return {_s(k): _s(v) for k, v in raw.items()}
 
     def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle:
@@ -212,11 +216,11 @@ class EventLog:
         in ``bench/whatif.py``). The log and the projection change together, so the entries
         read are always a consistent prefix of the run, whatever was appended in between.
         """
-        version, ckpt = self.redis.hmget(keys.run(run_id), "version", "ckpt")
+        version, ckpt = self.redis.hmget(self.keys.run(run_id), "version", "ckpt")
         if version is None:
             raise RunNotFound(run_id)
         start = ckpt.decode() if ckpt else "-"
-        raw = self.redis.xrange(keys.log(run_id), start, "+")
+        raw = self.redis.xrange(self.keys.log(run_id), start, "+")
         return self.handle_from(run_id, int(version), raw, lease=lease, actor=actor,
                                 at_least=True)
 
@@ -270,7 +274,7 @@ class EventLog:
         return handle
 
     def _projected_version(self, run_id: str) -> int:
-        version = self.redis.hget(keys.run(run_id), "version")
+        version = self.redis.hget(self.keys.run(run_id), "version")
         return int(version) if version is not None else 0
 
     def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
@@ -300,7 +304,7 @@ class EventLog:
     def resolve(self, run_id: str, actions: Iterable[Action]) -> None:
         """Fill in the results of ``actions`` kept beside the run, checked against their
         digests (``DecodeError`` when one is missing or altered)."""
-        blobs.resolve(self.redis, run_id, actions, self.keyring, self.sealed_names)
+        blobs.resolve(self.redis, self.keys, run_id, actions, self.keyring, self.sealed_names)
 
     # Writing ---------------------------------------------------------------------------
 

@@ -110,13 +110,14 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     want = (state.state, state.version, state.step)
     if got != want:
         report.fail("projection", f"projection {got} != fold {want}")
-    ledger = {k.decode(): v.decode() for k, v in elog.redis.hgetall(keys.ledger(run_id)).items()}
+    raw = elog.redis.hgetall(elog.keys.ledger(run_id))
+    ledger = {k.decode(): v.decode() for k, v in raw.items()}
     for key in successes:
         if key not in ledger:
             report.fail("ledger", f"{key} succeeded but was never claimed")
     if large:
         names = [ref.field for _, ref in large]
-        found = elog.redis.hmget(keys.blobs(run_id), names)
+        found = elog.redis.hmget(elog.keys.blobs(run_id), names)
         for (entry_id, ref), data in zip(large, found, strict=True):
             problem = blobs.check(ref, data)
             if problem is not None:

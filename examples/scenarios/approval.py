@@ -35,7 +35,6 @@ from rq import Worker as RQWorker
 from durable.digests import digest
 from durable.errors import Refused
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.state import Approval, RunState
 from durable.log.store import now_ms
 from durable.log.verify import verify
@@ -199,12 +198,12 @@ def run(scene: Scene, out: Outcome) -> None:
 def check_waiting(scene: Scene, out: Outcome, run_id: str, key: str, state: RunState) -> None:
     """While the run waits: no lease, no job, no claim, nothing sent; the request itself."""
     redis = scene.client.redis
-    out.expect(f"lease key {keys.lease(run_id)} while waiting", 0,
-               redis.exists(keys.lease(run_id)))
+    out.expect(f"lease key {scene.client.log.keys.lease(run_id)} while waiting", 0,
+               redis.exists(scene.client.log.keys.lease(run_id)))
     scene.wait_for("the worker to let go of the job", lambda: not busy_jobs(scene), 5)
     out.expect("jobs the workers hold while waiting", [], busy_jobs(scene))
     out.expect("ledger entry of the key while waiting (not claimed)", None,
-               redis.hget(keys.ledger(run_id), key))
+               redis.hget(scene.client.log.keys.ledger(run_id), key))
     apps = scene.world.applications(run_id)
     out.expect("world applications while waiting (api, db)", ({}, {}), (apps.api, apps.db))
     out.expect("requests the API received for the key while waiting", [],

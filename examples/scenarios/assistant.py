@@ -21,7 +21,6 @@ import signal
 import sys
 
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.store import now_ms
 from examples.scenarios.outcome import (
     Outcome,
@@ -54,7 +53,7 @@ def run(scene: Scene, out: Outcome) -> None:
                at_kill.model.get(key, 0))
     out.expect("notified before the crash (step 2)", {f"{run_id}:{NOTIFY_STEP}": 1},
                at_kill.api)
-    ledger = (scene.client.redis.hget(keys.ledger(run_id), key) or b"").decode()
+    ledger = (scene.client.redis.hget(scene.client.log.keys.ledger(run_id), key) or b"").decode()
     out.expect("ledger: key claimed, no outcome", "claimed", ledger.split("|")[0])
     before = scene.client.status(run_id)
     out.expect("run left without the reply", "dispatched", before.actions[STEP].status)

@@ -15,7 +15,6 @@ import signal
 import sys
 
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.store import now_ms
 from examples.scenarios.outcome import (
     Outcome,
@@ -40,7 +39,7 @@ def run(scene: Scene, out: Outcome) -> None:
     out.expect("first worker died of SIGKILL", -signal.SIGKILL, code)
     out.expect("the effect happened before the crash (db rows for the key)", 1,
                scene.world.applications(run_id).db.get(key, 0))
-    ledger = (scene.client.redis.hget(keys.ledger(run_id), key) or b"").decode()
+    ledger = (scene.client.redis.hget(scene.client.log.keys.ledger(run_id), key) or b"").decode()
     out.expect("ledger: key claimed, no outcome", "claimed", ledger.split("|")[0])
     out.expect("run left without an outcome", "dispatched",
                scene.client.status(run_id).actions[STEP].status)

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import msgspec
 
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.replay import replay, summary, trajectory
 from durable.log.state import RunState
 from durable.log.store import Entry
@@ -155,7 +154,7 @@ def collect(out: Outcome, scene: Scene, run_id: str,
     if apps.model:
         out.applications["model requests"] = apps.model
     out.timeline = trajectory(entries)
-    raw = scene.client.redis.hgetall(keys.ledger(run_id))
+    raw = scene.client.redis.hgetall(scene.client.log.keys.ledger(run_id))
     ledger = {k.decode(): v.decode() for k, v in raw.items()}
     out.effects = effects(entries, ledger, apps)
     out.summary = summary(state)

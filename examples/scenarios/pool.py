@@ -34,18 +34,18 @@ class Death:
     runs: list[str] = field(default_factory=list)
 
 
-def held_by(client: redis.Redis, pid: int) -> list[str]:
+def held_by(client: redis.Redis, layout: keys.KeyLayout, pid: int) -> list[str]:
     """Runs whose lease is held by the worker process ``pid`` (owner ``host:pid:tag``)."""
     runs = []
-    for shard in keys.shard_ids():
-        for raw in client.scan_iter(match=keys.pattern("lease", shard), count=1000):
+    for shard in layout.shard_ids():
+        for raw in client.scan_iter(match=layout.pattern("lease", shard), count=1000):
             value = client.get(raw)
             if value is None:
                 continue
             owner = value.decode().rsplit("|", 1)[0]
             parts = owner.split(":")
             if len(parts) == 3 and parts[1] == str(pid):
-                runs.append(keys.run_of(raw.decode()))
+                runs.append(layout.run_of(raw.decode()))
     return runs
 
 
@@ -53,8 +53,10 @@ class WorkerPool:
     """``spawn(fault_spec)`` starts a worker (``fault_spec``: a ``kill_at`` window, or "")."""
 
     def __init__(self, spawn: Callable[[str], Worker], size: int, client: redis.Redis,
-                 rng: random.Random, fault_rate: float = 0.3, steps: int = 4) -> None:
+                 layout: keys.KeyLayout, rng: random.Random, fault_rate: float = 0.3,
+                 steps: int = 4) -> None:
         self.spawn, self.size, self.client, self.rng = spawn, size, client, rng
+        self.layout = layout
         self.fault_rate, self.steps = fault_rate, steps
         self.workers: dict[int, tuple[Worker, str]] = {}
         self.born: dict[int, float] = {}
@@ -90,7 +92,7 @@ class WorkerPool:
         os.kill(pid, signal.SIGKILL)
         ts = int(time.time() * 1000)
         worker.proc.wait()
-        death = Death(pid, ts, "sigkill", held_by(self.client, pid))
+        death = Death(pid, ts, "sigkill", held_by(self.client, self.layout, pid))
         self.deaths.append(death)
         self._new()
         return death
@@ -103,7 +105,7 @@ class WorkerPool:
                 continue
             del self.workers[pid]
             how = f"fault point {spec}" if spec else f"exit {worker.proc.returncode}"
-            death = Death(pid, int(time.time() * 1000), how, held_by(self.client, pid))
+            death = Death(pid, int(time.time() * 1000), how, held_by(self.client, self.layout, pid))
             found.append(death)
             self._new()
         self.deaths += found
