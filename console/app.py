@@ -21,13 +21,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from console import actions, api, live, login, pages
-from console.auth import Access, LoginRequired
-from console.middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 from durable.cli.main import redis_problem
 from durable.cli.output import age
 from durable.client import Client
 from durable.streaming import async_twin
+
+from . import actions, api, live, login, pages
+from .auth import Access, LoginRequired
+from .middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 
 HERE = Path(__file__).parent
 

@@ -15,8 +15,8 @@ from rq.serializers import JSONSerializer
 from durable import fairness
 from durable.log import keys
 
-ADVANCE = "workers.handlers.advance"
-DRAIN = "workers.handlers.drain"
+ADVANCE = "durable.workers.handlers.advance"
+DRAIN = "durable.workers.handlers.drain"
 
 #: Every function name a job may carry.
 HANDLERS = frozenset({ADVANCE, DRAIN})

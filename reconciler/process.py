@@ -19,9 +19,10 @@ from durable.outages import Backoff
 from durable.overview import Sweep, record_sweep
 from durable.sealing import require_keys
 from durable.settings import Settings
-from reconciler.listener import ReconcilerListener
-from reconciler.liveness import LivenessWatch
-from reconciler.sweep import Reconciler
+
+from .listener import ReconcilerListener
+from .liveness import LivenessWatch
+from .sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
 

@@ -14,9 +14,9 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec
 from durable.queue import ADVANCE, DRAIN
+from durable.workers.loop import StepLoop
 from tests.agents import EchoInput
 from tests.conftest import WorkerFactory
-from workers.loop import StepLoop
 
 
 @register
@@ -122,7 +122,7 @@ def test_jobs_queued_under_the_first_release_handler_names_still_run(
 ])
 def test_malformed_pubsub_messages_change_nothing(payload: bytes, client: Client,
                                                   r: redis.Redis) -> None:
-    from workers.listener import CancelListener
+    from durable.workers.listener import CancelListener
 
     client.start("count", {"steps": 1}, run_id="x", enqueue=False)
     before = client.status("x").version

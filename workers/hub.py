@@ -55,10 +55,11 @@ from durable import fairness
 from durable.fairness import take_command
 from durable.log import keys
 from durable.log.batching import RedisCall, packed, read_replies
-from workers.calls import CallAbandoned
-from workers.loop import StepLoop
-from workers.slots import Slots, run_id_of, slot_live
-from workers.turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
+
+from .calls import CallAbandoned
+from .loop import StepLoop
+from .slots import Slots, run_id_of, slot_live
+from .turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
 
