@@ -11,6 +11,13 @@ from typing import Any
 from urllib.parse import quote
 
 import redis
+
+try:
+    import jinja2  # noqa: F401  (the templates)
+    import starlette  # noqa: F401
+except ModuleNotFoundError as exc:  # the console is an extra, not a hard dependency
+    raise ModuleNotFoundError(f"durable.console needs {exc.name!r}: pip install "
+                              "'durable-agents[console]'", name=exc.name) from None
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
