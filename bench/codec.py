@@ -159,7 +159,7 @@ def real_runs(servers: Any, long_steps: int) -> dict[str, Any]:
     from bench.common import fresh, settings_for
     from durable.agents import registry
     from durable.client import Client
-    from workers.loop import StepLoop
+    from durable.workers.loop import StepLoop
 
     srv = servers.get("everysec")
     r = srv.client()

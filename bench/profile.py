@@ -35,11 +35,11 @@ from durable.client import Client
 from durable.log import batching
 from durable.log import store as eventlog
 from durable.queue import make_queue
-from workers import calls, decisions
-from workers import loop as drv
-from workers import runtime as wr
-from workers.loop import StepLoop
-from workers.pool import RunPool
+from durable.workers import calls, decisions
+from durable.workers import loop as drv
+from durable.workers import runtime as wr
+from durable.workers.loop import StepLoop
+from durable.workers.pool import RunPool
 
 
 class Accounting:

@@ -44,7 +44,7 @@ from durable.cancellation import CancelToken
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
-from workers.loop import StepLoop
+from durable.workers.loop import StepLoop
 
 STEPS = 4
 #: Runs per batch. A worker takes a few hundred milliseconds to fill its slots and reach a

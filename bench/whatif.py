@@ -38,10 +38,10 @@ from durable.client import Client
 from durable.log import keys, store
 from durable.log.store import EventLog
 from durable.queue import enqueue_many
-from workers.calls import CallResult, CallWatch
-from workers.hub import RunHub
-from workers.loop import StepLoop
-from workers.pool import RunPool
+from durable.workers.calls import CallResult, CallWatch
+from durable.workers.hub import RunHub
+from durable.workers.loop import StepLoop
+from durable.workers.pool import RunPool
 
 #: Runs each model holds at once (the worker's default concurrency).
 MODEL_CONCURRENCY = 64

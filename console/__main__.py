@@ -1,4 +1,4 @@
-"""``python -m console`` is ``durable console``."""
+"""``python -m durable.console`` is ``durable console``."""
 
 import sys
 

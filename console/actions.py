@@ -19,11 +19,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from console.auth import check_csrf, require
-from console.users import User
 from durable.client import Client
 from durable.errors import DurableError, Refused
 from durable.log.state import RunState
+
+from .auth import check_csrf, require
+from .users import User
 
 log = logging.getLogger("durable.console")
 

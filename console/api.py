@@ -13,10 +13,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from console.auth import current
-from console.pages import Filters, client, run_reads, runs_reads, workers_reads
-from console.timeline import masked
 from durable.metrics import exposition
+
+from .auth import current
+from .pages import Filters, client, run_reads, runs_reads, workers_reads
+from .timeline import masked
 
 
 def _json(data: Any) -> Response:

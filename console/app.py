@@ -11,6 +11,13 @@ from typing import Any
 from urllib.parse import quote
 
 import redis
+
+try:
+    import jinja2  # noqa: F401  (the templates)
+    import starlette  # noqa: F401
+except ModuleNotFoundError as exc:  # the console is an extra, not a hard dependency
+    raise ModuleNotFoundError(f"durable.console needs {exc.name!r}: pip install "
+                              "'durable-agents[console]'", name=exc.name) from None
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -21,13 +28,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from console import actions, api, live, login, pages
-from console.auth import Access, LoginRequired
-from console.middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 from durable.cli.main import redis_problem
 from durable.cli.output import age
 from durable.client import Client
 from durable.streaming import async_twin
+
+from . import actions, api, live, login, pages
+from .auth import Access, LoginRequired
+from .middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 
 HERE = Path(__file__).parent
 

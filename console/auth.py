@@ -22,7 +22,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from console.users import ROLES, User, Users
+from .users import ROLES, User, Users
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 

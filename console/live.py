@@ -16,11 +16,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from console.auth import current
-from console.timeline import column
 from durable.client import Client
 from durable.errors import RunNotFound
 from durable.streaming import Partial
+
+from .auth import current
+from .timeline import column
 
 #: Seconds between two looks at the runs' counts; and between two keep-alive comments.
 POLL_S = 1.0

@@ -28,11 +28,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from console.auth import check_csrf
-from console.middleware import close_session, open_session
-from console.pages import client, render
-from console.users import User, Users
 from durable.log import keys
+
+from .auth import check_csrf
+from .middleware import close_session, open_session
+from .pages import client, render
+from .users import User, Users
 
 log = logging.getLogger("durable.console")
 

@@ -14,15 +14,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from console import status
-from console.auth import csrf_token, current
-from console.timeline import masked, timeline
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
 from durable.limit_usage import usage
 from durable.log.replay import summary
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
+
+from . import status
+from .auth import csrf_token, current
+from .timeline import masked, timeline
 
 PAGE = 25
 #: The age filter's choices: seconds -> label.

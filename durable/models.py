@@ -77,7 +77,11 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-import httpx
+try:
+    import httpx
+except ModuleNotFoundError as exc:  # an extra, not a hard dependency
+    raise ModuleNotFoundError("durable.models (the built-in model step) needs httpx: pip "
+                              "install 'durable-agents[models]'", name=exc.name) from None
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext

@@ -15,17 +15,21 @@ from rq.serializers import JSONSerializer
 from durable import fairness
 from durable.log import keys
 
-ADVANCE = "workers.handlers.advance"
-DRAIN = "workers.handlers.drain"
+ADVANCE = "durable.workers.handlers.advance"
+DRAIN = "durable.workers.handlers.drain"
 
 #: Every function name a job may carry.
 HANDLERS = frozenset({ADVANCE, DRAIN})
 
-#: Names the first release enqueued under: still run, as the handler they became, for one
-#: release (jobs queued before an upgrade). Remove in the release after next.
+#: Names earlier releases enqueued under (the first release's, and the top-level
+#: ``workers`` package's before it became ``durable.workers``): still run, as the handler
+#: they became, for one release (jobs queued before an upgrade). Remove in the release
+#: after next.
 LEGACY_HANDLERS = {
     "durable.commands.advance": ADVANCE,
     "durable.commands.drain": DRAIN,
+    "workers.handlers.advance": ADVANCE,
+    "workers.handlers.drain": DRAIN,
 }
 
 #: How long (ms) the "queued" marker of a run lives: enqueues within it are deduplicated.

@@ -1,9 +1,10 @@
 """The chaos suite: many runs of ``pipeline`` while workers die and the world misbehaves.
 
-``durable chaos --runs N [--workers K] [--seed S]`` starts an embedded Redis, the world in
-its non-deduplicating mode (no unique key column, no deduplication by key in the API: only
-the system's ledger and lookups stand between a retry and a duplicate), K workers and the
-reconciler (or the recovery loop when this installation has no reconciler), then N runs.
+``python -m examples chaos --runs N [--workers K] [--seed S]`` starts an embedded Redis,
+the world in its non-deduplicating mode (no unique key column, no deduplication by key in
+the API: only the system's ledger and lookups stand between a retry and a duplicate), K
+workers and the reconciler (or the recovery loop when this installation has no
+reconciler), then N runs.
 Meanwhile it SIGKILLs a random worker every so often and replaces it (some replacements die
 by themselves inside a step-protocol window), the world fails, drops or delays random calls
 (at most one fault per key) and now and then locks its database.

@@ -1,11 +1,11 @@
-"""``durable`` subcommands of the examples: ``world``, ``demo``, ``chaos``, added to the CLI
-through the ``durable.commands`` entry point group.
+"""The examples' commands: ``world``, ``demo``, ``chaos``, added to the CLI by
+``python -m examples`` (from a checkout: the examples are not installed).
 
-- ``durable world [--port P] [--no-dedupe]``: the example's external world in the
+- ``python -m examples world [--port P] [--no-dedupe]``: the example's external world in the
   foreground, on ``DURABLE_WORLD_URL``'s address by default (``http://127.0.0.1:8765``);
   ``--show`` prints a running world's applications per key, ``--faults JSON`` sets faults.
-- ``durable demo``: the scenarios on an embedded Redis, the world and real workers.
-- ``durable chaos --runs N [--workers K] [--seed S]``: the chaos suite.
+- ``python -m examples demo``: the scenarios on an embedded Redis, the world and real workers.
+- ``python -m examples chaos --runs N [--workers K] [--seed S]``: the chaos suite.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def cmd_world(args: argparse.Namespace) -> int:
                      verbose=args.verbose)
     except OSError as exc:
         print(f"durable: cannot listen on {host}:{port}: {exc} (is a world already "
-              "running? try `durable world --show`)", file=sys.stderr)
+              "running? try `python -m examples world --show`)", file=sys.stderr)
         return 1
 
 

@@ -1,4 +1,4 @@
-"""``durable demo``: the example agents through seven scenarios, on real processes.
+"""``python -m examples demo``: the example agents through seven scenarios, on real processes.
 
 It starts an embedded Redis server (``appendfsync always``) in a temporary directory, the
 example's world (in its non-deduplicating mode: only the system prevents duplicates) and,

@@ -1,1 +1,1 @@
-"""The reconciler process: ``durable reconciler`` (or ``python -m reconciler``)."""
+"""The reconciler process: ``durable reconciler`` (or ``python -m durable.reconciler``)."""

@@ -1,4 +1,4 @@
-"""``python -m reconciler [--once] [--interval S]``: the same as ``durable reconciler``."""
+"""``python -m durable.reconciler [--once] [--interval S]``: the same as ``durable reconciler``."""
 
 import sys
 

@@ -13,8 +13,9 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.sealing import require_keys
 from durable.settings import Settings
-from reconciler.process import run_reconciler
-from reconciler.sweep import Reconciler
+
+from .process import run_reconciler
+from .sweep import Reconciler
 
 
 def cmd_reconciler(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ import redis
 
 from durable.agents import Registry
 from durable.settings import Settings
-from reconciler.sweep import Reconciler
+
+from .sweep import Reconciler
 
 
 class Sweep:

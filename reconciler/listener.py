@@ -11,7 +11,8 @@ import redis
 from durable.cancellation import CancelMessage, record_cancel
 from durable.errors import RunNotFound
 from durable.subscriber import CancelSubscriber
-from reconciler.sweep import Reconciler
+
+from .sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
 

@@ -21,7 +21,8 @@ from durable.leases import Lease
 from durable.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
 from durable.outages import Backoff
 from durable.queue import enqueue_many
-from reconciler.sweep import Reconciler
+
+from .sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
 

@@ -19,10 +19,11 @@ from durable.outages import Backoff
 from durable.overview import Sweep, record_sweep
 from durable.sealing import require_keys
 from durable.settings import Settings
-from reconciler.listener import ReconcilerListener
-from reconciler.liveness import LivenessWatch
-from reconciler.probe import Heartbeat, serve
-from reconciler.sweep import Reconciler
+
+from .listener import ReconcilerListener
+from .liveness import LivenessWatch
+from .probe import Heartbeat, serve
+from .sweep import Reconciler
 
 log = logging.getLogger("durable.reconciler")
 

@@ -239,8 +239,9 @@ def test_a_killed_assistant_repeats_no_recorded_model_call_and_no_effect(
 
 
 def test_the_assistant_scenario(server: Server, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """``durable demo --only assistant``: killed mid-conversation; every recorded model call
-    requested once, the one in flight twice; no effect twice; verify."""
+    """``python -m examples demo --only assistant``: killed mid-conversation; every
+    recorded model call requested once, the one in flight twice; no effect twice;
+    verify."""
     with Stack.up(server.url, workdir=tmp_path_factory.mktemp("assistant")) as stack:
         out = run_one(stack, "assistant")
     out.assert_ok()

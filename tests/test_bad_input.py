@@ -13,10 +13,10 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec
-from durable.queue import ADVANCE, DRAIN
+from durable.queue import ADVANCE, DRAIN, LEGACY_HANDLERS
+from durable.workers.loop import StepLoop
 from tests.agents import EchoInput
 from tests.conftest import WorkerFactory
-from workers.loop import StepLoop
 
 
 @register
@@ -101,16 +101,18 @@ def test_malformed_commands_are_refused_and_the_worker_keeps_going(
     assert int(r.hget(keys.STATS, "malformed_commands") or 0) == 3
 
 
-def test_jobs_queued_under_the_first_release_handler_names_still_run(
-    client: Client, worker: WorkerFactory, r: redis.Redis
+@pytest.mark.parametrize("old", sorted({name.rpartition(".")[0] for name in LEGACY_HANDLERS}))
+def test_jobs_queued_under_an_earlier_release_handler_names_still_run(
+    old: str, client: Client, worker: WorkerFactory, r: redis.Redis
 ) -> None:
-    """Jobs queued before an upgrade name ``durable.commands.*``: they run as the handlers
-    those became, for one release."""
+    """Jobs queued before an upgrade name ``durable.commands.*`` (the first release) or
+    ``workers.handlers.*`` (before the worker was ``durable.workers``): they run as the
+    handlers those became, for one release."""
     client.start("count", {"steps": 2}, run_id="old-advance", enqueue=False)
     client.start("count", {"steps": 2}, run_id="old-drain", enqueue=False)
-    client.queue.enqueue_call(func="durable.commands.advance", args=("old-advance",))
+    client.queue.enqueue_call(func=f"{old}.advance", args=("old-advance",))
     r.rpush(keys.ready(client.queue.name), "old-drain")
-    client.queue.enqueue_call(func="durable.commands.drain", args=(client.queue.name,))
+    client.queue.enqueue_call(func=f"{old}.drain", args=(client.queue.name,))
     assert worker(burst=True).wait(60) == 0
     assert client.status("old-advance").state == "completed"
     assert client.status("old-drain").state == "completed"
@@ -122,7 +124,7 @@ def test_jobs_queued_under_the_first_release_handler_names_still_run(
 ])
 def test_malformed_pubsub_messages_change_nothing(payload: bytes, client: Client,
                                                   r: redis.Redis) -> None:
-    from workers.listener import CancelListener
+    from durable.workers.listener import CancelListener
 
     client.start("count", {"steps": 1}, run_id="x", enqueue=False)
     before = client.status("x").version

@@ -12,8 +12,8 @@ from durable.agents import registry
 from durable.client import Client
 from durable.log import keys
 from durable.log.batching import ScriptBatcher
-from workers.loop import StepLoop
-from workers.pool import RunPool
+from durable.workers.loop import StepLoop
+from durable.workers.pool import RunPool
 
 READY = "test:ready"
 

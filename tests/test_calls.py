@@ -11,7 +11,7 @@ import pytest
 
 from durable.cancellation import Cancelled, CancelToken
 from durable.testing import wait_for
-from workers.calls import CallAbandoned, CallWatch
+from durable.workers.calls import CallAbandoned, CallWatch
 
 
 def _spin(seconds: float) -> str:

@@ -14,8 +14,8 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import Spec
 from durable.log.verify import verify
+from durable.reconciler.sweep import Reconciler
 from durable.testing import wait_for
-from reconciler.sweep import Reconciler
 from tests.conftest import WorkerFactory, run_durable
 
 

@@ -46,6 +46,6 @@ def test_chaos_on_a_cluster_has_no_duplicates_and_every_run_terminal() -> None:
 
 
 def test_chaos_cli_refuses_bad_arguments() -> None:
-    proc = subprocess.run([sys.executable, "-m", "durable", "chaos", "--runs", "0"],
+    proc = subprocess.run([sys.executable, "-m", "examples", "chaos", "--runs", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--runs" in proc.stderr

@@ -87,7 +87,8 @@ def test_an_agents_module_that_cannot_be_found_is_one_line(
     env["DURABLE_AGENTS"] = modules
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "needs_more.py").write_text("import not_installed_here\n")
-    env["PYTHONPATH"] = str(tmp_path)
+    # mine/ and the checkout (examples.agents: not installed) from another directory
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(Path(__file__).parent.parent)])
     for args in (("worker", "--burst"), ("start", "count")):
         out = run_durable(*args, env=env, cwd=tmp_path)
         assert out.returncode == 2, out.stderr

@@ -206,10 +206,13 @@ def test_the_formation_compose_describes_completes_a_run_of_the_example(
     try:
         for service in ("world", "worker", "reconciler", "metrics"):
             command = [line(a) for a in services[service]["command"]]
+            # `durable X` or `python -m examples X`: the same, run by this Python
+            module, args = ("examples", command[3:]) if command[0] == "python" else \
+                ("durable", command[1:])
             logs[service] = tmp_path / f"{service}.log"
             with open(logs[service], "wb") as out:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "durable", *command[1:]], env=env(service),
+                    [sys.executable, "-m", module, *args], env=env(service),
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
 
         def durable(*args: str) -> str:

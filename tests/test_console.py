@@ -23,8 +23,8 @@ import redis
 from playwright.sync_api import Page, expect
 
 import tests.settle_agents  # noqa: F401  (registers peeker)
-from console.users import User, Users, hash_password, verify_password
 from durable.client import Client
+from durable.console.users import User, Users, hash_password, verify_password
 from durable.embedded import free_port
 from durable.errors import UsageError
 from durable.log import events as ev
@@ -369,7 +369,7 @@ def test_the_timeline_puts_each_event_in_its_column_and_masks_secrets(
         client: Client, worker: WorkerFactory) -> None:
     """Intended (start, intents), happened (lease, dispatch, outcomes), stopped (the end);
     the steps table takes every step from the log, with its ledger entry."""
-    from console.timeline import MASK, masked, timeline
+    from durable.console.timeline import MASK, masked, timeline
 
     run = client.start("count", {"steps": 2}, run_id="tl-1").run_id
     worker()

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis
 
-from console import login as login_module
-from console.status import worker_views
-from console.timeline import timeline
 from durable.client import Client
+from durable.console import login as login_module
+from durable.console.status import worker_views
+from durable.console.timeline import timeline
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import now_ms

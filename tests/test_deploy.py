@@ -28,7 +28,8 @@ def _procfile(name: str) -> dict[str, str]:
 
 def _dev_formation(tmp_path: Path) -> dict[str, str]:
     """A folder holding Procfile.dev, and the environment to run it from: its own port and
-    data dir, the example agents, and the `durable` script next to this Python on PATH."""
+    data dir, the example agents (from the checkout: PYTHONPATH, as the README says), and
+    the `durable` script next to this Python on PATH."""
     import os
     import sys
 
@@ -38,6 +39,7 @@ def _dev_formation(tmp_path: Path) -> dict[str, str]:
     env["DURABLE_PORT"] = str(free_port())
     env["DURABLE_CONSOLE_PORT"] = str(free_port())
     env["DURABLE_AGENTS"] = "examples.agents"
+    env["PYTHONPATH"] = str(ROOT)
     env["DURABLE_DATA_DIR"] = str(tmp_path / ".durable")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     (tmp_path / "Procfile.dev").write_text((ROOT / "Procfile.dev").read_text())

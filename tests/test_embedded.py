@@ -26,6 +26,7 @@ def user_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     env["DURABLE_AGENTS"] = "examples.agents"
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # examples: not installed
     return env
 
 

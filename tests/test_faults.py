@@ -24,10 +24,10 @@ from durable.log.store import Spec, now_ms
 from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
+from durable.workers.loop import StepLoop
 from tests.agents import applications
 from tests.conftest import ServerFactory, WorkerFactory
 from tests.runs import cancel_listeners, is_dispatched, types_of
-from workers.loop import StepLoop
 
 
 def _publish_cancel(r: redis.Redis, run: str, reason: str) -> None:

@@ -22,11 +22,11 @@ from durable.log.verify import verify
 from durable.queue import enqueue_many
 from durable.settings import Settings
 from durable.testing import wait_for
+from durable.workers.hub import PRESTARTED, RunHub
+from durable.workers.loop import StepLoop
 from tests import agents as test_agents
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory
-from workers.hub import PRESTARTED, RunHub
-from workers.loop import StepLoop
 
 
 @pytest.fixture()

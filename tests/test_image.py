@@ -18,9 +18,14 @@ def _dockerfile() -> list[tuple[str, str]]:
 
 
 def parses(command: list[str]) -> None:
-    """``command`` is a ``durable`` command line the CLI accepts."""
+    """``command`` is a ``durable`` command line the CLI accepts, or a ``python -m
+    examples`` one (the examples' commands, from the copy of the examples)."""
     from durable.cli.main import build_parser
+    from examples.cli import register
 
+    if command[:3] == ["python", "-m", "examples"]:
+        build_parser([register]).parse_args(command[3:])
+        return
     assert command[0] == "durable", command
     build_parser().parse_args(command[1:])
 
@@ -53,14 +58,18 @@ def test_the_build_context_leaves_out_the_virtualenv_and_git() -> None:
 
 
 def test_the_image_holds_the_example_agents() -> None:
-    """The image installs the examples package and names its agents by default, so a
-    compose or Helm install runs something before your agents are in."""
+    """The image copies the examples (not in the wheel) to a directory on its PYTHONPATH and
+    names their agents by default, so a compose or Helm install runs something before your
+    agents are in."""
     import importlib
 
-    copied = {args.split()[0] for op, args in _dockerfile() if op == "COPY"}
-    assert {"durable", "workers", "reconciler", "console", "examples"} <= copied
+    copies = dict(args.split()[:2] for op, args in _dockerfile() if op == "COPY")
+    assert {"durable", "workers", "reconciler", "console", "examples"} <= set(copies)
     env = " ".join(args for op, args in _dockerfile() if op == "ENV")
-    assert "DURABLE_AGENTS=examples.agents" in env and "PYTHONPATH=/agents" in env
+    assert "DURABLE_AGENTS=examples.agents" in env
+    [path] = [a.split("=", 1)[1] for a in env.split() if a.startswith("PYTHONPATH=")]
+    assert "/agents" in path.split(":")
+    assert copies["examples"].rstrip("/").removesuffix("/examples") in path.split(":")
     from durable.agents import registry
 
     importlib.import_module("examples.agents")
@@ -68,20 +77,20 @@ def test_the_image_holds_the_example_agents() -> None:
 
 
 def test_what_the_image_copies_holds_every_package_of_the_wheel(tmp_path: Path) -> None:
-    """The Dockerfile's COPY lines alone (nothing else of the checkout) hold every package
-    the wheel is made of (setuptools' discovery, as pyproject.toml configures it, finds the
-    same ones as in the checkout) and every package-data file: a package added to the
-    project but not to the image fails here, not at a pod's start."""
+    """The Dockerfile's COPY lines into the build directory alone (nothing else of the
+    checkout) hold every package the wheel is made of (pyproject.toml's list, each in its
+    folder: package-dir) and every package-data file: a package added to the project but
+    not to the image fails here, not at a pod's start."""
     import shutil
     import tomllib
-
-    from setuptools import find_packages
 
     context = tmp_path / "context"
     for op, args in _dockerfile():
         if op != "COPY":
             continue
         *sources, dest = args.split()
+        if dest.startswith("/"):  # beside the wheel, not what it is built from
+            continue
         for src in sources:
             target = context / (src if dest.endswith("/") else dest.removeprefix("./"))
             if (ROOT / src).is_dir():
@@ -91,11 +100,21 @@ def test_what_the_image_copies_holds_every_package_of_the_wheel(tmp_path: Path) 
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(ROOT / src, target)
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    include = tool["packages"]["find"]["include"]
-    found = set(find_packages(str(context), include=include))
-    assert found == set(find_packages(str(ROOT), include=include))
-    assert {"durable", "workers", "reconciler", "console", "examples.agents"} <= found
+    folders = tool["package-dir"]
+
+    def folder(package: str) -> Path:
+        """Where setuptools takes ``package`` from: its own mapping, or its parent's."""
+        head, rest = package, []
+        while head not in folders and "." in head:
+            head, _, last = head.rpartition(".")
+            rest.insert(0, last)
+        return context.joinpath(folders.get(head, head.replace(".", "/")), *rest)
+
+    assert {"durable", "durable.workers", "durable.reconciler", "durable.console"} <= set(
+        tool["packages"])
+    for package in tool["packages"]:
+        assert (folder(package) / "__init__.py").exists(), package
     for package, globs in tool["package-data"].items():
         for pattern in globs:
-            assert list((context / package).glob(pattern)), (package, pattern)
+            assert list(folder(package).glob(pattern)), (package, pattern)
     assert (context / "README.md").exists()  # pyproject.toml's readme

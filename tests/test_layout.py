@@ -1,46 +1,57 @@
 """The import graph shows the architecture: processes -> library, never back, no cycles.
 
-Every import counts, including those inside functions (a function-local import that hides a
+The processes live in top-level folders of the repository and install as subpackages of the
+library (``workers/`` is ``durable.workers``, ``reconciler/`` ``durable.reconciler``,
+``console/`` ``durable.console``); modules are named here by their installed names. Every
+import counts, including those inside functions (a function-local import that hides a
 cycle is a cycle); only imports under ``if TYPE_CHECKING:`` are left out, since they exist
 for the type checker alone.
 
-- ``durable`` (the library) imports nothing from ``workers``, ``reconciler``, ``console`` or
-  ``examples``;
-- the processes import no other process and no example: ``reconciler`` nothing from
-  ``workers``, ``console`` or ``examples``; ``workers`` nothing from ``reconciler``,
-  ``console`` or ``examples``; ``console`` nothing from ``workers``, ``reconciler`` or
-  ``examples``;
-- no module reaches itself through its imports.
+- ``durable`` proper (the library) imports nothing from ``durable.workers``,
+  ``durable.reconciler``, ``durable.console`` or ``examples``;
+- the processes import no other process and no example;
+- no module reaches itself through its imports;
+- nothing imports a process by its folder's name (``workers``...): the wheel has no such
+  package.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("durable", "workers", "reconciler", "console", "examples")
+#: installed package -> the repository folder it is made of.
+PACKAGES = {"durable": "durable", "durable.workers": "workers",
+            "durable.reconciler": "reconciler", "durable.console": "console",
+            "examples": "examples"}
+PROCESSES = ("durable.workers", "durable.reconciler", "durable.console")
 
 #: package -> the packages it must never import.
 FORBIDDEN = {
-    "durable": {"workers", "reconciler", "console", "examples"},
-    "workers": {"reconciler", "console", "examples"},
-    "reconciler": {"workers", "console", "examples"},
-    "console": {"workers", "reconciler", "examples"},
+    "durable": {*PROCESSES, "examples"},
+    **{p: {*PROCESSES, "examples"} - {p} for p in PROCESSES},
 }
 
 
-def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Dotted module name -> file, for every module of ``packages`` under ``root``."""
+def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of ``packages`` (installed name ->
+    folder) under ``root``."""
     found = {}
-    for pkg in packages:
-        for path in sorted((root / pkg).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for pkg, folder in packages.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [*pkg.split("."), *path.relative_to(root / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
     return found
+
+
+def part_of(name: str, packages: Iterable[str]) -> str:
+    """The package of ``packages`` that module ``name`` belongs to (the longest match)."""
+    return max((p for p in packages if name == p or name.startswith(f"{p}.")), key=len,
+               default=name)
 
 
 def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
@@ -80,7 +91,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return out
 
 
-def graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+def graph(root: Path, packages: dict[str, str]) -> dict[str, set[str]]:
     known = modules(root, packages)
     return {name: imports(name, path, known) for name, path in known.items()}
 
@@ -88,8 +99,8 @@ def graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
 def back_arrows(edges: dict[str, set[str]]) -> list[str]:
     bad = []
     for src, targets in sorted(edges.items()):
-        banned = FORBIDDEN.get(src.split(".")[0], set())
-        bad += [f"{src} -> {t}" for t in sorted(targets) if t.split(".")[0] in banned]
+        banned = FORBIDDEN.get(part_of(src, PACKAGES), set())
+        bad += [f"{src} -> {t}" for t in sorted(targets) if part_of(t, PACKAGES) in banned]
     return bad
 
 
@@ -146,12 +157,50 @@ def test_the_checks_see_a_back_arrow_and_a_cycle_hidden_in_a_function(tmp_path: 
     (tmp_path / "durable" / "__init__.py").write_text("")
     (tmp_path / "workers" / "__init__.py").write_text("")
     (tmp_path / "durable" / "a.py").write_text(
-        "from durable import b\n\ndef f():\n    from workers.loop import StepLoop\n")
+        "from durable import b\n\ndef f():\n    from durable.workers.loop import StepLoop\n")
     (tmp_path / "durable" / "b.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers import loop\n"
-        "def g():\n    from . import a\n")
-    (tmp_path / "workers" / "loop.py").write_text("from durable.a import f\nStepLoop = 1\n")
-    edges = graph(tmp_path, ("durable", "workers"))
-    assert back_arrows(edges) == ["durable.a -> workers.loop"]
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from durable.workers import loop\ndef g():\n    from . import a\n")
+    (tmp_path / "workers" / "loop.py").write_text(
+        "from durable.a import f\nfrom . import calls\nStepLoop = 1\n")
+    (tmp_path / "workers" / "calls.py").write_text("")
+    edges = graph(tmp_path, {"durable": "durable", "durable.workers": "workers"})
+    assert back_arrows(edges) == ["durable.a -> durable.workers.loop"]
     assert edges["durable.b"] == {"durable.a"}  # the TYPE_CHECKING import is left out
-    assert cycles(edges) == [["durable.a", "durable.b", "workers.loop"]]
+    assert edges["durable.workers.loop"] == {"durable.a", "durable.workers.calls"}
+    assert cycles(edges) == [["durable.a", "durable.b", "durable.workers.loop"]]
+
+
+def folder_name_imports(root: Path) -> list[str]:
+    """Imports, anywhere in the project's Python, of a process by its folder's name."""
+    folders = {PACKAGES[p] for p in PROCESSES}
+    bad = []
+    for top in (*PACKAGES.values(), "tests", "bench"):
+        for path in sorted((root / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                bad += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names
+                        if n.split(".")[0] in folders]
+    return bad
+
+
+def test_nothing_imports_a_process_by_its_folder_name() -> None:
+    """``workers.loop`` works in a checkout (the folder is on the path) but not once
+    installed: the process is ``durable.workers.loop`` there."""
+    assert folder_name_imports(ROOT) == []
+
+
+def test_the_check_sees_a_folder_name_import(tmp_path: Path) -> None:
+    for top in (*PACKAGES.values(), "tests", "bench"):
+        (tmp_path / top).mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import durable.workers.loop\nfrom . import workers\n\ndef f():\n"
+        "    from workers.loop import StepLoop\n")
+    (tmp_path / "bench" / "b.py").write_text("import console.app\n")
+    assert sorted(folder_name_imports(tmp_path)) == ["bench/b.py:1: console.app",
+                                                     "tests/test_x.py:5: workers.loop"]

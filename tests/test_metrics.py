@@ -30,9 +30,9 @@ from durable.log import events as ev
 from durable.log.keys import KeyLayout
 from durable.metrics import exposition
 from durable.testing import Server, wait_for
+from durable.workers import metrics as worker_metrics
 from examples.world import WorldProcess
 from tests.conftest import WorkerFactory
-from workers import metrics as worker_metrics
 
 Labels = tuple[tuple[str, str], ...]
 

@@ -38,8 +38,8 @@ from durable.log import keys
 from durable.queue import enqueue_many
 from durable.settings import Settings
 from durable.testing import wait_for
-from workers.hub import RunHub
-from workers.loop import StepLoop
+from durable.workers.hub import RunHub
+from durable.workers.loop import StepLoop
 
 ROOT = Path(__file__).resolve().parent.parent
 

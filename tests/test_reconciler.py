@@ -18,8 +18,8 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.log.verify import verify
+from durable.reconciler.sweep import Reconciler
 from durable.testing import Server, env_for, wait_for
-from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import types_of

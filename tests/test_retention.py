@@ -19,9 +19,9 @@ from durable.connection import parse_config_file
 from durable.errors import TooManyPendingRuns
 from durable.log import keys
 from durable.log.keys import KeyLayout
+from durable.reconciler.sweep import Reconciler
 from durable.settings import Settings
 from durable.testing import wait_for
-from reconciler.sweep import Reconciler
 from tests.conftest import WorkerFactory
 
 ROOT = Path(__file__).resolve().parent.parent

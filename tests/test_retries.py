@@ -11,8 +11,8 @@ from durable.agents import registry
 from durable.client import Client
 from durable.log.store import now_ms
 from durable.log.verify import verify
-from reconciler.sweep import Reconciler
-from workers.loop import StepLoop
+from durable.reconciler.sweep import Reconciler
+from durable.workers.loop import StepLoop
 
 
 @pytest.fixture()

@@ -101,7 +101,7 @@ def test_a_scenario_runs_on_its_own_as_a_module() -> None:
 
 
 def test_demo_json_on_one_scenario() -> None:
-    proc = subprocess.run([sys.executable, "-m", "durable", "demo", "--only", "normal",
+    proc = subprocess.run([sys.executable, "-m", "examples", "demo", "--only", "normal",
                            "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)

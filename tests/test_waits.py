@@ -15,8 +15,8 @@ from durable.client import Client
 from durable.errors import Refused
 from durable.log.state import RunState
 from durable.log.verify import verify
+from durable.reconciler.sweep import Reconciler
 from durable.signing import keygen
-from reconciler.sweep import Reconciler
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory
 from tests.runs import types_of

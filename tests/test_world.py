@@ -284,7 +284,7 @@ def test_durable_world_serves_shows_and_refuses_a_busy_port(tmp_path: Path) -> N
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {"DURABLE_WORLD_URL": url, "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "durable", "world", "--data-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "examples", "world", "--data-dir",
                              str(tmp_path / "w"), "--no-dedupe"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -292,11 +292,11 @@ def test_durable_world_serves_shows_and_refuses_a_busy_port(tmp_path: Path) -> N
         assert wait_for(lambda: client.health() or proc.poll() is not None, 15)
         assert proc.poll() is None, "the world exited before it answered"
         assert client.info()["dedupe"] is False
-        show = subprocess.run([sys.executable, "-m", "durable", "world", "--show", "--json"],
+        show = subprocess.run([sys.executable, "-m", "examples", "world", "--show", "--json"],
                               env=env, capture_output=True, text=True, timeout=30)
         assert show.returncode == 0, show.stderr
         assert '"duplicates": {}' in show.stdout
-        busy = subprocess.run([sys.executable, "-m", "durable", "world", "--data-dir",
+        busy = subprocess.run([sys.executable, "-m", "examples", "world", "--data-dir",
                                str(tmp_path / "w2")], env=env, capture_output=True, text=True,
                               timeout=30)
         assert busy.returncode == 1 and "cannot listen" in busy.stderr

@@ -1,1 +1,1 @@
-"""The worker process: ``durable worker`` (or ``python -m workers``)."""
+"""The worker process: ``durable worker`` (or ``python -m durable.workers``)."""

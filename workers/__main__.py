@@ -1,4 +1,4 @@
-"""``python -m workers [--burst] [--queue Q]``: the same as ``durable worker``."""
+"""``python -m durable.workers [--burst] [--queue Q]``: the same as ``durable worker``."""
 
 import sys
 

@@ -26,10 +26,11 @@ from durable.async_session import decision_of
 from durable.code import CodeAgent
 from durable.log.state import Action, RunState
 from durable.log.store import Spec
-from workers.turns import Abandoned, Offload, Slot
+
+from .turns import Abandoned, Offload, Slot
 
 if TYPE_CHECKING:
-    from workers.loop import StepLoop
+    from .loop import StepLoop
 
 
 class Awaiting(Offload):

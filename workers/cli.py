@@ -8,7 +8,8 @@ from typing import Any
 
 from durable.errors import UsageError
 from durable.settings import Settings
-from workers.runtime import run_worker
+
+from .runtime import run_worker
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

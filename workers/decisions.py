@@ -47,13 +47,14 @@ from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.settling import unsigned_settle
-from workers import aio, family, parallel
-from workers.gates import Check, gate, request_specs
-from workers.steps import agent_traceback, plain, step_key, values_field
-from workers.turns import WAITING, Offload, Slot
+
+from . import aio, family, parallel
+from .gates import Check, gate, request_specs
+from .steps import agent_traceback, plain, step_key, values_field
+from .turns import WAITING, Offload, Slot
 
 if TYPE_CHECKING:
-    from workers.loop import StepLoop
+    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 

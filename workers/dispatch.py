@@ -24,7 +24,8 @@ from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
 from durable.streaming import Publisher
-from workers.calls import CallResult, CallWatch
+
+from .calls import CallResult, CallWatch
 
 #: How much later than an ``async`` tool's own deadline the watcher interrupts it.
 ASYNC_MARGIN_S = 0.05

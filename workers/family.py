@@ -18,7 +18,8 @@ from durable.log import events as ev
 from durable.log.keys import CANCEL_CHANNEL
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
-from workers.redis_io import RedisIO
+
+from .redis_io import RedisIO
 
 #: Attempts of an update of another run before it is given up.
 CANCEL_ATTEMPTS = 5

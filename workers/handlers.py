@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.runtime import current_loop, current_pool
+from .runtime import current_loop, current_pool
 
 
 def advance(run_id: str) -> dict[str, Any]:

@@ -57,11 +57,12 @@ from durable.fairness import take_command
 from durable.log import keys
 from durable.log.batching import RedisCall
 from durable.log.inflight import Stream
-from workers.aio import Awaiting
-from workers.calls import CallAbandoned
-from workers.loop import StepLoop
-from workers.slots import Slots, run_id_of, slot_live
-from workers.turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
+
+from .aio import Awaiting
+from .calls import CallAbandoned
+from .loop import StepLoop
+from .slots import Slots, run_id_of, slot_live
+from .turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
 

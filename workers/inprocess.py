@@ -12,7 +12,8 @@ from durable.agents import Registry
 from durable.cancellation import CancelToken
 from durable.log.state import Action
 from durable.settings import Settings
-from workers.loop import StepLoop
+
+from .loop import StepLoop
 
 
 class StepDriver:

@@ -18,7 +18,8 @@ from durable.errors import DecodeError, RunNotFound
 from durable.log import keys
 from durable.settings import Settings
 from durable.subscriber import CancelSubscriber
-from workers.loop import StepLoop
+
+from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 

@@ -53,13 +53,14 @@ from durable.log.store import EventLog, RunHandle, Spec
 from durable.outages import Outage
 from durable.queue import make_queue, make_ready
 from durable.settings import Settings
-from workers import aio, decisions, family
-from workers.dispatch import Dispatcher
-from workers.gates import revalidate, version_policy
-from workers.hooks import HookChain, StepHooks
-from workers.redis_io import RedisIO
-from workers.steps import agent_traceback, recorded
-from workers.turns import (
+
+from . import aio, decisions, family
+from .dispatch import Dispatcher
+from .gates import revalidate, version_policy
+from .hooks import HookChain, StepHooks
+from .redis_io import RedisIO
+from .steps import agent_traceback, recorded
+from .turns import (
     NO_CALLBACKS,
     SLOT,
     STEP_TURNS,
@@ -70,7 +71,7 @@ from workers.turns import (
     Turns,
     UserCode,
 )
-from workers.watchdog import Watchdog
+from .watchdog import Watchdog
 
 log = logging.getLogger("durable.worker")
 

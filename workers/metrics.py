@@ -13,9 +13,10 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 
 from durable.errors import UsageError
 from durable.log.counters import STEP_BUCKETS_S
-from workers.hooks import StepHooks
-from workers.loop import StepLoop
-from workers.slots import Driver
+
+from .hooks import StepHooks
+from .loop import StepLoop
+from .slots import Driver
 
 CALLS = Counter("durable_worker_steps", "Tool calls this worker process made, by outcome.",
                 ("tool", "outcome"), registry=REGISTRY)

@@ -31,7 +31,8 @@ from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState
 from durable.log.store import Spec, now_ms
-from workers.steps import plain, step_key, values_field
+
+from .steps import plain, step_key, values_field
 
 
 @dataclass

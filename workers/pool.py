@@ -31,10 +31,11 @@ import redis
 from durable.fairness import take_command
 from durable.log import keys
 from durable.queue import make_ready
-from workers.calls import CallAbandoned
-from workers.loop import StepLoop
-from workers.slots import Slots, run_id_of
-from workers.turns import Abandoned, DriverCallbacks
+
+from .calls import CallAbandoned
+from .loop import StepLoop
+from .slots import Slots, run_id_of
+from .turns import Abandoned, DriverCallbacks
 
 log = logging.getLogger("durable.worker")
 

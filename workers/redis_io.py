@@ -36,7 +36,8 @@ from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
 from durable.log.store import EventLog, RunHandle, Spec, quarantine_handle
 from durable.queue import QUEUED_TTL_MS, ensure_drain, make_ready
-from workers.turns import FOLD, WAITING, Offload
+
+from .turns import FOLD, WAITING, Offload
 
 T = TypeVar("T")
 

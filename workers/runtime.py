@@ -46,13 +46,14 @@ from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.sealing import require_keys
 from durable.settings import Settings
 from durable.streaming import Publisher
-from workers import metrics as worker_metrics
-from workers.hooks import load_hooks
-from workers.hub import RunHub
-from workers.listener import CancelListener
-from workers.loop import StepLoop
-from workers.pool import RunPool
-from workers.slots import Driver, routes
+
+from . import metrics as worker_metrics
+from .hooks import load_hooks
+from .hub import RunHub
+from .listener import CancelListener
+from .loop import StepLoop
+from .pool import RunPool
+from .slots import Driver, routes
 
 log = logging.getLogger("durable.worker")
 

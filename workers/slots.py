@@ -29,10 +29,11 @@ from durable.agents import Registry
 from durable.log import keys
 from durable.outages import Backoff
 from durable.queue import enqueue_many, ensure_drain
-from workers.turns import SLOT
+
+from .turns import SLOT
 
 if TYPE_CHECKING:
-    from workers.loop import StepLoop
+    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 

@@ -28,7 +28,8 @@ from durable.log.store import EventLog
 from durable.outages import Outage
 from durable.queue import make_ready
 from durable.settings import Settings
-from workers.turns import Abandoned, Slot
+
+from .turns import Abandoned, Slot
 
 log = logging.getLogger("durable.worker")
 

@@ -3,9 +3,10 @@
 Exit codes: 0 ok, 1 a check failed or the run was not found, 2 a usage error, 3 Redis
 could not be used (unreachable, credentials, permissions).
 
-The processes built on the library (``workers``, ``reconciler``) and the examples add their
-commands through the ``durable.commands`` entry point group: each entry names a
-``register(add)`` function. The library imports none of them.
+The processes built on the library (``durable.workers``, ``durable.reconciler``,
+``durable.console``) add their commands through the ``durable.commands`` entry point group:
+each entry names a ``register(add)`` function. The library imports none of them. A program
+of its own can add more (``main(extra=[register])``: ``python -m examples``).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def plugins() -> list[tuple[str, Callable[..., None]]]:
     return found
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="durable", description="Durable agent runs on Redis.")
+def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable") -> Parser:
+    """Every command: the library's, the installed processes', then ``extra``'s."""
+    p = Parser(prog=prog, description="Durable agent runs on Redis.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def add(name: str, fn: Any, help: str, run: bool = False, js: bool = True) -> Any:
@@ -63,6 +65,8 @@ def build_parser() -> Parser:
         module.register(add)
     for _name, register in plugins():
         register(add)
+    for register in extra:
+        register(add)
     return p
 
 
@@ -71,9 +75,10 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     print(f"durable: warning: {message}", file=sys.stderr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, extra: Sequence[Callable[..., None]] = (),
+         prog: str = "durable") -> int:
     warnings.showwarning = _one_line_warning  # for people: one line, no source quoted
-    parser = build_parser()
+    parser = build_parser(extra, prog)
     args = parser.parse_args(argv)
     try:
         code: int = args.fn(args)

@@ -24,7 +24,7 @@ agent handles (it finishes, unpublished). Try it::
     export DURABLE_ADMIN_KEYS=$PWD/admin.pub                    # for every process
     durable approvers keygen alice                              # alice.key, alice.pub
     durable approvers add alice --role comms --public-key alice.pub --admin-key admin.key
-    durable world &
+    python -m examples world &
     durable worker &
     durable start announce --input '{"source": "orders"}'      # prints the run id
     durable status RUN              # waiting_approval: the request id, its role

@@ -33,7 +33,7 @@ Where things are: the model is ``DURABLE_MODEL_BASE_URL`` (any OpenAI-compatible
 ``DURABLE_WORLD_URL``. The world serves a scripted model too (``examples.world.model``: it
 asks for ``notify``, then ``write``, then answers). Try it::
 
-    durable world &
+    python -m examples world &
     export DURABLE_MODEL_BASE_URL=http://127.0.0.1:8765/v1
     durable worker &
     durable start assistant --input '{"task": "Tell ops@example.com the report is ready"}'

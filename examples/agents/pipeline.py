@@ -18,7 +18,7 @@ Where things are: the world's URL is ``DURABLE_WORLD_URL`` (``examples.settings.
 default ``http://127.0.0.1:8765``); the database's path is asked from the world
 (``GET /info``). Try it::
 
-    durable world &      # the data source, the notification API and the database
+    python -m examples world &      # the data source, the notification API and the database
     durable worker &
     durable start pipeline --input '{"source": "orders", "recipient": "ops@example.com"}'
 """

@@ -2,7 +2,7 @@
 
 Each one is a module with ``TITLE``, ``WINDOW`` and ``run(scene, outcome)``, runnable on
 its own (``python -m examples.scenarios.normal``), driven by the tests, and run all together
-by ``durable demo``. Each checks the applications per key in the world, the final state
+by ``python -m examples demo``. Each checks the applications per key in the world, the final state
 and ``verify`` on the run, and fails loudly (exit status 1, or ``Outcome.assert_ok``
 raising ``AssertionError``) when anything differs from what it must be.
 

@@ -1,6 +1,6 @@
 """The example's external world: a data source, a notification API and a database.
 
-It runs as its own process (``durable world``, or :class:`WorldProcess` on a random port)
+It runs as its own process (``python -m examples world``, or :class:`WorldProcess` on a random port)
 so that crashes, timeouts and lost replies between a worker and the world are real. It
 counts every application of every key, so that scenarios and the chaos suite can prove
 that no effect happened twice. Tools find it through ``DURABLE_WORLD_URL``

@@ -1,5 +1,5 @@
-"""``python -m examples.world``: the world in the foreground (``durable world`` is the same,
-with the defaults of the settings)."""
+"""``python -m examples.world``: the world in the foreground (``python -m examples world``
+is the same, with the defaults of the settings)."""
 
 from __future__ import annotations
 

@@ -373,7 +373,7 @@ def serve(host: str, port: int, data_dir: Path, *, dedupe: bool = True,
     try:
         world = World(data_dir, dedupe)
     except ModeMismatch as exc:
-        print(f"durable world: {exc}", file=sys.stderr)
+        print(f"world: {exc}", file=sys.stderr)
         return 2
     httpd = WorldServer((host, port), world, verbose)
     world.url = f"http://{host}:{httpd.server_address[1]}"

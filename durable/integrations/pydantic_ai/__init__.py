@@ -69,6 +69,12 @@ way.
 
 from __future__ import annotations
 
+try:
+    import pydantic_ai  # noqa: F401
+except ModuleNotFoundError as exc:  # pragma: no cover - the extra is not installed
+    raise ModuleNotFoundError("durable.integrations.pydantic_ai needs pydantic-ai: pip "
+                              "install 'durable-agents[pydantic-ai]'", name=exc.name) from None
+
 from durable.integrations.pydantic_ai.agent import DurableAgent
 from durable.integrations.pydantic_ai.capability import RedisDurability
 from durable.integrations.pydantic_ai.inputs import PromptInput, RunInput, prompt_input
