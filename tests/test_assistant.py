@@ -90,7 +90,12 @@ def test_a_streamed_reply_emits_its_tokens_and_records_the_same_result(
                          _ctx(_key(), emitted=emitted))
         for field in ("message", "tool_calls", "finish_reason", "usage"):
             assert streamed[field] == plain[field], field
-        assert "".join(emitted) == (plain["message"]["content"] or "")
+        text = [piece for piece in emitted if isinstance(piece, str)]
+        assert "".join(text) == (plain["message"]["content"] or "")
+        # The rest are the tool calls' deltas (``durable.partials.tool_call_delta``).
+        deltas = [piece["tool_call"] for piece in emitted if not isinstance(piece, str)]
+        assert {d["name"] for d in deltas if d.get("name")} == \
+            {c["name"] for c in plain["tool_calls"] or []}
     assert len(emitted) > 3 and "".join(emitted).startswith("Done: notified")
 
 

@@ -42,7 +42,7 @@ def test_compose_redis_is_reachable_by_the_other_services_only() -> None:
 
 
 def test_compose_services_run_the_image_as_its_user_and_no_secret_is_written_down() -> None:
-    from durable.settings import Settings
+    from durable.settings import WorkerSettings
 
     services = _compose()["services"]
     text = (ROOT / "deploy" / "compose.yaml").read_text()
@@ -60,7 +60,7 @@ def test_compose_services_run_the_image_as_its_user_and_no_secret_is_written_dow
         "${DURABLE_REDIS_PASSWORD:?")
     assert worker["environment"]["DURABLE_WORLD_URL"] == "http://world:8765"
     grace = float(worker["stop_grace_period"].rstrip("s"))
-    assert grace > Settings.model_fields["shutdown_grace_s"].default
+    assert grace > WorkerSettings.model_fields["shutdown_grace_s"].default
 
 
 def _outward_address() -> str:

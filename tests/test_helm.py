@@ -19,7 +19,7 @@ import yaml
 
 from durable.embedded import free_port
 from durable.log import keys
-from durable.settings import Settings
+from durable.settings import Settings, variables
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
 
@@ -138,7 +138,7 @@ def test_no_process_runs_as_root_or_can_write_its_image(values: dict[str, Any]) 
 def test_every_setting_the_chart_sets_is_a_setting_of_the_processes() -> None:
     """A DURABLE_* name the settings do not know would be ignored without a word."""
     objects = render(EVERYTHING)
-    known = {f"DURABLE_{name.upper()}" for name in Settings.model_fields}
+    known = set(variables())
     config = by_kind(objects, "ConfigMap")["prod-durable"]["data"]
     names = set(config)
     for _, c in containers(objects):

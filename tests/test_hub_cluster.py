@@ -93,7 +93,7 @@ def test_a_batch_goes_to_each_master_as_one_pipeline(cc: redis.RedisCluster,
     """60 appends of runs on all three masters in one batch: it goes out as three parts,
     one per master; each master ran exactly the calls of its own runs (its ``EVALSHA``
     count), each call is answered, each event is on its run's log."""
-    elog = EventLog(cc)  # type: ignore[arg-type]
+    elog = EventLog(cc, layout=SHARDED)  # type: ignore[arg-type]
     batcher = elog.batch_appends(everywhere=True)
     assert batcher is not None
     handles = _started(elog, producer, 60, "rt")
@@ -130,7 +130,7 @@ def test_a_call_sent_to_the_wrong_master_is_redirected(
     client = producer
     stale = redis.RedisCluster.from_url(cluster.url)
     try:
-        elog = EventLog(stale)  # type: ignore[arg-type]
+        elog = EventLog(stale, layout=SHARDED)  # type: ignore[arg-type]
         batcher = elog.batch_appends(everywhere=True)
         assert batcher is not None
         handles = _started(elog, client, 30, "mv")
@@ -210,9 +210,11 @@ def test_the_hub_goes_on_across_the_failover_of_a_master(
         text = log.read_text()
         assert ("driver hub," if driver == "hub" else
                 "driver threads (DURABLE_DRIVER=threads),") in text
-        # Calls in flight to the dead master fail (an outage the worker logs, and ends);
+        # Calls in flight to the dead master fail (an outage the worker logs, then its end:
+        # "Redis answers: taking N dropped runs again", or "Redis answers again" once quiet);
         # when none was in flight at the kill, the redirections alone show nothing.
-        assert ("Redis unavailable" in text) <= ("Redis answers again" in text), text[-3000:]
+        if "Redis unavailable" in text:
+            assert "Redis answers" in text.split("Redis unavailable", 1)[1], text[-3000:]
     assert applications(str(tmp_path / "world.sqlite")) == \
         {f"{r}:{s}": 1 for r in runs for s in range(1, 7)}
 

@@ -124,7 +124,7 @@ def test_past_the_ceiling_the_agent_sees_a_payload_too_large_step_failure(
 
 
 def test_a_ceiling_below_the_inline_limit_still_holds(
-    client: Client, r: redis.Redis, worker: WorkerFactory,
+    client: Client, r: redis.Redis, worker: WorkerFactory, layout: KeyLayout,
 ) -> None:
     """``DURABLE_MAX_RESULT_BYTES`` under ``DURABLE_MAX_PAYLOAD_BYTES`` (the inline limit):
     a result between the two is refused by the ceiling, not kept inline because it fits."""
@@ -136,7 +136,7 @@ def test_a_ceiling_below_the_inline_limit_still_holds(
     assert failed["status"] == "failed" and failed["error_type"] == "PayloadTooLarge"
     assert "over the limit of 100000 (DURABLE_MAX_RESULT_BYTES)" in failed["error"]
     assert kept == expected(2, 50_000)
-    assert stored(r, run) == {}
+    assert stored(layout, r, run) == {}
 
 
 def test_the_run_byte_budget_fails_the_step_that_would_exceed_it(
