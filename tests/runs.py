@@ -3,6 +3,10 @@ their types, whether a step is in flight, a stat, who listens for cancels."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable
+from typing import Any
+
 import redis
 
 from durable.client import Client
@@ -35,3 +39,24 @@ def stat_of(r: redis.Redis, name: str) -> int:
 def cancel_listeners(r: redis.Redis) -> int:
     """How many clients listen on the cancel channel (workers, reconcilers)."""
     return int(dict(r.pubsub_numsub(keys.CANCEL_CHANNEL)).get(keys.CANCEL_CHANNEL.encode(), 0))
+
+
+def killed_at_step_2_then_resumed(client: Client, worker: Callable[..., Any],
+                                  reconciler: Callable[..., Any], world: str, agent: str,
+                                  run_id: str, window: str) -> None:
+    """A three-step writer run whose first worker is SIGKILLed at ``window`` of step 2,
+    then resumed by another worker and a reconciler: it completes with its three rows,
+    each applied once in the ``world`` database, and its log verifies."""
+    from durable.log.verify import verify
+    from tests.agents import applications
+
+    run = client.start(agent, {"steps": 3}, run_id=run_id).run_id
+    doomed = worker(kill_at=f"{window}:2")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=30)
+    assert final.state == "completed"
+    assert final.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
+    assert applications(world) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
+    assert verify(client.log, run).ok

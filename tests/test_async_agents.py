@@ -9,18 +9,15 @@ The external system of the crash test is a real SQLite database that never dedup
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import psutil
 import pytest
 
 from durable.client import Client
-from durable.log.verify import verify
 from durable.testing import wait_for
-from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.runs import types_of
+from tests.runs import killed_at_step_2_then_resumed, types_of
 
 #: Runs held at once by one worker in the thread test.
 HELD = 300
@@ -73,16 +70,8 @@ def test_a_killed_async_agent_resumes_without_applying_an_effect_twice(
     row is written, before its outcome is recorded / after its outcome is recorded. The
     function is executed again on another worker: step 1 returns its recorded row, step 2
     is resolved by lookup (or sent once), step 3 is new; each row is written once."""
-    run = client.start("async_writer", {"steps": 3}, run_id=f"awk-{window}").run_id
-    doomed = worker(kill_at=f"{window}:2")
-    assert doomed.wait(30) == -signal.SIGKILL
-    worker()
-    reconciler()
-    final = client.wait(run, timeout=30)
-    assert final.state == "completed"
-    assert final.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
-    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
-    assert verify(client.log, run).ok
+    killed_at_step_2_then_resumed(client, worker, reconciler, str(tmp_path / "world.sqlite"),
+                                  "async_writer", f"awk-{window}", window)
 
 
 def test_an_async_agent_that_blocks_the_loop_is_reported_and_the_others_go_on(

@@ -20,7 +20,7 @@ from durable.log import events as ev
 from durable.log.verify import verify
 from tests.agents import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.runs import types_of
+from tests.runs import killed_at_step_2_then_resumed, types_of
 
 
 @pytest.fixture(autouse=True)
@@ -61,16 +61,8 @@ def test_a_killed_code_agent_is_re_executed_without_repeating_a_step(
     """SIGKILL at step 2's window (intent and claim recorded / row written, outcome not /
     outcome recorded): the function is executed again from the start; step 1 returns its
     recorded row without being sent, step 2 is resolved by lookup, step 3 is new."""
-    run = client.start("code_writer", {"steps": 3}, run_id=f"cwk-{window}").run_id
-    doomed = worker(kill_at=f"{window}:2")
-    assert doomed.wait(30) == -signal.SIGKILL
-    worker()
-    reconciler()
-    final = client.wait(run, timeout=30)
-    assert final.state == "completed"
-    assert final.result == {"rows": [f"{run}:1", f"{run}:2", f"{run}:3"]}
-    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
-    assert verify(client.log, run).ok
+    killed_at_step_2_then_resumed(client, worker, reconciler, str(tmp_path / "world.sqlite"),
+                                  "code_writer", f"cwk-{window}", window)
 
 
 def test_changed_code_is_quarantined_not_driven(

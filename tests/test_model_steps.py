@@ -16,6 +16,7 @@ from durable.log.verify import verify
 from durable.models import Chat, ModelError, ModelSettings, request_body, retry_after
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer
+from tests.runs import events_of
 
 AGENTS = "examples.agents,tests.agents,tests.model_agents"
 
@@ -28,10 +29,6 @@ def model(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[ModelServe
     monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
     yield srv
     srv.stop()
-
-
-def _events(client: Client, run: str) -> list[ev.Event]:
-    return [e.event for e in client.events(run) if e.event is not None]
 
 
 def _count(events: list[ev.Event], kind: type[ev.Event]) -> int:
@@ -55,7 +52,7 @@ def test_a_model_slower_than_its_timeout_is_sent_at_most_the_configured_attempts
     assert final.state == "failed", (final.state, final.error)
     assert "NoOutcome" in (final.error or "") or "no outcome after 3" in (final.error or "")
     assert len(model.requests(f"{run}:1")) == 3
-    events = _events(client, run)
+    events = events_of(client, run)
     assert _count(events, ev.ActionDispatched) == 3
     assert _count(events, ev.ActionTimedOut) == 3
     assert final.model_calls == 3 and final.tokens == 0  # no reply: no tokens known
@@ -78,7 +75,7 @@ def test_the_timeout_and_attempts_are_the_calls_own(
     final = client.wait(run, timeout=60, waiting=False)
     assert final.state == "failed" and "no outcome after 2" in (final.error or "")
     assert len(model.requests(f"{run}:1")) == 2 and final.model_calls == 2
-    dispatched = [e for e in _events(client, run) if isinstance(e, ev.ActionDispatched)]
+    dispatched = [e for e in events_of(client, run) if isinstance(e, ev.ActionDispatched)]
     assert [e.deadline - e.ts for e in dispatched] == [pytest.approx(400, abs=50)] * 2
 
 
@@ -99,7 +96,7 @@ def test_429_and_503_are_asked_again_no_sooner_than_retry_after(
     assert [s.reply for s in seen] == ["status", "status", "ok"]
     assert seen[1].at - seen[0].at >= 0.95 and seen[2].at - seen[1].at >= 1.95
     assert final.model_calls == 3 and final.tokens == 25
-    waits = [e for e in _events(client, run) if isinstance(e, ev.WaitEntered)]
+    waits = [e for e in events_of(client, run) if isinstance(e, ev.WaitEntered)]
     assert [w.kind for w in waits] == ["retry", "retry"]
     assert [round((w.until - w.ts) / 1000) for w in waits] == [1, 2]
 

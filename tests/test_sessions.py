@@ -21,6 +21,7 @@ from durable.log import events as ev
 from durable.log.verify import verify
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer, expected_text
+from tests.runs import events_of
 
 AGENTS = "examples.agents,tests.agents,tests.model_agents"
 PAD = 400_000  # characters of filler per user turn
@@ -33,10 +34,6 @@ def model(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[ModelServe
     monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
     yield srv
     srv.stop()
-
-
-def _events(client: Client, run: str) -> list[ev.Event]:
-    return [e.event for e in client.events(run) if e.event is not None]
 
 
 @pytest.mark.cluster
@@ -59,7 +56,7 @@ def test_a_session_continued_three_times_past_1_mb_of_history(
     assert [m["content"][:6] for m in last if m["role"] == "user"] == [
         f"turn {n}" for n in range(1, 5)]
     assert all(m["content"] == expected_text(20) for m in last if m["role"] == "assistant")
-    events = _events(client, runs[-1])
+    events = events_of(client, runs[-1])
     started = events[0]
     assert isinstance(started, ev.RunStarted) and started.continue_from == runs[-2]
     assert len(str(started.input)) < 200  # by reference: nothing of it in the input
@@ -102,7 +99,7 @@ def test_a_continued_run_killed_mid_turn_reads_its_history_from_its_own_log(
     reconciler()
     final = client.wait(run, timeout=60, waiting=False)
     assert final.state == "completed" and final.result["turns"] == 2
-    dispatched = [e.step for e in _events(client, run) if isinstance(e, ev.ActionDispatched)]
+    dispatched = [e.step for e in events_of(client, run) if isinstance(e, ev.ActionDispatched)]
     assert dispatched == [1, 2, 2, 3]  # the load once, the chat in flight twice, the save
     assert len(model.requests(f"{run}:2")) == 2
     assert verify(client.log, run).ok
