@@ -61,55 +61,59 @@ class CancelSubscriber(threading.Thread):
         self._reconnected = threading.Event()
         #: When the subscription was last taken (monotonic; 0: never).
         self._since = 0.0
+        #: Failures in a row soon after subscribing (or before it).
+        self._quick = 0
 
     def run(self) -> None:
         backoff = Backoff()
-        quick = 0  # failures in a row soon after subscribing (or before it)
         while not self.stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(keys.CANCEL_CHANNEL)
-                # redis-py reconnects and resubscribes by itself on the next read after a
-                # dropped connection; this callback tells us it did (we were deaf meanwhile).
-                if pubsub.connection is not None:
-                    pubsub.connection.register_connect_callback(self._on_reconnect)
-                self._subscribed()
-                while not self.stop.is_set():
-                    message = pubsub.get_message(timeout=1.0)
-                    if self._reconnected.is_set():
-                        self._subscribed()
-                    if message:
-                        self._handle(message.get("data", b""))
-                    self.report()
-                    self.outage.ok()  # listening works: an outage can end here
-            except redis.RedisError as exc:
-                # Subscribe again at once (deaf meanwhile), unless the last attempt failed
-                # too, or soon after it subscribed: then wait first, even when a ping
-                # answers (on a cluster it reaches another node than the channel's).
-                self.outage.failed(exc)
-                if not self._since or time.monotonic() - self._since < STEADY_S:
-                    quick += 1
-                else:
-                    quick = 0
-                    backoff.reset()
-                self._since = 0.0
-                if quick > 1 and backoff.wait(self.stop):
-                    break
-                _refresh_slots(self.client)
-                self.outage.wait_until_up(self.client, self.stop, backoff)
-            except Exception:
+                self._listen(backoff)
+            except Exception:  # the thread never ends early: a dead listener is a deaf process
                 self.log.exception("cancel listener")
                 self.stop.wait(0.5)
-            finally:
-                try:
-                    pubsub.close()
-                except Exception:  # the connection is gone already
-                    pass
 
         try:
             self.report(force=True)
         except redis.RedisError:
             pass
+
+    def _listen(self, backoff: Backoff) -> None:
+        """One subscription, from taking it to losing it (then the wait before the next)."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(keys.CANCEL_CHANNEL)
+            # redis-py reconnects and resubscribes by itself on the next read after a
+            # dropped connection; this callback tells us it did (we were deaf meanwhile).
+            # It is taken off again below: the connection goes back to the pool.
+            if pubsub.connection is not None:
+                pubsub.connection.register_connect_callback(self._on_reconnect)
+            self._subscribed()
+            while not self.stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if self._reconnected.is_set():
+                    self._subscribed()
+                if message:
+                    self._handle(message.get("data", b""))
+                self.report()
+                self.outage.ok()  # listening works: an outage can end here
+        except redis.RedisError as exc:
+            # Subscribe again at once (deaf meanwhile), unless the last attempt failed too,
+            # or soon after it subscribed: then wait first, even when a ping answers (on a
+            # cluster it reaches another node than the channel's).
+            self.outage.failed(exc)
+            if not self._since or time.monotonic() - self._since < STEADY_S:
+                self._quick += 1
+            else:
+                self._quick = 0
+                backoff.reset()
+            self._since = 0.0
+            if self._quick > 1 and backoff.wait(self.stop):
+                return
+            _refresh_slots(self.client)
+            self.outage.wait_until_up(self.client, self.stop, backoff)
+        finally:
+            _close(pubsub, self._on_reconnect)
 
     def _on_reconnect(self, connection: Any) -> None:
         # redis-py keeps connect callbacks as weak methods: a bound method of this thread.
@@ -160,6 +164,19 @@ class CancelSubscriber(threading.Thread):
         self.log.warning("%s cancel message(s) refused in the last %.0f s (last: %s)", what,
                          elapsed, self._last_rejection)
         return counts
+
+
+def _close(pubsub: Any, callback: Callable[[Any], None]) -> None:
+    """Close a subscription and hand its connection back to the pool without our connect
+    callback: another user of that pooled connection reconnecting it is not a
+    resubscription of ours (before, it made the listener re-read every held run)."""
+    connection = pubsub.connection
+    if connection is not None:
+        connection.deregister_connect_callback(callback)
+    try:
+        pubsub.close()
+    except Exception:  # the connection is gone already
+        pass
 
 
 def _refresh_slots(client: redis.Redis) -> None:

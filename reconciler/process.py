@@ -6,7 +6,9 @@ so once per outage."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 import threading
 import time
@@ -80,6 +82,9 @@ def run_reconciler(settings: Settings, interval: float | None = None, *,
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     interval = interval or settings.reconciler.interval_s
+    # SIGUSR1 prints every thread's stack to the log: what an operator (or a test) asks
+    # of a process that looks stuck, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     rec = build(settings)
     heart = Heartbeat(stale_after_s or max(60.0, 20 * interval), lambda: rec.outage.down)
     if probe is not None:

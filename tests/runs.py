@@ -4,7 +4,7 @@ their types, whether a step is in flight, a stat, who listens for cancels."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -12,6 +12,7 @@ import redis
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
+from durable.testing.processes import Process, wait_for
 
 
 def events_of(client: Client, run: str) -> list[ev.Event]:
@@ -39,6 +40,31 @@ def stat_of(r: redis.Redis, name: str) -> int:
 def cancel_listeners(r: redis.Redis) -> int:
     """How many clients listen on the cancel channel (workers, reconcilers)."""
     return int(dict(r.pubsub_numsub(keys.CANCEL_CHANNEL)).get(keys.CANCEL_CHANNEL.encode(), 0))
+
+
+def deaf_listeners_report(r: redis.Redis, procs: Sequence[Process]) -> str:
+    """Why fewer processes listen for cancels than should: the pub/sub clients Redis knows,
+    then each process's stacks (SIGUSR1 makes it print them) and the end of its log."""
+    try:
+        clients = "\n".join(f"  {c.get('addr')} name={c.get('name')} sub={c.get('sub')} "
+                            f"cmd={c.get('cmd')}" for c in r.client_list(_type="pubsub"))
+    except redis.RedisError as exc:
+        clients = f"  (CLIENT LIST failed: {exc})"
+    for p in procs:
+        p.send(signal.SIGUSR1)
+    parts = [f"{cancel_listeners(r)} listen on the cancel channel; pub/sub clients:\n{clients}"]
+    for p in procs:
+        if p.log_path is None:
+            continue
+        wait_for(lambda p=p: "most recent call first" in p.log_path.read_text(), 3)
+        blocks = p.log_path.read_text().split("\n\n")
+        stacks = [b for b in blocks if "most recent call first" in b
+                  and ("subscriber.py" in b or "listener.py" in b)]
+        lines = [line for line in p.log_path.read_text().splitlines()
+                 if line[:4].isdigit()]  # the log's own lines, not the stacks
+        parts += [f"--- {p.log_path.name} (alive: {p.alive()}) ---", *lines[-40:],
+                  "listener stacks:", *stacks]
+    return "\n".join(parts)
 
 
 def killed_at_step_2_then_resumed(client: Client, worker: Callable[..., Any],

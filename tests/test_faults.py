@@ -27,7 +27,7 @@ from durable.testing import Reconciler, Worker, wait_for
 from durable.workers.loop import StepLoop
 from tests.agents import applications
 from tests.conftest import ServerFactory, WorkerFactory
-from tests.runs import cancel_listeners, is_dispatched, types_of
+from tests.runs import cancel_listeners, deaf_listeners_report, is_dispatched, types_of
 
 
 def _publish_cancel(r: redis.Redis, run: str, reason: str) -> None:
@@ -89,8 +89,8 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
         srv.start()
         r = srv.client()
         # Two workers and the reconciler listen again.
-        assert wait_for(lambda: cancel_listeners(r) == 3, 30), (
-            cancel_listeners(r), [p.log_path.read_text()[-2000:] for p in procs if p.log_path])
+        if not wait_for(lambda: cancel_listeners(r) == 3, 30):
+            pytest.fail(deaf_listeners_report(r, procs))
         doomed = runs[:5]
         for run in doomed:
             _publish_cancel(r, run, "published after the restart")

@@ -16,6 +16,7 @@ as it starts: the runs the pool took meanwhile are handed back all the same.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
@@ -147,6 +148,9 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("rq.worker").addFilter(_QuietReconnects())
+    # SIGUSR1 prints every thread's stack to the log: what an operator (or a test) asks
+    # of a process that looks stuck, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     chain = load_hooks(hooks)
     if metrics_port is not None:
         worker_metrics.listen(metrics_host, metrics_port)
