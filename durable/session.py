@@ -136,7 +136,9 @@ class Session:
         self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: The steps handed to the worker and not answered yet.
         self.pending: list[int] = []
-        self.thread = threading.Thread(target=self._main, name=f"agent-{run_id}", daemon=True)
+        #: The function's own thread, made when it starts (an ``async def`` function has
+        #: none: ``AsyncSession`` runs it on the event loop).
+        self.thread: threading.Thread | None = None
         self.started = False
         #: True while the function waits for the worker's answer to a decision.
         self.blocked = False
@@ -331,8 +333,7 @@ class Session:
 
     def next_decision(self, state: RunState) -> Decision:
         if not self.started:
-            self.started = True
-            self.thread.start()
+            self._start_thread()
         elif self.pending:
             self.inbox.put(self._answered(state))
         while True:
@@ -344,6 +345,12 @@ class Session:
                 raise item
             decision: Decision = item
             return decision
+
+    def _start_thread(self) -> None:
+        self.started = True
+        self.thread = threading.Thread(target=self._main, name=f"agent-{self.run_id}",
+                                       daemon=True)
+        self.thread.start()
 
     def _answered(self, state: RunState) -> list[Action]:
         """The outcomes of the steps handed over, now in ``state``."""
@@ -366,8 +373,10 @@ class Session:
         its own (a loop that takes no step, past its quarantine), interrupted where it is
         (``Unwind``, a ``BaseException``), as the watchdog interrupts a ``decide()``."""
         self.inbox.put(UNWIND)
-        ident = self.thread.ident
-        if self.started and not self.blocked and self.thread.is_alive() and ident is not None:
+        thread = self.thread
+        ident = thread.ident if thread is not None else None
+        if self.started and not self.blocked and thread is not None and thread.is_alive() \
+                and ident is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
                                                        ctypes.py_object(Unwind))
 
@@ -375,8 +384,7 @@ class Session:
         """Execute the function from the start, off any worker: the first decision it hands
         over (its next step past what the log records), or what it raises. Nothing is sent:
         the function is ended right after (``close``)."""
-        self.started = True
-        self.thread.start()
+        self._start_thread()
         try:
             item = self.outbox.get(timeout=timeout_s)
         except queue.Empty:
