@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from durable.agents import Decision, Fail, Finish
 from durable.errors import UsageError
-from durable.eventloop import AGENT_TASK, EVENT_LOOP, LoopBlocked
+from durable.eventloop import AGENT_TASK, EVENT_LOOP, Handoff, LoopBlocked
 from durable.log.state import Action, RunState
 from durable.session import (
     CURRENT,
@@ -46,7 +46,7 @@ class AsyncSession(Session):
         #: Calls waiting to be handed over together.
         self.batch: list[tuple[str, dict[str, Any], asyncio.Future[Any]]] = []
         #: The worker's side of the decision asked for: resolved by the function.
-        self.decided: concurrent.futures.Future[Any] | None = None
+        self.decided: Handoff[Any] | None = None
         #: The function's side of the step handed over: resolved by the worker.
         self.answer: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -175,14 +175,14 @@ class AsyncSession(Session):
 
     # The worker's side (any thread) --------------------------------------------------------
 
-    def begin(self, state: RunState | None) -> concurrent.futures.Future[Any]:
+    def begin(self, state: RunState | None) -> Handoff[Any]:
         """Ask for the function's next decision: the future is resolved with it (or with
         what the function raised) on the loop's thread; nothing blocks meanwhile."""
-        wanted: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        wanted: Handoff[Any] = Handoff()
         self.decided = wanted
         if not self.started:
             self.started = True
-            EVENT_LOOP.submit(self._amain(), name=f"{AGENT_TASK}{self.run_id}")
+            EVENT_LOOP.spawn(self._amain(), name=f"{AGENT_TASK}{self.run_id}")
         elif self.pending:
             assert state is not None
             EVENT_LOOP.call_soon(self._reply, self._answered(state))

@@ -40,7 +40,6 @@ another thread than the function's own is refused (``UsageError``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import inspect
 import random
 import time
@@ -59,6 +58,7 @@ from durable.agents import (
     registry,
 )
 from durable.async_session import AsyncSession
+from durable.eventloop import Handoff
 from durable.log.fold import fold
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
@@ -275,7 +275,7 @@ class CodeAgent(Agent):
         values are recorded with a step's intent or a wait)."""
         return bool(state.step or state.wait is not None or state.last_wait is not None)
 
-    def decide_soon(self, state: RunState) -> concurrent.futures.Future[Any]:
+    def decide_soon(self, state: RunState) -> Handoff[Any]:
         """An ``async def`` function's next decision, without blocking: the future is
         resolved with it (or what the function raised: ``decision_of``) on the event
         loop's thread. Its session is made by ``open_session`` first (that reads the log)."""

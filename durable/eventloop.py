@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("durable.eventloop")
 
@@ -46,6 +46,95 @@ WARN_S = 0.5
 
 #: Tasks whose names start with this are an agent's function (``durable.session``).
 AGENT_TASK = "agent:"
+
+
+_PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
+
+
+class Handoff(Generic[T]):
+    """A result handed from the loop's thread to a run's driver (or back): the part of
+    ``concurrent.futures.Future``'s protocol the worker uses, at a fraction of its cost.
+    A worker makes two of these per step of every run it holds; a ``Future`` builds a
+    ``Condition`` (a Python object around a re-entrant lock) for each, this one lock, and an
+    ``Event`` only when a thread waits on it with ``result``.
+
+    ``add_done_callback`` calls run on the thread that settles it (or at once when it is
+    settled); settling twice raises ``InvalidStateError``, as a ``Future`` does."""
+
+    __slots__ = ("_callbacks", "_lock", "_state", "_value", "_waiter")
+
+    def __init__(self) -> None:
+        self._state = _PENDING
+        self._value: Any = None
+        self._callbacks: list[Callable[[Handoff[T]], object]] | None = None
+        self._lock = threading.Lock()
+        self._waiter: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def set_result(self, value: T) -> None:
+        if not self._settle(_RESULT, value):
+            raise concurrent.futures.InvalidStateError("the hand-off is settled already")
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._settle(_ERROR, exc):
+            raise concurrent.futures.InvalidStateError("the hand-off is settled already")
+
+    def cancel(self) -> bool:
+        """Settle it as cancelled; False when it was settled already."""
+        return self._settle(_CANCELLED, None)
+
+    def add_done_callback(self, fn: Callable[[Handoff[T]], object]) -> None:
+        with self._lock:
+            if self._state == _PENDING:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def result(self, timeout: float | None = None) -> T:
+        """Its value (waiting up to ``timeout`` seconds); raises what it was settled with,
+        ``CancelledError``, or ``TimeoutError`` (``concurrent.futures``')."""
+        self._wait(timeout)
+        if self._state == _ERROR:
+            raise self._value
+        return self._value  # type: ignore[no-any-return]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return self._value if self._state == _ERROR else None
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._state == _PENDING:
+            with self._lock:
+                waiter = None
+                if self._state == _PENDING:
+                    waiter = self._waiter = self._waiter or threading.Event()
+            if waiter is not None and not waiter.wait(timeout):
+                raise concurrent.futures.TimeoutError()
+        if self._state == _CANCELLED:
+            raise concurrent.futures.CancelledError()
+
+    def _settle(self, state: int, value: Any) -> bool:
+        with self._lock:
+            if self._state != _PENDING:
+                return False
+            self._state, self._value = state, value
+            callbacks, self._callbacks = self._callbacks, None
+            waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a done callback of a hand-off")
+        return True
 
 
 class LoopBlocked(BaseException):
@@ -88,28 +177,36 @@ class EventLoop:
         """Whether the calling code runs on this loop's thread."""
         return self._loop is not None and threading.get_ident() == self._thread_id
 
-    def submit(self, coro: Coroutine[Any, Any, T], name: str = "") -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[Any, Any, T], name: str = "") -> Handoff[T]:
         """Run ``coro`` as a task of the loop; its result (or what it raised) is on the
-        future returned, which may be waited on or given a done callback from any thread."""
+        hand-off returned, which may be waited on or given a done callback from any
+        thread."""
         loop = self.loop
-        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        done: Handoff[T] = Handoff()
+
+        def finished(t: asyncio.Task[T]) -> None:
+            if t.cancelled():
+                done.cancel()
+            elif (exc := t.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(t.result())
 
         def start() -> None:
-            task = loop.create_task(coro, name=name or None)
-
-            def finished(t: asyncio.Task[T]) -> None:
-                if t.cancelled():
-                    done.cancel()
-                    done.set_running_or_notify_cancel()
-                elif t.exception() is not None:
-                    done.set_exception(t.exception())
-                else:
-                    done.set_result(t.result())
-
-            task.add_done_callback(finished)
+            loop.create_task(coro, name=name or None).add_done_callback(finished)
 
         self._post(start)
         return done
+
+    def spawn(self, coro: Coroutine[Any, Any, object], name: str = "") -> None:
+        """Run ``coro`` as a task of the loop when nobody waits for its end (it reports
+        its own outcome); what it raises is logged."""
+        loop = self.loop
+
+        def start() -> None:
+            loop.create_task(coro, name=name or None).add_done_callback(_log_failure)
+
+        self._post(start)
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         """Call ``fn(*args)`` on the loop, from any thread."""
@@ -185,6 +282,11 @@ class EventLoop:
                 log.error("%s blocked the event loop for %.1f s: interrupted", name, held_s)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("task %s failed", task.get_name(), exc_info=exc)
 
 
 def _running_task(loop: asyncio.AbstractEventLoop) -> asyncio.Task[Any] | None:

@@ -16,7 +16,6 @@ reports the function that blocks it, and interrupts it past its limit
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from durable.agents import Agent, Tool
 from durable.async_session import decision_of
 from durable.code import CodeAgent
+from durable.eventloop import Handoff
 from durable.log.state import Action, RunState
 from durable.log.store import Spec
 
@@ -38,7 +38,7 @@ class Awaiting(Offload):
 
     __slots__ = ("start",)
 
-    def __init__(self, what: str, start: Callable[[], concurrent.futures.Future[Any]]) -> None:
+    def __init__(self, what: str, start: Callable[[], Handoff[Any]]) -> None:
         super().__init__(what, start)
         self.start = start
 
@@ -51,7 +51,7 @@ class Awaiting(Offload):
             done()
             return
 
-        def finished(f: concurrent.futures.Future[Any]) -> None:
+        def finished(f: Handoff[Any]) -> None:
             if f.cancelled():
                 self.error = Abandoned()
             elif f.exception() is not None:

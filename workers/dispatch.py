@@ -8,7 +8,6 @@ The call runs on the thread that makes it, watched by the worker's ``CallWatch``
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ import tenacity
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
 from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import RateLimited
-from durable.eventloop import EVENT_LOOP
+from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
@@ -133,7 +132,7 @@ class Dispatcher:
         return self._outcome(tool, act, token, result, args)
 
     def dispatch_soon(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
-                      args: Any = None) -> concurrent.futures.Future[list[Spec]]:
+                      args: Any = None) -> Handoff[list[Spec]]:
         """``dispatch`` for an ``async def`` tool, as a task on the process's event loop:
         the future is resolved with the events its call observed; nothing blocks. Its
         deadline and a cancel stop it where it awaits (its task is cancelled at once)."""
