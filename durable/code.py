@@ -118,6 +118,19 @@ class RunContext:
         outside ``call`` either way."""
         return self._session.replaying
 
+    def went_past(self, step: int) -> bool:
+        """Whether an earlier execution of the function was given ``step``'s outcome and
+        went on: the log holds the outcome and a step decided after it (not with it, in
+        one parallel group). An integration does not report such a call's events again;
+        those of the last step before a crash it reports again (they may not have been)."""
+        actions = self._session.actions
+        act = actions.get(step)
+        if act is None or not act.settled:
+            return False
+        group = act.group or act.step
+        return any(m > step and (later.group or later.step) != group
+                   for m, later in actions.items())
+
     def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
         """Take a step: the tool's result, from the log when it was already recorded.
         Raises ``StepFailed`` when the step failed, was canceled or rejected."""

@@ -195,22 +195,20 @@ dynamic_durability.register()
 # ``TEST_EVENTS`` (SQLite): a handler shown the same event twice would show.
 
 
-def _count_events(run_id: str, n: int) -> None:
+def _count_events(run_id: str, kinds: list[str]) -> None:
     import sqlite3
 
     conn = sqlite3.connect(os.environ["TEST_EVENTS"], timeout=10, isolation_level=None)
     try:
-        conn.execute("CREATE TABLE IF NOT EXISTS events (run TEXT, n INTEGER)")
-        conn.execute("INSERT INTO events VALUES (?, ?)", (run_id, n))
+        conn.execute("CREATE TABLE IF NOT EXISTS events (run TEXT, n INTEGER, kinds TEXT)")
+        conn.execute("INSERT INTO events VALUES (?, ?, ?)", (run_id, len(kinds), ",".join(kinds)))
     finally:
         conn.close()
 
 
 async def _handler(ctx: RunContext[None], events: Any) -> None:
-    n = 0
-    async for _ in events:
-        n += 1
-    _count_events(str(ctx.run_id), n)
+    kinds = [event.event_kind async for event in events]
+    _count_events(str(ctx.run_id), kinds)
 
 
 def _stream_script(messages: list[ModelMessage]) -> list[Any]:

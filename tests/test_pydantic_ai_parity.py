@@ -8,6 +8,7 @@ writing its effects into a SQLite file that never deduplicates (``TEST_DB_DEDUPE
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -255,14 +256,20 @@ def test_a_code_agent_calls_an_mcp_server_each_key_applied_once_across_a_kill(
     assert verify(client.log, run).ok
 
 
-def _events_seen(path: Path) -> dict[str, int]:
+def _events_seen(path: Path) -> dict[str, Counter[str]]:
+    """Per run, how many events of each kind its handler counted (``part_start``,
+    ``function_tool_call``...), over every stream it was shown."""
     import sqlite3
 
     conn = sqlite3.connect(path)
     try:
-        return dict(conn.execute("SELECT run, SUM(n) FROM events GROUP BY run").fetchall())
+        rows = conn.execute("SELECT run, kinds FROM events").fetchall()
     finally:
         conn.close()
+    seen: dict[str, Counter[str]] = {}
+    for run, kinds in rows:
+        seen.setdefault(run, Counter()).update(k for k in kinds.split(",") if k)
+    return seen
 
 
 def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across_a_kill(
@@ -285,7 +292,30 @@ def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across
         assert final.state == "completed", (run, final.state, final.reason)
         assert final.result == "booked both"
     seen = _events_seen(tmp_path / "events.sqlite")
-    assert seen[calm] > 0 and seen[killed] == seen[calm], seen
+    assert seen[calm]["function_tool_call"] == 2 and seen[killed] == seen[calm], seen
+
+
+def test_a_recorded_tool_calls_events_are_not_shown_again_when_the_function_reruns(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGKILL once the second model request's intent is recorded (step 3), after the first
+    booking (step 2) came back and the function went on: the function is executed again,
+    and pydantic-ai reports that booking again (its call and result events) though its
+    outcome comes from the log. The handler is not shown them, so it counts as many events
+    as in a run nobody killed."""
+    monkeypatch.setenv("TEST_EVENTS", str(tmp_path / "events.sqlite"))
+    killed = client.start("pai_handled", {"prompt": "book"}, run_id="phpast").run_id
+    doomed = worker(kill_at="after_intent:3")
+    assert doomed.wait(60) == -signal.SIGKILL
+    calm = client.start("pai_handled", {"prompt": "book"}, run_id="phcalm2").run_id
+    worker()
+    reconciler()
+    for run in (calm, killed):
+        final = client.wait(run, timeout=60)
+        assert final.state == "completed", (run, final.state, final.reason)
+    seen = _events_seen(tmp_path / "events.sqlite")
+    assert seen[calm]["function_tool_call"] == 2 and seen[killed] == seen[calm], seen
 
 
 def test_a_model_response_over_the_result_limit_fails_the_run_naming_it(

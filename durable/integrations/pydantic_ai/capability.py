@@ -31,7 +31,13 @@ from durable.integrations.pydantic_ai.codec import plain, primary
 from durable.integrations.pydantic_ai.inputs import RunInput
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import Binding, StepOptions, binding, bound
+from durable.integrations.pydantic_ai.steps import (
+    Binding,
+    StepOptions,
+    binding,
+    bound,
+    without_replayed,
+)
 from durable.integrations.pydantic_ai.toolsets import (
     DurableDynamicToolset,
     DurableFunctionToolset,
@@ -61,7 +67,8 @@ class RedisDurability(AbstractCapability[Any]):
     worker. ``return_messages``: the result is ``{"output": ..., "messages": [...]}``.
     ``stream``: model requests are streamed, their text published to the run's followers;
     ``event_stream_handler``: pydantic-ai's, given to each run (streamed too); it sees each
-    event once across recoveries (a recorded request's events are not shown again).
+    event once across recoveries: neither a recorded request's events nor a recorded tool
+    call's are shown again (``steps.without_replayed``), only the call a crash interrupted.
     ``version``, ``budgets`` and ``options`` are the registered agent's (``durable.code``).
     """
 
@@ -260,7 +267,7 @@ class RedisDurability(AbstractCapability[Any]):
         if "model" not in kwargs and self.model is not None:
             kwargs["model"] = self.model
         if self.event_stream_handler is not None:
-            kwargs["event_stream_handler"] = self.event_stream_handler
+            kwargs["event_stream_handler"] = without_replayed(self.event_stream_handler)
         elif self.stream:
             kwargs["event_stream_handler"] = _ignore_events
         token = binding.set(Binding(self, ctx))

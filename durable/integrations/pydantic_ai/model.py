@@ -107,15 +107,16 @@ class DurableModel(WrapperModel):
     async def _step(self, messages: list[ModelMessage], settings: ModelSettings | None,
                     parameters: ModelRequestParameters, stream: bool,
                     run_context: RunContext[Any] | None = None) -> tuple[ModelResponse, bool]:
-        """The response, and whether it came from the log (an earlier execution of the
-        function, whose event-stream handler saw its events already)."""
+        """The response, and whether an earlier execution of the function was given it and
+        went on (its event-stream handler saw its events already). A response recorded
+        just before a crash is shown again: the function may not have been given it."""
         b = bound(self._owner)
         assert b is not None
         args = {"messages": identity(messages), "settings": plain(settings),
                 "parameters": plain(parameters)}
         call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
-        recorded = b.ctx.replaying
-        return decode_response(await b.step(self._owner.model_step, args, call)), recorded
+        response, seen = await b.step_seen(self._owner.model_step, args, call)
+        return decode_response(response), seen
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
@@ -136,12 +137,12 @@ class DurableModel(WrapperModel):
                 yield streamed
             return
         # The step streams the request (its text reaches the run's followers as it comes);
-        # the function gets the completed response, replayed as events, except when it comes
-        # from the log: the handler saw those events when the function first took the step.
-        response, recorded = await self._step(messages, model_settings,
-                                              model_request_parameters, True, run_context)
+        # the function gets the completed response, replayed as events, except when an
+        # earlier execution went past it: the handler saw those events then.
+        response, seen = await self._step(messages, model_settings,
+                                          model_request_parameters, True, run_context)
         yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
-                                        replay_events=not recorded)
+                                        replay_events=not seen)
 
 
 def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettings:

@@ -53,7 +53,8 @@ async def take_step(owner: RedisDurability, step: str, toolset: AbstractToolset[
     assert b is not None
     args = plain(tool_args if step_args is None else step_args)
     try:
-        outcome = await b.step(step, args, ToolCall(toolset, name, tool_args, ctx, tool))
+        outcome = await b.step(step, args, ToolCall(toolset, name, tool_args, ctx, tool),
+                               call_id=ctx.tool_call_id)
     except StepFailed as exc:
         if exc.status == "rejected":
             return ToolDenied(f"The tool call was denied: {exc.error}.")
