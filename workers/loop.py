@@ -18,6 +18,7 @@ outside their steps (the watchdog, the hand-back) in ``workers.watchdog``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -78,6 +79,13 @@ log = logging.getLogger("durable.worker")
 #: Events after which a job has nothing left to do: their batch also releases the lease.
 _LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered,
                 ev.Quarantined)
+
+
+@functools.cache
+def _last_write(cls: type) -> bool:
+    """Whether an event of ``cls`` ends a job's work (one ``issubclass`` per event class,
+    not per event: every commit asks)."""
+    return issubclass(cls, _LAST_WRITES)
 
 
 class StepLoop:
@@ -395,7 +403,7 @@ class StepLoop:
         A batch that ends the job's work (terminal, waiting) also lets go of the lease in the
         same script call.
         """
-        release = any(issubclass(s.cls, _LAST_WRITES) for s in specs) and not kw.get("if_free")
+        release = not kw.get("if_free") and any(_last_write(s.cls) for s in specs)
         if release:
             slot = SLOT.get()
             if slot is not None:
