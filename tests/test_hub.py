@@ -22,7 +22,7 @@ from durable.log.verify import verify
 from durable.queue import enqueue_many
 from durable.settings import Settings
 from durable.testing import wait_for
-from durable.workers.hub import PRESTARTED, RunHub
+from durable.workers.hub import PRESTARTED, TAKE_AHEAD, RunHub
 from durable.workers.loop import StepLoop
 from tests import agents as test_agents
 from tests.agents import applications
@@ -65,6 +65,27 @@ def test_quick_agent_code_and_tools_run_on_the_driving_thread(
     # A collection pause, or the machine preempting the driver inside agent code, may
     # cost a few: far from one per call.
     assert hub.handoffs <= 24, hub.handoffs
+
+
+def test_a_hub_takes_a_backlog_a_share_at_a_time_and_completes_it(
+    layout: KeyLayout, settings: Settings, client: Client, r: redis.Redis
+) -> None:
+    """600 ready runs and 1,000 free slots: a fill takes ``TAKE_AHEAD`` of them, not all
+    (the others stay on the ready list for the other workers, which start them as soon);
+    the hub then takes the rest as it starts runs, and completes every one."""
+    registry.load("examples.agents,tests.agents")
+    loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
+                    "w:hub:share")
+    big = RunHub(loop, 1000)
+    try:
+        runs = client.start_many("count", [{"steps": 1}] * 600, enqueue=False)
+        ids = [run.run_id for run in runs]
+        enqueue_many(r, client.log.keys, client.queue, ids)
+        assert big.slots.fill() == TAKE_AHEAD
+        big.slots.finish()
+        assert _completed(layout, r, ids) == 600
+    finally:
+        big.slots.shutdown(5)
 
 
 def test_a_slow_tool_hands_the_driving_over_and_the_other_runs_go_on(

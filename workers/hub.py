@@ -77,6 +77,9 @@ FLUSH_EVERY = 16
 #: Batches out at most before a new run is started (runs already going are not held).
 MAX_INFLIGHT = 4
 
+#: Runs taken from the ready lists and not started yet, at most (``_pop_ready``).
+TAKE_AHEAD = 256
+
 #: Spare threads started with the hub (more are started as slow calls need them).
 PRESTARTED = 16
 
@@ -128,7 +131,8 @@ class RunHub:
         #: thread (its result is on the ``Offload`` they wait on).
         self._incoming: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         #: The worker's run slots: ``drain``, ``fill``, ``poll``, ``shutdown`` and the rest.
-        self.slots = Slots(loop, size, hand=self._hand, on_popped=self._popped_by_fill)
+        self.slots = Slots(loop, size, hand=self._hand, on_popped=self._popped_by_fill,
+                           room=self._room)
         self._callbacks = DriverCallbacks(on_abandon=self.slots.give_back)
         self._sender = batcher
         #: The ready list is popped in the hub's own batches when it is on the log's server.
@@ -185,6 +189,12 @@ class RunHub:
 
     def _hand(self, run_id: str) -> None:
         self._incoming.put(self._task(run_id))
+
+    def _room(self) -> int:
+        """How many more runs to take now: ``TAKE_AHEAD`` less those waiting to be started
+        (``_fresh``) or taken in (``_incoming``: runs handed to the hub, and runs coming
+        back from user code, a busy hub's share). At least 0."""
+        return max(0, TAKE_AHEAD - len(self._fresh) - self._incoming.qsize())
 
     def _popped_by_fill(self, asked: int, got: int) -> None:
         """``fill``'s pop (a ``drain``, the poll): whether more may be ready is known."""
@@ -315,19 +325,27 @@ class RunHub:
 
     def _pop_ready(self) -> None:
         """Free slots take ready runs: one ``LPOP key count`` in the batch about to go (on
-        the queue's own server when it has one: a round trip, while runs may be ready)."""
+        the queue's own server when it has one: a round trip, while runs may be ready).
+
+        No more than ``TAKE_AHEAD`` runs wait here to be started: a backlog is shared by
+        the workers at the pace each starts runs, instead of going whole to the first that
+        asks (5,000 ready runs went to one of two workers of 5,000 slots, which then did
+        all the work on one core while the other sat idle)."""
         slots = self.slots
         if not (self._more_ready and slots.accepting):
+            return
+        room = self._room()
+        if room <= 0:
             return
         if not self._pops_in_batch:
             if slots.busy < slots.size:
                 try:
-                    slots.fill()
+                    slots.fill(room)
                 except redis.RedisError as exc:
                     self._more_ready = False
                     self.loop.outage.failed(exc)
             return
-        free = slots.take_free()
+        free = slots.take_free(room)
         if free:
             self._batch.append((None, RedisCall(None, take_command(slots.next_ready_key(),
                                                                    free))))

@@ -65,9 +65,12 @@ class Slots:
     """Up to ``size`` runs driven at once (see the module doc)."""
 
     def __init__(self, loop: StepLoop, size: int, *, hand: Callable[[str], None],
-                 on_popped: Callable[[int, int], None] = _nothing) -> None:
+                 on_popped: Callable[[int, int], None] = _nothing,
+                 room: Callable[[], int | None] = lambda: None) -> None:
         self.loop = loop
         self.size = size
+        #: How many more runs the driver takes now (None: as many as slots are free).
+        self.room = room
         self.redis = loop.redis
         self.queue = loop.queue
         #: Drives a run in a slot taken for it.
@@ -121,13 +124,16 @@ class Slots:
             ensure_drain(self.queue)  # more are ready: idle workers join in
         return {"taken": taken, "busy": self._busy}
 
-    def fill(self) -> int:
-        """Start ready runs while a slot is free; returns how many were started. The ready
-        runs are taken in one ``LPOP key count`` for all the free slots."""
+    def fill(self, limit: int | None = None) -> int:
+        """Start ready runs while a slot is free (at most ``limit``); returns how many were
+        started. The ready runs are taken in one ``LPOP key count`` for the free slots.
+        Without ``limit``, the driver's ``room`` bounds it."""
+        if limit is None:
+            limit = self.room()
         taken = 0
         while self.accepting:
             free = 0
-            while self._free.acquire(blocking=False):
+            while (limit is None or taken + free < limit) and self._free.acquire(blocking=False):
                 free += 1
             if not free:
                 break
@@ -312,11 +318,11 @@ class Slots:
             return []
         return self.loop.hand_back()
 
-    def take_free(self) -> int:
-        """Take every free slot for runs about to be popped; returns how many (each is
-        given back unless a run is handed to it)."""
+    def take_free(self, limit: int | None = None) -> int:
+        """Take the free slots (at most ``limit``) for runs about to be popped; returns how
+        many (each is given back unless a run is handed to it)."""
         free = 0
-        while self._free.acquire(blocking=False):
+        while (limit is None or free < limit) and self._free.acquire(blocking=False):
             free += 1
         if free:
             with self._idle:  # busy from now: a burst worker must not end while it pops
