@@ -57,6 +57,9 @@ live beside the code that raises them; the test of the public API checks both.
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Iterator
+
 import redis
 
 
@@ -288,3 +291,21 @@ class RateLimited(DurableError):
         self.detail = detail
         super().__init__(f"rate limited, retry after {self.retry_after_s:g} s"
                          + (f": {detail}" if detail else ""))
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it holds, nearest first: the members of an exception group, and
+    each one's ``__cause__`` and ``__context__``; each exception once. A framework wraps
+    the error that matters (a step that failed, a connection that closed) in groups and
+    chains of its own; this is where to look for it."""
+    seen: set[int] = set()
+    todo = collections.deque([exc])
+    while todo:
+        cur = todo.popleft()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        if isinstance(cur, BaseExceptionGroup):
+            todo.extend(cur.exceptions)
+        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)

@@ -272,17 +272,14 @@ def _events_seen(path: Path) -> dict[str, Counter[str]]:
     return seen
 
 
-def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across_a_kill(
-    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A model that only streams, and an agent-level event-stream handler counting what it
-    sees. SIGKILL after the first booking's effect (step 2), before its outcome: the
-    re-executed function takes the first request from the log without showing its events
-    again, so the handler saw as many events as in a run nobody killed."""
+def _handled_across_a_kill(client: Client, worker: WorkerFactory,
+                           reconciler: ReconcilerFactory, monkeypatch: pytest.MonkeyPatch,
+                           tmp_path: Path, kill_at: str) -> None:
+    """A ``pai_handled`` run whose worker is SIGKILLed at ``kill_at``, and one nobody
+    killed: both complete, and the handler counted the same events of each kind for both."""
     monkeypatch.setenv("TEST_EVENTS", str(tmp_path / "events.sqlite"))
     killed = client.start("pai_handled", {"prompt": "book"}, run_id="phkill").run_id
-    doomed = worker(kill_at="after_effect:2")
+    doomed = worker(kill_at=kill_at)
     assert doomed.wait(60) == -signal.SIGKILL
     calm = client.start("pai_handled", {"prompt": "book"}, run_id="phcalm").run_id
     worker()
@@ -295,6 +292,17 @@ def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across
     assert seen[calm]["function_tool_call"] == 2 and seen[killed] == seen[calm], seen
 
 
+def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A model that only streams, and an agent-level event-stream handler counting what it
+    sees. SIGKILL after the first booking's effect (step 2), before its outcome: the
+    re-executed function takes the first request from the log without showing its events
+    again, so the handler saw as many events as in a run nobody killed."""
+    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_effect:2")
+
+
 def test_a_recorded_tool_calls_events_are_not_shown_again_when_the_function_reruns(
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -303,19 +311,9 @@ def test_a_recorded_tool_calls_events_are_not_shown_again_when_the_function_reru
     booking (step 2) came back and the function went on: the function is executed again,
     and pydantic-ai reports that booking again (its call and result events) though its
     outcome comes from the log. The handler is not shown them, so it counts as many events
-    as in a run nobody killed."""
-    monkeypatch.setenv("TEST_EVENTS", str(tmp_path / "events.sqlite"))
-    killed = client.start("pai_handled", {"prompt": "book"}, run_id="phpast").run_id
-    doomed = worker(kill_at="after_intent:3")
-    assert doomed.wait(60) == -signal.SIGKILL
-    calm = client.start("pai_handled", {"prompt": "book"}, run_id="phcalm2").run_id
-    worker()
-    reconciler()
-    for run in (calm, killed):
-        final = client.wait(run, timeout=60)
-        assert final.state == "completed", (run, final.state, final.reason)
-    seen = _events_seen(tmp_path / "events.sqlite")
-    assert seen[calm]["function_tool_call"] == 2 and seen[killed] == seen[calm], seen
+    as in a run nobody killed (and it is shown the second request, which the kill cut
+    short)."""
+    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_intent:3")
 
 
 def test_a_model_response_over_the_result_limit_fails_the_run_naming_it(

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import anyio
 
 from durable.agents import OutcomeUnknown
+from durable.errors import causes
 
 __all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "Session", "Sessions", "connection_lost",
            "read_only"]
@@ -57,25 +58,11 @@ class Session(Protocol):
     async def __aexit__(self, *exc: Any) -> Any: ...
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        cur = todo.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        yield cur
-        if isinstance(cur, BaseExceptionGroup):
-            todo.extend(cur.exceptions)
-        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
-
-
 def connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) says the connection to the server is gone: the MCP
     SDK's "Connection closed", a closed or broken stream, a broken pipe. A tool's own error,
     or a timeout, is not."""
-    for cur in _chain(exc):
+    for cur in causes(exc):
         if isinstance(cur, anyio.ClosedResourceError | anyio.BrokenResourceError
                       | anyio.EndOfStream | BrokenPipeError | ConnectionResetError):
             return True

@@ -4,7 +4,6 @@ context variable) through which its model, tools and handoffs take steps, and ho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from agents.exceptions import AgentsException
 
 from durable.code import AsyncRunContext, StepFailed
+from durable.errors import causes
 from durable.integrations.openai_agents import steps as st
 from durable.session import Unwind
 
@@ -77,7 +77,7 @@ def primary(exc: BaseException) -> BaseException:
     """What to raise out of the function for what ended ``Runner.run``: the worker letting go
     of the run (``Unwind``) first, then a failed step, then the SDK's own outcome (the run
     fails); anything else as it is (an agent bug, for the worker to judge)."""
-    chain = list(_chain(exc))
+    chain = list(causes(exc))
     for kind in (Unwind, StepFailed, AgentsException):
         for found in chain:
             if isinstance(found, kind):
@@ -85,15 +85,3 @@ def primary(exc: BaseException) -> BaseException:
     return next((e for e in chain if not isinstance(e, Exception)), exc)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        cur = todo.pop(0)
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        yield cur
-        if isinstance(cur, BaseExceptionGroup):
-            todo.extend(cur.exceptions)
-        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
