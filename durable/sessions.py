@@ -31,13 +31,14 @@ skips runs that have expired.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis
 
 from durable.errors import SessionBusy, UsageError
 from durable.log import keys
+from durable.log.index import SessionTurn
 from durable.log.scripts import Scripts
 from durable.log.state import TERMINAL
 
@@ -120,3 +121,37 @@ def walk(r: redis.Redis, tenant: str, name: str, after: str | None = None,
         for rid, turn in page:
             yield _text(rid), float(turn)
         high = f"({page[-1][1]}"
+
+
+def rebuild(r: redis.Redis, turns: Iterable[SessionTurn]) -> list[str]:
+    """Restore lost session keys from the turns the run logs record (``durable
+    repair-index``); returns the sessions restored ("tenant/name", "/name" without one).
+
+    A session whose hash is gone gets it back: its head is its newest run (turns are taken
+    one at a time, so the start times order them), with the run that one continues and its
+    turn count. A session whose runs list is gone gets it back with the turns numbered 1, 2,
+    ... in that order, and a head kept in place counts at least that many turns. Keys that
+    are there are left as they are: a claim in them may be newer than any log (a start in
+    progress). A turn whose run has expired is in no log and is not listed again."""
+    by_session: dict[tuple[str, str], list[SessionTurn]] = {}
+    for turn in turns:
+        by_session.setdefault((turn.tenant, turn.session), []).append(turn)
+    restored = []
+    for (tenant, name), found in sorted(by_session.items()):
+        found.sort(key=lambda t: (t.created, t.run_id))
+        k, runs = keys.session(tenant, name), keys.session_runs(tenant, name)
+        has_head, has_runs = bool(r.exists(k)), bool(r.exists(runs))
+        if has_head and has_runs:
+            continue
+        pipe = r.pipeline(transaction=False)
+        if not has_runs:
+            pipe.zadd(runs, {t.run_id: n for n, t in enumerate(found, 1)})
+        if not has_head:
+            newest = found[-1]
+            pipe.hset(k, mapping={"head": newest.run_id, "from": newest.continue_from,
+                                  "at": newest.created, "n": len(found)})
+        elif int(r.hget(k, "n") or 0) < len(found):
+            pipe.hset(k, "n", len(found))
+        pipe.execute()
+        restored.append(f"{tenant}/{name}")
+    return restored

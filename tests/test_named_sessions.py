@@ -366,3 +366,40 @@ def test_a_schedules_runs_are_turns_of_its_session(client: Client, model: ModelS
     started = _started(client, f"digest-{t0 // 1000 + 2}")
     assert (started.session, started.tenant, started.continue_from) == (
         "daily", "acme", f"digest-{t0 // 1000}")
+
+
+def test_repair_index_restores_lost_session_keys_and_names_unreadable_logs(
+        client: Client, model: ModelServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """A session's two keys are deleted (a flushed or restored shard): ``repair-index``
+    restores them from the turns the run logs record, so the next start is still refused
+    while the latest turn runs, and then continues it. A session whose keys are there is
+    left as it is, and a log that cannot be read is named, not passed over in silence."""
+    client.registry.load(AGENTS)
+    r = client.redis
+    for n in (1, 2):
+        client.start("talker", {"say": f"turn {n}"}, run_id=f"lost-{n}", session="lost",
+                     tenant="acme")
+        client.cancel(f"lost-{n}", reason="ended")
+    client.start("talker", {"say": "turn 3"}, run_id="lost-3", session="lost", tenant="acme")
+    client.start("talker", {"say": "hi"}, run_id="kept-1", session="kept")
+    kept = r.hgetall(keys.session("", "kept"))
+    r.delete(keys.session("acme", "lost"), keys.session_runs("acme", "lost"))
+    r.xadd(client.log.keys.log("junk"), {"e": b"\xff not an event"})
+    capsys.readouterr()
+    assert main(["repair-index"]) == 1  # the unreadable log fails the command
+    out = capsys.readouterr().out
+    assert "reindexed 6 runs" not in out and "reindexed 4 runs" in out, out
+    assert "restored the keys of 1 sessions: acme/lost" in out
+    assert "not indexed: junk: its log cannot be read" in out
+    head = {k.decode(): v.decode() for k, v in r.hgetall(keys.session("acme", "lost")).items()}
+    assert (head["head"], head["from"], head["n"]) == ("lost-3", "lost-2", "3")
+    assert r.hgetall(keys.session("", "kept")) == kept
+    listed = [x.run_id for x in client.runs(session="lost", tenant="acme")]
+    assert listed == ["lost-3", "lost-2", "lost-1"]
+    with pytest.raises(SessionBusy, match="'lost-3' is pending"):
+        client.start("talker", {"say": "turn 4"}, session="lost", tenant="acme")
+    client.cancel("lost-3", reason="ended")
+    fourth = client.start("talker", {"say": "turn 4"}, run_id="lost-4", session="lost",
+                          tenant="acme").run_id
+    assert _started(client, fourth).continue_from == "lost-3"
+    assert r.zscore(keys.session_runs("acme", "lost"), fourth) == 4

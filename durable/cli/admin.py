@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from durable import sessions
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out
 from durable.cluster import STATE_FILE, LocalCluster
 from durable.durations import parse_duration_ms
@@ -29,8 +30,15 @@ def cmd_redis(args: argparse.Namespace) -> int:
 
 
 def cmd_repair_index(args: argparse.Namespace) -> int:
-    print(f"reindexed {repair(client())} runs")
-    return OK
+    c = client()
+    report = repair(c)
+    restored = sessions.rebuild(c.redis, report.turns)
+    print(f"reindexed {report.runs} runs")
+    if restored:
+        print(f"restored the keys of {len(restored)} sessions: {', '.join(restored)}")
+    for run_id, why in sorted(report.unreadable.items()):
+        print(f"  not indexed: {run_id}: its log cannot be read ({why})")
+    return CHECK_FAILED if report.unreadable else OK
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -5,18 +5,41 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from durable.errors import RunNotFound
 from durable.log.keys import KeyLayout
 from durable.log.state import ALL_STATES
 
 
-def repair(client: Any) -> int:
-    """Rebuild ``dx:runs``, ``dx:runs:<state>`` and the due-set from every run's log, shard
-    by shard."""
+class SessionTurn(NamedTuple):
+    """A run that is a turn of a named session, as its log says (``durable.sessions``)."""
+
+    tenant: str
+    session: str
+    run_id: str
+    continue_from: str
+    created: int
+
+
+@dataclass
+class Repaired:
+    """What ``repair`` did: runs indexed again, runs whose log could not be read (with why:
+    they are left out of the indexes, never dropped silently), and the session turns found
+    (``durable.sessions.rebuild`` restores the session keys from them)."""
+
+    runs: int = 0
+    unreadable: dict[str, str] = field(default_factory=dict)
+    turns: list[SessionTurn] = field(default_factory=list)
+
+
+def repair(client: Any) -> Repaired:
+    """Rebuild ``dx:runs``, ``dx:runs:<state>``, the tenants' indexes and the due-set from
+    every run's log, shard by shard; each run's projection gets its state, version and step
+    from its fold."""
     r, layout = client.redis, client.log.keys
-    count = 0
+    report = Repaired()
     for shard in layout.shard_ids():
         # One call (a cluster pipeline deletes one key at a time): the shard's keys share
         # a slot.
@@ -27,7 +50,8 @@ def repair(client: Any) -> int:
             run_id = layout.run_of_log(raw.decode())
             try:
                 handle = client.log.load(run_id)
-            except Exception:
+            except Exception as exc:  # an undecodable or future-version entry, a bad key
+                report.unreadable[run_id] = f"{type(exc).__name__}: {exc}"
                 continue
             state = handle.state
             pipe.zadd(layout.runs_index(shard), {run_id: state.updated})
@@ -40,9 +64,12 @@ def repair(client: Any) -> int:
             due = client.log.due_for(state, state.updated)
             if due != "-":
                 pipe.zadd(layout.due(shard), {run_id: int(due)})
-            count += 1
+            if state.session:
+                report.turns.append(SessionTurn(state.tenant or "", state.session, run_id,
+                                                state.continue_from, state.created))
+            report.runs += 1
         pipe.execute()
-    return count
+    return report
 
 
 def newest(r: Any, layout: KeyLayout, state: str | None, after: str | None = None,
