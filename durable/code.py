@@ -289,12 +289,11 @@ class CodeAgent(Agent):
         return bool(state.step or state.wait is not None or state.last_wait is not None)
 
     def decide_soon(self, state: RunState) -> Handoff[Any]:
-        """An ``async def`` function's next decision, without blocking: the future is
-        resolved with it (or what the function raised: ``decision_of``) on the event
-        loop's thread. Its session is made by ``open_session`` first (that reads the log)."""
-        session = self.open_session(state)
-        assert isinstance(session, AsyncSession)
-        return session.begin(state)
+        """The function's next decision, without blocking: the hand-off is settled with it
+        (or what the function raised: ``decision_of``) on the event loop's thread for an
+        ``async def`` function, on the function's own thread for a plain one. Its session
+        is made by ``open_session`` first (that reads the log)."""
+        return self.open_session(state).begin(state)
 
     def dry_run(self, state: RunState, timeout_s: float = 10.0) -> tuple[Decision, int]:
         """Execute the function against ``state``'s log without a worker: (the decision it

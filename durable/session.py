@@ -1,12 +1,14 @@
 """One execution of a code agent's function, for as long as a worker drives its run: a
 plain function runs on a thread of its own (an ``async def`` one is a task on the process's
 event loop: ``durable.async_session``); each step it takes is handed to the worker as a
-decision (``outbox``) and it blocks until the step's outcome comes back (``inbox``); values
-it draws from its context and the waits it makes are checked against what the log records
-(``Values``, ``waits_of``). The context the function is given is ``durable.code``'s."""
+decision (the worker asks with ``begin``; the function's thread settles it, ``_deliver``)
+and it blocks until the step's outcome comes back (``inbox``); values it draws from its
+context and the waits it makes are checked against what the log records (``Values``,
+``waits_of``). The context the function is given is ``durable.code``'s."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import ctypes
 import queue
@@ -32,6 +34,7 @@ from durable.agents import (
 )
 from durable.children import CHILD_POLL_MS
 from durable.errors import DurableError, NondeterminismError, UsageError
+from durable.eventloop import Handoff
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
@@ -133,7 +136,9 @@ class Session:
         #: alive (``CodeAgent.park``), or None.
         self.parked_at: int | None = None
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: The worker's ask for the next decision (``begin``): settled by the function's
+        #: thread with what it hands over (``_deliver``).
+        self.decided: Handoff[Any] | None = None
         #: The steps handed to the worker and not answered yet.
         self.pending: list[int] = []
         #: The function's own thread, made when it starts (an ``async def`` function has
@@ -155,15 +160,15 @@ class Session:
             value = self.agent.fn(self.context(self), self.input)
             if isinstance(value, BaseModel):
                 value = value.model_dump(mode="json")
-            self.outbox.put(Finish(value))
+            self._deliver(Finish(value))
         except Unwind:
             return
         except StepFailed as exc:
-            self.outbox.put(Fail(str(exc)[:2000]))
+            self._deliver(Fail(str(exc)[:2000]))
         except EndRun as exc:
-            self.outbox.put(exc.decision)
+            self._deliver(exc.decision)
         except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
-            self.outbox.put(exc)
+            self._deliver(exc)
 
     def call(self, tool: str, args: dict[str, Any]) -> Any:
         self._on_own_thread()
@@ -232,7 +237,7 @@ class Session:
     def _hand_over(self, steps: list[int], decision: Decision) -> list[Action]:
         """Give ``decision`` to the worker and wait for the outcomes of ``steps``."""
         self.pending = steps
-        self.outbox.put(decision)
+        self._deliver(decision)
         answer = self._answer()
         if answer is UNWIND:
             raise Unwind
@@ -253,7 +258,7 @@ class Session:
         recorded, got = self._plan_wait(kind, reason, timeout_s, data)
         if recorded:
             return got
-        self.outbox.put(got)
+        self._deliver(got)
         self._answer()  # the worker lets go of the run while it waits: always an unwind
         raise Unwind
 
@@ -331,15 +336,32 @@ class Session:
 
     # The worker's side ----------------------------------------------------------------
 
-    def next_decision(self, state: RunState) -> Decision:
+    def begin(self, state: RunState | None) -> Handoff[Any]:
+        """Ask for the function's next decision: the hand-off is settled with it (or with
+        what the function raised: ``decision_of``) on the function's thread, once it takes
+        its next step; nothing blocks meanwhile. ``state`` answers the steps handed over."""
+        wanted: Handoff[Any] = Handoff()
+        self.decided = wanted  # before the function is woken: it settles this one
         if not self.started:
             self._start_thread()
         elif self.pending:
+            assert state is not None
             self.inbox.put(self._answered(state))
+        return wanted
+
+    def _deliver(self, item: Any) -> None:
+        """On the function's thread: hand ``item`` (a decision, or what it raised) over."""
+        wanted, self.decided = self.decided, None
+        if wanted is None:
+            raise RuntimeError(f"run {self.run_id}: a decision with nobody asking for it")
+        wanted.set_result(item)
+
+    def next_decision(self, state: RunState) -> Decision:
+        wanted = self.begin(state)
         while True:
             try:
-                item = self.outbox.get(timeout=0.1)  # short: the watchdog can interrupt
-            except queue.Empty:
+                item = wanted.result(timeout=0.1)  # short: the watchdog can interrupt
+            except concurrent.futures.TimeoutError:
                 continue
             if isinstance(item, BaseException):
                 raise item
@@ -384,10 +406,10 @@ class Session:
         """Execute the function from the start, off any worker: the first decision it hands
         over (its next step past what the log records), or what it raises. Nothing is sent:
         the function is ended right after (``close``)."""
-        self._start_thread()
+        wanted = self.begin(None)
         try:
-            item = self.outbox.get(timeout=timeout_s)
-        except queue.Empty:
+            item = wanted.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
             raise TimeoutError(f"did not reach its next step within {timeout_s:g} s") from None
         finally:
             self.close()

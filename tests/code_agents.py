@@ -28,6 +28,15 @@ def code_writer(ctx: RunContext, inp: StepsInput) -> dict[str, Any]:
 
 
 @agent(input_model=StepsInput, tools=("noop",))
+def ponderer(ctx: RunContext, inp: StepsInput) -> int:
+    """Thinks 20 ms (its own code, on its own thread) before each of its quick steps."""
+    for n in range(1, inp.steps + 1):
+        time.sleep(0.02)
+        ctx.call("noop", {"n": n})
+    return inp.steps
+
+
+@agent(input_model=StepsInput, tools=("noop",))
 async def async_counter(ctx: Any, inp: StepsInput) -> int:
     total = 0
     for n in range(1, inp.steps + 1):

@@ -132,6 +132,23 @@ def test_slow_code_goes_to_a_spare_thread_once_known_slow(
     assert hub.threads == threads == 1 + min(hub.slots.size, PRESTARTED)
 
 
+def test_a_plain_functions_slow_thinking_holds_no_thread_of_the_hub(
+    hub: RunHub, client: Client, r: redis.Redis
+) -> None:
+    """20 runs of a plain code agent that thinks 20 ms before each of its 3 steps (far past
+    the hand-off time): its decisions are awaited from the function's own thread, so the
+    driving never moves, no decision goes to a spare thread, no thread is started, and
+    every run completes. (Waiting for a function on a hub thread handed the driving over,
+    then sent each decision to a spare, which slept until the function answered.)"""
+    threads = hub.threads
+    runs = client.start_many("ponderer", [{"steps": 3}] * 20, enqueue=False)
+    ids = [run.run_id for run in runs]
+    enqueue_many(r, client.log.keys, client.queue, ids)
+    hub.slots.finish()
+    assert [client.status(run).result for run in ids] == [3] * 20
+    assert (hub.handoffs, hub.offloads, hub.threads) == (0, 0, threads)
+
+
 def test_the_hubs_connection_killed_mid_batch_loses_and_repeats_nothing(
     layout: KeyLayout,
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, r: redis.Redis,

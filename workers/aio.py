@@ -17,6 +17,7 @@ reports the function that blocks it, and interrupts it past its limit
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from durable.eventloop import Handoff
 from durable.log.state import Action, RunState
 from durable.log.store import Spec
 
-from .turns import Abandoned, Offload, Slot
+from .turns import SLOT, Abandoned, Offload, Slot
 
 if TYPE_CHECKING:
     from .loop import StepLoop
@@ -71,15 +72,44 @@ class Awaiting(Offload):
 
 
 async def decide(loop: StepLoop, agent: Agent, state: RunState) -> Any:
-    """The agent's next decision: a ``decide()`` or a plain function's on a thread (as
-    ``StepLoop.user``), an ``async def`` function's awaited on the event loop."""
+    """The agent's next decision: a ``decide()`` on a thread (as ``StepLoop.user``), an
+    ``async def`` function's awaited on the event loop; a plain function's awaited from its
+    own thread under a driver that resumes runs later (the hub: ``timed_soon``), else
+    waited for on a thread (``StepLoop.user``)."""
     what = f"{agent.name}.decide()"
-    if not (isinstance(agent, CodeAgent) and agent.is_async):
+    slot = SLOT.get()
+    if not isinstance(agent, CodeAgent) or not (
+            agent.is_async or (slot is not None and slot.callbacks.resumes_later)):
         return await loop.user(what, lambda: agent.decide(state))
     if not agent.has_session(state.run_id) and agent.needs_history(state):
         # Its history is read from the log first, on a thread.
         await loop.io.elsewhere(lambda: agent.open_session(state))
-    return decision_of(await Awaiting(what, lambda: agent.decide_soon(state)))
+    if agent.is_async or slot is None:
+        return decision_of(await Awaiting(what, lambda: agent.decide_soon(state)))
+    return decision_of(await Awaiting(what, lambda: timed_soon(agent, state, slot, what)))
+
+
+def timed_soon(agent: CodeAgent, state: RunState, slot: Slot, what: str) -> Handoff[Any]:
+    """A plain function's next decision, timed by the watchdog from now until the function
+    hands it over: past ``DURABLE_DECIDE_TIMEOUT_MS``, ``Abandoned`` is raised in the
+    function's own thread (it runs the agent code; no thread of the worker waits on it),
+    and the function hands that over as what it raised."""
+    session = agent.open_session(state)
+    slot.user_code, slot.user_code_since = what, time.monotonic()
+    try:
+        wanted = session.begin(state)
+    except BaseException:
+        slot.user_code_since = 0.0
+        raise
+    thread = session.thread
+    if thread is not None and thread.ident is not None:
+        slot.thread_id = thread.ident
+
+    def done(_: Handoff[Any]) -> None:
+        slot.user_code_since = 0.0
+
+    wanted.add_done_callback(done)  # before the driver's: the timing stops first
+    return wanted
 
 
 def is_async_tool(loop: StepLoop, tool: Tool) -> bool:

@@ -133,7 +133,7 @@ class RunHub:
         #: The worker's run slots: ``drain``, ``fill``, ``poll``, ``shutdown`` and the rest.
         self.slots = Slots(loop, size, hand=self._hand, on_popped=self._popped_by_fill,
                            room=self._room)
-        self._callbacks = DriverCallbacks(on_abandon=self.slots.give_back)
+        self._callbacks = DriverCallbacks(on_abandon=self.slots.give_back, resumes_later=True)
         self._sender = batcher
         #: The ready list is popped in the hub's own batches when it is on the log's server.
         self._pops_in_batch = self.slots.queues is loop.redis

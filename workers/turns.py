@@ -42,6 +42,9 @@ class DriverCallbacks:
     #: On the run's thread, just before the commit that ends its work here (and releases
     #: its lease): a run thread sends its pop of the next ready run along with it.
     before_last_commit: Callable[[], object] = _nothing
+    #: The driver resumes a run from a callback once the code it awaits is done, instead of
+    #: waiting on a thread (the hub): a plain code agent's decision is awaited that way too.
+    resumes_later: bool = False
 
 
 #: A driver that is told nothing.
