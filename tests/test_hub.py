@@ -22,8 +22,9 @@ from durable.log.verify import verify
 from durable.queue import enqueue_many
 from durable.settings import Settings
 from durable.testing import wait_for
-from durable.workers.hub import PRESTARTED, TAKE_AHEAD, RunHub
+from durable.workers.hub import TAKE_AHEAD, RunHub
 from durable.workers.loop import StepLoop
+from durable.workers.spares import PRESTARTED
 from tests import agents as test_agents
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory

@@ -14,18 +14,14 @@ no thread switch while its user code is quick.
 
 User code runs outside the coroutine, so it can run on any thread, and a slow call never
 stalls the other runs. The hub works like Go's scheduler when a goroutine blocks in a
-system call:
-
-- User code is called inline on the driving thread while its kind (the agent's
-  ``decide()``, a tool by name) has been quick. A monitor thread looks every millisecond;
-  once a call has run for ``HANDOFF_S`` it makes a spare thread the driver, which goes on
-  with every other run at once. The thread left in the call hands its result back when
-  the call returns, and becomes a spare.
-- Code whose recent calls were slower than ``HANDOFF_S`` (a running average per kind),
-  and every wait on a deadline or a lookup, goes to a spare thread at once; its result
-  comes back the same way. A log's fold (``FOLD``) is step code: always inline.
-- The step protocol makes no Redis call in place (``workers.redis_io``): every one is a
-  call of the next batch, or library code on a spare thread.
+system call (``workers.spares``): quick user code is called inline on the driving thread;
+once a call runs for ``HANDOFF_S`` a spare thread becomes the driver and goes on with every
+other run; code known to be slow, and every wait on a deadline or a lookup, goes to a spare
+thread at once. User code the event loop runs (an ``async def`` agent or tool), and a plain
+code agent's function on its own thread, is awaited without any thread of the hub waiting
+on it: the run comes back when it is done (``workers.aio``). A log's fold (``FOLD``) is step
+code: always inline. The step protocol makes no Redis call in place (``workers.redis_io``):
+every one is a call of the next batch, or library code on a spare thread.
 
 The driving thread alone runs step code, so the threads that return from slow calls never
 contend with it for the GIL beyond handing a result back. A coroutine is not tied to a
@@ -39,13 +35,10 @@ the code); stuck tool calls; shutdown and hand-back.
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
 import functools
 import logging
 import queue
-import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,12 +55,10 @@ from .aio import Awaiting
 from .calls import CallAbandoned
 from .loop import StepLoop
 from .slots import Slots, run_id_of, slot_live
+from .spares import Driver, Spares
 from .turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
-
-#: User code that runs longer than this on the driving thread hands the driving over.
-HANDOFF_S = 0.001
 
 #: Calls in a batch, per server it goes to (a cluster's masters), before it is sent while
 #: more runs are resumed (Redis works on it meanwhile); the rest go when no run is left to
@@ -80,15 +71,6 @@ MAX_INFLIGHT = 4
 #: Runs taken from the ready lists and not started yet, at most (``_pop_ready``).
 TAKE_AHEAD = 256
 
-#: Spare threads started with the hub (more are started as slow calls need them).
-PRESTARTED = 16
-
-#: How often the monitor looks at the driving thread while runs are held.
-MONITOR_S = 0.001
-
-#: Weight of a call's duration in the running average that tells slow code from quick.
-_RECENT = 0.2
-
 
 @dataclass(eq=False)
 class _Task:
@@ -98,22 +80,6 @@ class _Task:
     coro: Coroutine[RedisCall | Offload, None, Any]
     ctx: contextvars.Context = field(default_factory=contextvars.copy_context)
     started: bool = False
-
-
-class _Thread:
-    """A thread of the hub: the driver, a spare waiting to drive, or one left in user code."""
-
-    __slots__ = ("job", "since", "wake", "what")
-
-    def __init__(self) -> None:
-        #: User code to run when woken, instead of driving.
-        self.job: tuple[_Task, Offload] | None = None
-        #: Released to wake it: to run ``job``, or to drive.
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        #: When the user code it runs inline as the driver began (0: none now).
-        self.since = 0.0
-        self.what = ""
 
 
 class RunHub:
@@ -155,35 +121,25 @@ class RunHub:
             collections.deque()
         self._stream = Stream(batcher)
         self._flush_at = FLUSH_EVERY * self._stream.servers
-        #: Guards who drives (the driver checks it after inline user code, the monitor moves
-        #: it) and the spares.
-        self._mu = threading.Lock()
-        self._spares: list[_Thread] = []
-        self._threads = 0
-        #: User-code name -> running average of its duration (seconds).
-        self._took: dict[str, float] = {}
-        self._owner: _Thread | None = None
-        #: Times the driving moved to another thread (the first driver's start included).
-        self.handoffs = -1
-        #: Calls of user code sent to a spare thread as they started (known to be slow).
-        self.offloads = 0
-        #: Most threads that run user code handed to them at once (``DURABLE_USER_THREADS``);
-        #: past it, such calls wait in ``_queued`` for one of them (the driving never does).
-        self.max_jobs = max(1, loop.settings.worker.user_threads)
-        self._jobs = 0
-        self._queued: collections.deque[tuple[_Task, Offload]] = collections.deque()
-        with self._mu:
-            self._promote()
-            # A few spares started now: a thread's start waits for the new thread to run,
-            # about a millisecond each; more are started as calls need them, up to the cap.
-            for _ in range(min(size, self.max_jobs, PRESTARTED)):
-                self._spares.append(self._start_thread())
-        threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
+        #: The driver, the spares, and the threads left in slow user code.
+        self.spares = Spares(self._drive, self._incoming.put, lambda: self.slots.busy,
+                             loop.settings.worker.user_threads)
+        self.spares.start(size)
 
     @property
     def threads(self) -> int:
         """Threads the hub started (the driver, spares, and those in slow user code)."""
-        return self._threads
+        return self.spares.threads
+
+    @property
+    def handoffs(self) -> int:
+        """Times the driving moved to another thread (the first driver's start included)."""
+        return self.spares.handoffs
+
+    @property
+    def offloads(self) -> int:
+        """Calls of user code sent to a spare thread as they started (known to be slow)."""
+        return self.spares.offloads
 
     # Taking runs ---------------------------------------------------------------------------
 
@@ -218,30 +174,7 @@ class RunHub:
 
     # Driving ---------------------------------------------------------------------------
 
-    def _serve_as(self, me: _Thread) -> None:
-        while True:
-            me.wake.acquire()
-            job, me.job = me.job, None
-            if job is not None:
-                while job is not None:  # then the calls that waited for a thread, in turn
-                    with contextlib.suppress(BaseException):  # see ``_run_job``
-                        self._run_job(*job)
-                    with self._mu:
-                        job = self._queued.popleft() if self._queued else None
-                        if job is None:
-                            self._jobs -= 1
-            else:
-                try:
-                    self._drive(me)
-                except BaseException:  # a bug of the hub: never leave the runs undriven
-                    log.exception("hub driver")
-                    with self._mu:
-                        if self._owner is me:
-                            self._promote()
-            with self._mu:
-                self._spares.append(me)
-
-    def _drive(self, me: _Thread) -> None:
+    def _drive(self, me: Driver) -> None:
         """Drive until another thread drives (this one was left in slow user code)."""
         while True:
             self._intake()
@@ -255,15 +188,13 @@ class RunHub:
                         item = None
                         break
                     if item.what == WAITING or (item.what != FOLD and
-                                                self._took.get(item.what, 0.0) > HANDOFF_S):
-                        self._elsewhere(task, item)
+                                                self.spares.slow(item.what)):
+                        self.spares.elsewhere(task, item)
                         item = None
                         break
-                    self._inline(me, task, item)
-                    with self._mu:
-                        mine = self._owner is me
-                    if not mine:  # it ran long: the new driver takes the run back
-                        self._incoming.put(task)
+                    self.spares.inline(me, task, item)
+                    if not self.spares.drives(me):  # it ran long: the new driver takes
+                        self._incoming.put(task)  # the run back
                         return
                     item = self._resume(task)
                 if item is not None:
@@ -416,79 +347,3 @@ class RunHub:
                 return
             for run_id in run_ids:
                 self._fresh.append(self._task(run_id))
-
-    # User code ---------------------------------------------------------------------------
-
-    def _inline(self, me: _Thread, task: _Task, call: Offload) -> None:
-        """Run ``call`` on the driving thread, timed by the monitor."""
-        began = time.monotonic()
-        me.what, me.since = call.what, began
-        try:
-            task.ctx.run(call.settle)
-        finally:
-            me.since = 0.0
-            self._note(call.what, time.monotonic() - began)
-
-    def _elsewhere(self, task: _Task, call: Offload) -> None:
-        """Run ``call`` on a spare thread; ``task`` goes on once it returns."""
-        self.offloads += 1
-        with self._mu:
-            if self._jobs >= self.max_jobs:
-                self._queued.append((task, call))
-                return
-            self._jobs += 1
-            self._spare((task, call))
-
-    def _run_job(self, task: _Task, call: Offload) -> None:
-        began = time.monotonic()
-        try:
-            task.ctx.run(call.settle)  # keeps what the call raised for the run
-            self._note(call.what, time.monotonic() - began)
-        except BaseException:  # raised in this thread after its call returned (the
-            pass               # watchdog's ``Abandoned``): the run learns it from the call
-        while True:  # the run must come back, whatever is raised in this thread meanwhile
-            try:
-                self._incoming.put(task)
-                return
-            except BaseException:
-                continue
-
-    def _note(self, what: str, took: float) -> None:
-        """The running average of how long ``what`` takes."""
-        recent = self._took.get(what)
-        self._took[what] = took if recent is None else recent + _RECENT * (took - recent)
-
-    def _monitor(self) -> None:
-        while True:
-            time.sleep(MONITOR_S if self.slots.busy else 0.05)
-            owner = self._owner
-            since = owner.since if owner is not None else 0.0
-            if not since or time.monotonic() - since < HANDOFF_S:
-                continue
-            with self._mu:
-                if self._owner is owner and owner is not None and owner.since == since:
-                    what = owner.what
-                    self._took[what] = max(self._took.get(what, 0.0), 2 * HANDOFF_S)
-                    self._promote()
-
-    def _promote(self) -> None:
-        """Make a spare thread the driver. Under ``_mu``."""
-        spare = self._spare()
-        self._owner = spare
-        self.handoffs += 1
-
-    def _start_thread(self) -> _Thread:
-        """A new thread of the hub, waiting to be woken (``_spare``)."""
-        spare = _Thread()
-        self._threads += 1
-        threading.Thread(target=self._serve_as, args=(spare,), name="hub",
-                         daemon=True).start()
-        return spare
-
-    def _spare(self, job: tuple[_Task, Offload] | None = None) -> _Thread:
-        """A spare thread (a new one if none waits), woken to run ``job``, or to drive
-        when None. Under ``_mu``."""
-        spare = self._spares.pop() if self._spares else self._start_thread()
-        spare.job = job
-        spare.wake.release()
-        return spare
