@@ -27,10 +27,8 @@ from durable.agents import (
     Finish,
     Parallel,
     Wait,
-    call_difference,
-    call_signature,
-    is_placeholder,
 )
+from durable.call_identity import call_difference, call_signature, is_placeholder
 from durable.children import CHILD_POLL_MS
 from durable.code_history import Values
 from durable.errors import DurableError, NondeterminismError, UsageError
