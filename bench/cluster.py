@@ -238,3 +238,30 @@ def _paired(samples: dict[str, list[dict[str, Any]]], top: str, bottom: str) -> 
 def _has_replica(port: int) -> bool:
     with redis.Redis(port=port) as r:
         return int(r.info("replication").get("connected_slaves", 0)) >= 1
+
+
+def report(cl: dict[str, Any]) -> list[str]:
+    """Markdown lines of this item's results (``bench.report``)."""
+    out = [f"## Scaling out: the log on a Redis Cluster (3 masters + 3 replicas on loopback, "
+           f"{cl['runs_per_batch']} four-step runs per batch, {cl['workers']} workers, "
+           f"{cl['rounds']} interleaved rounds, {cl['cpus']} CPUs shared by every process)\n",
+           "| configuration | steps/s (median) | all rounds | bytes per run | "
+           "Redis CPU µs per step, each log server |",
+           "|---|---:|---|---:|---|"]
+    for name, row in cl["rows"].items():
+        size = row.get("bytes_per_run", {}).get("total")
+        cpu = ", ".join(f"{x:.0f}" for x in row.get("redis_cpu_us_per_step", []))
+        out.append(f"| {name} | {row['steps_per_s']:.0f} | {row['all']} | "
+                   f"{'' if size is None else f'{size:.0f}'} | {cpu} |")
+    ratios = ", ".join(f"{k}: {v:.2f}" for k, v in cl["ratios"].items())
+    if cl.get("paired_ratios"):
+        ratios += "; round by round (median of each round's ratio): " + ", ".join(
+            f"{k}: {v:.2f}" for k, v in cl["paired_ratios"].items())
+    lat = cl["append_latency"]
+    out.append(f"\nRatios: {ratios}. One append, sequential: "
+               + "; ".join(f"{k} {v['median_ms']:.3f} ms (p95 {v['p95_ms']:.3f})"
+                           for k, v in lat.items())
+               + f": MIN_REPLICAS=1 adds {cl['min_replicas_ms_per_append']:.3f} ms per "
+               "append (WAIT's round trip to a replica).\n")
+    out += capacity.report(cl.get("capacity", {}))
+    return out

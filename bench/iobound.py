@@ -34,7 +34,7 @@ Configurations:
   ``@DBOS.step`` sleeps, started at once with ``DBOS.start_workflow`` (threads) and,
   separately, as ``async`` workflows with ``DBOS.start_workflow_async``; plus PostgreSQL
   commits per step (``pg_stat_database.xact_commit``). When ``dbos`` or PostgreSQL cannot
-  be had the row says why instead.
+  be had the row says why instead (``bench.dbosrows``).
 
 Also reported: CPU seconds of the workers, Redis, this process and the rest of the
 machine during each batch (other processes compete for the 2 cores). The worker logs are
@@ -45,13 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
-import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -61,9 +57,16 @@ from typing import Any
 import psutil
 import redis
 
-from bench import rtcount
+from bench import dbosrows, rtcount
 from bench.common import AGENTS, fresh, median, percentile, settings_for
-from bench.sampling import ProcessSampler
+from bench.sampling import (
+    PeakSampler,
+    cpu_s,
+    machine_busy_s,
+    own_cpu_s,
+    redis_cpu_s,
+    rss_mb,
+)
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
@@ -111,33 +114,9 @@ DURABLE = (
            reconciler=True, backlog=True, rounds=1),
 )
 GATHER = "asyncio.gather (ceiling)"
-DBOS_MODES = (("DBOS, threads (start_workflow)", "threads"),
-              ("DBOS, async (start_workflow_async)", "async"))
 
 #: Worker log lines worth a look: anything at WARNING or above, and tracebacks.
 PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
-
-
-class Sampler(ProcessSampler):
-    """Peak RSS and threads of some processes."""
-
-    def __init__(self, pids: list[int]) -> None:
-        super().__init__(pids)
-        self.rss = [0.0] * len(pids)
-        self.threads = [0] * len(pids)
-
-    def sample(self) -> None:
-        for i, p in enumerate(self.procs):
-            with contextlib.suppress(psutil.Error):
-                self.rss[i] = max(self.rss[i], p.memory_info().rss / 2**20)
-                self.threads[i] = max(self.threads[i], p.num_threads())
-
-
-def _rss(pid: int) -> float:
-    try:
-        return float(psutil.Process(pid).memory_info().rss / 2**20)
-    except psutil.Error:
-        return float("nan")
 
 
 def _wait_ready(workers: list[Worker], timeout: float = 60.0) -> None:
@@ -207,25 +186,6 @@ def _log_problems(paths: list[Path]) -> dict[str, Any]:
     return {"count": len(lines), "kinds": dict(kinds.most_common(8)), "first": lines[:5]}
 
 
-def _cpu_s(pid: int) -> float:
-    try:
-        t = psutil.Process(pid).cpu_times()
-        return float(t.user + t.system)
-    except psutil.Error:
-        return float("nan")
-
-
-def _redis_cpu_s(r: redis.Redis) -> float:
-    info = r.info("cpu")
-    return float(info["used_cpu_user"] + info["used_cpu_sys"])
-
-
-def _machine_busy_s() -> float:
-    t = psutil.cpu_times()
-    return float(t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0)
-                 + getattr(t, "softirq", 0))
-
-
 def _start(client: Client, ids: list[str], batch: bool, agent: str = "count") -> None:
     """Start the runs: in one ``start_many`` call, or one ``start`` call each."""
     given = {"steps": STEPS, "sleep_s": SLEEP_S}
@@ -265,7 +225,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     try:
         _wait_ready(workers)
         time.sleep(0.5)  # RQ's loop is up; start-up allocations are done
-        rss_idle = [_rss(w.pid) for w in workers]
+        rss_idle = [rss_mb(w.pid) for w in workers]
         stats0 = {k.decode(): int(v) for k, v in r.hgetall(keys.STATS).items()}
         if cfg.backlog:
             for w in workers:
@@ -278,10 +238,10 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
                 client_rt = rtcount.sent() - client_rt0
         cmds0 = int(r.info("stats")["total_commands_processed"])
         rt0 = [rtcount.read(p) for p in counts]
-        cpu0 = ([_cpu_s(w.pid) for w in workers], _redis_cpu_s(r), _own_cpu_s(),
-                _machine_busy_s(), _cpu_s(rec.pid) if rec else 0.0)
+        cpu0 = ([cpu_s(w.pid) for w in workers], redis_cpu_s(r), own_cpu_s(),
+                machine_busy_s(), cpu_s(rec.pid) if rec else 0.0)
         timeout = 60 + runs * STEPS * SLEEP_S / max(1, cfg.concurrency)
-        with Sampler([w.pid for w in workers]) as mem:
+        with PeakSampler([w.pid for w in workers]) as mem:
             srv0 = r.time()
             t0 = time.perf_counter()
             if cfg.backlog:
@@ -297,13 +257,13 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             while r.zcard(done_key) < runs and time.monotonic() < end:
                 time.sleep(0.01)
             poll_wall = time.perf_counter() - t0
-        cpu1 = ([_cpu_s(w.pid) for w in workers], _redis_cpu_s(r), _own_cpu_s(),
-                _machine_busy_s(), _cpu_s(rec.pid) if rec else 0.0)
+        cpu1 = ([cpu_s(w.pid) for w in workers], redis_cpu_s(r), own_cpu_s(),
+                machine_busy_s(), cpu_s(rec.pid) if rec else 0.0)
         time.sleep(0.2)  # the counters' files are rewritten every 50 ms
         rt1 = [rtcount.read(p) for p in counts]
         cmds1 = int(r.info("stats")["total_commands_processed"])
         stats1 = {k.decode(): int(v) for k, v in r.hgetall(keys.STATS).items()}
-        rss_after = [_rss(w.pid) for w in workers]
+        rss_after = [rss_mb(w.pid) for w in workers]
         det = _run_details(r, ids, since_ms=srv0[0] * 1000 + srv0[1] / 1000)
     finally:
         for w in workers:
@@ -345,11 +305,6 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     return out
 
 
-def _own_cpu_s() -> float:
-    t = psutil.Process().cpu_times()
-    return float(t.user + t.system)
-
-
 async def _gather(runs: int) -> None:
     async def one() -> None:
         for _ in range(STEPS):
@@ -363,89 +318,6 @@ def gather(runs: int) -> dict[str, Any]:
     asyncio.run(_gather(runs))
     wall = time.perf_counter() - t0
     return {"runs": runs, "wall_s": wall, "ratio_to_ideal": wall / (STEPS * SLEEP_S)}
-
-
-def _pg_commits(url: str) -> int | None:
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()
-            return int(row[0]) if row and row[0] is not None else None
-    except Exception:
-        return None
-
-
-def dbos(runs: int, rounds: int, log: Any) -> dict[str, dict[str, Any]]:
-    """Each DBOS mode's medians, or ``{"unavailable": reason}`` for each."""
-    from bench import pg
-
-    def unavailable(reason: str) -> dict[str, dict[str, Any]]:
-        log(f"  iobound DBOS not available: {reason}")
-        return {name: {"unavailable": reason} for name, _m in DBOS_MODES}
-
-    if importlib.util.find_spec("dbos") is None:
-        return unavailable("the dbos package is not installed (pip install -e '.[bench]')")
-    try:
-        cm = pg.local_postgres()
-        url = cm.__enter__()
-    except (pg.Unavailable, OSError) as exc:
-        return unavailable(f"PostgreSQL: {exc}")
-    samples: dict[str, list[dict[str, Any]]] = {name: [] for name, _m in DBOS_MODES}
-    errors: dict[str, str] = {}
-    try:
-        for rnd in range(rounds):
-            for name, mode in DBOS_MODES:
-                if name in errors:
-                    continue
-                c0 = _pg_commits(url)
-                m0 = _machine_busy_s()
-                try:
-                    proc = subprocess.run(
-                        [sys.executable, "-m", "bench.dbosrun", "--url", url, "--runs",
-                         str(runs), "--steps", str(STEPS), "--sleep", str(SLEEP_S),
-                         "--modes", mode], cwd=ROOT, capture_output=True, text=True,
-                        timeout=600)
-                except subprocess.TimeoutExpired:
-                    errors[name] = "timed out after 600 s"
-                    continue
-                lines = [json.loads(ln) for ln in proc.stdout.splitlines()
-                         if ln.startswith("{")]
-                rows = [x for x in lines if x.get("mode") == mode]
-                if proc.returncode != 0 or not rows:
-                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
-                    errors[name] = f"exit {proc.returncode}: {tail[0][:200]}"
-                    continue
-                c1 = _pg_commits(url)
-                m1 = _machine_busy_s()
-                res = {**rows[0], **{k: v for x in lines if "launch_s" in x
-                                     for k, v in x.items()}}
-                res["machine_cpu_s"] = m1 - m0  # the whole process, launch included
-                if c0 is not None and c1 is not None:
-                    res["pg_commits_per_step"] = (c1 - c0) / (runs * STEPS)
-                samples[name].append(res)
-                log(f"  iobound round {rnd + 1}/{rounds} {name:36s} wall "
-                    f"{res['wall_s']:6.2f} s (starts {res['start_s']:.2f} s)")
-    finally:
-        cm.__exit__(None, None, None)
-    out: dict[str, dict[str, Any]] = {}
-    for name, _m in DBOS_MODES:
-        ss = samples[name]
-        if not ss:
-            out[name] = {"unavailable": f"DBOS failed: {errors.get(name, '?')}"}
-            continue
-        row: dict[str, Any] = {"runs": runs, "all": [round(s["wall_s"], 3) for s in ss]}
-        for k in ("wall_s", "start_s", "rss_peak_mb", "threads_peak", "rss_idle_mb",
-                  "cpu_s", "machine_cpu_s",
-                  "launch_s", "pg_commits_per_step"):
-            vals = [s[k] for s in ss if k in s]
-            if vals:
-                row[k] = median(vals)
-        row["ratio_to_ideal"] = row["wall_s"] / (STEPS * SLEEP_S)
-        out[name] = row
-    return out
 
 
 def run(servers: Any, quick: bool = False, rounds: int | None = None,
@@ -505,5 +377,5 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
             row["log_problems_total"] = sum(s["log_problems"]["count"] for s in ss)
             row["incomplete_rounds"] = [s["incomplete"] for s in ss if "incomplete" in s]
         out["configs"][name] = row
-    out["configs"].update(dbos(runs, 1, log))
+    out["configs"].update(dbosrows.dbos(runs, 1, log, steps=STEPS, sleep_s=SLEEP_S))
     return out

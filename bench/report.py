@@ -1,4 +1,4 @@
-"""Markdown, JSON and the chart from the items' results."""
+"""Markdown, JSON and the chart (``bench.chart``) from the items' results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import capacity
+from bench import chart, cluster
 
 
 def _f(x: Any, nd: int = 0) -> str:
@@ -204,7 +204,7 @@ def markdown(res: dict[str, Any]) -> str:
         out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in t]
         out.append("")
     if res.get("cluster"):
-        out += _cluster(res["cluster"])
+        out += cluster.report(res["cluster"])
     tp = res.get("throughput")
     if tp:
         fs = list(tp["by_fsync"])
@@ -403,83 +403,6 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _cluster(cl: dict[str, Any]) -> list[str]:
-    out = [f"## Scaling out: the log on a Redis Cluster (3 masters + 3 replicas on loopback, "
-           f"{cl['runs_per_batch']} four-step runs per batch, {cl['workers']} workers, "
-           f"{cl['rounds']} interleaved rounds, {cl['cpus']} CPUs shared by every process)\n",
-           "| configuration | steps/s (median) | all rounds | bytes per run | "
-           "Redis CPU µs per step, each log server |",
-           "|---|---:|---|---:|---|"]
-    for name, row in cl["rows"].items():
-        size = row.get("bytes_per_run", {}).get("total")
-        cpu = ", ".join(f"{x:.0f}" for x in row.get("redis_cpu_us_per_step", []))
-        out.append(f"| {name} | {row['steps_per_s']:.0f} | {row['all']} | "
-                   f"{'' if size is None else f'{size:.0f}'} | {cpu} |")
-    ratios = ", ".join(f"{k}: {v:.2f}" for k, v in cl["ratios"].items())
-    if cl.get("paired_ratios"):
-        ratios += "; round by round (median of each round's ratio): " + ", ".join(
-            f"{k}: {v:.2f}" for k, v in cl["paired_ratios"].items())
-    lat = cl["append_latency"]
-    out.append(f"\nRatios: {ratios}. One append, sequential: "
-               + "; ".join(f"{k} {v['median_ms']:.3f} ms (p95 {v['p95_ms']:.3f})"
-                           for k, v in lat.items())
-               + f": MIN_REPLICAS=1 adds {cl['min_replicas_ms_per_append']:.3f} ms per "
-               "append (WAIT's round trip to a replica).\n")
-    out += capacity.report(cl.get("capacity", {}))
-    return out
-
-
-def chart(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tp, rc = res.get("throughput"), res.get("recovery")
-    n = int(bool(tp)) + int(bool(rc))
-    if not n:
-        return
-    fig, axes = plt.subplots(1, n, figsize=(7 * n, 5))
-    axes = [axes] if n == 1 else list(axes)
-    i = 0
-    if tp:
-        ax = axes[i]
-        i += 1
-        fs = list(tp["by_fsync"])
-        cfgs = [c for c in tp["by_fsync"][fs[0]] if c != "ratios"]
-        width = 0.8 / len(fs)
-        for k, f in enumerate(fs):
-            vals = [tp["by_fsync"][f][c]["steps_per_s"] for c in cfgs]
-            xs = [x + k * width for x in range(len(cfgs))]
-            bars = ax.bar(xs, vals, width, label=f"appendfsync {f}")
-            for b, v in zip(bars, vals, strict=True):
-                ax.annotate(f"{v:,.0f}", (b.get_x() + b.get_width() / 2, v), ha="center",
-                            va="bottom", fontsize=7, rotation=90)
-        ax.set_yscale("log")
-        ax.set_ylim(top=ax.get_ylim()[1] * 8)
-        ax.set_xticks([x + width * (len(fs) - 1) / 2 for x in range(len(cfgs))])
-        ax.set_xticklabels(cfgs, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("steps/s (log scale; plain RQ: jobs/s)")
-        ax.set_title("Throughput, four-step no-op runs")
-        ax.legend(fontsize=8)
-    if rc:
-        ax = axes[i]
-        xs = [rc["rows"][s]["events"] for s in rc["sizes"]]
-        ax.plot(xs, [rc["rows"][s]["load_ms"] for s in rc["sizes"]], "o-",
-                label="EventLog.load (from last checkpoint)")
-        ax.plot(xs, [rc["rows"][s]["refold_ms"] for s in rc["sizes"]], "s--",
-                label="full refold (read + fold)")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("events in the run's log")
-        ax.set_ylabel("ms (median)")
-        ax.set_title("Recovery time against log length")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write(res: dict[str, Any], out_dir: Path) -> str:
     out_dir.mkdir(parents=True, exist_ok=True)
     md = markdown(res)
@@ -487,7 +410,7 @@ def write(res: dict[str, Any], out_dir: Path) -> str:
     (out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out_dir / "chart.png").unlink(missing_ok=True)  # never a chart of an earlier run
     try:
-        chart(res, out_dir / "chart.png")
+        chart.draw(res, out_dir / "chart.png")
     except ModuleNotFoundError as exc:  # the chart needs the bench extra; the figures do not
         print(f"[bench] no chart: {exc.name} is not installed (pip install -e '.[bench]')",
               file=sys.stderr)

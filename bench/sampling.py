@@ -1,7 +1,8 @@
 """Processes sampled every few milliseconds by a thread: their peak memory and threads
-(``bench.iobound``), or their CPU time with the wall clock (``CpuTrace``), so the CPU spent
-inside a window known only afterwards (the first and last log writes of a batch) can be
-read back.
+(``PeakSampler``, ``bench.iobound``), or their CPU time with the wall clock (``CpuTrace``),
+so the CPU spent inside a window known only afterwards (the first and last log writes of a
+batch) can be read back; and the one-off readings taken around a batch: a process's RSS and
+CPU seconds, Redis's, the whole machine's.
 
 The throughput item reports that CPU per step: how much of a core the worker and Redis each
 need per step is what bounds steps/s on a machine with few cores, whatever the round trips.
@@ -10,12 +11,14 @@ need per step is what bounds steps/s on a machine with few cores, whatever the r
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
 from typing import Self
 
 import psutil
+import redis
 
 #: Seconds between samples.
 INTERVAL_S = 0.02
@@ -85,3 +88,54 @@ class CpuTrace(ProcessSampler):
     def between(self, start: float, end: float) -> list[float]:
         """Each process's CPU seconds spent from ``start`` to ``end`` (wall clock)."""
         return [b - a for a, b in zip(self.at(start), self.at(end), strict=True)]
+
+
+class PeakSampler(ProcessSampler):
+    """Peak RSS and threads of some processes."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(pids)
+        self.rss = [0.0] * len(pids)
+        self.threads = [0] * len(pids)
+
+    def sample(self) -> None:
+        for i, p in enumerate(self.procs):
+            with contextlib.suppress(psutil.Error):
+                self.rss[i] = max(self.rss[i], p.memory_info().rss / 2**20)
+                self.threads[i] = max(self.threads[i], p.num_threads())
+
+
+def rss_mb(pid: int) -> float:
+    """The process's RSS now, MB (nan when it is gone)."""
+    try:
+        return float(psutil.Process(pid).memory_info().rss / 2**20)
+    except psutil.Error:
+        return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """The process's user+system CPU seconds so far (nan when it is gone)."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except psutil.Error:
+        return float("nan")
+
+
+def own_cpu_s() -> float:
+    """This process's user+system CPU seconds so far."""
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system)
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """The server's user+system CPU seconds so far (``INFO cpu``)."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"] + info["used_cpu_sys"])
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core, every process)."""
+    t = psutil.cpu_times()
+    return float(t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0)
+                 + getattr(t, "softirq", 0))

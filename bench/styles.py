@@ -15,7 +15,7 @@ continue, as ``bench.iobound``'s backlog rows). One row per agent style
 - ``decide()``: the examples' ``count`` (a plain tool, the same threads), and
   ``count_async`` (the async tool, no thread per call);
 - ``async code, 5,000 runs``: the same agent at 5,000 runs, beside DBOS at 5,000 runs
-  (``bench.iobound.dbos``: its threads and its async workflows, on a local PostgreSQL).
+  (``bench.dbosrows``: its threads and its async workflows, on a local PostgreSQL).
 
 Reported per row: wall, wall / ideal, peak RSS and threads of each worker (at ``HELD``
 runs held), starts, latency, and the problems the worker logs show; and the ratio of
@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench import iobound
+from bench import dbosrows, iobound
 from bench.common import AGENTS
 
 RUNS = 10_000
@@ -88,7 +88,8 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
                            "sleep_s": iobound.SLEEP_S,
                            "ideal_s": iobound.STEPS * iobound.SLEEP_S, "configs": rows}
     if not quick:
-        dbos = iobound.dbos(DBOS_RUNS, 1, log)
+        dbos = dbosrows.dbos(DBOS_RUNS, 1, log, steps=iobound.STEPS,
+                             sleep_s=iobound.SLEEP_S)
         out["configs"].update({f"{name}, {DBOS_RUNS:,} runs": row
                                for name, row in dbos.items()})
         ours = rows[f"async code, {DBOS_RUNS:,} runs"]["wall_s"]

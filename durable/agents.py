@@ -14,7 +14,6 @@ only ever carries a run id.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
 import inspect
 from collections.abc import Awaitable, Callable
@@ -22,10 +21,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Literal
 
-import msgspec
 from pydantic import BaseModel
 
 from durable import clock
+
+# A call's identity was first defined here; its names stay importable from here.
+from durable.call_identity import args_digest as args_digest
+from durable.call_identity import call_difference as call_difference
+from durable.call_identity import call_signature as call_signature
+from durable.call_identity import digest_placeholder as digest_placeholder
+from durable.call_identity import is_placeholder as is_placeholder
 from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.limits import Limit, estimate_tokens
@@ -89,67 +94,6 @@ class Wait:
 
 
 Decision = Call | Parallel | Finish | Fail | Cancel | Wait
-
-
-def args_digest(args: Any) -> str:
-    """SHA-256 of the canonical (sorted-key JSON) encoding of a call's arguments."""
-    return hashlib.sha256(msgspec.json.encode(args, order="sorted")).hexdigest()
-
-
-def digest_placeholder(args: Any) -> dict[str, Any]:
-    """What the log records of arguments a tool keeps out of it (``log_args = "digest"``):
-    their digest and size. A model call's request holds the whole conversation; recording
-    it at every turn would grow the log with the square of the turns."""
-    data = msgspec.json.encode(args, order="sorted")
-    return {"_digest": hashlib.sha256(data).hexdigest(), "_bytes": len(data)}
-
-
-def is_placeholder(args: Any) -> bool:
-    return isinstance(args, dict) and set(args) == {"_digest", "_bytes"}
-
-
-def call_signature(tool: str, args: Any, *, digest: bool = False) -> str:
-    """A call as canonical text: what replay compares between a recorded intent and a
-    decision taken again. With ``digest`` (or when ``args`` is a recorded placeholder), the
-    arguments are compared by their digest."""
-    if is_placeholder(args):
-        return f"call {tool}(sha256:{args['_digest']})"
-    if digest:
-        return f"call {tool}(sha256:{args_digest(args)})"
-    return f"call {tool}({msgspec.json.encode(args, order='sorted').decode()})"
-
-
-def call_difference(was_tool: str, was_args: Any, tool: str, args: Any) -> str:
-    """What differs between a recorded call and one decided again, for a person: the tool,
-    or the arguments that differ with both values (clipped); arguments the log keeps only
-    a digest of are compared by it."""
-    if was_tool != tool:
-        return f"the tool: {was_tool!r} recorded, {tool!r} now"
-    if is_placeholder(was_args):
-        return "the arguments (the log keeps only their digest)"
-    if not (isinstance(was_args, dict) and isinstance(args, dict)):
-        return "the arguments"
-    differing = []
-    for name in sorted(set(was_args) | set(args), key=str):
-        before, after = was_args.get(name, _MISSING), args.get(name, _MISSING)
-        if before is _MISSING or after is _MISSING:
-            same = before is after
-        else:
-            same = msgspec.json.encode(before, order="sorted") == msgspec.json.encode(
-                after, order="sorted")
-        if not same:
-            differing.append(f"{name!r}: {_shown(before)} recorded, {_shown(after)} now")
-    return "arguments " + "; ".join(differing[:4]) if differing else "the arguments"
-
-
-_MISSING = object()
-
-
-def _shown(value: Any, limit: int = 80) -> str:
-    if value is _MISSING:
-        return "absent"
-    text = msgspec.json.encode(value, order="sorted").decode()
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class OutcomeUnknown(DurableError):

@@ -48,7 +48,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from durable import clock
@@ -57,24 +56,21 @@ from durable.agents import (
     Decision,
     registry,
 )
-from durable.async_session import AsyncSession
+from durable.async_execution import AsyncSession
+from durable.code_history import needs_history, read_history
 from durable.eventloop import Handoff
-from durable.log.fold import fold
-from durable.log.keys import CHILD_TOOL
-from durable.log.state import Action, RunState, WaitInfo
-from durable.log.store import EventLog
-from durable.session import (
-    ALL_ACTIONS,
+from durable.execution import (
     CHILD_TIMEOUT_S,
     ChildFailed,
     ChildRun,
     EndRun,
     Session,
     StepFailed,
-    Values,
     WaitExpired,
-    waits_of,
 )
+from durable.log.keys import CHILD_TOOL
+from durable.log.state import RunState
+from durable.log.store import EventLog
 
 __all__ = ["AsyncRunContext", "ChildFailed", "ChildRun", "CodeAgent", "EndRun", "FreeInput",
            "RunContext", "StepFailed", "WaitExpired", "agent"]
@@ -283,10 +279,9 @@ class CodeAgent(Agent):
 
     @staticmethod
     def needs_history(state: RunState) -> bool:
-        """Whether making a session for ``state`` reads the run's log: not for a run that
-        has taken no step and made no wait yet (nothing to re-observe, no value drawn:
-        values are recorded with a step's intent or a wait)."""
-        return bool(state.step or state.wait is not None or state.last_wait is not None)
+        """Whether making a session for ``state`` reads the run's log
+        (``durable.code_history.needs_history``)."""
+        return needs_history(state)
 
     def decide_soon(self, state: RunState) -> Handoff[Any]:
         """The function's next decision, without blocking: the hand-off is settled with it
@@ -333,19 +328,7 @@ class CodeAgent(Agent):
         return False
 
     def _session(self, state: RunState) -> Session:
-        actions: dict[int, Action] = {}
-        waits: list[WaitInfo] = []
-        values = Values()
-        if self._log is not None and self.needs_history(state):
-            events = [e.event for e in self._log.read(state.run_id) if e.event is not None]
-            full = fold(events, window=ALL_ACTIONS)
-            actions = full.actions
-            waits = waits_of(events)
-            values = Values.of(events)
-        for step, act in state.actions.items():  # newer than the log: staged outcomes
-            actions[step] = msgspec.structs.replace(act)
-        if self._log is not None:  # results kept beside the run, read back whole
-            self._log.resolve(state.run_id, actions.values())
+        actions, waits, values = read_history(self._log, state)
         inp = self.input_model.model_validate(state.input or {})
         if self.is_async:
             session: Session = AsyncSession(self, state.run_id, actions, waits, inp, values,

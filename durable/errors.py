@@ -26,11 +26,11 @@
      ├── OutcomeUnknown          raised by a tool: its effect was sent, the reply lost
      │                           (durable.agents; recorded unknown, resolved by lookup)
      ├── StepFailed              raised in a code agent: its step failed, was canceled or
-     │    │                      rejected (durable.session)
+     │    │                      rejected (durable.execution)
      │    └── ChildFailed         its child run did not complete
      ├── WaitExpired             raised in a code agent: its wait expired, it continues
      ├── EndRun                  raised by a code agent: end the run failed or canceled
-     │                           with this decision, not as an agent bug (durable.session)
+     │                           with this decision, not as an agent bug (durable.execution)
      ├── ModelUnavailable        the built-in model step: no answer (retryable)
      ├── ModelError              the built-in model step: refused for good (durable.models)
      ├── RateLimited             raised by a tool: the provider refused the call (a 429),
@@ -49,7 +49,7 @@ or a tool's ``except Exception`` cannot swallow them::
 
     BaseException
      ├── durable.cancellation.Cancelled   a cancel reached the tool (its token was checked)
-     └── durable.session.Unwind           the worker let go of a code agent's run
+     └── durable.execution.Unwind         the worker let go of a code agent's run
 
 Every class in the tree is defined here except the five the tree names a module for, which
 live beside the code that raises them; the test of the public API checks both.

@@ -44,7 +44,7 @@ PING_S = 0.05
 #: A task that holds the loop this long is reported (s), by name.
 WARN_S = 0.5
 
-#: Tasks whose names start with this are an agent's function (``durable.session``).
+#: Tasks whose names start with this are an agent's function (``durable.execution``).
 AGENT_TASK = "agent:"
 
 

@@ -256,6 +256,17 @@ def openai_server() -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture()
+def openai_env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               openai_server: Any) -> None:
+    """The OpenAI Agents SDK tests' environment (``tests.integration_world.set_openai_env``),
+    on a fresh ``openai_server``: ``pytestmark = pytest.mark.usefixtures("openai_env")``."""
+    from tests.integration_world import set_openai_env
+
+    openai_server.reset()
+    set_openai_env(monkeypatch, tmp_path, openai_server.url)
+
+
 def run_durable(*args: str, env: dict[str, str], cwd: Path | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``durable ARGS`` in a process of its own, as a user runs it."""

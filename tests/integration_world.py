@@ -78,6 +78,18 @@ def set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agents: str,
         monkeypatch.setenv(name, value)
 
 
+#: The agent modules of the OpenAI Agents SDK tests' workers.
+OPENAI_AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
+
+
+def set_openai_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, openai_url: str) -> None:
+    """The environment of an OpenAI Agents SDK test's workers: ``set_env`` with their
+    agents, the local OpenAI-compatible server at ``openai_url``, and the SDK's tracing
+    off (it would export to OpenAI)."""
+    set_env(monkeypatch, tmp_path, OPENAI_AGENTS, TEST_OPENAI_URL=openai_url,
+            OPENAI_AGENTS_DISABLE_TRACING="1")
+
+
 def decided(client: Client, run: str) -> list[ev.StepDecided]:
     """The steps a run decided, in order."""
     return [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]

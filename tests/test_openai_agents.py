@@ -26,25 +26,15 @@ from durable.client import Client
 from durable.integrations import openai_agents as integration
 from durable.log import events as ev
 from durable.log.verify import verify
-from durable.settings import Settings
 from durable.streaming import Partial
 from durable.testing import wait_for
 from tests import openai_agents_agents
 from tests.agents import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.integration_world import decided
 from tests.openai_server import OpenAIServer, resent_after_recorded
 
-AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
-
-
-@pytest.fixture(autouse=True)
-def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-         openai_server: OpenAIServer) -> None:
-    openai_server.reset()
-    set_env(monkeypatch, tmp_path, AGENTS, TEST_OPENAI_URL=openai_server.url,
-            OPENAI_AGENTS_DISABLE_TRACING="1")
-
+pytestmark = pytest.mark.usefixtures("openai_env")
 
 
 def _effects(tmp_path: Path) -> dict[str, int]:

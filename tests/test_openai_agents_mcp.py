@@ -25,23 +25,14 @@ from agents.mcp import MCPServerStdio
 from durable.client import Client
 from durable.integrations.openai_agents import DurableAgent
 from durable.log.verify import verify
-from durable.settings import Settings
 from tests import openai_agents_agents as oai
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.integration_world import decided
 from tests.mcp_server import sessions
 from tests.openai_server import OpenAIServer, resent_after_recorded
 
-AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
-
-
-@pytest.fixture(autouse=True)
-def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-         openai_server: OpenAIServer) -> None:
-    openai_server.reset()
-    set_env(monkeypatch, tmp_path, AGENTS, TEST_OPENAI_URL=openai_server.url,
-            OPENAI_AGENTS_DISABLE_TRACING="1")
+pytestmark = pytest.mark.usefixtures("openai_env")
 
 
 def test_mcp_calls_are_steps_applied_once_across_a_dying_server_and_a_killed_worker(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from durable.agents import Agent, Tool
-from durable.async_session import decision_of
+from durable.async_execution import decision_of
 from durable.code import CodeAgent
 from durable.eventloop import Handoff
 from durable.log.state import Action, RunState

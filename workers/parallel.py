@@ -25,7 +25,8 @@ from typing import Any
 
 import msgspec
 
-from durable.agents import Agent, Call, Parallel, Registry, Tool, digest_placeholder
+from durable.agents import Agent, Call, Parallel, Registry, Tool
+from durable.call_identity import digest_placeholder
 from durable.errors import UnknownTool
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.agents import Call, Parallel, call_difference, call_signature, is_placeholder
+from durable.agents import Call, Parallel
+from durable.call_identity import call_difference, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import blobs, keys
 from durable.log import events as ev

@@ -1,4 +1,5 @@
-"""The run log: appends through ``append.lua``, reads, and recovery from the last checkpoint.
+"""The run log: appends through ``append.lua``, reads, and recovery from the last checkpoint
+(folded by ``durable.log.recovery``).
 
 A :class:`RunHandle` (``durable.log.handle``) is a writer's view of one run: the folded
 state at a version, and the lease it writes under (if any). ``commit`` stamps a batch of
@@ -14,19 +15,18 @@ from typing import Any, Unpack
 import redis
 
 from durable.durations import parse_duration_ms
-from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
-from durable.log import blobs, counters, keys
+from durable.errors import ConflictError, RunNotFound, Terminal
+from durable.log import blobs, counters, keys, recovery
 from durable.log import events as ev
 from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
 from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
-from durable.log.fold import apply, from_checkpoint
+from durable.log.fold import apply
 from durable.log.handle import (
     CommitOptions,
     Entry,
     RunHandle,
     Spec,
-    check_seq,
     continuity,
     latest_actions,
     now_ms,
@@ -34,7 +34,7 @@ from durable.log.handle import (
 )
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
-from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState, copy_state
+from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState
 from durable.sealing import Keyring, settings_keyring
 from durable.settings import Settings
 from durable.signing import parse_public_keys
@@ -226,80 +226,14 @@ class EventLog:
 
     def handle_from(self, run_id: str, version: int, raw: Any, *, lease: str = "",
                     actor: str = "", at_least: bool = False) -> RunHandle:
-        """Fold the entries read from a checkpoint to the end of the log.
+        """Fold the entries read from a checkpoint to the end of the log
+        (``durable.log.recovery.fold_from``).
 
         ``version`` is the projection's, read with them (``lease_acquire.lua``) or just
         before them (``at_least``: writers may have appended since).
         """
-        if not version:
-            raise RunNotFound(run_id)
-        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        fields = [(i, f if isinstance(f, dict) else dict(zip(f[::2], f[1::2], strict=True)))
-                  for i, f in raw]
-        entries = self.entries(run_id, fields)
-        # Only the last intent is re-observed on recovery: keep the state just before it.
-        last_intent = max((i for i, e in enumerate(entries)
-                           if isinstance(e.event, ev.StepDecided)), default=-1)
-        for index, entry in enumerate(entries):
-            event = entry.event
-            if event is None:
-                raise DecodeError(entry.id, entry.error or "undecodable")
-            check_seq(entry.id, event, handle.state.version, first=index == 0)
-            if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
-                if event.state_v != STATE_SCHEMA:
-                    # A snapshot of another layout: refold from the beginning instead.
-                    return self._load_without_checkpoint(run_id, int(version), lease, actor)
-                handle.state = from_checkpoint(event)
-                handle.ckpt_seq = event.seq
-            else:
-                if index == last_intent:
-                    handle.pre_intent = copy_state(handle.state)
-                apply(handle.state, event, self.window)
-            handle.last_id = entry.id
-            handle.tail_actor = event.actor
-        handle.base_version = handle.state.version
-        handle.base_state = handle.state.state
-        if handle.state.version < version or (handle.state.version != version and not at_least):
-            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
-                              f"projection says {version}")
-        if handle.state.version > version and self._projected_version(run_id) < \
-                handle.state.version:
-            # A writer may have appended between the two reads, but then the projection
-            # (changed with the log, in one script) has moved too: entries past it were not
-            # written by the append script.
-            raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
-                              f"beyond the projection's {version}: an entry not written "
-                              "by the append script")
-        self._resolve(handle)
-        return handle
-
-    def _projected_version(self, run_id: str) -> int:
-        version = self.redis.hget(self.keys.run(run_id), "version")
-        return int(version) if version is not None else 0
-
-    def _load_without_checkpoint(self, run_id: str, version: int, lease: str,
-                                 actor: str) -> RunHandle:
-        handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
-        for index, entry in enumerate(self.read(run_id)):
-            if entry.event is None:
-                raise DecodeError(entry.id, entry.error or "undecodable")
-            check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
-            apply(handle.state, entry.event, self.window)
-            handle.last_id = entry.id
-            handle.tail_actor = entry.event.actor
-        handle.base_version = handle.state.version
-        handle.base_state = handle.state.state
-        if handle.state.version != version:
-            raise DecodeError(handle.last_id, "log and projection disagree")
-        self._resolve(handle)
-        return handle
-
-    def _resolve(self, handle: RunHandle) -> None:
-        """A log that runs agent code gives it the large values of the actions it folded
-        (``durable.log.blobs``); other readers keep the references."""
-        if self.open_sealed:
-            before = handle.pre_intent.actions.values() if handle.pre_intent else ()
-            self.resolve(handle.run_id, [*handle.state.actions.values(), *before])
+        return recovery.fold_from(self, run_id, version, raw, lease=lease, actor=actor,
+                                  at_least=at_least)
 
     def resolve(self, run_id: str, actions: Iterable[Action]) -> None:
         """Fill in the results of ``actions`` kept beside the run, checked against their

@@ -12,8 +12,8 @@ from agents.exceptions import AgentsException
 
 from durable.code import AsyncRunContext, StepFailed
 from durable.errors import causes
+from durable.execution import Unwind
 from durable.integrations.openai_agents import steps as st
-from durable.session import Unwind
 
 if TYPE_CHECKING:
     from durable.integrations.openai_agents.runner import DurableAgent

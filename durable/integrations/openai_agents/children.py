@@ -19,9 +19,9 @@ from agents import Runner
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext as SdkToolContext
 
+from durable.execution import ChildFailed
 from durable.integrations.openai_agents import steps as st
 from durable.integrations.openai_agents.binding import bound
-from durable.session import ChildFailed
 
 if TYPE_CHECKING:
     from durable.integrations.openai_agents.runner import DurableAgent

@@ -37,7 +37,8 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext, args_digest
+from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
+from durable.call_identity import args_digest
 from durable.integrations.steploop import LOOP, current_step, recorded_lookup
 from durable.partials import tool_call_delta
 

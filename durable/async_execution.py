@@ -23,8 +23,7 @@ from pydantic import BaseModel
 from durable.agents import Decision, Fail, Finish
 from durable.errors import UsageError
 from durable.eventloop import AGENT_TASK, EVENT_LOOP, Handoff, LoopBlocked
-from durable.log.state import Action, RunState
-from durable.session import (
+from durable.execution import (
     CURRENT,
     UNWIND,
     ChildRun,
@@ -36,6 +35,7 @@ from durable.session import (
     joined,
     sleep_wait,
 )
+from durable.log.state import Action, RunState
 
 
 class AsyncSession(Session):

@@ -1,10 +1,11 @@
 """One execution of a code agent's function, for as long as a worker drives its run: a
 plain function runs on a thread of its own (an ``async def`` one is a task on the process's
-event loop: ``durable.async_session``); each step it takes is handed to the worker as a
+event loop: ``durable.async_execution``); each step it takes is handed to the worker as a
 decision (the worker asks with ``begin``; the function's thread settles it, ``_deliver``)
 and it blocks until the step's outcome comes back (``inbox``); values it draws from its
 context and the waits it makes are checked against what the log records (``Values``,
-``waits_of``). The context the function is given is ``durable.code``'s."""
+``waits_of``: ``durable.code_history``). The context the function is given is
+``durable.code``'s."""
 
 from __future__ import annotations
 
@@ -28,22 +29,17 @@ from durable.agents import (
     Finish,
     Parallel,
     Wait,
-    call_difference,
-    call_signature,
-    is_placeholder,
 )
+from durable.call_identity import call_difference, call_signature, is_placeholder
 from durable.children import CHILD_POLL_MS
+from durable.code_history import Values
 from durable.errors import DurableError, NondeterminismError, UsageError
 from durable.eventloop import Handoff
-from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
 
 if TYPE_CHECKING:
     from durable.code import CodeAgent
-
-#: Every action of the run is kept when its history is rebuilt (no window).
-ALL_ACTIONS = 1 << 62
 
 
 class StepFailed(DurableError):
@@ -440,45 +436,3 @@ def sleep_wait(seconds: float) -> tuple[str, str, float, Any]:
     if not seconds >= 0:
         raise ValueError(f"ctx.sleep takes seconds >= 0, not {seconds!r}")
     return "timer", f"sleep {seconds:g} s", float(seconds), None
-
-
-#: The waits a code agent's function makes itself (``ctx.wait``, ``ctx.sleep``,
-#: ``ctx.join``).
-CODE_WAITS = ("input", "external", "timer", "child")
-
-
-class Values:
-    """The values a run's function drew from its context, as the log records them: in the
-    order drawn (``[kind, value]``), and how many were drawn before each recorded step
-    (``("step", n)``) and each wait of the function (``("wait", i)``, counted from 1)."""
-
-    def __init__(self) -> None:
-        self.drawn: list[list[Any]] = []
-        self.marks: dict[tuple[str, int], int] = {}
-
-    @classmethod
-    def of(cls, events: list[Any]) -> Values:
-        found = cls()
-        waits = 0
-        for e in events:
-            if isinstance(e, ev.StepDecided):
-                found.drawn.extend(e.values)
-                found.marks[("step", e.step)] = len(found.drawn)
-            elif isinstance(e, ev.WaitEntered) and e.kind in CODE_WAITS:
-                waits += 1
-                found.drawn.extend(e.values)
-                found.marks[("wait", waits)] = len(found.drawn)
-        return found
-
-
-def waits_of(events: list[Any]) -> list[WaitInfo]:
-    """The waits of a run's function, in order, with how each ended."""
-    waits: list[WaitInfo] = []
-    for e in events:
-        if isinstance(e, ev.WaitEntered) and e.kind in CODE_WAITS:
-            waits.append(WaitInfo(kind=e.kind, reason=e.reason, request=e.request))
-        elif isinstance(e, ev.WaitResolved) and waits and waits[-1].request == e.request:
-            waits[-1].response, waits[-1].outcome = e.response, "resolved"
-        elif isinstance(e, ev.WaitExpiry) and waits and waits[-1].request == e.request:
-            waits[-1].outcome = "expired"
-    return [w for w in waits if w.outcome]

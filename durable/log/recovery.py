@@ -1,0 +1,105 @@
+"""Recovery: a run's state folded from its last checkpoint to the end of its log.
+
+``EventLog.load`` reads the entries (the checkpoint id, then the log from it) and
+``fold_from`` folds them into a :class:`RunHandle`: the checkpoint's snapshot, then every
+entry after it, each checked for its sequence number. The state just before the last
+intent is kept (``pre_intent``), since only that intent is re-observed on recovery. A
+snapshot of another state layout is not used: the whole log is folded instead
+(``fold_whole``). The log must end where the projection says, else ``DecodeError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from durable.errors import DecodeError, RunNotFound
+from durable.log import events as ev
+from durable.log.fold import apply, from_checkpoint
+from durable.log.handle import RunHandle, check_seq
+from durable.log.state import STATE_SCHEMA, RunState, copy_state
+
+if TYPE_CHECKING:
+    from durable.log.store import EventLog
+
+
+def fold_from(log: EventLog, run_id: str, version: int, raw: Any, *, lease: str = "",
+              actor: str = "", at_least: bool = False) -> RunHandle:
+    """Fold the entries ``raw`` read from a checkpoint to the end of the log.
+
+    ``version`` is the projection's, read with them (``lease_acquire.lua``) or just
+    before them (``at_least``: writers may have appended since).
+    """
+    if not version:
+        raise RunNotFound(run_id)
+    handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+    fields = [(i, f if isinstance(f, dict) else dict(zip(f[::2], f[1::2], strict=True)))
+              for i, f in raw]
+    entries = log.entries(run_id, fields)
+    # Only the last intent is re-observed on recovery: keep the state just before it.
+    last_intent = max((i for i, e in enumerate(entries)
+                       if isinstance(e.event, ev.StepDecided)), default=-1)
+    for index, entry in enumerate(entries):
+        event = entry.event
+        if event is None:
+            raise DecodeError(entry.id, entry.error or "undecodable")
+        check_seq(entry.id, event, handle.state.version, first=index == 0)
+        if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
+            if event.state_v != STATE_SCHEMA:
+                # A snapshot of another layout: refold from the beginning instead.
+                return fold_whole(log, run_id, int(version), lease, actor)
+            handle.state = from_checkpoint(event)
+            handle.ckpt_seq = event.seq
+        else:
+            if index == last_intent:
+                handle.pre_intent = copy_state(handle.state)
+            apply(handle.state, event, log.window)
+        handle.last_id = entry.id
+        handle.tail_actor = event.actor
+    handle.base_version = handle.state.version
+    handle.base_state = handle.state.state
+    if handle.state.version < version or (handle.state.version != version and not at_least):
+        raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                          f"projection says {version}")
+    if handle.state.version > version and projected_version(log, run_id) < \
+            handle.state.version:
+        # A writer may have appended between the two reads, but then the projection
+        # (changed with the log, in one script) has moved too: entries past it were not
+        # written by the append script.
+        raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
+                          f"beyond the projection's {version}: an entry not written "
+                          "by the append script")
+    resolve_large(log, handle)
+    return handle
+
+
+def projected_version(log: EventLog, run_id: str) -> int:
+    """The run's version as its projection has it now (0: no projection)."""
+    version = log.redis.hget(log.keys.run(run_id), "version")
+    return int(version) if version is not None else 0
+
+
+def fold_whole(log: EventLog, run_id: str, version: int, lease: str,
+               actor: str) -> RunHandle:
+    """Fold the whole log, from its first entry, past any checkpoint."""
+    handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
+    for index, entry in enumerate(log.read(run_id)):
+        if entry.event is None:
+            raise DecodeError(entry.id, entry.error or "undecodable")
+        check_seq(entry.id, entry.event, handle.state.version, first=index == 0)
+        apply(handle.state, entry.event, log.window)
+        handle.last_id = entry.id
+        handle.tail_actor = entry.event.actor
+    handle.base_version = handle.state.version
+    handle.base_state = handle.state.state
+    if handle.state.version != version:
+        raise DecodeError(handle.last_id, "log and projection disagree")
+    resolve_large(log, handle)
+    return handle
+
+
+def resolve_large(log: EventLog, handle: RunHandle) -> None:
+    """A log that runs agent code gives it the large values of the actions it folded
+    (``durable.log.blobs``); other readers keep the references."""
+    if log.open_sealed:
+        before = handle.pre_intent.actions.values() if handle.pre_intent else ()
+        log.resolve(handle.run_id, [*handle.state.actions.values(), *before])
