@@ -35,8 +35,7 @@ from durable.client import Client
 from durable.log import batching
 from durable.log import store as eventlog
 from durable.queue import make_queue
-from durable.workers import calls, decisions
-from durable.workers import loop as drv
+from durable.workers import admission, calls, decisions
 from durable.workers import runtime as wr
 from durable.workers.loop import StepLoop
 from durable.workers.pool import RunPool
@@ -129,7 +128,7 @@ PARTS = [
     (eventlog.EventLog, "stage", "driver: stage (stamp + encode + apply)"),
     (decisions, "plain", "driver: plain (JSON round trip of args/results)"),
     (msgspec.msgpack, "encode", "driver: args size check (msgpack encode)"),
-    (drv.StepLoop, "_check_replay", "driver: _check_replay"),
+    (admission, "check_replay", "driver: check_replay"),
     # Not wrapped: copy_state (the pre-intent snapshot in load). Each run here is loaded
     # once, before its first step, so there is no intent to snapshot; whatif's load item
     # measures it on long logs.

@@ -1,6 +1,6 @@
 """What the step loop does with a decision (``workers.loop``): a call is recorded and
 sent, a group of calls sent at once (``workers.parallel``), a wait entered, an approval
-asked for; the outcomes staged for the next commit.
+asked for (``workers.authority``); the outcomes staged for the next commit.
 
 Functions of the loop (``StepLoop``) they are given, coroutines like its own: every Redis
 call awaited (``StepLoop.io``), every call of user code too (``StepLoop.user``, ``Offload``).
@@ -25,10 +25,8 @@ from durable.agents import (
     Parallel,
     Tool,
     Wait,
-    digest_placeholder,
-    is_placeholder,
 )
-from durable.approvals import check_history, check_recorded
+from durable.call_identity import digest_placeholder, is_placeholder
 from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
 from durable.errors import (
@@ -46,10 +44,8 @@ from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
-from durable.settling import unsigned_settle
 
-from . import aio, family, parallel
-from .gates import Check, gate, request_specs
+from . import aio, authority, family, parallel
 from .steps import agent_traceback, plain, step_key, values_field
 from .turns import WAITING, Offload, Slot
 
@@ -139,7 +135,7 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
         return False, 1
     if tool.requires_approval:
         loop.log.stage(handle, [decided])
-        await approval(loop, handle, tool, handle.state.actions[step], pending)
+        await authority.approval(loop, handle, tool, handle.state.actions[step], pending)
         return True, 1
     deadline = now_ms() + int(tool.timeout_for(args) * 1000)
     if await over_limit(loop, handle, agent, [(tool, step, args)], deadline, pending,
@@ -277,61 +273,6 @@ async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, A
     return False, len(calls)
 
 
-async def unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
-    """A rejection or an operator's settle the fold already applied must have been
-    valid when it was made; one that was not (written around the client) is never fed
-    to the agent: the run is quarantined. Approvals are checked at the gate.
-
-    Checked against the approver registry on a thread of its own, when there is anything
-    to check (most runs have neither)."""
-    state = handle.state
-    if any(a.decision not in (None, "approve") for a in state.approvals.values()) or \
-            any(act.settle is not None for act in state.actions.values()):
-        return await loop.io.elsewhere(lambda: _unsigned_rejection(loop, handle))
-    return None
-
-
-def _unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
-    for appr in handle.state.approvals.values():
-        if appr.decision is not None and appr.decision != "approve":
-            problem = check_history(loop.approvers, handle.run_id, appr)
-            if problem is not None:
-                return f"the rejection of {appr.request} does not hold: {problem}"
-    return unsigned_settle(loop.approvers, loop.settings.security.settle_role, handle.state)
-
-
-def approval_check(loop: StepLoop, run_id: str) -> Check:
-    """How this worker checks a recorded decision: against the approver registry, now."""
-    return lambda appr: check_recorded(loop.approvers, run_id, appr)
-
-
-async def approval(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action,
-                   pending: list[Spec]) -> tuple[bool, int] | None:
-    """None when ``act`` may be dispatched now; else ask for an approval and stop.
-
-    The digest needs the tool's facts, read now: if they cannot be read, the intent is
-    kept and the run is looked at again shortly.
-    """
-    def facts() -> list[Spec] | None:
-        verdict, reason = gate(handle.state, tool, act,
-                               approval_check(loop, handle.run_id))
-        return None if verdict == "go" else request_specs(handle.state, tool, act, reason)
-
-    try:
-        specs = await loop.user(f"{tool.name}'s approval facts", facts)
-        if specs is None:
-            return None
-    except Exception as exc:
-        log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
-                    tool.name, exc)
-        if handle.staged:
-            await loop.commit(handle, pending, [])
-        await loop.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
-        return True, 0
-    await loop.commit(handle, pending, specs, checkpoint=True)
-    return True, 0
-
-
 async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                    pending: list[Spec]) -> tuple[bool, int]:
     """Send ``act`` (its intent and dispatch are in the log) and stage its outcome."""
@@ -420,7 +361,7 @@ async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action
                 "step": act.step, "key": act.key, "reason": state.cancel.reason})])
             return False, 0
         tool = loop.registry.tool(act.tool)
-        asked = await approval(loop, handle, tool, act, pending)
+        asked = await authority.approval(loop, handle, tool, act, pending)
         if asked is not None:
             return asked
         args = handle.live_args.get(act.step, act.args)

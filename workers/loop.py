@@ -10,10 +10,11 @@ nothing and drops its work.
 
 The protocol is a coroutine per held run that never blocks its driver: every Redis call
 is awaited (``workers.redis_io``: batched with the other runs' calls), and so is all user
-code (``workers.turns.Offload``). Here: taking a run, the loop over its steps, recovery
-(re-observing the open intent), commits, quarantine and cancel. What a decision leads to
-(a call, a group, a wait, an approval) is in ``workers.decisions``; letting go of runs from
-outside their steps (the watchdog, the hand-back) in ``workers.watchdog``.
+code (``workers.turns.Offload``). Here: taking a run, the loop over its steps, reloads
+after a conflict, commits, quarantine. What a job checks before its first step (limits, the
+agent's version, re-observing the open intent) is in ``workers.admission``; what a decision
+leads to (a call, a group, a wait, an approval, a cancel) in ``workers.decisions``; letting
+go of runs from outside their steps (the watchdog, the hand-back) in ``workers.watchdog``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import redis
 
 from durable import tracing
-from durable.agents import Agent, Parallel, Registry
+from durable.agents import Agent, Registry
 from durable.approvers import Approvers
 from durable.code import CodeAgent
 from durable.connection import connect_queue
@@ -36,7 +37,6 @@ from durable.errors import (
     ConflictError,
     DecodeError,
     LeaseLost,
-    NondeterminismError,
     RunNotFound,
     Terminal,
     UnknownAgent,
@@ -48,19 +48,18 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
-from durable.log.replay import matching_call
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.outages import Outage
 from durable.queue import make_queue, make_ready
 from durable.settings import Settings
 
-from . import aio, decisions, family
+from . import admission, authority, decisions, family
 from .dispatch import Dispatcher
-from .gates import revalidate, version_policy
+from .gates import revalidate
 from .hooks import HookChain, StepHooks
 from .redis_io import RedisIO
-from .steps import agent_traceback, recorded
+from .steps import recorded
 from .turns import (
     NO_CALLBACKS,
     SLOT,
@@ -117,7 +116,7 @@ class StepLoop:
         #: Leases let go by a job's last write (append.lua's "r" flag).
         #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
         #: whose epochs agree, so the run id is part of the key.
-        self._released: set[tuple[str, str]] = set()
+        self.released: set[tuple[str, str]] = set()
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client),
                                 queue_name or settings.worker.queue)
@@ -189,8 +188,8 @@ class StepLoop:
             self.heartbeats.drop(lease)
             if self.held.get(run_id) is slot:
                 self.held.pop(run_id, None)
-            if (run_id, lease.value) in self._released:
-                self._released.discard((run_id, lease.value))
+            if (run_id, lease.value) in self.released:
+                self.released.discard((run_id, lease.value))
             else:
                 await self.io.release(lease)
         if more:
@@ -269,7 +268,7 @@ class StepLoop:
             # is where a worker that has it takes it from.
             log.info("run %s: agent %s is not served here; put on its own ready list",
                      run_id, handle.state.agent)
-            await self._route(handle, lease, handle.state.agent)
+            await admission.route(self, handle, lease, handle.state.agent)
             return False
         kept = False
         if isinstance(agent, CodeAgent):
@@ -284,55 +283,12 @@ class StepLoop:
             else:
                 agent.close_run(run_id)
 
-    async def _route(self, handle: RunHandle, lease: Lease, route: str) -> None:
-        """Put the run on the ready list ``route``, where a worker that has its agent (or
-        its version) takes it from. Nothing is written."""
-        await self.io.release(lease)  # before it is ready again: a taker finds it free
-        self._released.add((handle.run_id, lease.value))
-        await self.io.enqueue(handle.run_id, force=True, route=route)
-        await self.io.stat("runs_routed")
-
     async def _drive_agent(self, handle: RunHandle, agent: Agent, lease: Lease, slot: Slot,
                            kept: bool = False) -> bool:
         """``kept``: a code agent's function goes on from the last job (nothing to
         re-observe: it issued the open intent itself)."""
         run_id = handle.run_id
-        wait = await self.limiter.take_run(handle.state, agent)
-        if wait is not None:  # at most N runs per key in flight: it waits, nothing written
-            await self.park(run_id, wait)
-            return False
-        self.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
-                                                         "epoch": lease.epoch})])
-        forged = await decisions.unsigned_rejection(self, handle)
-        if forged is not None:
-            await self.quarantine(handle, forged)
-            return False
-        state, check = handle.state, decisions.approval_check(self, run_id)
-        if state.agent_version == agent.version:
-            verdict, specs, why = version_policy(state, agent, check)
-        else:  # a decision on the upgrade is checked against the approver registry
-            verdict, specs, why = await self.io.elsewhere(
-                lambda: version_policy(state, agent, check))
-        if verdict != "ok" and await self._hand_to_its_version(handle, lease):
-            return False
-        if verdict == "quarantine":
-            await self.quarantine(handle, why)
-            return False
-        if verdict == "wait":
-            await self.log.commit_async(handle, specs, checkpoint=True)
-            return False
-        self.log.stage(handle, specs)
-        try:
-            if not kept:
-                await self._check_replay(handle, agent)
-        except NondeterminismError as exc:
-            await self.quarantine(handle, str(exc))
-            return False
-        except redis.RedisError:  # Redis failed under the re-observing, not the agent
-            raise
-        except Exception as exc:  # an agent bug met while re-observing: keep the evidence
-            await self.quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
-                                  traceback=agent_traceback(exc))
+        if not await admission.admit(self, handle, agent, lease, kept):
             return False
         # Outcomes observed but not yet in the log: they survive a reload after a conflict.
         pending: list[Spec] = []
@@ -353,7 +309,7 @@ class StepLoop:
                 if fresh is None:
                     return False
                 handle = fresh
-                forged = await decisions.unsigned_rejection(self, handle)  # written meanwhile
+                forged = await authority.unsigned_rejection(self, handle)  # written meanwhile
                 if forged is not None:
                     await self.quarantine(handle, forged)
                     return False
@@ -372,19 +328,6 @@ class StepLoop:
                 if more and not self.stopping.is_set():
                     slot.park_at = handle.state.version
                 return more
-
-    async def _hand_to_its_version(self, handle: RunHandle, lease: Lease) -> bool:
-        """A run of another version of the agent, which this worker's code may not take
-        over (its ``on_version_change``): when a live worker has the run's own version (an
-        old worker during a rolling deploy), the run goes on that version's ready list
-        instead of being quarantined or held for an approval. Nothing is written."""
-        route = f"{handle.state.agent}@{handle.state.agent_version}"
-        if not any(route in serves for serves in (await self.io.served_agents()).values()):
-            return False
-        log.info("run %s: started under %s, handed to a worker that has that version",
-                 handle.run_id, route)
-        await self._route(handle, lease, route)
-        return True
 
     async def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
         verdict, spec = await self.user(f"{agent.name}.revalidate()",
@@ -416,7 +359,7 @@ class StepLoop:
                 state = handle.state
                 await self.io.elsewhere(lambda: self.limiter.release_run(state, agent))
         if release:
-            self._released.add((handle.run_id, handle.lease))
+            self.released.add((handle.run_id, handle.lease))
             if handle.state.terminal and handle.state.parent_step:  # a child ended
                 await self.woke(await family.wake_parent(self.io, self.log, handle.state,
                                                          self.worker_id))
@@ -448,26 +391,6 @@ class StepLoop:
             await self.io.hset(keys.QUARANTINE, handle.run_id, reason[:500])
         except (ConflictError, Terminal, LeaseLost):
             await self.io.quarantine_unread(self.log, handle.run_id, reason, self.worker_id)
-
-    async def _check_replay(self, handle: RunHandle, agent: Agent) -> None:
-        """Re-observe the open intent: the agent must decide what the log recorded."""
-        act, before = handle.state.current, handle.pre_intent
-        if act is None:
-            return
-        if isinstance(agent, CodeAgent):
-            before = handle.state  # a code agent rebuilds its history from the whole log
-        elif before is None or before.step + 1 != act.step or act.group:
-            # The intent is older than the checkpoint the load started from, or part of a
-            # group, whose state before it is not kept: it is not re-decided.
-            return
-        seen = before
-        decided = await aio.decide(self, agent, seen)
-        call = matching_call(handle.run_id, decided, act.step, act.tool, act.args, act.group)
-        handle.live_args[act.step] = call.args
-        if isinstance(decided, Parallel):  # the group's other open calls go out again too
-            for step, member in zip(decided.steps, decided.calls, strict=False):
-                handle.live_args.setdefault(step, member.args)
-        await self.io.stat("replayed_intents")
 
     async def _step(
         self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease
