@@ -338,8 +338,7 @@ class RunHub:
                 self._more_ready = False
         else:
             self._short = 0
-        for _ in range(asked - len(run_ids)):
-            self.slots.give_back()
+        self.slots.give_back(asked - len(run_ids))
         if run_ids:
             if not self.slots.accepting:  # shutdown began while the pop was out: put them back
                 for run_id in run_ids:

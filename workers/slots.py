@@ -88,7 +88,9 @@ class Slots:
         #: Pops of the next ready run go with the other Redis calls of the run threads when
         #: the ready list is on the log's server (one round trip for many).
         self.batcher = loop.leases.batcher if self.queues is self.redis else None
-        self._free = threading.Semaphore(size)
+        #: Slots free, and slots driving a run (or taken for a pop on its way), both under
+        #: ``_idle``: taking or giving back many at once is one lock, not one per slot.
+        self._free = size
         self._busy = 0
         self._idle = threading.Condition()
         #: False once shutdown began: no new runs are taken.
@@ -132,20 +134,17 @@ class Slots:
             limit = self.room()
         taken = 0
         while self.accepting:
-            free = 0
-            while (limit is None or taken + free < limit) and self._free.acquire(blocking=False):
-                free += 1
+            free = self._take(None if limit is None else limit - taken)
             if not free:
                 break
             try:
                 run_ids = self.pop_many(free)
             except BaseException:
-                for _ in range(free):
-                    self._free.release()
+                with self._idle:
+                    self._free += free
                 raise
-            for _ in range(free - len(run_ids)):
-                self._free.release()
             with self._idle:
+                self._free += free - len(run_ids)
                 self._busy += len(run_ids)
             for run_id in run_ids:
                 self.hand(run_id)
@@ -189,11 +188,14 @@ class Slots:
         return out
 
 
-    def give_back(self) -> None:
-        """A slot is free again (its run let go, or its thread was abandoned)."""
-        self._free.release()
+    def give_back(self, n: int = 1) -> None:
+        """``n`` slots are free again (their runs let go, their threads were abandoned, or
+        a pop found fewer runs than slots taken for it)."""
+        if n <= 0:
+            return
         with self._idle:
-            self._busy -= 1
+            self._free += n
+            self._busy -= n
             self._idle.notify_all()
 
     def poll(self, interval_s: float = 1.0, stop: threading.Event | None = None) -> None:
@@ -276,9 +278,12 @@ class Slots:
 
     def take_again(self, run_id: str) -> bool:
         """Drive ``run_id`` in a free slot; False when none is free (or shutting down)."""
-        if not self.accepting or not self._free.acquire(blocking=False):
+        if not self.accepting:
             return False
         with self._idle:
+            if not self._free:
+                return False
+            self._free -= 1
             self._busy += 1
         self.hand(run_id)
         return True
@@ -321,11 +326,15 @@ class Slots:
     def take_free(self, limit: int | None = None) -> int:
         """Take the free slots (at most ``limit``) for runs about to be popped; returns how
         many (each is given back unless a run is handed to it)."""
-        free = 0
-        while (limit is None or free < limit) and self._free.acquire(blocking=False):
-            free += 1
-        if free:
-            with self._idle:  # busy from now: a burst worker must not end while it pops
+        return self._take(limit, busy=True)  # a burst worker must not end while it pops
+
+    def _take(self, limit: int | None, busy: bool = False) -> int:
+        """Take up to ``limit`` free slots (all of them when None), counted busy from now
+        when ``busy``; returns how many."""
+        with self._idle:
+            free = self._free if limit is None else max(0, min(limit, self._free))
+            self._free -= free
+            if busy:
                 self._busy += free
         return free
 
