@@ -9,7 +9,8 @@ piece at a time (monkeypatching in the benchmark only; no core file changes).
   microsecond per step, shown in the profile item's breakdown; below this item's noise.)
 - ``load``: ``load.lua`` (XRANGE inside Lua) against HMGET + a direct XRANGE, and
   ``EventLog.load`` with and without its ``copy_state`` snapshot of the state before the
-  last ``step_decided`` (``durable.log.store.copy_state``: the name ``EventLog`` calls).
+  last ``step_decided`` (``durable.log.recovery.copy_state``: the name the fold of
+  ``EventLog.load`` calls).
 - ``models``: the worker's two drivers on the same ``StepLoop`` code: the run threads
   (``RunPool``, ``DURABLE_DRIVER=threads``: one thread per held run, each blocking on its
   batched Redis calls) against the hub (``RunHub``, the default: one thread resumes every
@@ -35,7 +36,7 @@ from bench.common import fresh, median, settings_for
 from bench.throughput import start_runs
 from durable.agents import registry
 from durable.client import Client
-from durable.log import keys, store
+from durable.log import keys, recovery
 from durable.log.store import EventLog
 from durable.queue import enqueue_many
 from durable.workers.calls import CallResult, CallWatch
@@ -175,13 +176,15 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
             elog.load(rid)
 
         def load_nocopy(rid: str = rid) -> None:
-            # store.py imports copy_state by name: patch the name EventLog.load calls.
-            saved = store.copy_state
-            store.copy_state = lambda s: s  # type: ignore[assignment]
+            # recovery.py imports copy_state by name: patch the name its fold (which
+            # EventLog.load runs) calls, in the module's namespace.
+            names = vars(recovery)
+            saved = names["copy_state"]
+            names["copy_state"] = lambda s: s
             try:
                 elog.load(rid)
             finally:
-                store.copy_state = saved
+                names["copy_state"] = saved
 
         fns[str(size)] = {"load.lua ms": script, "HMGET + XRANGE(ckpt..last) ms": direct,
                           "EventLog.load ms": load,
