@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from bench.common import fresh, median, percentile, settings_for, worker
+from bench.common import event_type, fresh, median, percentile, settings_for, worker
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
@@ -53,8 +53,7 @@ def _phases(r: redis.Redis, run_ids: list[str]) -> dict[str, list[float]]:
         requested = 0
         for eid, fields in r.xrange(keys.UNSHARDED.log(rid)):
             event = ev.decode(fields[b"e"])
-            tag = type(event).__struct_config__.tag  # type: ignore[attr-defined]
-            at.setdefault(tag, float(eid.split(b"-")[0]))
+            at.setdefault(event_type(event), float(eid.split(b"-")[0]))
             if isinstance(event, ev.CancelRequested):
                 requested = event.requested_ts
         if {"cancel_requested", "call_canceled", "canceled"} <= set(at) and requested:

@@ -60,11 +60,11 @@ def _patched(bare_call: bool) -> Iterator[None]:
                 return CallResult("returned", fn())
             except BaseException as exc:
                 return CallResult("raised", error=exc)
-        CallWatch.call = call  # type: ignore[method-assign]
+        CallWatch.call = call
     try:
         yield
     finally:
-        CallWatch.call = saved_call  # type: ignore[method-assign]
+        CallWatch.call = saved_call
 
 
 VARIANTS = {"baseline": False, "tool call without the watcher": True}
@@ -191,11 +191,11 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
                           "EventLog.load without the pre-intent copy_state ms": load_nocopy}
     xs: dict[str, dict[str, list[float]]] = {s: {k: [] for k in f} for s, f in fns.items()}
     for _ in range(reps):  # interleaved
-        for size, f in fns.items():
+        for label, f in fns.items():
             for name, fn in f.items():
                 t = time.perf_counter()
                 fn()
-                xs[size][name].append((time.perf_counter() - t) * 1000)
+                xs[label][name].append((time.perf_counter() - t) * 1000)
     r.close()
     return {size: {name: median(v) for name, v in row.items()} for size, row in xs.items()}
 
