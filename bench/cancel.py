@@ -13,18 +13,20 @@ benchmark waits (XREAD BLOCK on the run's log) for the ``canceled`` event. Repor
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
-from bench.common import fresh, median, percentile, settings_for, worker
+from bench.common import event_type, fresh, median, percentile, settings_for, worker
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 
+E = TypeVar("E", bound=ev.Event)
 
-def _wait_for(r: redis.Redis, run_id: str, cls: type[ev.Event], last: bytes,
-              timeout_s: float = 20.0) -> tuple[ev.Event, bytes]:
+
+def _wait_for(r: redis.Redis, run_id: str, cls: type[E], last: bytes,
+              timeout_s: float = 20.0) -> tuple[E, bytes]:
     """Block on the run's log until an event of type ``cls`` appears after ``last``."""
     end = time.monotonic() + timeout_s
     stream = keys.UNSHARDED.log(run_id)
@@ -53,8 +55,7 @@ def _phases(r: redis.Redis, run_ids: list[str]) -> dict[str, list[float]]:
         requested = 0
         for eid, fields in r.xrange(keys.UNSHARDED.log(rid)):
             event = ev.decode(fields[b"e"])
-            tag = type(event).__struct_config__.tag  # type: ignore[attr-defined]
-            at.setdefault(tag, float(eid.split(b"-")[0]))
+            at.setdefault(event_type(event), float(eid.split(b"-")[0]))
             if isinstance(event, ev.CancelRequested):
                 requested = event.requested_ts
         if {"cancel_requested", "call_canceled", "canceled"} <= set(at) and requested:
@@ -88,7 +89,7 @@ def run(servers: Any, quick: bool = False, n: int | None = None,
                 t1 = time.perf_counter()
                 canceled, _ = _wait_for(r, rid, ev.Canceled, last, 10.0)
                 t2 = time.perf_counter()
-                c["samples"]["event"].append(float(canceled.latency_ms))  # type: ignore[attr-defined]
+                c["samples"]["event"].append(float(canceled.latency_ms))
                 c["samples"]["wall"].append((t2 - t0) * 1000)
                 c["samples"]["call"].append((t1 - t0) * 1000)
             if (i + 1) % 50 == 0:

@@ -6,10 +6,11 @@ Redis bytes per event of real runs' log streams.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
+from bench.common import event_type
 from durable.log import events as ev
 from durable.log.state import Action, RunState
 
@@ -18,9 +19,18 @@ ACTOR = "worker-host:48213:a91f0c"
 TS = 1_767_000_000_000
 
 
+class _Envelope(TypedDict):
+    """The fields every sample shares."""
+
+    v: int
+    run: str
+    ts: int
+    actor: str
+
+
 def sample_events() -> dict[str, ev.Event]:
     """One realistic event of each type (sizes as the count agent and the driver write)."""
-    base = {"v": ev.SCHEMA_VERSION, "run": RUN, "ts": TS, "actor": ACTOR}
+    base: _Envelope = {"v": ev.SCHEMA_VERSION, "run": RUN, "ts": TS, "actor": ACTOR}
     key = f"{RUN}:7"
     args = {"n": 7, "sleep_s": 0.0}
     state = RunState(
@@ -74,7 +84,7 @@ def sample_events() -> dict[str, ev.Event]:
     if hasattr(ev, "AgentUpgraded"):
         samples.append(ev.AgentUpgraded(**base, seq=24, from_version="1", to_version="2",
                                         tools=["noop"]))
-    return {type(e).__struct_config__.tag: e for e in samples}  # type: ignore[attr-defined]
+    return {event_type(e): e for e in samples}
 
 
 def unsampled() -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from durable.agents import registry
+from durable.log import events as ev
 from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Server, Worker
@@ -37,6 +38,14 @@ def percentile(xs: Sequence[float], p: float) -> float:
     s = sorted(xs)
     k = min(len(s), max(1, math.ceil(p / 100 * len(s))))
     return float(s[k - 1])
+
+
+def event_type(event: ev.Event) -> str:
+    """The event's type name, as the log writes it (its msgspec tag, a string for every type
+    of the schema)."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str), tag
+    return tag
 
 
 def ms_of(entry_id: bytes | str) -> int:

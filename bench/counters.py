@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         r = srv.client()
         client = Client(Settings.from_env(redis_url=srv.url, agents="examples.agents"), r)
         for n in range(args.rounds):
-            counters.for_event = nothing  # type: ignore[assignment]
+            counters.for_event = nothing
             without_s.append(_steps(client, f"without{n}-", args.runs, args.steps))
-            counters.for_event = real  # type: ignore[assignment]
+            counters.for_event = real
             with_s.append(_steps(client, f"with{n}-", args.runs, args.steps))
         pipe = r.pipeline(transaction=False)
         for t in range(args.tools):

@@ -52,7 +52,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import psutil
 import redis
@@ -115,6 +115,23 @@ DURABLE = (
 )
 GATHER = "asyncio.gather (ceiling)"
 
+
+class RunDetails(TypedDict):
+    """What the runs' logs say of a batch (``_run_details``): per run, ms."""
+
+    latency: list[float]  # from its start to its last write
+    wait: list[float]  # from its start to the first worker write
+    states: dict[str, int]  # runs per projected state
+    takers: dict[str, int]  # runs per worker (the pid in the first worker write's actor)
+    first_start_ms: float | None
+    last_write_ms: float | None
+
+
+#: CPU seconds of a batch, per process (``workers``: one each) and the machine's.
+CpuSeconds = TypedDict("CpuSeconds", {
+    "workers": list[float], "redis": float, "bench process": float, "reconciler": float,
+    "machine": float, "available": float, "other processes": NotRequired[float]})
+
 #: Worker log lines worth a look: anything at WARNING or above, and tracebacks.
 PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
 
@@ -136,7 +153,7 @@ def _wait_ready(workers: list[Worker], timeout: float = 60.0) -> None:
         raise RuntimeError(f"workers not ready after {timeout:.0f} s")
 
 
-def _run_details(r: redis.Redis, ids: list[str], since_ms: float = 0) -> dict[str, Any]:
+def _run_details(r: redis.Redis, ids: list[str], since_ms: float = 0) -> RunDetails:
     """Per run, from its log: started, the first worker write, the last write, the taker.
     Latency and wait count from ``since_ms`` for runs started before it (a backlog)."""
     pipe = r.pipeline(transaction=False)
@@ -144,8 +161,12 @@ def _run_details(r: redis.Redis, ids: list[str], since_ms: float = 0) -> dict[st
         pipe.xrange(keys.UNSHARDED.log(rid), "-", "+", count=2)
         pipe.hmget(keys.UNSHARDED.run(rid), "last", "state")
     out = pipe.execute()
-    latency, wait, states, takers = [], [], Counter(), Counter()
-    first_start, last_write = None, None
+    latency: list[float] = []
+    wait: list[float] = []
+    states: Counter[str] = Counter()
+    takers: Counter[str] = Counter()
+    first_start: float | None = None
+    last_write: float | None = None
     for i in range(0, len(out), 2):
         entries, (last_id, state) = out[i], out[i + 1]
         states[(state or b"?").decode()] += 1
@@ -210,7 +231,10 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     wurl = f"{url}?max_connections={cfg.pool}" if cfg.pool else url
     workers = [Worker(wurl, log_path=logs[i], hooks=[f"bench.rtcount:Counter={counts[i]}"],
                       DURABLE_CONCURRENCY=str(cfg.concurrency), DURABLE_AGENTS=cfg.agents,
-                      PYTHONPATH=str(ROOT), **dict(cfg.env)) for i in range(cfg.workers)]
+                      # cfg.env names environment variables only, never one of the
+                      # options before **env: mypy cannot tell them apart.
+                      PYTHONPATH=str(ROOT), **dict(cfg.env))  # type: ignore[arg-type]
+               for i in range(cfg.workers)]
     rec = None
     if cfg.reconciler:
         logs.append(log_dir / f"{tag}-reconciler.log")
@@ -275,10 +299,10 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     srv_t0_ms = srv0[0] * 1000 + srv0[1] / 1000
     wall = ((det["last_write_ms"] or 0) - srv_t0_ms) / 1000
     steps = done * STEPS
-    cpu = {"workers": [b - a for a, b in zip(cpu0[0], cpu1[0], strict=True)],
-           "redis": cpu1[1] - cpu0[1], "bench process": cpu1[2] - cpu0[2],
-           "reconciler": cpu1[4] - cpu0[4], "machine": cpu1[3] - cpu0[3],
-           "available": poll_wall * CPUS}
+    cpu: CpuSeconds = {"workers": [b - a for a, b in zip(cpu0[0], cpu1[0], strict=True)],
+                       "redis": cpu1[1] - cpu0[1], "bench process": cpu1[2] - cpu0[2],
+                       "reconciler": cpu1[4] - cpu0[4], "machine": cpu1[3] - cpu0[3],
+                       "available": poll_wall * CPUS}
     cpu["other processes"] = max(0.0, cpu["machine"] - sum(cpu["workers"]) - cpu["redis"]
                                  - cpu["bench process"] - cpu["reconciler"])
     worker_rt = sum(b.get("round_trips", 0) - a.get("round_trips", 0)

@@ -19,7 +19,7 @@ import io
 import pstats
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ class Accounting:
         self.main = threading.get_ident()
         self._local = threading.local()
         self._lock = threading.Lock()
-        self.excl: Counter[str] = Counter()
+        self.excl: defaultdict[str, float] = defaultdict(float)
         self.calls: Counter[str] = Counter()
         self.restore: list[tuple[Any, str, Any]] = []
 
@@ -135,7 +135,9 @@ PARTS = [
 ]
 
 
-class _InlinePool(RunPool):
+# durable.workers is the repository's workers/ folder, installed under durable/ (the
+# package-dir of pyproject.toml): mypy does not follow that mapping, so its classes are Any.
+class _InlinePool(RunPool):  # type: ignore[misc]
     """Drives the ready runs on the calling thread (RQ's), one at a time, so one thread's
     exclusive-time accounting sees the whole step protocol (the core's pool hands them to
     its run threads, which would overlap with RQ's loop in wall time)."""
@@ -167,14 +169,14 @@ def breakdown(url: str, r: redis.Redis, runs: int) -> dict[str, Any]:
         finally:
             _phase.driver = False
 
-    StepLoop.advance = advance  # type: ignore[method-assign]
+    StepLoop.advance = advance
     t0 = time.perf_counter()
     try:
         worker.work(burst=True, logging_level="WARNING")
         wr._pool.slots.finish()
     finally:
         total = time.perf_counter() - t0
-        StepLoop.advance = adv  # type: ignore[method-assign]
+        StepLoop.advance = adv
         acct.undo()
         wr._loop = wr._pool = None
     per_run_us = {k: v / runs * 1e6 for k, v in sorted(acct.excl.items(), key=lambda kv: -kv[1])}

@@ -43,7 +43,7 @@ def install() -> None:
     global _installed
     with _lock:
         _installed += 1
-        AbstractConnection.send_packed_command = _counting  # type: ignore[method-assign]
+        AbstractConnection.send_packed_command = _counting
 
 
 def uninstall() -> None:
@@ -52,7 +52,7 @@ def uninstall() -> None:
         _installed -= 1
         if _installed <= 0:
             _installed = 0
-            AbstractConnection.send_packed_command = _original  # type: ignore[method-assign]
+            AbstractConnection.send_packed_command = _original
 
 
 def sent() -> int:

@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import redis
@@ -26,6 +26,14 @@ from durable.log.store import EventLog
 from durable.sealing import Keyring, seal_payloads
 
 RUN = "r-7f3a9c2e41d05b68"
+
+
+class _Envelope(TypedDict):
+    """The fields every event of the sampled log shares (``ts`` differs by type)."""
+
+    v: int
+    run: str
+    actor: str
 
 
 def _per_call_us(fn: Callable[[], object], n: int, reps: int) -> float:
@@ -40,7 +48,7 @@ def _per_call_us(fn: Callable[[], object], n: int, reps: int) -> float:
 
 def _log(steps: int, ring: Keyring | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
     """A run's log of ``steps`` card payments, as XRANGE returns it."""
-    base = {"v": ev.SCHEMA_VERSION, "run": RUN, "actor": "w"}
+    base: _Envelope = {"v": ev.SCHEMA_VERSION, "run": RUN, "actor": "w"}
     names = {"card_number", "auth_code"}
     out: list[ev.Event] = [ev.RunStarted(**base, seq=1, ts=1, agent="pay", agent_version="1",
                                          input={"n": steps})]

@@ -29,7 +29,7 @@ import subprocess
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import msgspec
 import psutil
@@ -56,7 +56,33 @@ PLAIN_RQ_RUNS = 200
 FLOOR_LUA = (Path(__file__).parent / "floor.lua").read_text()
 
 
-def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+class Incomplete(TypedDict):
+    """A batch whose runs did not all complete: how many did, and the states of all."""
+
+    completed: int
+    runs: int
+    states: dict[str, int]
+
+
+class Batch(TypedDict):
+    """One batch of one configuration (a sample of ``results.json``): its steps, the
+    seconds they took and the rate; what only some configurations measure is optional."""
+
+    steps: int
+    seconds: float
+    steps_per_s: float
+    #: CPU microseconds per step of each process ("client" and "redis" for the floor,
+    #: "worker" and "redis" for the worker configurations).
+    cpu_us_per_step: NotRequired[dict[str, float]]
+    #: The plain RQ worker's whole ``work()``, start-up and teardown included.
+    worker_total_s: NotRequired[float]
+    wall_s: NotRequired[float]
+    wall_steps_per_s: NotRequired[float]
+    workers: NotRequired[int]
+    incomplete: NotRequired[Incomplete]
+
+
+def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> Batch:
     script = r.register_script(FLOOR_LUA)
     enc = msgspec.msgpack.Encoder()
     actor = "bench-floor:1:000000"
@@ -93,7 +119,7 @@ def floor(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
                 "redis": (redis1.user + redis1.system - redis0.user - redis0.system) / n * 1e6}}
 
 
-def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
+def plain_loop(runs: int, steps: int = STEPS) -> Batch:
     registry.load(AGENTS)
     tool = registry.tool("noop")
     token = CancelToken()
@@ -107,7 +133,7 @@ def plain_loop(runs: int, steps: int = STEPS) -> dict[str, float]:
     return {"steps": runs * steps, "seconds": dt, "steps_per_s": runs * steps / dt}
 
 
-class _TimedWorker(SimpleWorker):
+class _TimedWorker(SimpleWorker):  # type: ignore[misc]
     """Times its jobs from the start of the first to the end of the last: the worker's
     start-up and teardown are not counted (subtracting a separately measured start-up
     gave negative rates on a busy machine)."""
@@ -124,7 +150,7 @@ class _TimedWorker(SimpleWorker):
             self.last = time.perf_counter()
 
 
-def plain_rq(r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+def plain_rq(r: redis.Redis, runs: int, steps: int = STEPS) -> Batch:
     q = Queue("bench-rq", connection=r, serializer=JSONSerializer)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     jobs = runs * steps
@@ -154,7 +180,7 @@ def start_runs(client: Client, prefix: str, runs: int, steps: int = STEPS,
     return ids
 
 
-def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> dict[str, float]:
+def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> Batch:
     settings = settings_for(url)
     client = Client(settings, r)
     ids = start_runs(client, "d", runs, steps, enqueue=False)
@@ -169,7 +195,7 @@ def driver_inproc(url: str, r: redis.Redis, runs: int, steps: int = STEPS) -> di
 
 
 def durable(url: str, r: redis.Redis, runs: int, workers: int,
-            steps: int = STEPS) -> dict[str, Any]:
+            steps: int = STEPS) -> Batch:
     client = Client(settings_for(url), r)
     ids = start_runs(client, "w", runs, steps)
     t0 = time.perf_counter()
@@ -186,11 +212,11 @@ def durable(url: str, r: redis.Redis, runs: int, workers: int,
     window = max(last - first, 1) / 1000
     n = done * steps
     used = cpu.between(first / 1000, last / 1000)
-    out: dict[str, Any] = {"steps": n, "seconds": window,
-                           "steps_per_s": n / window, "wall_s": wall,
-                           "wall_steps_per_s": n / wall, "workers": workers,
-                           "cpu_us_per_step": {"worker": sum(used[1:]) / max(n, 1) * 1e6,
-                                               "redis": used[0] / max(n, 1) * 1e6}}
+    out: Batch = {"steps": n, "seconds": window,
+                  "steps_per_s": n / window, "wall_s": wall,
+                  "wall_steps_per_s": n / wall, "workers": workers,
+                  "cpu_us_per_step": {"worker": sum(used[1:]) / max(n, 1) * 1e6,
+                                      "redis": used[0] / max(n, 1) * 1e6}}
     if done != runs:
         pipe = r.pipeline(transaction=False)
         for rid in ids:
@@ -204,7 +230,7 @@ CONFIGS = ("floor", "plain loop", "plain RQ", "driver in-process", "durable, 1 w
            "durable, 2 workers")
 
 
-def measure(name: str, url: str, r: redis.Redis, runs: int) -> dict[str, float]:
+def measure(name: str, url: str, r: redis.Redis, runs: int) -> Batch:
     fresh(r)
     if name == "floor":
         return floor(r, runs)
@@ -225,7 +251,7 @@ def run(servers: Any, quick: bool = False, rounds: int | None = None,
     rounds = rounds or (1 if quick else 3)
     runs = runs or (60 if quick else RUNS)
     fsyncs = list(servers.fsyncs)
-    samples: dict[str, dict[str, list[dict[str, float]]]] = {
+    samples: dict[str, dict[str, list[Batch]]] = {
         f: {c: [] for c in CONFIGS} for f in fsyncs}
     incomplete: list[dict[str, Any]] = []
     for rnd in range(rounds):

@@ -9,7 +9,8 @@ piece at a time (monkeypatching in the benchmark only; no core file changes).
   microsecond per step, shown in the profile item's breakdown; below this item's noise.)
 - ``load``: ``load.lua`` (XRANGE inside Lua) against HMGET + a direct XRANGE, and
   ``EventLog.load`` with and without its ``copy_state`` snapshot of the state before the
-  last ``step_decided`` (``durable.log.store.copy_state``: the name ``EventLog`` calls).
+  last ``step_decided`` (``durable.log.recovery.copy_state``: the name the fold of
+  ``EventLog.load`` calls).
 - ``models``: the worker's two drivers on the same ``StepLoop`` code: the run threads
   (``RunPool``, ``DURABLE_DRIVER=threads``: one thread per held run, each blocking on its
   batched Redis calls) against the hub (``RunHub``, the default: one thread resumes every
@@ -35,7 +36,7 @@ from bench.common import fresh, median, settings_for
 from bench.throughput import start_runs
 from durable.agents import registry
 from durable.client import Client
-from durable.log import keys, store
+from durable.log import keys, recovery
 from durable.log.store import EventLog
 from durable.queue import enqueue_many
 from durable.workers.calls import CallResult, CallWatch
@@ -59,11 +60,11 @@ def _patched(bare_call: bool) -> Iterator[None]:
                 return CallResult("returned", fn())
             except BaseException as exc:
                 return CallResult("raised", error=exc)
-        CallWatch.call = call  # type: ignore[method-assign]
+        CallWatch.call = call
     try:
         yield
     finally:
-        CallWatch.call = saved_call  # type: ignore[method-assign]
+        CallWatch.call = saved_call
 
 
 VARIANTS = {"baseline": False, "tool call without the watcher": True}
@@ -175,24 +176,26 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
             elog.load(rid)
 
         def load_nocopy(rid: str = rid) -> None:
-            # store.py imports copy_state by name: patch the name EventLog.load calls.
-            saved = store.copy_state
-            store.copy_state = lambda s: s  # type: ignore[assignment]
+            # recovery.py imports copy_state by name: patch the name its fold (which
+            # EventLog.load runs) calls, in the module's namespace.
+            names = vars(recovery)
+            saved = names["copy_state"]
+            names["copy_state"] = lambda s: s
             try:
                 elog.load(rid)
             finally:
-                store.copy_state = saved
+                names["copy_state"] = saved
 
         fns[str(size)] = {"load.lua ms": script, "HMGET + XRANGE(ckpt..last) ms": direct,
                           "EventLog.load ms": load,
                           "EventLog.load without the pre-intent copy_state ms": load_nocopy}
     xs: dict[str, dict[str, list[float]]] = {s: {k: [] for k in f} for s, f in fns.items()}
     for _ in range(reps):  # interleaved
-        for size, f in fns.items():
+        for label, f in fns.items():
             for name, fn in f.items():
                 t = time.perf_counter()
                 fn()
-                xs[size][name].append((time.perf_counter() - t) * 1000)
+                xs[label][name].append((time.perf_counter() - t) * 1000)
     r.close()
     return {size: {name: median(v) for name, v in row.items()} for size, row in xs.items()}
 
