@@ -349,6 +349,8 @@ class Session:
         """On the function's thread: hand ``item`` (a decision, or what it raised) over."""
         wanted, self.decided = self.decided, None
         if wanted is None:
+            if isinstance(item, BaseException) and not isinstance(item, Exception):
+                return  # an interrupt (the watchdog's) that landed after the decision went
             raise RuntimeError(f"run {self.run_id}: a decision with nobody asking for it")
         wanted.set_result(item)
 
