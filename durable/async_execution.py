@@ -192,15 +192,6 @@ class AsyncSession(Session):
         if self.answer is not None and not self.answer.done():
             self.answer.set_result(answer)
 
-    def next_decision(self, state: RunState) -> Decision:
-        wanted = self.begin(state)
-        while True:
-            try:
-                item = wanted.result(timeout=0.1)  # short: the watchdog can interrupt
-            except concurrent.futures.TimeoutError:
-                continue
-            return decision_of(item)
-
     def close(self) -> None:
         """End the function: at the step it waits on (``Unwind``), else where it awaits
         (its task is cancelled)."""
@@ -213,21 +204,3 @@ class AsyncSession(Session):
             self.answer.set_result(UNWIND)
         elif self.task is not None and not self.task.done():
             self.task.cancel()
-
-    def first_decision(self, timeout_s: float) -> Decision:
-        wanted = self.begin(None)
-        try:
-            item = wanted.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"did not reach its next step within {timeout_s:g} s") from None
-        finally:
-            self.close()
-        return decision_of(item)
-
-
-def decision_of(item: Any) -> Decision:
-    """What a function handed over: its decision, or what it raised (raised here)."""
-    if isinstance(item, BaseException):
-        raise item
-    decision: Decision = item
-    return decision

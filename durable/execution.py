@@ -355,16 +355,14 @@ class Session:
         wanted.set_result(item)
 
     def next_decision(self, state: RunState) -> Decision:
+        """The function's next decision, waited for on this thread (a run thread's, RQ's),
+        in short waits: the watchdog can interrupt this thread."""
         wanted = self.begin(state)
         while True:
             try:
-                item = wanted.result(timeout=0.1)  # short: the watchdog can interrupt
+                return decision_of(wanted.result(timeout=0.1))
             except concurrent.futures.TimeoutError:
                 continue
-            if isinstance(item, BaseException):
-                raise item
-            decision: Decision = item
-            return decision
 
     def _start_thread(self) -> None:
         self.started = True
@@ -411,10 +409,15 @@ class Session:
             raise TimeoutError(f"did not reach its next step within {timeout_s:g} s") from None
         finally:
             self.close()
-        if isinstance(item, BaseException):
-            raise item
-        decision: Decision = item
-        return decision
+        return decision_of(item)
+
+
+def decision_of(item: Any) -> Decision:
+    """What a function handed over: its decision, or what it raised (raised here)."""
+    if isinstance(item, BaseException):
+        raise item
+    decision: Decision = item
+    return decision
 
 
 def join_wait(child: ChildRun, timeout_s: float) -> tuple[str, str, float, Any]:

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from durable.agents import Agent, Tool
-from durable.async_execution import decision_of
 from durable.code import CodeAgent
 from durable.eventloop import Handoff
+from durable.execution import decision_of
 from durable.log.state import Action, RunState
 from durable.log.store import Spec
 
