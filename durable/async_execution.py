@@ -18,21 +18,20 @@ import contextlib
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
-
-from durable.agents import Decision, Fail, Finish
+from durable.agents import Decision
 from durable.errors import UsageError
 from durable.eventloop import AGENT_TASK, EVENT_LOOP, Handoff, LoopBlocked
 from durable.execution import (
     CURRENT,
     UNWIND,
     ChildRun,
-    EndRun,
     Session,
     StepFailed,
     Unwind,
+    finished,
     join_wait,
     joined,
+    raised,
     sleep_wait,
 )
 from durable.log.state import Action, RunState
@@ -60,10 +59,7 @@ class AsyncSession(Session):
         if self.closed:
             return
         try:
-            value = await self.agent.fn(self.context(self), self.input)
-            if isinstance(value, BaseModel):
-                value = value.model_dump(mode="json")
-            self._deliver(Finish(value))
+            self._deliver(finished(await self.agent.fn(self.context(self), self.input)))
         except (Unwind, asyncio.CancelledError):
             return
         except LoopBlocked:
@@ -71,12 +67,8 @@ class AsyncSession(Session):
                 f"run {self.run_id}: the agent blocked the event loop of async agents past "
                 f"{EVENT_LOOP.block_limit_s:g} s (time.sleep or a blocking call in an async "
                 "def function: await asyncio.sleep, an async client, or asyncio.to_thread)"))
-        except StepFailed as exc:
-            self._deliver(Fail(str(exc)[:2000]))
-        except EndRun as exc:
-            self._deliver(exc.decision)
-        except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
-            self._deliver(exc)
+        except BaseException as exc:
+            self._deliver(raised(exc))
 
     def _deliver(self, item: Any) -> None:
         """Give the worker what the function decided (or raised)."""

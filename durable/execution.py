@@ -153,18 +153,11 @@ class Session:
     def _main(self) -> None:
         CURRENT.set(self)
         try:
-            value = self.agent.fn(self.context(self), self.input)
-            if isinstance(value, BaseModel):
-                value = value.model_dump(mode="json")
-            self._deliver(Finish(value))
+            self._deliver(finished(self.agent.fn(self.context(self), self.input)))
         except Unwind:
             return
-        except StepFailed as exc:
-            self._deliver(Fail(str(exc)[:2000]))
-        except EndRun as exc:
-            self._deliver(exc.decision)
-        except BaseException as exc:  # an agent bug or a nondeterminism: the worker decides
-            self._deliver(exc)
+        except BaseException as exc:
+            self._deliver(raised(exc))
 
     def call(self, tool: str, args: dict[str, Any]) -> Any:
         self._on_own_thread()
@@ -410,6 +403,24 @@ class Session:
         finally:
             self.close()
         return decision_of(item)
+
+
+def finished(value: Any) -> Finish:
+    """What a function that returned ``value`` decides: to finish with it."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    return Finish(value)
+
+
+def raised(exc: BaseException) -> Decision | BaseException:
+    """What a function that raised ``exc`` hands over: a failed step not caught fails the
+    run, ``EndRun`` ends it as it says; anything else (an agent bug, a nondeterminism) is
+    for the worker to decide."""
+    if isinstance(exc, StepFailed):
+        return Fail(str(exc)[:2000])
+    if isinstance(exc, EndRun):
+        return exc.decision
+    return exc
 
 
 def decision_of(item: Any) -> Decision:
