@@ -140,8 +140,9 @@ class WorkerSettings(BaseSettings):
     user_threads: int = Field(
         default=256, ge=1, le=10_000, validation_alias="DURABLE_USER_THREADS",
         description="Threads a worker's hub hands slow sync user code to at once (sync "
-        "tools, decide(), sync code agents' steps, waits on a deadline); past it such calls "
-        "wait their turn. Raise it for many slow sync tools, lower it for CPU-bound code.")
+        "tools, decide(), waits on a deadline; a sync code agent's function runs on a thread "
+        "of its own); past it such calls wait their turn. Raise it for many slow sync tools, "
+        "lower it for CPU-bound code.")
     driver: Literal["hub", "threads"] = Field(
         default="hub", validation_alias="DURABLE_DRIVER",
         description="How a worker drives its runs: 'hub' (one driving thread resumes "
