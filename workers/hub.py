@@ -329,7 +329,12 @@ class RunHub:
         asked = fairness.asked(call.command)
         run_ids = [] if call.error is not None or call.reply is None else \
             [run_id_of(x) for x in call.reply]
-        if call.error is not None:
+        if isinstance(call.error, redis.exceptions.NoScriptError):  # the server restarted
+            try:
+                fairness.load(self.slots.queues)
+            except redis.RedisError as exc:
+                self.loop.outage.failed(exc)
+        elif call.error is not None:
             self.loop.outage.failed(call.error)
         if len(run_ids) < asked:
             # This list had no more; the others are asked in turn, until each was short.

@@ -84,7 +84,10 @@ class Slots:
         self._turn = 0
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
-        fairness.load(self.queues)  # the take of ready runs (``durable.fairness``)
+        try:  # the take of ready runs (``durable.fairness``)
+            fairness.load(self.queues)
+        except redis.RedisError as exc:  # Redis went away as the worker started: the take
+            loop.outage.failed(exc)      # loads it again when it finds it missing
         #: Pops of the next ready run go with the other Redis calls of the run threads when
         #: the ready list is on the log's server (one round trip for many).
         self.batcher = loop.leases.batcher if self.queues is self.redis else None

@@ -102,6 +102,12 @@ class Spares:
         """Threads started (the driver, spares, and those in slow user code)."""
         return self._threads
 
+    @property
+    def took(self) -> dict[str, float]:
+        """The running average duration (s) of each kind of user code the hub's threads ran
+        (inline or on a spare)."""
+        return dict(self._took)
+
     def slow(self, what: str) -> bool:
         """Whether user code of kind ``what`` has lately run longer than ``HANDOFF_S``."""
         return self._took.get(what, 0.0) > HANDOFF_S
