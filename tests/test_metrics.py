@@ -284,3 +284,43 @@ def test_a_worker_whose_metrics_port_is_taken_says_so_and_takes_nothing(
     assert done.stderr == \
         f"durable: --metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert client.status(run).state == "pending" and client.status(run).version == 1
+
+
+def _gen0_passes(port: int) -> float | None:
+    """The worker's young-generation collector passes so far; None while it does not serve
+    its metrics yet."""
+    try:
+        text = scrape(f"http://127.0.0.1:{port}/metrics")
+    except httpx.TransportError:
+        return None
+    return samples(text)["python_gc_collections_total"][(("generation", "0"),)]
+
+
+def test_a_worker_holding_runs_runs_the_cycle_collector_rarely(
+        client: Client, worker: WorkerFactory) -> None:
+    """``DURABLE_GC_THRESHOLD`` (``workers.runtime.tune_collector``): the same 120 runs held
+    at once, through a worker at the default threshold and one at the interpreter's (0:
+    700), counted by the worker's own GC metric (prometheus-client's collector). The
+    default's young-generation passes are a small fraction of the interpreter's."""
+    passes = {}
+    for threshold in ("50000", "0"):
+        port = free_port()
+        proc = worker(metrics_port=port, DURABLE_GC_THRESHOLD=threshold)
+        try:
+            assert wait_for(lambda p=port: _gen0_passes(p) is not None, 30)
+            # A run done: the worker serves, its collector is set (before its first job).
+            warm = client.start("count", {"steps": 1}).run_id
+            assert client.wait(warm, timeout=30).state == "completed"
+            before = _gen0_passes(port)
+            assert before is not None
+            runs = [s.run_id for s in
+                    client.start_many("count", [{"steps": 3, "sleep_s": 0.2}] * 120)]
+            for run in runs:
+                assert client.wait(run, timeout=60).state == "completed", run
+            after = _gen0_passes(port)
+            assert after is not None
+            passes[threshold] = after - before
+        finally:
+            proc.stop()
+    assert passes["0"] >= 10, passes  # the workload is big enough to tell them apart
+    assert passes["50000"] * 10 <= passes["0"], passes
