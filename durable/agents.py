@@ -33,6 +33,7 @@ from durable.call_identity import digest_placeholder as digest_placeholder
 from durable.call_identity import is_placeholder as is_placeholder
 from durable.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
+from durable.eventloop import EVENT_LOOP
 from durable.limits import Limit, estimate_tokens
 from durable.log.state import RunState
 from durable.sealing import secret_fields
@@ -163,9 +164,11 @@ class ToolContext:
 def resolve_awaitable(value: Any, token: CancelToken | None = None,
                       timeout: float | None = None) -> Any:
     """A tool's ``run`` and ``lookup`` may be ``async def``: drive the coroutine to its end
-    on an event loop of the calling thread, so it never blocks another run.
-    A cancel of ``token`` cancels the task, and ``Cancelled`` is raised; past ``timeout``
-    seconds the task is cancelled too, and ``Overrun`` is raised."""
+    as a task of the process's event loop (``durable.eventloop``), the loop a worker's hub
+    runs them on, and wait for it on the calling thread. One loop whoever calls: what a
+    tool keeps across calls (an HTTP client, an MCP session) stays on the loop it was made
+    on. A cancel of ``token`` cancels the task, and ``Cancelled`` is raised; past
+    ``timeout`` seconds the task is cancelled too, and ``Overrun`` is raised."""
     if not inspect.isawaitable(value):
         return value
     awaitable = value
@@ -189,7 +192,10 @@ def resolve_awaitable(value: Any, token: CancelToken | None = None,
             if token is not None:
                 token.remove_listener(cancel)
 
-    return asyncio.run(drive())
+    try:
+        return EVENT_LOOP.wait(drive())
+    except asyncio.CancelledError:  # cancelled before it began
+        raise Cancelled(token.reason if token is not None else "cancelled") from None
 
 
 class Tool:

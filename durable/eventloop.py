@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import ctypes
 import functools
 import logging
@@ -43,6 +44,10 @@ PING_S = 0.05
 
 #: A task that holds the loop this long is reported (s), by name.
 WARN_S = 0.5
+
+#: How often a thread that waits for a task of the loop (``EventLoop.wait``) looks up (s):
+#: an exception raised in it by another thread lands only while it runs Python.
+POLL_S = 0.05
 
 #: Tasks whose names start with this are an agent's function (``durable.execution``).
 AGENT_TASK = "agent:"
@@ -177,10 +182,11 @@ class EventLoop:
         """Whether the calling code runs on this loop's thread."""
         return self._loop is not None and threading.get_ident() == self._thread_id
 
-    def submit(self, coro: Coroutine[Any, Any, T], name: str = "") -> Handoff[T]:
-        """Run ``coro`` as a task of the loop; its result (or what it raised) is on the
-        hand-off returned, which may be waited on or given a done callback from any
-        thread."""
+    def submit(self, coro: Coroutine[Any, Any, T], name: str = "",
+               context: contextvars.Context | None = None) -> Handoff[T]:
+        """Run ``coro`` as a task of the loop (in ``context``, else a copy of the loop's);
+        its result (or what it raised) is on the hand-off returned, which may be waited on
+        or given a done callback from any thread."""
         loop = self.loop
         done: Handoff[T] = Handoff()
 
@@ -193,10 +199,62 @@ class EventLoop:
                 done.set_result(t.result())
 
         def start() -> None:
-            loop.create_task(coro, name=name or None).add_done_callback(finished)
+            loop.create_task(coro, name=name or None, context=context).add_done_callback(
+                finished)
 
         self._post(start)
         return done
+
+    def wait(self, coro: Coroutine[Any, Any, T], name: str = "") -> T:
+        """Run ``coro`` as a task of the loop, in a copy of the calling thread's context, and
+        wait for its end on the calling thread (never the loop's own: that would wait
+        forever). The wait is polled, so that an exception raised in this thread by another
+        (a worker's call watcher, its watchdog) lands within ``POLL_S``; the task is then
+        cancelled and the exception goes on. A task that ends cancelled raises
+        ``asyncio.CancelledError``.
+
+        The task is started and stopped with the loop's own ``call_soon_threadsafe``, not
+        the batched ``_post``: wherever the interrupt lands, the task is cancelled once it
+        exists, or never made (its coroutine closed) when the interrupt came first."""
+        if self.on_loop():
+            raise RuntimeError("code on the event loop's own thread cannot wait for a task "
+                               "of the loop: await it")
+        loop = self.loop
+        context = contextvars.copy_context()
+        done: Handoff[T] = Handoff()
+        made: list[asyncio.Task[T]] = []
+
+        def finished(t: asyncio.Task[T]) -> None:
+            if t.cancelled():
+                done.cancel()
+            elif (exc := t.exception()) is not None:
+                done.set_exception(exc)
+            else:
+                done.set_result(t.result())
+
+        def start() -> None:
+            made.append(loop.create_task(coro, name=name or None, context=context))
+            made[0].add_done_callback(finished)
+
+        def stop() -> None:  # on the loop, after ``start`` when that was posted first
+            if made:
+                made[0].cancel()
+            else:
+                coro.close()
+
+        try:
+            loop.call_soon_threadsafe(start)
+            while True:
+                try:
+                    return done.result(POLL_S)
+                except concurrent.futures.TimeoutError:
+                    continue
+        except concurrent.futures.CancelledError:
+            raise asyncio.CancelledError() from None
+        except BaseException:
+            if not done.done():
+                loop.call_soon_threadsafe(stop)
+            raise
 
     def spawn(self, coro: Coroutine[Any, Any, object], name: str = "") -> None:
         """Run ``coro`` as a task of the loop when nobody waits for its end (it reports
@@ -218,7 +276,11 @@ class EventLoop:
         self._posted.append(fn)
         if not self._woken:
             self._woken = True
-            self.loop.call_soon_threadsafe(self._run_posted)
+            try:
+                self.loop.call_soon_threadsafe(self._run_posted)
+            except BaseException:  # (an interrupt raised in this thread by another): the
+                self._woken = False  # next post wakes it, else nothing posted would run
+                raise
 
     def _run_posted(self) -> None:
         self._woken = False  # before draining: a call posted after the drain wakes it again

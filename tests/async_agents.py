@@ -26,6 +26,19 @@ class AsyncSqlWrite(SqlWrite):
         return await asyncio.to_thread(SqlWrite.run, self, args, ctx)
 
 
+@register
+class AsyncSlowWrite(SqlWrite):
+    """``sqlwrite`` as an ``async def`` tool that cannot be cancelled: it awaits
+    ``sleep_s`` on the loop, then writes its row."""
+
+    name = "asyncslowwrite"
+    timeout_s = 30.0
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # type: ignore[override]
+        await asyncio.sleep(float(args.get("sleep_s", 0)))
+        return await asyncio.to_thread(SqlWrite.run, self, args, ctx)
+
+
 @agent(input_model=StepsInput, tools=("asyncsqlwrite",))
 async def async_writer(ctx: AsyncRunContext, inp: StepsInput) -> dict[str, Any]:
     """Writes ``steps`` rows, keeping what it wrote in a local list."""
@@ -49,4 +62,12 @@ async def async_holder(ctx: AsyncRunContext, inp: HoldInput) -> int:
         time.sleep(inp.block_s)
     for n in range(inp.steps):
         await ctx.call("asyncsleep", {"sleep_s": inp.sleep_s, "n": n})
+    return inp.steps
+
+
+@agent(input_model=HoldInput, tools=("asyncslowwrite",))
+async def async_slow_writer(ctx: AsyncRunContext, inp: HoldInput) -> int:
+    """Awaits the tool that cannot be cancelled ``steps`` times, each call ``sleep_s``."""
+    for n in range(inp.steps):
+        await ctx.call("asyncslowwrite", {"n": n, "sleep_s": inp.sleep_s})
     return inp.steps

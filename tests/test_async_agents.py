@@ -16,6 +16,7 @@ import pytest
 
 from durable.client import Client
 from durable.testing import wait_for
+from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import killed_at_step_2_then_resumed, types_of
 
@@ -125,3 +126,30 @@ def test_a_cancel_stops_an_async_agents_tool_in_flight_at_once(
     final = client.wait(run, timeout=10)
     assert final.state == "canceled"
     assert types_of(client, run)[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+
+
+@pytest.mark.parametrize(("sleep_s", "grace_ms", "outcome"), [
+    (1.0, "20000", "action_succeeded"),   # done within its grace: its outcome is known
+    (30.0, "300", "action_interrupted"),  # not done: stopped, its outcome unknown
+])
+def test_a_cancel_gives_an_async_tool_that_cannot_be_cancelled_its_grace(
+    sleep_s: float, grace_ms: str, outcome: str, client: Client, worker: WorkerFactory,
+    tmp_path: Path,
+) -> None:
+    """A cancel while an ``async def`` tool that cannot be cancelled is in flight (window:
+    dispatched, no outcome) lets it run ``DURABLE_CANCEL_GRACE_MS`` more, as the worker's
+    call watcher does a plain tool: a call that ends meanwhile is recorded as it ended (its
+    row written once), one that does not is stopped and recorded interrupted. Either way
+    no second call is sent and the run ends canceled."""
+    run = client.start("async_slow_writer", {"steps": 2, "sleep_s": sleep_s}).run_id
+    worker(DURABLE_CANCEL_GRACE_MS=grace_ms)
+    assert wait_for(lambda: (a := client.status(run).current) is not None
+                    and a.status == "dispatched", 30)
+    client.cancel(run, "no longer needed")
+    final = client.wait(run, timeout=60)
+    assert final.state == "canceled", (final.state, final.reason)
+    types = types_of(client, run)
+    assert types.count("step_decided") == 1
+    assert outcome in types and types.index("cancel_requested") < types.index(outcome)
+    written = applications(str(tmp_path / "world.sqlite"))
+    assert written == ({f"{run}:1": 1} if outcome == "action_succeeded" else {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,37 @@ def test_a_cancel_stops_a_model_request_in_flight(
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
     assert applications(str(tmp_path / "world.sqlite")) == {}
     assert verify(client.log, run).ok
+
+
+def _request_starts(tmp_path: Path) -> dict[str, float]:
+    """When the model began each request, by the step's idempotency key."""
+    conn = sqlite3.connect(tmp_path / "model.sqlite")
+    try:
+        return dict(conn.execute("SELECT key, MIN(at) FROM requests GROUP BY key").fetchall())
+    finally:
+        conn.close()
+
+
+def test_model_requests_in_flight_hold_no_thread_of_the_worker(
+    client: Client, worker: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of a pydantic-ai agent is a task on the worker's event loop, as an ``async
+    def`` tool's call is: 24 runs whose model takes 2 s have their first requests in flight
+    together on a worker that gives sync user code at most 2 threads
+    (``DURABLE_USER_THREADS``). When each step waited on a thread for its coroutine (on a
+    loop of the integration's own), 2 at most were: the requests' starts show which."""
+    monkeypatch.setenv("TEST_MODEL_SLOW_S", "2")
+    runs = [s.run_id for s in client.start_many("pai_booker", [{"prompt": "book"}] * 24)]
+    worker(DURABLE_USER_THREADS="2")
+    for run in runs:
+        final = client.wait(run, timeout=120)
+        assert final.state == "completed", (run, final.state, final.reason)
+    starts = _request_starts(tmp_path)
+    firsts = sorted(starts[f"{run}:1"] for run in runs)
+    together = max(sum(1 for t in firsts if s <= t < s + 1.5) for s in firsts)
+    assert together >= 12, firsts
+    assert applications(str(tmp_path / "world.sqlite")) == \
+        {f"{run}:{n}": 1 for run in runs for n in (2, 4)}
 
 
 def _waiting_approval(client: Client, worker: WorkerFactory, run: str) -> str:

@@ -155,8 +155,10 @@ class Dispatcher:
                               ctx: ToolContext, args: Any) -> list[Spec]:
         args = dict((act.args if args is None else args) or {})
 
+        grace = None if tool.cancellable else self.grace_ms / 1000
+
         async def attempt() -> CallResult:
-            result = await awaited(tool.run(args, ctx), token, ctx.remaining())
+            result = await awaited(tool.run(args, ctx), token, ctx.remaining(), grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
             return result
@@ -224,10 +226,14 @@ class Dispatcher:
         return [Spec(ev.ActionFailed, fields)]
 
 
-async def awaited(call: Any, token: CancelToken, timeout: float) -> CallResult:
+async def awaited(call: Any, token: CancelToken, timeout: float,
+                  grace: float | None = None) -> CallResult:
     """Await one call of an ``async def`` tool in the running task: cancelled where it
-    awaits when ``token`` fires (``Cancelled``) or at ``timeout`` (``timed_out``). One
-    timer and one listener per call, no task of its own: the worker holds thousands."""
+    awaits at ``timeout`` (``timed_out``), and when ``token`` fires: at once for a tool that
+    can be cancelled (``Cancelled``), ``grace`` seconds later for one that cannot (None: at
+    once), which may finish meanwhile (else ``interrupted``, as a plain tool the worker's
+    call watcher stops after the same grace). One timer and one listener per call, no task
+    of its own: the worker holds thousands."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -239,7 +245,10 @@ async def awaited(call: Any, token: CancelToken, timeout: float) -> CallResult:
             task.cancel()
 
     def cancel() -> None:  # the token fires on any thread
-        loop.call_soon_threadsafe(stop, "cancel")
+        if grace is None:
+            loop.call_soon_threadsafe(stop, "cancel")
+        else:
+            loop.call_soon_threadsafe(loop.call_later, grace, stop, "grace")
 
     timer = loop.call_later(max(timeout, 0.0), stop, "deadline")
     token.add_listener(cancel)
@@ -251,6 +260,8 @@ async def awaited(call: Any, token: CancelToken, timeout: float) -> CallResult:
         task.uncancel()
         if why[0] == "deadline":
             return CallResult("timed_out")
+        if why[0] == "grace":
+            return CallResult("interrupted")
         return CallResult("raised", error=Cancelled(token.reason or "canceled"))
     except Overrun:
         return CallResult("timed_out")

@@ -76,21 +76,21 @@ class McpServer:
 
         class Listing(Tool):
             effect_free = True
+            cancellable = True
 
-            def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
                 async def listing(client: Client[Any]) -> Any:
                     tools = await client.list_tools()
                     return [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                             for t in tools]
 
-                return LOOP.run(lambda: server.session(listing, effect=False), ctx,
-                                cancellable=True)
+                return await LOOP.step(lambda: server.session(listing, effect=False), ctx)
 
             def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
                 return Lookup.not_applied()
 
         class Calling(Tool):
-            def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+            async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
                 meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
 
                 async def calling(client: Client[Any]) -> Any:
@@ -98,8 +98,8 @@ class McpServer:
                         args["tool"], dict(args.get("args") or {}), meta=meta,
                         timeout=ctx.remaining(), raise_on_error=False))
 
-                return LOOP.run(lambda: server.session(calling, effect=not self.effect_free),
-                                ctx, cancellable=self.cancellable)
+                return await LOOP.step(
+                    lambda: server.session(calling, effect=not self.effect_free), ctx)
 
             def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
                 if server.lookup is None:

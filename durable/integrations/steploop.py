@@ -1,24 +1,26 @@
-"""What the framework integrations' step tools share: the one event loop per process on which
-every step's coroutine runs, the step a coroutine runs in (``current_step()``), and a tool's
-``lookup`` whose answer is recorded as the tool's own result.
+"""What the framework integrations' step tools share: the event loop every step's coroutine
+runs on, the step a coroutine runs in (``current_step()``), and a tool's ``lookup`` whose
+answer is recorded as the tool's own result.
 
-One loop, on a daemon thread, for every integration: a model keeps its HTTP client on the
-loop it was first used on, and an MCP session (``durable.integrations.mcp_sessions``) stays
-open on it across steps. A step tool runs on a worker's tool thread and waits there for its
-coroutine; the worker interrupts that thread by raising in it, so the wait is polled."""
+The loop is the process's (``durable.eventloop``), the one a worker runs ``async def`` agents
+and tools on: a step tool's ``run`` is ``async def``, so a model request or a tool call in
+flight is a task on it, holding no thread (a worker holds as many as its run slots, not as
+many as ``DURABLE_USER_THREADS``). One loop per process for every integration: a model keeps
+its HTTP client on the loop it was first used on, and an MCP session
+(``durable.integrations.mcp_sessions``) stays open on it across steps. The worker cancels a
+step's task at its deadline, and at a cancel (after its grace when the step cannot be
+cancelled), as it does any ``async def`` tool's."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
-import threading
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
 from durable.agents import Lookup, ToolContext
-from durable.cancellation import Cancelled
+from durable.eventloop import EVENT_LOOP
 
 __all__ = ["LOOP", "StepLoop", "current_step", "recorded_lookup"]
 
@@ -31,47 +33,20 @@ def current_step() -> ToolContext | None:
 
 
 class StepLoop:
-    """One event loop per process, on a daemon thread, for every step's coroutine."""
-
-    def __init__(self, name: str = "durable-integration-steps") -> None:
-        self._name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
+    """Runs each step's coroutine on the process's event loop (see the module doc)."""
 
     def get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name=self._name, daemon=True).start()
-                self._loop = loop
-            return self._loop
+        """The loop every step's coroutine runs on."""
+        return EVENT_LOOP.loop
 
-    def run(self, make: Callable[[], Awaitable[Any]], ctx: ToolContext | None,
-            cancellable: bool) -> Any:
-        """Run the coroutine ``make()`` returns, with ``current_step()`` set to ``ctx``, and
-        wait for it on the calling (tool) thread. A cancel of a cancellable step cancels it;
-        a thread interrupted by the worker (deadline, grace spent) cancels it too."""
-
-        async def body() -> Any:
-            _current.set(ctx)
-            return await make()
-
-        fut = asyncio.run_coroutine_threadsafe(body(), self.get())
+    async def step(self, make: Callable[[], Awaitable[Any]], ctx: ToolContext | None) -> Any:
+        """Await the coroutine ``make()`` returns with ``current_step()`` set to ``ctx``: a
+        step tool's ``run``, on the loop (the worker's task of the call)."""
+        token = _current.set(ctx)
         try:
-            # Polled, not a blocking wait: the worker interrupts a tool thread by raising in
-            # it, which only lands while it runs Python.
-            while not concurrent.futures.wait([fut], timeout=0.05).done:
-                if cancellable and ctx is not None and ctx.token.cancelled:
-                    fut.cancel()
-                    raise Cancelled(ctx.token.reason or "cancelled")
-            try:
-                return fut.result()
-            except concurrent.futures.CancelledError:
-                reason = ctx.token.reason if ctx is not None else ""
-                raise Cancelled(reason or "cancelled") from None
-        except BaseException:
-            fut.cancel()
-            raise
+            return await make()
+        finally:
+            _current.reset(token)
 
 
 LOOP = StepLoop()

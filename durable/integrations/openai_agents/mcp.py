@@ -103,17 +103,17 @@ class McpToolsStep(Tool):
     cancellable = True
     owner: ClassVar[DurableAgent]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call: McpList = self.owner.handed(ctx, self.name, args, McpList)
 
         async def listing(connection: _Connection) -> Any:
             tools = await connection.server.list_tools(call.run_context, call.agent)
             return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
-        return LOOP.run(lambda: SESSIONS.call(_session_name(self.owner, call.server),
+        return await LOOP.step(lambda: SESSIONS.call(_session_name(self.owner, call.server),
                                               lambda: _Connection(call.server), listing,
                                               ping=_ping,
-                                              effect=False), ctx, cancellable=True)
+                                              effect=False), ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()
@@ -125,7 +125,7 @@ class McpCallStep(Tool):
     owner: ClassVar[DurableAgent]
     options: ClassVar[st.StepOptions]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call: McpCall = self.owner.handed(ctx, self.name, args, McpCall)
         meta = {**(call.meta or {}), META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
 
@@ -133,11 +133,10 @@ class McpCallStep(Tool):
             result = await connection.server.call_tool(call.tool, call.arguments, meta=meta)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-        return LOOP.run(lambda: SESSIONS.call(_session_name(self.owner, call.server),
+        return await LOOP.step(lambda: SESSIONS.call(_session_name(self.owner, call.server),
                                               lambda: _Connection(call.server), calling,
                                               ping=_ping,
-                                              effect=not self.effect_free),
-                        ctx, cancellable=self.cancellable)
+                                              effect=not self.effect_free), ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Any:
         return recorded_lookup(self.options.lookup, key, args, as_call_result)

@@ -184,7 +184,7 @@ class ModelStep(Tool):
     cancellable = True
     owner: ClassVar[DurableAgent]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call: ModelCall = self.owner.handed(ctx, self.name, args, ModelCall)
         settings = _keyed(call, ctx)
 
@@ -196,7 +196,7 @@ class ModelStep(Tool):
                 call.handoffs, call.tracing, **call.extra)
             return encode_response(response)
 
-        return LOOP.run(request, ctx, cancellable=True)
+        return await LOOP.step(request, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()  # never asked: an effect-free step is sent again
@@ -259,13 +259,13 @@ class FunctionStep(Tool):
     owner: ClassVar[DurableAgent]
     options: ClassVar[StepOptions]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call: ToolCall = self.owner.handed(ctx, self.name, args, ToolCall)
 
         async def invoke() -> dict[str, Any]:
             return encode_output(await _invoke(call, self.retryable))
 
-        return LOOP.run(invoke, ctx, cancellable=self.cancellable)
+        return await LOOP.step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
         arguments = args.get("arguments")
@@ -308,14 +308,14 @@ class HandoffStep(Tool):
     timeout_s = 60.0
     owner: ClassVar[DurableAgent]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call: HandoffCall = self.owner.handed(ctx, self.name, args, HandoffCall)
 
         async def invoke() -> dict[str, Any]:
             agent = await call.handoff.on_invoke_handoff(call.context, call.arguments)
             return {"agent": agent.name}
 
-        return LOOP.run(invoke, ctx, cancellable=False)
+        return await LOOP.step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()

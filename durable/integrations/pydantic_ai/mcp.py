@@ -80,15 +80,16 @@ class McpToolsStep(_McpStep):
     """``<name>.mcp.<id>.tools``: the server's tool list, recorded once per run."""
 
     effect_free = True
+    cancellable = True
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call = self.owner.handed(ctx, ToolsCall)
 
         async def listing(server: Any) -> Any:
             tools = await server.get_tools(call.ctx)
             return _DEFS.dump_python([t.tool_def for t in tools.values()], mode="json")
 
-        return LOOP.run(lambda: self.session(listing, effect=False), ctx, cancellable=True)
+        return await LOOP.step(lambda: self.session(listing, effect=False), ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()
@@ -97,7 +98,7 @@ class McpToolsStep(_McpStep):
 class McpCallStep(_McpStep, ToolStep):
     """``<name>.mcp.<id>.call`` / ``.read``: one call of a tool of the server."""
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
 
         async def calling(server: Any) -> Any:
@@ -107,7 +108,7 @@ class McpCallStep(_McpStep, ToolStep):
         async def invoke() -> dict[str, Any]:
             return await tool_outcome(self.session(calling, effect=not self.effect_free))
 
-        return LOOP.run(invoke, ctx, cancellable=self.cancellable)
+        return await LOOP.step(invoke, ctx)
 
 
 def mcp_steps(owner: RedisDurability, ident: str,

@@ -194,7 +194,7 @@ class ModelStep(Tool):
     cancellable = True
     owner: ClassVar[RedisDurability]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call = self.owner.handed(ctx, ModelCall)
         settings = _downstream(call.settings, ctx)
 
@@ -210,7 +210,7 @@ class ModelStep(Tool):
                         ctx.emit(shown)
             return encode_response(streamed.get())
 
-        return LOOP.run(request, ctx, cancellable=True)
+        return await LOOP.step(request, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
         return Lookup.not_applied()  # never asked: an effect-free step is sent again

@@ -107,7 +107,7 @@ class ToolStep(Tool):
     owner: ClassVar[RedisDurability]
     options: ClassVar[StepOptions]
 
-    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call = self.owner.handed(ctx, ToolCall)
         run_ctx = call.ctx
         if self.requires_approval:  # approved by this system: the tool may know it
@@ -117,7 +117,7 @@ class ToolStep(Tool):
             return await tool_outcome(
                 call.toolset.call_tool(call.name, call.args, run_ctx, call.tool))
 
-        return LOOP.run(invoke, ctx, cancellable=self.cancellable)
+        return await LOOP.step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
         return recorded_lookup(self.options.lookup, key, args, encode_return)
