@@ -24,7 +24,7 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check durable workers reconciler console examples tests bench
-.venv/bin/mypy durable workers reconciler console examples bench
+.venv/bin/mypy durable workers reconciler console examples bench tests
 # Both passes run whatever the first one gave; the script fails if either did.
 status=0
 .venv/bin/python -m pytest -q "$@" || status=$?

@@ -317,7 +317,7 @@ class Agent:
         model = getattr(self, "input_model", None)
         return tuple(dict.fromkeys((*self.sensitive, *secret_fields(model))))
 
-    def decide(self, state: RunState) -> Decision:
+    def decide(self, state: RunState) -> Decision | list[Call]:
         raise NotImplementedError
 
     def close_run(self, run_id: str) -> None:

@@ -22,7 +22,7 @@ class AsyncSqlWrite(SqlWrite):
 
     name = "asyncsqlwrite"
 
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # type: ignore[override]
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await asyncio.to_thread(SqlWrite.run, self, args, ctx)
 
 

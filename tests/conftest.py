@@ -68,7 +68,7 @@ class ClusterServer:
         self.url = self.cluster.url
 
     def client(self) -> redis.Redis:
-        client: redis.Redis = redis.RedisCluster.from_url(self.url)  # type: ignore[assignment]
+        client: redis.Redis = redis.RedisCluster.from_url(self.url)
         return client
 
     def flush(self) -> None:
@@ -119,15 +119,15 @@ def layout(server: Server) -> keys.KeyLayout:
 
 @pytest.fixture()
 def r(server: Server) -> Iterator[redis.Redis]:
-    clustered = isinstance(server, ClusterServer)
+    cluster = server if isinstance(server, ClusterServer) else None
     client = server.client()
     client.flushall()
-    if clustered:
-        server.flush()
+    if cluster is not None:
+        cluster.flush()
     yield client
     client.flushall()
-    if clustered:
-        server.flush()
+    if cluster is not None:
+        cluster.flush()
     client.close()
 
 

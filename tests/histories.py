@@ -11,7 +11,7 @@ chapter. Sequence numbers and times are the run's version and grow by one per ev
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from hypothesis import strategies as st
 
@@ -29,7 +29,15 @@ json_values = st.recursive(
 )
 
 
-def common(seq: int, run: str = "r1") -> dict[str, object]:
+class Common(TypedDict):
+    v: int
+    run: str
+    seq: int
+    ts: int
+    actor: str
+
+
+def common(seq: int, run: str = "r1") -> Common:
     """The fields every entry carries, for the run's ``seq``-th event."""
     return {"v": ev.SCHEMA_VERSION, "run": run, "seq": seq, "ts": 1000 + seq, "actor": "w"}
 
@@ -226,4 +234,4 @@ def histories(draw: st.DrawFn) -> list[ev.Event]:
 
 
 def tags(history: list[ev.Event]) -> set[str]:
-    return {e.__struct_config__.tag for e in history}
+    return {str(e.__struct_config__.tag) for e in history}

@@ -31,9 +31,7 @@ def _conn() -> sqlite3.Connection:
 @server.tool()
 def apply(n: int, ctx: Context) -> str:
     """Apply change number n (an effect, keyed by the caller's idempotency key)."""
-    meta = ctx.request_context.meta
-    key = (meta.model_dump() if hasattr(meta, "model_dump") else dict(meta or {})).get(
-        "idempotency_key")
+    key = (ctx.request_context.meta or {}).get("idempotency_key")
     if not key:
         raise ValueError("no idempotency_key in the call's _meta")
     time.sleep(float(os.environ.get("TEST_SLOW_S", "0")))
@@ -51,7 +49,7 @@ def apply(n: int, ctx: Context) -> str:
     return f"applied {n} ({key})"
 
 
-@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def peek() -> int:
     """How many changes were applied (reads only)."""
     conn = _conn()

@@ -49,7 +49,7 @@ class FanOut(Agent):
     input_model = FanInput
     tools = ("sqlwrite", "noop")
 
-    def decide(self, state: RunState) -> Decision:
+    def decide(self, state: RunState) -> Decision | list[Call]:
         inp = FanInput.model_validate(state.input)
         if state.step == 0:
             return [Call(inp.tool, _args(inp, n)) for n in range(1, inp.calls + 1)]

@@ -46,6 +46,12 @@ def _returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
             if isinstance(p, ToolReturnPart)]
 
 
+def _done(part: ToolReturnPart) -> Any:
+    """What a tool reported done: its return is a dict (an effect's, ``_effect``)."""
+    assert isinstance(part.content, dict), part.content
+    return part.content["done"]
+
+
 def _reply(*parts: Any) -> ModelResponse:
     return ModelResponse(parts=list(parts), usage=RequestUsage(input_tokens=7, output_tokens=3))
 
@@ -103,14 +109,14 @@ async def refund_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
         return _reply(ToolCallPart("refund", {"order": "A1", "cents": 500}))
     if done[0].outcome == "denied":
         return _reply(TextPart(f"not refunded: {done[0].content}"))
-    return _reply(TextPart(f"refunded: {done[0].content['done']}"))
+    return _reply(TextPart(f"refunded: {_done(done[0])}"))
 
 
 refunder = Agent(FunctionModel(refund_model), name="pai_refunder")
 
 
 @refunder.tool(requires_approval=True)
-def refund(ctx: RunContext[None], order: str, cents: int) -> dict[str, Any]:
+def refund(ctx: RunContext[object], order: str, cents: int) -> dict[str, Any]:
     """Refund an order (needs a human's approval)."""
     assert ctx.tool_call_approved  # approved by this system's approver
     return _effect(f"refund {order} {cents}")

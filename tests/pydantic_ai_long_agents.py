@@ -20,7 +20,7 @@ from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
 from tests.integration_world import applied as _applied
 from tests.integration_world import mcp_apply_lookup, mcp_server_command
-from tests.pydantic_ai_agents import _count_request, _reply, _returns
+from tests.pydantic_ai_agents import _count_request, _done, _reply, _returns
 
 #: Tool calls the long agent makes, one per model reply: 100 model requests in all.
 LONG_CALLS = 99
@@ -167,7 +167,7 @@ async def dynamic_model(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     if not done:
         return _reply(ToolCallPart("stamp", {"label": "a"}), ToolCallPart("stamp",
                                                                           {"label": "b"}))
-    return _reply(TextPart("stamped " + ", ".join(str(p.content["done"]) for p in done)))
+    return _reply(TextPart("stamped " + ", ".join(str(_done(p)) for p in done)))
 
 
 dynamic_durability = RedisDurability(tools={"stamps.*": StepOptions(timeout_s=5.0)})

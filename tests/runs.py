@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -22,7 +23,7 @@ def events_of(client: Client, run: str) -> list[ev.Event]:
 
 def types_of(client: Client, run: str) -> list[str]:
     """The run's event types (``run_started``, ``step_decided``...), in log order."""
-    return [e.__struct_config__.tag for e in events_of(client, run)]
+    return [str(e.__struct_config__.tag) for e in events_of(client, run)]
 
 
 def is_dispatched(client: Client, run: str, step: int | None = None) -> bool:
@@ -54,15 +55,20 @@ def deaf_listeners_report(r: redis.Redis, procs: Sequence[Process]) -> str:
         p.send(signal.SIGUSR1)
     parts = [f"{cancel_listeners(r)} listen on the cancel channel; pub/sub clients:\n{clients}"]
     for p in procs:
-        if p.log_path is None:
+        path = p.log_path
+        if path is None:
             continue
-        wait_for(lambda p=p: "most recent call first" in p.log_path.read_text(), 3)
-        blocks = p.log_path.read_text().split("\n\n")
+
+        def dumped(path: Path = path) -> bool:
+            return "most recent call first" in path.read_text()
+
+        wait_for(dumped, 3)
+        blocks = path.read_text().split("\n\n")
         stacks = [b for b in blocks if "most recent call first" in b
                   and ("subscriber.py" in b or "listener.py" in b)]
-        lines = [line for line in p.log_path.read_text().splitlines()
+        lines = [line for line in path.read_text().splitlines()
                  if line[:4].isdigit()]  # the log's own lines, not the stacks
-        parts += [f"--- {p.log_path.name} (alive: {p.alive()}) ---", *lines[-40:],
+        parts += [f"--- {path.name} (alive: {p.alive()}) ---", *lines[-40:],
                   "listener stacks:", *stacks]
     return "\n".join(parts)
 

@@ -82,7 +82,12 @@ def test_a_write_that_decides_to_write_nothing_returns_at_once(client: Client,
     elog = EventLog(r, layout=client.log.keys)
     before = r.xlen(client.log.keys.log("noop"))
     calls: list[int] = []
-    assert update_run(elog, "noop", "us", lambda h: calls.append(1) or "left") == "left"
+
+    def write_nothing(handle: RunHandle) -> str:
+        calls.append(1)
+        return "left"
+
+    assert update_run(elog, "noop", "us", write_nothing) == "left"
     assert calls == [1] and elog.load("noop").state.version == 1
     assert r.xlen(client.log.keys.log("noop")) == before == 1
 

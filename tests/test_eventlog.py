@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 
 import pytest
 import redis
@@ -160,9 +161,7 @@ def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
         again.config_set("requirepass", "")
 
 
-def warnings_as_list() -> object:
-    import warnings
-
+def warnings_as_list() -> warnings.catch_warnings[list[warnings.WarningMessage]]:
     return warnings.catch_warnings(record=True)
 
 

@@ -79,7 +79,8 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
     client = Client(Settings())
     runs = [client.start("writer", {"steps": 12}, run_id=f"outage-{i}").run_id
             for i in range(10)]
-    procs = [Worker(srv.url, log_path=tmp_path / f"w{i}.log") for i in range(2)]
+    procs: list[Worker | Reconciler] = [Worker(srv.url, log_path=tmp_path / f"w{i}.log")
+                                        for i in range(2)]
     procs.append(Reconciler(srv.url, log_path=tmp_path / "rec.log"))
     try:
         assert wait_for(lambda: sum(client.redis.exists(layout.lease(r)) for r in runs) >= 8,
@@ -222,7 +223,7 @@ def test_scripts_flushed_under_a_busy_worker_are_loaded_again(
         assert final.state == "completed", (run, final.state, final.reason)
         assert verify(client.log, run).ok
         steps = [e.event.step for e in client.log.read(run)
-                 if e.event.__struct_config__.tag == "action_succeeded"]
+                 if isinstance(e.event, ev.ActionSucceeded)]
         assert steps == [1, 2, 3, 4, 5, 6], steps
     refused = client.redis.info("errorstats").get("errorstat_NOSCRIPT", {})
     assert int(refused.get("count", 0)) > 0  # the refusals did happen, and were sent again
@@ -263,6 +264,7 @@ def test_a_redis_error_while_reobserving_is_not_taken_for_an_agent_bug(
         Spec(ev.ActionDispatched, {"step": 1, "key": f"{run}:1", "deadline": now_ms()})])
     r.acl_setuser("no-counters", enabled=True, nopass=True, categories=["+@all"],
                   commands=["-hincrby"], keys=["*"], channels=["*"])
+    assert settings.redis.url is not None
     url = settings.redis.url.replace("redis://", "redis://no-counters:x@", 1)
     registry.load(settings.worker.agents)
     loop = StepLoop(settings, redis.Redis.from_url(url), registry, "w:denied")

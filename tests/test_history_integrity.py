@@ -28,7 +28,8 @@ def _forge(layout: KeyLayout, r: redis.Redis, run: str, seq: int,
         fields = {"result": {"forged": True}}
     entry = event(v=ev.SCHEMA_VERSION, run=run, seq=seq, ts=now_ms(), actor="mallory",
                   **fields)  # type: ignore[arg-type]
-    return r.xadd(layout.log(run), {"e": ev.encode(entry)}).decode()
+    entry_id: bytes = r.xadd(layout.log(run), {"e": ev.encode(entry)})
+    return entry_id.decode()
 
 
 def _version(layout: KeyLayout, r: redis.Redis, run: str) -> int:

@@ -54,7 +54,7 @@ def producer(cluster: LocalCluster, cc: redis.RedisCluster,
     settings = Settings.from_env(redis_url=cluster.url, redis_cluster=True, shards=16,
                         agents="examples.agents,tests.agents",
                         queue_url=make_server(fsync="everysec").url)
-    client = Client(settings, cc)  # type: ignore[arg-type]
+    client = Client(settings, cc)
     yield client
 
 
@@ -71,7 +71,7 @@ def _append_together(elog: EventLog, batcher: ScriptBatcher,
     run's answer: its entry id, or what its commit raised."""
     coros = [elog.commit_async(h, [Spec(ev.LeaseAcquired, {"owner": "t", "epoch": 1})])
              for h in handles]
-    calls: list[RedisCall] = [c.send(None) for c in coros]  # type: ignore[func-returns-value]
+    calls: list[RedisCall] = [c.send(None) for c in coros]
     batcher.send_now(calls)
     out: list[Any] = []
     for coro in coros:
@@ -93,7 +93,7 @@ def test_a_batch_goes_to_each_master_as_one_pipeline(cc: redis.RedisCluster,
     """60 appends of runs on all three masters in one batch: it goes out as three parts,
     one per master; each master ran exactly the calls of its own runs (its ``EVALSHA``
     count), each call is answered, each event is on its run's log."""
-    elog = EventLog(cc, layout=SHARDED)  # type: ignore[arg-type]
+    elog = EventLog(cc, layout=SHARDED)
     batcher = elog.batch_appends(everywhere=True)
     assert batcher is not None
     handles = _started(elog, producer, 60, "rt")
@@ -130,7 +130,7 @@ def test_a_call_sent_to_the_wrong_master_is_redirected(
     client = producer
     stale = redis.RedisCluster.from_url(cluster.url)
     try:
-        elog = EventLog(stale, layout=SHARDED)  # type: ignore[arg-type]
+        elog = EventLog(stale, layout=SHARDED)
         batcher = elog.batch_appends(everywhere=True)
         assert batcher is not None
         handles = _started(elog, client, 30, "mv")
@@ -254,6 +254,12 @@ def replica(server: Server, r: redis.Redis, make_server: ServerFactory) -> Itera
         c.replicaof("no", "one")
 
 
+def _pid(server: Server) -> int:
+    """The process of a running server (to stop it with SIGSTOP and let it go on)."""
+    assert server.proc is not None, "the server is not running"
+    return server.proc.pid
+
+
 def _waits(r: redis.Redis) -> int:
     return int(r.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
 
@@ -290,11 +296,11 @@ def test_an_append_no_replica_confirmed_is_not_taken_for_acknowledged(
     assert batcher is not None
     client = Client(settings, r)
     handles = _started(elog, client, 10, "w0")
-    os.kill(replica.proc.pid, signal.SIGSTOP)
+    os.kill(_pid(replica), signal.SIGSTOP)
     try:
         answers = _append_together(elog, batcher, handles)
     finally:
-        os.kill(replica.proc.pid, signal.SIGCONT)
+        os.kill(_pid(replica), signal.SIGCONT)
     assert [type(a) for a in answers] == [ReplicationTimeout] * len(handles)
     assert [a.run_id for a in answers] == [h.run_id for h in handles]
     assert all("confirmed by 0 of 1 replicas" in str(a) for a in answers)
@@ -320,12 +326,12 @@ def test_the_hub_with_min_replicas_drives_runs_and_waits_out_a_stopped_replica(
     w = Worker(server.url, log_path=log, DURABLE_CONCURRENCY="8", TEST_SLOW_S="0.1")
     try:
         assert wait_for(lambda: sum(r.xlen(UNSHARDED.log(x)) > 3 for x in runs) >= 4, 60, 0.02)
-        os.kill(replica.proc.pid, signal.SIGSTOP)
+        os.kill(_pid(replica), signal.SIGSTOP)
         try:
             assert wait_for(lambda: "DURABLE_MIN_REPLICAS" in log.read_text(), 30, 0.05), \
                 log.read_text()[-2000:]
         finally:
-            os.kill(replica.proc.pid, signal.SIGCONT)
+            os.kill(_pid(replica), signal.SIGCONT)
         assert wait_for(lambda: _completed(client, runs) == len(runs), 90, 0.1), \
             log.read_text()[-3000:]
     finally:

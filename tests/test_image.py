@@ -104,7 +104,8 @@ def test_what_the_image_copies_holds_every_package_of_the_wheel(tmp_path: Path) 
 
     def folder(package: str) -> Path:
         """Where setuptools takes ``package`` from: its own mapping, or its parent's."""
-        head, rest = package, []
+        head = package
+        rest: list[str] = []
         while head not in folders and "." in head:
             head, _, last = head.rpartition(".")
             rest.insert(0, last)

@@ -61,7 +61,8 @@ def noted(client: Client, run: str, step: int) -> Any:
 
 
 def stored(layout: KeyLayout, r: redis.Redis, run: str) -> dict[bytes, bytes]:
-    return r.hgetall(layout.blobs(run))
+    blobs: dict[bytes, bytes] = r.hgetall(layout.blobs(run))
+    return blobs
 
 
 @pytest.mark.cluster

@@ -154,7 +154,7 @@ def test_keys_come_from_the_run_and_the_arguments() -> None:
     for bad in ({"name": "a b", "rate": 1}, {"name": "a"}, {"name": "a", "rate": -1},
                 {"name": "a", "rate": 1, "key": "{nope}"}, {"name": "a", "rate": 1, "per_s": 0}):
         with pytest.raises(UsageError):
-            Limit(**bad)  # type: ignore[arg-type]
+            Limit(**bad)
 
 
 def test_a_call_gets_all_its_permits_or_none(r: redis.Redis, clock: _Clock) -> None:

@@ -178,8 +178,12 @@ def test_async_tools_run_on_their_own_loop_and_a_cancel_cancels_them(
     assert wait_for(lambda: _all(layout, "completed", r, runs), 30)
     assert client.status(runs[0]).result == [{"slept": 0.5, "key": f"{runs[0]}:1"},
                                              {"slept": 0.5, "key": f"{runs[0]}:2"}]
-    assert wait_for(lambda: client.status(stuck).current is not None
-                    and client.status(stuck).current.status == "dispatched", 10)
+
+    def dispatched() -> bool:
+        current = client.status(stuck).current
+        return current is not None and current.status == "dispatched"
+
+    assert wait_for(dispatched, 10)
     client.cancel(stuck, "no longer needed")
     final = client.wait(stuck, timeout=10)
     assert final.state == "canceled"

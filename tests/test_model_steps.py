@@ -123,7 +123,8 @@ def test_a_bad_timeout_fails_the_step_with_the_reason_and_the_worker_lives(
     good = client.start("asker", {}, run_id="after-bad").run_id
     worker()
     final = client.wait(bad, timeout=30, waiting=False)
-    assert final.state == "failed" and "'timeout_s' must be a positive float" in final.error
+    assert final.state == "failed" and final.error is not None
+    assert "'timeout_s' must be a positive float" in final.error
     assert client.wait(good, timeout=30).state == "completed"
     assert model.requests(f"{bad}:1") == []
 

@@ -198,9 +198,9 @@ def test_a_conversation_continues_from_its_message_history(
     client: Client, worker: WorkerFactory
 ) -> None:
     """``return_messages``-style continuation: the next run's input carries the history."""
-    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
-    history = [ModelRequest(parts=[UserPromptPart("earlier question")])]
+    history: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("earlier question")])]
     inp = integration.DurableAgent.prompt_input("book", history)
     assert inp["message_history"][0]["parts"][0]["content"] == "earlier question"
     run = client.start("pai_booker", inp, run_id="pbh").run_id

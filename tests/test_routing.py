@@ -86,7 +86,10 @@ def test_a_strict_new_version_hands_old_runs_to_an_old_worker(
     ready list, unwritten, and the old worker completes it. None is quarantined."""
     old = worker(DURABLE_AGENTS=ALPHA, TEST_ALPHA_VERSION="1", DURABLE_CONCURRENCY="4")
     worker(DURABLE_AGENTS=ALPHA, TEST_ALPHA_VERSION="2", TEST_ALPHA_POLICY="quarantine")
-    serving = lambda: set().union(*served_agents(client.redis).values())  # noqa: E731
+
+    def serving() -> set[str]:
+        return set().union(*served_agents(client.redis).values())
+
     assert wait_for(lambda: {"alpha@1", "alpha@2"} <= serving(), 20)
     runs = [client.start("alpha", {"steps": 3, "sleep_s": 0.02}, run_id=f"strict-{i}").run_id
             for i in range(30)]

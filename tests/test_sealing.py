@@ -83,9 +83,10 @@ def test_sensitive_fields_are_sealed_at_rest_and_clear_for_the_tool(
 
     # No key: masked everywhere it is shown.
     env = {"DURABLE_ENCRYPTION_KEYS": ""}
-    for args in (("log", "sealed1", "--json"), ("log", "sealed1"), ("status", "sealed1"),
-                 ("status", "sealed1", "--json"), ("export", "sealed1"),
-                 ("replay", "sealed1", "--json")):
+    commands: list[tuple[str, ...]] = [
+        ("log", "sealed1", "--json"), ("log", "sealed1"), ("status", "sealed1"),
+        ("status", "sealed1", "--json"), ("export", "sealed1"), ("replay", "sealed1", "--json")]
+    for args in commands:
         shown = durable(*args, **env)
         assert shown.returncode == 0, (args, shown.stderr)
         assert CARD not in shown.stdout and auth not in shown.stdout, args

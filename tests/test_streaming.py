@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -31,6 +32,13 @@ def _tags(items: list[Any]) -> list[str]:
 
 def _ids(items: list[Any]) -> list[str]:
     return [i.id for i in items if isinstance(i, Entry)]
+
+
+def _entries(items: Iterable[Entry | Partial]) -> list[Entry]:
+    """``items``, which must all be log entries (no partial output)."""
+    got = list(items)
+    assert all(isinstance(i, Entry) for i in got), got
+    return [i for i in got if isinstance(i, Entry)]
 
 
 def _check_live(items: list[Any], client: Client, run_id: str) -> None:
@@ -67,13 +75,12 @@ def test_a_follower_that_joins_after_the_end_gets_every_event(
     assert client.wait("late-1", 30).state == "completed"
     logged = client.events("late-1")
 
-    items = list(client.follow("late-1"))
+    items = _entries(client.follow("late-1"))  # no partial: best-effort, only live
     assert [i.event for i in items] == [e.event for e in logged]  # actors and times too
-    assert not [i for i in items if isinstance(i, Partial)]  # best-effort: only live
     assert isinstance(items[-1].event, ev.Completed)
 
     # Resuming after an entry yields the entries after it; after the last one, nothing.
-    assert [i.event for i in client.follow("late-1", from_id=logged[2].id)] == [
+    assert [i.event for i in _entries(client.follow("late-1", from_id=logged[2].id))] == [
         e.event for e in logged[3:]]
     assert list(client.follow("late-1", from_id=logged[-1].id, partial=False)) == []
     with pytest.raises(RunNotFound):
@@ -87,7 +94,7 @@ def test_a_follower_reconnecting_mid_run_misses_no_event(
     the rest of the log, in order, each event once."""
     client.start("chat", {"parts": 2, "pause_s": 0.3}, run_id="resume-1")
     first = client.follow("resume-1", partial=False)
-    head = [next(first)]
+    head = _entries([next(first)])
     first.close()
     worker()
     rest = list(client.follow("resume-1", from_id=head[-1].id, partial=False))

@@ -58,7 +58,7 @@ def test_bad_names_and_a_required_tenant_are_refused_before_anything_is_written(
         settings: Settings, client: Client) -> None:
     for bad in ({"tenant": "a{b}"}, {"owner": "x" * 65}, {"priority": 1000}):
         with pytest.raises(UsageError):
-            client.start("count", {"steps": 1}, run_id="bad", **bad)  # type: ignore[arg-type]
+            client.start("count", {"steps": 1}, run_id="bad", **bad)
     strict = Client(settings.replace(require_tenant=True), client.redis)
     with pytest.raises(UsageError, match="tenant is required"):
         strict.start("count", {"steps": 1}, run_id="bad")

@@ -58,8 +58,10 @@ def test_run_over_tls_end_to_end(tls: TlsServer, plain: redis.Redis, tmp_path: P
     an operator follows it, all over TLS with a client certificate."""
     started = durable(tls.env(), "start", "count", "--run-id", "t1", "--input", '{"steps": 3}')
     assert started.returncode == 0, started.stderr
-    worker = Worker(tls.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS,
-                    **{k: v for k, v in tls.env().items() if k != "DURABLE_REDIS_URL"})
+    # The TLS settings, for the worker (it inherits the environment) and the client below.
+    for key, value in tls.env().items():
+        monkeypatch.setenv(key, value)
+    worker = Worker(tls.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS)
     try:
         assert wait_for(lambda: plain.hget("dx:{t1}:run", "state") == b"completed", 60)
     finally:
@@ -68,8 +70,6 @@ def test_run_over_tls_end_to_end(tls: TlsServer, plain: redis.Redis, tmp_path: P
     assert f"rediss://:***@127.0.0.1:{tls.port}/0" in log
     assert tls.password not in log
 
-    for key, value in tls.env().items():
-        monkeypatch.setenv(key, value)
     client = Client(Settings())
     try:
         assert client.status("t1").state == "completed"

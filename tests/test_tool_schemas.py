@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from pydantic import BaseModel, Field
@@ -34,7 +34,7 @@ class Forecast(Tool):
     """Calls the weather service (this docstring is for the code's readers)."""
 
     name = "forecast"
-    args_model = ForecastArgs
+    args_model: ClassVar[type[BaseModel] | None] = ForecastArgs
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         return {}
