@@ -34,7 +34,7 @@ class AsyncSlowWrite(SqlWrite):
     name = "asyncslowwrite"
     timeout_s = 30.0
 
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # type: ignore[override]
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         await asyncio.sleep(float(args.get("sleep_s", 0)))
         return await asyncio.to_thread(SqlWrite.run, self, args, ctx)
 

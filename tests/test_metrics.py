@@ -296,31 +296,35 @@ def _gen0_passes(port: int) -> float | None:
     return samples(text)["python_gc_collections_total"][(("generation", "0"),)]
 
 
+def _passes_over_120_runs(client: Client, worker: WorkerFactory, threshold: str) -> float:
+    """Young-generation passes of a worker at ``threshold`` while it runs 120 runs held at
+    once (3 steps of 0.2 s each)."""
+    port = free_port()
+    proc = worker(metrics_port=port, DURABLE_GC_THRESHOLD=threshold)
+    try:
+        assert wait_for(lambda: _gen0_passes(port) is not None, 30)
+        # A run done: the worker serves, its collector is set (before its first job).
+        warm = client.start("count", {"steps": 1}).run_id
+        assert client.wait(warm, timeout=30).state == "completed"
+        before = _gen0_passes(port)
+        assert before is not None
+        runs = [s.run_id for s in
+                client.start_many("count", [{"steps": 3, "sleep_s": 0.2}] * 120)]
+        for run in runs:
+            assert client.wait(run, timeout=60).state == "completed", run
+        after = _gen0_passes(port)
+        assert after is not None
+        return after - before
+    finally:
+        proc.stop()
+
+
 def test_a_worker_holding_runs_runs_the_cycle_collector_rarely(
         client: Client, worker: WorkerFactory) -> None:
     """``DURABLE_GC_THRESHOLD`` (``workers.runtime.tune_collector``): the same 120 runs held
     at once, through a worker at the default threshold and one at the interpreter's (0:
     700), counted by the worker's own GC metric (prometheus-client's collector). The
     default's young-generation passes are a small fraction of the interpreter's."""
-    passes = {}
-    for threshold in ("50000", "0"):
-        port = free_port()
-        proc = worker(metrics_port=port, DURABLE_GC_THRESHOLD=threshold)
-        try:
-            assert wait_for(lambda p=port: _gen0_passes(p) is not None, 30)
-            # A run done: the worker serves, its collector is set (before its first job).
-            warm = client.start("count", {"steps": 1}).run_id
-            assert client.wait(warm, timeout=30).state == "completed"
-            before = _gen0_passes(port)
-            assert before is not None
-            runs = [s.run_id for s in
-                    client.start_many("count", [{"steps": 3, "sleep_s": 0.2}] * 120)]
-            for run in runs:
-                assert client.wait(run, timeout=60).state == "completed", run
-            after = _gen0_passes(port)
-            assert after is not None
-            passes[threshold] = after - before
-        finally:
-            proc.stop()
+    passes = {t: _passes_over_120_runs(client, worker, t) for t in ("50000", "0")}
     assert passes["0"] >= 10, passes  # the workload is big enough to tell them apart
     assert passes["50000"] * 10 <= passes["0"], passes
