@@ -14,12 +14,18 @@ continue, as ``bench.iobound``'s backlog rows). One row per agent style
   as a deployment of slow sync tools would);
 - ``decide()``: the examples' ``count`` (a plain tool, the same threads), and
   ``count_async`` (the async tool, no thread per call);
+- ``pydantic-ai agent``: an unchanged pydantic-ai ``Agent`` made durable
+  (``bench.framework_agents``: 3 model requests of 0.5 s, a tool call between two), at
+  ``FRAMEWORK_RUNS`` (1,000) runs, beside the same agent run plainly with
+  ``asyncio.gather`` in this process, with the interpreter's collector and with the
+  worker's (``DURABLE_GC_THRESHOLD``): what durability adds to the framework's own CPU;
 - ``async code, 5,000 runs``: the same agent at 5,000 runs, beside DBOS at 5,000 runs
   (``bench.dbosrows``: its threads and its async workflows, on a local PostgreSQL).
 
 Reported per row: wall, wall / ideal, peak RSS and threads of each worker (at ``HELD``
 runs held), starts, latency, and the problems the worker logs show; and the ratio of
-DBOS's wall to ours at 5,000 runs. ``--quick``: 600 runs on 2 x 300 slots, no DBOS.
+DBOS's wall to ours at 5,000 runs. ``--quick``: 600 runs on 2 x 300 slots (200 of the
+pydantic-ai agent), no DBOS.
 """
 
 from __future__ import annotations
@@ -28,14 +34,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench import dbosrows, iobound
+from bench import dbosrows, framework_agents, iobound
 from bench.common import AGENTS
+from durable.settings import WorkerSettings
 
 RUNS = 10_000
 HELD = 5_000
 DBOS_RUNS = 5_000
-STYLE_AGENTS = f"{AGENTS},bench.style_agents"
+STYLE_AGENTS = f"{AGENTS},bench.style_agents,bench.framework_agents"
 ROOT = Path(__file__).resolve().parent.parent
+
+#: Runs of the pydantic-ai rows (``bench.framework_agents``): the framework spends a few
+#: milliseconds of CPU per model request of its own, so 10,000 runs would take minutes.
+FRAMEWORK_RUNS = 1_000
+
+#: What a worker sets Python's collector to (``DURABLE_GC_THRESHOLD``'s default).
+GC_THRESHOLD = WorkerSettings.model_fields["gc_threshold"].default
 
 #: (row, agent, whether its user code needs a thread per call in flight)
 STYLES = (("async code", "async_count", False), ("sync code", "sync_count", True),
@@ -59,6 +73,9 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
     rows: dict[str, Any] = {}
     plan = [(_config(f"{name}, {runs:,} runs", agent, held, threads), runs)
             for name, agent, threads in STYLES]
+    framework = 200 if quick else FRAMEWORK_RUNS
+    plan.append((_config(f"pydantic-ai agent, {framework:,} runs", "pai_count",
+                         min(held, framework // 2), False), framework))
     if not quick:
         plan.append((_config(f"async code, {DBOS_RUNS:,} runs", "async_count", held, False),
                      DBOS_RUNS))
@@ -84,6 +101,11 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
             f"{rows[cfg.name]['cpu_floor_s']:.2f} s")
         if "incomplete" in res:
             log(f"  WARNING: {cfg.name}: {res['incomplete']}")
+    for collector, threshold in (("", 0), (", the worker's collector", GC_THRESHOLD)):
+        name = f"pydantic-ai agent, plain asyncio.gather{collector}, {framework:,} runs"
+        rows[name] = framework_agents.plain(framework, threshold)
+        log(f"  styles {name}: wall {rows[name]['wall_s']:.2f} s, CPU per run "
+            f"{rows[name]['cpu_per_run_us']:.0f} us")
     out: dict[str, Any] = {"runs": runs, "held_per_worker": held, "steps": iobound.STEPS,
                            "sleep_s": iobound.SLEEP_S,
                            "ideal_s": iobound.STEPS * iobound.SLEEP_S, "configs": rows}
@@ -133,6 +155,9 @@ def report(st: dict[str, Any]) -> list[str]:
                        f"{' / '.join(f'{x:.0f}' for x in c['rss_peak_mb'])} | "
                        f"{' / '.join(str(x) for x in c['threads_peak'])} | "
                        f"{c['log_problems']['count']} |")
+        elif "cpu_per_run_us" in c:  # the framework's own run, in one process
+            out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | "
+                       f"{c['cpu_per_run_us']:.0f} (one process) | | | | | |")
         else:  # DBOS
             out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | | | "
                        f"{c.get('start_s', float('nan')):.2f} | "
