@@ -10,6 +10,7 @@ business state: it is not in the log's fold.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -158,7 +159,10 @@ class Leases:
 
 class Heartbeats:
     """One thread per worker process renewing every lease it holds, every third of the TTL,
-    all in one round trip (a pipeline of ``lease_renew.lua`` calls).
+    all in one round trip (a pipeline of ``lease_renew.lua`` calls). A lease its holder
+    renewed by writing (``append.lua`` sets the TTL again) within the last third of a beat
+    (``written``) is left out of that beat: a run that steps faster than the beat costs no
+    renewal at all, where a worker holding 5,000 runs renewed 5,000 leases every beat.
 
     ``on_lost`` is called once for a lease that could not be renewed (expired, or taken by
     a newer epoch, or released because the worker's liveness key expired: ``durable.
@@ -171,6 +175,11 @@ class Heartbeats:
         self.leases = leases
         #: By (run, lease value): a value alone ("<worker>|<epoch>") repeats across runs.
         self._held: dict[tuple[str, str], tuple[Lease, Callable[[], object]]] = {}
+        #: By (run, lease value): when a write by the holder last renewed it (monotonic s,
+        #: taken before the write was sent: the renewal came later).
+        self._written: dict[tuple[str, str], float] = {}
+        #: Seconds between two beats.
+        self.interval = leases.ttl_ms / 3000
         self._lock = threading.Lock()
         #: The last renewal failed (Redis did not answer): the next is tried with backoff,
         #: not a third of the TTL later, so leases Redis kept through a restart are renewed
@@ -186,11 +195,26 @@ class Heartbeats:
     def drop(self, lease: Lease) -> None:
         with self._lock:
             self._held.pop((lease.run_id, lease.value), None)
+            self._written.pop((lease.run_id, lease.value), None)
+
+    def written(self, run_id: str, value: str, at: float) -> None:
+        """A write by the holder of lease ``value`` of ``run_id``, sent at ``at``
+        (``time.monotonic()``), renewed it. A lease is left out of a beat only while such a
+        renewal is under a third of a beat old: its TTL then outlasts the next two beats, as
+        a beat's own renewal does less a third (slack for a failed beat, and a second one
+        a third of a beat late)."""
+        key = (run_id, value)
+        if key in self._held:  # (a lease dropped meanwhile is not kept here for ever)
+            self._written[key] = at
 
     def beat(self) -> int:
-        """Renew every held lease now; returns how many were lost."""
+        """Renew every held lease not renewed by a write just before; returns how many were
+        lost."""
+        fresh_since = time.monotonic() - self.interval / 3
         with self._lock:
-            held = list(self._held.values())
+            written = self._written
+            held = [entry for key, entry in self._held.items()
+                    if written.get(key, 0.0) < fresh_since]
         if not held:
             return 0
         try:
@@ -208,7 +232,7 @@ class Heartbeats:
         return lost
 
     def _run(self) -> None:
-        interval = self.leases.ttl_ms / 3000
+        interval = self.interval
         backoff = Backoff(max_s=interval)
         stop = threading.Event()
         while not stop.wait(backoff.next() if self.failing else interval):

@@ -17,7 +17,7 @@ import redis
 
 from durable.client import Client
 from durable.errors import LeaseLost
-from durable.leases import Lease, Leases
+from durable.leases import Heartbeats, Lease, Leases
 from durable.liveness import Presence, dead_workers, held_by, release_worker
 from durable.log import events as ev
 from durable.log import keys
@@ -83,6 +83,41 @@ def test_a_dead_workers_leases_are_released_run_by_run_and_only_its_own(
 
 
 @pytest.mark.cluster
+def test_a_beat_leaves_out_a_lease_its_holders_write_renewed_a_moment_before(
+    client: Client, r: redis.Redis
+) -> None:
+    """``Heartbeats``: a lease renewed by a write (``append.lua`` sets its TTL again) under a
+    third of a beat before is left out of the beat; one written earlier, or never, is
+    renewed. Read on the leases' real TTLs, after both were brought down to 10 s."""
+    runs = [client.start("count", {"steps": 3}, run_id=f"hb-{i}", enqueue=False).run_id
+            for i in range(2)]
+    leases = Leases(r, 60_000, client.log.keys)  # a beat every 20 s: none of its own here
+    beats = Heartbeats(leases)
+    held = [leases.acquire(run, "host:1:hb")[0] for run in runs]
+    assert all(lease is not None for lease in held)
+    fresh, stale = [lease for lease in held if lease is not None]
+    for lease in (fresh, stale):
+        beats.hold(lease, lambda: None)
+
+    def aged() -> list[int]:
+        for run in runs:
+            r.pexpire(client.log.keys.lease(run), 10_000)
+        return [int(r.pttl(client.log.keys.lease(run))) for run in runs]
+
+    assert max(aged()) <= 10_000
+    beats.written(fresh.run_id, fresh.value, time.monotonic())
+    beats.written(stale.run_id, stale.value, time.monotonic() - beats.interval / 2)
+    assert beats.beat() == 0
+    ttl = [int(r.pttl(client.log.keys.lease(run))) for run in runs]
+    assert ttl[0] <= 10_000 < 50_000 < ttl[1], ttl  # the fresh one left out
+
+    assert max(aged()) <= 10_000
+    beats.written(fresh.run_id, fresh.value, time.monotonic() - beats.interval / 2)
+    assert beats.beat() == 0
+    ttl = [int(r.pttl(client.log.keys.lease(run))) for run in runs]
+    assert min(ttl) > 50_000, ttl  # both renewed: the write is no longer recent
+
+
 def test_sigkill_of_a_worker_holding_200_runs_resumes_them_within_a_second(
     layout: KeyLayout,
     client: Client, r: redis.Redis, worker: WorkerFactory, reconciler: ReconcilerFactory,

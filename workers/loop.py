@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -351,8 +352,11 @@ class StepLoop:
             slot = SLOT.get()
             if slot is not None:
                 slot.callbacks.before_last_commit()
+        sent = time.monotonic()
         await self.log.commit_async(handle, specs, release=release, **kw)
         pending.clear()
+        if handle.lease and not release:  # the append renewed the lease (``Heartbeats``)
+            self.heartbeats.written(handle.run_id, handle.lease, sent)
         if handle.state.terminal:  # its place under a run limit is free
             agent = self.registry.agents.get(handle.state.agent)
             if getattr(agent, "run_limits", ()):
