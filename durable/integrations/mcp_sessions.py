@@ -2,10 +2,10 @@
 server died (``durable.integrations.mcp`` for code agents, ``pydantic_ai.mcp`` and
 ``openai_agents.mcp`` for the frameworks).
 
-A session lives on the steps' event loop (``durable.integrations.steploop``): it is opened by
-the first step that needs it and stays open while the server answers. A stdio server that died
-(killed, crashed, out of memory) closes the session's streams; what a step does then depends
-on what it knows:
+A session lives on the steps' event loop (the process's, ``durable.integrations.steploop``): it
+is opened by the first step that needs it and stays open while the server answers. A stdio
+server that died (killed, crashed, out of memory) closes the session's streams; what a step
+does then depends on what it knows:
 
 - before a call with an effect, the session is pinged (any answer, even an error, says the
   server lives): a dead one is closed and opened again

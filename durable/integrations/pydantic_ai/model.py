@@ -87,7 +87,7 @@ class DurableModel(WrapperModel):
         self._owner = owner
 
     async def __aenter__(self) -> Self:
-        # In a run, the model is only used by its steps, on the steps' loop: not entered here.
+        # In a run, the model is only used by its steps, on the worker's loop: not entered here.
         if bound(self._owner) is None:
             await super().__aenter__()
         return self
