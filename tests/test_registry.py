@@ -165,7 +165,7 @@ def test_a_worker_whose_redis_went_away_while_it_started_publishes_its_agents_on
     srv = make_server(fsync="always")
     mark, gate, log = tmp_path / "importing", tmp_path / "gate", tmp_path / "w.log"
     w = Worker(srv.url, log_path=log, DURABLE_AGENTS="examples.agents,tests.gated_import",
-               TEST_IMPORT_MARK=str(mark), TEST_IMPORT_GATE=str(gate))
+               env={"TEST_IMPORT_MARK": str(mark), "TEST_IMPORT_GATE": str(gate)})
     try:
         assert wait_for(mark.exists, 60), log.read_text()
         srv.kill()
