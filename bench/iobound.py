@@ -58,7 +58,7 @@ import psutil
 import redis
 
 from bench import dbosrows, rtcount
-from bench.common import AGENTS, fresh, median, percentile, settings_for
+from bench.common import AGENTS, fresh, median, ms_of, percentile, settings_for
 from bench.sampling import (
     PeakSampler,
     cpu_s,
@@ -172,24 +172,19 @@ def _run_details(r: redis.Redis, ids: list[str], since_ms: float = 0) -> RunDeta
         states[(state or b"?").decode()] += 1
         if not entries:
             continue
-        t_start = max(_ms(entries[0][0]), since_ms)
+        t_start = max(ms_of(entries[0][0]), since_ms)
         first_start = t_start if first_start is None else min(first_start, t_start)
         if len(entries) >= 2:
-            wait.append(_ms(entries[1][0]) - t_start)
+            wait.append(ms_of(entries[1][0]) - t_start)
             with contextlib.suppress(Exception):
                 actor = ev.decode(entries[1][1][b"e"]).actor
                 takers[actor.split(":")[1] if actor.count(":") >= 2 else actor] += 1
         if last_id:
-            t_last = _ms(last_id)
+            t_last = ms_of(last_id)
             last_write = t_last if last_write is None else max(last_write, t_last)
             latency.append(t_last - t_start)
     return {"latency": latency, "wait": wait, "states": dict(states), "takers": dict(takers),
             "first_start_ms": first_start, "last_write_ms": last_write}
-
-
-def _ms(entry_id: bytes | str) -> int:
-    s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(s.split("-", 1)[0])
 
 
 def _dist(xs: list[float]) -> dict[str, float]:
@@ -231,9 +226,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     wurl = f"{url}?max_connections={cfg.pool}" if cfg.pool else url
     workers = [Worker(wurl, log_path=logs[i], hooks=[f"bench.rtcount:Counter={counts[i]}"],
                       DURABLE_CONCURRENCY=str(cfg.concurrency), DURABLE_AGENTS=cfg.agents,
-                      # cfg.env names environment variables only, never one of the
-                      # options before **env: mypy cannot tell them apart.
-                      PYTHONPATH=str(ROOT), **dict(cfg.env))  # type: ignore[arg-type]
+                      PYTHONPATH=str(ROOT), env=dict(cfg.env))
                for i in range(cfg.workers)]
     rec = None
     if cfg.reconciler:

@@ -124,7 +124,7 @@ def fleet(url: str, runs: int, rate: int, per_s: float, in_flight: int) -> dict[
     try:
         began = time.monotonic()
         client.start_many("calls_provider", [{"calls": 1}] * runs)
-        procs = [Reconciler(url, **env),  # type: ignore[arg-type]
+        procs = [Reconciler(url, env=env),
                  worker(url, **env), worker(url, **env)]
 
         def done() -> int:

@@ -5,8 +5,9 @@ version, schema, tools, published_at, by, budgets}``, where ``schema`` is the in
 JSON schema (pydantic's ``model_json_schema()``, draft 2020-12) and ``budgets`` the agent's
 default limits.
 
-- A worker publishes every agent it loads when it starts (``workers.runtime``); its entry
-  replaces any other: workers are the ones that run the agent.
+- A worker publishes every agent it loads when it starts (``workers.runtime``), or once
+  Redis answers if it did not then; its entry replaces any other: workers are the ones
+  that run the agent.
 - A producer that imports the agent validates with the model itself, and publishes the
   entry only where none exists yet (a worker's entry is never replaced by a producer's).
 - A producer that does not import the agent starts it by name: the input is validated

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,9 +19,9 @@ from durable.errors import InvalidInput, RunIdConflict, UnknownAgent
 from durable.log import events as ev
 from durable.log import keys
 from durable.settings import Settings
-from durable.testing import Server, env_for, wait_for
+from durable.testing import Server, Worker, env_for, wait_for
 from tests.agents import EchoInput
-from tests.conftest import WorkerFactory
+from tests.conftest import ServerFactory, WorkerFactory
 
 
 def _bare_client(r: redis.Redis) -> Client:
@@ -150,3 +151,34 @@ def test_the_cli_says_why_a_run_id_is_refused(server: Server, client: Client) ->
                          env=env_for(server.url), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "run 'cli-conflict' already exists with a different input" in out.stderr
+
+
+def test_a_worker_whose_redis_went_away_while_it_started_publishes_its_agents_once_back(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """Window: Redis is killed after the worker connected and before it published its
+    agents (the worker is held in its import of their modules, ``tests.gated_import``).
+    That publication fails; once Redis is back the worker's agents are in the catalog, and
+    a producer that does not import them starts one by name and the worker completes it.
+    (The worker only logged the failure: its agents stayed unlisted until another worker
+    started.)"""
+    srv = make_server(fsync="always")
+    mark, gate, log = tmp_path / "importing", tmp_path / "gate", tmp_path / "w.log"
+    w = Worker(srv.url, log_path=log, DURABLE_AGENTS="examples.agents,tests.gated_import",
+               env={"TEST_IMPORT_MARK": str(mark), "TEST_IMPORT_GATE": str(gate)})
+    try:
+        assert wait_for(mark.exists, 60), log.read_text()
+        srv.kill()
+        gate.touch()
+        assert wait_for(lambda: "could not publish the agents" in log.read_text(), 30), \
+            log.read_text()
+        srv.start()
+        r = srv.client()
+        assert wait_for(lambda: r.hexists(keys.AGENTS, "count"), 30), log.read_text()
+        assert str(_published(r, "count")["by"]).startswith("worker:")
+        producer = _bare_client(r)
+        run = producer.start("count", {"steps": 1}, run_id="after-outage").run_id
+        assert producer.wait(run, 30).state == "completed"
+        assert w.alive()
+    finally:
+        w.stop()

@@ -161,10 +161,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
         log.warning("no agents registered: set DURABLE_AGENTS to the modules that define "
                     "them (every run this worker takes will be quarantined as unknown)")
     wid = worker_id()
-    try:  # producers that do not import the agents start them by name from this catalog
-        catalog.publish(client, registry.agents.values(), f"worker:{wid}")
-    except redis.RedisError as exc:
-        log.warning("could not publish the agents to %s: %r", keys.AGENTS, exc)
+    publish_agents(client, f"worker:{wid}")
     require_keys(registry.sensitive_names(), settings)
     # Too many stuck tool calls: shut down, then start afresh (a burst worker ends soon).
     # Given before the pool takes a run: a restart asked for from then on is not lost.
@@ -202,6 +199,36 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     if _loop.restart_requested.is_set():
         _restart()
     return code
+
+
+def publish_agents(client: redis.Redis, by: str) -> None:
+    """Publish the agents to the catalog (``durable.catalog``), from which producers that
+    do not import them start them by name. When Redis does not answer (it went away after
+    the worker connected), a thread of its own publishes them once it does: the worker
+    serves its agents from then on, and they would stay unlisted until another worker
+    started."""
+    try:
+        catalog.publish(client, registry.agents.values(), by)
+        return
+    except redis.RedisError as exc:
+        log.warning("could not publish the agents to %s (%r): again once Redis answers",
+                    keys.AGENTS, exc)
+    threading.Thread(target=_publish_later, args=(client, by), name="catalog",
+                     daemon=True).start()
+
+
+def _publish_later(client: redis.Redis, by: str) -> None:
+    """Retries with a backoff until the catalog is written. Quietly: the threads that need
+    Redis to serve (the beats, RQ's loop) say when it goes away and comes back."""
+    backoff = Backoff()
+    while True:
+        backoff.wait()
+        try:
+            names = catalog.publish(client, registry.agents.values(), by)
+        except redis.RedisError:
+            continue
+        log.info("published the agents to %s: %s", keys.AGENTS, ", ".join(names))
+        return
 
 
 def make_pool(loop: StepLoop, size: int) -> Driver:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 #: The hook that kills a worker at a crash window (``durable.testing.faults``).
@@ -25,20 +25,22 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
 
 class Process:
     """A ``durable`` subcommand in a process of its own session (so a test can SIGKILL,
-    SIGSTOP or SIGTERM it alone), with ``env`` added to its environment."""
+    SIGSTOP or SIGTERM it alone), with ``env`` and the variables given as keywords
+    (``DURABLE_CONCURRENCY="8"``; they win) added to its environment. ``env`` is for a
+    mapping built elsewhere: unpacked as keywords, its names could collide with options."""
 
     def __init__(self, url: str, args: Sequence[str], *, log_path: Path | None = None,
-                 **env: str) -> None:
+                 env: Mapping[str, str] | None = None, **variables: str) -> None:
         args = [sys.executable, "-m", "durable", *args]
         self.log_path = log_path
+        full = env_for(url, **{**(env or {}), **variables})
         if log_path is None:
-            self.proc = subprocess.Popen(args, env=env_for(url, **env),
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(args, env=full, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True)
         else:
             with open(log_path, "ab") as out:  # the child keeps its own copy
-                self.proc = subprocess.Popen(args, env=env_for(url, **env), stdout=out,
-                                             stderr=out, start_new_session=True)
+                self.proc = subprocess.Popen(args, env=full, stdout=out, stderr=out,
+                                             start_new_session=True)
 
     @property
     def pid(self) -> int:
@@ -74,13 +76,14 @@ class Worker(Process):
 
     ``kill_at="<window>:<step>"`` makes it SIGKILL itself there (see
     ``durable.testing.faults``); ``hooks`` adds other step hooks; ``metrics_port`` serves
-    its own metrics there; ``env`` is added to the environment (``DURABLE_*`` settings).
+    its own metrics there; ``env`` and the keywords ``DURABLE_*=...`` are added to the
+    environment (as ``Process``'s).
     """
 
     def __init__(self, url: str, *, burst: bool = False, queue: str | None = None,
                  log_path: Path | None = None, kill_at: str | None = None,
                  hooks: Sequence[str] = (), metrics_port: int | str | None = None,
-                 **env: str) -> None:
+                 env: Mapping[str, str] | None = None, **variables: str) -> None:
         args = ["worker"]
         if burst:
             args.append("--burst")
@@ -92,17 +95,19 @@ class Worker(Process):
             args += ["--hook", f"{KILL_AT_HOOK}={kill_at}"]
         for hook in hooks:
             args += ["--hook", hook]
-        super().__init__(url, args, log_path=log_path, **env)
+        super().__init__(url, args, log_path=log_path, env=env, **variables)
 
 
 class Reconciler(Process):
     """A ``durable reconciler`` process sweeping every ``interval`` seconds; ``args`` are
-    more of its command line options (``--probe-port``...)."""
+    more of its command line options (``--probe-port``...); its environment as
+    ``Process``'s."""
 
     def __init__(self, url: str, *, interval: float = 0.2, log_path: Path | None = None,
-                 args: Sequence[str] = (), **env: str) -> None:
+                 args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 **variables: str) -> None:
         super().__init__(url, ["reconciler", "--interval", str(interval), *args],
-                         log_path=log_path, **env)
+                         log_path=log_path, env=env, **variables)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0,

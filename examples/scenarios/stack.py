@@ -115,7 +115,7 @@ class Scene:
     def worker(self, *, burst: bool = False, kill_at: str | None = None, **env: str) -> Worker:
         n = len(self.workers) + 1
         w = Worker(self.stack.redis_url, burst=burst, queue=self.queue, kill_at=kill_at,
-                         log_path=self.log_path(f"worker{n}"), **self.env(**env))
+                   log_path=self.log_path(f"worker{n}"), env=self.env(**env))
         self.workers.append(w)
         return w
 
