@@ -190,17 +190,9 @@ class EventLoop:
         loop = self.loop
         done: Handoff[T] = Handoff()
 
-        def finished(t: asyncio.Task[T]) -> None:
-            if t.cancelled():
-                done.cancel()
-            elif (exc := t.exception()) is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(t.result())
-
         def start() -> None:
             loop.create_task(coro, name=name or None, context=context).add_done_callback(
-                finished)
+                functools.partial(_hand_over, done))
 
         self._post(start)
         return done
@@ -224,17 +216,9 @@ class EventLoop:
         done: Handoff[T] = Handoff()
         made: list[asyncio.Task[T]] = []
 
-        def finished(t: asyncio.Task[T]) -> None:
-            if t.cancelled():
-                done.cancel()
-            elif (exc := t.exception()) is not None:
-                done.set_exception(exc)
-            else:
-                done.set_result(t.result())
-
         def start() -> None:
             made.append(loop.create_task(coro, name=name or None, context=context))
-            made[0].add_done_callback(finished)
+            made[0].add_done_callback(functools.partial(_hand_over, done))
 
         def stop() -> None:  # on the loop, after ``start`` when that was posted first
             if made:
@@ -344,6 +328,16 @@ class EventLoop:
                 log.error("%s blocked the event loop for %.1f s: interrupted", name, held_s)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
+
+
+def _hand_over(done: Handoff[T], task: asyncio.Task[T]) -> None:
+    """Settle ``done`` as ``task`` ended (its done callback)."""
+    if task.cancelled():
+        done.cancel()
+    elif (exc := task.exception()) is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(task.result())
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
