@@ -295,3 +295,23 @@ def test_the_ready_list_on_its_own_server_still_feeds_the_hub(
     worker(DURABLE_CONCURRENCY="16")
     assert wait_for(lambda: _completed(layout, r, runs) == 120, 60)
     client.close()
+
+
+@pytest.mark.parametrize("driver", ["hub", "threads"])
+def test_a_run_handed_again_while_it_is_driven_is_driven_again_not_dropped(
+    driver: str, client: Client, worker: WorkerFactory
+) -> None:
+    """Window: a run goes back on the ready list at a job boundary (``DURABLE_STEPS_PER_JOB``)
+    while its slot still drives it, and the worker's ready-list poll takes it before that
+    slot lets go. The second slot found the run driven and dropped it, and the run's
+    "queued" marker kept every other enqueue out for a minute: with no reconciler, a run
+    stayed pending for good (the memory bench's 1,000-step runs, beside 150 short ones).
+    Now the slot that drives it drives it again. No reconciler here: every run must end by
+    the worker alone."""
+    long = [client.start("count", {"steps": 40}, run_id=f"again-l{i}").run_id
+            for i in range(2)]
+    short = [s.run_id for s in client.start_many("count", [{"steps": 4}] * 150)]
+    worker(DURABLE_STEPS_PER_JOB="4", DURABLE_DRIVER=driver)
+    for run in long + short:
+        final = client.wait(run, timeout=60)
+        assert final.state == "completed", (run, final.state, final.step)

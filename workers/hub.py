@@ -162,15 +162,18 @@ class RunHub:
 
     async def _drive_run(self, run_id: str, ctx: contextvars.Context) -> None:
         live = slot_live(ctx)
-        if not self.slots.claim(run_id, live):  # the hub drives it already (``Slots.claim``)
-            return
-        try:
-            answer = await self.loop.advance_async(run_id, self._callbacks)
-        finally:
-            self.slots.unclaim(run_id, live)
-        self.loop.outage.ok()
-        if answer.get("more"):
-            self._more_ready, self._short = True, 0  # it went back on the ready list
+        # While another of the hub's runs drives it, it is driven again by that one
+        # (``Slots.claim``); this one, handed again meanwhile, drives it once more.
+        while self.slots.claim(run_id, live):
+            try:
+                answer = await self.loop.advance_async(run_id, self._callbacks)
+            finally:
+                again = self.slots.unclaim(run_id, live)
+            self.loop.outage.ok()
+            if answer.get("more"):
+                self._more_ready, self._short = True, 0  # it went back on the ready list
+            if not again:
+                return
 
     # Driving ---------------------------------------------------------------------------
 

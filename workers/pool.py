@@ -127,11 +127,14 @@ class RunPool:
             while run_id is not None and me not in abandoned:
                 try:
                     live = self._thread_live(me)
-                    if self.slots.claim(run_id, live):
+                    # Driven once more when it was handed again meanwhile (``Slots.claim``).
+                    while self.slots.claim(run_id, live):
                         try:
                             self.loop.advance(run_id, self._callbacks)
                         finally:
-                            self.slots.unclaim(run_id, live)
+                            again = self.slots.unclaim(run_id, live)
+                        if not again:
+                            break
                     self.loop.outage.ok()
                 except redis.RedisError as exc:  # taken again once Redis answers
                     self.loop.outage.failed(exc)

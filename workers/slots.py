@@ -105,6 +105,8 @@ class Slots:
         #: Runs a slot of this worker drives now -> whether that slot still drives it (see
         #: ``claim``).
         self._driving: dict[str, Callable[[], bool]] = {}
+        #: Runs handed to this worker again while one of its slots drove them (``claim``).
+        self._asked_again: set[str] = set()
         self._driving_lock = threading.Lock()
         threading.Thread(target=self._rejoin, name="rejoin", daemon=True).start()
 
@@ -223,22 +225,33 @@ class Slots:
     def claim(self, run_id: str, live: Callable[[], bool]) -> bool:
         """Whether a slot may drive ``run_id`` now: False while another slot of this worker
         drives it (``live`` says whether the claiming slot still does: an abandoned one, its
-        thread stuck in a call, does not). A run can be handed twice (taken again after a
-        Redis fault, and popped from the ready list where the reconciler put it); both
-        would take the lease, which is this worker's either way, and the second would only
-        lose a version conflict."""
+        thread stuck in a call, does not). A run can be handed twice: popped from the ready
+        list where its own slot put it back at a job boundary (``DURABLE_STEPS_PER_JOB``)
+        before that slot let go of it, taken again after a Redis fault, or put there by the
+        reconciler. The hand-off refused here is not lost: the slot that drives the run is
+        told so when it lets go (``unclaim``), and drives it once more. (Dropped, it was
+        lost for good: its enqueue set the run's "queued" marker, which keeps every other
+        enqueue out until a lease taken with it drops it.)"""
         with self._driving_lock:
             held = self._driving.get(run_id)
             if held is not None and held():
+                self._asked_again.add(run_id)
                 return False
             self._driving[run_id] = live
+            self._asked_again.discard(run_id)  # this slot takes what was asked
             return True
 
-    def unclaim(self, run_id: str, live: Callable[[], bool]) -> None:
-        """Drop the claim made with ``live`` (not a newer slot's)."""
+    def unclaim(self, run_id: str, live: Callable[[], bool]) -> bool:
+        """Drop the claim made with ``live`` (not a newer slot's); True when the run was
+        handed to this worker again meanwhile (``claim``): drive it once more."""
         with self._driving_lock:
-            if self._driving.get(run_id) is live:
-                del self._driving[run_id]
+            if self._driving.get(run_id) is not live:
+                return False
+            del self._driving[run_id]
+            if run_id in self._asked_again:
+                self._asked_again.discard(run_id)
+                return True
+            return False
 
 
     # Redis faults ---------------------------------------------------------------------------
