@@ -138,11 +138,13 @@ class WorkerSettings(BaseSettings):
         "async tool or an async agent costs no thread; sync user code runs on at most "
         "DURABLE_USER_THREADS threads (see docs/scaling.md).")
     user_threads: int = Field(
-        default=256, ge=1, le=10_000, validation_alias="DURABLE_USER_THREADS",
+        default=1024, ge=1, le=10_000, validation_alias="DURABLE_USER_THREADS",
         description="Threads a worker's hub hands slow sync user code to at once (sync "
         "tools, decide(), waits on a deadline; a sync code agent's function runs on a thread "
-        "of its own); past it such calls wait their turn. Raise it for many slow sync tools, "
-        "lower it for CPU-bound code.")
+        "of its own), started as calls need them; past it such calls wait their turn. As "
+        "many as the default run slots: a worker's 1,024 runs may all wait on a blocking "
+        "client at once. CPU-bound code is not sped up by fewer (the GIL runs one at a "
+        "time either way; see docs/scaling.md).")
     driver: Literal["hub", "threads"] = Field(
         default="hub", validation_alias="DURABLE_DRIVER",
         description="How a worker drives its runs: 'hub' (one driving thread resumes "

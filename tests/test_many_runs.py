@@ -240,3 +240,24 @@ def test_a_run_whose_lease_expired_under_its_worker_goes_back_on_the_ready_list(
     assert client.wait(run, timeout=40).state == "completed"
     assert "work discarded" in log.read_text()
     assert verify(client.log, run).ok
+
+
+def test_a_worker_as_shipped_has_400_slow_sync_calls_in_flight_at_once(
+    client: Client, worker: WorkerFactory
+) -> None:
+    """Sizing out of the box: 400 runs of one call of a plain tool that waits 2 s, on one
+    worker with the default settings, have every call in flight together: their outcomes,
+    in the runs' logs, land within 1.5 s of each other. With 256 threads for slow sync code
+    (the last release's default), the last 144 calls waited for a first one to end: 2 s
+    later. The threads are started by a thread of the hub's own as calls need them, so the
+    driving never waits for one to start."""
+    runs = [s.run_id for s in
+            client.start_many("count", [{"steps": 1, "sleep_s": 2.0}] * 400)]
+    worker()
+    ended = []
+    for run in runs:
+        final = client.wait(run, timeout=120)
+        assert final.state == "completed", (run, final.state, final.reason)
+        ended.append(next(e.event.ts for e in client.events(run)
+                          if type(e.event).__name__ == "ActionSucceeded"))
+    assert max(ended) - min(ended) < 1500, sorted(ended)

@@ -48,11 +48,13 @@ class Run(Protocol):
 class Driver:
     """A thread of the hub: the driver, a spare waiting to drive, or one left in user code."""
 
-    __slots__ = ("job", "since", "wake", "what")
+    __slots__ = ("job", "serves", "since", "wake", "what")
 
     def __init__(self) -> None:
         #: User code to run when woken, instead of driving.
         self.job: tuple[Run, Offload] | None = None
+        #: Started by the spawner: when woken, serve the calls waiting (never drive).
+        self.serves = False
         #: Released to wake it: to run ``job``, or to drive.
         self.wake = threading.Lock()
         self.wake.acquire()
@@ -86,6 +88,10 @@ class Spares:
         self.max_jobs = max(1, max_jobs)
         self._jobs = 0
         self._queued: collections.deque[tuple[Run, Offload]] = collections.deque()
+        #: Threads to start for calls that found no idle spare (``_spawn``): started by a
+        #: thread of their own, so that the driving never waits for a thread's start.
+        self._to_start = 0
+        self._start_more = threading.Event()
 
     def start(self, size: int) -> None:
         """The first driver, a few spares, and the monitor."""
@@ -96,6 +102,7 @@ class Spares:
             for _ in range(min(size, self.max_jobs, PRESTARTED)):
                 self._spares.append(self._start_thread())
         threading.Thread(target=self._monitor, name="hub-monitor", daemon=True).start()
+        threading.Thread(target=self._spawn, name="hub-spawner", daemon=True).start()
 
     @property
     def threads(self) -> int:
@@ -129,21 +136,57 @@ class Spares:
             self._note(call.what, time.monotonic() - began)
 
     def elsewhere(self, run: Run, call: Offload) -> None:
-        """Run ``call`` on a spare thread; ``run`` goes back to the hub once it returns."""
+        """Run ``call`` on a spare thread; ``run`` goes back to the hub once it returns.
+        With no idle spare, the call waits for a thread the spawner starts (or for one that
+        finishes its call first): a thread's start waits for the new thread to run, about a
+        millisecond, and a thousand calls of a slow sync tool at once would stall the
+        driving for a second."""
         self.offloads += 1
         with self._mu:
             if self._jobs >= self.max_jobs:
                 self._queued.append((run, call))
                 return
             self._jobs += 1
-            self._spare((run, call))
+            if self._spares:
+                self._spare((run, call))
+                return
+            self._queued.append((run, call))
+            self._to_start += 1
+        self._start_more.set()
 
     # The threads ----------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        """Start the threads ``elsewhere`` asked for; each serves the calls waiting."""
+        while True:
+            self._start_more.wait()
+            self._start_more.clear()
+            while True:
+                with self._mu:
+                    if not self._to_start:
+                        break
+                    self._to_start -= 1
+                    spare = Driver()
+                    spare.serves = True
+                    self._threads += 1
+                threading.Thread(target=self._serve_as, args=(spare,), name="hub",
+                                 daemon=True).start()
+                spare.wake.release()
 
     def _serve_as(self, me: Driver) -> None:
         while True:
             me.wake.acquire()
             job, me.job = me.job, None
+            if job is None and me.serves:  # started for the calls waiting (``elsewhere``)
+                me.serves = False
+                with self._mu:
+                    job = self._queued.popleft() if self._queued else None
+                    if job is None:  # another thread took them: one job thread fewer
+                        self._jobs -= 1
+                if job is None:
+                    with self._mu:
+                        self._spares.append(me)
+                    continue
             if job is not None:
                 while job is not None:  # then the calls that waited for a thread, in turn
                     with contextlib.suppress(BaseException):  # see ``_run_job``
