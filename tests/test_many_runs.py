@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from durable.client import Client
+from durable.log import events as ev
 from durable.log.keys import KeyLayout
 from durable.log.verify import verify
 from durable.settings import Settings
@@ -259,5 +260,5 @@ def test_a_worker_as_shipped_has_400_slow_sync_calls_in_flight_at_once(
         final = client.wait(run, timeout=120)
         assert final.state == "completed", (run, final.state, final.reason)
         ended.append(next(e.event.ts for e in client.events(run)
-                          if type(e.event).__name__ == "ActionSucceeded"))
+                          if isinstance(e.event, ev.ActionSucceeded)))
     assert max(ended) - min(ended) < 1500, sorted(ended)
