@@ -95,17 +95,6 @@ def server_args(data_dir: Path, port: int, fsync: str) -> list[str]:
     ]
 
 
-def _ping(url: str, timeout: float = 0.5) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError):
-        return False
-
-
 def _server_pid(url: str, timeout: float = 0.5) -> int | None:
     """The process id of the server answering at ``url`` (None when none answers)."""
     try:
@@ -139,12 +128,20 @@ def _record(data_dir: Path, url: str, pid: int) -> None:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """Until the server this process started answers at ``url``: the one whose process id
+    is ``proc``'s, never another that took the port between ``free_port`` and the bind (the
+    new server then exits, unable to bind, and that is the error)."""
     end = time.monotonic() + timeout
+    foreign: int | None = None
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}; see redis.log")
-        if _ping(url, 0.2):
+            taken = f" (port taken by the server of process {foreign})" if foreign else ""
+            raise RuntimeError(f"redis-server exited with {proc.returncode}{taken}; "
+                               "see redis.log")
+        pid = _server_pid(url, 0.2)
+        if pid == proc.pid:
             return
+        foreign = pid or foreign
         time.sleep(0.02)
     raise RuntimeError("redis-server did not answer in time; see redis.log")
 

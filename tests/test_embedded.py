@@ -79,3 +79,18 @@ def test_durable_redis_on_a_taken_port_fails_in_the_foreground(
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"port {taken.port}" in lines[0] and "taken" in lines[0]
     assert not (tmp_path / "state" / "durable" / embedded.ADDRESS_FILE).exists()
+
+
+def test_a_server_started_on_a_port_another_server_took_is_an_error_not_that_server(
+    tmp_path: Path, make_server: ServerFactory
+) -> None:
+    """Window: between ``free_port`` choosing a port and the new server binding it, another
+    server takes the port. The new one exits, unable to bind; starting it is an error and
+    nothing is recorded. (It waited for any answer on the port: the foreign server's answer
+    made it record that server's address as its own, with its own process id.)"""
+    taken = make_server(fsync="everysec")
+    data = tmp_path / "data"
+    with pytest.raises(RuntimeError, match="redis-server exited"):
+        embedded.start(data, "everysec", port=taken.port)
+    assert not (data / embedded.ADDRESS_FILE).exists()
+    assert embedded.recorded_url(data) is None
