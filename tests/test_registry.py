@@ -5,8 +5,10 @@ checked against the published schema. A run id is idempotent for the same input 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Server, Worker, env_for, wait_for
+from durable.workers.runtime import publish_agents
 from tests.agents import EchoInput
 from tests.conftest import ServerFactory, WorkerFactory
 
@@ -182,3 +185,26 @@ def test_a_worker_whose_redis_went_away_while_it_started_publishes_its_agents_on
         assert w.alive()
     finally:
         w.stop()
+
+
+def test_a_worker_refused_the_catalog_by_its_acl_says_so_once_and_does_not_retry(
+    make_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis answers the worker's publication with NOPERM (its ACL user lacks the catalog's
+    key): no later attempt can succeed, so the worker logs an error naming the key and the
+    refusal, and starts no thread retrying it. (It took the refusal for an outage: a warning,
+    then a thread retrying quietly for as long as the worker lived.)"""
+    srv = make_server(fsync="everysec")
+    admin = srv.client()
+    admin.execute_command("ACL", "SETUSER", "nocatalog", "on", ">pw", "resetkeys", "~rq:*",
+                          "+@all")
+    limited = redis.Redis(host="127.0.0.1", port=srv.port, username="nocatalog", password="pw")
+    retrying = {t.ident for t in threading.enumerate() if t.name == "catalog"}
+    with caplog.at_level(logging.WARNING, logger="durable.worker"):
+        publish_agents(limited, "worker:test")
+    (record,) = [r for r in caplog.records if r.name == "durable.worker"]
+    assert record.levelno == logging.ERROR
+    assert keys.AGENTS in record.getMessage() and "no permissions" in record.getMessage()
+    assert {t.ident for t in threading.enumerate() if t.name == "catalog"} == retrying
+    assert not admin.exists(keys.AGENTS)
+    limited.close()

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from redis.exceptions import NoPermissionError
 from rq import SimpleWorker
 from rq.exceptions import StopRequested
 from rq.job import Job
@@ -206,9 +207,13 @@ def publish_agents(client: redis.Redis, by: str) -> None:
     do not import them start them by name. When Redis does not answer (it went away after
     the worker connected), a thread of its own publishes them once it does: the worker
     serves its agents from then on, and they would stay unlisted until another worker
-    started."""
+    started. When Redis refuses it (an ACL without the catalog's key), trying again cannot
+    help: the worker says so as an error, once, and serves on."""
     try:
         catalog.publish(client, registry.agents.values(), by)
+        return
+    except NoPermissionError as exc:
+        _refused(exc)
         return
     except redis.RedisError as exc:
         log.warning("could not publish the agents to %s (%r): again once Redis answers",
@@ -217,14 +222,24 @@ def publish_agents(client: redis.Redis, by: str) -> None:
                      daemon=True).start()
 
 
+def _refused(exc: NoPermissionError) -> None:
+    log.error("Redis refused the catalog %s (%s): producers that start this worker's agents "
+              "by name will not find them; the worker's user needs write access to that key",
+              keys.AGENTS, exc)
+
+
 def _publish_later(client: redis.Redis, by: str) -> None:
-    """Retries with a backoff until the catalog is written. Quietly: the threads that need
-    Redis to serve (the beats, RQ's loop) say when it goes away and comes back."""
+    """Retries with a backoff until the catalog is written, or Redis refuses it
+    (``NoPermissionError``). Quietly: the threads that need Redis to serve (the beats, RQ's
+    loop) say when it goes away and comes back."""
     backoff = Backoff()
     while True:
         backoff.wait()
         try:
             names = catalog.publish(client, registry.agents.values(), by)
+        except NoPermissionError as exc:
+            _refused(exc)
+            return
         except redis.RedisError:
             continue
         log.info("published the agents to %s: %s", keys.AGENTS, ", ".join(names))
