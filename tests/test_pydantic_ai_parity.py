@@ -346,7 +346,7 @@ def test_a_model_chosen_by_id_in_the_input_is_the_one_asked(
 
 
 def test_the_input_carries_what_agent_run_takes_as_data() -> None:
-    from pydantic_ai.messages import ImageUrl
+    from pydantic_ai.messages import ImageUrl, ModelRequest, UserPromptPart
     from pydantic_ai.tools import DeferredToolResults
     from pydantic_ai.usage import UsageLimits
 
@@ -363,3 +363,7 @@ def test_the_input_carries_what_agent_run_takes_as_data() -> None:
     assert kwargs["model"] == "openai-chat:scripted" and kwargs["metadata"] == {"tenant": "t1"}
     # No limit given: none at all (pydantic-ai's own default is 50 requests).
     assert RunInput(prompt="x").run_kwargs()["usage_limits"].request_limit is None
+    # Any sequence, as agent.run takes: a tuple gives the list's input.
+    history = [ModelRequest(parts=[UserPromptPart(content="earlier")])]
+    assert prompt_input(("look", "again"), tuple(history)) == prompt_input(["look", "again"],
+                                                                           history)

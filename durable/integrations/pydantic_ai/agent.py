@@ -3,10 +3,11 @@ wrapper: ``RedisDurability(...).register(agent)``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic_ai.agent import AbstractAgent
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, UserContent
 
 from durable.integrations.pydantic_ai.capability import RedisDurability
 from durable.integrations.pydantic_ai.inputs import prompt_input
@@ -33,7 +34,8 @@ class DurableAgent:
         self.tool_steps = self.durability.tool_steps
 
     @staticmethod
-    def prompt_input(prompt: str | None, message_history: list[ModelMessage] | None = None,
+    def prompt_input(prompt: str | Sequence[UserContent] | None,
+                     message_history: Sequence[ModelMessage] | None = None,
                      **fields: Any) -> dict[str, Any]:
         """A run's input: ``client.start(name, DurableAgent.prompt_input("...", messages))``."""
         return prompt_input(prompt, message_history, **fields)

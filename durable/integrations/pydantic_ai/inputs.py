@@ -3,6 +3,7 @@ send without importing the agent), checked when the run starts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, field_validator
@@ -98,8 +99,8 @@ def history(data: list[dict[str, Any]] | None) -> list[ModelMessage] | None:
     return ModelMessagesTypeAdapter.validate_python(data) if data else None
 
 
-def prompt_input(prompt: str | list[UserContent] | None,
-                 message_history: list[ModelMessage] | None = None,
+def prompt_input(prompt: str | Sequence[UserContent] | None,
+                 message_history: Sequence[ModelMessage] | None = None,
                  **fields: Any) -> dict[str, Any]:
     """A run's input as JSON: ``client.start(name, prompt_input("...", messages))``;
     ``fields`` are the other ``RunInput`` fields (``usage_limits=UsageLimits(...)`` and
@@ -107,7 +108,7 @@ def prompt_input(prompt: str | list[UserContent] | None,
     out: dict[str, Any] = {"prompt": prompt if isinstance(prompt, str) or prompt is None
                            else _PROMPT.dump_python(list(prompt), mode="json"), **fields}
     if message_history:
-        out["message_history"] = ModelMessagesTypeAdapter.dump_python(message_history,
+        out["message_history"] = ModelMessagesTypeAdapter.dump_python(list(message_history),
                                                                        mode="json")
     if isinstance(out.get("usage_limits"), UsageLimits):
         out["usage_limits"] = _LIMITS.dump_python(out["usage_limits"], mode="json")
