@@ -204,8 +204,9 @@ class Heartbeats:
         a beat's own renewal does less a third (slack for a failed beat, and a second one
         a third of a beat late)."""
         key = (run_id, value)
-        if key in self._held:  # (a lease dropped meanwhile is not kept here for ever)
-            self._written[key] = at
+        with self._lock:  # (under the lock: a lease dropped meanwhile is not kept for ever)
+            if key in self._held:
+                self._written[key] = at
 
     def beat(self) -> int:
         """Renew every held lease not renewed by a write just before; returns how many were

@@ -181,12 +181,10 @@ class Spares:
                 me.serves = False
                 with self._mu:
                     job = self._queued.popleft() if self._queued else None
-                    if job is None:  # another thread took them: one job thread fewer
+                    if job is None:  # another thread took them: a spare, not a job thread
                         self._jobs -= 1
-                if job is None:
-                    with self._mu:
                         self._spares.append(me)
-                    continue
+                        continue
             if job is not None:
                 while job is not None:  # then the calls that waited for a thread, in turn
                     with contextlib.suppress(BaseException):  # see ``_run_job``
