@@ -12,8 +12,15 @@ by themselves inside a step-protocol window), the world fails, drops or delays r
 It reports runs, kills, faults injected, applications per key, duplicates (must be 0),
 runs terminal (must be N), every run's ``verify``, and the time each killed worker's runs
 took to come back (kill -> the next event another process wrote in the run's log). Exit
-status 1 when there is a duplicate, a lost effect, a failed verify, or a run not terminal
-within the time bound.
+status 1 when there is a duplicate, a lost effect, a failed verify, or runs that stopped
+making progress before they were all terminal.
+
+The suite is bounded by progress, not by a wall clock that a loaded machine defeats. A kill
+falls due after a random pause, and then only once every run the last victim held has come
+back (another process wrote in its log) and some worker holds a run (a worker still
+importing its modules holds nothing, and killing it tests nothing). The bound counts from
+the last progress (a run took a step or ended), so a slow machine makes the suite longer,
+never wrong.
 """
 
 from __future__ import annotations
@@ -51,8 +58,11 @@ class ChaosConfig:
     #: Seconds between two database locks, and how long each one holds.
     db_lock_every: tuple[float, float] = (3.0, 6.0)
     db_lock_s: float = 0.4
-    #: Every run must be terminal this long after the last one started.
-    time_bound_s: float = 120.0
+    #: Seconds between two starts (0: all at once). Runs arriving over time keep work in
+    #: flight for the kills, however fast the machine finishes each run.
+    arrive_every_s: float = 0.0
+    #: The runs fail the suite when none of them took a step or ended for this long.
+    stall_s: float = 60.0
 
 
 @dataclass
@@ -97,8 +107,8 @@ class ChaosReport:
         if self.duplicates:
             out.append(f"duplicate applications: {self.duplicates}")
         if self.terminal != self.runs:
-            out.append(f"{self.runs - self.terminal} runs not terminal within the time bound: "
-                       f"{self.not_terminal[:10]}")
+            out.append(f"{self.runs - self.terminal} runs not terminal, no progress in "
+                       f"{self.config.stall_s} s: {self.not_terminal[:10]}")
         if self.lost:
             out.append(f"completed runs missing an effect: {self.lost[:10]}")
         if self.verify_failed:
@@ -117,41 +127,62 @@ class ChaosReport:
 Progress = Callable[[str, dict[str, Any]], None]
 
 
-def _terminal(scene: Scene, run_ids: list[str]) -> dict[str, str]:
+def _states(scene: Scene, run_ids: list[str]) -> dict[str, tuple[str, int, int]]:
+    """Each run's state, step and version."""
     pipe = scene.client.redis.pipeline(transaction=False)
     for run_id in run_ids:
-        pipe.hget(scene.client.log.keys.run(run_id), "state")
-    return {r: (s or b"?").decode() for r, s in zip(run_ids, pipe.execute(), strict=True)}
+        pipe.hmget(scene.client.log.keys.run(run_id), "state", "step", "version")
+    return {run_id: ((state or b"?").decode(), int(step or 0), int(version or 0))
+            for run_id, (state, step, version) in zip(run_ids, pipe.execute(), strict=True)}
 
 
-def _drive(scene: Scene, cfg: ChaosConfig, pool: WorkerPool, run_ids: list[str],
-           rng: random.Random, progress: Progress | None) -> tuple[dict[str, str], float | None]:
-    """Kill, lock and replace until every run is terminal or the time bound is reached."""
-    started = time.monotonic()
+def _drive(scene: Scene, cfg: ChaosConfig, pool: WorkerPool,
+           starts: list[tuple[str, dict[str, Any]]], rng: random.Random,
+           progress: Progress | None) -> tuple[dict[str, str], float | None]:
+    """Start the runs, kill, lock and replace until every run is terminal, or until the runs
+    made no progress (no step taken, no run ended) for ``cfg.stall_s``."""
+    run_ids = [run_id for run_id, _ in starts]
+    waiting = list(reversed(starts))
+    started = next_start = time.monotonic()
     next_kill = started + rng.uniform(*cfg.kill_every)
     next_lock = started + rng.uniform(*cfg.db_lock_every)
-    next_look = started
-    states: dict[str, str] = {}
-    while time.monotonic() - started < cfg.time_bound_s:
+    next_look = last_progress = started
+    seen = (-1, -1)
+    #: The runs the last victim held -> their version when it died.
+    held: dict[str, int] = {}
+    states: dict[str, tuple[str, int, int]] = {}
+    while time.monotonic() - last_progress < cfg.stall_s:
         now = time.monotonic()
+        while waiting and now >= next_start:
+            run_id, data = waiting.pop()
+            scene.client.start("pipeline", data, run_id=run_id)
+            next_start += cfg.arrive_every_s
+            last_progress = now
         pool.reap()
-        if now >= next_kill:
-            pool.kill_random()
-            next_kill = now + rng.uniform(*cfg.kill_every)
+        if now >= next_kill and not held:
+            death = pool.kill_random(min_age=0.0, holding=True)
+            if death is not None:
+                held = {r: v for r, (_, _, v) in _states(scene, death.runs).items()}
+                next_kill = now + rng.uniform(*cfg.kill_every)
         if now >= next_lock and cfg.db_lock_s > 0:
             scene.world.set_faults(db_lock_s=cfg.db_lock_s)
             next_lock = now + rng.uniform(*cfg.db_lock_every)
         if now >= next_look:
-            states = _terminal(scene, run_ids)
-            done = sum(1 for s in states.values() if s in TERMINAL)
+            states = _states(scene, run_ids)
+            done = sum(1 for s, _, _ in states.values() if s in TERMINAL)
+            steps = sum(step for _, step, _ in states.values())
+            if (done, steps) != seen:
+                seen, last_progress = (done, steps), now
+            held = {r: v for r, v in held.items()
+                    if r in states and states[r][2] <= v and states[r][0] not in TERMINAL}
             if progress is not None:
                 progress("progress", {"terminal": done, "runs": len(run_ids),
                                       "kills": len(pool.deaths)})
-            if done == len(run_ids):
-                return states, time.monotonic() - started
+            if done == len(run_ids) and not waiting:
+                return {r: s for r, (s, _, _) in states.items()}, time.monotonic() - started
             next_look = now + 0.25
         time.sleep(0.05)
-    return _terminal(scene, run_ids), None
+    return {r: s for r, (s, _, _) in _states(scene, run_ids).items()}, None
 
 
 def _recovery_times(scene: Scene, pool: WorkerPool,
@@ -188,14 +219,13 @@ def run_chaos(cfg: ChaosConfig, *, redis_url: str | None = None, cluster: bool =
         report.recovery_by = recovery.mode
         tag = f"{now_ms() % 1_000_000:06d}"
         run_ids = [f"chaos-{cfg.seed}-{tag}-{i}" for i in range(cfg.runs)]
-        for run_id in run_ids:
-            scene.client.start("pipeline", {"source": rng.choice(SOURCES),
-                                            "recipient": f"user{rng.randint(1, 99)}@example.com"},
-                               run_id=run_id)
+        starts = [(run_id, {"source": rng.choice(SOURCES),
+                            "recipient": f"user{rng.randint(1, 99)}@example.com"})
+                  for run_id in run_ids]
         if progress is not None:
             progress("started", {"runs": cfg.runs, "recovery": report.recovery_by})
         try:
-            states, report.all_terminal_s = _drive(scene, cfg, pool, run_ids, rng, progress)
+            states, report.all_terminal_s = _drive(scene, cfg, pool, starts, rng, progress)
         finally:
             pool.stop()
             recovery.stop()

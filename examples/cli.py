@@ -99,7 +99,8 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         raise UsageError("--runs and --workers must be at least 1")
     every = args.kill_every
     cfg = ChaosConfig(runs=args.runs, workers=args.workers, seed=args.seed,
-                      kill_every=(every * 0.5, every * 1.5), time_bound_s=args.time_bound)
+                      kill_every=(every * 0.5, every * 1.5), stall_s=args.stall,
+                      arrive_every_s=args.arrive_every)
     if args.no_faults:
         cfg.p_fail = cfg.p_drop = cfg.p_slow = cfg.db_lock_s = 0.0
     if args.cluster and args.redis_url:
@@ -115,7 +116,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 def _progress_line(kind: str, data: dict[str, Any]) -> None:
     if kind == "started":
-        print(f"chaos: {data['runs']} runs started; recovery by {data['recovery']}",
+        print(f"chaos: starting {data['runs']} runs; recovery by {data['recovery']}",
               file=sys.stderr, flush=True)
     elif sys.stderr.isatty():
         print(f"\r  terminal {data['terminal']}/{data['runs']}, kills {data['kills']}  ",
@@ -148,8 +149,10 @@ def register(add: Callable[..., Any]) -> None:
     sp.add_argument("--seed", type=int, default=0, help="seeds kills, faults and inputs")
     sp.add_argument("--kill-every", type=float, default=1.4, metavar="SECONDS",
                     help="mean time between two random SIGKILLs")
-    sp.add_argument("--time-bound", type=float, default=180.0, metavar="SECONDS",
-                    help="every run must be terminal within this (else exit 1)")
+    sp.add_argument("--arrive-every", type=float, default=0.0, metavar="SECONDS",
+                    help="time between two starts (default: all at once)")
+    sp.add_argument("--stall", type=float, default=60.0, metavar="SECONDS",
+                    help="exit 1 when no run took a step or ended for this long")
     sp.add_argument("--no-faults", action="store_true", help="kills only, no world faults")
     sp.add_argument("--cluster", action="store_true",
                     help="the log on a local 3-master Redis Cluster, RQ on a plain server")

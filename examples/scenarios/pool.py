@@ -34,19 +34,24 @@ class Death:
     runs: list[str] = field(default_factory=list)
 
 
-def held_by(client: redis.Redis, layout: keys.KeyLayout, pid: int) -> list[str]:
-    """Runs whose lease is held by the worker process ``pid`` (owner ``host:pid:tag``)."""
-    runs = []
+def leases(client: redis.Redis, layout: keys.KeyLayout) -> dict[str, int]:
+    """Each run whose lease is held -> the pid of the worker holding it (owner
+    ``host:pid:tag``)."""
+    held = {}
     for shard in layout.shard_ids():
         for raw in client.scan_iter(match=layout.pattern("lease", shard), count=1000):
             value = client.get(raw)
             if value is None:
                 continue
-            owner = value.decode().rsplit("|", 1)[0]
-            parts = owner.split(":")
-            if len(parts) == 3 and parts[1] == str(pid):
-                runs.append(layout.run_of(raw.decode()))
-    return runs
+            parts = value.decode().rsplit("|", 1)[0].split(":")
+            if len(parts) == 3 and parts[1].isdigit():
+                held[layout.run_of(raw.decode())] = int(parts[1])
+    return held
+
+
+def held_by(client: redis.Redis, layout: keys.KeyLayout, pid: int) -> list[str]:
+    """Runs whose lease is held by the worker process ``pid``."""
+    return [run for run, owner in leases(client, layout).items() if owner == pid]
 
 
 class WorkerPool:
@@ -77,14 +82,19 @@ class WorkerPool:
             self._new()
         return self
 
-    def kill_random(self, min_age: float = 2.0) -> Death | None:
-        """SIGKILL one live worker at a random moment of its work; replace it.
+    def kill_random(self, min_age: float = 2.0, holding: bool = False) -> Death | None:
+        """SIGKILL one live worker at a random moment of its work; replace it. None when no
+        worker is a candidate (nothing killed).
 
-        Only workers older than ``min_age`` seconds are candidates: a worker still importing
-        its modules holds nothing, and killing it tests nothing."""
+        Only workers older than ``min_age`` seconds are candidates, and with ``holding`` only
+        those holding at least one run's lease: a worker still importing its modules holds
+        nothing, and killing it tests nothing."""
         ready = time.monotonic() - min_age
         alive = [pid for pid, (w, _) in self.workers.items()
                  if w.alive() and self.born[pid] <= ready]
+        if holding:
+            owners = self.lease_owners()
+            alive = [pid for pid in alive if pid in owners]
         if not alive:
             return None
         pid = self.rng.choice(alive)
@@ -96,6 +106,10 @@ class WorkerPool:
         self.deaths.append(death)
         self._new()
         return death
+
+    def lease_owners(self) -> set[int]:
+        """The pids of the workers that hold at least one run's lease."""
+        return set(leases(self.client, self.layout).values())
 
     def reap(self) -> list[Death]:
         """Record and replace the workers that died by themselves (at a fault point)."""
