@@ -2,49 +2,128 @@
 
 The public surface is what ``__all__`` lists; a test fails when a name appears in it or
 vanishes from it by accident.
+
+``import durable`` loads nothing else: each public name is imported from its module the
+first time it is used (PEP 562), so a producer that needs the client does not pay for the
+agent API, the code-agent runtime or the limits, and a command-line call starts fast.
 """
 
-from durable.agents import (
-    Agent,
-    Call,
-    Fail,
-    Finish,
-    Lookup,
-    OutcomeUnknown,
-    Tool,
-    ToolContext,
-    Wait,
-    register,
-    registry,
-)
-from durable.cancellation import Cancelled, CancelToken
-from durable.client import Client, RunSummary
-from durable.code import RunContext, StepFailed, WaitExpired, agent
-from durable.errors import (
-    ConflictError,
-    DecodeError,
-    DurableError,
-    ForbiddenJob,
-    InvalidInput,
-    LeaseLost,
-    NondeterminismError,
-    PayloadTooLarge,
-    RateLimited,
-    Refused,
-    RunContended,
-    RunIdConflict,
-    RunNotFound,
-    SessionBusy,
-    UnknownAgent,
-    UnknownTool,
-    UnsafeRedis,
-    UsageError,
-)
-from durable.limits import Limit
-from durable.log.state import Action, RunState
-from durable.settings import Settings
-from durable.starts import Started
-from durable.streaming import Partial
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from durable.agents import (
+        Agent,
+        Call,
+        Fail,
+        Finish,
+        Lookup,
+        OutcomeUnknown,
+        Tool,
+        ToolContext,
+        Wait,
+        register,
+        registry,
+    )
+    from durable.cancellation import (
+        Cancelled,
+        CancelToken,
+    )
+    from durable.client import (
+        Client,
+        RunSummary,
+    )
+    from durable.code import (
+        RunContext,
+        StepFailed,
+        WaitExpired,
+        agent,
+    )
+    from durable.errors import (
+        ConflictError,
+        DecodeError,
+        DurableError,
+        ForbiddenJob,
+        InvalidInput,
+        LeaseLost,
+        NondeterminismError,
+        PayloadTooLarge,
+        RateLimited,
+        Refused,
+        RunContended,
+        RunIdConflict,
+        RunNotFound,
+        SessionBusy,
+        UnknownAgent,
+        UnknownTool,
+        UnsafeRedis,
+        UsageError,
+    )
+    from durable.limits import (
+        Limit,
+    )
+    from durable.log.state import (
+        Action,
+        RunState,
+    )
+    from durable.settings import (
+        Settings,
+    )
+    from durable.starts import (
+        Started,
+    )
+    from durable.streaming import (
+        Partial,
+    )
+
+#: Each public name -> the module it is imported from on first use.
+_SOURCES: dict[str, str] = {
+    "Action": "durable.log.state",
+    "Agent": "durable.agents",
+    "Call": "durable.agents",
+    "CancelToken": "durable.cancellation",
+    "Cancelled": "durable.cancellation",
+    "Client": "durable.client",
+    "ConflictError": "durable.errors",
+    "DecodeError": "durable.errors",
+    "DurableError": "durable.errors",
+    "Fail": "durable.agents",
+    "Finish": "durable.agents",
+    "ForbiddenJob": "durable.errors",
+    "InvalidInput": "durable.errors",
+    "LeaseLost": "durable.errors",
+    "Limit": "durable.limits",
+    "Lookup": "durable.agents",
+    "NondeterminismError": "durable.errors",
+    "OutcomeUnknown": "durable.agents",
+    "Partial": "durable.streaming",
+    "PayloadTooLarge": "durable.errors",
+    "RateLimited": "durable.errors",
+    "Refused": "durable.errors",
+    "RunContended": "durable.errors",
+    "RunContext": "durable.code",
+    "RunIdConflict": "durable.errors",
+    "RunNotFound": "durable.errors",
+    "RunState": "durable.log.state",
+    "RunSummary": "durable.client",
+    "SessionBusy": "durable.errors",
+    "Settings": "durable.settings",
+    "Started": "durable.starts",
+    "StepFailed": "durable.code",
+    "Tool": "durable.agents",
+    "ToolContext": "durable.agents",
+    "UnknownAgent": "durable.errors",
+    "UnknownTool": "durable.errors",
+    "UnsafeRedis": "durable.errors",
+    "UsageError": "durable.errors",
+    "Wait": "durable.agents",
+    "WaitExpired": "durable.code",
+    "agent": "durable.code",
+    "register": "durable.agents",
+    "registry": "durable.agents",
+}
 
 __all__ = [
     "Action",
@@ -91,3 +170,17 @@ __all__ = [
     "register",
     "registry",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use and kept in the package."""
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'durable' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
