@@ -9,10 +9,10 @@ from typing import Any
 from durable.errors import UsageError
 from durable.settings import Settings
 
-from .runtime import run_worker
-
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from .runtime import run_worker  # the worker itself, for this command only
+
     if args.concurrency is not None and args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:

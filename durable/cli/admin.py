@@ -1,25 +1,23 @@
 """The server, the indexes and the metrics: ``durable redis``, ``durable repair-index`` and
-``durable metrics``."""
+``durable metrics``.
+
+Each command imports what it runs when it runs: the parser holds every command, and a call
+of one should not load the embedded server, the cluster and the metrics of the others.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from durable import sessions
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out
-from durable.cluster import STATE_FILE, LocalCluster
-from durable.durations import parse_duration_ms
-from durable.embedded import run_foreground, stop
 from durable.errors import UsageError
-from durable.log.archive import archive
-from durable.log.index import repair
-from durable.log.store import now_ms
-from durable.metrics import serve
 from durable.settings import Settings
 
 
 def cmd_redis(args: argparse.Namespace) -> int:
+    from durable.embedded import run_foreground, stop
+
     settings = Settings()
     if args.stop:
         stopped = stop(settings.server.data_dir)
@@ -30,6 +28,9 @@ def cmd_redis(args: argparse.Namespace) -> int:
 
 
 def cmd_repair_index(args: argparse.Namespace) -> int:
+    from durable import sessions
+    from durable.log.index import repair
+
     c = client()
     report = repair(c)
     restored = sessions.rebuild(c.redis, report.turns)
@@ -42,6 +43,8 @@ def cmd_repair_index(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    from durable.cluster import STATE_FILE, LocalCluster
+
     where = Path(args.dir) if args.dir else Settings().server.data_dir / "cluster"
     found = LocalCluster.recorded(where)
     if args.action == "stop":
@@ -64,6 +67,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
+    from durable.metrics import serve
+
     c = client()
     conn = c.redis
     try:
@@ -77,6 +82,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
+    from durable.durations import parse_duration_ms
+    from durable.log.archive import archive
+    from durable.log.store import now_ms
+
     cutoff = now_ms() - parse_duration_ms(args.older_than)
     report = archive(client().log, Path(args.to), cutoff, limit=args.limit)
     if args.json:

@@ -47,8 +47,13 @@ def plugins() -> list[tuple[str, Callable[..., None]]]:
     return found
 
 
-def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable") -> Parser:
-    """Every command: the library's, the installed processes', then ``extra``'s."""
+def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable",
+                 command: str | None = None) -> Parser:
+    """Every command: the library's, the installed processes', then ``extra``'s.
+
+    Given the ``command`` about to run, one of the library's leaves the installed processes'
+    commands unloaded: importing a worker, a reconciler and a web console to print a table
+    of runs made every call pay for all three."""
     p = Parser(prog=prog, description="Durable agent runs on Redis.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -63,8 +68,9 @@ def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable
 
     for module in (runs, audit, approvers, schedules, deploy, admin, config, limits):
         module.register(add)
-    for _name, register in plugins():
-        register(add)
+    if command is None or command not in sub.choices:
+        for _name, register in plugins():
+            register(add)
     for register in extra:
         register(add)
     return p
@@ -78,7 +84,8 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 def main(argv: Sequence[str] | None = None, *, extra: Sequence[Callable[..., None]] = (),
          prog: str = "durable") -> int:
     warnings.showwarning = _one_line_warning  # for people: one line, no source quoted
-    parser = build_parser(extra, prog)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(extra, prog, command=next(iter(argv), None))
     args = parser.parse_args(argv)
     try:
         code: int = args.fn(args)
