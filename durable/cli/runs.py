@@ -10,6 +10,7 @@ import time
 
 import msgspec
 
+from durable.audit.replay import summary
 from durable.cli.output import (
     CHECK_FAILED,
     OK,
@@ -23,7 +24,6 @@ from durable.cli.output import (
 from durable.client import Client
 from durable.errors import UsageError
 from durable.liveness import served_agents
-from durable.log.replay import summary
 from durable.log.state import TERMINAL
 from durable.sealing import shown_struct
 from durable.signing import load_private_key, read_key_file
