@@ -14,10 +14,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from durable.audit.replay import summary
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
 from durable.limit_usage import usage
-from durable.log.replay import summary
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
 

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable.audit.replay import describe
 from durable.log import events as ev
-from durable.log.replay import describe
 from durable.log.store import Entry
 
 #: Which column an event goes in. Intent: what the run (or an operator) set out to do;

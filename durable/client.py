@@ -18,6 +18,7 @@ from durable.agents import Registry, registry
 from durable.answers import decide_approval, respond
 from durable.approvals import sign_decision
 from durable.approvers import Approvers
+from durable.audit.replay import fork, state_at
 from durable.cancellation import CancelMessage, cancel_children, encode_message, finish_specs
 from durable.connection import connect, connect_queue
 from durable.contention import update_run
@@ -32,7 +33,6 @@ from durable.errors import (
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.index import ordered
-from durable.log.replay import fork, state_at
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP

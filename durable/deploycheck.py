@@ -6,7 +6,7 @@ quarantines them then. This replays every run in flight of the agents a module d
 against the code imported now, sending nothing:
 
 - a ``decide(state)`` agent re-decides every recorded step from the state before it
-  (``durable.log.replay.check_determinism``);
+  (``durable.audit.replay.check_determinism``);
 - a code agent's function is executed from the start against the run's log, as a worker
   would on recovery, up to its first step past what the log records (``CodeAgent.dry_run``);
   a function that finishes while the log records more steps diverges too.
@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from durable.agents import Agent, Cancel, Fail, Finish, Registry
+from durable.audit.replay import check_determinism
 from durable.code import CodeAgent
 from durable.errors import DecodeError, NondeterminismError, RunNotFound
-from durable.log.replay import check_determinism
 from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog
 

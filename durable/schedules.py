@@ -30,7 +30,7 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import redis
@@ -41,9 +41,7 @@ from durable.errors import DurableError, ScheduleNotFound, UsageError
 from durable.log import keys
 from durable.log.scripts import Scripts
 from durable.log.store import now_ms
-
-if TYPE_CHECKING:
-    from durable.client import Client
+from durable.starts import Starts
 
 log = logging.getLogger("durable.schedules")
 
@@ -182,9 +180,10 @@ def decode(raw: bytes) -> Schedule:
 
 
 class Schedules:
-    """The schedules of one client's Redis (``client.schedules``)."""
+    """The schedules of one client's Redis (``client.schedules``). It starts runs through
+    the client's start half (``durable.starts``), the only part of the client it uses."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Starts) -> None:
         self.client = client
         self.redis: redis.Redis = client.redis
         self.scripts = Scripts(client.redis)
@@ -217,8 +216,8 @@ class Schedules:
         if session is not None:
             sessions.checked(session)
         now = now if now is not None else now_ms()
-        checked = self.client._check_start(agent, input, slot_run_id(name, now // 1000), None,
-                                           tenant, owner)
+        checked = self.client.check_start(agent, input, slot_run_id(name, now // 1000), None,
+                                          tenant, owner)
         if checked.sensitive:  # the definition would hold them in clear
             raise UsageError(f"agent {checked.name!r} has sensitive input fields "
                              f"({', '.join(checked.sensitive)}): it cannot be scheduled "

@@ -51,8 +51,8 @@ from durable.settings import Settings
 START_CHUNK = 1000
 
 
-class _Checked(NamedTuple):
-    """A run to start, its input checked (``Starts._check_start``)."""
+class CheckedStart(NamedTuple):
+    """A run to start, its input checked (``Starts.check_start``)."""
 
     run_id: str
     name: str
@@ -129,8 +129,8 @@ class Starts:
             if continue_from:
                 raise UsageError("give a session or continue_from, not both: a session "
                                  "continues its latest run")
-        c = self._check_start(agent, input, run_id, budgets, tenant, owner, priority,
-                              cap=shared_budgets)
+        c = self.check_start(agent, input, run_id, budgets, tenant, owner, priority,
+                             cap=shared_budgets)
         if self.log.projection(c.run_id):
             return self._existing(c.run_id, c.name, c.plain, session or "")
         if continue_from:
@@ -149,7 +149,7 @@ class Starts:
                                  continue_from or "")  # the session goes back
             raise
 
-    def _write_start(self, c: _Checked, enqueue: bool, schedule: tuple[str, int] | None,
+    def _write_start(self, c: CheckedStart, enqueue: bool, schedule: tuple[str, int] | None,
                      parent: tuple[str, int] | None, shared_budgets: bool,
                      continue_from: str, session: str) -> Started:
         """Append the checked run's ``run_started`` and make it ready."""
@@ -198,7 +198,7 @@ class Starts:
         if names is not None and len(set(names)) != len(names):
             raise UsageError("start_many: sessions repeat (a session takes one turn at a time)")
         of = dict(zip(ids, names, strict=True)) if names is not None else {}
-        checked = [self._check_start(agent, data, run_id, budgets, tenant, owner, priority)
+        checked = [self.check_start(agent, data, run_id, budgets, tenant, owner, priority)
                    for run_id, data in zip(ids, inputs, strict=True)]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
@@ -248,7 +248,7 @@ class Starts:
                 raise failed
         return [found[run_id] for run_id in ids]
 
-    def _claim_all(self, fresh: list[_Checked], of: Mapping[str, str]) -> dict[str, str]:
+    def _claim_all(self, fresh: list[CheckedStart], of: Mapping[str, str]) -> dict[str, str]:
         """Claim the session of each run that names one: {run id: the run it continues}.
         A busy session releases the claims made so far and refuses the batch."""
         claims: dict[str, str] = {}
@@ -266,10 +266,10 @@ class Starts:
             raise
         return claims
 
-    def _check_start(self, agent: str, input: Any, run_id: str,
-                     budgets: Mapping[str, int] | None, tenant: str | None = None,
-                     owner: str | None = None, priority: int | None = None,
-                     cap: bool = False) -> _Checked:
+    def check_start(self, agent: str, input: Any, run_id: str,
+                    budgets: Mapping[str, int] | None, tenant: str | None = None,
+                    owner: str | None = None, priority: int | None = None,
+                    cap: bool = False) -> CheckedStart:
         """A run to start, checked: its id, its input against the agent, its budgets and
         the input's size. Raises ``UsageError`` (and its kinds) before anything is
         written."""
@@ -284,7 +284,7 @@ class Starts:
         size = len(msgspec.msgpack.encode(plain))
         if size > self.settings.payloads.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.payloads.max_payload_bytes)
-        return _Checked(run_id, name, version, tools, limits, plain, sensitive, who)
+        return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who)
 
     def _check_continuable(self, run_id: str) -> None:
         """Only a completed run's conversation is continued (``durable.conversations``):
@@ -296,14 +296,14 @@ class Starts:
             raise UsageError(f"continue_from: run {run_id!r} is {state}, not completed: "
                              "only a completed run's conversation can be continued")
 
-    def _require_keys(self, c: _Checked) -> None:
+    def _require_keys(self, c: CheckedStart) -> None:
         """Sensitive input fields are sealed: without keys the run is not started."""
         if c.sensitive and not self.log.keyring:
             raise UsageError(f"agent {c.name!r} has sensitive input fields "
                              f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
                              "start it (nothing was written)")
 
-    def _started(self, c: _Checked, trace: str, schedule: tuple[str, int] | None = None,
+    def _started(self, c: CheckedStart, trace: str, schedule: tuple[str, int] | None = None,
                  parent: tuple[str, int] | None = None, shared_budgets: bool = False,
                  continue_from: str = "", session: str = "") -> Spec:
         """The ``run_started`` event of a checked run, its sensitive fields sealed."""

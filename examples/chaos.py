@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable.audit.verify import verify
 from durable.log.state import TERMINAL
 from durable.log.store import now_ms
-from durable.log.verify import verify
 from examples.scenarios.pool import WorkerPool
 from examples.scenarios.stack import Scene, Stack
 from examples.world.server import SOURCES

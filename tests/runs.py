@@ -79,7 +79,7 @@ def killed_at_step_2_then_resumed(client: Client, worker: Callable[..., Any],
     """A three-step writer run whose first worker is SIGKILLed at ``window`` of step 2,
     then resumed by another worker and a reconciler: it completes with its three rows,
     each applied once in the ``world`` database, and its log verifies."""
-    from durable.log.verify import verify
+    from durable.audit.verify import verify
     from tests.agents import applications
 
     run = client.start(agent, {"steps": 3}, run_id=run_id).run_id

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from tests.agents import model_requests

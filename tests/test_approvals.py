@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from durable.approvals import check_decision, sign_decision
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.store import Spec
-from durable.log.verify import verify
 from durable.testing import AdminKey
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from durable.approvals import sign_decision
 from durable.approvers import DOMAIN, Approvers
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import Refused, UsageError
-from durable.log.verify import verify
 from durable.signing import (
     fingerprint,
     keygen,

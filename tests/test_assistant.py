@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from durable.agents import ToolContext, resolve_awaitable
+from durable.audit.verify import verify
 from durable.cancellation import CancelToken
 from durable.client import Client
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.models import Chat, ChatReply, ModelError, ModelUnavailable, completion_result
 from durable.testing import Server
 from examples.agents.assistant import TOOLS

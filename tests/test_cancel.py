@@ -7,13 +7,13 @@ import json
 import pytest
 import redis
 
+from durable.audit.verify import verify
 from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import Spec, now_ms
-from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
 from tests.runs import is_dispatched, types_of

@@ -9,11 +9,11 @@ import os
 import pytest
 
 import tests.settle_agents  # noqa: F401  (registers hangafter)
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import Spec
-from durable.log.verify import verify
 from durable.reconciler.sweep import Reconciler
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable

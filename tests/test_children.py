@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
-from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable

@@ -12,12 +12,12 @@ import redis
 import durable
 from durable import answers, cancellation, quarantine, settling
 from durable import client as client_module
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.contention import ATTEMPTS, update_run
 from durable.errors import DurableError, RunContended
 from durable.log import events as ev
 from durable.log.store import EventLog, RunHandle, Spec
-from durable.log.verify import verify
 from tests import agents  # noqa: F401 - registers the test agents
 
 

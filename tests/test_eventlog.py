@@ -8,6 +8,7 @@ import warnings
 import pytest
 import redis
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import (
     ConflictError,
@@ -20,7 +21,6 @@ from durable.log import events as ev
 from durable.log import store
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
-from durable.log.verify import verify
 from tests import agents  # noqa: F401 - registers the test agents
 from tests.conftest import ServerFactory
 

@@ -16,12 +16,12 @@ import pytest
 import redis
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.keys import KeyLayout
 from durable.log.store import Spec, now_ms
-from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from durable.workers.loop import StepLoop

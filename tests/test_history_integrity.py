@@ -10,12 +10,12 @@ import os
 import pytest
 import redis
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import Tampered, Terminal
 from durable.log import events as ev
 from durable.log.keys import KeyLayout
 from durable.log.store import Spec, now_ms
-from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
 

@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log.keys import KeyLayout
-from durable.log.verify import verify
 from durable.queue import enqueue_many
 from durable.settings import Settings
 from durable.testing import wait_for

@@ -21,10 +21,10 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log.fold import fold
 from durable.log.keys import KeyLayout
-from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.pages import page, sha

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.log.keys import KeyLayout
-from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import Server, wait_for
 from tests.agents import applications

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("pydantic_ai")
 pytest.importorskip("mcp")
 
+from durable.audit.verify import verify
 from durable.client import Client
-from durable.log.verify import verify
 from durable.settings import Settings
 from tests import mcp_code_agents
 from tests import pydantic_ai_long_agents as long_agents

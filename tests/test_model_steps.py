@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.models import Chat, ModelError, ModelSettings, request_body, retry_after
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer

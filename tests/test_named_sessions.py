@@ -18,13 +18,13 @@ import msgspec
 import pytest
 
 from durable import conversations, sessions
+from durable.audit.verify import verify
 from durable.cli.main import main
 from durable.client import Client
 from durable.errors import RunIdConflict, SessionBusy, UsageError
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import now_ms
-from durable.log.verify import verify
 from durable.settings import Settings
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer, expected_text

@@ -22,10 +22,10 @@ pytest.importorskip("agents")
 from agents import Agent, function_tool
 
 from durable.agents import is_placeholder, registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import openai_agents as integration
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.streaming import Partial
 from durable.testing import wait_for
 from tests import openai_agents_agents

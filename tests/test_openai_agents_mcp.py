@@ -22,9 +22,9 @@ pytest.importorskip("mcp")
 from agents import Agent
 from agents.mcp import MCPServerStdio
 
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.openai_agents import DurableAgent
-from durable.log.verify import verify
 from tests import openai_agents_agents as oai
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory

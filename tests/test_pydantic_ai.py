@@ -23,11 +23,11 @@ from pydantic_ai import FunctionToolset, ModelRetry, ToolFailed
 from pydantic_ai.messages import ToolReturn
 
 from durable.agents import is_placeholder, registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import pydantic_ai as integration
 from durable.integrations.pydantic_ai import codec
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.settings import Settings
 from durable.testing import wait_for
 from tests import pydantic_ai_agents

@@ -20,10 +20,10 @@ from pydantic_ai import Agent, FunctionToolset
 from pydantic_ai.models.test import TestModel
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability
 from durable.log import events as ev
-from durable.log.verify import verify
 from durable.settings import Settings
 from durable.streaming import Partial
 from examples.world import WorldProcess

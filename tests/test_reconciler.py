@@ -12,12 +12,12 @@ import pytest
 import redis
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec, now_ms
-from durable.log.verify import verify
 from durable.reconciler.sweep import Reconciler
 from durable.testing import Server, env_for, wait_for
 from tests.agents import applications

@@ -8,14 +8,14 @@ import msgspec
 import pytest
 
 from durable.agents import registry
+from durable.audit.replay import check_determinism, fork, import_log, replay, state_at
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import NondeterminismError
 from durable.log import events as ev
 from durable.log.fold import apply
-from durable.log.replay import check_determinism, fork, import_log, replay, state_at
 from durable.log.state import RunState
 from durable.log.store import Spec
-from durable.log.verify import verify
 from tests.conftest import WorkerFactory
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures").glob("*.jsonl"))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.log.store import now_ms
-from durable.log.verify import verify
 from durable.reconciler.sweep import Reconciler
 from durable.workers.loop import StepLoop
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from durable import conversations
+from durable.audit.verify import verify
 from durable.cli.main import main
 from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
-from durable.log.verify import verify
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer, expected_text
 from tests.runs import events_of

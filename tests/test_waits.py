@@ -13,10 +13,10 @@ from rq import Worker as RQWorker
 from rq.job import Job, JobStatus
 
 from durable.agents import registry
+from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import Refused
 from durable.log.state import RunState
-from durable.log.verify import verify
 from durable.reconciler.sweep import Reconciler
 from durable.signing import keygen
 from tests.agents import applications

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.audit.verify import verify
 from durable.client import Client
-from durable.log.verify import verify
 from durable.testing import wait_for
 from tests.agents import applications
 from tests.conftest import WorkerFactory

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import redis
 
 from durable.agents import Agent, Parallel
+from durable.audit.replay import matching_call
 from durable.code import CodeAgent
 from durable.errors import NondeterminismError
 from durable.leases import Lease
 from durable.log import events as ev
-from durable.log.replay import matching_call
 from durable.log.store import RunHandle, Spec
 
 from . import aio, authority

@@ -9,14 +9,14 @@ import uuid
 
 import msgspec
 
+from durable.audit.replay import fork, replay, summary, trajectory
+from durable.audit.verify import verify
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
 from durable.log import events as ev
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
-from durable.log.replay import fork, replay, summary, trajectory
 from durable.log.store import Entry
-from durable.log.verify import verify
 from durable.sealing import Keyring, shown_struct
 from durable.streaming import Partial
 

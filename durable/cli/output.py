@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 import msgspec
 
 from durable.client import Client
+from durable.errors import UsageError
 from durable.settings import Settings
 
 OK, CHECK_FAILED, USAGE, UNAVAILABLE = 0, 1, 2, 3
@@ -23,6 +25,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse exits 2 on usage errors, as we want
         self.print_usage(sys.stderr)
         self.exit(USAGE, f"durable: error: {message}\n")
+
+
+def json_arg(text: str, flag: str) -> object:
+    """The JSON an option gives (``--input``, ``--result``...), or ``UsageError`` naming
+    the option."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{flag} is nested too deeply") from None
 
 
 def json_out(obj: Any) -> None:

@@ -4,18 +4,19 @@ release."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import msgspec
 
+from durable.audit.replay import summary
 from durable.cli.output import (
     CHECK_FAILED,
     OK,
     Add,
     age,
     client,
+    json_arg,
     json_out,
     local_time,
     table,
@@ -23,23 +24,13 @@ from durable.cli.output import (
 from durable.client import Client
 from durable.errors import UsageError
 from durable.liveness import served_agents
-from durable.log.replay import summary
 from durable.log.state import TERMINAL
 from durable.sealing import shown_struct
 from durable.signing import load_private_key, read_key_file
 
 
-def _json_arg(text: str, flag: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{flag} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise UsageError(f"{flag} is nested too deeply") from None
-
-
 def cmd_start(args: argparse.Namespace) -> int:
-    data = _json_arg(args.input, "--input") if args.input else {}
+    data = json_arg(args.input, "--input") if args.input else {}
     started = client().start(args.agent, data, run_id=args.run_id,
                              continue_from=args.continue_from, tenant=args.tenant,
                              owner=args.owner, priority=args.priority, session=args.session)
@@ -139,7 +130,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_respond(args: argparse.Namespace) -> int:
-    data = _json_arg(args.input, "--input")
+    data = json_arg(args.input, "--input")
     c = client()
     c.projection(args.run)
     if args.external:
@@ -175,7 +166,7 @@ def cmd_settle(args: argparse.Namespace) -> int:
     load_private_key(private_key)  # a bad key file is a usage error, before anything else
     if args.result is not None and not args.applied:
         raise UsageError("--result goes with --applied")
-    result = _json_arg(args.result, "--result") if args.result is not None else None
+    result = json_arg(args.result, "--result") if args.result is not None else None
     c = client()
     c.projection(args.run)
     state = c.sign_and_settle(args.run, args.step,

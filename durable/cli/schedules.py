@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from durable.cli.output import OK, Add, client, json_out, local_time, table
-from durable.cli.runs import _json_arg
+from durable.cli.output import OK, Add, client, json_arg, json_out, local_time, table
 from durable.schedules import POLICIES, Listed, Schedules
 
 
@@ -34,7 +33,7 @@ def next_slot(entry: Listed) -> str:
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    data = _json_arg(args.input, "--input") if args.input else {}
+    data = json_arg(args.input, "--input") if args.input else {}
     entry = schedules().add(args.name, args.cron, args.agent, data, missed=args.missed,
                             grace_s=args.grace, by=args.by, tenant=args.tenant,
                             owner=args.owner, session=args.session)

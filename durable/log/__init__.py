@@ -4,6 +4,11 @@
 - ``state``: the typed run state; ``fold``: the pure fold of events into it.
 - ``keys``: every Redis key template; ``scripts``: the Lua scripts (``scripts/*.lua``).
 - ``store``: appending (one script call per batch) and loading from the last checkpoint.
-- ``replay``, ``verify``, ``export``, ``index``: reading the evidence back, checking it,
-  writing it out, and rebuilding the derived indexes from it.
+- ``export``, ``index``: writing the evidence out, and rebuilding the derived indexes
+  from it.
+
+The bottom layer of the library: it imports nothing of ``durable`` outside itself but a
+few modules below it (errors, settings, the clock, durations, sealing, signing;
+``tests/test_layout.py`` holds the list). Reading the evidence back against the agents and
+the approver registry (replay, verify) is ``durable.audit``, above it.
 """

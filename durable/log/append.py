@@ -7,6 +7,8 @@ the groups (``n``, ``nops``...) are ARGV too, computed from the groups.
 
 ``prepare`` builds the call for a handle's batch (``EventLog.commit``); ``settle`` reads
 the script's reply against it: it advances the handle, or raises what the script refused.
+Both take the log as an :class:`AppendingLog`, the part of ``EventLog`` they use: the store
+imports this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -15,14 +17,13 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from durable.errors import CancelPending, Claimed, ConflictError, LeaseLost, Tampered, Terminal
+from durable.log import events as ev
 from durable.log.handle import CommitOptions, RunHandle, Spec, now_ms, text
-from durable.log.state import TERMINAL
-
-if TYPE_CHECKING:
-    from durable.log.store import EventLog
+from durable.log.keys import KeyLayout
+from durable.log.state import TERMINAL, RunState
 
 #: Field metadata: what part of the script's call a field is.
 KEY, ARG, COUNT, GROUP = ({"part": p} for p in ("key", "arg", "count", "group"))
@@ -130,6 +131,29 @@ def _layout() -> _Layout:
                                    for name, part in argv]))
 
 
+class AppendingLog(Protocol):
+    """What ``prepare`` and ``settle`` use of the log (``durable.log.store.EventLog``)."""
+
+    @property
+    def keys(self) -> KeyLayout: ...
+    @property
+    def checkpoint_every(self) -> int: ...
+    @property
+    def lease_ttl_ms(self) -> int: ...
+    @property
+    def retention_ms(self) -> int: ...
+    @property
+    def compact_max(self) -> int: ...
+
+    def stage(self, handle: RunHandle, specs: Sequence[Spec]) -> None: ...
+    def stage_checkpoint(self, handle: RunHandle, ts: int) -> int: ...
+    def encode_staged(self, handle: RunHandle, staged: Sequence[tuple[int, ev.Event | bytes]],
+                      after: str | None) -> list[tuple[int, bytes]]: ...
+    def due_for(self, state: RunState, ts: int) -> str: ...
+    def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle: ...
+    def quarantine(self, run_id: str, reason: str, actor: str = "") -> bool: ...
+
+
 @dataclass
 class Prepared:
     """A call ready to send, and what its reply is read against."""
@@ -139,7 +163,7 @@ class Prepared:
     ckpt_pos: int
 
 
-def prepare(elog: EventLog, handle: RunHandle, specs: Sequence[Spec],
+def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
             options: CommitOptions) -> Prepared:
     """The ``append.lua`` call of ``EventLog.commit(handle, specs, **options)``."""
     if_free = options.get("if_free", ())
@@ -210,7 +234,7 @@ def prepare(elog: EventLog, handle: RunHandle, specs: Sequence[Spec],
     return Prepared(call, expected, ckpt_pos)
 
 
-def settle(elog: EventLog, handle: RunHandle, prepared: Prepared, reply: Any) -> str:
+def settle(elog: AppendingLog, handle: RunHandle, prepared: Prepared, reply: Any) -> str:
     """Apply ``append.lua``'s reply to the handle, or raise what it refused."""
     state = handle.state
     expected, ckpt_pos = prepared.expected, prepared.ckpt_pos

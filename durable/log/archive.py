@@ -20,8 +20,9 @@ from pathlib import Path
 
 from durable.log import keys
 from durable.log.export import export_lines
+from durable.log.handle import text
 from durable.log.state import TERMINAL
-from durable.log.store import EventLog, _s
+from durable.log.store import EventLog
 
 
 @dataclass
@@ -39,7 +40,7 @@ def candidates(elog: EventLog, cutoff_ms: int, limit: int) -> list[str]:
             for member, score in elog.redis.zrangebyscore(elog.keys.runs_in_state(state, shard),
                                                           "-inf", cutoff_ms, 0, limit,
                                                           withscores=True):
-                found.append((score, _s(member)))
+                found.append((score, text(member)))
     return [run_id for _, run_id in sorted(found)[:limit]]
 
 
@@ -62,10 +63,10 @@ def archive(elog: EventLog, directory: Path, cutoff_ms: int, *, limit: int = 100
                   elog.keys.lease(run_id), elog.keys.fence(run_id), elog.keys.queued(run_id),
                   elog.keys.blobs(run_id)],
             args=[version])
-        tag = _s(reply[0])
+        tag = text(reply[0])
         if tag != "ok":
             report.skipped[run_id] = "held by a lease" if tag == "held" else \
-                f"changed since it was read (now {_s(reply[2])} at version {_s(reply[1])})"
+                f"changed since it was read (now {text(reply[2])} at version {text(reply[1])})"
             continue
         _unindex(elog, run_id, state)
         report.written.append(run_id)

@@ -329,7 +329,7 @@ class ScriptBatcher:
         except redis.RedisError:
             pass  # the next attempt routes on the map as it is, or fails the same way
 
-    def _send_part(self, part: Part) -> list[Any]:
+    def _send_part(self, part: Part[RedisCall]) -> list[Any]:
         """The replies of ``part``'s calls, sent on one pooled connection of its server."""
         pool = self.routes.pool(part.node)
         conn = pool.get_connection()

@@ -49,7 +49,7 @@ class Stream:
         self._unread: dict[tuple[str, int], int] = {}
         self._lanes = WAIT_LANES if self.routes.min_replicas else 1
         self._turn = 0
-        self._sent: deque[tuple[list[RedisCall], list[Part]]] = deque()
+        self._sent: deque[tuple[list[RedisCall], list[Part[RedisCall]]]] = deque()
         #: Connections lost on a cluster (by ``id``), and why: the parts sent on one are
         #: answered with its error, never read.
         self._lost: dict[int, BaseException] = {}

@@ -6,23 +6,45 @@ entry after it, each checked for its sequence number. The state just before the 
 intent is kept (``pre_intent``), since only that intent is re-observed on recovery. A
 snapshot of another state layout is not used: the whole log is folded instead
 (``fold_whole``). The log must end where the projection says, else ``DecodeError``.
+
+The functions take the log as a :class:`RecoveringLog`, the part of ``EventLog`` they use:
+the store imports this module, never the other way round.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import redis
 
 from durable.errors import DecodeError, RunNotFound
 from durable.log import events as ev
 from durable.log.fold import apply, from_checkpoint
-from durable.log.handle import RunHandle, check_seq
-from durable.log.state import STATE_SCHEMA, RunState, copy_state
-
-if TYPE_CHECKING:
-    from durable.log.store import EventLog
+from durable.log.handle import Entry, RunHandle, check_seq
+from durable.log.keys import KeyLayout
+from durable.log.state import STATE_SCHEMA, Action, RunState, copy_state
 
 
-def fold_from(log: EventLog, run_id: str, version: int, raw: Any, *, lease: str = "",
+class RecoveringLog(Protocol):
+    """What a recovery uses of the log (``durable.log.store.EventLog``)."""
+
+    @property
+    def redis(self) -> redis.Redis: ...
+    @property
+    def keys(self) -> KeyLayout: ...
+    @property
+    def window(self) -> int: ...
+    @property
+    def open_sealed(self) -> bool: ...
+
+    def entries(self, run_id: str, raw: Any, actor: str = "") -> list[Entry]: ...
+    def read(self, run_id: str, start: str = "-", end: str = "+",
+             count: int | None = None) -> list[Entry]: ...
+    def resolve(self, run_id: str, actions: Iterable[Action]) -> None: ...
+
+
+def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease: str = "",
               actor: str = "", at_least: bool = False) -> RunHandle:
     """Fold the entries ``raw`` read from a checkpoint to the end of the log.
 
@@ -72,13 +94,13 @@ def fold_from(log: EventLog, run_id: str, version: int, raw: Any, *, lease: str 
     return handle
 
 
-def projected_version(log: EventLog, run_id: str) -> int:
+def projected_version(log: RecoveringLog, run_id: str) -> int:
     """The run's version as its projection has it now (0: no projection)."""
     version = log.redis.hget(log.keys.run(run_id), "version")
     return int(version) if version is not None else 0
 
 
-def fold_whole(log: EventLog, run_id: str, version: int, lease: str,
+def fold_whole(log: RecoveringLog, run_id: str, version: int, lease: str,
                actor: str) -> RunHandle:
     """Fold the whole log, from its first entry, past any checkpoint."""
     handle = RunHandle(run_id, RunState(), lease=lease, actor=actor)
@@ -97,7 +119,7 @@ def fold_whole(log: EventLog, run_id: str, version: int, lease: str,
     return handle
 
 
-def resolve_large(log: EventLog, handle: RunHandle) -> None:
+def resolve_large(log: RecoveringLog, handle: RunHandle) -> None:
     """A log that runs agent code gives it the large values of the actions it folded
     (``durable.log.blobs``); other readers keep the references."""
     if log.open_sealed:

@@ -15,32 +15,47 @@ append. An append whose part's ``WAIT`` confirmed fewer than ``k`` replicas is a
 with :class:`durable.errors.ReplicationTimeout`, exactly as an append sent alone
 (``durable.log.replicas``): the caller never takes it for acknowledged; the event may
 still be on the master, and the caller reloads the run like after any Redis fault.
+
+A call is anything :class:`Routed` (the batcher's ``RedisCall``): what is sent, and the run
+whose append it is. A part keeps its calls' own type, so the batcher reads its calls back
+as it made them, and this module never imports the batcher.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import redis
 from redis.crc import key_slot
 
 from durable.errors import ReplicationTimeout
 
-if TYPE_CHECKING:
-    from durable.log.batching import RedisCall
-
 #: Commands whose first argument is not a key: sent to any master.
 _KEYLESS = frozenset({"PUBLISH", "PING", "ASKING", "WAIT", "WAITAOF", "SCRIPT", "INFO"})
 
 
+class Routed(Protocol):
+    """A call as routing sees it (``durable.log.batching.RedisCall``)."""
+
+    #: What is sent: ``EVALSHA sha numkeys keys... args...``, or a plain command.
+    @property
+    def command(self) -> tuple[Any, ...]: ...
+    #: The run whose append this is (its ``ok`` waits for the replicas), or None.
+    @property
+    def acks(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=Routed)
+
+
 @dataclass(eq=False)
-class Part:
+class Part(Generic[C]):
     """The calls of a batch that go to one server, and what is sent for them."""
 
     #: The server's name (``host:port``; ``""`` off-cluster).
     node: str
-    calls: list[RedisCall]
+    calls: list[C]
     #: What is sent: the calls (each after an ``ASKING`` when ``asking``), then the waits.
     wire: list[Any] = field(default_factory=list)
     #: ``WAIT`` (and ``WAITAOF``) sent after the calls.
@@ -67,19 +82,19 @@ class Routes:
 
     # Routing ---------------------------------------------------------------------------
 
-    def parts(self, batch: list[RedisCall], *, asking: str | None = None) -> list[Part]:
+    def parts(self, batch: list[C], *, asking: str | None = None) -> list[Part[C]]:
         """``batch`` split by the server each call goes to, in order within each; with
         ``asking`` (a node named by an ``ASK`` redirection) all of it goes there."""
         if self.cluster is None:
             return [self._wired(Part("", batch))]
         if asking is not None:
             return [self._wired(Part(asking, batch, asking=True))]
-        by_node: dict[str, list[RedisCall]] = {}
+        by_node: dict[str, list[C]] = {}
         for call in batch:
             by_node.setdefault(self.node_of(call), []).append(call)
         return [self._wired(Part(node, calls)) for node, calls in by_node.items()]
 
-    def node_of(self, call: RedisCall) -> str:
+    def node_of(self, call: Routed) -> str:
         """The name of the master that owns ``call``'s first key (any master if none)."""
         key = first_key(call.command)
         manager = self.cluster.nodes_manager
@@ -102,7 +117,7 @@ class Routes:
 
     # Replica acknowledgements ------------------------------------------------------------
 
-    def _wired(self, part: Part) -> Part:
+    def _wired(self, part: Part[C]) -> Part[C]:
         wire: list[Any] = []
         for call in part.calls:
             if part.asking:
@@ -117,7 +132,7 @@ class Routes:
         part.wire = wire
         return part
 
-    def unwire(self, part: Part, replies: list[Any]) -> list[Any]:
+    def unwire(self, part: Part[Any], replies: list[Any]) -> list[Any]:
         """The replies of ``part``'s calls, from what its wire read: the ``ASKING`` replies
         dropped, and each append's ``ok`` replaced by ``ReplicationTimeout`` when the
         part's waits confirmed fewer replicas than asked."""

@@ -42,8 +42,6 @@ from durable.signing import parse_public_keys
 __all__ = ["COMPACT_MAX_ENTRIES", "Entry", "EventLog", "RunHandle", "Spec", "continuity",
            "latest_actions", "now_ms"]
 
-_s = text
-
 #: Events that settle a key, and the status the ledger records for it.
 _LEDGER_OUTCOME: dict[type[ev.Event], str] = {
     ev.ActionSucceeded: "succeeded",
@@ -163,7 +161,7 @@ class EventLog:
         the entry before the first (an entry with the same actor leaves its own out)."""
         out = []
         for entry_id, fields in raw:
-            entry = self._entry(entry_id, fields, run_id, actor)
+            entry = decode_entry(entry_id, fields, run_id, actor)
             if entry.event is not None:
                 actor = entry.event.actor
             out.append(self._opened(entry, fields.get(b"e")))
@@ -171,8 +169,6 @@ class EventLog:
 
     def _actor_before(self, run_id: str, raw: Any) -> str:
         return actor_before(self.redis, self.keys, run_id, raw)
-
-    _entry = staticmethod(decode_entry)
 
     def _opened(self, entry: Entry, blob: Any = None) -> Entry:
         if not self.open_sealed:
@@ -206,7 +202,7 @@ class EventLog:
 
     def projection(self, run_id: str) -> dict[str, str]:
         raw = self.redis.hgetall(self.keys.run(run_id))
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
 
     def load(self, run_id: str, *, lease: str = "", actor: str = "") -> RunHandle:
         """Recover a run: fold from its last checkpoint. Raises ``DecodeError`` on a bad entry.

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from durable.audit.replay import replay, summary, trajectory
+from durable.audit.verify import verify
 from durable.log import events as ev
-from durable.log.replay import replay, summary, trajectory
 from durable.log.state import RunState
 from durable.log.store import Entry
-from durable.log.verify import verify
 from examples.scenarios.stack import Scene
 from examples.world import Applications
 

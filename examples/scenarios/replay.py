@@ -21,9 +21,9 @@ import sys
 
 import msgspec
 
+from durable.audit.replay import replay, state_at, trajectory
 from durable.log import events as ev
 from durable.log.fold import fold
-from durable.log.replay import replay, state_at, trajectory
 from durable.log.store import now_ms
 from examples.scenarios.outcome import (
     Outcome,

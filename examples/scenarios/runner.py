@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from types import ModuleType
 
-from durable.log.replay import trajectory
+from durable.audit.replay import trajectory
 from examples.scenarios.outcome import Outcome
 from examples.scenarios.stack import Stack
 

@@ -14,9 +14,11 @@ from durable.call_identity import call_difference, call_signature, is_placeholde
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import blobs, keys
 from durable.log import events as ev
+from durable.log.entries import decode_entry
 from durable.log.fold import apply, from_checkpoint
+from durable.log.handle import text
 from durable.log.state import BlobRef, RunState
-from durable.log.store import Entry, EventLog, RunHandle, Spec, _s
+from durable.log.store import Entry, EventLog, RunHandle, Spec
 
 
 @dataclass
@@ -48,13 +50,13 @@ def state_at(elog: EventLog, run_id: str, end: str = "+") -> tuple[RunState, str
         if not batch:
             break
         for raw_id, fields in batch:
-            entry = elog._entry(raw_id, fields, run_id)
+            entry = decode_entry(raw_id, fields, run_id)
             if isinstance(entry.event, ev.Checkpoint):
                 base, ckpt_id = from_checkpoint(entry.event), entry.id
                 start = f"({entry.id}"
                 break
         else:
-            cursor = f"({_s(batch[-1][0])}"
+            cursor = f"({text(batch[-1][0])}"
     state = base if base is not None else RunState()
     for entry in elog.read(run_id, start, end):
         apply(state, _decoded(entry), elog.window)

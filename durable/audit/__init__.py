@@ -1,0 +1,10 @@
+"""The audit: reading a run's evidence back, above the log (``durable.log``).
+
+- ``replay``: the state at any entry of a run's stream, its trajectory, forks, and the
+  determinism check that re-decides recorded steps with the agent's code.
+- ``verify``: a run's log checked against the invariants the system promises, approvals
+  and settles against the approver registry included.
+
+Both need what the log must not import (the agents, approvals, the approver registry,
+settling), which is why they live here and not in ``durable.log``.
+"""
