@@ -87,20 +87,7 @@ class AsyncSession(Session):
         finally:
             self.blocked = False
             self.answer = None
-        if got is UNWIND:
-            raise Unwind
-        acts: list[Action] = got
-        for act in acts:
-            self.actions[act.step] = act
-        return acts
-
-    async def call_async(self, tool: str, args: dict[str, Any]) -> Any:
-        self._on_own_thread()
-        got = self._plan_call(tool, args)
-        if isinstance(got, Action):
-            return self._outcome(got)
-        (act,) = await self._hand_over_async(*got)
-        return self._outcome(act)
+        return self._kept(got)
 
     async def parallel_async(self, calls: list[tuple[str, dict[str, Any]]],
                              return_exceptions: bool) -> list[Any]:

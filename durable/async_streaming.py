@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio
@@ -24,6 +24,7 @@ from durable.log.tail import BATCH, END, RETRIED, after_arg, ends, last_actor, x
 from durable.partials import (
     CALL_ENDS,
     AsyncBarrier,
+    Barrier,
     Heard,
     Partial,
     akept,
@@ -31,7 +32,7 @@ from durable.partials import (
     pong_text,
 )
 
-__all__ = ["afollow", "async_twin"]
+__all__ = ["afollow", "async_twin", "pump_partials", "read_log"]
 
 
 async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, *,
@@ -61,11 +62,12 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
                     break
             so_far = await akept(client, layout, run_id)
             barrier = AsyncBarrier()
-            tasks.append(asyncio.create_task(_apump_partials(pubsub, items, Heard(so_far),
-                                                             caught_up, barrier)))
-        tasks.append(asyncio.create_task(_apump_log(client, layout, run_id, after_arg(after),
-                                                    block_ms, reconnect_s, items, so_far,
-                                                    caught_up, barrier)))
+        io = _Awaited(client, layout, run_id, items, barrier, pubsub)
+        if barrier is not None:
+            tasks.append(asyncio.create_task(_apump_partials(io, Heard(so_far), caught_up,
+                                                             barrier)))
+        tasks.append(asyncio.create_task(_apump_log(io, after_arg(after), block_ms,
+                                                    reconnect_s, so_far, caught_up)))
         while True:
             item = await items.get()
             if isinstance(item, Entry | Partial):
@@ -87,93 +89,179 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
             await client.aclose()
 
 
-async def _apump_log(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, last: str,
-                     block_ms: int, reconnect_s: float, out: asyncio.Queue[object],
-                     so_far: list[Partial], caught_up: asyncio.Event,
-                     barrier: AsyncBarrier | None) -> None:
+async def _apump_log(io: _Awaited, last: str, block_ms: int, reconnect_s: float,
+                     so_far: list[Partial], caught_up: asyncio.Event) -> None:
     try:
-        await _aread_log(client, layout, run_id, last, block_ms, reconnect_s, out, so_far,
-                         caught_up,
-                         barrier)
+        await read_log(io, last, block_ms, reconnect_s, so_far, caught_up)
     finally:
         caught_up.set()
 
 
-async def _aread_log(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, last: str,
-                     block_ms: int, reconnect_s: float, out: asyncio.Queue[object],
-                     so_far: list[Partial], caught_up: asyncio.Event,
-                     barrier: AsyncBarrier | None) -> None:
-    key, run_key = layout.log(run_id), layout.run(run_id)
+class Flag(Protocol):
+    """``threading.Event`` or ``asyncio.Event``: set once the log is read up to now."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+class FollowIO(Protocol):
+    """What a follower reads a run's log and its subscription with, and hands its items
+    to (``read_log``, ``pump_partials``): awaited from ``redis.asyncio`` (``afollow``), or
+    made at once on a follower's own threads (``durable.streaming.Follower``, which drives
+    the same coroutines there)."""
+
+    run_id: str
+    #: The errors of a subscription that a later call recovers from.
+    faults: tuple[type[BaseException], ...]
+
+    @property
+    def barrier(self) -> object | None:
+        """Set when the partial output of a call must be out before the call's end."""
+        ...
+
+    def stopped(self) -> bool: ...
+
+    def put(self, item: object) -> None: ...
+
+    def actor_at(self, last: str) -> Awaitable[str]: ...
+
+    def xread(self, last: str, block: int | None) -> Awaitable[Any]: ...
+
+    def state(self) -> Awaitable[Any]: ...
+
+    def pause(self, seconds: float) -> Awaitable[None]: ...
+
+    def partials_out(self) -> Awaitable[None]: ...
+
+    def ping(self, text: str) -> Awaitable[Any]: ...
+
+    def message(self) -> Awaitable[Any]: ...
+
+
+class _Awaited:
+    """``FollowIO`` on ``redis.asyncio``."""
+
+    faults: tuple[type[BaseException], ...] = (redis.RedisError,)
+
+    def __init__(self, client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str,
+                 out: asyncio.Queue[object], barrier: AsyncBarrier | None,
+                 pubsub: Any) -> None:
+        self.client, self.layout, self.run_id = client, layout, run_id
+        self.out, self.barrier, self.pubsub = out, barrier, pubsub
+
+    def stopped(self) -> bool:
+        return False  # the task is cancelled instead
+
+    def put(self, item: object) -> None:
+        self.out.put_nowait(item)
+
+    async def actor_at(self, last: str) -> str:
+        return await aactor_at(self.client, self.layout, self.run_id, last)
+
+    async def xread(self, last: str, block: int | None) -> Any:
+        return await self.client.xread({self.layout.log(self.run_id): last}, count=BATCH,
+                                       block=block)
+
+    async def state(self) -> Any:
+        return await self.client.hget(self.layout.run(self.run_id), "state")
+
+    async def pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def partials_out(self) -> None:
+        assert self.barrier is not None
+        await self.barrier.wait()
+
+    async def ping(self, text: str) -> Any:
+        return await self.pubsub.ping(text)
+
+    async def message(self) -> Any:
+        return await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
+
+
+async def read_log(reader: FollowIO, last: str, block_ms: int, reconnect_s: float,
+                   so_far: list[Partial], caught_up: Flag) -> None:
+    """Hand the log's entries after ``last`` to ``reader.put``, then the end marker after
+    a terminal event (or an error); once it has read up to now, ``so_far``, then set
+    ``caught_up``; from then on, the partial output of a call before the call's end."""
+    run_id = reader.run_id
     failing_since = 0.0
     actor = ""
-    while True:
+    while not reader.stopped():
         try:  # (the actor of the entry followed from: the next may leave it out)
-            actor = await aactor_at(client, layout, run_id, last) if last != "0-0" else ""
+            actor = await reader.actor_at(last) if last != "0-0" else ""
             break
         except RETRIED:
-            await asyncio.sleep(0.2)
+            await reader.pause(0.2)
 
     def release() -> None:
         if not caught_up.is_set():
             for item in so_far:
-                out.put_nowait(item)
+                reader.put(item)
             caught_up.set()
 
-    while True:
+    while not reader.stopped():
         try:
             block = block_ms if caught_up.is_set() else None
-            got = xread_entries(await client.xread({key: last}, count=BATCH, block=block), run_id,
-                           actor)
+            got = xread_entries(await reader.xread(last, block), run_id, actor)
             if not got and block is None:
                 release()
                 continue
             if not got:
-                state = await client.hget(run_key, "state")
+                state = await reader.state()
                 if state is not None and state.decode() not in TERMINAL:
                     continue
-                got = xread_entries(await client.xread({key: last}, count=BATCH), run_id, actor)
+                # Terminal (or gone): what was appended since the last read, then stop.
+                got = xread_entries(await reader.xread(last, None), run_id, actor)
                 if not got:
-                    out.put_nowait(END)
+                    reader.put(END)
                     return
             failing_since = 0.0
             actor = last_actor(got, actor)
         except RETRIED as exc:
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > reconnect_s:
-                out.put_nowait(exc)
+                reader.put(exc)
                 return
-            await asyncio.sleep(0.2)
+            await reader.pause(0.2)
             continue
         except Exception as exc:
-            out.put_nowait(exc)
+            reader.put(exc)
             return
         for entry in got:
-            if barrier is not None and caught_up.is_set() and \
+            if reader.barrier is not None and caught_up.is_set() and \
                     isinstance(entry.event, CALL_ENDS):
-                await barrier.wait()
-            out.put_nowait(entry)
+                await reader.partials_out()
+            reader.put(entry)
             last = entry.id
             if ends(entry):
-                out.put_nowait(END)
+                reader.put(END)
                 return
         if len(got) < BATCH:
             release()
 
 
-async def _apump_partials(pubsub: Any, out: asyncio.Queue[object], heard: Heard,
-                          caught_up: asyncio.Event, barrier: AsyncBarrier) -> None:
+async def _apump_partials(io: _Awaited, heard: Heard, caught_up: asyncio.Event,
+                          barrier: AsyncBarrier) -> None:
     await caught_up.wait()  # what is heard meanwhile waits in the connection
+    await pump_partials(io, heard, barrier)
+
+
+async def pump_partials(reader: FollowIO, heard: Heard, barrier: Barrier | AsyncBarrier) -> None:
+    """Hand the partial output heard on ``reader``'s subscription to ``reader.put`` (that
+    of ``heard`` already, once), answering the log reader's ``barrier``; until stopped."""
     pong = ""
-    while True:
+    while not reader.stopped():
         try:
             if barrier.wanted.is_set() and not pong:
                 barrier.wanted.clear()
                 barrier.count += 1
                 pong = f"durable-barrier-{barrier.count}"
-                await pubsub.ping(pong)
-            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
-        except redis.RedisError:
-            await asyncio.sleep(0.2)
+                await reader.ping(pong)
+            msg = await reader.message()
+        except reader.faults:
+            await reader.pause(0.2)  # the next call reconnects and resubscribes
             continue
         if msg and msg.get("type") == "pong" and pong and pong_text(msg["data"]) == pong:
             pong = ""
@@ -181,7 +269,7 @@ async def _apump_partials(pubsub: Any, out: asyncio.Queue[object], heard: Heard,
         if msg and msg.get("type") == "message":
             found = decode_partial(msg["data"])
             if found is not None and heard.fresh(found):
-                out.put_nowait(found)
+                reader.put(found)
 
 
 def async_twin(client: redis.Redis) -> redis.asyncio.Redis:

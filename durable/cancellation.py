@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +38,15 @@ from typing import Any
 
 import redis
 
-from durable.contention import update_run
-from durable.errors import BadCancelMessage, DecodeError, RunNotFound, Terminal
+from durable.contention import InPlace, RedisCalls, update_run_async
+from durable.errors import BadCancelMessage, DecodeError, RunContended, RunNotFound, Terminal
 from durable.log import events as ev
+from durable.log.batching import drive
 from durable.log.keys import CANCEL_CHANNEL, RUN_ID_RE
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
+
+log = logging.getLogger("durable.cancellation")
 
 
 class Cancelled(BaseException):
@@ -195,21 +199,22 @@ class ReplayGuard:
             del self._seen[min(self._seen, key=self._seen.__getitem__)]
 
 
-def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle | None:
+async def record_cancel_async(io: RedisCalls, elog: EventLog, msg: CancelMessage,
+                              actor: str) -> RunHandle | None:
     """Make sure the log holds a cancel request for ``msg.run``; returns the folded run.
 
     A published message is only a hint: this is what turns it into a fact (or finds that the
     fact is already there) before anyone acts on it. None when the run is gone, unreadable
     or terminal; ``RunContended`` when other writers kept appending meanwhile.
     """
-    def write(handle: RunHandle) -> RunHandle | None:
+    async def write(handle: RunHandle) -> RunHandle | None:
         state = handle.state
         if state.terminal or state.cancel is not None:
             return handle
-        if msg.scope == "call" and _recorded(elog, msg):
+        if msg.scope == "call" and await io.elsewhere(lambda: _recorded(elog, msg)):
             return handle  # recorded by its sender, and consumed since: its call has ended
         try:
-            elog.commit(handle, [Spec(ev.CancelRequested, {
+            await elog.commit_async(handle, [Spec(ev.CancelRequested, {
                 "reason": msg.reason, "scope": msg.scope, "requested_ts": msg.ts or now_ms(),
                 "by": actor})])
         except Terminal:
@@ -217,9 +222,14 @@ def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle |
         return handle
 
     try:
-        return update_run(elog, msg.run, actor, write)
+        return await update_run_async(io, elog, msg.run, actor, write)
     except (RunNotFound, DecodeError):
         return None
+
+
+def record_cancel(elog: EventLog, msg: CancelMessage, actor: str) -> RunHandle | None:
+    """``record_cancel_async`` on this thread."""
+    return drive(record_cancel_async(InPlace(elog.redis), elog, msg, actor))
 
 
 #: How long before a message's ``ts`` its sender may have recorded its request (ms).
@@ -261,17 +271,31 @@ def finish_specs(state: RunState, reason: str, requested_ts: int) -> list[Spec]:
     return specs
 
 
-def cancel_children(elog: EventLog, client: redis.Redis, parent: RunState, reason: str,
-                    actor: str, secret: str | None = None) -> list[str]:
+async def cancel_children_async(io: RedisCalls, elog: EventLog, parent: RunState,
+                                reason: str, actor: str,
+                                secret: str | None = None) -> list[str]:
     """Ask every live child of ``parent`` to cancel (scope ``run``): the request recorded
-    in its log, then the hint published. Returns the children asked."""
+    in its log, then the hint published. Returns the children asked.
+
+    A child whose log other writers kept appending to (``RunContended``) is not asked: it
+    is logged, and the others are asked still."""
     asked = []
     for run_id in parent.children:
         msg = CancelMessage(run=run_id, reason=f"parent {parent.run_id} canceled: {reason}",
                             scope="run")
-        handle = record_cancel(elog, msg, actor)
+        try:
+            handle = await record_cancel_async(io, elog, msg, actor)
+        except RunContended as exc:
+            log.warning("run %s: child %s not asked to cancel: %s", parent.run_id, run_id, exc)
+            continue
         if handle is None or handle.state.terminal:
             continue
-        client.publish(CANCEL_CHANNEL, encode_message(msg, secret))
+        await io.publish(CANCEL_CHANNEL, encode_message(msg, secret))
         asked.append(run_id)
     return asked
+
+
+def cancel_children(elog: EventLog, client: redis.Redis, parent: RunState, reason: str,
+                    actor: str, secret: str | None = None) -> list[str]:
+    """``cancel_children_async`` on this thread (``client`` publishes the hints)."""
+    return drive(cancel_children_async(InPlace(client), elog, parent, reason, actor, secret))

@@ -24,11 +24,13 @@ from typing import Any
 
 from durable.agents import Tool, ToolContext, register
 from durable.client import Client
-from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
+from durable.contention import InPlace, RedisCalls, update_run_async
+from durable.errors import DecodeError, RunNotFound, Terminal
 from durable.log import events as ev
+from durable.log.batching import drive
 from durable.log.keys import CHILD_TOOL, child_id
 from durable.log.state import RunState
-from durable.log.store import EventLog, Spec
+from durable.log.store import EventLog, RunHandle, Spec
 
 #: How often the reconciler looks at a parent waiting for a child (the fallback when the
 #: child's end did not wake it): ms.
@@ -100,35 +102,50 @@ def parent_wake(child: RunState, parent: RunState) -> Spec | None:
                                   "response": outcome_of(child), "by": child.run_id})
 
 
-#: Conflicting writes a parent's wake-up retries before it gives up.
+#: Conflicting writes a parent's wake-up retries before it gives up (``RunContended``).
 WAKE_ATTEMPTS = 10
 
 
-def wake_parent(elog: EventLog, child: RunState, actor: str) -> str | None:
+async def wake_parent_async(io: RedisCalls, elog: EventLog, child: RunState,
+                            actor: str) -> str | None:
     """Resolve the wait of ``child``'s parent when it waits for this child and the child
-    is terminal. Returns the parent's id when it was woken (it must be made ready)."""
-    if not (child.terminal and child.parent and child.parent_step):
+    is terminal. Returns the parent's id when it was woken (it must be made ready); None
+    when there was nothing to wake (no parent, gone, unreadable, ended, or waiting for
+    something else). Raises ``RunContended`` when other writers kept appending to the
+    parent: it was not woken, and the reconciler looks at it again within
+    ``CHILD_POLL_MS``."""
+    parent = child.parent
+    if not (child.terminal and parent and child.parent_step):
         return None
-    for _ in range(WAKE_ATTEMPTS):
-        try:
-            handle = elog.load(child.parent, actor=actor)
-        except (RunNotFound, DecodeError):
-            return None
+
+    async def write(handle: RunHandle) -> str | None:
         if (wake := parent_wake(child, handle.state)) is None:
             return None
         try:
-            elog.commit(handle, [wake])
-            return child.parent
-        except ConflictError:
-            continue
+            await elog.commit_async(handle, [wake])
         except Terminal:
             return None
-    return None
+        return parent
+
+    try:
+        return await update_run_async(io, elog, parent, actor, write, attempts=WAKE_ATTEMPTS)
+    except (RunNotFound, DecodeError):
+        return None
+
+
+def wake_parent(elog: EventLog, child: RunState, actor: str) -> str | None:
+    """``wake_parent_async`` on this thread."""
+    return drive(wake_parent_async(InPlace(elog.redis), elog, child, actor))
+
+
+async def child_state_async(io: RedisCalls, elog: EventLog, run_id: str) -> RunState | None:
+    """The child's folded state, or None when it cannot be read (not started yet)."""
+    try:
+        return (await io.load(elog, run_id, actor="reader")).state
+    except (RunNotFound, DecodeError):
+        return None
 
 
 def child_state(elog: EventLog, run_id: str) -> RunState | None:
-    """The child's folded state, or None when it cannot be read (not started yet)."""
-    try:
-        return elog.load(run_id, actor="reader").state
-    except (RunNotFound, DecodeError):
-        return None
+    """``child_state_async`` on this thread."""
+    return drive(child_state_async(InPlace(elog.redis), elog, run_id))

@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -38,8 +38,16 @@ from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
 
-if TYPE_CHECKING:
-    from durable.code import CodeAgent
+
+class AgentCode(Protocol):
+    """What a session needs of its agent (``durable.code.CodeAgent``, which makes the
+    sessions): the function, and the most calls one parallel step may make."""
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+
+    @property
+    def max_parallel(self) -> int: ...
 
 
 class StepFailed(DurableError):
@@ -114,7 +122,7 @@ class Session:
     continues: str = ""
     session_name: str = ""
 
-    def __init__(self, agent: CodeAgent, run_id: str, actions: dict[int, Action],
+    def __init__(self, agent: AgentCode, run_id: str, actions: dict[int, Action],
                  waits: list[WaitInfo], inp: Any, values: Values | None = None, *,
                  context: Callable[[Session], Any]) -> None:
         self.agent, self.run_id = agent, run_id
@@ -227,7 +235,11 @@ class Session:
         """Give ``decision`` to the worker and wait for the outcomes of ``steps``."""
         self.pending = steps
         self._deliver(decision)
-        answer = self._answer()
+        return self._kept(self._answer())
+
+    def _kept(self, answer: Any) -> list[Action]:
+        """The outcomes the worker answered a decision with, recorded as the function's
+        (``Unwind`` when it answered that the function must end instead)."""
         if answer is UNWIND:
             raise Unwind
         acts: list[Action] = answer

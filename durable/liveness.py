@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterable
 
 import redis
 
+from durable.contention import InPlace, RedisCalls
 from durable.log import keys
+from durable.log.batching import drive
 from durable.outages import Backoff, Outage
 
 log = logging.getLogger("durable.liveness")
@@ -143,16 +145,15 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def served_agents(client: redis.Redis) -> dict[str, list[str]]:
+async def served_agents_async(io: RedisCalls) -> dict[str, list[str]]:
     """The live workers and the agents each has (what their liveness keys say)."""
-    ids = sorted(w.decode() for w in client.smembers(keys.WORKERS))
+    ids = sorted(_s(w) for w in await io.command("SMEMBERS", keys.WORKERS) or ())
     if not ids:
         return {}
-    pipe = client.pipeline(transaction=False)
-    for worker_id in ids:
-        pipe.get(keys.alive(worker_id))
     found: dict[str, list[str]] = {}
-    for worker_id, raw in zip(ids, pipe.execute(), strict=True):
+    # One MGET: the keys share the ``{workers}`` hash tag (one slot on a cluster).
+    alive = await io.command("MGET", *[keys.alive(w) for w in ids])
+    for worker_id, raw in zip(ids, alive, strict=True):
         if raw is None:
             continue
         try:
@@ -161,3 +162,8 @@ def served_agents(client: redis.Redis) -> dict[str, list[str]]:
             agents = []
         found[worker_id] = [str(a) for a in agents] if isinstance(agents, list) else []
     return found
+
+
+def served_agents(client: redis.Redis) -> dict[str, list[str]]:
+    """``served_agents_async`` on this thread."""
+    return drive(served_agents_async(InPlace(client)))

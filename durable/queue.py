@@ -43,13 +43,6 @@ def make_queue(client: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=client, serializer=JSONSerializer)
 
 
-def route_of(client: redis.Redis, layout: keys.KeyLayout, run_id: str) -> str:
-    """The ready list a run goes on: its agent's (the projection names it), so that only
-    workers that have the agent take it; "" (the shared list) when it is not known."""
-    agent = client.hget(layout.run(run_id), "agent")
-    return agent.decode() if agent else ""
-
-
 def make_ready(client: redis.Redis, layout: keys.KeyLayout, queue: Queue, run_id: str, *,
                force: bool = False, route: str | None = None) -> bool:
     """Make ``run_id`` ready for a worker unless it already is.

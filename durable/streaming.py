@@ -27,15 +27,14 @@ from typing import Any
 
 import redis
 
-from durable.async_streaming import afollow, async_twin
+from durable.async_streaming import afollow, async_twin, pump_partials, read_log
 from durable.errors import RunNotFound
 from durable.log import keys
+from durable.log.batching import drive
 from durable.log.entries import actor_at
-from durable.log.state import TERMINAL
 from durable.log.store import Entry
-from durable.log.tail import BATCH, END, RETRIED, after_arg, ends, last_actor, xread_entries
+from durable.log.tail import BATCH, after_arg
 from durable.partials import (
-    CALL_ENDS,
     Barrier,
     Heard,
     Partial,
@@ -43,7 +42,6 @@ from durable.partials import (
     decode_partial,
     encode_partial,
     kept,
-    pong_text,
 )
 
 __all__ = ["Follower", "Partial", "Publisher", "afollow", "async_twin", "decode_partial",
@@ -72,20 +70,23 @@ class Follower:
         # Set once the log is read up to now: then the partial output kept of the steps
         # in flight follows, then what is heard (in that order, after the events before).
         caught_up = threading.Event()
+        pubsub: Any = None
+        barrier: Barrier | None = None
+        so_far: list[Partial] = []
         if partial:
             pubsub = client.pubsub()
             pubsub.subscribe(layout.stream(run_id))
             _await_confirmation(pubsub)  # partials published from now on are seen
             so_far = kept(client, layout, run_id)  # ...and those of the steps in flight, before
-            barrier: Barrier | None = Barrier()
+            barrier = Barrier()
+        io = _Blocking(client, layout, run_id, self._items, self._stop, barrier, pubsub)
+        if barrier is not None:
             threading.Thread(target=_pump_partials, daemon=True,
-                             args=(pubsub, self._items, self._stop, Heard(so_far), caught_up,
-                                   barrier), name=f"follow-partials-{run_id}").start()
-        else:
-            so_far, barrier = [], None
+                             args=(io, Heard(so_far), caught_up, barrier),
+                             name=f"follow-partials-{run_id}").start()
         threading.Thread(target=_pump_log, daemon=True, name=f"follow-log-{run_id}",
-                         args=(client, layout, run_id, self.last, block_ms, reconnect_s,
-                               self._items, self._stop, so_far, caught_up, barrier)).start()
+                         args=(io, self.last, block_ms, reconnect_s, so_far,
+                               caught_up)).start()
 
     def __iter__(self) -> Follower:
         return self
@@ -118,115 +119,75 @@ class Follower:
         self._stop.set()
 
 
-def _pump_log(client: redis.Redis, layout: keys.KeyLayout, run_id: str, last: str, block_ms: int,
-              reconnect_s: float, out: queue.SimpleQueue[object], stop: threading.Event,
-              so_far: list[Partial], caught_up: threading.Event, barrier: Barrier | None) -> None:
-    """Puts the log's entries after ``last`` on ``out``, then the end marker after a
-    terminal event (or an error); once it has read up to now, ``so_far``, then sets
-    ``caught_up``; from then on, the partial output of a call before the call's end."""
+def _pump_log(io: _Blocking, last: str, block_ms: int, reconnect_s: float,
+              so_far: list[Partial], caught_up: threading.Event) -> None:
+    """Puts the log's entries after ``last`` on the follower's queue, then the end marker
+    after a terminal event (or an error); once it has read up to now, ``so_far``, then
+    sets ``caught_up``; from then on, the partial output of a call before the call's end
+    (``durable.async_streaming.read_log``)."""
     try:
-        _read_log(client, layout, run_id, last, block_ms, reconnect_s, out, stop, so_far, caught_up,
-                  barrier)
+        drive(read_log(io, last, block_ms, reconnect_s, so_far, caught_up))
     finally:
         caught_up.set()
 
 
-def _read_log(client: redis.Redis, layout: keys.KeyLayout, run_id: str, last: str, block_ms: int,
-              reconnect_s: float, out: queue.SimpleQueue[object], stop: threading.Event,
-              so_far: list[Partial], caught_up: threading.Event, barrier: Barrier | None) -> None:
-    key, run_key = layout.log(run_id), layout.run(run_id)
-    failing_since = 0.0
-    actor = ""
-    while not stop.is_set():
-        try:  # (the actor of the entry followed from: the next may leave it out)
-            actor = actor_at(client, layout, run_id, last) if last != "0-0" else ""
-            break
-        except RETRIED:
-            stop.wait(0.2)
+class _Blocking:
+    """``durable.async_streaming.FollowIO`` on a follower's own threads: each call made at
+    once, so that ``drive`` runs ``read_log`` (or ``pump_partials``) to its end without an
+    event loop."""
 
-    def release() -> None:
-        if not caught_up.is_set():
-            for item in so_far:
-                out.put(item)
-            caught_up.set()
+    #: A connection another thread closed (its client closed, the follower dropped) is read
+    #: by redis-py with these: no message will come; a live follower reconnects.
+    faults: tuple[type[BaseException], ...] = (redis.RedisError, TypeError, AttributeError,
+                                               ValueError)
 
-    while not stop.is_set():
-        try:
-            block = block_ms if caught_up.is_set() else None
-            got = xread_entries(client.xread({key: last}, count=BATCH, block=block), run_id, actor)
-            if not got and block is None:
-                release()
-                continue
-            if not got:
-                state = client.hget(run_key, "state")
-                if state is not None and state.decode() not in TERMINAL:
-                    continue
-                # Terminal (or gone): what was appended since the last read, then stop.
-                got = xread_entries(client.xread({key: last}, count=BATCH), run_id, actor)
-                if not got:
-                    out.put(END)
-                    return
-            failing_since = 0.0
-            actor = last_actor(got, actor)
-        except RETRIED as exc:
-            failing_since = failing_since or time.monotonic()
-            if time.monotonic() - failing_since > reconnect_s:
-                out.put(exc)
-                return
-            stop.wait(0.2)
-            continue
-        except Exception as exc:
-            out.put(exc)
-            return
-        for entry in got:
-            if barrier is not None and caught_up.is_set() and \
-                    isinstance(entry.event, CALL_ENDS):
-                barrier.wait()
-            out.put(entry)
-            last = entry.id
-            if ends(entry):
-                out.put(END)
-                return
-        if len(got) < BATCH:
-            release()
+    def __init__(self, client: redis.Redis, layout: keys.KeyLayout, run_id: str,
+                 out: queue.SimpleQueue[object], stop: threading.Event,
+                 barrier: Barrier | None, pubsub: Any = None) -> None:
+        self.client, self.layout, self.run_id = client, layout, run_id
+        self.out, self.stop, self.barrier, self.pubsub = out, stop, barrier, pubsub
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+    def put(self, item: object) -> None:
+        self.out.put(item)
+
+    async def actor_at(self, last: str) -> str:
+        return actor_at(self.client, self.layout, self.run_id, last)
+
+    async def xread(self, last: str, block: int | None) -> Any:
+        return self.client.xread({self.layout.log(self.run_id): last}, count=BATCH,
+                                 block=block)
+
+    async def state(self) -> Any:
+        return self.client.hget(self.layout.run(self.run_id), "state")
+
+    async def pause(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+
+    async def partials_out(self) -> None:
+        assert self.barrier is not None
+        self.barrier.wait()
+
+    async def ping(self, text: str) -> Any:
+        return self.pubsub.ping(text)
+
+    async def message(self) -> Any:
+        return self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
 
 
-def _pump_partials(pubsub: Any, out: queue.SimpleQueue[object], stop: threading.Event,
-                   heard: Heard, caught_up: threading.Event, barrier: Barrier) -> None:
+def _pump_partials(io: _Blocking, heard: Heard, caught_up: threading.Event,
+                   barrier: Barrier) -> None:
     try:
         while not caught_up.wait(0.2):  # what is heard meanwhile waits in the connection
-            if stop.is_set():
+            if io.stopped():
                 return
-        pong = ""
-        while not stop.is_set():
-            try:
-                if barrier.wanted.is_set() and not pong:
-                    barrier.wanted.clear()
-                    barrier.count += 1
-                    pong = f"durable-barrier-{barrier.count}"
-                    pubsub.ping(pong)
-                msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
-            except redis.RedisError:
-                stop.wait(0.2)  # the next call reconnects and resubscribes
-                continue
-            except (TypeError, AttributeError, ValueError):
-                # redis-py reading a connection another thread closed (its client closed,
-                # the follower dropped): no message will come; a live follower reconnects.
-                if stop.is_set():
-                    break
-                stop.wait(0.2)
-                continue
-            if msg and msg.get("type") == "pong" and pong and pong_text(msg["data"]) == pong:
-                pong = ""
-                barrier.done.set()
-            if msg and msg.get("type") == "message":
-                found = decode_partial(msg["data"])
-                if found is not None and heard.fresh(found):
-                    out.put(found)
+        drive(pump_partials(io, heard, barrier))
     finally:
         barrier.done.set()
         try:
-            pubsub.close()
+            io.pubsub.close()
         except redis.RedisError:
             pass
 

@@ -34,6 +34,7 @@ from durable.errors import (
     ConflictError,
     DecodeError,
     LeaseLost,
+    RunContended,
     RunNotFound,
     Terminal,
     UnknownTool,
@@ -272,13 +273,24 @@ class Reconciler:
         """A child that ended here wakes its parent; a parent canceled here cancels its
         children (``durable.children``)."""
         if state.terminal and state.parent_step:
-            parent = wake_parent(self.log, state, self.token)
+            parent = self._wake_parent(state)
             if parent is not None:
                 make_ready(self.redis, self.log.keys, self.queue, parent, force=True)
                 self._did("woke_parent")
         if state.state == "canceled" and state.children:
             cancel_children(self.log, self.redis, state, state.reason or "canceled",
                             self.token, self.settings.cancel.secret)
+
+    def _wake_parent(self, child: RunState) -> str | None:
+        """``durable.children.wake_parent``; a parent other writers kept appending to
+        (``RunContended``) is not woken now, but looked at again within ``CHILD_POLL_MS``
+        like any parent waiting for a child."""
+        try:
+            return wake_parent(self.log, child, self.token)
+        except RunContended as exc:
+            log.warning("run %s ended, its parent %s not woken now: %s", child.run_id,
+                        child.parent, exc)
+            return None
 
     def _child_wait(self, handle: RunHandle, now: int) -> str:
         """A parent waiting for a child, looked at every ``CHILD_POLL_MS``: woken when the
@@ -288,7 +300,7 @@ class Reconciler:
         data = wait.data if isinstance(wait.data, dict) else {}
         child = child_state(self.log, str(data.get("child", "")))
         if child is not None and child.terminal:
-            if wake_parent(self.log, child, self.token) is not None:
+            if self._wake_parent(child) is not None:
                 self._did("woke_parent")
                 return "enqueue"
             return "waiting"

@@ -10,14 +10,16 @@ import pytest
 import redis
 
 import durable
-from durable import answers, cancellation, quarantine, settling
+from durable import answers, cancellation, children, quarantine, settling
 from durable import client as client_module
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.contention import ATTEMPTS, update_run
 from durable.errors import DurableError, RunContended
 from durable.log import events as ev
+from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
+from durable.workers import family
 from tests import agents  # noqa: F401 - registers the test agents
 
 
@@ -93,9 +95,39 @@ def test_a_write_that_decides_to_write_nothing_returns_at_once(client: Client,
 
 
 def test_every_operator_update_gives_up_the_same_way() -> None:
-    """Cancel, answers, approvals, settle and release all go through ``update_run``: none
-    of them keeps a retry loop (and a give-up) of its own."""
-    for module in (answers, cancellation, client_module, quarantine, settling):
+    """Cancel, answers, approvals, settle, release, a parent's wake-up and its children's
+    cancel all go through ``update_run`` (or ``update_run_async``, the same loop awaited):
+    none of them keeps a retry loop (and a give-up) of its own, the worker's side included."""
+    for module in (answers, cancellation, children, client_module, quarantine, settling):
         source = inspect.getsource(module)
-        assert "update_run(" in source, module.__name__
-        assert "except ConflictError:\n            continue" not in source, module.__name__
+        assert "update_run(" in source or "update_run_async(" in source, module.__name__
+        assert "except ConflictError:" not in source, module.__name__
+    assert "ConflictError" not in inspect.getsource(family)  # it awaits the library's
+
+
+def test_a_wake_up_that_always_loses_gives_up_with_run_contended(client: Client,
+                                                                 r: redis.Redis,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """A parent's wake-up that finds its parent moved on every time raises
+    ``RunContended`` (it used to return None, as if there were nothing to wake), having
+    written nothing; the reconciler's and the worker's callers take it as "not woken now"."""
+    client.start("count", {"steps": 1}, run_id="kid_parent", enqueue=False)
+    elog = EventLog(r, layout=client.log.keys)
+    parent = elog.load("kid_parent").state
+    child = RunState(run_id="kid", agent="count", state="completed", parent="kid_parent",
+                     parent_step=1)
+    rivals: list[int] = []
+
+    def waiting_then_rival(kid: RunState, state: RunState) -> Spec:
+        rivals.append(1)
+        _rival(elog, "kid_parent", len(rivals))
+        return Spec(ev.WaitResolved, {"kind": "child", "request": "x", "response": {},
+                                      "by": kid.run_id})
+
+    monkeypatch.setattr(children, "parent_wake", waiting_then_rival)
+    with pytest.raises(RunContended) as caught:
+        children.wake_parent(elog, child, "us")
+    assert (caught.value.run_id, caught.value.attempts) == ("kid_parent", children.WAKE_ATTEMPTS)
+    assert len(rivals) == children.WAKE_ATTEMPTS
+    assert elog.load("kid_parent").state.version == parent.version + children.WAKE_ATTEMPTS

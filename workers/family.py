@@ -1,95 +1,53 @@
 """A run's parent and children, as the step protocol reaches them: reading a child, waking
 a parent whose child ended, cancelling the children of a canceled run.
 
-The same optimistic updates as ``durable.children.wake_parent``, ``child_state`` and
-``durable.cancellation.cancel_children`` (load, decide, commit, again on a conflict), their
-Redis calls awaited (``workers.redis_io``) so that the driver of the run that makes them
-goes on with its other runs meanwhile. Each load or commit is on one run's keys: the
-parent's and the child's are written by two script calls, made safe by the child's id being
-deterministic (a retried write finds its event there, and does nothing).
+The routines are the library's (``durable.children``, ``durable.cancellation``: load,
+decide, commit, again on a conflict), awaited with this worker's Redis calls
+(``workers.redis_io``) so that the driver of the run that makes them goes on with its other
+runs meanwhile. Each load or commit is on one run's keys: the parent's and the child's are
+written by two script calls, made safe by the child's id being deterministic (a retried
+write finds its event there, and does nothing).
+
+What is the worker's own is what it does when a parent cannot be woken because other
+writers kept appending to it (``RunContended``): the step that ended the child is done and
+stays done; the parent is left to the reconciler, which looks at a parent waiting for a
+child every ``CHILD_POLL_MS``.
 """
 
 from __future__ import annotations
 
-from durable.cancellation import CancelMessage, encode_message
-from durable.children import WAKE_ATTEMPTS, parent_wake
-from durable.errors import ConflictError, DecodeError, RunNotFound, Terminal
-from durable.log import events as ev
-from durable.log.keys import CANCEL_CHANNEL
+import logging
+
+from durable.cancellation import cancel_children_async
+from durable.children import CHILD_POLL_MS, child_state_async, wake_parent_async
+from durable.errors import RunContended
 from durable.log.state import RunState
-from durable.log.store import EventLog, RunHandle, Spec, now_ms
+from durable.log.store import EventLog
 
 from .redis_io import RedisIO
 
-#: Attempts of an update of another run before it is given up.
-CANCEL_ATTEMPTS = 5
+log = logging.getLogger("durable.worker")
 
 
 async def child_state(io: RedisIO, elog: EventLog, run_id: str) -> RunState | None:
     """The child's folded state, or None when it cannot be read (not started yet)."""
-    try:
-        return (await io.load(elog, run_id, actor="reader")).state
-    except (RunNotFound, DecodeError):
-        return None
+    return await child_state_async(io, elog, run_id)
 
 
 async def wake_parent(io: RedisIO, elog: EventLog, child: RunState, actor: str) -> str | None:
-    """Resolve the wait of ``child``'s parent when it waits for this child and the child
-    is terminal. Returns the parent's id when it was woken (it must be made ready)."""
-    if not (child.terminal and child.parent and child.parent_step):
+    """``durable.children.wake_parent_async``: the parent's id when it was woken (it must
+    be made ready); None when there was nothing to wake, or when other writers kept
+    appending to it (logged: the reconciler wakes it within ``CHILD_POLL_MS``)."""
+    try:
+        return await wake_parent_async(io, elog, child, actor)
+    except RunContended as exc:
+        log.warning("run %s ended, its parent %s not woken now (%s): the reconciler wakes "
+                    "it within %d ms", child.run_id, child.parent, exc, CHILD_POLL_MS)
         return None
-    for _ in range(WAKE_ATTEMPTS):
-        try:
-            handle = await io.load(elog, child.parent, actor=actor)
-        except (RunNotFound, DecodeError):
-            return None
-        if (wake := parent_wake(child, handle.state)) is None:
-            return None
-        try:
-            await elog.commit_async(handle, [wake])
-            return child.parent
-        except ConflictError:
-            continue
-        except Terminal:
-            return None
-    return None
-
-
-async def record_cancel(io: RedisIO, elog: EventLog, msg: CancelMessage,
-                        actor: str) -> RunHandle | None:
-    """``durable.cancellation.record_cancel``: the log of ``msg.run`` holds a cancel
-    request once this returns its folded run (None: gone, unreadable or terminal)."""
-    for _ in range(CANCEL_ATTEMPTS):
-        try:
-            handle = await io.load(elog, msg.run, actor=actor)
-        except (RunNotFound, DecodeError):
-            return None
-        state = handle.state
-        if state.terminal or state.cancel is not None:
-            return handle
-        try:
-            await elog.commit_async(handle, [Spec(ev.CancelRequested, {
-                "reason": msg.reason, "scope": msg.scope, "requested_ts": msg.ts or now_ms(),
-                "by": actor})])
-            return handle
-        except ConflictError:
-            continue
-        except Terminal:
-            return None
-    return None
 
 
 async def cancel_children(io: RedisIO, elog: EventLog, parent: RunState, reason: str,
                           actor: str, secret: str | None = None) -> list[str]:
-    """Ask every live child of ``parent`` to cancel (scope ``run``): the request recorded
-    in its log, then the hint published. Returns the children asked."""
-    asked = []
-    for run_id in parent.children:
-        msg = CancelMessage(run=run_id, reason=f"parent {parent.run_id} canceled: {reason}",
-                            scope="run")
-        handle = await record_cancel(io, elog, msg, actor)
-        if handle is None or handle.state.terminal:
-            continue
-        await io.publish(CANCEL_CHANNEL, encode_message(msg, secret))
-        asked.append(run_id)
-    return asked
+    """``durable.cancellation.cancel_children_async``: ask every live child of ``parent``
+    to cancel; returns the children asked."""
+    return await cancel_children_async(io, elog, parent, reason, actor, secret)

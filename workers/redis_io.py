@@ -21,7 +21,6 @@ layout refolded from the start) hands the driving over as slow user code does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,7 +29,7 @@ from rq import Queue
 
 from durable.errors import ConflictError, RunNotFound, Terminal
 from durable.leases import Lease, Leases
-from durable.liveness import served_agents
+from durable.liveness import served_agents, served_agents_async
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
@@ -124,23 +123,11 @@ class RedisIO:
         return True
 
     async def served_agents(self) -> dict[str, list[str]]:
-        """``durable.liveness.served_agents``: the live workers and the agents each has."""
+        """``durable.liveness.served_agents_async``: the live workers and the agents each
+        has (on a thread of its own where nothing is batched)."""
         if self.batcher is None:
             return await self.elsewhere(lambda: served_agents(self.redis))
-        ids = sorted(_s(w) for w in await self.command("SMEMBERS", keys.WORKERS) or ())
-        if not ids:
-            return {}
-        found: dict[str, list[str]] = {}
-        alive = await self.command("MGET", *[keys.alive(w) for w in ids])
-        for worker_id, raw in zip(ids, alive, strict=True):
-            if raw is None:
-                continue
-            try:
-                agents = json.loads(raw)
-            except ValueError:
-                agents = []
-            found[worker_id] = [str(a) for a in agents] if isinstance(agents, list) else []
-        return found
+        return await served_agents_async(self)
 
     # Reading and marking a run ----------------------------------------------------------
 
