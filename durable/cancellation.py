@@ -38,14 +38,14 @@ from typing import Any
 import redis
 
 from durable.contention import update_run
-from durable.errors import BadCancelMessage, DecodeError, RunNotFound, Terminal
+from durable.errors import BadCancelMessage, DecodeError, RunNotFound, Signal, Terminal
 from durable.log import events as ev
 from durable.log.keys import CANCEL_CHANNEL, RUN_ID_RE
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
 
-class Cancelled(BaseException):
+class Cancelled(Signal):
     """Raised inside a tool that checks its token after a cancel.
 
     A ``BaseException``, like ``KeyboardInterrupt``: a tool's ``except Exception`` does
