@@ -85,7 +85,7 @@ SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot
                                                                   default=None)
 
 #: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
-WAITING = "(wait)"
+BLOCKING = "(wait)"
 
 #: The name a hub knows a log's fold by: step code, always run inline (one that reads
 #: more than it was given, a large value beside the run, hands the driving over once it
