@@ -22,6 +22,8 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from durable.errors import DurableError
+
 from .users import ROLES, User, Users
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -43,8 +45,9 @@ class Access:
         return self.users.get(name)
 
 
-class LoginRequired(Exception):
-    """Raised by a page that needs a user when there is none: answered with a redirect."""
+class LoginRequired(DurableError):
+    """Raised by a page that needs a user when there is none: answered with a redirect (the
+    app's handler for it; no page catches it as a refusal)."""
 
 
 def csrf_token(request: Request) -> str:

@@ -39,7 +39,14 @@ from typing import Any
 import redis
 
 from durable.contention import InPlace, RedisCalls, update_run_async
-from durable.errors import BadCancelMessage, DecodeError, RunContended, RunNotFound, Terminal
+from durable.errors import (
+    BadCancelMessage,
+    DecodeError,
+    RunContended,
+    RunNotFound,
+    Signal,
+    Terminal,
+)
 from durable.log import events as ev
 from durable.log.batching import drive
 from durable.log.keys import CANCEL_CHANNEL, RUN_ID_RE
@@ -49,7 +56,7 @@ from durable.log.store import EventLog, RunHandle, Spec, now_ms
 log = logging.getLogger("durable.cancellation")
 
 
-class Cancelled(BaseException):
+class Cancelled(Signal):
     """Raised inside a tool that checks its token after a cancel.
 
     A ``BaseException``, like ``KeyboardInterrupt``: a tool's ``except Exception`` does

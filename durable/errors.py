@@ -1,4 +1,9 @@
-"""One error tree for the whole library.
+"""One error tree for the whole library, its processes and its integrations.
+
+A class is defined in this module unless the diagram names it with its module: those live
+beside the code that raises them. Private classes (``_Name``) are left out of the diagram
+and kept in the tree all the same; ``tests/test_errors.py`` imports every module of the
+installed packages and fails when this diagram and the classes differ in any way.
 
 ::
 
@@ -23,36 +28,60 @@
      ├── ReplicationTimeout      fewer replicas than DURABLE_MIN_REPLICAS confirmed an append
      ├── SealError               a sealed (encrypted) field that this process cannot open
      ├── TooManyPendingRuns      a start refused: DURABLE_MAX_PENDING_RUNS runs are pending
-     ├── OutcomeUnknown          raised by a tool: its effect was sent, the reply lost
-     │                           (durable.agents; recorded unknown, resolved by lookup)
-     ├── StepFailed              raised in a code agent: its step failed, was canceled or
-     │    │                      rejected (durable.execution)
-     │    └── ChildFailed         its child run did not complete
-     ├── WaitExpired             raised in a code agent: its wait expired, it continues
-     ├── EndRun                  raised by a code agent: end the run failed or canceled
-     │                           with this decision, not as an agent bug (durable.execution)
-     ├── ModelUnavailable        the built-in model step: no answer (retryable)
-     ├── ModelError              the built-in model step: refused for good (durable.models)
      ├── RateLimited             raised by a tool: the provider refused the call (a 429),
      │                           nothing was applied; the step waits ``retry_after_s``
-     └── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
-          ├── Terminal           the run reached a terminal state before this write
-          │    └── Tampered       the log ends with an entry the append script did not
-          │                       write: the run was quarantined instead
-          ├── CancelPending      a dispatch refused because a cancel is pending
-          └── Claimed            the ledger already holds the key the batch claims
+     ├── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
+     │    ├── Terminal           the run reached a terminal state before this write
+     │    │    └── Tampered       the log ends with an entry the append script did not
+     │    │                       write: the run was quarantined instead
+     │    ├── CancelPending      a dispatch refused because a cancel is pending
+     │    └── Claimed            the ledger already holds the key the batch claims
+     ├── durable.agents.OutcomeUnknown
+     │                           raised by a tool: its effect was sent, the reply lost
+     │                           (recorded unknown, resolved by lookup)
+     ├── durable.execution.StepFailed
+     │    │                      raised in a code agent: its step failed, was canceled or
+     │    │                      rejected
+     │    ├── durable.execution.ChildFailed
+     │    │                      its child run did not complete
+     │    └── durable.integrations.openai_agents.binding.AgentRunFailed
+     │                           the run ends failed with the SDK's own outcome (a guardrail,
+     │                           max turns): never retried, never quarantined
+     ├── durable.execution.WaitExpired
+     │                           raised in a code agent: its wait expired, it continues
+     ├── durable.execution.EndRun
+     │                           raised by a code agent: end the run failed or canceled
+     │                           with this decision, not as an agent bug
+     ├── durable.models.ModelUnavailable
+     │                           the built-in model step: no answer (retryable)
+     ├── durable.models.ModelError
+     │                           the built-in model step: refused for good
+     ├── durable.conversations.ConversationMissing
+     │                           the run a run continues kept no conversation
+     ├── durable.schedules.Unreadable
+     │                           a stored schedule that cannot be decoded, or whose
+     │                           expression is not valid
+     ├── durable.integrations.mcp.McpToolError
+     │                           an MCP server answered a call with an error
+     └── durable.console.auth.LoginRequired
+                                 a console page needs a user (answered with a redirect)
+
+    Signal                       stops code the library runs (see ``Signal``): a
+     │                           ``BaseException``, so ``except Exception`` lets it pass
+     ├── durable.cancellation.Cancelled
+     │    │                      a cancel reached the tool (its token was checked)
+     │    └── durable.cancellation.Overrun
+     │                           the call ran past its deadline or its cancel's grace
+     ├── durable.execution.Unwind
+     │                           the worker let go of a code agent's run
+     ├── durable.eventloop.LoopBlocked
+     │                           an agent's task blocked the event loop past its limit
+     ├── durable.workers.turns.Abandoned
+     │                           agent code overran its time; its slot was given back
+     └── durable.workers.calls.CallAbandoned
+                                 a stuck call returned after its run was given up
 
     UnsafeRedis                  (warning category) persistence could lose acknowledged events
-
-Signals are deliberately *not* here: they derive from ``BaseException`` so that an agent's
-or a tool's ``except Exception`` cannot swallow them::
-
-    BaseException
-     ├── durable.cancellation.Cancelled   a cancel reached the tool (its token was checked)
-     └── durable.execution.Unwind         the worker let go of a code agent's run
-
-Every class in the tree is defined here except the five the tree names a module for, which
-live beside the code that raises them; the test of the public API checks both.
 """
 
 from __future__ import annotations
@@ -253,6 +282,18 @@ class Claimed(WriteRefused):
     def __init__(self, key: str, value: str) -> None:
         self.key, self.value = key, value
         super().__init__(f"{key} already claimed: {value}")
+
+
+class Signal(BaseException):
+    """Base of the library's signals: what it raises to stop code it runs, not to report a
+    failure (a cancel reaching a tool, a worker letting go of a run, agent code that overran
+    its time). A signal must unwind through agent and tool code up to the worker that raised
+    it, and that code is free to write ``except Exception:`` around anything it calls: so a
+    signal is a ``BaseException``, as ``KeyboardInterrupt`` and ``SystemExit`` are, never an
+    ``Exception`` (and never a ``DurableError``, which callers catch).
+
+    Code that catches ``BaseException`` (to clean up, or to log) must raise a signal again;
+    ``isinstance(exc, Signal)`` tells it apart from an error."""
 
 
 class UnsafeRedis(UserWarning):

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
+from durable.errors import Signal
+
 log = logging.getLogger("durable.eventloop")
 
 T = TypeVar("T")
@@ -142,7 +144,7 @@ class Handoff(Generic[T]):
         return True
 
 
-class LoopBlocked(BaseException):
+class LoopBlocked(Signal):
     """Raised inside an agent's task that blocked the process's event loop past its limit
     (a ``BaseException``: an agent's ``except Exception`` does not swallow it)."""
 

@@ -33,7 +33,7 @@ from durable.agents import (
 from durable.call_identity import call_difference, call_signature, is_placeholder
 from durable.children import CHILD_POLL_MS
 from durable.code_history import Values
-from durable.errors import DurableError, NondeterminismError, UsageError
+from durable.errors import DurableError, NondeterminismError, Signal, UsageError
 from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action, RunState, WaitInfo
@@ -101,7 +101,7 @@ class EndRun(DurableError):
         super().__init__(str(decision))
 
 
-class Unwind(BaseException):
+class Unwind(Signal):
     """Internal: the worker let go of the run; the function's thread ends."""
 
 

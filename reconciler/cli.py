@@ -15,7 +15,7 @@ from durable.sealing import require_keys
 from durable.settings import Settings
 
 from .process import run_reconciler
-from .sweep import Reconciler
+from .sweep import Sweeper
 
 
 def cmd_reconciler(args: argparse.Namespace) -> int:
@@ -23,7 +23,7 @@ def cmd_reconciler(args: argparse.Namespace) -> int:
     if args.once:
         client = Client(settings)
         require_keys(client.registry.sensitive_names(), settings)
-        report = Reconciler(settings, client.redis, client.registry).tick()
+        report = Sweeper(settings, client.redis, client.registry).tick()
         print(msgspec.json.encode({"examined": report.examined, "actions": report.actions})
               .decode())
         return 0
@@ -40,7 +40,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     client = Client(Settings())
     require_keys(client.registry.sensitive_names(), client.settings)
     client.projection(args.run)
-    done = Reconciler(client.settings, client.redis, client.registry).reconcile(args.run)
+    done = Sweeper(client.settings, client.redis, client.registry).reconcile(args.run)
     state = client.status(args.run)
     if args.json:
         print(msgspec.json.encode({"run_id": args.run, "done": done, "state": state.state})

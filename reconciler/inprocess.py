@@ -8,12 +8,12 @@ import redis
 from durable.agents import Registry
 from durable.settings import Settings
 
-from .sweep import Reconciler
+from .sweep import Sweeper
 
 
 class Sweep:
     def __init__(self, settings: Settings, client: redis.Redis, registry: Registry) -> None:
-        self.reconciler = Reconciler(settings, client, registry)
+        self.reconciler = Sweeper(settings, client, registry)
 
     def tick(self, now: int) -> dict[str, str]:
         """One sweep of every run due at ``now`` (ms); run id -> what was done."""

@@ -12,13 +12,13 @@ from durable.cancellation import CancelMessage, record_cancel
 from durable.errors import RunNotFound
 from durable.subscriber import CancelSubscriber
 
-from .sweep import Reconciler
+from .sweep import Sweeper
 
 log = logging.getLogger("durable.reconciler")
 
 
 class ReconcilerListener(CancelSubscriber):
-    def __init__(self, rec: Reconciler) -> None:
+    def __init__(self, rec: Sweeper) -> None:
         super().__init__(rec.redis, rec.settings.cancel.secret, self.on_cancel,
                          lambda: None, log, rec.outage,
                          max_age_ms=rec.settings.cancel.max_age_ms,

@@ -22,13 +22,13 @@ from durable.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
 from durable.outages import Backoff
 from durable.queue import enqueue_many
 
-from .sweep import Reconciler
+from .sweep import Sweeper
 
 log = logging.getLogger("durable.reconciler")
 
 
 class LivenessWatch(threading.Thread):
-    def __init__(self, rec: Reconciler, stop: threading.Event | None = None) -> None:
+    def __init__(self, rec: Sweeper, stop: threading.Event | None = None) -> None:
         super().__init__(name="liveness-watch", daemon=True)
         self.rec = rec
         self.ttl_s = rec.settings.leases.liveness_ttl_ms / 1000

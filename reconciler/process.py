@@ -25,19 +25,19 @@ from durable.settings import Settings
 from .listener import ReconcilerListener
 from .liveness import LivenessWatch
 from .probe import Heartbeat, serve
-from .sweep import Reconciler
+from .sweep import Sweeper
 
 log = logging.getLogger("durable.reconciler")
 
 
-def build(settings: Settings) -> Reconciler:
+def build(settings: Settings) -> Sweeper:
     client = connect(settings)
     registry.load(settings.worker.agents)
     require_keys(registry.sensitive_names(), settings)
-    return Reconciler(settings, client, registry)
+    return Sweeper(settings, client, registry)
 
 
-def run_forever(rec: Reconciler, interval: float, stop: threading.Event | None = None,
+def run_forever(rec: Sweeper, interval: float, stop: threading.Event | None = None,
                 heart: Heartbeat | None = None) -> None:
     stop = stop or threading.Event()
     heart = heart or Heartbeat(float("inf"), lambda: rec.outage.down)

@@ -58,7 +58,10 @@ class Tick:
     actions: dict[str, str] = field(default_factory=dict)
 
 
-class Reconciler:
+class Sweeper:
+    """One reconciler's sweeps (see the module doc): ``tick`` sweeps what is due now,
+    ``reconcile`` one run at once."""
+
     def __init__(self, settings: Settings, client: redis.Redis, registry: Registry) -> None:
         self.settings = settings
         self.redis = client

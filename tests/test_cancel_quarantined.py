@@ -14,7 +14,7 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import Spec
-from durable.reconciler.sweep import Reconciler
+from durable.reconciler.sweep import Sweeper
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
 
@@ -66,7 +66,7 @@ def test_the_reconciler_ends_a_quarantined_run_whose_cancel_was_only_requested(
     assert client.status(hung).state == "quarantined"
     # due for the reconciler
     assert client.redis.zscore(client.log.keys.due_of(hung), hung) is not None
-    rec = Reconciler(client.settings, client.redis, client.registry)
+    rec = Sweeper(client.settings, client.redis, client.registry)
     assert rec.reconcile(hung) == "canceled"
     assert client.status(hung).state == "canceled"
 

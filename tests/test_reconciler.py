@@ -18,7 +18,7 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec, now_ms
-from durable.reconciler.sweep import Reconciler
+from durable.reconciler.sweep import Sweeper
 from durable.testing import Server, env_for, wait_for
 from tests.agents import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
@@ -67,7 +67,7 @@ def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path:
     conn = _db()
     conn.execute("INSERT INTO effects VALUES (?, 0)", ("u1:1",))  # it did happen
     conn.close()
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     rec.reconcile("u1")
     state = client.status("u1")
     assert state.actions[1].status == "succeeded" and state.actions[1].resolution == "applied"
@@ -83,7 +83,7 @@ def test_unknown_outcome_not_applied_is_dispatched_again_with_the_same_key(
     """Window after_intent (dispatched): step 1 dispatched, nothing sent, the worker gone;
     past the deadline, lookup says not applied and the same key is sent once."""
     _unknown_run(client, "u2", deadline=now_ms() - 1000)
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.reconcile("u2") == "requeued"
     assert client.status("u2").actions[1].status == "not_applied"
     worker()
@@ -99,7 +99,7 @@ def test_lookup_is_not_trusted_before_the_deadline(client: Client) -> None:
     _unknown_run(client, "u3", deadline=now_ms() + 60_000)
     handle = client.log.load("u3")
     client.log.commit(handle, [Spec(ev.ActionTimedOut, {"step": 1, "key": "u3:1"})])
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.reconcile("u3") == "awaiting deadline"
     assert client.status("u3").actions[1].status == "unknown"
 
@@ -110,7 +110,7 @@ def test_a_wait_past_its_deadline_expires(client: Client, r: redis.Redis) -> Non
     client.log.commit(handle, [Spec(ev.WaitEntered, {"kind": "input", "until": now_ms() - 1,
                                                      "request": "q"})])
     assert r.zscore(keys.DUE, "w1") is not None
-    report = Reconciler(client.settings, client.redis, registry).tick()
+    report = Sweeper(client.settings, client.redis, registry).tick()
     assert report.actions["w1"] == "expired"
     assert client.status("w1").state == "expired"
     assert r.zscore(keys.DUE, "w1") is None
@@ -121,7 +121,7 @@ def test_a_retry_timer_wakes_the_run(client: Client, r: redis.Redis) -> None:
     handle = client.log.load("t1")
     client.log.commit(handle, [Spec(ev.WaitEntered, {"kind": "retry", "until": now_ms() - 1,
                                                      "request": "t1:1"})])
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.tick().actions["t1"] == "requeued"
     assert client.status("t1").state == "pending"
     assert client.stats()["retry_timers_woken"] == 1
@@ -130,12 +130,12 @@ def test_a_retry_timer_wakes_the_run(client: Client, r: redis.Redis) -> None:
 def test_a_stuck_run_is_found_and_counted(client: Client, r: redis.Redis) -> None:
     """Started, but its advance command was lost (nothing queued, no lease)."""
     client.start("writer", {"steps": 1}, run_id="s1", enqueue=False)
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.tick(now=now_ms() + 60_000).actions["s1"] == "requeued"
     assert client.stats()["stuck_runs"] == 1
     assert client.queue.count == 1
     # Several reconcilers at once: a due run is handed to one of them only.
-    other = Reconciler(client.settings, client.redis, registry)
+    other = Sweeper(client.settings, client.redis, registry)
     assert other.tick(now=now_ms() + 60_000).examined == 0
 
 
@@ -151,7 +151,7 @@ def test_handles_a_run_with_nothing_to_do(client: Client) -> None:
     handle = RunHandle("done1", RunState(), actor="t")
     client.log.commit(handle, [Spec(ev.RunStarted, {"agent": "writer", "input": {"steps": 0}}),
                                Spec(ev.Completed, {"result": None})])
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.reconcile("done1") == "terminal"
 
 
@@ -189,7 +189,7 @@ def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
     client.start("writer", {"steps": 1}, run_id="lostq")
     assert r.lpop(keys.ready(client.queue.name, "writer")) == b"lostq"  # a worker died with it
     assert r.exists(client.log.keys.queued("lostq"))
-    rec = Reconciler(client.settings, client.redis, registry)
+    rec = Sweeper(client.settings, client.redis, registry)
     assert rec.reconcile("lostq", now_ms() + 60_000) == "requeued"
     assert r.lrange(keys.ready(client.queue.name, "writer"), 0, -1) == [b"lostq"]
 
@@ -203,6 +203,6 @@ def test_an_outcome_nobody_can_tell_waits_for_an_operator_and_is_listed(
 
     _unknown_run(client, "u4", deadline=now_ms() - 1000)
     monkeypatch.setattr(registry.tool("sqlwrite"), "lookup", lambda key, args: Lookup.unknown())
-    Reconciler(client.settings, client.redis, registry).reconcile("u4")
+    Sweeper(client.settings, client.redis, registry).reconcile("u4")
     (row,) = client.runs("waiting_external")
     assert row.run_id == "u4" and "u4:1" in row.reason and "cannot tell" in row.reason

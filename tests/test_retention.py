@@ -19,7 +19,7 @@ from durable.connection import parse_config_file
 from durable.errors import TooManyPendingRuns
 from durable.log import keys
 from durable.log.keys import KeyLayout
-from durable.reconciler.sweep import Reconciler
+from durable.reconciler.sweep import Sweeper
 from durable.settings import Settings
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory
@@ -93,7 +93,7 @@ def test_retention_expires_terminal_runs_and_prunes_indexes(
     assert r.pttl(layout.log("waits")) == -1           # not terminal: no expiry
     assert wait_for(lambda: not r.exists(layout.log("short")), 20)
     assert r.zscore(keys.RUNS_BY_UPDATE, "short") is not None  # the index still lists it
-    pruned = Reconciler(Settings(), r, client.registry).tick()
+    pruned = Sweeper(Settings(), r, client.registry).tick()
     assert pruned.examined >= 1
     assert r.zscore(keys.RUNS_BY_UPDATE, "short") is None
     assert r.zscore(layout.runs_in_state("completed"), "short") is None

@@ -11,7 +11,7 @@ from durable.agents import registry
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.log.store import now_ms
-from durable.reconciler.sweep import Reconciler
+from durable.reconciler.sweep import Sweeper
 from durable.workers.loop import StepLoop
 
 
@@ -45,7 +45,7 @@ def test_a_longer_outage_waits_for_its_retry_timer(client: Client, flaky: Path,
     state = client.status("q2")
     assert state.state == "waiting_retry" and state.actions[1].status == "not_applied"
     assert state.wait is not None and state.wait.until > now_ms() - 1000
-    Reconciler(client.settings, client.redis, registry).tick(now=state.wait.until + 1)
+    Sweeper(client.settings, client.redis, registry).tick(now=state.wait.until + 1)
     assert client.status("q2").state == "pending"
     _driver(client).advance("q2")
     final = client.status("q2")

@@ -17,7 +17,7 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import Refused
 from durable.log.state import RunState
-from durable.reconciler.sweep import Reconciler
+from durable.reconciler.sweep import Sweeper
 from durable.signing import keygen
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory
@@ -106,7 +106,7 @@ def test_an_unanswered_approval_expires(client: Client, keys_: Keys, worker: Wor
     run = client.start("payer", {"amount": 5}, run_id="ap3").run_id
     request = _waiting_for_approval(client, worker, run)
     expires = client.status(run).approvals[request].expires
-    Reconciler(client.settings, client.redis, registry).tick(now=expires + 1)
+    Sweeper(client.settings, client.redis, registry).tick(now=expires + 1)
     assert client.status(run).state == "expired"
     with pytest.raises(Refused):
         _approve(client, keys_, run, request, "approve", "alice")  # too late: nothing written

@@ -114,7 +114,7 @@ async def check_replay(loop: StepLoop, handle: RunHandle, agent: Agent) -> None:
         # group, whose state before it is not kept: it is not re-decided.
         return
     seen = before
-    decided = await aio.decide(loop, agent, seen)
+    decided = await aio.next_decision(loop, agent, seen)
     call = matching_call(handle.run_id, decided, act.step, act.tool, act.args, act.group)
     handle.live_args[act.step] = call.args
     if isinstance(decided, Parallel):  # the group's other open calls go out again too

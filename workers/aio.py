@@ -71,7 +71,7 @@ class Awaiting(Offload):
             pass
 
 
-async def decide(loop: StepLoop, agent: Agent, state: RunState) -> Any:
+async def next_decision(loop: StepLoop, agent: Agent, state: RunState) -> Any:
     """The agent's next decision: a ``decide()`` on a thread (as ``StepLoop.user``), an
     ``async def`` function's awaited on the event loop; a plain function's awaited from its
     own thread under a driver that resumes runs later (the hub: ``timed_soon``), else

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable.cancellation import CancelToken, Overrun
+from durable.errors import Signal
 
 log = logging.getLogger("durable.worker")
 
@@ -48,7 +49,7 @@ class CallResult:
     error: BaseException | None = None
 
 
-class CallAbandoned(BaseException):
+class CallAbandoned(Signal):
     """Raised on a stuck call's own thread when it finally returns: the worker gave its run
     up meanwhile, so nothing of the call may be recorded."""
 

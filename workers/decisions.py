@@ -47,7 +47,7 @@ from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 
 from . import aio, authority, family, parallel
 from .steps import agent_traceback, plain, step_key, values_field
-from .turns import WAITING, Offload, Slot
+from .turns import BLOCKING, Offload, Slot
 
 if TYPE_CHECKING:
     from .loop import StepLoop
@@ -62,7 +62,7 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
     """The agent decides the next step; what it decided is recorded (and sent)."""
     state = handle.state
     try:
-        decision = await aio.decide(loop, agent, state)
+        decision = await aio.next_decision(loop, agent, state)
     except Exception as exc:  # an agent bug: keep the evidence, quarantine
         await loop.commit(handle, pending, [])
         where = agent.name if isinstance(agent, CodeAgent) else f"{agent.name}.decide"
@@ -262,7 +262,7 @@ async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, A
             finally:
                 slot.in_call = False
 
-    await Offload(WAITING, run_all)
+    await Offload(BLOCKING, run_all)
     if slot.token.cancelled and slot.token.reason == "lease lost":
         raise LeaseLost(run_id, Lease(run_id, handle.lease or "|-1").epoch)
     if slot.token.cancelled:
@@ -407,7 +407,7 @@ async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action
                 return None  # a cancel or a lost lease: look at the run again
             return resolve_unknown(loop.redis, tool, act, handle.run_id)
 
-    specs = await Offload(WAITING, wait_and_ask)
+    specs = await Offload(BLOCKING, wait_and_ask)
     if specs is None:
         return False, 0
     if not specs:  # the lookup itself failed: the reconciler asks again shortly

@@ -17,7 +17,7 @@ import tenacity
 
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
 from durable.cancellation import Cancelled, CancelToken, Overrun
-from durable.errors import RateLimited
+from durable.errors import DurableError, RateLimited
 from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
 from durable.log.state import Action
@@ -30,8 +30,9 @@ from .calls import CallResult, CallWatch
 ASYNC_MARGIN_S = 0.05
 
 
-class _Retryable(Exception):
-    """Internal: carries a call that raised one of its tool's retryable errors."""
+class _Retryable(DurableError):
+    """Internal: carries a call that raised one of its tool's retryable errors (never leaves
+    ``Dispatcher``: each retry loop that raises it takes it back)."""
 
     def __init__(self, result: CallResult) -> None:
         self.result = result

@@ -55,8 +55,8 @@ from .aio import Awaiting
 from .calls import CallAbandoned
 from .loop import StepLoop
 from .slots import Slots, run_id_of, slot_live
-from .spares import Driver, Spares
-from .turns import FOLD, SLOT, WAITING, Abandoned, DriverCallbacks, Offload
+from .spares import HubThread, Spares
+from .turns import BLOCKING, FOLD, SLOT, Abandoned, DriverCallbacks, Offload
 
 log = logging.getLogger("durable.worker")
 
@@ -177,7 +177,7 @@ class RunHub:
 
     # Driving ---------------------------------------------------------------------------
 
-    def _drive(self, me: Driver) -> None:
+    def _drive(self, me: HubThread) -> None:
         """Drive until another thread drives (this one was left in slow user code)."""
         while True:
             self._intake()
@@ -190,7 +190,7 @@ class RunHub:
                         item.begin(functools.partial(self._incoming.put, task))
                         item = None
                         break
-                    if item.what == WAITING or (item.what != FOLD and
+                    if item.what == BLOCKING or (item.what != FOLD and
                                                 self.spares.slow(item.what)):
                         self.spares.elsewhere(task, item)
                         item = None

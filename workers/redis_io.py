@@ -13,7 +13,7 @@ awaits, each on the keys of one run or one global key, so each is one call in a 
 What cannot be one command -- RQ's own enqueue of a ``drain``, a ready list on another
 server (``DURABLE_QUEUE_URL``, always so on a cluster), every call where nothing is batched
 (the run threads on a cluster or with ``DURABLE_MIN_REPLICAS``: a thread per run) -- is the
-library's own function, run on a thread of its own (an ``Offload`` named ``WAITING``: a
+library's own function, run on a thread of its own (an ``Offload`` named ``BLOCKING``: a
 hub never runs one on its driving thread). Folding a log is an ``Offload`` named ``FOLD``:
 a hub runs it inline, and the rare fold that reads more (a large value beside the run, a
 layout refolded from the start) hands the driving over as slow user code does.
@@ -36,7 +36,7 @@ from durable.log.batching import ScriptBatcher
 from durable.log.store import EventLog, RunHandle, Spec, quarantine_handle
 from durable.queue import QUEUED_TTL_MS, ensure_drain, make_ready
 
-from .turns import FOLD, WAITING, Offload
+from .turns import BLOCKING, FOLD, Offload
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ class RedisIO:
 
     def elsewhere(self, fn: Callable[[], T]) -> Awaitable[T]:
         """``fn`` (library code making its own Redis calls) on a thread of its own."""
-        return Offload(WAITING, fn)
+        return Offload(BLOCKING, fn)
 
     def command(self, *command: Any) -> Awaitable[Any]:
         """One plain command; its reply is the raw one when batched (no response

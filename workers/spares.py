@@ -45,7 +45,7 @@ class Run(Protocol):
     ctx: contextvars.Context
 
 
-class Driver:
+class HubThread:
     """A thread of the hub: the driver, a spare waiting to drive, or one left in user code."""
 
     __slots__ = ("job", "serves", "since", "wake", "what")
@@ -68,17 +68,17 @@ class Spares:
     another thread drives; ``back(run)`` takes back a run whose user code returned on a
     spare; ``busy()`` says whether runs are held (the monitor looks less often when not)."""
 
-    def __init__(self, drive: Callable[[Driver], None], back: Callable[[Any], None],
+    def __init__(self, drive: Callable[[HubThread], None], back: Callable[[Any], None],
                  busy: Callable[[], int], max_jobs: int) -> None:
         self._drive, self._back, self._busy = drive, back, busy
         #: Guards who drives (the driver checks it after inline user code, the monitor moves
         #: it) and the spares.
         self._mu = threading.Lock()
-        self._spares: list[Driver] = []
+        self._spares: list[HubThread] = []
         self._threads = 0
         #: User-code name -> running average of its duration (seconds).
         self._took: dict[str, float] = {}
-        self._owner: Driver | None = None
+        self._owner: HubThread | None = None
         #: Times the driving moved to another thread (the first driver's start included).
         self.handoffs = -1
         #: Calls of user code sent to a spare thread as they started (known to be slow).
@@ -119,13 +119,13 @@ class Spares:
         """Whether user code of kind ``what`` has lately run longer than ``HANDOFF_S``."""
         return self._took.get(what, 0.0) > HANDOFF_S
 
-    def drives(self, me: Driver) -> bool:
+    def drives(self, me: HubThread) -> bool:
         """Whether ``me`` still drives (after inline user code: the monitor may have moved
         the driving meanwhile)."""
         with self._mu:
             return self._owner is me
 
-    def inline(self, me: Driver, run: Run, call: Offload) -> None:
+    def inline(self, me: HubThread, run: Run, call: Offload) -> None:
         """Run ``call`` on the driving thread ``me``, timed by the monitor."""
         began = time.monotonic()
         me.what, me.since = call.what, began
@@ -166,14 +166,14 @@ class Spares:
                     if not self._to_start:
                         break
                     self._to_start -= 1
-                    spare = Driver()
+                    spare = HubThread()
                     spare.serves = True
                     self._threads += 1
                 threading.Thread(target=self._serve_as, args=(spare,), name="hub",
                                  daemon=True).start()
                 spare.wake.release()
 
-    def _serve_as(self, me: Driver) -> None:
+    def _serve_as(self, me: HubThread) -> None:
         while True:
             me.wake.acquire()
             job, me.job = me.job, None
@@ -241,15 +241,15 @@ class Spares:
         self._owner = self._spare()
         self.handoffs += 1
 
-    def _start_thread(self) -> Driver:
+    def _start_thread(self) -> HubThread:
         """A new thread of the hub, waiting to be woken (``_spare``)."""
-        spare = Driver()
+        spare = HubThread()
         self._threads += 1
         threading.Thread(target=self._serve_as, args=(spare,), name="hub",
                          daemon=True).start()
         return spare
 
-    def _spare(self, job: tuple[Run, Offload] | None = None) -> Driver:
+    def _spare(self, job: tuple[Run, Offload] | None = None) -> HubThread:
         """A spare thread (a new one if none waits), woken to run ``job``, or to drive
         when None. Under ``_mu``."""
         spare = self._spares.pop() if self._spares else self._start_thread()

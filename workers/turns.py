@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable.cancellation import CancelToken
+from durable.errors import Signal
 from durable.leases import Lease
 
 #: Run threads (``DURABLE_DRIVER=threads``; the hub drives from one thread) of one worker
@@ -51,7 +52,7 @@ class DriverCallbacks:
 NO_CALLBACKS = DriverCallbacks()
 
 
-class Abandoned(BaseException):
+class Abandoned(Signal):
     """Raised (asynchronously) in a run's thread whose agent code overran its time: the run
     is quarantined and its slot already given back. A ``BaseException``, so that agent code's
     ``except Exception`` does not swallow it."""
@@ -84,7 +85,7 @@ SLOT: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("durable_slot
                                                                   default=None)
 
 #: The name a hub knows a wait on a deadline or a lookup by (always run on its own thread).
-WAITING = "(wait)"
+BLOCKING = "(wait)"
 
 #: The name a hub knows a log's fold by: step code, always run inline (one that reads
 #: more than it was given, a large value beside the run, hands the driving over once it

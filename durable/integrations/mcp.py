@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[mcp]'") from exc
 
 from durable.agents import Lookup, Tool, ToolContext, registry
+from durable.errors import DurableError
 from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
 from durable.integrations.steploop import LOOP
 
@@ -45,7 +46,7 @@ __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
 
 
 
-class McpToolError(Exception):
+class McpToolError(DurableError):
     """The server answered a call with an error (``isError``)."""
 
 

@@ -29,7 +29,7 @@ import anyio
 from durable.agents import OutcomeUnknown
 from durable.errors import causes
 
-__all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "Session", "Sessions", "connection_lost",
+__all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "McpSession", "Sessions", "connection_lost",
            "read_only"]
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ def read_only(listed: dict[str, Any]) -> bool:
     return bool((listed.get("annotations") or {}).get("readOnlyHint"))
 
 
-class Session(Protocol):
+class McpSession(Protocol):
     """What a pooled session is: an async context manager (entered once, exited when dead)."""
 
     async def __aenter__(self) -> Any: ...
@@ -85,7 +85,7 @@ class _Slot:
     opened: int = 0
 
 
-async def _host(session: Session, entered: asyncio.Future[None], closing: asyncio.Event) -> None:
+async def _host(session: McpSession, entered: asyncio.Future[None], closing: asyncio.Event) -> None:
     """Enter ``session`` and leave it in this one task (anyio's task groups, which stdio
     clients open, must be left by the task that entered them), when ``closing`` is set."""
     try:
@@ -112,7 +112,7 @@ class Sessions:
         slot = self._slots.get(name)
         return slot.opened if slot is not None else 0
 
-    async def _get(self, name: str, make: Callable[[], Session]) -> Any:
+    async def _get(self, name: str, make: Callable[[], McpSession]) -> Any:
         slot = self._slots.setdefault(name, _Slot())
         async with slot.lock:
             if slot.session is None:
@@ -137,7 +137,7 @@ class Sessions:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(host), CLOSE_TIMEOUT_S)
 
-    async def call(self, name: str, make: Callable[[], Session],
+    async def call(self, name: str, make: Callable[[], McpSession],
                    use: Callable[[Any], Awaitable[T]], *,
                    ping: Callable[[Any], Awaitable[Any]], effect: bool) -> T:
         """``use(session)`` on the open session of ``name`` (``make()`` makes one), by the
