@@ -53,8 +53,6 @@ LOG_MAY_IMPORT = frozenset({"durable.errors", "durable.settings", "durable.durat
 #: cycle is broken (the check fails on a listed module no longer in a cycle), and a cycle
 #: through any module not listed fails at once.
 KNOWN_TYPE_ONLY_CYCLES = frozenset({
-    # durable/code.py <-> execution.py / async_execution.py
-    "durable.code", "durable.execution", "durable.async_execution",
     # workers/loop.py <-> the step protocol's helpers
     "durable.workers.loop", "durable.workers.admission", "durable.workers.aio",
     "durable.workers.authority", "durable.workers.decisions",
