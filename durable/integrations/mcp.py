@@ -38,11 +38,17 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[mcp]'") from exc
 
 from durable.agents import Lookup, Tool, ToolContext, registry
-from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
+from durable.integrations.base import EffectFreeStep, mcp_step_tools
+from durable.integrations.mcp_sessions import (
+    META_DEADLINE,
+    META_KEY,
+    SESSIONS,
+    read_only,
+    step_meta,
+)
 from durable.integrations.steploop import LOOP
 
 __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
-
 
 
 class McpToolError(Exception):
@@ -74,8 +80,7 @@ class McpServer:
         self.name, self.transport, self.lookup = name, transport, lookup
         server = self
 
-        class Listing(Tool):
-            effect_free = True
+        class Listing(EffectFreeStep):
             cancellable = True
 
             async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
@@ -86,12 +91,9 @@ class McpServer:
 
                 return await LOOP.step(lambda: server.session(listing, effect=False), ctx)
 
-            def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-                return Lookup.not_applied()
-
         class Calling(Tool):
             async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-                meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
+                meta = step_meta(ctx)
 
                 async def calling(client: Client[Any]) -> Any:
                     return _result(await client.call_tool(
@@ -106,14 +108,9 @@ class McpServer:
                     return Lookup.unknown()
                 return server.lookup(key, args)  # the worker awaits an ``async`` one
 
-        made = [
-            type(f"{name}_tools", (Listing,), {"name": f"{name}.tools", "timeout_s": timeout_s}),
-            type(f"{name}_call", (Calling,), {"name": f"{name}.call", "timeout_s": timeout_s}),
-            type(f"{name}_read", (Calling,), {"name": f"{name}.read", "timeout_s": timeout_s,
-                                              "effect_free": True, "cancellable": True}),
-        ]
-        for cls in made:
-            registry.add_tool(cls())
+        made, _ = mcp_step_tools(name, Listing, Calling, {"timeout_s": timeout_s}, {})
+        for step in made:
+            registry.add_tool(step)
         #: The step tool names, for ``@agent(tools=...)``.
         self.steps: tuple[str, ...] = (f"{name}.tools", f"{name}.call", f"{name}.read")
 
