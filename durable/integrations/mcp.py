@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[mcp]'") from exc
 
 from durable.agents import Lookup, Tool, ToolContext, registry
-from durable.integrations.base import EffectFreeStep, mcp_step_tools
+from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, mcp_step_tools
 from durable.integrations.mcp_sessions import (
     META_DEADLINE,
     META_KEY,
@@ -72,7 +72,7 @@ class McpServer:
 
     def __init__(self, name: str, transport: Callable[[], ClientTransport | str], *,
                  lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]]
-                 | None = None, timeout_s: float = 60.0) -> None:
+                 | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         taken = [n for n in (f"{name}.tools", f"{name}.call", f"{name}.read")
                  if n in registry.tools]
         if taken:

@@ -41,6 +41,7 @@ from pydantic import TypeAdapter
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
 from durable.call_identity import args_digest
 from durable.integrations.base import (
+    DEFAULT_TIMEOUT_S,
     EffectFreeStep,
     LiveRequests,
     ModelStepBase,
@@ -263,7 +264,7 @@ class HandoffStep(EffectFreeStep):
     ``on_invoke_handoff``, with the handoff's ``on_handoff`` callback); records the agent
     handed to. Sent again at once after a crash, like a read."""
 
-    timeout_s = 60.0
+    timeout_s = DEFAULT_TIMEOUT_S
     owner: ClassVar[AgentOwner]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
