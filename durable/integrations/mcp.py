@@ -39,7 +39,14 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 
 from durable.agents import Lookup, Tool, ToolContext, registry
 from durable.errors import DurableError
-from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
+from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, mcp_step_tools
+from durable.integrations.mcp_sessions import (
+    META_DEADLINE,
+    META_KEY,
+    SESSIONS,
+    read_only,
+    step_meta,
+)
 from durable.integrations.steploop import LOOP
 
 __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
@@ -67,7 +74,7 @@ class McpServer:
 
     def __init__(self, name: str, transport: Callable[[], ClientTransport | str], *,
                  lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]]
-                 | None = None, timeout_s: float = 60.0) -> None:
+                 | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         taken = [n for n in (f"{name}.tools", f"{name}.call", f"{name}.read")
                  if n in registry.tools]
         if taken:
@@ -75,8 +82,7 @@ class McpServer:
         self.name, self.transport, self.lookup = name, transport, lookup
         server = self
 
-        class Listing(Tool):
-            effect_free = True
+        class Listing(EffectFreeStep):
             cancellable = True
 
             async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
@@ -87,12 +93,9 @@ class McpServer:
 
                 return await LOOP.step(lambda: server.session(listing, effect=False), ctx)
 
-            def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-                return Lookup.not_applied()
-
         class Calling(Tool):
             async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-                meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
+                meta = step_meta(ctx)
 
                 async def calling(client: Client[Any]) -> Any:
                     return _result(await client.call_tool(
@@ -107,14 +110,9 @@ class McpServer:
                     return Lookup.unknown()
                 return server.lookup(key, args)  # the worker awaits an ``async`` one
 
-        made = [
-            type(f"{name}_tools", (Listing,), {"name": f"{name}.tools", "timeout_s": timeout_s}),
-            type(f"{name}_call", (Calling,), {"name": f"{name}.call", "timeout_s": timeout_s}),
-            type(f"{name}_read", (Calling,), {"name": f"{name}.read", "timeout_s": timeout_s,
-                                              "effect_free": True, "cancellable": True}),
-        ]
-        for cls in made:
-            registry.add_tool(cls())
+        made, _ = mcp_step_tools(name, Listing, Calling, {"timeout_s": timeout_s}, {})
+        for step in made:
+            registry.add_tool(step)
         #: The step tool names, for ``@agent(tools=...)``.
         self.steps: tuple[str, ...] = (f"{name}.tools", f"{name}.call", f"{name}.read")
 

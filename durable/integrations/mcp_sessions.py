@@ -26,11 +26,11 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from durable.agents import OutcomeUnknown
+from durable.agents import OutcomeUnknown, ToolContext
 from durable.errors import causes
 
 __all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "McpSession", "Sessions", "connection_lost",
-           "read_only"]
+           "read_only", "step_meta"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,12 @@ PING_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 5.0
 #: Where a call's idempotency key and deadline travel in its ``_meta``.
 META_KEY, META_DEADLINE = "idempotency_key", "deadline_ms"
+
+
+def step_meta(ctx: ToolContext) -> dict[str, Any]:
+    """What a call's ``_meta`` carries for the server to deduplicate on: the step's
+    idempotency key and deadline."""
+    return {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
 
 
 def read_only(listed: dict[str, Any]) -> bool:

@@ -82,8 +82,8 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError("durable.integrations.openai_agents needs the OpenAI Agents SDK: "
                       "pip install 'durable-agents[openai-agents]'") from exc
 
+from durable.integrations.base import StepOptions, step_context
 from durable.integrations.openai_agents.binding import AgentRunFailed
 from durable.integrations.openai_agents.runner import AgentInput, DurableAgent
-from durable.integrations.openai_agents.steps import StepOptions, step_context
 
 __all__ = ["AgentInput", "AgentRunFailed", "DurableAgent", "StepOptions", "step_context"]

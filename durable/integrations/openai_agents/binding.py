@@ -4,19 +4,16 @@ context variable) through which its model, tools and handoffs take steps, and ho
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agents.exceptions import AgentsException
 
 from durable.code import AsyncRunContext, StepFailed
 from durable.errors import causes
 from durable.execution import Unwind
-from durable.integrations.openai_agents import steps as st
-
-if TYPE_CHECKING:
-    from durable.integrations.openai_agents.runner import DurableAgent
+from durable.integrations.base import Bindings
+from durable.integrations.openai_agents.steps import AgentOwner, live_key
 
 
 class AgentRunFailed(StepFailed):
@@ -34,7 +31,7 @@ class AgentRunFailed(StepFailed):
 class Binding:
     """The durable run a ``DurableAgent``'s function is executing (a context variable)."""
 
-    owner: DurableAgent
+    owner: AgentOwner
     ctx: AsyncRunContext
     unwound: bool = False
     #: What was recorded once per run and is read again from the binding (MCP tool lists).
@@ -44,15 +41,12 @@ class Binding:
         """Take a step, handing the live request to the step tool that performs it."""
         if self.unwound:  # the worker let go of the run: nothing more is taken
             raise Unwind
-        key = st.live_key(self.ctx.run_id, tool, args)
-        self.owner.live[key] = live
         try:
-            return await self.ctx.call(tool, args)
+            with self.owner.live.handing(live_key(self.ctx.run_id, tool, args), live):
+                return await self.ctx.call(tool, args)
         except Unwind:
             self.unwound = True
             raise
-        finally:
-            self.owner.live.pop(key, None)
 
     async def child(self, agent: str, input: Any) -> Any:
         """Run ``agent`` as a child run of this one and return its result."""
@@ -65,12 +59,9 @@ class Binding:
             raise
 
 
-binding: ContextVar[Binding | None] = ContextVar("durable_openai_agents_run", default=None)
-
-
-def bound(owner: DurableAgent) -> Binding | None:
-    b = binding.get()
-    return b if b is not None and b.owner is owner else None
+RUNS: Bindings[Binding] = Bindings("durable_openai_agents_run")
+binding = RUNS.var
+bound = RUNS.bound
 
 
 def primary(exc: BaseException) -> BaseException:
@@ -83,5 +74,3 @@ def primary(exc: BaseException) -> BaseException:
             if isinstance(found, kind):
                 return AgentRunFailed(found) if kind is AgentsException else found
     return next((e for e in chain if not isinstance(e, Exception)), exc)
-
-

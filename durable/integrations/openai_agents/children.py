@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agents import Runner
+from agents import Agent, Runner
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext as SdkToolContext
 
 from durable.execution import ChildFailed
-from durable.integrations.openai_agents import steps as st
+from durable.integrations.base import jsonable
 from durable.integrations.openai_agents.binding import bound
-
-if TYPE_CHECKING:
-    from durable.integrations.openai_agents.runner import DurableAgent
 
 #: The attribute of a child tool naming the ``DurableAgent`` it runs.
 MARK = "_durable_child"
@@ -34,12 +31,25 @@ SCHEMA: dict[str, Any] = {
     "properties": {"input": {"type": "string", "description": "What the agent is asked."}}}
 
 
-def child_tool(agent: DurableAgent, name: str | None, description: str | None) -> FunctionTool:
+class ChildAgent(Protocol):
+    """What a child tool knows of the ``DurableAgent`` it runs (and of its caller)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def root(self) -> Agent[Any]: ...
+
+    @property
+    def max_turns(self) -> int: ...
+
+
+def child_tool(agent: ChildAgent, name: str | None, description: str | None) -> FunctionTool:
     """The tool a caller's agent lists; outside a durable run it runs the agent directly."""
 
     async def direct(tctx: SdkToolContext[Any], arguments: str) -> Any:
         result = await Runner.run(agent.root, _input(arguments), max_turns=agent.max_turns)
-        return st.plain(result.final_output)
+        return jsonable(result.final_output)
 
     tool = FunctionTool(
         name=name or agent.name, params_json_schema=SCHEMA, on_invoke_tool=direct,
@@ -48,7 +58,7 @@ def child_tool(agent: DurableAgent, name: str | None, description: str | None) -
     return tool
 
 
-def durable_child(caller: DurableAgent, tool: FunctionTool, child: DurableAgent) -> FunctionTool:
+def durable_child(caller: ChildAgent, tool: FunctionTool, child: ChildAgent) -> FunctionTool:
     """``tool`` inside ``caller``'s durable run: its call starts ``child`` as a child run."""
 
     async def invoke(tctx: SdkToolContext[Any], arguments: str) -> Any:

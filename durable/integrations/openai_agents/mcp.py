@@ -23,22 +23,27 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from agents.mcp import MCPServer
 from agents.mcp.util import MCPToolMetaContext
 from mcp import Tool as MCPTool
 from mcp.types import CallToolResult
 
-from durable.agents import Lookup, Tool, ToolContext
-from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS, read_only
-from durable.integrations.openai_agents import steps as st
+from durable.agents import Tool, ToolContext
+from durable.integrations.base import (
+    EffectFreeStep,
+    StepOptions,
+    jsonable,
+    mcp_step_tools,
+    stable,
+)
+from durable.integrations.mcp_sessions import SESSIONS, read_only, step_meta
 from durable.integrations.openai_agents.binding import bound
+from durable.integrations.openai_agents.steps import AgentOwner
 from durable.integrations.steploop import LOOP, recorded_lookup
-
-if TYPE_CHECKING:
-    from durable.integrations.openai_agents.runner import DurableAgent
 
 #: Where the SDK's tool call id travels from the tool's context to ``call_tool``.
 CALL_ID = "durable_call_id"
@@ -81,8 +86,11 @@ async def _ping(connection: _Connection) -> None:
     await session.send_ping()
 
 
-def _session_name(owner: DurableAgent, server: MCPServer) -> str:
-    return f"openai-agents:{owner.name}:{server.name}"
+async def _session(owner: AgentOwner, server: MCPServer,
+                   use: Callable[[_Connection], Awaitable[Any]], *, effect: bool) -> Any:
+    """``use(connection)`` on this worker's open session with ``server``."""
+    return await SESSIONS.call(f"openai-agents:{owner.name}:{server.name}",
+                               lambda: _Connection(server), use, ping=_ping, effect=effect)
 
 
 def as_call_result(value: Any) -> dict[str, Any]:
@@ -92,51 +100,43 @@ def as_call_result(value: Any) -> dict[str, Any]:
         return CallToolResult.model_validate(value).model_dump(mode="json", by_alias=True)
     if isinstance(value, str):
         return {"content": [{"type": "text", "text": value}], "isError": False}
-    return {"content": [{"type": "text", "text": str(st.plain(value))}],
-            "structuredContent": st.plain(value), "isError": False}
+    return {"content": [{"type": "text", "text": str(jsonable(value))}],
+            "structuredContent": jsonable(value), "isError": False}
 
 
-class McpToolsStep(Tool):
+class McpToolsStep(EffectFreeStep):
     """``<name>.mcp.<server>.tools``: the server's tool list, recorded once per run."""
 
-    effect_free = True
     cancellable = True
-    owner: ClassVar[DurableAgent]
+    owner: ClassVar[AgentOwner]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call: McpList = self.owner.handed(ctx, self.name, args, McpList)
+        call = self.owner.handed(ctx, self.name, args, McpList)
 
         async def listing(connection: _Connection) -> Any:
             tools = await connection.server.list_tools(call.run_context, call.agent)
             return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
-        return await LOOP.step(lambda: SESSIONS.call(_session_name(self.owner, call.server),
-                                              lambda: _Connection(call.server), listing,
-                                              ping=_ping,
-                                              effect=False), ctx)
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()
+        return await LOOP.step(lambda: _session(self.owner, call.server, listing,
+                                                effect=False), ctx)
 
 
 class McpCallStep(Tool):
     """``<name>.mcp.<server>.call`` / ``.read``: one call of a tool of the server."""
 
-    owner: ClassVar[DurableAgent]
-    options: ClassVar[st.StepOptions]
+    owner: ClassVar[AgentOwner]
+    options: ClassVar[StepOptions]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call: McpCall = self.owner.handed(ctx, self.name, args, McpCall)
-        meta = {**(call.meta or {}), META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
+        call = self.owner.handed(ctx, self.name, args, McpCall)
+        meta = {**(call.meta or {}), **step_meta(ctx)}
 
         async def calling(connection: _Connection) -> Any:
             result = await connection.server.call_tool(call.tool, call.arguments, meta=meta)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-        return await LOOP.step(lambda: SESSIONS.call(_session_name(self.owner, call.server),
-                                              lambda: _Connection(call.server), calling,
-                                              ping=_ping,
-                                              effect=not self.effect_free), ctx)
+        return await LOOP.step(lambda: _session(self.owner, call.server, calling,
+                                                effect=not self.effect_free), ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Any:
         return recorded_lookup(self.options.lookup, key, args, as_call_result)
@@ -145,7 +145,7 @@ class McpCallStep(Tool):
 class DurableMCPServer(MCPServer):
     """``real`` inside a durable run of ``owner``: its tool list and calls are steps."""
 
-    def __init__(self, owner: DurableAgent, real: MCPServer, steps: dict[str, str]) -> None:
+    def __init__(self, owner: AgentOwner, real: MCPServer, steps: dict[str, str]) -> None:
         super().__init__(
             use_structured_content=real.use_structured_content,
             failure_error_function=real._failure_error_function,
@@ -210,14 +210,14 @@ class DurableMCPServer(MCPServer):
         listed = next((t for t in await self._listed(None, None)
                        if t.get("name") == tool_name), {})
         step = self.steps["read" if read_only(listed) else "call"]
-        args = st.identity({"call_id": (meta or {}).get(CALL_ID), "tool": tool_name,
+        args = stable({"call_id": (meta or {}).get(CALL_ID), "tool": tool_name,
                             "args": arguments or {}})
         data = await b.step(step, args, McpCall(self.real, tool_name, arguments, rest or None))
         return CallToolResult.model_validate(data)
 
 
-def mcp_steps(owner: DurableAgent, server: MCPServer,
-              opts: st.StepOptions | None) -> tuple[list[Tool], dict[str, str]]:
+def mcp_steps(owner: AgentOwner, server: MCPServer,
+              opts: StepOptions | None) -> tuple[list[Tool], dict[str, str]]:
     """The step tools of the MCP server ``server`` of ``owner``'s graph, and their names."""
     if not _NAME.fullmatch(server.name):
         raise ValueError(f"DurableAgent({owner.name!r}): MCP server {server.name!r} needs a "
@@ -227,21 +227,9 @@ def mcp_steps(owner: DurableAgent, server: MCPServer,
         raise TypeError(f"DurableAgent({owner.name!r}): MCP server {server.name!r} asks the "
                         "SDK for approvals, which would interrupt the run; give "
                         f"tools={{'{server.name}.*': StepOptions(requires_approval=True)}}")
-    opts = opts or st.StepOptions()
-    base = f"{owner.name}.mcp.{server.name}"
-    names = {"tools": f"{base}.tools", "call": f"{base}.call", "read": f"{base}.read"}
-    timeout = opts.timeout_s or 60.0
-    common = {"owner": owner, "options": opts, "timeout_s": timeout,
-              "retryable": opts.retryable, "approver_role": opts.approver_role,
-              "approval_ttl_s": opts.approval_ttl_s}
-    made: list[Tool] = [
-        type(names["tools"].replace(".", "_"), (McpToolsStep,),
-             {"name": names["tools"], "owner": owner, "timeout_s": timeout})(),
-        type(names["call"].replace(".", "_"), (McpCallStep,), {
-            "name": names["call"], "cancellable": opts.cancellable,
-            "effect_free": opts.effect_free, "requires_approval": bool(opts.requires_approval),
-            **common})(),
-        type(names["read"].replace(".", "_"), (McpCallStep,), {
-            "name": names["read"], "cancellable": True, "effect_free": True, **common})(),
-    ]
-    return made, names
+    opts = opts or StepOptions()
+    call = {"options": opts, "retryable": opts.retryable, "approver_role": opts.approver_role,
+            "approval_ttl_s": opts.approval_ttl_s, "cancellable": opts.cancellable,
+            "effect_free": opts.effect_free, "requires_approval": bool(opts.requires_approval)}
+    return mcp_step_tools(f"{owner.name}.mcp.{server.name}", McpToolsStep, McpCallStep,
+                          {"owner": owner, "timeout_s": opts.timeout()}, call)

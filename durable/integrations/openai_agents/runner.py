@@ -9,7 +9,7 @@ import json
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 from agents import (
@@ -38,6 +38,7 @@ from durable import conversations
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext, StepFailed
 from durable.code import agent as code_agent
+from durable.integrations.base import LiveRequests, StepOptions, jsonable, make_step, stable
 from durable.integrations.openai_agents import children, mcp
 from durable.integrations.openai_agents import steps as st
 from durable.integrations.openai_agents.binding import (
@@ -56,6 +57,8 @@ MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
     openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 #: ``max_turns`` when the run has no "model_calls" budget: high, never a hidden ceiling.
 MAX_TURNS = 1000
+
+T = TypeVar("T")
 
 
 class AgentInput(BaseModel):
@@ -93,7 +96,7 @@ class _DurableModel(Model):
         if b is None:
             return await self.real.get_response(system_instructions, input, model_settings,
                                                 tools, output_schema, handoffs, tracing, **extra)
-        args = st.identity({
+        args = stable({
             "agent": self.agent, "instructions": system_instructions, "input": input,
             "tools": [getattr(t, "name", type(t).__name__) for t in tools],
             "handoffs": [h.tool_name for h in handoffs],
@@ -134,7 +137,7 @@ class DurableAgent:
         agent: Agent[Any],
         *,
         name: str | None = None,
-        tools: Mapping[str, st.StepOptions] | None = None,
+        tools: Mapping[str, StepOptions] | None = None,
         model_provider: ModelProvider | None = None,
         model_timeout_s: float = 120.0,
         model_retryable: tuple[type[BaseException], ...] = MODEL_RETRYABLE,
@@ -160,13 +163,13 @@ class DurableAgent:
         limit = (budgets or {}).get("model_calls")
         self.max_turns = max_turns or (limit + 1 if limit else MAX_TURNS)
         #: (run id, step tool, digest of the arguments) -> the live request of that step.
-        self.live: dict[tuple[str, str, str], Any] = {}
+        self.live = LiveRequests()
         self._options = dict(tools or {})
         self.model_step, self.handoff_step = f"{resolved}.model", f"{resolved}.handoff"
         self._steps: list[Tool] = [
-            _step_tool(st.ModelStep, self.model_step, self, timeout_s=model_timeout_s,
-                       retryable=tuple(model_retryable)),
-            _step_tool(st.HandoffStep, self.handoff_step, self)]
+            make_step(st.ModelStep, self.model_step, owner=self, timeout_s=model_timeout_s,
+                      retryable=tuple(model_retryable)),
+            make_step(st.HandoffStep, self.handoff_step, owner=self)]
         self._tools: dict[str, FunctionTool] = {}
         self._mcp: dict[str, mcp.DurableMCPServer] = {}
         self.clones: dict[str, Agent[Any]] = {}
@@ -240,20 +243,20 @@ class DurableAgent:
             raise ValueError(f"DurableAgent({self.name!r}): two different tools are named "
                              f"{tool.name!r}; their steps would share a name")
         self._tools[tool.name] = tool
-        opts = self._options.get(tool.name, st.StepOptions())
+        opts = self._options.get(tool.name, StepOptions())
         needs = tool.needs_approval if opts.requires_approval is None else opts.requires_approval
         step = f"{self.name}.tool.{tool.name}"
         approval = f"{step}.approval" if callable(needs) else None
+        if not opts.step:
+            raise ValueError(f"DurableAgent({self.name!r}): StepOptions(step=False) for "
+                             f"{tool.name!r}: every function tool of a DurableAgent is a step")
         if seen is None:
-            base = {"timeout_s": opts.timeout_s or tool.timeout_seconds or 60.0,
-                    "retryable": opts.retryable, "cancellable": opts.cancellable,
-                    "effect_free": opts.effect_free, "approver_role": opts.approver_role,
-                    "approval_ttl_s": opts.approval_ttl_s, "options": opts}
-            self._steps.append(_step_tool(st.FunctionStep, step, self, **base,
-                                          requires_approval=needs is True))
+            base = opts.step_attrs(tool.timeout_seconds)
+            self._steps.append(make_step(st.FunctionStep, step, owner=self, **base,
+                                         requires_approval=needs is True))
             if approval is not None:
-                self._steps.append(_step_tool(st.FunctionStep, approval, self, **base,
-                                              requires_approval=True))
+                self._steps.append(make_step(st.FunctionStep, approval, owner=self, **base,
+                                             requires_approval=True))
         owner = self
 
         async def invoke(tctx: SdkToolContext[Any], arguments: str) -> Any:
@@ -266,7 +269,7 @@ class DurableAgent:
                     await needs(tctx, parsed if isinstance(parsed, dict) else {},
                                 tctx.tool_call_id):
                 name = approval
-            args = st.identity({"call_id": tctx.tool_call_id, "arguments": parsed})
+            args = stable({"call_id": tctx.tool_call_id, "arguments": parsed})
             try:
                 out = await b.step(name, args, st.ToolCall(tool, tctx, arguments))
             except StepFailed as exc:
@@ -303,12 +306,9 @@ class DurableAgent:
         durable._agent_ref = weakref.ref(target) if target is not None else None
         return durable
 
-    def handed(self, ctx: ToolContext, tool: str, args: dict[str, Any], kind: type[Any]) -> Any:
-        live = self.live.get(st.live_key(ctx.run_id, tool, args))
-        if not isinstance(live, kind):
-            raise RuntimeError(f"step {ctx.step} of {ctx.run_id}: no live request was handed "
-                               f"to {tool!r} (is its function waiting at this step?)")
-        return live
+    def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
+        """The live request of the step ``step`` its function waits at, by its arguments."""
+        return self.live.take(st.live_key(ctx.run_id, step, args), kind, ctx, step)
 
     # The run ---------------------------------------------------------------------------
 
@@ -325,10 +325,10 @@ class DurableAgent:
         finally:
             binding.reset(token)
         if ctx.continues or ctx.session_name:  # kept for the run that continues this one
-            await conversations.asave(ctx, st.plain(result.to_input_list()))
-        output = st.plain(result.final_output)
+            await conversations.asave(ctx, jsonable(result.to_input_list()))
+        output = jsonable(result.final_output)
         if self.return_items:
-            return {"output": output, "items": st.plain(result.to_input_list()),
+            return {"output": output, "items": jsonable(result.to_input_list()),
                     "last_agent": result.last_agent.name}
         return output
 
@@ -343,12 +343,6 @@ async def continued_items(ctx: AsyncRunContext, given: str | list[dict[str, Any]
     earlier = await conversations.aload(ctx)
     new = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
     return [*earlier, *new]
-
-
-def _step_tool(base: type[Tool], name: str, owner: DurableAgent, **attrs: Any) -> Tool:
-    cls: type[Tool] = type(name.replace(".", "_"), (base,), {"name": name, "owner": owner,
-                                                             **attrs})
-    return cls()
 
 
 def _graph(root: Agent[Any]) -> Iterator[Agent[Any]]:

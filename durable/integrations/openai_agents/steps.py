@@ -8,15 +8,17 @@ only ever runs a code agent's step while its function waits at that very call, a
 arguments name the call (a tool call's arguments carry the model's ``call_id``).
 
 Every coroutine runs on one event loop per process (``durable.integrations.steploop``), so a
-model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops.
+model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops. The tools
+know their ``DurableAgent`` as an ``AgentOwner``; ``StepOptions`` and ``step_context()`` are
+the shared ones of ``durable.integrations.base``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from agents import Handoff, ModelResponse, ModelSettings, Usage
 from agents.models.interface import Model, ModelTracing
@@ -35,62 +37,31 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
 )
 from pydantic import TypeAdapter
-from pydantic_core import to_jsonable_python
 
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
 from durable.call_identity import args_digest
-from durable.integrations.steploop import LOOP, current_step, recorded_lookup
+from durable.integrations.base import (
+    DEFAULT_TIMEOUT_S,
+    EffectFreeStep,
+    LiveRequests,
+    ModelStepBase,
+    Owner,
+    StepOptions,
+    jsonable,
+)
+from durable.integrations.steploop import LOOP, recorded_lookup
 from durable.partials import tool_call_delta
 
-if TYPE_CHECKING:
-    from durable.integrations.openai_agents.runner import DurableAgent
 
+class AgentOwner(Owner, Protocol):
+    """What the step tools and wrappers of a run know of its ``DurableAgent``."""
 
-@dataclass(frozen=True)
-class StepOptions:
-    """How one function tool's calls are run as steps (``DurableAgent(tools={name: ...})``).
-
-    ``lookup(key, arguments)`` asks the system the tool acts on whether the call keyed ``key``
-    happened (``Lookup.applied(the tool's result)``, ``not_applied()`` or ``unknown()``), plain
-    or ``async``: it resolves a call whose outcome a crash or a timeout left unknown. Without
-    one, such a call waits for an operator. ``effect_free``: a read, sent again at once after a
-    crash. ``requires_approval`` overrides the tool's ``needs_approval``; ``approver_role`` is
-    the role whose signed decision a call that needs approval waits for. ``timeout_s``
-    defaults to the tool's ``timeout_seconds``, else 60."""
-
-    timeout_s: float | None = None
-    retryable: tuple[type[BaseException], ...] = ()
-    cancellable: bool = False
-    effect_free: bool = False
-    lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]] | None = None
-    requires_approval: bool | None = None
-    approver_role: str = "approver"
-    approval_ttl_s: float = 86400.0
-
-
-def step_context() -> ToolContext:
-    """The step a ``DurableAgent``'s tool (or model) runs in: ``key`` (its idempotency key,
-    to pass downstream), ``deadline_ms``, ``token``, ``attempt``, ``emit``. Raises
-    ``LookupError`` outside a step."""
-    ctx = current_step()
-    if ctx is None:
-        raise LookupError("not inside a durable step of a DurableAgent")
-    return ctx
+    live: LiveRequests
+    #: Model requests are streamed, their text deltas published to the run's followers.
+    stream: bool
 
 
 # Encodings ---------------------------------------------------------------------------------
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON data; what JSON cannot carry becomes its ``str``."""
-    return to_jsonable_python(value, fallback=str)
-
-
-def identity(value: Any) -> Any:
-    """``value`` as JSON data for a step's identity (checked again on re-execution): what
-    JSON cannot carry becomes its type's name, the same in every process."""
-    return to_jsonable_python(
-        value, fallback=lambda v: f"<{type(v).__module__}.{type(v).__qualname__}>")
 
 
 _OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
@@ -126,7 +97,7 @@ def encode_output(value: Any) -> dict[str, Any]:
     """A function tool's return as recorded: JSON data as it is, anything else as its ``str``
     (what the SDK tells the model of it)."""
     if isinstance(value, str | int | float | bool | type(None) | list | dict):
-        return {"return": plain(value)}
+        return {"return": jsonable(value)}
     return {"text": str(value)}
 
 
@@ -175,31 +146,20 @@ def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str, st
 # The step tools ----------------------------------------------------------------------------
 
 
-class ModelStep(Tool):
+class ModelStep(ModelStepBase):
     """``<name>.model``: one model request, by the real model, streamed to followers."""
 
-    effect_free = True
-    model = True
-    log_args = "digest"
-    cancellable = True
-    owner: ClassVar[DurableAgent]
+    owner: ClassVar[AgentOwner]
+    call_type = ModelCall
 
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call: ModelCall = self.owner.handed(ctx, self.name, args, ModelCall)
+    async def request(self, call: ModelCall, ctx: ToolContext) -> dict[str, Any]:
         settings = _keyed(call, ctx)
-
-        async def request() -> dict[str, Any]:
-            if self.owner.stream:
-                return encode_response(await _streamed(call, settings, ctx))
-            response = await call.model.get_response(
-                call.instructions, call.input, settings, call.tools, call.output_schema,
-                call.handoffs, call.tracing, **call.extra)
-            return encode_response(response)
-
-        return await LOOP.step(request, ctx)
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()  # never asked: an effect-free step is sent again
+        if self.owner.stream:
+            return encode_response(await _streamed(call, settings, ctx))
+        response = await call.model.get_response(
+            call.instructions, call.input, settings, call.tools, call.output_schema,
+            call.handoffs, call.tracing, **call.extra)
+        return encode_response(response)
 
 
 def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
@@ -256,11 +216,11 @@ class FunctionStep(Tool):
     handling included: an exception it turns into a message for the model is recorded as
     that message, except ``OutcomeUnknown`` and the step's ``retryable``, see ``_invoke``)."""
 
-    owner: ClassVar[DurableAgent]
+    owner: ClassVar[AgentOwner]
     options: ClassVar[StepOptions]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call: ToolCall = self.owner.handed(ctx, self.name, args, ToolCall)
+        call = self.owner.handed(ctx, self.name, args, ToolCall)
 
         async def invoke() -> dict[str, Any]:
             return encode_output(await _invoke(call, self.retryable))
@@ -299,23 +259,19 @@ async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) ->
         return message
 
 
-class HandoffStep(Tool):
+class HandoffStep(EffectFreeStep):
     """``<name>.handoff``: a handoff to another agent of the run (the SDK's
     ``on_invoke_handoff``, with the handoff's ``on_handoff`` callback); records the agent
     handed to. Sent again at once after a crash, like a read."""
 
-    effect_free = True
-    timeout_s = 60.0
-    owner: ClassVar[DurableAgent]
+    timeout_s = DEFAULT_TIMEOUT_S
+    owner: ClassVar[AgentOwner]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call: HandoffCall = self.owner.handed(ctx, self.name, args, HandoffCall)
+        call = self.owner.handed(ctx, self.name, args, HandoffCall)
 
         async def invoke() -> dict[str, Any]:
             agent = await call.handoff.on_invoke_handoff(call.context, call.arguments)
             return {"agent": agent.name}
 
         return await LOOP.step(invoke, ctx)
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()

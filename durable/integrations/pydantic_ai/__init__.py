@@ -75,10 +75,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is not instal
     raise ModuleNotFoundError("durable.integrations.pydantic_ai needs pydantic-ai: pip "
                               "install 'durable-agents[pydantic-ai]'", name=exc.name) from None
 
+from durable.integrations.base import StepOptions, step_context
 from durable.integrations.pydantic_ai.agent import DurableAgent
 from durable.integrations.pydantic_ai.capability import RedisDurability
 from durable.integrations.pydantic_ai.inputs import PromptInput, RunInput, prompt_input
-from durable.integrations.pydantic_ai.steps import StepOptions, step_context
 
 __all__ = ["DurableAgent", "PromptInput", "RedisDurability", "RunInput", "StepOptions",
            "prompt_input", "step_context"]

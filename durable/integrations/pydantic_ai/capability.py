@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.agent import AbstractAgent
@@ -26,8 +26,9 @@ from durable import conversations
 from durable.agents import Cancel, Fail, Tool, ToolContext, registry
 from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
+from durable.integrations.base import LiveRequests, make_step, stable
 from durable.integrations.pydantic_ai import history as kept
-from durable.integrations.pydantic_ai.codec import plain, primary
+from durable.integrations.pydantic_ai.codec import primary
 from durable.integrations.pydantic_ai.inputs import RunInput
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
@@ -43,6 +44,8 @@ from durable.integrations.pydantic_ai.toolsets import (
     DurableFunctionToolset,
     tool_step,
 )
+
+T = TypeVar("T")
 
 
 class RedisDurability(AbstractCapability[Any]):
@@ -93,7 +96,7 @@ class RedisDurability(AbstractCapability[Any]):
         self.attached = False
         self.registered = False
         #: (run id, step) -> the live request of the step the function waits at.
-        self.live: dict[tuple[str, int], Any] = {}
+        self.live = LiveRequests()
         #: Function toolset id -> {tool: step name}; MCP toolset id -> its steps.
         self.function_steps: dict[str, dict[str, str]] = {}
         self.approved_here: dict[str, frozenset[str]] = {}
@@ -169,9 +172,9 @@ class RedisDurability(AbstractCapability[Any]):
                 raise ValueError(f"a durable agent named {name!r} is registered already "
                                  f"({', '.join(sorted(taken)[:3])}): give this one another name")
             self.model_step = f"{name}.model"
-            steps: list[Tool] = [type(f"{name}_model", (ModelStep,), {
-                "name": self.model_step, "timeout_s": self.model_timeout_s,
-                "retryable": retryable_but_not_usage(self.model_retryable), "owner": self})()]
+            steps: list[Tool] = [make_step(
+                ModelStep, self.model_step, timeout_s=self.model_timeout_s,
+                retryable=retryable_but_not_usage(self.model_retryable), owner=self)]
             used: set[str] = set()
             seen: set[str] = set()
             for toolset in self.agent.toolsets:
@@ -206,8 +209,7 @@ class RedisDurability(AbstractCapability[Any]):
             used.add(f"{ident}.*")
             opts = self.options.get(f"{ident}.*", StepOptions())
             self.dynamic[ident] = f"{self.name}.tool.{ident}.call"
-            return [tool_step(self, self.dynamic[ident], f"{self.name}_{ident}_call", opts,
-                              bool(opts.requires_approval))]
+            return [tool_step(self, self.dynamic[ident], opts, bool(opts.requires_approval))]
         if is_mcp(toolset):
             used.add(f"{ident}.*")
             self.mcp_toolsets[ident] = toolset
@@ -229,8 +231,7 @@ class RedisDurability(AbstractCapability[Any]):
             needs = tool.requires_approval if opts.requires_approval is None \
                 else opts.requires_approval
             names[tool_name] = prefix + tool_name
-            made.append(tool_step(self, prefix + tool_name, f"{self.name}_{scope}{tool_name}",
-                                  opts, needs))
+            made.append(tool_step(self, prefix + tool_name, opts, needs))
             if needs:
                 approved.add(tool_name)
         self.function_steps[ident], self.approved_here[ident] = names, frozenset(approved)
@@ -247,12 +248,9 @@ class RedisDurability(AbstractCapability[Any]):
                               budgets=self.budgets, **self.agent_options)
         register(run)
 
-    def handed(self, ctx: ToolContext, kind: type[Any]) -> Any:
-        live = self.live.get((ctx.run_id, ctx.step))
-        if not isinstance(live, kind):
-            raise RuntimeError(f"step {ctx.step} of {ctx.run_id}: no live request was handed "
-                               f"to {self.name!r} (is its function waiting at this step?)")
-        return live
+    def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
+        """The live request of the step ``ctx`` runs (the function waits at it, by number)."""
+        return self.live.take((ctx.run_id, ctx.step), kind, ctx, step)
 
     # The run ------------------------------------------------------------------------------
 
@@ -288,7 +286,7 @@ class RedisDurability(AbstractCapability[Any]):
             binding.reset(token)
         if kept.keeps(ctx):  # for the run that continues this one
             await kept.save(ctx, result.all_messages())
-        output = plain(result.output)
+        output = stable(result.output)
         if self.return_messages:
             return {"output": output, "messages": ModelMessagesTypeAdapter.dump_python(
                 result.all_messages(), mode="json")}

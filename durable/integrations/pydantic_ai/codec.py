@@ -16,18 +16,9 @@ from pydantic_ai import (
     ToolFailed,
 )
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolReturn, ToolReturnContent
-from pydantic_core import to_jsonable_python
 
 from durable.code import StepFailed
-
-
-def opaque(value: Any) -> str:
-    """A value JSON cannot carry, in a step's identity: its type (stable across runs)."""
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
-
-
-def plain(value: Any) -> Any:
-    return to_jsonable_python(value, fallback=opaque)
+from durable.integrations.base import opaque, stable
 
 
 def identity(messages: list[ModelMessage]) -> list[Any]:
@@ -80,9 +71,9 @@ async def tool_outcome(call: Awaitable[Any]) -> dict[str, Any]:
     except ToolFailed as exc:
         return {"failed": exc.message}
     except ApprovalRequired as exc:
-        return {"approval_required": plain(exc.metadata)}
+        return {"approval_required": stable(exc.metadata)}
     except CallDeferred as exc:
-        return {"deferred": plain(exc.metadata), "kind": exc.kind}
+        return {"deferred": stable(exc.metadata), "kind": exc.kind}
     return encode_return(value)
 
 

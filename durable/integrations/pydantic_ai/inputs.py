@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationInfo, field_validator
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.messages import ModelMessage, UserContent
 from pydantic_ai.tools import DeferredToolResults
@@ -15,6 +15,10 @@ from pydantic_ai.usage import UsageLimits
 _PROMPT: TypeAdapter[list[UserContent]] = TypeAdapter(list[UserContent])
 _DEFERRED: TypeAdapter[DeferredToolResults] = TypeAdapter(DeferredToolResults)
 _LIMITS: TypeAdapter[UsageLimits] = TypeAdapter(UsageLimits)
+#: The fields of ``RunInput`` checked when a run starts, by what reads them.
+_CHECKED: dict[str, TypeAdapter[Any]] = {
+    "prompt": _PROMPT, "message_history": ModelMessagesTypeAdapter,
+    "deferred_tool_results": _DEFERRED, "usage_limits": _LIMITS}
 
 
 class RunInput(BaseModel):
@@ -42,32 +46,12 @@ class RunInput(BaseModel):
     model: str | None = None
     metadata: dict[str, Any] | None = None
 
-    @field_validator("prompt")
+    @field_validator("prompt", "message_history", "deferred_tool_results", "usage_limits")
     @classmethod
-    def _prompt(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            _PROMPT.validate_python(value)
-        return value
-
-    @field_validator("message_history")
-    @classmethod
-    def _history(cls, value: Any) -> Any:
-        if value is not None:
-            ModelMessagesTypeAdapter.validate_python(value)
-        return value
-
-    @field_validator("deferred_tool_results")
-    @classmethod
-    def _deferred(cls, value: Any) -> Any:
-        if value is not None:
-            _DEFERRED.validate_python(value)
-        return value
-
-    @field_validator("usage_limits")
-    @classmethod
-    def _limits(cls, value: Any) -> Any:
-        if value is not None:
-            _LIMITS.validate_python(value)
+    def _checked(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each field as pydantic-ai reads it (a text prompt is any text), kept as JSON."""
+        if value is not None and not isinstance(value, str):
+            _CHECKED[info.field_name or ""].validate_python(value)
         return value
 
     def run_kwargs(self) -> dict[str, Any]:

@@ -15,22 +15,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from pydantic import TypeAdapter
 from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
-from durable.agents import Lookup, Tool, ToolContext
-from durable.integrations.mcp_sessions import META_DEADLINE, META_KEY, SESSIONS
+from durable.agents import Tool, ToolContext
+from durable.integrations import mcp_sessions
+from durable.integrations.base import EffectFreeStep, StepOptions, mcp_step_tools
+from durable.integrations.mcp_sessions import SESSIONS, step_meta
 from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import StepOptions, bound
+from durable.integrations.pydantic_ai.steps import Durability, bound
 from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
 from durable.integrations.steploop import LOOP
-
-if TYPE_CHECKING:
-    from durable.integrations.pydantic_ai.capability import RedisDurability
 
 try:
     from pydantic_ai.mcp import MCPToolset
@@ -39,15 +38,13 @@ except ImportError:  # pragma: no cover - pydantic-ai without its MCP extra
 
 _DEFS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(list[ToolDefinition])
 
-
-
 def is_mcp(toolset: AbstractToolset[Any]) -> bool:
     return MCPToolset is not None and isinstance(toolset, MCPToolset)
 
 
 def read_only(tool_def: ToolDefinition) -> bool:
-    annotations = (tool_def.metadata or {}).get("annotations") or {}
-    return bool(annotations.get("readOnlyHint"))
+    """Whether the server marks the tool read-only (its metadata holds MCP's annotations)."""
+    return mcp_sessions.read_only(tool_def.metadata or {})
 
 
 @dataclass
@@ -58,7 +55,7 @@ class ToolsCall:
 
 
 class _McpStep(Tool):
-    owner: ClassVar[RedisDurability]
+    owner: ClassVar[Durability]
     ident: ClassVar[str]
     options: ClassVar[StepOptions]
 
@@ -76,14 +73,13 @@ class _McpStep(Tool):
                                    lambda: server, use, ping=ping, effect=effect)
 
 
-class McpToolsStep(_McpStep):
+class McpToolsStep(_McpStep, EffectFreeStep):
     """``<name>.mcp.<id>.tools``: the server's tool list, recorded once per run."""
 
-    effect_free = True
     cancellable = True
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, ToolsCall)
+        call = self.owner.handed(ctx, self.name, args, ToolsCall)
 
         async def listing(server: Any) -> Any:
             tools = await server.get_tools(call.ctx)
@@ -91,15 +87,12 @@ class McpToolsStep(_McpStep):
 
         return await LOOP.step(lambda: self.session(listing, effect=False), ctx)
 
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()
-
 
 class McpCallStep(_McpStep, ToolStep):
     """``<name>.mcp.<id>.call`` / ``.read``: one call of a tool of the server."""
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        meta = {META_KEY: ctx.key, META_DEADLINE: ctx.deadline_ms}
+        meta = step_meta(ctx)
 
         async def calling(server: Any) -> Any:
             # A lost connection is raised, not told to the model: ``SESSIONS`` must see it.
@@ -111,32 +104,21 @@ class McpCallStep(_McpStep, ToolStep):
         return await LOOP.step(invoke, ctx)
 
 
-def mcp_steps(owner: RedisDurability, ident: str,
+def mcp_steps(owner: Durability, ident: str,
               opts: StepOptions | None) -> tuple[list[Tool], dict[str, str]]:
     """The step tools of the MCP toolset ``ident`` and their names by role."""
     opts = opts or StepOptions()
-    base = f"{owner.name}.mcp.{ident}"
-    names = {"tools": f"{base}.tools", "call": f"{base}.call", "read": f"{base}.read"}
-    common = {"owner": owner, "ident": ident, "options": opts,
+    shared = {"owner": owner, "ident": ident, "options": opts, "timeout_s": opts.timeout(),
               "retryable": retryable_but_not_usage(opts.retryable)}
-    made: list[Tool] = [
-        type(f"{owner.name}_mcp_{ident}_tools", (McpToolsStep,),
-             {"name": names["tools"], "timeout_s": opts.timeout_s, **common})(),
-        type(f"{owner.name}_mcp_{ident}_call", (McpCallStep,), {
-            "name": names["call"], "timeout_s": opts.timeout_s,
-            "cancellable": opts.cancellable, "effect_free": opts.effect_free, **common})(),
-        type(f"{owner.name}_mcp_{ident}_read", (McpCallStep,), {
-            "name": names["read"], "timeout_s": opts.timeout_s,
-            "cancellable": True, "effect_free": True, **common})(),
-    ]
-    return made, names
+    return mcp_step_tools(f"{owner.name}.mcp.{ident}", McpToolsStep, McpCallStep, shared,
+                          {"cancellable": opts.cancellable, "effect_free": opts.effect_free})
 
 
 @dataclass
 class DurableMCPToolset(WrapperToolset[Any]):
     """An MCP toolset inside a durable run: its tool list and its calls are steps."""
 
-    owner: RedisDurability | None = None
+    owner: Durability | None = None
     steps: dict[str, str] = field(default_factory=dict)
 
     def _bound(self) -> bool:

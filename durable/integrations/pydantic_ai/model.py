@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from pydantic_ai.exceptions import UsageLimitExceeded, UserError
 from pydantic_ai.messages import (
@@ -34,14 +34,11 @@ from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 
-from durable.agents import Lookup, Tool, ToolContext
-from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity, plain
-from durable.integrations.pydantic_ai.steps import bound
-from durable.integrations.steploop import LOOP
+from durable.agents import ToolContext
+from durable.integrations.base import ModelStepBase, stable
+from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity
+from durable.integrations.pydantic_ai.steps import Durability, bound
 from durable.partials import tool_call_delta
-
-if TYPE_CHECKING:
-    from durable.integrations.pydantic_ai.capability import RedisDurability
 
 #: pydantic-ai's errors that no retry can fix (the peers never retry them either).
 NOT_RETRYABLE: tuple[type[BaseException], ...] = (UserError, UsageLimitExceeded)
@@ -82,7 +79,7 @@ class DurableModel(WrapperModel):
     """The model of a request inside a durable run: ``request`` is the step
     ``<name>.model``. Outside one (the same agent run directly), it is the model itself."""
 
-    def __init__(self, wrapped: Model, owner: RedisDurability) -> None:
+    def __init__(self, wrapped: Model, owner: Durability) -> None:
         super().__init__(wrapped)
         self._owner = owner
 
@@ -112,8 +109,8 @@ class DurableModel(WrapperModel):
         just before a crash is shown again: the function may not have been given it."""
         b = bound(self._owner)
         assert b is not None
-        args = {"messages": identity(messages), "settings": plain(settings),
-                "parameters": plain(parameters)}
+        args = {"messages": identity(messages), "settings": stable(settings),
+                "parameters": stable(parameters)}
         call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
         response, seen = await b.step_seen(self._owner.model_step, args, call)
         return decode_response(response), seen
@@ -182,35 +179,24 @@ def partial_of(event: Any) -> Any:
 def _args_text(args: Any) -> str:
     if args is None or args == {} or args == "":
         return ""
-    return args if isinstance(args, str) else json.dumps(plain(args))
+    return args if isinstance(args, str) else json.dumps(stable(args))
 
 
-class ModelStep(Tool):
+class ModelStep(ModelStepBase):
     """``<name>.model``: one model request, performed by the real model."""
 
-    effect_free = True
-    model = True
-    log_args = "digest"
-    cancellable = True
-    owner: ClassVar[RedisDurability]
+    owner: ClassVar[Durability]
+    call_type = ModelCall
 
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, ModelCall)
+    async def request(self, call: ModelCall, ctx: ToolContext) -> dict[str, Any]:
         settings = _downstream(call.settings, ctx)
-
-        async def request() -> dict[str, Any]:
-            if not call.stream:
-                response = await call.model.request(call.messages, settings, call.parameters)
-                return encode_response(response)
-            async with call.model.request_stream(call.messages, settings, call.parameters,
-                                                 call.run_context) as streamed:
-                async for event in streamed:
-                    shown = partial_of(event)
-                    if shown is not None:
-                        ctx.emit(shown)
-            return encode_response(streamed.get())
-
-        return await LOOP.step(request, ctx)
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()  # never asked: an effect-free step is sent again
+        if not call.stream:
+            response = await call.model.request(call.messages, settings, call.parameters)
+            return encode_response(response)
+        async with call.model.request_stream(call.messages, settings, call.parameters,
+                                             call.run_context) as streamed:
+            async for event in streamed:
+                shown = partial_of(event)
+                if shown is not None:
+                    ctx.emit(shown)
+        return encode_response(streamed.get())

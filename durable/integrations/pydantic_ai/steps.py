@@ -1,65 +1,40 @@
-"""What the function and the step tools of a durable pydantic-ai run share: the options of a
-tool's steps, the step a tool runs in (``step_context()``), and the binding of the function to
-the durable run it executes. Every step's coroutine runs on the loop of
+"""What the function and the step tools of a durable pydantic-ai run share: what they know
+of their ``RedisDurability`` (``Durability``, so that they never import it), and the binding
+of the function to the durable run it executes (``StepOptions`` and ``step_context()`` are
+the shared ones of ``durable.integrations.base``). Every step's coroutine runs on the loop of
 ``durable.integrations.steploop``."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic_ai.durable_exec import record_durable_unit
 from pydantic_ai.messages import ToolCallEvent, ToolResultEvent
+from pydantic_ai.toolsets import AbstractToolset
 
-from durable.agents import Lookup, ToolContext
 from durable.code import AsyncRunContext
-from durable.integrations.steploop import LOOP, current_step
-
-if TYPE_CHECKING:
-    from durable.integrations.pydantic_ai.capability import RedisDurability
+from durable.integrations.base import Bindings, LiveRequests, Owner, StepOptions, step_context
+from durable.integrations.steploop import LOOP
 
 
-@dataclass(frozen=True)
-class StepOptions:
-    """How one tool's calls are run as steps (``tools={name: StepOptions()}``).
+class Durability(Owner, Protocol):
+    """What the step tools and wrappers of a run know of its ``RedisDurability``."""
 
-    ``lookup(key, args)`` asks the system the tool acts on whether the call keyed ``key``
-    happened (``Lookup.applied(the tool's result)``, ``not_applied()`` or ``unknown()``), plain
-    or ``async``: it resolves a call whose outcome a crash or a timeout left unknown. Without
-    one, such a call waits in ``waiting_external`` for an operator (``durable settle``): mark a
-    tool that only reads ``effect_free`` and it is simply sent again. ``requires_approval``
-    overrides what pydantic-ai says of the tool. ``step=False``: the tool is not a step at all;
-    it runs inside the agent's function and is executed again on recovery (for pure, cheap
-    tools only)."""
-
-    timeout_s: float = 60.0
-    retryable: tuple[type[BaseException], ...] = ()
-    cancellable: bool = False
-    effect_free: bool = False
-    lookup: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]] | None = None
-    requires_approval: bool | None = None
-    approver_role: str = "approver"
-    approval_ttl_s: float = 86400.0
-    step: bool = True
-
-
-def step_context() -> ToolContext:
-    """The step a durable pydantic-ai agent's tool (or model) runs in: ``key`` (its
-    idempotency key, to pass downstream), ``deadline_ms``, ``token``, ``attempt``. Raises
-    ``LookupError`` outside a step."""
-    ctx = current_step()
-    if ctx is None:
-        raise LookupError("not inside a durable step of a pydantic-ai agent")
-    return ctx
+    live: LiveRequests
+    model_step: str
+    #: Tools that are not steps (``StepOptions(step=False)``).
+    not_steps: set[str]
+    #: MCP toolset id -> the toolset.
+    mcp_toolsets: dict[str, AbstractToolset[Any]]
 
 
 @dataclass
 class Binding:
     """The durable run a capability's function is executing (a context variable)."""
 
-    owner: RedisDurability
+    owner: Durability
     ctx: AsyncRunContext
     #: Steps handed to the run and not answered yet (several at once: parallel tool calls).
     inflight: set[int] = field(default_factory=set)
@@ -89,24 +64,19 @@ class Binding:
         seen = self.ctx.went_past(n)
         if call_id and seen:
             self.reported.add(call_id)
-        key = (self.ctx.run_id, n)
-        self.owner.live[key] = live
         self.inflight.add(n)
         try:
-            result = await self.ctx.call(tool, args)
+            with self.owner.live.handing((self.ctx.run_id, n), live):
+                result = await self.ctx.call(tool, args)
         finally:
             self.inflight.discard(n)
-            self.owner.live.pop(key, None)
         record_durable_unit(executed=not replayed)
         return result, seen
 
 
-binding: ContextVar[Binding | None] = ContextVar("durable_pydantic_ai_run", default=None)
-
-
-def bound(owner: RedisDurability) -> Binding | None:
-    b = binding.get()
-    return b if b is not None and b.owner is owner else None
+RUNS: Bindings[Binding] = Bindings("durable_pydantic_ai_run")
+binding = RUNS.var
+bound = RUNS.bound
 
 
 # What an event-stream handler is shown when the function is executed again ----------
@@ -165,5 +135,5 @@ async def unseen(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
             yield call
 
 
-__all__ = ["LOOP", "Binding", "StepOptions", "binding", "bound", "step_context",
-           "without_replayed"]
+__all__ = ["LOOP", "RUNS", "Binding", "Durability", "StepOptions", "binding", "bound",
+           "step_context", "without_replayed"]

@@ -6,25 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic_ai.tools import RunContext, ToolDenied
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.code import StepFailed
-from durable.integrations.pydantic_ai.codec import (
-    decode_outcome,
-    encode_return,
-    plain,
-    tool_outcome,
-)
+from durable.integrations.base import StepOptions, make_step, stable
+from durable.integrations.pydantic_ai.codec import decode_outcome, encode_return, tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import StepOptions, bound
+from durable.integrations.pydantic_ai.steps import Durability, bound
 from durable.integrations.steploop import LOOP, recorded_lookup
-
-if TYPE_CHECKING:
-    from durable.integrations.pydantic_ai.capability import RedisDurability
 
 
 @dataclass
@@ -44,14 +37,14 @@ def original_name(name: str, tool: ToolsetTool[Any]) -> str:
     return original if isinstance(original, str) and original else name
 
 
-async def take_step(owner: RedisDurability, step: str, toolset: AbstractToolset[Any],
+async def take_step(owner: Durability, step: str, toolset: AbstractToolset[Any],
                     name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                     tool: ToolsetTool[Any], step_args: dict[str, Any] | None = None) -> Any:
     """A tool call as the step ``step`` (its arguments ``step_args``, by default the
     tool's): its outcome from the log, or from the call."""
     b = bound(owner)
     assert b is not None
-    args = plain(tool_args if step_args is None else step_args)
+    args = stable(tool_args if step_args is None else step_args)
     try:
         outcome = await b.step(step, args, ToolCall(toolset, name, tool_args, ctx, tool),
                                call_id=ctx.tool_call_id)
@@ -66,7 +59,7 @@ async def take_step(owner: RedisDurability, step: str, toolset: AbstractToolset[
 class DurableFunctionToolset(WrapperToolset[Any]):
     """A function toolset inside a durable run: ``call_tool`` is the step of its tool."""
 
-    owner: RedisDurability | None = None
+    owner: Durability | None = None
     #: Tool name (as the toolset holds it) -> step tool name; a tool not here is not a step.
     steps: dict[str, str] = field(default_factory=dict)
     #: Tools whose approval this system asks for (pydantic-ai is told they need none).
@@ -104,11 +97,11 @@ class DurableFunctionToolset(WrapperToolset[Any]):
 class ToolStep(Tool):
     """``<name>.tool.<tool>``: one call of a pydantic-ai tool, by its own toolset."""
 
-    owner: ClassVar[RedisDurability]
+    owner: ClassVar[Durability]
     options: ClassVar[StepOptions]
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, ToolCall)
+        call = self.owner.handed(ctx, self.name, args, ToolCall)
         run_ctx = call.ctx
         if self.requires_approval:  # approved by this system: the tool may know it
             run_ctx = replace(run_ctx, tool_call_approved=True)
@@ -123,16 +116,11 @@ class ToolStep(Tool):
         return recorded_lookup(self.options.lookup, key, args, encode_return)
 
 
-def tool_step(owner: RedisDurability, step: str, class_name: str, opts: StepOptions,
-              needs_approval: bool) -> Tool:
+def tool_step(owner: Durability, step: str, opts: StepOptions, needs_approval: bool) -> Tool:
     """The step tool ``step`` of one pydantic-ai tool, with its options."""
-    made: Tool = type(class_name, (ToolStep,), {
-        "name": step, "timeout_s": opts.timeout_s,
-        "retryable": retryable_but_not_usage(opts.retryable),
-        "cancellable": opts.cancellable, "effect_free": opts.effect_free,
-        "requires_approval": needs_approval, "approver_role": opts.approver_role,
-        "approval_ttl_s": opts.approval_ttl_s, "owner": owner, "options": opts})()
-    return made
+    return make_step(ToolStep, step, **{
+        **opts.step_attrs(), "retryable": retryable_but_not_usage(opts.retryable),
+        "requires_approval": needs_approval, "owner": owner})
 
 
 @dataclass
@@ -141,7 +129,7 @@ class DurableDynamicToolset(WrapperToolset[Any]):
     once the run builds them, so each call is the one step ``<name>.tool.<id>.call`` of the
     toolset, with the tool's name and arguments as its arguments."""
 
-    owner: RedisDurability | None = None
+    owner: Durability | None = None
     step: str = ""
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
