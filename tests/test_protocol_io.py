@@ -6,9 +6,12 @@ is awaited (``workers.redis_io``: batched with the other runs' calls), and libra
 that makes its own calls runs off the driving thread, inside a function or lambda handed to
 an ``Offload``.
 
-This walks the protocol's modules (``PROTOCOL``) as ``tests/test_layout.py`` walks the
-import graph: from every ``async def``, through every function they call directly (by
-name, across the modules), it fails on
+This walks the protocol's modules as ``tests/test_layout.py`` walks the import graph: every
+module of the worker's package that defines a coroutine (``protocol_modules``: the step
+loop, its helpers, the Redis calls they await, the hub that drives them, the tool calls
+awaited on the event loop), found in the package itself, not listed by hand. From every
+``async def``, through every function they call directly (by name, across the modules),
+it fails on
 
 - a method of a Redis client (``x.redis.hincrby(...)``, ``client.get(...)``, a pipeline);
 - a method of the event log, the leases, the approver registry or RQ's queue other than
@@ -32,6 +35,7 @@ from typing import Any
 import pytest
 import redis
 
+import durable.workers
 from durable.agents import registry
 from durable.client import Client
 from durable.log import keys
@@ -41,11 +45,8 @@ from durable.testing import wait_for
 from durable.workers.hub import RunHub
 from durable.workers.loop import StepLoop
 
-ROOT = Path(__file__).resolve().parent.parent
-
-#: The modules of the step protocol.
-PROTOCOL = ("workers/loop.py", "workers/decisions.py", "workers/family.py",
-            "workers/redis_io.py")
+#: The worker's package (``workers/``, installed as ``durable.workers``).
+WORKERS = Path(next(iter(durable.workers.__path__)))
 
 #: Objects whose methods call Redis: attribute names (``self.log``) and plain names.
 CLIENTS = {"redis", "client", "pipe", "pipeline"}
@@ -135,9 +136,30 @@ def blocking_calls(sources: dict[str, str]) -> list[str]:
     return sorted(found)
 
 
+def defines_a_coroutine(text: str) -> bool:
+    return any(isinstance(node, ast.AsyncFunctionDef) for node in ast.walk(ast.parse(text)))
+
+
+def protocol_modules() -> dict[str, str]:
+    """Every module of the worker's package that defines a coroutine (path -> text)."""
+    sources = {f"workers/{path.name}": path.read_text()
+               for path in sorted(WORKERS.glob("*.py"))}
+    return {path: text for path, text in sources.items() if defines_a_coroutine(text)}
+
+
 def test_no_coroutine_of_the_step_protocol_calls_redis_directly() -> None:
-    sources = {path: (ROOT / path).read_text() for path in PROTOCOL}
-    assert blocking_calls(sources) == []
+    assert blocking_calls(protocol_modules()) == []
+
+
+def test_the_walk_reads_every_module_that_holds_a_coroutine() -> None:
+    """The set is found, not listed: the step loop and the helpers it hands a
+    ``StepContext`` are among it (a package that moved, or a module whose coroutines
+    were missed, would make the walk above pass without reading them)."""
+    found = protocol_modules()
+    helpers = {f"workers/{path.name}" for path in WORKERS.glob("*.py")
+               if "ctx: StepContext" in path.read_text()}
+    assert "workers/loop.py" in found
+    assert helpers and helpers <= set(found)
 
 
 def test_the_walk_finds_a_direct_call_in_a_coroutine_and_in_what_it_calls() -> None:
@@ -250,3 +272,19 @@ def test_the_watch_sees_a_call_made_in_place(
     assert watched.hub.slots.take_again("not a run id!")
     assert wait_for(lambda: client.stats().get("malformed_commands") == 1, 10)
     assert watched.direct == ["HINCRBY"]
+
+
+def test_a_run_whose_step_code_raises_is_counted_in_a_batch(
+    watched: _Watched, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose step code raises (a bug, not a Redis fault) is counted among the
+    worker's statistics in the hub's next batch: the driving thread, which resumes every
+    other run, sends nothing in place for it."""
+    async def raises(run_id: str, callbacks: Any) -> dict[str, Any]:
+        raise RuntimeError(f"a bug met driving {run_id}")
+
+    monkeypatch.setattr(watched.loop, "advance_async", raises)
+    assert watched.hub.slots.take_again("r-raises")
+    assert wait_for(lambda: client.stats().get("advance_errors") == 1, 10)
+    assert watched.hub.slots.wait_idle(10)
+    assert watched.direct == []

@@ -2,13 +2,12 @@
 of its agent, an unsigned rejection in its log, the agent's version policy (a run of another
 version goes to a worker that has it, waits for an approval, or is quarantined), and the
 re-observing of the open intent (the agent must decide what the log recorded). Each check
-writes at most what it decides, through the step loop (``workers.loop``).
+writes at most what it decides, through the step context it is given (``workers.context``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import redis
 
@@ -21,16 +20,14 @@ from durable.log import events as ev
 from durable.log.store import RunHandle, Spec
 
 from . import aio, authority
+from .context import StepContext
 from .gates import version_policy
 from .steps import agent_traceback
-
-if TYPE_CHECKING:
-    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 
 
-async def admit(loop: StepLoop, handle: RunHandle, agent: Agent, lease: Lease,
+async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
                 kept: bool) -> bool:
     """Whether the job goes on to the run's steps. It does not when the run waits for a
     run limit (nothing written), a rejection in its log is unsigned, its agent's version
@@ -39,70 +36,69 @@ async def admit(loop: StepLoop, handle: RunHandle, agent: Agent, lease: Lease,
     on from the last job, nothing to re-observe). What is admitted is staged on ``handle``.
     """
     run_id = handle.run_id
-    wait = await loop.limiter.take_run(handle.state, agent)
+    wait = await ctx.limiter.take_run(handle.state, agent)
     if wait is not None:  # at most N runs per key in flight: it waits, nothing written
-        await loop.park(run_id, wait)
+        await ctx.park(run_id, wait)
         return False
-    loop.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
+    ctx.log.stage(handle, [Spec(ev.LeaseAcquired, {"owner": lease.owner,
                                                      "epoch": lease.epoch})])
-    forged = await authority.unsigned_rejection(loop, handle)
+    forged = await authority.unsigned_rejection(ctx, handle)
     if forged is not None:
-        await loop.quarantine(handle, forged)
+        await ctx.quarantine(handle, forged)
         return False
-    state, check = handle.state, authority.approval_check(loop, run_id)
+    state, check = handle.state, authority.approval_check(ctx, run_id)
     if state.agent_version == agent.version:
         verdict, specs, why = version_policy(state, agent, check)
     else:  # a decision on the upgrade is checked against the approver registry
-        verdict, specs, why = await loop.io.elsewhere(
+        verdict, specs, why = await ctx.io.elsewhere(
             lambda: version_policy(state, agent, check))
-    if verdict != "ok" and await hand_to_its_version(loop, handle, lease):
+    if verdict != "ok" and await hand_to_its_version(ctx, handle, lease):
         return False
     if verdict == "quarantine":
-        await loop.quarantine(handle, why)
+        await ctx.quarantine(handle, why)
         return False
     if verdict == "wait":
-        await loop.log.commit_async(handle, specs, checkpoint=True)
+        await ctx.log.commit_async(handle, specs, checkpoint=True)
         return False
-    loop.log.stage(handle, specs)
+    ctx.log.stage(handle, specs)
     try:
         if not kept:
-            await check_replay(loop, handle, agent)
+            await check_replay(ctx, handle, agent)
     except NondeterminismError as exc:
-        await loop.quarantine(handle, str(exc))
+        await ctx.quarantine(handle, str(exc))
         return False
     except redis.RedisError:  # Redis failed under the re-observing, not the agent
         raise
     except Exception as exc:  # an agent bug met while re-observing: keep the evidence
-        await loop.quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
-                              traceback=agent_traceback(exc))
+        await ctx.quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
+                             traceback=agent_traceback(exc))
         return False
     return True
 
 
-async def route(loop: StepLoop, handle: RunHandle, lease: Lease, to: str) -> None:
+async def route(ctx: StepContext, handle: RunHandle, lease: Lease, to: str) -> None:
     """Put the run on the ready list ``to``, where a worker that has its agent (or
     its version) takes it from. Nothing is written."""
-    await loop.io.release(lease)  # before it is ready again: a taker finds it free
-    loop.released.add((handle.run_id, lease.value))
-    await loop.io.enqueue(handle.run_id, force=True, route=to)
-    await loop.io.stat("runs_routed")
+    await ctx.let_go(lease)  # before it is ready again: a taker finds it free
+    await ctx.io.enqueue(handle.run_id, force=True, route=to)
+    await ctx.io.stat("runs_routed")
 
 
-async def hand_to_its_version(loop: StepLoop, handle: RunHandle, lease: Lease) -> bool:
+async def hand_to_its_version(ctx: StepContext, handle: RunHandle, lease: Lease) -> bool:
     """A run of another version of the agent, which this worker's code may not take
     over (its ``on_version_change``): when a live worker has the run's own version (an
     old worker during a rolling deploy), the run goes on that version's ready list
     instead of being quarantined or held for an approval. Nothing is written."""
     to = f"{handle.state.agent}@{handle.state.agent_version}"
-    if not any(to in serves for serves in (await loop.io.served_agents()).values()):
+    if not any(to in serves for serves in (await ctx.io.served_agents()).values()):
         return False
     log.info("run %s: started under %s, handed to a worker that has that version",
              handle.run_id, to)
-    await route(loop, handle, lease, to)
+    await route(ctx, handle, lease, to)
     return True
 
 
-async def check_replay(loop: StepLoop, handle: RunHandle, agent: Agent) -> None:
+async def check_replay(ctx: StepContext, handle: RunHandle, agent: Agent) -> None:
     """Re-observe the open intent: the agent must decide what the log recorded."""
     act, before = handle.state.current, handle.pre_intent
     if act is None:
@@ -114,10 +110,10 @@ async def check_replay(loop: StepLoop, handle: RunHandle, agent: Agent) -> None:
         # group, whose state before it is not kept: it is not re-decided.
         return
     seen = before
-    decided = await aio.next_decision(loop, agent, seen)
+    decided = await aio.next_decision(ctx, agent, seen)
     call = matching_call(handle.run_id, decided, act.step, act.tool, act.args, act.group)
     handle.live_args[act.step] = call.args
     if isinstance(decided, Parallel):  # the group's other open calls go out again too
         for step, member in zip(decided.steps, decided.calls, strict=False):
             handle.live_args.setdefault(step, member.args)
-    await loop.io.stat("replayed_intents")
+    await ctx.io.stat("replayed_intents")

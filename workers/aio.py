@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from durable.agents import Agent, Tool
 from durable.code import CodeAgent
@@ -28,10 +28,8 @@ from durable.execution import decision_of
 from durable.log.state import Action, RunState
 from durable.log.store import Spec
 
+from .context import StepContext
 from .turns import SLOT, Abandoned, Offload, Slot
-
-if TYPE_CHECKING:
-    from .loop import StepLoop
 
 
 class Awaiting(Offload):
@@ -71,19 +69,19 @@ class Awaiting(Offload):
             pass
 
 
-async def next_decision(loop: StepLoop, agent: Agent, state: RunState) -> Any:
-    """The agent's next decision: a ``decide()`` on a thread (as ``StepLoop.user``), an
+async def next_decision(ctx: StepContext, agent: Agent, state: RunState) -> Any:
+    """The agent's next decision: a ``decide()`` on a thread (as ``StepContext.user``), an
     ``async def`` function's awaited on the event loop; a plain function's awaited from its
     own thread under a driver that resumes runs later (the hub: ``timed_soon``), else
-    waited for on a thread (``StepLoop.user``)."""
+    waited for on a thread (``StepContext.user``)."""
     what = f"{agent.name}.decide()"
     slot = SLOT.get()
     if not isinstance(agent, CodeAgent) or not (
             agent.is_async or (slot is not None and slot.callbacks.resumes_later)):
-        return await loop.user(what, lambda: agent.decide(state))
+        return await ctx.user(what, lambda: agent.decide(state))
     if not agent.has_session(state.run_id) and agent.needs_history(state):
         # Its history is read from the log first, on a thread.
-        await loop.io.elsewhere(lambda: agent.open_session(state))
+        await ctx.io.elsewhere(lambda: agent.open_session(state))
     if agent.is_async or slot is None:
         return decision_of(await Awaiting(what, lambda: agent.decide_soon(state)))
     return decision_of(await Awaiting(what, lambda: timed_soon(agent, state, slot, what)))
@@ -112,19 +110,19 @@ def timed_soon(agent: CodeAgent, state: RunState, slot: Slot, what: str) -> Hand
     return wanted
 
 
-def is_async_tool(loop: StepLoop, tool: Tool) -> bool:
-    return loop.dispatcher.is_async(tool)
+def is_async_tool(ctx: StepContext, tool: Tool) -> bool:
+    return ctx.dispatcher.is_async(tool)
 
 
-async def call_tool(loop: StepLoop, run_id: str, tool: Tool, act: Action, slot: Slot,
+async def call_tool(ctx: StepContext, run_id: str, tool: Tool, act: Action, slot: Slot,
                     args: Any) -> list[Spec]:
     """Call an ``async def`` tool on the event loop: the events its call observed."""
     slot.in_call = True
     try:
-        specs: list[Spec] = await Awaiting(act.tool, lambda: loop.dispatcher.dispatch_soon(
+        specs: list[Spec] = await Awaiting(act.tool, lambda: ctx.dispatcher.dispatch_soon(
             run_id, tool, act, slot.token, args))
     finally:
         slot.in_call = False
-    if (run_id, act.step) in loop.limiter.held:
-        await loop.io.elsewhere(lambda: loop.limiter.release(run_id, act.step, specs))
+    if (run_id, act.step) in ctx.limiter.held:
+        await ctx.io.elsewhere(lambda: ctx.limiter.release(run_id, act.step, specs))
     return specs

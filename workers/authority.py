@@ -9,7 +9,6 @@ asked for, and the run waits). The registry's entries carry an admin signature
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from durable.agents import Tool
 from durable.approvals import check_history, check_recorded
@@ -18,15 +17,13 @@ from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS
 from durable.settling import unsigned_settle
 
+from .context import StepContext
 from .gates import Check, gate, request_specs
-
-if TYPE_CHECKING:
-    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 
 
-async def unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
+async def unsigned_rejection(ctx: StepContext, handle: RunHandle) -> str | None:
     """A rejection or an operator's settle the fold already applied must have been
     valid when it was made; one that was not (written around the client) is never fed
     to the agent: the run is quarantined. Approvals are checked at the gate.
@@ -36,25 +33,25 @@ async def unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
     state = handle.state
     if any(a.decision not in (None, "approve") for a in state.approvals.values()) or \
             any(act.settle is not None for act in state.actions.values()):
-        return await loop.io.elsewhere(lambda: _unsigned_rejection(loop, handle))
+        return await ctx.io.elsewhere(lambda: _unsigned_rejection(ctx, handle))
     return None
 
 
-def _unsigned_rejection(loop: StepLoop, handle: RunHandle) -> str | None:
+def _unsigned_rejection(ctx: StepContext, handle: RunHandle) -> str | None:
     for appr in handle.state.approvals.values():
         if appr.decision is not None and appr.decision != "approve":
-            problem = check_history(loop.approvers, handle.run_id, appr)
+            problem = check_history(ctx.approvers, handle.run_id, appr)
             if problem is not None:
                 return f"the rejection of {appr.request} does not hold: {problem}"
-    return unsigned_settle(loop.approvers, loop.settings.security.settle_role, handle.state)
+    return unsigned_settle(ctx.approvers, ctx.settings.security.settle_role, handle.state)
 
 
-def approval_check(loop: StepLoop, run_id: str) -> Check:
+def approval_check(ctx: StepContext, run_id: str) -> Check:
     """How this worker checks a recorded decision: against the approver registry, now."""
-    return lambda appr: check_recorded(loop.approvers, run_id, appr)
+    return lambda appr: check_recorded(ctx.approvers, run_id, appr)
 
 
-async def approval(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action,
+async def approval(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action,
                    pending: list[Spec]) -> tuple[bool, int] | None:
     """None when ``act`` may be dispatched now; else ask for an approval and stop.
 
@@ -63,19 +60,19 @@ async def approval(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action,
     """
     def facts() -> list[Spec] | None:
         verdict, reason = gate(handle.state, tool, act,
-                               approval_check(loop, handle.run_id))
+                               approval_check(ctx, handle.run_id))
         return None if verdict == "go" else request_specs(handle.state, tool, act, reason)
 
     try:
-        specs = await loop.user(f"{tool.name}'s approval facts", facts)
+        specs = await ctx.user(f"{tool.name}'s approval facts", facts)
         if specs is None:
             return None
     except Exception as exc:
         log.warning("run %s: approval facts of %s unavailable: %r", handle.run_id,
                     tool.name, exc)
         if handle.staged:
-            await loop.commit(handle, pending, [])
-        await loop.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
+            await ctx.commit(handle, pending, [])
+        await ctx.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
         return True, 0
-    await loop.commit(handle, pending, specs, checkpoint=True)
+    await ctx.commit(handle, pending, specs, checkpoint=True)
     return True, 0

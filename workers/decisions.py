@@ -2,8 +2,9 @@
 sent, a group of calls sent at once (``workers.parallel``), a wait entered, an approval
 asked for (``workers.authority``); the outcomes staged for the next commit.
 
-Functions of the loop (``StepLoop``) they are given, coroutines like its own: every Redis
-call awaited (``StepLoop.io``), every call of user code too (``StepLoop.user``, ``Offload``).
+Functions of the step context they are given (``workers.context.StepContext``: the loop
+as its helpers see it), coroutines like the loop's own: every Redis call awaited
+(``StepContext.io``), every call of user code too (``StepContext.user``, ``Offload``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import redis
@@ -46,81 +47,79 @@ from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 
 from . import aio, authority, family, parallel
+from .context import StepContext
 from .steps import agent_traceback, plain, step_key, values_field
 from .turns import BLOCKING, Offload, Slot
-
-if TYPE_CHECKING:
-    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 
 #: Longest a worker waits in place for an earlier dispatch's deadline before a lookup.
 MAX_INLINE_WAIT_S = 30.0
 
-async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
+async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
                  pending: list[Spec], lease: Lease) -> tuple[bool, int]:
     """The agent decides the next step; what it decided is recorded (and sent)."""
     state = handle.state
     try:
-        decision = await aio.next_decision(loop, agent, state)
+        decision = await aio.next_decision(ctx, agent, state)
     except Exception as exc:  # an agent bug: keep the evidence, quarantine
-        await loop.commit(handle, pending, [])
+        await ctx.commit(handle, pending, [])
         where = agent.name if isinstance(agent, CodeAgent) else f"{agent.name}.decide"
-        await loop.quarantine(handle, f"agent {where} raised {exc!r}",
-                              traceback=agent_traceback(exc))
+        await ctx.quarantine(handle, f"agent {where} raised {exc!r}",
+                             traceback=agent_traceback(exc))
         return True, 0
     if isinstance(decision, Finish):
-        await loop.commit(handle, pending,
-                          [Spec(ev.Completed, {"result": plain(decision.result)})])
-        loop.hooks.after_outcome(handle.run_id, state.step)
+        await ctx.commit(handle, pending,
+                         [Spec(ev.Completed, {"result": plain(decision.result)})])
+        ctx.hooks.after_outcome(handle.run_id, state.step)
         return True, 0
     if isinstance(decision, Fail):
-        await loop.commit(handle, pending, [Spec(ev.Failed, {"error": decision.error,
-                                                             "reason": decision.reason})])
+        await ctx.commit(handle, pending, [Spec(ev.Failed, {"error": decision.error,
+                                                            "reason": decision.reason})])
         return True, 0
     if isinstance(decision, Cancel):  # the agent asked to stop: a cancel, recorded whole
         asked = now_ms()
-        await loop.commit(handle, pending, [
+        await ctx.commit(handle, pending, [
             Spec(ev.CancelRequested, {"reason": decision.reason, "requested_ts": asked,
                                       "by": agent.name}),
             *finish_specs(state, decision.reason, asked)])
-        await family.cancel_children(loop.io, loop.log, handle.state, decision.reason,
-                                     loop.worker_id, loop.settings.cancel.secret)
+        await family.cancel_children(ctx.io, ctx.log, handle.state, decision.reason,
+                                     ctx.worker_id, ctx.settings.cancel.secret)
         return True, 0
     if isinstance(decision, list):  # a decide() agent's calls at once
         decision = Parallel(list(decision))
     if isinstance(decision, Parallel):
-        return await decide_group(loop, handle, agent, slot, pending, lease, decision)
+        return await decide_group(ctx, handle, agent, slot, pending, lease, decision)
     if isinstance(decision, Wait):
         until = now_ms() + int(decision.timeout_s * 1000)
-        await loop.commit(handle, pending, [Spec(ev.WaitEntered, {
+        await ctx.commit(handle, pending, [Spec(ev.WaitEntered, {
             "kind": decision.kind, "reason": decision.reason, "until": until,
             "request": f"{handle.run_id}:w{state.version + 1}", "data": decision.data,
             **values_field(decision.values)})], checkpoint=True)
         if decision.kind == "child":  # the child may have ended already
-            child = await family.child_state(loop.io, loop.log, str(decision.data["child"]))
+            child = await family.child_state(ctx.io, ctx.log, str(decision.data["child"]))
             if child is not None:
-                await loop.woke(await family.wake_parent(loop.io, loop.log, child,
-                                                         loop.worker_id))
+                await ctx.woke(await family.wake_parent(ctx.io, ctx.log, child,
+                                                        ctx.worker_id))
         return True, 0
     try:
         if decision.tool not in agent.tools and decision.tool != CHILD_TOOL:
             raise UnknownTool(decision.tool)
-        tool = loop.registry.tool(decision.tool)
+        tool = ctx.registry.tool(decision.tool)
         args = plain(decision.args)
         if tool.log_args == "full" and \
-                len(msgspec.msgpack.encode(args)) > loop.settings.payloads.max_payload_bytes:
+                len(msgspec.msgpack.encode(args)) > ctx.settings.payloads.max_payload_bytes:
             raise ValueError(f"arguments of {decision.tool} exceed "
-                             f"{loop.settings.payloads.max_payload_bytes} bytes")
+                             f"{ctx.settings.payloads.max_payload_bytes} bytes")
     except (UnknownTool, ValueError, TypeError) as exc:
-        await loop.commit(handle, pending, [])
-        await loop.quarantine(handle, f"step {state.step + 1}: {exc}")
+        await ctx.commit(handle, pending, [])
+        await ctx.quarantine(handle, f"step {state.step + 1}: {exc}")
         return True, 0
     why = budgets.exhausted(state, tool.model)
     if why is not None:
-        await loop.commit(handle, pending, [Spec(ev.Failed, {
+        await ctx.commit(handle, pending, [Spec(ev.Failed, {
             "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
-        await loop.io.stat("budgets_exhausted")
+        await ctx.io.stat("budgets_exhausted")
         return True, 0
     step = state.step + 1
     key = step_key(handle.run_id, step)
@@ -130,90 +129,90 @@ async def decide(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
                                     "key": key, "model": tool.model,
                                     **values_field(decision.values)})
     if state.cancel is not None:  # call-scoped cancel pending: record, never send
-        await loop.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
+        await ctx.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
             "step": step, "key": key, "reason": state.cancel.reason})])
         return False, 1
     if tool.requires_approval:
-        loop.log.stage(handle, [decided])
-        await authority.approval(loop, handle, tool, handle.state.actions[step], pending)
+        ctx.log.stage(handle, [decided])
+        await authority.approval(ctx, handle, tool, handle.state.actions[step], pending)
         return True, 1
     deadline = now_ms() + int(tool.timeout_for(args) * 1000)
-    if await over_limit(loop, handle, agent, [(tool, step, args)], deadline, pending,
+    if await over_limit(ctx, handle, agent, [(tool, step, args)], deadline, pending,
                         [decided]):
         return True, 1
     try:
-        await loop.commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
+        await ctx.commit(handle, pending, [decided, Spec(ev.ActionDispatched, {
             "step": step, "key": key, "deadline": deadline})],
             ledger=[("c", key, f"claimed|{deadline}")], dispatch=True)
     except Claimed as exc:
-        return await claimed(loop, handle, lease, exc)
+        return await claimed(ctx, handle, lease, exc)
     act = handle.state.actions[step]
-    loop.hooks.after_outcome(handle.run_id, step - 1)
-    loop.hooks.after_intent(handle.run_id, step)
-    return await run_tool(loop, handle, tool, act, slot, pending)
+    ctx.hooks.after_outcome(handle.run_id, step - 1)
+    ctx.hooks.after_intent(handle.run_id, step)
+    return await run_tool(ctx, handle, tool, act, slot, pending)
 
 
-async def claimed(loop: StepLoop, handle: RunHandle, lease: Lease,
+async def claimed(ctx: StepContext, handle: RunHandle, lease: Lease,
                   exc: Claimed) -> tuple[bool, int]:
     """The ledger knows a key the log does not: never send it blindly."""
-    await loop.io.stat("duplicates_suppressed")
-    await loop.io.count(counters.DUPLICATES)
-    fresh = await loop.load(handle.run_id, lease)
+    await ctx.io.stat("duplicates_suppressed")
+    await ctx.io.count(counters.DUPLICATES)
+    fresh = await ctx.load(handle.run_id, lease)
     if fresh is not None:
-        await loop.quarantine(fresh, f"key {exc.key} is claimed in the ledger "
-                              f"({exc.value}) but the log has no dispatch for it")
+        await ctx.quarantine(fresh, f"key {exc.key} is claimed in the ledger "
+                             f"({exc.value}) but the log has no dispatch for it")
     return True, 0
 
 
-async def decide_group(loop: StepLoop, handle: RunHandle, agent: Agent, slot: Slot,
+async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
                        pending: list[Spec], lease: Lease,
                        decision: Parallel) -> tuple[bool, int]:
     """Several calls decided at once (``workers.parallel``): intents, claims and
     dispatches in one commit, then every call at once."""
     state, run_id = handle.state, handle.run_id
     try:
-        group = parallel.check_group(agent, loop.registry, state, decision,
-                                     loop.settings.payloads.max_payload_bytes,
-                                     loop.settings.log.action_window)
+        group = parallel.check_group(agent, ctx.registry, state, decision,
+                                     ctx.settings.payloads.max_payload_bytes,
+                                     ctx.settings.log.action_window)
     except (UnknownTool, ValueError, TypeError) as exc:
-        await loop.commit(handle, pending, [])
-        await loop.quarantine(handle, f"steps from {state.step + 1}: {exc}")
+        await ctx.commit(handle, pending, [])
+        await ctx.quarantine(handle, f"steps from {state.step + 1}: {exc}")
         return True, 0
     why = parallel.exhausted(state, group)
     if why is not None:
-        await loop.commit(handle, pending, [Spec(ev.Failed, {
+        await ctx.commit(handle, pending, [Spec(ev.Failed, {
             "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
-        await loop.io.stat("budgets_exhausted")
+        await ctx.io.stat("budgets_exhausted")
         return True, 0
     for step, args in zip(group.steps, group.args, strict=True):
         handle.live_args[step] = args
     decided = parallel.intents(run_id, group, decision.values)
     if state.cancel is not None:  # call-scoped cancel pending: record, never send
         reason = state.cancel.reason
-        await loop.commit(handle, pending, [*decided, *[Spec(ev.CallCanceled, {
+        await ctx.commit(handle, pending, [*decided, *[Spec(ev.CallCanceled, {
             "step": s, "key": step_key(run_id, s), "reason": reason})
             for s in group.steps]])
         return False, len(group.steps)
     longest = now_ms() + int(max(t.timeout_for(a) for t, a in
                                  zip(group.tools, group.args, strict=True)) * 1000)
-    if await over_limit(loop, handle, agent, list(zip(group.tools, group.steps, group.args,
-                                                      strict=True)),
+    if await over_limit(ctx, handle, agent, list(zip(group.tools, group.steps, group.args,
+                                                     strict=True)),
                         longest, pending, decided):
         return True, len(group.steps)
     sent, ledger = parallel.dispatches(run_id, group)
     try:
-        await loop.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
+        await ctx.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
     except Claimed as exc:
-        return await claimed(loop, handle, lease, exc)
-    loop.hooks.after_outcome(run_id, group.steps[0] - 1)
+        return await claimed(ctx, handle, lease, exc)
+    ctx.hooks.after_outcome(run_id, group.steps[0] - 1)
     for step in group.steps:
-        loop.hooks.after_intent(run_id, step)
+        ctx.hooks.after_intent(run_id, step)
     calls = [(tool, handle.state.actions[step])
              for step, tool in zip(group.steps, group.tools, strict=True)]
-    return await run_group(loop, handle, calls, slot, pending)
+    return await run_group(ctx, handle, calls, slot, pending)
 
 
-async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, Action]],
+async def run_group(ctx: StepContext, handle: RunHandle, calls: list[tuple[Tool, Action]],
                     slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
     """The calls of a group at once, each on a thread of its own."""
     run_id, agent_name = handle.run_id, handle.state.agent
@@ -231,31 +230,31 @@ async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, A
                 held.extend(spec)
                 return
             try:
-                loop.log.commit(handle, spec)
+                ctx.log.commit(handle, spec)
             except (ConflictError, CancelPending, LeaseLost, Terminal,
                     redis.RedisError) as exc:
                 refused.append(exc)
                 held.extend(spec)
                 return
-            loop.hooks.after_outcome(run_id, step)
+            ctx.hooks.after_outcome(run_id, step)
 
     def one(tool: Tool, act: Action) -> list[Spec]:
         began = time.monotonic()
         with tracing.step_span(run_id, agent_name, act.tool, act.key, act.step,
                                act.attempts) as span:
-            spec = loop.dispatcher.dispatch(run_id, tool, act, slot.token,
-                                            handle.live_args.get(act.step, act.args))
-            loop.limiter.release(run_id, act.step, spec)
+            spec = ctx.dispatcher.dispatch(run_id, tool, act, slot.token,
+                                           handle.live_args.get(act.step, act.args))
+            ctx.limiter.release(run_id, act.step, spec)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
                 if spec else ""
             span.outcome(outcome)
-        loop.hooks.after_effect(run_id, act.step)
-        loop.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+        ctx.hooks.after_effect(run_id, act.step)
+        ctx.hooks.step_done(act.tool, outcome, time.monotonic() - began)
         record(act.step, spec)
         return spec
 
     def run_all() -> list[list[Spec]]:
-        with loop.outside():
+        with ctx.outside():
             slot.in_call = True
             try:
                 return parallel.run_at_once(calls, one)
@@ -273,13 +272,13 @@ async def run_group(loop: StepLoop, handle: RunHandle, calls: list[tuple[Tool, A
     return False, len(calls)
 
 
-async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
+async def run_tool(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action, slot: Slot,
                    pending: list[Spec]) -> tuple[bool, int]:
     """Send ``act`` (its intent and dispatch are in the log) and stage its outcome."""
     args = handle.live_args.get(act.step, act.args)
     if is_placeholder(args):
-        await loop.commit(handle, pending, [])
-        await loop.quarantine(handle, f"step {act.step} ({act.tool}): its arguments were "
+        await ctx.commit(handle, pending, [])
+        await ctx.quarantine(handle, f"step {act.step} ({act.tool}): its arguments were "
                                       "kept out of the log and the agent did not give "
                                       "them again")
         return True, 0
@@ -287,28 +286,28 @@ async def run_tool(loop: StepLoop, handle: RunHandle, tool: Tool, act: Action, s
     with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
                            act.attempts) as span:
         def call() -> list[Spec]:
-            with loop.outside():
+            with ctx.outside():
                 slot.thread_id, slot.in_call = threading.get_ident(), True
                 try:
-                    spec = loop.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
-                                                    args)
-                    loop.limiter.release(handle.run_id, act.step, spec)
+                    spec = ctx.dispatcher.dispatch(handle.run_id, tool, act, slot.token,
+                                                   args)
+                    ctx.limiter.release(handle.run_id, act.step, spec)
                     return spec
                 finally:
                     slot.in_call = False
 
-        if aio.is_async_tool(loop, tool):  # awaited on the event loop: no thread waits
-            spec = await aio.call_tool(loop, handle.run_id, tool, act, slot, args)
+        if aio.is_async_tool(ctx, tool):  # awaited on the event loop: no thread waits
+            spec = await aio.call_tool(ctx, handle.run_id, tool, act, slot, args)
         else:
             spec = await Offload(act.tool, call)
         outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
         span.outcome(outcome)
-    loop.hooks.after_effect(handle.run_id, act.step)
-    loop.hooks.step_done(act.tool, outcome, time.monotonic() - began)
-    return await outcomes(loop, handle, slot, pending, spec, 1)
+    ctx.hooks.after_effect(handle.run_id, act.step)
+    ctx.hooks.step_done(act.tool, outcome, time.monotonic() - began)
+    return await outcomes(ctx, handle, slot, pending, spec, 1)
 
 
-async def outcomes(loop: StepLoop, handle: RunHandle, slot: Slot, pending: list[Spec],
+async def outcomes(ctx: StepContext, handle: RunHandle, slot: Slot, pending: list[Spec],
                    specs: list[Spec], steps: int) -> tuple[bool, int]:
     """Stage the outcomes of ``steps`` calls just made; commit them at once when the
     run must stop for them (a wait, an unknown outcome, a cancel)."""
@@ -317,28 +316,28 @@ async def outcomes(loop: StepLoop, handle: RunHandle, slot: Slot, pending: list[
     if slot.token.cancelled:
         slot.token = CancelToken()
     pending[:] = specs
-    loop.log.stage(handle, specs)
+    ctx.log.stage(handle, specs)
     if handle.state.waiting or handle.state.state == "outcome_unknown" or (
         handle.state.cancel is not None
     ):
-        await loop.commit(handle, pending, [])
-        loop.hooks.after_outcome(handle.run_id, handle.state.step)
+        await ctx.commit(handle, pending, [])
+        ctx.hooks.after_outcome(handle.run_id, handle.state.step)
     return False, steps
 
 
-async def over_limit(loop: StepLoop, handle: RunHandle, agent: Agent,
+async def over_limit(ctx: StepContext, handle: RunHandle, agent: Agent,
                      calls: list[tuple[Tool, int, Any]], deadline: int,
                      pending: list[Spec], specs: list[Spec]) -> bool:
     """Flow control (``durable.limits``): False when every limiter of ``calls`` gave a
     permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and the
     run waits as a timer, holding no slot: not an error, no retry consumed."""
-    wait = await loop.limiter.take_all_async(handle.state, agent, calls,
-                                             deadline + loop.settings.cancel.grace_ms)
+    wait = await ctx.limiter.take_all_async(handle.state, agent, calls,
+                                            deadline + ctx.settings.cancel.grace_ms)
     if wait is None:
         return False
     if handle.staged or specs:
-        await loop.commit(handle, pending, specs)
-    await loop.park(handle.run_id, wait)
+        await ctx.commit(handle, pending, specs)
+    await ctx.park(handle.run_id, wait)
     return True
 
 
@@ -349,7 +348,7 @@ def _no_outcome(act: Action) -> Spec:
                                            f"(last: {act.unknown_reason or 'lost'})"})
 
 
-async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action,
+async def open_call(ctx: StepContext, handle: RunHandle, agent: Agent, act: Action,
                     slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
     """The open call ``act`` of a run taken again: sent when it never was (or was found
     not applied); else the earlier attempt may have applied the effect: sent again at once
@@ -357,33 +356,33 @@ async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action
     state = handle.state
     if act.status in ("decided", "not_applied"):
         if state.cancel is not None:  # a call-scoped cancel: this call never starts
-            await loop.commit(handle, pending, [Spec(ev.CallCanceled, {
+            await ctx.commit(handle, pending, [Spec(ev.CallCanceled, {
                 "step": act.step, "key": act.key, "reason": state.cancel.reason})])
             return False, 0
-        tool = loop.registry.tool(act.tool)
-        asked = await authority.approval(loop, handle, tool, act, pending)
+        tool = ctx.registry.tool(act.tool)
+        asked = await authority.approval(ctx, handle, tool, act, pending)
         if asked is not None:
             return asked
         args = handle.live_args.get(act.step, act.args)
         if tool.effect_free and act.attempts >= tool.attempts_for(args):  # resent enough
-            await loop.commit(handle, pending, [_no_outcome(act)])
+            await ctx.commit(handle, pending, [_no_outcome(act)])
             return False, 0
         why = budgets.resend_exhausted(state, tool.model, act.attempts)
         if why is not None:  # each model request sent counts, resends too
-            await loop.commit(handle, pending, [Spec(ev.Failed, {
+            await ctx.commit(handle, pending, [Spec(ev.Failed, {
                 "error": f"{budgets.REASON}: {why}", "reason": budgets.REASON})])
-            await loop.io.stat("budgets_exhausted")
+            await ctx.io.stat("budgets_exhausted")
             return True, 0
         deadline = now_ms() + int(tool.timeout_for(args) * 1000)
-        if await over_limit(loop, handle, agent, [(tool, act.step, args)], deadline,
+        if await over_limit(ctx, handle, agent, [(tool, act.step, args)], deadline,
                             pending, []):
             return True, 0
-        await loop.commit(handle, pending, [Spec(ev.ActionDispatched, {
+        await ctx.commit(handle, pending, [Spec(ev.ActionDispatched, {
             "step": act.step, "key": act.key, "deadline": deadline})],
             ledger=[("p", act.key, f"claimed|{deadline}")], dispatch=True)
-        return await run_tool(loop, handle, tool, act, slot, pending)
+        return await run_tool(ctx, handle, tool, act, slot, pending)
     # dispatched or unknown: the earlier attempt may have applied the effect.
-    tool = loop.registry.tool(act.tool)
+    tool = ctx.registry.tool(act.tool)
     if tool.effect_free:  # nothing outside changed: send it again at once...
         if act.attempts >= tool.attempts_for(handle.live_args.get(act.step, act.args)):
             specs = [_no_outcome(act)]  # ...but not forever
@@ -391,45 +390,45 @@ async def open_call(loop: StepLoop, handle: RunHandle, agent: Agent, act: Action
             specs = [Spec(ev.ActionReconciled, {"step": act.step, "key": act.key,
                                                 "resolution": "not_applied",
                                                 "by": "effect_free"})]
-            await loop.io.stat("effect_free_resent")
+            await ctx.io.stat("effect_free_resent")
         pending[:] = specs
-        loop.log.stage(handle, specs)
+        ctx.log.stage(handle, specs)
         return False, 0
-    wait_s = (act.deadline + loop.settings.worker.clock_skew_ms) / 1000 - clock.time()
+    wait_s = (act.deadline + ctx.settings.worker.clock_skew_ms) / 1000 - clock.time()
     if wait_s > MAX_INLINE_WAIT_S:
         if handle.staged:
-            await loop.commit(handle, pending, [])
+            await ctx.commit(handle, pending, [])
         return True, 0
 
     def wait_and_ask() -> list[Spec] | None:
-        with loop.outside():
+        with ctx.outside():
             if wait_s > 0 and slot.token.wait(wait_s):
                 return None  # a cancel or a lost lease: look at the run again
-            return resolve_unknown(loop.redis, tool, act, handle.run_id)
+            return resolve_unknown(ctx.redis, tool, act, handle.run_id)
 
     specs = await Offload(BLOCKING, wait_and_ask)
     if specs is None:
         return False, 0
     if not specs:  # the lookup itself failed: the reconciler asks again shortly
         if handle.staged:
-            await loop.commit(handle, pending, [])
-        await loop.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
+            await ctx.commit(handle, pending, [])
+        await ctx.io.look_again_at(handle.run_id, now_ms() + LOOKUP_RETRY_MS)
         return True, 0
     pending[:] = specs
-    loop.log.stage(handle, specs)
+    ctx.log.stage(handle, specs)
     if handle.state.waiting:
-        await loop.commit(handle, pending, [], checkpoint=True)
+        await ctx.commit(handle, pending, [], checkpoint=True)
         return True, 0
     return False, 0
 
 
-async def finish_cancel(loop: StepLoop, handle: RunHandle, pending: list[Spec]) -> None:
+async def finish_cancel(ctx: StepContext, handle: RunHandle, pending: list[Spec]) -> None:
     """End a run-scoped cancel: the open call's fate and ``canceled`` recorded, then the
     run's live children asked to cancel too."""
     cancel = handle.state.cancel
     assert cancel is not None
     specs = finish_specs(handle.state, cancel.reason, cancel.requested_ts)
-    await loop.commit(handle, pending, specs)
-    await loop.io.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
-    await family.cancel_children(loop.io, loop.log, handle.state, cancel.reason,
-                                 loop.worker_id, loop.settings.cancel.secret)
+    await ctx.commit(handle, pending, specs)
+    await ctx.io.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
+    await family.cancel_children(ctx.io, ctx.log, handle.state, cancel.reason,
+                                 ctx.worker_id, ctx.settings.cancel.secret)

@@ -39,9 +39,9 @@ import contextvars
 import functools
 import logging
 import queue
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
 
@@ -82,6 +82,11 @@ class _Task:
     started: bool = False
 
 
+#: Who takes a batched call's answer: the run whose coroutine awaits it (resumed then), or
+#: the hub itself (called with the answered call: a pop of the ready lists, a statistic).
+_Reader: TypeAlias = "_Task | Callable[[RedisCall], None]"
+
+
 class RunHub:
     """Drives up to ``size`` held runs from one thread at a time (see the module doc)."""
 
@@ -114,10 +119,10 @@ class RunHub:
         #: a burst of new runs does not delay the runs already going (each reply is read
         #: in the order sent).
         self._fresh: collections.deque[_Task] = collections.deque()
-        self._batch: list[tuple[_Task | None, RedisCall]] = []
+        self._batch: list[tuple[_Reader, RedisCall]] = []
         #: Batches sent and not read yet, oldest first, on the hub's own connections (one
         #: per server: a cluster's masters).
-        self._inflight: collections.deque[list[tuple[_Task | None, RedisCall]]] = \
+        self._inflight: collections.deque[list[tuple[_Reader, RedisCall]]] = \
             collections.deque()
         self._stream = Stream(batcher)
         self._flush_at = FLUSH_EVERY * self._stream.servers
@@ -244,11 +249,15 @@ class RunHub:
         except Exception:
             log.exception("run %s: advance failed", task.run_id)
             self._ended(task)
-            try:
-                self.loop.redis.hincrby(keys.STATS, "advance_errors", 1)
-            except redis.RedisError as exc:
-                self.loop.outage.failed(exc)
+            # Counted in the next batch: a call sent here would hold up every other run.
+            self._batch.append((self._counted, RedisCall(
+                None, ("HINCRBY", keys.STATS, "advance_errors", 1))))
         return None
+
+    def _counted(self, call: RedisCall) -> None:
+        """A statistic's answer: only a failure (an outage) matters."""
+        if call.error is not None:
+            self.loop.outage.failed(call.error)
 
     def _ended(self, task: _Task) -> None:
         slot = task.ctx.get(SLOT)
@@ -281,8 +290,8 @@ class RunHub:
             return
         free = slots.take_free(room)
         if free:
-            self._batch.append((None, RedisCall(None, take_command(slots.next_ready_key(),
-                                                                   free))))
+            self._batch.append((self._popped, RedisCall(None, take_command(
+                slots.next_ready_key(), free))))
 
     # Batches: sent as soon as they are full, read when nothing else is ready ------------
 
@@ -321,12 +330,12 @@ class RunHub:
             self._sender.send_now([call for _, call in batch])
             self._answered(batch)
 
-    def _answered(self, batch: list[tuple[_Task | None, RedisCall]]) -> None:
-        for task, call in batch:
-            if task is not None:
-                self._ready.append(task)
+    def _answered(self, batch: list[tuple[_Reader, RedisCall]]) -> None:
+        for reader, call in batch:
+            if isinstance(reader, _Task):
+                self._ready.append(reader)
             else:
-                self._popped(call)
+                reader(call)
 
     def _popped(self, call: RedisCall) -> None:
         asked = fairness.asked(call.command)

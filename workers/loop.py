@@ -13,8 +13,9 @@ is awaited (``workers.redis_io``: batched with the other runs' calls), and so is
 code (``workers.turns.Offload``). Here: taking a run, the loop over its steps, reloads
 after a conflict, commits, quarantine. What a job checks before its first step (limits, the
 agent's version, re-observing the open intent) is in ``workers.admission``; what a decision
-leads to (a call, a group, a wait, an approval, a cancel) in ``workers.decisions``; letting
-go of runs from outside their steps (the watchdog, the hand-back) in ``workers.watchdog``.
+leads to (a call, a group, a wait, an approval, a cancel) in ``workers.decisions``: both
+are given the loop as a ``workers.context.StepContext``, and see only that of it. Letting
+go of runs from outside their steps (the watchdog, the hand-back) is in ``workers.watchdog``.
 """
 
 from __future__ import annotations
@@ -373,6 +374,12 @@ class StepLoop:
         reason shown; the worker lets go of it."""
         await self.io.look_again_at(run_id, wait.retry_at)
         await self.io.hset(self.log.keys.run(run_id), "reason", wait.reason)
+
+    async def let_go(self, lease: Lease) -> None:
+        """Release the job's ``lease`` before the job ends (its run goes elsewhere): the
+        job's end (``advance_async``) does not release it again."""
+        await self.io.release(lease)
+        self.released.add((lease.run_id, lease.value))
 
     async def woke(self, parent: str | None) -> None:
         """Make a parent whose wait for a child was just resolved ready again."""

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import redis
 
@@ -30,10 +30,8 @@ from durable.log import keys
 from durable.outages import Backoff
 from durable.queue import enqueue_many, ensure_drain
 
+from .loop import StepLoop
 from .turns import SLOT
-
-if TYPE_CHECKING:
-    from .loop import StepLoop
 
 log = logging.getLogger("durable.worker")
 
