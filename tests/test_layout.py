@@ -47,25 +47,6 @@ FORBIDDEN = {
 LOG_MAY_IMPORT = frozenset({"durable.errors", "durable.settings", "durable.durations",
                             "durable.signing", "durable.clock", "durable.sealing"})
 
-#: Cycles closed only through ``if TYPE_CHECKING:`` imports that other work is breaking
-#: (the code agent's executors, the worker's step protocol, the two integrations): the
-#: modules they pass through. THIS MUST BECOME EMPTY: a module leaves it as soon as its
-#: cycle is broken (the check fails on a listed module no longer in a cycle), and a cycle
-#: through any module not listed fails at once.
-KNOWN_TYPE_ONLY_CYCLES = frozenset({
-    # workers/loop.py <-> the step protocol's helpers
-    "durable.workers.loop", "durable.workers.admission", "durable.workers.aio",
-    "durable.workers.authority", "durable.workers.decisions",
-    # inside each integration
-    "durable.integrations.openai_agents.binding", "durable.integrations.openai_agents.children",
-    "durable.integrations.openai_agents.mcp", "durable.integrations.openai_agents.runner",
-    "durable.integrations.openai_agents.steps",
-    "durable.integrations.pydantic_ai.capability", "durable.integrations.pydantic_ai.mcp",
-    "durable.integrations.pydantic_ai.model", "durable.integrations.pydantic_ai.steps",
-    "durable.integrations.pydantic_ai.toolsets",
-})
-
-
 def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
     """Dotted module name -> file, for every module of ``packages`` (installed name ->
     folder) under ``root``."""
@@ -178,17 +159,6 @@ def test_the_library_never_imports_the_processes_or_the_examples() -> None:
     assert back_arrows(edges) == []
 
 
-def unknown_cycles(edges: dict[str, set[str]], known: frozenset[str]) -> list[list[str]]:
-    """The cycles of ``edges`` through a module not in ``known``."""
-    return [c for c in cycles(edges) if not set(c) <= known]
-
-
-def stale(edges: dict[str, set[str]], known: frozenset[str]) -> list[str]:
-    """The modules of ``known`` that are in no cycle of ``edges`` any more."""
-    cyclic = {m for c in cycles(edges) for m in c}
-    return sorted(known - cyclic)
-
-
 def log_layer_breaches(edges: dict[str, set[str]], allowed: frozenset[str]) -> list[str]:
     """Imports of the library that break the log's place at the bottom: from ``durable.log``
     to a module outside it and outside ``allowed``, and from a module of ``allowed`` to one
@@ -209,12 +179,9 @@ def test_no_import_cycles() -> None:
 
 
 def test_no_import_cycles_through_type_only_imports() -> None:
-    """A cycle closed through an ``if TYPE_CHECKING:`` import is a cycle too; only those of
-    ``KNOWN_TYPE_ONLY_CYCLES`` are waited for, and that list only shrinks."""
-    edges = graph(ROOT, PACKAGES, type_only=True)
-    assert unknown_cycles(edges, KNOWN_TYPE_ONLY_CYCLES) == []
-    assert stale(edges, KNOWN_TYPE_ONLY_CYCLES) == [], \
-        "no longer in a cycle: remove them from KNOWN_TYPE_ONLY_CYCLES"
+    """A cycle closed through an ``if TYPE_CHECKING:`` import is a cycle too: the modules
+    still depend on each other, whatever the interpreter sees."""
+    assert cycles(graph(ROOT, PACKAGES, type_only=True)) == []
 
 
 def test_the_log_is_the_bottom_layer() -> None:
@@ -250,22 +217,15 @@ def test_the_checks_see_a_back_arrow_and_a_cycle_hidden_in_a_function(tmp_path: 
 
 def test_the_checks_see_a_cycle_closed_only_for_the_type_checker(tmp_path: Path) -> None:
     """Two modules that import each other, one of the two imports under
-    ``if TYPE_CHECKING:``: no runtime cycle, but a cycle all the same, reported unless its
-    modules are known; a known module in no cycle is reported as stale."""
+    ``if TYPE_CHECKING:``: no runtime cycle, but a cycle all the same."""
     (tmp_path / "durable").mkdir()
     (tmp_path / "durable" / "__init__.py").write_text("")
     (tmp_path / "durable" / "low.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from durable.high import H\n")
     (tmp_path / "durable" / "high.py").write_text("from durable import low\nH = 1\n")
-    (tmp_path / "durable" / "alone.py").write_text("")
     packages = {"durable": "durable"}
     assert cycles(graph(tmp_path, packages)) == []
-    typed = graph(tmp_path, packages, type_only=True)
-    assert unknown_cycles(typed, frozenset()) == [["durable.high", "durable.low"]]
-    pair = frozenset({"durable.high", "durable.low"})
-    assert unknown_cycles(typed, pair) == []
-    assert unknown_cycles(typed, frozenset({"durable.low"})) == [["durable.high", "durable.low"]]
-    assert stale(typed, pair | {"durable.alone"}) == ["durable.alone"]
+    assert cycles(graph(tmp_path, packages, type_only=True)) == [["durable.high", "durable.low"]]
 
 
 def test_the_check_sees_the_log_import_upward(tmp_path: Path) -> None:
