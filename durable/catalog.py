@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import SchemaError
 
 from durable.agents import Agent
 from durable.errors import InvalidInput, UsageError
@@ -131,11 +129,10 @@ def _fill_defaults(validator: Any, properties: Any, instance: Any,
         for name, sub in properties.items():
             if isinstance(sub, dict) and "default" in sub:
                 instance.setdefault(name, copy.deepcopy(sub["default"]))
+    from jsonschema import Draft202012Validator
+
     yield from Draft202012Validator.VALIDATORS["properties"](
         validator, properties, instance, schema)
-
-
-_Filling = validators.extend(Draft202012Validator, {"properties": _fill_defaults})
 
 
 def validate(item: Published, data: Any) -> Any:
@@ -144,6 +141,9 @@ def validate(item: Published, data: Any) -> Any:
     if item.schema is None:
         raise UsageError(f"agent {item.name!r} publishes no input schema: start it from a "
                          "process that imports it (DURABLE_AGENTS)")
+    from jsonschema import Draft202012Validator, validators
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(item.schema)
     except SchemaError as exc:
@@ -157,6 +157,7 @@ def validate(item: Published, data: Any) -> Any:
             f"{'.'.join(str(p) for p in e.absolute_path) or 'input'}: {e.message}"
             for e in errors))
     filled = copy.deepcopy(data)
-    for _ in _Filling(item.schema).iter_errors(filled):
+    filling = validators.extend(Draft202012Validator, {"properties": _fill_defaults})
+    for _ in filling(item.schema).iter_errors(filled):
         pass  # valid already: this pass only fills in the defaults
     return filled

@@ -34,7 +34,6 @@ from typing import Any
 
 import msgspec
 import redis
-from croniter import CroniterError, croniter
 
 from durable import sessions
 from durable.errors import DurableError, ScheduleNotFound, UsageError
@@ -124,6 +123,8 @@ def check_cron(expr: str) -> str:
     if not expr.startswith("@") and len(fields) not in (5, 6):
         raise UsageError(f"cron expression {expr!r}: use 5 fields (minute hour day month "
                          "weekday) or 6 (the sixth is seconds)")
+    from croniter import CroniterError
+
     try:
         _after(expr, int(now_ms() // 1000))
     except (CroniterError, ValueError, KeyError) as exc:
@@ -131,14 +132,22 @@ def check_cron(expr: str) -> str:
     return " ".join(fields)
 
 
+def _cron(expr: str, t: int) -> Any:
+    """croniter's iterator over the slots of ``expr`` around ``t`` (s), imported when a
+    schedule is first planned: a client that never plans one does not load it."""
+    from croniter import croniter
+
+    return croniter(expr, datetime.fromtimestamp(t, UTC))
+
+
 def _after(expr: str, t: int) -> int:
     """The first slot strictly after ``t`` (s)."""
-    return int(croniter(expr, datetime.fromtimestamp(t, UTC)).get_next(float))
+    return int(_cron(expr, t).get_next(float))
 
 
 def _before(expr: str, t: int) -> int:
     """The last slot strictly before ``t`` (s)."""
-    return int(croniter(expr, datetime.fromtimestamp(t, UTC)).get_prev(float))
+    return int(_cron(expr, t).get_prev(float))
 
 
 def plan(s: Schedule, next_ms: int, now: int, limit: int = SLOTS_PER_SWEEP) -> Plan:
@@ -151,7 +160,7 @@ def plan(s: Schedule, next_ms: int, now: int, limit: int = SLOTS_PER_SWEEP) -> P
     if next_ms < horizon:
         edge = -(-horizon // 1000)  # slots < edge (s) are missed
         latest = max(_before(s.cron, edge), first)
-        it = croniter(s.cron, datetime.fromtimestamp(first - 1, UTC))
+        it = _cron(s.cron, first - 1)
         slot = int(it.get_next(float))
         while slot < edge and skipped < COUNT_LIMIT:
             skipped += 1
@@ -160,7 +169,7 @@ def plan(s: Schedule, next_ms: int, now: int, limit: int = SLOTS_PER_SWEEP) -> P
             slots.append(latest)
             skipped -= 1
         first = edge
-    it = croniter(s.cron, datetime.fromtimestamp(first - 1, UTC))
+    it = _cron(s.cron, first - 1)
     slot = int(it.get_next(float))
     while slot * 1000 <= now and len(slots) < limit:
         slots.append(slot)

@@ -29,8 +29,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import msgspec
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from durable.errors import SealError, UsageError
 from durable.settings import Settings
@@ -82,6 +80,8 @@ class Keyring:
         if self.current is None:
             raise UsageError("a sensitive field must be sealed but DURABLE_ENCRYPTION_KEYS "
                              "is not set")
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         nonce = os.urandom(12)
         ct = AESGCM(self.keys[self.current]).encrypt(
             nonce, msgspec.json.encode(value), self.current.encode())
@@ -92,6 +92,9 @@ class Keyring:
         return str(envelope.get("kid")) in self.keys
 
     def open(self, envelope: dict[str, Any]) -> Any:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         kid = str(envelope.get("kid"))
         key = self.keys.get(kid)
         if key is None:

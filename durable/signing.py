@@ -5,6 +5,9 @@ Every signature here is made over a domain line (what kind of statement it is) f
 the canonical JSON of the statement (sorted keys, no spaces), so a signature made for one
 purpose never verifies for another. Keys are read as PEM (PKCS#8 / SubjectPublicKeyInfo),
 OpenSSH, or base64 of the raw 32 bytes; anything else is a one-line ``UsageError``.
+
+``cryptography`` is imported by the functions that use it: a process that neither signs nor
+checks a signature does not load it.
 """
 
 from __future__ import annotations
@@ -14,13 +17,12 @@ import binascii
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from durable.errors import UsageError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 
 def statement(domain: bytes, body: dict[str, Any]) -> bytes:
@@ -35,6 +37,9 @@ def sign(private_key_pem: bytes, message: bytes) -> str:
 
 def valid(public_key: bytes, signature: str, message: bytes) -> bool:
     """Whether ``signature`` (base64) is the raw 32-byte ``public_key``'s over ``message``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         sig = base64.b64decode(signature, validate=True)
         Ed25519PublicKey.from_public_bytes(public_key).verify(sig, message)
@@ -45,6 +50,10 @@ def valid(public_key: bytes, signature: str, message: bytes) -> bool:
 
 def load_private_key(pem: bytes) -> Ed25519PrivateKey:
     """A PEM private key (PKCS#8 or OpenSSH), or a one-line ``UsageError``."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     try:
         if pem.lstrip().startswith(b"-----BEGIN OPENSSH PRIVATE KEY"):
             key: Any = serialization.load_ssh_private_key(pem, password=None)
@@ -60,6 +69,10 @@ def load_private_key(pem: bytes) -> Ed25519PrivateKey:
 def load_public_key(data: bytes) -> bytes:
     """The raw 32 bytes of a public key given as PEM (SubjectPublicKeyInfo), OpenSSH
     (``ssh-ed25519 AAAA...``) or base64 of the raw bytes; else a one-line ``UsageError``."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     text = data.strip()
     try:
         if text.startswith(b"-----BEGIN"):
@@ -78,6 +91,8 @@ def load_public_key(data: bytes) -> bytes:
 
 def public_key_of(private_key_pem: bytes) -> bytes:
     """The raw public key that goes with a PEM private key."""
+    from cryptography.hazmat.primitives import serialization
+
     return load_private_key(private_key_pem).public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
@@ -89,6 +104,9 @@ def fingerprint(public_key: bytes) -> str:
 
 def keygen() -> tuple[bytes, bytes]:
     """A new key pair: (PEM PKCS#8 private key, PEM public key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
