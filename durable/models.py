@@ -68,6 +68,7 @@ tools' ``args_model`` (pydantic), so nothing is written by hand twice.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -75,13 +76,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
-    import httpx
-except ModuleNotFoundError as exc:  # an extra, not a hard dependency
+# httpx is an extra, not a hard dependency: say so at import. It is imported by the first
+# request: with rich and click installed (the CLI's tables, the console's server) httpx
+# imports its own command line too, a tenth of a second of every worker's start.
+if importlib.util.find_spec("httpx") is None:
     raise ModuleNotFoundError("durable.models (the built-in model step) needs httpx: pip "
-                              "install 'durable-agents[models]'", name=exc.name) from None
+                              "install 'durable-agents[models]'", name="httpx")
+if TYPE_CHECKING:
+    import httpx
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
@@ -350,6 +354,8 @@ class Chat(Tool):
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
         url = f"{settings.base_url.rstrip('/')}/chat/completions"
+        import httpx
+
         # A little past the deadline: the worker's own timeout decides first (it records
         # the call as timed out, and an effect-free call is sent again at once).
         timeout = httpx.Timeout(ctx.remaining() + 1.0)

@@ -1,5 +1,6 @@
 """``durable reconciler`` and ``durable reconcile RUN``: added to the CLI through the
-``durable.commands`` entry point group."""
+``durable.commands`` entry point group. Each command imports the reconciler when it runs:
+the parser of every ``durable`` call holds these commands."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
-from durable.client import Client
 from durable.errors import UsageError
-from durable.sealing import require_keys
-from durable.settings import Settings
-
-from .process import run_reconciler
-from .sweep import Sweeper
 
 
 def cmd_reconciler(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from durable.client import Client
+    from durable.sealing import require_keys
+    from durable.settings import Settings
+
+    from .process import run_reconciler
+    from .sweep import Sweeper
+
     settings = Settings()
     if args.once:
         client = Client(settings)
@@ -37,6 +39,14 @@ def cmd_reconciler(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from durable.client import Client
+    from durable.sealing import require_keys
+    from durable.settings import Settings
+
+    from .sweep import Sweeper
+
     client = Client(Settings())
     require_keys(client.registry.sensitive_names(), client.settings)
     client.projection(args.run)

@@ -22,7 +22,7 @@ class AskInput(BaseModel):
 
 
 @agent(input_model=AskInput, tools=("chat",))
-def asker(ctx: RunContext, inp: AskInput) -> dict[str, Any]:
+def model_asker(ctx: RunContext, inp: AskInput) -> dict[str, Any]:
     """One model step; returns what the model said."""
     reply = chat(ctx, [{"role": "user", "content": inp.question}], stream=inp.stream,
                  timeout_s=inp.timeout_s, max_attempts=inp.max_attempts)

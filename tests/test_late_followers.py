@@ -44,7 +44,7 @@ def model(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[ModelServe
 def _halfway(client: Client, worker: WorkerFactory, model: ModelServer, run_id: str) -> str:
     """A streaming run whose model step has emitted its first 100 tokens (kept), and holds."""
     client.registry.load(AGENTS)
-    run = client.start("asker", {"stream": True}, run_id=run_id).run_id
+    run = client.start("model_asker", {"stream": True}, run_id=run_id).run_id
     worker()
     assert model.holding.wait(30)
     wait_for(lambda: len(kept(client.redis, client.log.keys, run)) == 100, timeout=15)

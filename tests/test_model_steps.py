@@ -45,7 +45,7 @@ def test_a_model_slower_than_its_timeout_is_sent_at_most_the_configured_attempts
     monkeypatch.setenv("DURABLE_MODEL_TIMEOUT_S", "0.5")
     monkeypatch.setenv("DURABLE_MODEL_ATTEMPTS", "3")
     client.registry.load(AGENTS)
-    run = client.start("asker", {}, run_id="slow-model").run_id
+    run = client.start("model_asker", {}, run_id="slow-model").run_id
     worker()
     reconciler()
     final = client.wait(run, timeout=60, waiting=False)
@@ -68,7 +68,7 @@ def test_the_timeout_and_attempts_are_the_calls_own(
     monkeypatch.setenv("DURABLE_MODEL_TIMEOUT_S", "60")
     monkeypatch.setenv("DURABLE_MODEL_ATTEMPTS", "5")
     client.registry.load(AGENTS)
-    run = client.start("asker", {"timeout_s": 0.4, "max_attempts": 2},
+    run = client.start("model_asker", {"timeout_s": 0.4, "max_attempts": 2},
                        run_id="own-timeout").run_id
     worker()
     reconciler()
@@ -87,7 +87,7 @@ def test_429_and_503_are_asked_again_no_sooner_than_retry_after(
     reply."""
     model.plan = [("status", 429, 1), ("status", 503, 2), ("ok",)]
     client.registry.load(AGENTS)
-    run = client.start("asker", {}, run_id="retry-after").run_id
+    run = client.start("model_asker", {}, run_id="retry-after").run_id
     worker()
     reconciler()
     final = client.wait(run, timeout=60, waiting=False)
@@ -108,7 +108,7 @@ def test_a_resend_the_budget_does_not_allow_ends_the_run(
     model.plan = [("slow", 3.0)] * 6
     monkeypatch.setenv("DURABLE_MODEL_TIMEOUT_S", "0.5")
     client.registry.load(AGENTS)
-    run = client.start("asker", {}, run_id="budget-resend", budgets={"model_calls": 2}).run_id
+    run = client.start("model_asker", {}, run_id="budget-resend", budgets={"model_calls": 2}).run_id
     worker()
     reconciler()
     final = client.wait(run, timeout=60, waiting=False)
@@ -119,8 +119,8 @@ def test_a_resend_the_budget_does_not_allow_ends_the_run(
 def test_a_bad_timeout_fails_the_step_with_the_reason_and_the_worker_lives(
         client: Client, worker: WorkerFactory, model: ModelServer) -> None:
     client.registry.load(AGENTS)
-    bad = client.start("asker", {"timeout_s": -1}, run_id="bad-timeout").run_id
-    good = client.start("asker", {}, run_id="after-bad").run_id
+    bad = client.start("model_asker", {"timeout_s": -1}, run_id="bad-timeout").run_id
+    good = client.start("model_asker", {}, run_id="after-bad").run_id
     worker()
     final = client.wait(bad, timeout=30, waiting=False)
     assert final.state == "failed" and final.error is not None

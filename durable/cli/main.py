@@ -32,13 +32,17 @@ from durable.settings import Settings
 COMMAND_GROUP = "durable.commands"
 
 
-def plugins() -> list[tuple[str, Callable[..., None]]]:
-    """The ``register`` functions of the installed command groups, by entry point name.
+def plugins(named: str | None = None) -> list[tuple[str, Callable[..., None]]]:
+    """The ``register`` functions of the installed command groups, by entry point name
+    (with ``named``, only the group of that name, when one is installed).
 
     One that cannot be loaded is reported on stderr and left out: the other commands work.
     """
     found = []
-    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+    groups = sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name)
+    if named is not None and any(ep.name == named for ep in groups):
+        groups = [ep for ep in groups if ep.name == named]
+    for ep in groups:
         try:
             found.append((ep.name, ep.load()))
         except Exception as exc:
@@ -52,8 +56,9 @@ def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable
     """Every command: the library's, the installed processes', then ``extra``'s.
 
     Given the ``command`` about to run, one of the library's leaves the installed processes'
-    commands unloaded: importing a worker, a reconciler and a web console to print a table
-    of runs made every call pay for all three."""
+    commands unloaded, and one a process group of that name adds loads that group alone:
+    importing a worker, a reconciler and a web console to print a table of runs, or to
+    start a worker, made every call pay for all three."""
     p = Parser(prog=prog, description="Durable agent runs on Redis.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
@@ -68,9 +73,14 @@ def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable
 
     for module in (runs, audit, approvers, schedules, deploy, admin, config, limits):
         module.register(add)
-    if command is None or command not in sub.choices:
-        for _name, register in plugins():
+    if command not in sub.choices:
+        loaded = plugins(command)  # the group named after the command, else every group
+        for _name, register in loaded:
             register(add)
+        if command not in sub.choices and [name for name, _ in loaded] == [command]:
+            for name, register in plugins():  # that group did not add it: the others
+                if name != command:
+                    register(add)
     for register in extra:
         register(add)
     return p
