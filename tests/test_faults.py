@@ -85,6 +85,10 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
     try:
         assert wait_for(lambda: sum(client.redis.exists(layout.lease(r)) for r in runs) >= 8,
                         20)
+        # Every process is up before the outage: this is about processes that lose Redis
+        # while they serve (one still importing on a loaded machine would meet a Redis that
+        # is down at its start, which it reports and exits on).
+        assert all(p.started() for p in procs)
         srv.kill()
         wait_for(lambda: False, 2.0)  # the outage itself: two seconds without Redis
         srv.start()

@@ -70,6 +70,14 @@ class Process:
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
 
+    def started(self, timeout: float = 30.0) -> bool:
+        """Wait until the process has logged that it started (its log has the line), and
+        tell whether it did within ``timeout`` seconds; needs ``log_path``."""
+        if self.log_path is None:
+            raise ValueError("started() reads the process's log: give it a log_path")
+        path = self.log_path
+        return wait_for(lambda: b" started: " in path.read_bytes(), timeout, 0.05)
+
 
 class Worker(Process):
     """A ``durable worker`` process.
