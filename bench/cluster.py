@@ -43,8 +43,8 @@ import redis
 
 from bench import capacity
 from bench.common import AGENTS, median, run_window, settings_for, worker
+from durable.backend.cluster import LocalCluster
 from durable.client import Client
-from durable.cluster import LocalCluster
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import EventLog, Spec

@@ -31,8 +31,8 @@ from typing import Any
 
 from bench.common import median, settings_for, worker
 from durable.client import Client
-from durable.limit_usage import usage
-from durable.limits import Limit, Limiter
+from durable.flow.limit_usage import usage
+from durable.flow.limits import Limit, Limiter
 from durable.log.state import RunState
 from durable.log.store import now_ms
 from durable.testing import Server, wait_for

@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from bench.common import fresh, settings_for, worker
+from durable.backend.embedded import free_port
 from durable.client import Client
-from durable.embedded import free_port
 from durable.testing import Server, wait_for
 
 AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"

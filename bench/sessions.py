@@ -3,7 +3,7 @@ of ``python -m bench``; about 15 s, its own embedded server).
 
 A start with ``session=`` reads the session's head (``HGETALL``), reads the head run's
 state when there is one, and claims the session (``session_claim.lua``) before it writes
-``run_started`` as any start does (``durable.sessions``). Measured, interleaved over
+``run_started`` as any start does (``durable.controls.sessions``). Measured, interleaved over
 rounds, on one connection, runs not enqueued (the start alone):
 
 - a plain start;

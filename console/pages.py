@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from durable.audit.replay import summary
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
-from durable.limit_usage import usage
+from durable.flow.limit_usage import usage
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
 

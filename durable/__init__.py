@@ -27,10 +27,6 @@ if TYPE_CHECKING:
         register,
         registry,
     )
-    from durable.cancellation import (
-        Cancelled,
-        CancelToken,
-    )
     from durable.client import (
         Client,
         RunSummary,
@@ -40,6 +36,13 @@ if TYPE_CHECKING:
         StepFailed,
         WaitExpired,
         agent,
+    )
+    from durable.controls.cancellation import (
+        Cancelled,
+        CancelToken,
+    )
+    from durable.controls.starts import (
+        Started,
     )
     from durable.errors import (
         ConflictError,
@@ -61,7 +64,7 @@ if TYPE_CHECKING:
         UnsafeRedis,
         UsageError,
     )
-    from durable.limits import (
+    from durable.flow.limits import (
         Limit,
     )
     from durable.log.state import (
@@ -70,9 +73,6 @@ if TYPE_CHECKING:
     )
     from durable.settings import (
         Settings,
-    )
-    from durable.starts import (
-        Started,
     )
     from durable.streaming import (
         Partial,
@@ -83,8 +83,8 @@ _SOURCES: dict[str, str] = {
     "Action": "durable.log.state",
     "Agent": "durable.agents",
     "Call": "durable.agents",
-    "CancelToken": "durable.cancellation",
-    "Cancelled": "durable.cancellation",
+    "CancelToken": "durable.controls.cancellation",
+    "Cancelled": "durable.controls.cancellation",
     "Client": "durable.client",
     "ConflictError": "durable.errors",
     "DecodeError": "durable.errors",
@@ -94,7 +94,7 @@ _SOURCES: dict[str, str] = {
     "ForbiddenJob": "durable.errors",
     "InvalidInput": "durable.errors",
     "LeaseLost": "durable.errors",
-    "Limit": "durable.limits",
+    "Limit": "durable.flow.limits",
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
@@ -110,7 +110,7 @@ _SOURCES: dict[str, str] = {
     "RunSummary": "durable.client",
     "SessionBusy": "durable.errors",
     "Settings": "durable.settings",
-    "Started": "durable.starts",
+    "Started": "durable.controls.starts",
     "StepFailed": "durable.code",
     "Tool": "durable.agents",
     "ToolContext": "durable.agents",

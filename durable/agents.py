@@ -31,10 +31,10 @@ from durable.call_identity import call_difference as call_difference
 from durable.call_identity import call_signature as call_signature
 from durable.call_identity import digest_placeholder as digest_placeholder
 from durable.call_identity import is_placeholder as is_placeholder
-from durable.cancellation import Cancelled, CancelToken, Overrun
+from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.eventloop import EVENT_LOOP
-from durable.limits import Limit, estimate_tokens
+from durable.flow.limits import Limit, estimate_tokens
 from durable.log.state import RunState
 from durable.sealing import secret_fields
 
@@ -251,7 +251,7 @@ class Tool:
         return float(self.retry_backoff_s * 2 ** (attempts - 1))
 
     #: Limits shared by every worker that this tool's calls count against
-    #: (``durable.limits``): in flight, per period, model tokens per period.
+    #: (``durable.flow.limits``): in flight, per period, model tokens per period.
     limits: ClassVar[tuple[Limit, ...]] = ()
 
     def estimate_tokens(self, args: dict[str, Any]) -> int:
@@ -284,10 +284,10 @@ class Agent:
     version: ClassVar[str] = "1"
     input_model: ClassVar[type[BaseModel]]
     tools: ClassVar[tuple[str, ...]] = ()
-    #: Limits every tool call of this agent's runs counts against (``durable.limits``).
+    #: Limits every tool call of this agent's runs counts against (``durable.flow.limits``).
     limits: ClassVar[tuple[Limit, ...]] = ()
     #: Limits on its runs themselves: at most ``in_flight`` runs in flight (started, not
-    #: ended) per key; ``in_flight=1`` is one run per key at a time (``durable.limits``).
+    #: ended) per key; ``in_flight=1`` is one run per key at a time (``durable.flow.limits``).
     run_limits: ClassVar[tuple[Limit, ...]] = ()
     #: What happens to a run started under another version of this agent: ``continue``,
     #: ``reapprove`` (an approver with ``upgrade_role`` must accept it) or ``quarantine``.

@@ -13,15 +13,24 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from durable import catalog, overview, sessions, settling, tenants
+from durable import catalog, overview
 from durable.agents import Registry, registry
-from durable.answers import decide_approval, respond
-from durable.approvals import sign_decision
-from durable.approvers import Approvers
 from durable.audit.replay import fork, state_at
-from durable.cancellation import CancelMessage, cancel_children, encode_message, finish_specs
-from durable.connection import connect, connect_queue
+from durable.backend.connection import connect, connect_queue
 from durable.contention import update_run
+from durable.controls import sessions, settling
+from durable.controls.answers import decide_approval, respond
+from durable.controls.approvals import sign_decision
+from durable.controls.approvers import Approvers
+from durable.controls.cancellation import (
+    CancelMessage,
+    cancel_children,
+    encode_message,
+    finish_specs,
+)
+from durable.controls.quarantine import release
+from durable.controls.schedules import Schedules
+from durable.controls.starts import Starts
 from durable.errors import (
     DecodeError,
     Refused,
@@ -30,21 +39,19 @@ from durable.errors import (
     UnknownAgent,
     UsageError,
 )
+from durable.flow import tenants
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.index import ordered
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
-from durable.quarantine import release
 from durable.queue import make_queue
-from durable.schedules import Schedules
 from durable.sealing import (
     contains_sensitive,
     seal_fields,
 )
 from durable.settings import Settings
-from durable.starts import Starts
 from durable.streaming import Follower, Partial, afollow, async_twin
 
 
@@ -62,7 +69,7 @@ class RunSummary:
 
 
 class Client(Starts):
-    """Producers start runs (``durable.starts.Starts``), readers follow and audit them,
+    """Producers start runs (``durable.controls.starts.Starts``), readers follow and audit them,
     operators act on them: every read and write of run state goes through here."""
 
     def __init__(self, settings: Settings | None = None, client: redis.Redis | None = None,
@@ -86,7 +93,7 @@ class Client(Starts):
         self.schedules = Schedules(self)
         #: Agents this client published to the catalog already.
         self._published: set[str] = set()
-        #: Bounded tenant labels of the metrics (``durable.tenants``).
+        #: Bounded tenant labels of the metrics (``durable.flow.tenants``).
         self.tenant_labels = tenants.Labels(self.redis, self.settings.tenants.in_metrics)
 
     def close(self) -> None:
@@ -129,7 +136,7 @@ class Client(Starts):
         of the previous page (the next page starts below it). With ``tenant``: that
         tenant's runs only, by start time (its index); ``owner``: started by that owner.
         With ``session``: the runs of that session (of ``tenant``), the latest turn first
-        (``durable.sessions``)."""
+        (``durable.controls.sessions``)."""
         if oldest_first and since is not None:
             raise UsageError("since and oldest_first cannot be combined")
         if session is not None and (oldest_first or since is not None):
@@ -337,7 +344,7 @@ class Client(Starts):
     def approve(self, run_id: str, request: str, decision: str, approver: str,
                 note: str = "", *, signature: str) -> RunState:
         """Record a decision signed by the registered approver key ``approver``
-        (``durable.approvals.sign_decision`` over the run, the request, its digest, the
+        (``durable.controls.approvals.sign_decision`` over the run, the request, its digest, the
         decision and its expiry). The signature, the key (registered, not revoked), its
         role, the request (open, not expired) and the decision are checked first; a refused
         decision raises ``Refused`` and writes nothing."""
@@ -362,8 +369,8 @@ class Client(Starts):
     def settle(self, run_id: str, step: int, resolution: str, *, evidence: str, signer: str,
                signature: str, result: Any = None) -> RunState:
         """Record an operator's signed decision that ``step``'s unknown outcome was
-        ``applied`` (with ``result``) or ``not_applied`` (``durable.settling``), and let the
-        run go on. Refused (``Refused``, nothing written) unless the step is unknown and
+        ``applied`` (with ``result``) or ``not_applied`` (``durable.controls.settling``), and
+        let the run go on. Refused (``Refused``, nothing written) unless the step is unknown and
         the signature is ``signer``'s registered key's, with ``DURABLE_SETTLE_ROLE``."""
         state = settling.settle(self.log, self.approvers,
                                 self.settings.security.settle_role, run_id,

@@ -100,7 +100,7 @@ class RunContext:
     @property
     def continues(self) -> str:
         """The run whose conversation this one continues ("" for none): the one given as
-        ``continue_from``, or the latest run of its session (``durable.sessions``)."""
+        ``continue_from``, or the latest run of its session (``durable.controls.sessions``)."""
         return self._session.continues
 
     @property

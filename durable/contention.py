@@ -13,9 +13,9 @@ ended, the wait been answered).
 (``workers.redis_io.RedisIO``, batched with the other runs'), so that its driver goes on
 with its other runs meanwhile. ``update_run`` is the same loop for a caller on a thread of
 its own: it drives the coroutine in place (``durable.log.batching.drive``) with calls made
-at once (``InPlace``). The shared routines of ``durable.children``, ``durable.cancellation``
-and ``durable.liveness`` are written the same way: one coroutine, driven where a sync
-caller needs it.
+at once (``InPlace``). The shared routines of ``durable.controls.children``,
+``durable.controls.cancellation`` and ``durable.liveness`` are written the same way: one
+coroutine, driven where a sync caller needs it.
 
 Either gives up after ``attempts`` refusals with one error, ``RunContended(run_id,
 attempts)``: the caller's action was not recorded and may be tried again. Each refusal

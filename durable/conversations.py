@@ -6,7 +6,7 @@ continues::
     client.start("talker", {"say": "and then?"}, continue_from="turn-1")
 
 or as the next turn of a named session (``start(..., session="support-42")``: the session's
-latest run is the one continued, ``durable.sessions``).
+latest run is the one continued, ``durable.controls.sessions``).
 
 The new run's ``run_started`` records the reference (``continue_from``); nothing of the
 conversation goes through the input, so the input limit (``DURABLE_MAX_PAYLOAD_BYTES``)

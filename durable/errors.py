@@ -58,7 +58,7 @@ installed packages and fails when this diagram and the classes differ in any way
      │                           the built-in model step: refused for good
      ├── durable.conversations.ConversationMissing
      │                           the run a run continues kept no conversation
-     ├── durable.schedules.Unreadable
+     ├── durable.controls.schedules.Unreadable
      │                           a stored schedule that cannot be decoded, or whose
      │                           expression is not valid
      ├── durable.integrations.mcp.McpToolError
@@ -68,9 +68,9 @@ installed packages and fails when this diagram and the classes differ in any way
 
     Signal                       stops code the library runs (see ``Signal``): a
      │                           ``BaseException``, so ``except Exception`` lets it pass
-     ├── durable.cancellation.Cancelled
+     ├── durable.controls.cancellation.Cancelled
      │    │                      a cancel reached the tool (its token was checked)
-     │    └── durable.cancellation.Overrun
+     │    └── durable.controls.cancellation.Overrun
      │                           the call ran past its deadline or its cancel's grace
      ├── durable.execution.Unwind
      │                           the worker let go of a code agent's run
@@ -138,7 +138,7 @@ class RunIdConflict(UsageError):
 
 
 class SessionBusy(UsageError):
-    """A start in a named session whose latest run has not ended (``durable.sessions``):
+    """A start in a named session whose latest run has not ended (``durable.controls.sessions``):
     refused, nothing written, so that two turns never continue one conversation at once."""
 
     def __init__(self, session: str, tenant: str, run_id: str, state: str) -> None:
@@ -325,7 +325,7 @@ class RateLimited(DurableError):
     """Raised by a tool whose provider refused the call for its rate (HTTP 429): nothing
     was applied. The step is sent again (same key) after ``retry_after_s`` (the
     provider's ``Retry-After``); it is not one of the tool's failures, and the limits the
-    call holds (``durable.limits``) lower their rate for the whole fleet."""
+    call holds (``durable.flow.limits``) lower their rate for the whole fleet."""
 
     def __init__(self, retry_after_s: float = 1.0, detail: str = "") -> None:
         self.retry_after_s = max(float(retry_after_s), 0.0)

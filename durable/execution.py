@@ -31,8 +31,8 @@ from durable.agents import (
     Wait,
 )
 from durable.call_identity import call_difference, call_signature, is_placeholder
-from durable.children import CHILD_POLL_MS
 from durable.code_history import Values
+from durable.controls.children import CHILD_POLL_MS
 from durable.errors import DurableError, NondeterminismError, Signal, UsageError
 from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL

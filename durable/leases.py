@@ -17,10 +17,10 @@ from typing import Any
 
 import redis
 
+from durable.backend.outages import Backoff
 from durable.log import counters, keys
 from durable.log.batching import ScriptBatcher, drive
 from durable.log.scripts import Scripts, source
-from durable.outages import Backoff
 
 
 def _s(v: object) -> str:

@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable
 
 import redis
 
+from durable.backend.outages import Backoff, Outage
 from durable.contention import InPlace, RedisCalls
 from durable.log import keys
 from durable.log.batching import drive
-from durable.outages import Backoff, Outage
 
 log = logging.getLogger("durable.liveness")
 

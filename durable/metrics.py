@@ -35,12 +35,12 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from durable.limit_usage import Use, usage
+from durable.flow.limit_usage import Use, usage
+from durable.flow.tenants import RUNS_STARTED
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
 from durable.outcomes import NO_LOOKUP
-from durable.tenants import RUNS_STARTED
 
 if TYPE_CHECKING:
     from durable.client import Client

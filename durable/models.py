@@ -90,7 +90,7 @@ if TYPE_CHECKING:
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
 from durable.errors import DurableError, RateLimited
-from durable.limits import Limit
+from durable.flow.limits import Limit
 from durable.partials import tool_call_delta
 from durable.settings import ModelSettings
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
@@ -113,7 +113,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per reque
 
 
 def model_limits(settings: ModelSettings) -> tuple[Limit, ...]:
-    """The ``model`` limit of the chat step, shared by every worker (``durable.limits``)."""
+    """The ``model`` limit of the chat step, shared by every worker (``durable.flow.limits``)."""
     if not (settings.rpm or settings.tpm or settings.in_flight):
         return ()
     return (Limit("model", rate=settings.rpm, tokens=settings.tpm,

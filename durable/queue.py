@@ -12,7 +12,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from durable import fairness
+from durable.flow import fairness
 from durable.log import keys
 
 ADVANCE = "durable.workers.handlers.advance"
@@ -75,7 +75,7 @@ def make_ready(client: redis.Redis, layout: keys.KeyLayout, queue: Queue, run_id
 
 
 def _who(tenant: bytes | None, priority: bytes | None) -> tuple[str, int]:
-    """A run's tenant and priority, from its projection (``durable.fairness``)."""
+    """A run's tenant and priority, from its projection (``durable.flow.fairness``)."""
     try:
         prio = int(priority) if priority else 0
     except ValueError:
@@ -87,7 +87,7 @@ def push(queue: Queue, route: str, run_ids: list[str],
          who: dict[str, tuple[str, int]] | None = None) -> None:
     """Put ``run_ids`` on ``route``'s ready list (recording the route for readers), and a
     ``drain`` command on RQ unless one is pending. ``who``: run id -> (tenant, priority);
-    a run with either goes on the list's fair side (``durable.fairness``)."""
+    a run with either goes on the list's fair side (``durable.flow.fairness``)."""
     who = who or {}
     ready = keys.ready(queue.name, route)
     plain = [r for r in run_ids if fairness.is_plain(*who.get(r, ("", 0)))]

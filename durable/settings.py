@@ -221,7 +221,7 @@ class TenantSettings(BaseSettings):
 
     required: bool = Field(
         default=False, validation_alias="DURABLE_REQUIRE_TENANT",
-        description="Refuse a start that names no tenant (durable.tenants).")
+        description="Refuse a start that names no tenant (durable.flow.tenants).")
     in_metrics: int = Field(
         default=50, ge=0, validation_alias="DURABLE_METRIC_TENANTS",
         description="Tenants that get their own label in the metrics (the first seen); the "

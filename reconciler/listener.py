@@ -8,9 +8,9 @@ import logging
 
 import redis
 
-from durable.cancellation import CancelMessage, record_cancel
+from durable.backend.subscriber import CancelSubscriber
+from durable.controls.cancellation import CancelMessage, record_cancel
 from durable.errors import RunNotFound
-from durable.subscriber import CancelSubscriber
 
 from .sweep import Sweeper
 

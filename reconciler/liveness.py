@@ -17,9 +17,9 @@ import time
 
 import redis
 
+from durable.backend.outages import Backoff
 from durable.leases import Lease
 from durable.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
-from durable.outages import Backoff
 from durable.queue import enqueue_many
 
 from .sweep import Sweeper

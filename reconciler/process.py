@@ -16,8 +16,8 @@ import time
 import redis
 
 from durable.agents import registry
-from durable.connection import client_url, connect, safe_url
-from durable.outages import Backoff
+from durable.backend.connection import client_url, connect, safe_url
+from durable.backend.outages import Backoff
 from durable.overview import Sweep, record_sweep
 from durable.sealing import require_keys
 from durable.settings import Settings

@@ -12,7 +12,7 @@ For a due run it:
 - wakes retry timers and expires waits past their deadline;
 - re-enqueues runs with work left and nothing queued (a crashed worker, or a stuck run).
 
-It also starts the runs of due schedule slots (``durable.schedules``: the schedules'
+It also starts the runs of due schedule slots (``durable.controls.schedules``: the schedules'
 due-set; a slot's run id is deterministic, so several reconcilers start it once).
 """
 
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import redis
 
-from durable import fairness
 from durable.agents import Registry
-from durable.cancellation import cancel_children, finish_specs
-from durable.children import CHILD_POLL_MS, child_state, wake_parent
+from durable.backend.connection import connect_queue
+from durable.backend.outages import Outage
 from durable.client import Client
-from durable.connection import connect_queue
+from durable.controls.cancellation import cancel_children, finish_specs
+from durable.controls.children import CHILD_POLL_MS, child_state, wake_parent
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -39,12 +39,12 @@ from durable.errors import (
     Terminal,
     UnknownTool,
 )
+from durable.flow import fairness
 from durable.leases import Leases
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
-from durable.outages import Outage
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import ensure_drain, make_queue, make_ready, ready_depth
 from durable.settings import Settings
@@ -274,7 +274,7 @@ class Sweeper:
 
     def _after(self, state: RunState) -> None:
         """A child that ended here wakes its parent; a parent canceled here cancels its
-        children (``durable.children``)."""
+        children (``durable.controls.children``)."""
         if state.terminal and state.parent_step:
             parent = self._wake_parent(state)
             if parent is not None:
@@ -285,7 +285,7 @@ class Sweeper:
                             self.token, self.settings.cancel.secret)
 
     def _wake_parent(self, child: RunState) -> str | None:
-        """``durable.children.wake_parent``; a parent other writers kept appending to
+        """``durable.controls.children.wake_parent``; a parent other writers kept appending to
         (``RunContended``) is not woken now, but looked at again within ``CHILD_POLL_MS``
         like any parent waiting for a child."""
         try:

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from durable.backend.cluster import LocalCluster
 from durable.client import Client
-from durable.cluster import LocalCluster
 from durable.log import keys
 from durable.settings import Settings
 from durable.signing import keygen, load_public_key

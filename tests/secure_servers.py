@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from durable import embedded
+from durable.backend import embedded
 
 ROOT = Path(__file__).resolve().parent.parent
 ACL_FILE = ROOT / "deploy" / "users.acl"

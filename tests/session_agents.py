@@ -1,5 +1,5 @@
 """Agents whose conversations go on from run to run in named sessions, one per framework,
-for the tests of ``durable.sessions`` (worker processes import this module through
+for the tests of ``durable.controls.sessions`` (worker processes import this module through
 ``DURABLE_AGENTS``): a pydantic-ai agent and an OpenAI Agents SDK agent, both on the local
 OpenAI-compatible server of ``tests.openai_server`` (``TEST_OPENAI_URL``), whose script for
 instructions starting "reader" calls ``read_page`` once per user turn, then says how many

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from durable.approvers import Approvers
+from durable.controls.approvers import Approvers
 from durable.leases import Lease, Leases
 from durable.liveness import Presence, dead_workers, release_worker
 from durable.log import keys

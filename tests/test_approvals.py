@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from durable.approvals import check_decision, sign_decision
 from durable.audit.verify import verify
 from durable.client import Client
+from durable.controls.approvals import check_decision, sign_decision
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.store import Spec

@@ -16,10 +16,10 @@ import redis
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from durable.approvals import sign_decision
-from durable.approvers import DOMAIN, Approvers
 from durable.audit.verify import verify
 from durable.client import Client
+from durable.controls.approvals import sign_decision
+from durable.controls.approvers import DOMAIN, Approvers
 from durable.errors import Refused, UsageError
 from durable.signing import (
     fingerprint,

@@ -19,8 +19,8 @@ import pytest
 
 from durable.agents import ToolContext, resolve_awaitable
 from durable.audit.verify import verify
-from durable.cancellation import CancelToken
 from durable.client import Client
+from durable.controls.cancellation import CancelToken
 from durable.log import events as ev
 from durable.models import Chat, ChatReply, ModelError, ModelUnavailable, completion_result
 from durable.testing import Server

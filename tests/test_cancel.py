@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from durable.audit.verify import verify
-from durable.cancellation import CancelMessage, encode_message, record_cancel
 from durable.client import Client
+from durable.controls.cancellation import CancelMessage, encode_message, record_cancel
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState

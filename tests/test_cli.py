@@ -156,7 +156,7 @@ def test_redis_stop_shuts_the_recorded_background_server(
 ) -> None:
     from pathlib import Path
 
-    from durable import embedded
+    from durable.backend import embedded
 
     data = Path(str(tmp_path))
     _url, proc = embedded.start(data, "everysec")

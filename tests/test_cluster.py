@@ -13,8 +13,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from durable.backend.connection import connect
 from durable.client import Client
-from durable.connection import connect
 from durable.errors import UsageError
 from durable.log import keys
 from durable.log.index import repair
@@ -166,7 +166,7 @@ def test_a_cluster_without_a_queue_server_is_refused_in_one_line(tmp_path: Path)
     """RQ does not run on a cluster: DURABLE_REDIS_CLUSTER needs DURABLE_QUEUE_URL; a
     cluster node named without DURABLE_REDIS_CLUSTER is refused the same way (no MOVED
     traceback)."""
-    from durable.cluster import LocalCluster
+    from durable.backend.cluster import LocalCluster
 
     with LocalCluster(3, 0) as cluster:
         env = {"PATH": "/usr/bin:/bin", "XDG_STATE_HOME": str(tmp_path),

@@ -2,7 +2,7 @@
 instead of spinning, and goes on after the failover.
 
 On a cluster a process sees a master's death as some calls failing while others, and
-``PING`` (sent to one node), still succeed. Before ``durable.outages`` waited on a backoff
+``PING`` (sent to one node), still succeed. Before ``durable.backend.outages`` waited on a backoff
 of each retry loop's own and ended an outage only after a quiet spell, idle workers logged
 ~8,300 "Redis unavailable" / "answers again" lines per second each, at 90 % CPU, until the
 node came back.
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.backend.cluster import LocalCluster, Node
 from durable.client import Client
-from durable.cluster import LocalCluster, Node
 from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from durable.backend.embedded import free_port
 from durable.client import Client
-from durable.embedded import free_port
 from durable.log.store import Entry
 from durable.testing import wait_for
 from durable.testing.processes import Process

@@ -85,8 +85,8 @@ def test_compose_redis_command_runs_and_answers_on_the_network(tmp_path: Path) -
 
     import redis
 
-    from durable.connection import config_problems
-    from durable.embedded import free_port
+    from durable.backend.connection import config_problems
+    from durable.backend.embedded import free_port
     from durable.testing import wait_for
     from tests.secure_servers import debian_redis
 
@@ -164,7 +164,7 @@ def test_the_formation_compose_describes_completes_a_run_of_the_example(
     import sys
     import urllib.request
 
-    from durable.embedded import free_port
+    from durable.backend.embedded import free_port
     from durable.testing import wait_for
     from tests.secure_servers import debian_redis
 

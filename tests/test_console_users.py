@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
+from durable.backend.embedded import free_port
 from durable.console.users import User, Users, hash_password, verify_password
-from durable.embedded import free_port
 from durable.errors import UsageError
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process

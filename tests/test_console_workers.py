@@ -1,6 +1,6 @@
 """The console's workers page in a real headless Chromium: the limits table shows what the
 fleet's limiters hold while runs wait on them, and what they granted once the runs are done
-(``durable.limit_usage``, the same figures as ``durable limits``)."""
+(``durable.flow.limit_usage``, the same figures as ``durable limits``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from durable.client import Client
-from durable.limit_usage import usage
+from durable.flow.limit_usage import usage
 from durable.testing import wait_for
 from durable.testing.provider import Provider
 from tests.browser import Console, login

@@ -10,11 +10,11 @@ import pytest
 import redis
 
 import durable
-from durable import answers, cancellation, children, quarantine, settling
 from durable import client as client_module
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.contention import ATTEMPTS, update_run
+from durable.controls import answers, cancellation, children, quarantine, settling
 from durable.errors import DurableError, RunContended
 from durable.log import events as ev
 from durable.log.state import RunState

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from durable.connection import config_problems, parse_config_file
+from durable.backend.connection import config_problems, parse_config_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def _dev_formation(tmp_path: Path) -> dict[str, str]:
     import os
     import sys
 
-    from durable.embedded import free_port
+    from durable.backend.embedded import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_")}
     env["DURABLE_PORT"] = str(free_port())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from durable import embedded
+from durable.backend import embedded
 from durable.settings import Settings
 from tests.conftest import ServerFactory, run_durable
 

@@ -134,7 +134,7 @@ def test_acknowledged_events_survive_a_kill_9_of_the_server(make_server: ServerF
 def test_connecting_to_a_server_that_could_lose_events_warns_clearly(
     make_server: ServerFactory,
 ) -> None:
-    from durable.connection import connect
+    from durable.backend.connection import connect
     from durable.errors import UnsafeRedis
     from durable.settings import Settings
 

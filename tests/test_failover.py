@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.backend.cluster import LocalCluster, Node
 from durable.client import Client
-from durable.cluster import LocalCluster, Node
 from durable.errors import ReplicationTimeout
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker, wait_for

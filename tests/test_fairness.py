@@ -1,4 +1,4 @@
-"""Fairness and priorities when ready runs are taken (``durable.fairness``): the order of
+"""Fairness and priorities when ready runs are taken (``durable.flow.fairness``): the order of
 ``ready_take.lua`` on the real Redis server, then real worker processes: a small tenant's
 runs start while a big tenant's backlog drains, and a high-priority run started behind
 hundreds of ready ones takes its first step first."""
@@ -9,8 +9,8 @@ from typing import Any
 
 import redis
 
-from durable import fairness
 from durable.client import Client
+from durable.flow import fairness
 from durable.log import events as ev
 from durable.log import keys
 from durable.queue import make_queue, push

@@ -16,7 +16,7 @@ import pytest
 
 import durable.testing.provider  # noqa: F401  (registers the agents in this process too)
 from durable.client import Client
-from durable.limit_usage import usage
+from durable.flow.limit_usage import usage
 from durable.metrics import exposition
 from durable.testing import wait_for
 from durable.testing.provider import Provider

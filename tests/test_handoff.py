@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from durable.agents import resolve_awaitable
-from durable.cancellation import Cancelled, CancelToken, Overrun
+from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.eventloop import EVENT_LOOP, Handoff
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from durable.embedded import free_port
+from durable.backend.embedded import free_port
 from durable.log import keys
 from durable.settings import Settings, variables
 from durable.testing import Server, wait_for

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis
 
+from durable.backend.cluster import LocalCluster
 from durable.client import Client
-from durable.cluster import LocalCluster
 from durable.errors import ReplicationTimeout
 from durable.log import events as ev
 from durable.log.batching import RedisCall, ScriptBatcher

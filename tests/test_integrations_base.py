@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from durable.agents import ToolContext
-from durable.cancellation import CancelToken
+from durable.controls.cancellation import CancelToken
 from durable.integrations import base
 
 INTEGRATIONS = Path(__file__).resolve().parent.parent / "durable" / "integrations"

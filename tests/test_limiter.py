@@ -1,4 +1,4 @@
-"""The limiter's decisions (``durable.limits``, ``limit_take.lua``, ``limit_release.lua``)
+"""The limiter's decisions (``durable.flow.limits``, ``limit_take.lua``, ``limit_release.lua``)
 on the real Redis server, with a clock the test moves: permits in flight, calls per
 period, tokens reserved and settled, a permit whose holder died, a 429 lowering the rate
 for every worker. The processes' side is in ``tests/test_flow_control.py``."""
@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from durable.errors import UsageError
-from durable.limit_usage import usage
-from durable.limits import Limit, Limiter, key_of
+from durable.flow.limit_usage import usage
+from durable.flow.limits import Limit, Limiter, key_of
 from durable.log import events as ev
 from durable.log.state import RunState
 from durable.log.store import Spec

@@ -201,7 +201,7 @@ def test_the_connection_pool_serves_as_many_threads_as_the_worker_has_slots(
     Redis outage and stranded runs)."""
     import threading
 
-    from durable.connection import connect
+    from durable.backend.connection import connect
 
     conn = connect(settings.replace(concurrency=300))
     errors: list[BaseException] = []

@@ -1,5 +1,5 @@
-"""Named sessions (``start(..., session=NAME)``, ``durable.sessions``): each start continues
-the session's latest run by reference, one turn at a time, per tenant. Real worker
+"""Named sessions (``start(..., session=NAME)``, ``durable.controls.sessions``): each start
+continues the session's latest run by reference, one turn at a time, per tenant. Real worker
 processes and real SIGKILLs; the model servers are local HTTP servers that see the whole
 conversation of each turn (``tests.model_server`` for a code agent, ``tests.openai_server``
 for pydantic-ai and the OpenAI Agents SDK, ``tests.session_agents``). The tests marked
@@ -17,10 +17,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from durable import conversations, sessions
+from durable import conversations
 from durable.audit.verify import verify
 from durable.cli.main import main
 from durable.client import Client
+from durable.controls import sessions
 from durable.errors import RunIdConflict, SessionBusy, UsageError
 from durable.log import events as ev
 from durable.log import keys

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from durable.backend.embedded import free_port
 from durable.client import Client
-from durable.embedded import free_port
 from durable.testing import Reconciler, Server, wait_for
 from tests.agents import applications
 from tests.conftest import WorkerFactory

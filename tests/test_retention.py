@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.backend.connection import parse_config_file
 from durable.client import Client
-from durable.connection import parse_config_file
 from durable.errors import TooManyPendingRuns
 from durable.log import keys
 from durable.log.keys import KeyLayout

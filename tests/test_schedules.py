@@ -1,5 +1,5 @@
 """Durable schedules: one run per slot, whoever sweeps; what happens to missed slots; the
-commands that add, list, pause, resume and delete them (``durable.schedules``)."""
+commands that add, list, pause, resume and delete them (``durable.controls.schedules``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import redis
 
 from durable.client import Client
+from durable.controls.schedules import Schedule, plan, slot_run_id
 from durable.errors import ScheduleNotFound, UsageError
 from durable.log import events as ev
 from durable.log import keys
-from durable.schedules import Schedule, plan, slot_run_id
 from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
 

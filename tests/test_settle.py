@@ -14,12 +14,12 @@ import pytest
 import tests.settle_agents  # noqa: F401  (registers peek, peeker)
 from durable.audit.verify import verify
 from durable.client import Client
+from durable.controls.settling import result_digest
 from durable.errors import Refused
 from durable.log import counters
 from durable.log import events as ev
 from durable.log.store import Spec
 from durable.metrics import exposition
-from durable.settling import result_digest
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
 

@@ -120,7 +120,7 @@ def test_tls_files_with_plain_url_are_a_usage_error(tls: TlsServer) -> None:
     assert done.returncode == 2
     assert "not a rediss:// URL" in done.stderr
     with pytest.raises(UsageError, match="no such file"):
-        from durable.connection import connection_options
+        from durable.backend.connection import connection_options
 
         connection_options(Settings.from_env(redis_tls_ca=Path("/nonexistent/ca.pem")),
                            "rediss://127.0.0.1:1/0")

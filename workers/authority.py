@@ -3,7 +3,7 @@ rejection or an operator's settle already in the log must have been signed by so
 the right to make it (else the run is quarantined, never fed to the agent), and a call
 whose tool requires an approval is sent only once a valid one is recorded (else one is
 asked for, and the run waits). The registry's entries carry an admin signature
-(``durable.approvers``), so a Redis writer without the admin key cannot grant these rights.
+(``durable.controls.approvers``), so a Redis writer without the admin key cannot grant these rights.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 
 from durable.agents import Tool
-from durable.approvals import check_history, check_recorded
+from durable.controls.approvals import check_history, check_recorded
+from durable.controls.settling import unsigned_settle
 from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS
-from durable.settling import unsigned_settle
 
 from .context import StepContext
 from .gates import Check, gate, request_specs

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import redis
 
 from durable.agents import Registry
-from durable.approvers import Approvers
+from durable.controls.approvers import Approvers
+from durable.flow.limits import Limiter
 from durable.leases import Lease
-from durable.limits import Limiter
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.settings import Settings
 
@@ -75,7 +75,7 @@ class StepContext(Protocol):
 
     @property
     def limiter(self) -> Limiter:
-        """Flow control shared by every worker (``durable.limits``)."""
+        """Flow control shared by every worker (``durable.flow.limits``)."""
         ...
 
     @property
@@ -105,7 +105,7 @@ class StepContext(Protocol):
         ...
 
     async def park(self, run_id: str, wait: Any) -> None:
-        """The run waits for a limit (``durable.limits``): the worker lets go of it."""
+        """The run waits for a limit (``durable.flow.limits``): the worker lets go of it."""
         ...
 
     async def woke(self, parent: str | None) -> None:

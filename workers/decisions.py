@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import redis
 
-from durable import budgets, clock, tracing
+from durable import clock, tracing
 from durable.agents import (
     Agent,
     Cancel,
@@ -28,8 +28,8 @@ from durable.agents import (
     Wait,
 )
 from durable.call_identity import digest_placeholder, is_placeholder
-from durable.cancellation import CancelToken, finish_specs
 from durable.code import CodeAgent
+from durable.controls.cancellation import CancelToken, finish_specs
 from durable.errors import (
     CancelPending,
     Claimed,
@@ -38,6 +38,7 @@ from durable.errors import (
     Terminal,
     UnknownTool,
 )
+from durable.flow import budgets
 from durable.leases import Lease
 from durable.log import counters, keys
 from durable.log import events as ev
@@ -328,7 +329,7 @@ async def outcomes(ctx: StepContext, handle: RunHandle, slot: Slot, pending: lis
 async def over_limit(ctx: StepContext, handle: RunHandle, agent: Agent,
                      calls: list[tuple[Tool, int, Any]], deadline: int,
                      pending: list[Spec], specs: list[Spec]) -> bool:
-    """Flow control (``durable.limits``): False when every limiter of ``calls`` gave a
+    """Flow control (``durable.flow.limits``): False when every limiter of ``calls`` gave a
     permit (lapsing after ``deadline``); else ``specs`` (the intents) are recorded and the
     run waits as a timer, holding no slot: not an error, no retry consumed."""
     wait = await ctx.limiter.take_all_async(handle.state, agent, calls,

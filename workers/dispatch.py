@@ -16,7 +16,7 @@ import msgspec
 import tenacity
 
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
-from durable.cancellation import Cancelled, CancelToken, Overrun
+from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, RateLimited
 from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
@@ -276,7 +276,7 @@ async def awaited(call: Any, token: CancelToken, timeout: float,
 
 def rate_limited(act: Action, err: RateLimited) -> list[Spec]:
     """A call the provider refused for its rate (429): the step waits its Retry-After and
-    is sent again with the same key, whatever the tool's own retries (``durable.limits``
+    is sent again with the same key, whatever the tool's own retries (``durable.flow.limits``
     lowers the rate of the limits it held)."""
     until = now_ms() + max(int(err.retry_after_s * 1000), 1)
     return [Spec(ev.ActionFailed, {"step": act.step, "key": act.key, "error": str(err)[:2000],

@@ -1,12 +1,12 @@
 """A run's parent and children, as the step protocol reaches them: reading a child, waking
 a parent whose child ended, cancelling the children of a canceled run.
 
-The routines are the library's (``durable.children``, ``durable.cancellation``: load,
-decide, commit, again on a conflict), awaited with this worker's Redis calls
-(``workers.redis_io``) so that the driver of the run that makes them goes on with its other
-runs meanwhile. Each load or commit is on one run's keys: the parent's and the child's are
-written by two script calls, made safe by the child's id being deterministic (a retried
-write finds its event there, and does nothing).
+The routines are the library's (``durable.controls.children``,
+``durable.controls.cancellation``: load, decide, commit, again on a conflict), awaited with
+this worker's Redis calls (``workers.redis_io``) so that the driver of the run that makes
+them goes on with its other runs meanwhile. Each load or commit is on one run's keys: the
+parent's and the child's are written by two script calls, made safe by the child's id being
+deterministic (a retried write finds its event there, and does nothing).
 
 What is the worker's own is what it does when a parent cannot be woken because other
 writers kept appending to it (``RunContended``): the step that ended the child is done and
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 
-from durable.cancellation import cancel_children_async
-from durable.children import CHILD_POLL_MS, child_state_async, wake_parent_async
+from durable.controls.cancellation import cancel_children_async
+from durable.controls.children import CHILD_POLL_MS, child_state_async, wake_parent_async
 from durable.errors import RunContended
 from durable.log.state import RunState
 from durable.log.store import EventLog
@@ -35,7 +35,7 @@ async def child_state(io: RedisIO, elog: EventLog, run_id: str) -> RunState | No
 
 
 async def wake_parent(io: RedisIO, elog: EventLog, child: RunState, actor: str) -> str | None:
-    """``durable.children.wake_parent_async``: the parent's id when it was woken (it must
+    """``durable.controls.children.wake_parent_async``: the parent's id when it was woken (it must
     be made ready); None when there was nothing to wake, or when other writers kept
     appending to it (logged: the reconciler wakes it within ``CHILD_POLL_MS``)."""
     try:
@@ -48,6 +48,6 @@ async def wake_parent(io: RedisIO, elog: EventLog, child: RunState, actor: str) 
 
 async def cancel_children(io: RedisIO, elog: EventLog, parent: RunState, reason: str,
                           actor: str, secret: str | None = None) -> list[str]:
-    """``durable.cancellation.cancel_children_async``: ask every live child of ``parent``
+    """``durable.controls.cancellation.cancel_children_async``: ask every live child of ``parent``
     to cancel; returns the children asked."""
     return await cancel_children_async(io, elog, parent, reason, actor, secret)

@@ -4,7 +4,7 @@ run resumes under, and the facts the agent declared must still hold after a wait
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
 (``durable.digests``), recomputed right before the approved call runs, and its signature
-is checked against the approver registry then too (``durable.approvals.check_recorded``:
+is checked against the approver registry then too (``durable.controls.approvals.check_recorded``:
 registered, not revoked, the request's role, before its expiry): a decision that does not
 hold is never acted on, and a new approval is requested.
 """

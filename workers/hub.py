@@ -45,8 +45,8 @@ from typing import Any, TypeAlias
 
 import redis
 
-from durable import fairness
-from durable.fairness import take_command
+from durable.flow import fairness
+from durable.flow.fairness import take_command
 from durable.log import keys
 from durable.log.batching import RedisCall
 from durable.log.inflight import Stream

@@ -13,11 +13,11 @@ from typing import Any
 
 import redis
 
-from durable.cancellation import CancelMessage, record_cancel
+from durable.backend.subscriber import CancelSubscriber
+from durable.controls.cancellation import CancelMessage, record_cancel
 from durable.errors import DecodeError, RunNotFound
 from durable.log import keys
 from durable.settings import Settings
-from durable.subscriber import CancelSubscriber
 
 from .loop import StepLoop
 

@@ -31,9 +31,10 @@ import redis
 
 from durable import tracing
 from durable.agents import Agent, Registry
-from durable.approvers import Approvers
+from durable.backend.connection import connect_queue
+from durable.backend.outages import Outage
 from durable.code import CodeAgent
-from durable.connection import connect_queue
+from durable.controls.approvers import Approvers
 from durable.errors import (
     CancelPending,
     ConflictError,
@@ -44,15 +45,14 @@ from durable.errors import (
     UnknownAgent,
 )
 from durable.eventloop import EVENT_LOOP
+from durable.flow.limits import Limiter
 from durable.leases import Heartbeats, Lease, Leases
-from durable.limits import Limiter
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
-from durable.outages import Outage
 from durable.queue import make_queue, make_ready
 from durable.settings import Settings
 
@@ -125,7 +125,7 @@ class StepLoop:
         #: Every Redis call of the protocol's coroutines.
         self.io = RedisIO(client, self.leases.batcher, self.leases, self.queue)
         self.held: dict[str, Slot] = {}
-        #: Limits shared by every worker (``durable.limits``); a release wakes a waiter.
+        #: Limits shared by every worker (``durable.flow.limits``); a release wakes a waiter.
         self.limiter = Limiter(client, wake=lambda run: make_ready(
             self.redis, self.log.keys, self.queue, run, force=True),
             batcher=self.leases.batcher, layout=self.log.keys)
@@ -370,7 +370,7 @@ class StepLoop:
                                                          self.worker_id))
 
     async def park(self, run_id: str, wait: Any) -> None:
-        """The run waits for a limit (``durable.limits``): due at its ``retry_at``, its
+        """The run waits for a limit (``durable.flow.limits``): due at its ``retry_at``, its
         reason shown; the worker lets go of it."""
         await self.io.look_again_at(run_id, wait.retry_at)
         await self.io.hset(self.log.keys.run(run_id), "reason", wait.reason)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import redis
 
-from durable.fairness import take_command
+from durable.flow.fairness import take_command
 from durable.log import keys
 from durable.queue import make_ready
 

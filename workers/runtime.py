@@ -39,11 +39,11 @@ from rq.queue import Queue
 
 from durable import catalog
 from durable.agents import registry
-from durable.connection import client_url, connect, safe_url
+from durable.backend.connection import client_url, connect, safe_url
+from durable.backend.outages import Backoff
 from durable.errors import ForbiddenJob
 from durable.liveness import Presence
 from durable.log import keys
-from durable.outages import Backoff
 from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.sealing import require_keys
 from durable.settings import Settings

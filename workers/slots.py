@@ -24,10 +24,10 @@ from typing import Protocol
 
 import redis
 
-from durable import fairness
 from durable.agents import Registry
+from durable.backend.outages import Backoff
+from durable.flow import fairness
 from durable.log import keys
-from durable.outages import Backoff
 from durable.queue import enqueue_many, ensure_drain
 
 from .loop import StepLoop
@@ -82,7 +82,7 @@ class Slots:
         self._turn = 0
         #: The queue's server: the ready list and the drain marker live there.
         self.queues = loop.queue.connection
-        try:  # the take of ready runs (``durable.fairness``)
+        try:  # the take of ready runs (``durable.flow.fairness``)
             fairness.load(self.queues)
         except redis.RedisError as exc:  # Redis went away as the worker started: the take
             loop.outage.failed(exc)      # loads it again when it finds it missing
@@ -180,7 +180,7 @@ class Slots:
         out: list[str] = []
         for _ in range(len(self.ready_keys)):
             key = self.next_ready_key()
-            # (``LPOP key count``, fair by tenant and priority: ``durable.fairness``)
+            # (``LPOP key count``, fair by tenant and priority: ``durable.flow.fairness``)
             send = self.batcher.command if self.batcher is not None else \
                 self.queues.execute_command
             raw = fairness.take(send, self.queues, key, count - len(out))

@@ -22,10 +22,10 @@ from collections.abc import Callable
 import redis
 from rq import Queue
 
+from durable.backend.outages import Outage
 from durable.leases import Heartbeats, Leases
 from durable.log import keys
 from durable.log.store import EventLog
-from durable.outages import Outage
 from durable.queue import make_ready
 from durable.settings import Settings
 

@@ -1,10 +1,10 @@
 """Audit: check a run's log against the invariants the system promises.
 
 ``approvals_signed`` re-checks every recorded approval decision against the approver
-registry (``durable.approvals.check_history``): a registered key, not revoked when it
+registry (``durable.controls.approvals.check_history``): a registered key, not revoked when it
 signed, with the request's role, before the request expired, and a signature over this
 run, request, digest, decision and expiry. ``settles_signed`` does the same for every
-operator's settle of an unknown outcome (``durable.settling.check_event``): a registered,
+operator's settle of an unknown outcome (``durable.controls.settling.check_event``): a registered,
 trusted key holding the settle role, not revoked when the settle was recorded, whose
 signature covers this run, step, key, attempt, resolution, result and evidence.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from durable.approvals import check_history
-from durable.approvers import Approvers
+from durable.controls.approvals import check_history
+from durable.controls.approvers import Approvers
+from durable.controls.settling import check_event
 from durable.log import blobs, keys
 from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.state import BlobRef, RunState
 from durable.log.store import EventLog
-from durable.settling import check_event
 
 
 @dataclass
@@ -130,7 +130,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
 
 def _links(elog: EventLog, state: RunState) -> str | None:
     """A child names the parent step that started it, and that step's log records it; each
-    child the run started names the run back (``durable.children``)."""
+    child the run started names the run back (``durable.controls.children``)."""
     if state.parent and state.parent_step:
         started = [e.event for e in elog.read(state.parent)
                    if isinstance(e.event, ev.StepDecided) and e.event.step == state.parent_step]

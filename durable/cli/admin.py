@@ -16,7 +16,7 @@ from durable.settings import Settings
 
 
 def cmd_redis(args: argparse.Namespace) -> int:
-    from durable.embedded import run_foreground, stop
+    from durable.backend.embedded import run_foreground, stop
 
     settings = Settings()
     if args.stop:
@@ -28,7 +28,7 @@ def cmd_redis(args: argparse.Namespace) -> int:
 
 
 def cmd_repair_index(args: argparse.Namespace) -> int:
-    from durable import sessions
+    from durable.controls import sessions
     from durable.log.index import repair
 
     c = client()
@@ -43,7 +43,7 @@ def cmd_repair_index(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from durable.cluster import STATE_FILE, LocalCluster
+    from durable.backend.cluster import STATE_FILE, LocalCluster
 
     where = Path(args.dir) if args.dir else Settings().server.data_dir / "cluster"
     found = LocalCluster.recorded(where)

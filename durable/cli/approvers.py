@@ -16,8 +16,8 @@ import os
 import sys
 from pathlib import Path
 
-from durable.approvers import NAME_RE, Approver, Approvers
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, local_time, table
+from durable.controls.approvers import NAME_RE, Approver, Approvers
 from durable.errors import UsageError
 from durable.signing import fingerprint, keygen, load_private_key, load_public_key, read_key_file
 

@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
+from durable.backend.connection import safe_url
 from durable.cli.output import OK, Add, json_out, table
-from durable.connection import safe_url
 from durable.settings import Settings, variables
 
 #: How the reference writes defaults made by a function.

@@ -1,12 +1,12 @@
 """``durable limits``: every limiter in use, its use against its bounds, the calls waiting
-for it and its adaptive rate (``durable.limits``)."""
+for it and its adaptive rate (``durable.flow.limits``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from durable.cli.output import OK, Add, age, client, json_out, local_time, table
-from durable.limit_usage import Use, usage
+from durable.flow.limit_usage import Use, usage
 from durable.log.store import now_ms
 
 

@@ -22,9 +22,9 @@ from typing import Any, TextIO
 import redis
 from pydantic import ValidationError
 
+from durable.backend.connection import safe_url
 from durable.cli import admin, approvers, audit, config, deploy, limits, runs, schedules
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
-from durable.connection import safe_url
 from durable.errors import DurableError, RunNotFound, UsageError
 from durable.settings import Settings
 

@@ -193,7 +193,7 @@ def register(add: Add) -> None:
                     help="continue this completed run's conversation (durable.conversations)")
     sp.add_argument("--session", default=None, metavar="NAME",
                     help="a turn of this named session (of --tenant): continues its latest "
-                    "run, refused while that run has not ended (durable.sessions)")
+                    "run, refused while that run has not ended (durable.controls.sessions)")
     sp.add_argument("--tenant", default=None, help="who the run is for (limits, fairness)")
     sp.add_argument("--owner", default=None, help="who started it")
     sp.add_argument("--priority", type=int, default=None,

@@ -3,7 +3,7 @@
 ``durable schedule add NAME --cron EXPR AGENT --input JSON`` checks the expression, the
 agent and the input as a start does (a usage error writes nothing); the running
 reconcilers then start one run per slot, ``NAME-<slot in s since the epoch>``. Expressions
-are croniter's, in UTC, with an optional sixth field for seconds (``durable.schedules``).
+are croniter's, in UTC, with an optional sixth field for seconds (``durable.controls.schedules``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from durable.cli.output import OK, Add, client, json_arg, json_out, local_time, table
-from durable.schedules import POLICIES, Listed, Schedules
+from durable.controls.schedules import POLICIES, Listed, Schedules
 
 
 def schedules() -> Schedules:

@@ -14,7 +14,7 @@ from durable.log.state import ALL_STATES
 
 
 class SessionTurn(NamedTuple):
-    """A run that is a turn of a named session, as its log says (``durable.sessions``)."""
+    """A run that is a turn of a named session, as its log says (``durable.controls.sessions``)."""
 
     tenant: str
     session: str
@@ -27,7 +27,7 @@ class SessionTurn(NamedTuple):
 class Repaired:
     """What ``repair`` did: runs indexed again, runs whose log could not be read (with why:
     they are left out of the indexes, never dropped silently), and the session turns found
-    (``durable.sessions.rebuild`` restores the session keys from them)."""
+    (``durable.controls.sessions.rebuild`` restores the session keys from them)."""
 
     runs: int = 0
     unreadable: dict[str, str] = field(default_factory=dict)

@@ -39,7 +39,7 @@ PREFIX = "dx"
 #: run ids are short, printable and safe inside a hash tag (no braces).
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
-#: The built-in step that starts a child run (``durable.children``).
+#: The built-in step that starts a child run (``durable.controls.children``).
 CHILD_TOOL = "durable.child"
 
 
@@ -188,7 +188,7 @@ class KeyLayout:
 
     def runs_of_tenant(self, tenant: str, shard: int | None = None) -> str:
         """ZSET run id -> start time (ms) of the runs of one tenant, per shard
-        (``durable.tenants``): what ``durable runs --tenant`` walks."""
+        (``durable.flow.tenants``): what ``durable runs --tenant`` walks."""
         return self._global(f"tenant:{tenant}", shard)
 
     def due(self, shard: int | None = None) -> str:
@@ -224,7 +224,7 @@ def _session_tag(tenant: str, name: str) -> str:
 
 
 def session(tenant: str, name: str) -> str:
-    """Hash of a named session of a tenant (``durable.sessions``): ``head`` its latest
+    """Hash of a named session of a tenant (``durable.controls.sessions``): ``head`` its latest
     run, ``from`` the run that one continues, ``at`` when it was claimed (ms), ``n`` its
     runs so far. In every layout its own hash tag (one slot with ``session_runs``): no script
     touches a session's keys with a run's."""
@@ -253,7 +253,7 @@ def ready(queue: str, route: str = "") -> str:
 
 
 def fair(ready_key: str, part: str) -> str:
-    """A key of the fair side of a ready list (``durable.fairness``), beside the list
+    """A key of the fair side of a ready list (``durable.flow.fairness``), beside the list
     ``ready_key``: ``runs`` (ZSET run id -> virtual start - priority x aging), ``clock``
     (HASH: the route's virtual time and each tenant's last start), ``prio`` (HASH run id ->
     priority, for the runs whose priority is not 0). On the queue's server."""
@@ -293,11 +293,11 @@ def alive(worker_id: str) -> str:
     return f"{PREFIX}:{{workers}}:alive:{worker_id}"
 
 
-#: Set of the tenants that have their own label in the metrics (``durable.tenants``): the
+#: Set of the tenants that have their own label in the metrics (``durable.flow.tenants``): the
 #: first ``DURABLE_METRIC_TENANTS`` seen; the others are counted as "other". Not derived.
 TENANT_LABELS = f"{PREFIX}:tenant_labels"
 
-# Limits shared by every worker (``durable.limits``): the keys of one limiter (one limit,
+# Limits shared by every worker (``durable.flow.limits``): the keys of one limiter (one limit,
 # one key value) share the hash tag ``{limit:<name>:<key>}``, so one script decides on one
 # slot. Not derived: they expire once the limiter is idle.
 
@@ -338,7 +338,7 @@ QUARANTINE = f"{PREFIX}:quarantine"
 SWEEPS = f"{PREFIX}:sweeps"
 
 #: Hash approver name -> JSON ``{roles, public_key, fingerprint, added, by, revoked}``: the
-#: registered approver keys (``durable.approvals``). Written by operators only (``durable
+#: registered approver keys (``durable.controls.approvals``). Written by operators only (``durable
 #: approvers``); not derived from the logs. A name is never re-used.
 APPROVERS = f"{PREFIX}:approvers"
 
@@ -346,7 +346,7 @@ APPROVERS = f"{PREFIX}:approvers"
 # and its next slot together (on a cluster too). Written by operators (``durable schedule``)
 # and advanced by the reconciler; not derived from the logs.
 
-#: Hash schedule name -> JSON definition (``durable.schedules.Schedule``).
+#: Hash schedule name -> JSON definition (``durable.controls.schedules.Schedule``).
 SCHEDULES = f"{PREFIX}:{{schedules}}:defs"
 
 #: ZSET schedule name -> its next slot not yet handled (ms since epoch): the schedules'

@@ -48,23 +48,23 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     budgets: dict[str, int] = {}
     #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
     trace: str = ""
-    #: The schedule whose slot started the run (``durable.schedules``), and the slot (s
+    #: The schedule whose slot started the run (``durable.controls.schedules``), and the slot (s
     #: since the epoch); "" and 0 for a run started otherwise.
     schedule: str = ""
     slot: int = 0
     #: A child sharing its parent's budgets: its limits are capped by what the parent had
-    #: left, and its use is added to the parent's when it ends (``durable.children``).
+    #: left, and its use is added to the parent's when it ends (``durable.controls.children``).
     shared_budgets: bool = False
     #: The run whose conversation this one continues (``durable.conversations``), or "".
     continue_from: str = ""
-    #: Who the run is for (``durable.tenants``): the tenant (customer, team) whose limits,
+    #: Who the run is for (``durable.flow.tenants``): the tenant (customer, team) whose limits,
     #: fairness and metrics it counts against, and the owner (user, service) who started
     #: it; "" for a run started without them (and every run of older logs).
     tenant: str = ""
     owner: str = ""
-    #: Higher is taken first among ready runs (``durable.fairness``); 0 by default.
+    #: Higher is taken first among ready runs (``durable.flow.fairness``); 0 by default.
     priority: int = 0
-    #: The named session the run is a turn of (``durable.sessions``; its tenant is
+    #: The named session the run is a turn of (``durable.controls.sessions``; its tenant is
     #: ``tenant``), or "": the run continues the session's latest run (``continue_from``).
     session: str = ""
 
@@ -142,7 +142,8 @@ class ActionReconciled(Event, tag="action_reconciled", kw_only=True, frozen=True
     resolution: str
     result: Any = None
     #: How: "" (the tool's ``lookup``), "effect_free" (nothing to ask: sent again) or
-    #: "operator" (a signed settle, ``durable.settling``: the fields below say who and why).
+    #: "operator" (a signed settle, ``durable.controls.settling``: the fields below say who
+    #: and why).
     by: str = ""
     #: As for ``ActionSucceeded``: a large result kept beside the run.
     blob: BlobRef | None = None
@@ -215,7 +216,7 @@ class ApprovalRequested(Event, tag="approval_requested", kw_only=True, frozen=Tr
 
 class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
     """``approver`` names the registered key that signed the decision, ``key`` is its
-    fingerprint and ``sig`` the Ed25519 signature (``durable.approvals``); decisions
+    fingerprint and ``sig`` the Ed25519 signature (``durable.controls.approvals``); decisions
     recorded before signatures existed have neither, and ``verify`` reports them."""
 
     request: str

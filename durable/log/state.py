@@ -36,7 +36,7 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class SettleInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """An operator's signed settle of an unknown outcome (``durable.settling``): who
+    """An operator's signed settle of an unknown outcome (``durable.controls.settling``): who
     (the registered signer and its key's fingerprint), the signature, the evidence, the
     result's digest, the dispatch count it was made for, and when it was recorded."""
 
@@ -116,7 +116,7 @@ class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: When the decision was recorded (ms since the epoch).
     decided_at: int = 0
     #: Fingerprint of the approver key that signed the decision, and its signature
-    #: (``durable.approvals``).
+    #: (``durable.controls.approvals``).
     key: str = ""
     sig: str = ""
 
@@ -165,12 +165,12 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     blob_bytes: int = 0
     #: W3C ``traceparent`` the producer recorded at start ("" without tracing).
     trace: str = ""
-    #: The tenant and owner recorded at start (``durable.tenants``), and the priority.
+    #: The tenant and owner recorded at start (``durable.flow.tenants``), and the priority.
     tenant: str = ""
     owner: str = ""
     priority: int = 0
     #: The run whose conversation this one continues, and the named session it is a turn
-    #: of ("" for none; ``durable.sessions``).
+    #: of ("" for none; ``durable.controls.sessions``).
     continue_from: str = ""
     session: str = ""
 

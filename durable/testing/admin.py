@@ -1,4 +1,4 @@
-"""An admin key for a test's approver registry (``durable.approvers``).
+"""An admin key for a test's approver registry (``durable.controls.approvers``).
 
 Every process trusts approver entries signed by a key of ``DURABLE_ADMIN_KEYS``; a test
 makes one key pair, puts its public half in the environment its processes inherit, and signs

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import RunContext, agent
 from durable.errors import RateLimited
-from durable.limits import Limit
+from durable.flow.limits import Limit
 
 
 class _Server(ThreadingHTTPServer):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from durable import embedded
+from durable.backend import embedded
 
 
 class Server:

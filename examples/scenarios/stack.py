@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from durable.backend.cluster import LocalCluster
 from durable.client import Client
-from durable.cluster import LocalCluster
 from durable.log.state import RunState
 from durable.settings import Settings
 from durable.testing import AdminKey, Server, Worker, wait_for

@@ -41,8 +41,8 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   of one model reply run as parallel steps, as the SDK runs them concurrently.
 - A tool with ``needs_approval=True`` is a step with ``requires_approval``: the run waits in
   ``waiting_approval`` for a signed decision of ``approver_role`` bound to the call's digest
-  (``durable.approvals``); the SDK's own interruption is not used. A rejection is told to the
-  model with the SDK's rejection message. A callable ``needs_approval`` is asked in the
+  (``durable.controls.approvals``); the SDK's own interruption is not used. A rejection is
+  told to the model with the SDK's rejection message. A callable ``needs_approval`` is asked in the
   function for each call: calls it approves of go through ``<name>.tool.<tool>.approval``.
 - A handoff is the step ``<name>.handoff`` (the handoff's ``on_handoff`` runs there once); the
   agent handed to is recorded by name, and the run goes on with that agent's clone: one
@@ -50,9 +50,9 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
 - A run that continues another (a named session's turn, ``start(..., session=...)``, or
   ``continue_from``) is given that run's kept items first, then its input; a session's run
   keeps ``result.to_input_list()`` for the next turn: the SDK's ``Session`` role, with the
-  history in the log (``durable.sessions``).
+  history in the log (``durable.controls.sessions``).
 - ``other.as_child_tool(name)`` (another ``DurableAgent``) is a tool whose call runs that
-  agent as a child run (``durable.children``): started once however often this run is
+  agent as a child run (``durable.controls.children``): started once however often this run is
   executed again, waited for holding no worker, its final output the tool's result.
 
 Recovery re-executes the function: every step in the log returns its recorded outcome, so no

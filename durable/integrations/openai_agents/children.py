@@ -1,4 +1,4 @@
-"""A ``DurableAgent`` as a tool of another one, run as a child run (``durable.children``):
+"""A ``DurableAgent`` as a tool of another one, run as a child run (``durable.controls.children``):
 ``triage = Agent(..., tools=[research.as_child_tool()])``.
 
 The SDK's own ``agent.as_tool()`` runs the other agent inside the tool call, one step of the

@@ -21,11 +21,11 @@ from pydantic_ai.toolsets._dynamic import DynamicToolset
 from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
 from pydantic_ai.toolsets.external import ExternalToolset
 
-from durable import budgets as run_budgets
 from durable import conversations
 from durable.agents import Cancel, Fail, Tool, ToolContext, registry
 from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
+from durable.flow import budgets as run_budgets
 from durable.integrations.base import LiveRequests, make_step, stable
 from durable.integrations.pydantic_ai import history as kept
 from durable.integrations.pydantic_ai.codec import primary

@@ -1,6 +1,6 @@
 """A durable pydantic-ai run's conversation across runs: the ``message_history`` of a run
 that continues another (``start(..., continue_from=RUN)`` or a named session,
-``durable.sessions``) is the conversation that run kept, read by the step
+``durable.controls.sessions``) is the conversation that run kept, read by the step
 ``conversation.load``; the messages a run ends with are kept by ``conversation.save`` for
 the run that continues it (``durable.conversations``).
 

@@ -1,4 +1,4 @@
--- Make runs ready on the fair side of a route's ready list (durable.fairness): each run is
+-- Make runs ready on the fair side of a route's ready list (durable.flow.fairness): each run is
 -- placed by start-time fair queueing, so ready runs are taken round-robin by tenant, and
 -- moved by its priority (AGING rounds per level): a run of priority > 0 is placed from the
 -- current round, ahead of its tenant's own ready runs.

@@ -1,4 +1,4 @@
--- Take up to `count` ready runs of a route: from its fair side (durable.fairness) and its
+-- Take up to `count` ready runs of a route: from its fair side (durable.flow.fairness) and its
 -- plain list (runs with no tenant and priority 0, and those made ready before fairness),
 -- in turn. A fair run prioritized ahead of the current round goes first.
 --

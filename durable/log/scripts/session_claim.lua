@@ -1,6 +1,6 @@
 -- Makes a run the latest of a named session, unless another start moved the session on
 -- meanwhile: of two concurrent starts of one session, one claims it and the other is told
--- who did (durable.sessions). A retried start of the run that holds the claim gets it again.
+-- who did (durable.controls.sessions). A retried start of the run that holds the claim gets it again.
 --
 -- KEYS[1] session_key  dx:{session/<tenant>/<name>}:session       hash: head, from, at, n
 -- KEYS[2] runs_key     dx:{session/<tenant>/<name>}:session_runs  zset: run id -> turn

@@ -16,7 +16,7 @@ a console signs server-side with the key file configured for its logged-in appro
 the worker checks it again right before it sends the approved call, and ``durable verify``
 re-checks every recorded one (``check_recorded``). The caller's environment grants nothing.
 
-The registry (``durable.approvers``) holds each approver's public key and roles, every
+The registry (``durable.controls.approvers``) holds each approver's public key and roles, every
 entry signed by an admin key the processes are configured with: a decision counts only when
 its approver's entry is trusted, active, and holds the request's role.
 """
@@ -24,7 +24,7 @@ its approver's entry is trusted, active, and holds the request's role.
 from __future__ import annotations
 
 from durable import clock
-from durable.approvers import Approver, Approvers
+from durable.controls.approvers import Approver, Approvers
 from durable.log.state import Approval
 from durable.signing import sign, statement, valid
 

@@ -1,4 +1,4 @@
-"""What the limiters hold now (``durable.limits``): their use against their bounds, the
+"""What the limiters hold now (``durable.flow.limits``): their use against their bounds, the
 calls waiting and the adaptive rate, for ``durable limits``, the metrics and the console."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from durable.limits import RECOVER
+from durable.flow.limits import RECOVER
 from durable.log import keys
 
 

@@ -46,7 +46,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     if settings.redis.url:
         url = settings.redis.url
     else:
-        from durable.embedded import ensure_server
+        from durable.backend.embedded import ensure_server
 
         url = ensure_server(settings)
     # A worker's run threads each hold a connection while they talk to Redis: the pool is

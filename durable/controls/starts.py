@@ -18,10 +18,9 @@ import redis
 from pydantic import ValidationError
 from rq import Queue
 
-from durable import catalog, tenants, tracing
-from durable import sessions as sessions_
+from durable import catalog, tracing
 from durable.agents import Registry
-from durable.budgets import checked as checked_budgets
+from durable.controls import sessions as sessions_
 from durable.errors import (
     ConflictError,
     InvalidInput,
@@ -32,6 +31,8 @@ from durable.errors import (
     UnknownAgent,
     UsageError,
 )
+from durable.flow import tenants
+from durable.flow.budgets import checked as checked_budgets
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
@@ -103,18 +104,18 @@ class Starts:
 
         ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
         run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
-        start the run, recorded in its ``run_started`` (``durable.schedules``); ``parent``:
-        the run and step that start it as a child (``durable.children``); with
+        start the run, recorded in its ``run_started`` (``durable.controls.schedules``); ``parent``:
+        the run and step that start it as a child (``durable.controls.children``); with
         ``shared_budgets`` the child shares the parent's budgets: ``budgets`` are then caps
         (what the parent has left), each limit the lower of the agent's and the cap, and
         the child's use is added to the parent's when it ends. ``continue_from``: a
         completed run whose conversation this one continues, by reference
         (``durable.conversations``). ``session``: a named session (of the run's tenant)
         whose latest run this one continues, by reference; refused with ``SessionBusy``
-        while that run has not ended (``durable.sessions``).
+        while that run has not ended (``durable.controls.sessions``).
 
         ``tenant``, ``owner``, ``priority``: who the run is for, who started it and how it
-        ranks among ready runs (``durable.tenants``); a child inherits its parent's tenant
+        ranks among ready runs (``durable.flow.tenants``); a child inherits its parent's tenant
         and owner unless given others."""
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from durable.approvals import check_decision
-from durable.approvers import Approvers
 from durable.contention import update_run
+from durable.controls.approvals import check_decision
+from durable.controls.approvers import Approvers
 from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import RunState

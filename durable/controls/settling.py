@@ -5,7 +5,7 @@ lookup, a system that keeps no record) would wait for ever. An operator who foun
 (from a log, a bank statement, the other system's console) settles it: ``applied`` (with
 the result the call gave, the step counts as succeeded) or ``not_applied`` (the step is
 sent again with the same key), with the evidence in words. The decision counts only with
-an Ed25519 signature by a key an admin registered (``durable.approvers``) holding the
+an Ed25519 signature by a key an admin registered (``durable.controls.approvers``) holding the
 settle role (``DURABLE_SETTLE_ROLE``, ``operator``), made over::
 
     b"durable-settle-v1\\n" + canonical JSON of
@@ -30,8 +30,8 @@ from typing import Any
 
 import msgspec
 
-from durable.approvers import Approver, Approvers
 from durable.contention import update_run
+from durable.controls.approvers import Approver, Approvers
 from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import Action, RunState, SettleInfo

@@ -35,12 +35,12 @@ from typing import Any
 import msgspec
 import redis
 
-from durable import sessions
+from durable.controls import sessions
+from durable.controls.starts import Starts
 from durable.errors import DurableError, ScheduleNotFound, UsageError
 from durable.log import keys
 from durable.log.scripts import Scripts
 from durable.log.store import now_ms
-from durable.starts import Starts
 
 log = logging.getLogger("durable.schedules")
 
@@ -74,10 +74,10 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     paused: bool = False
     created: int = 0
     by: str = ""
-    #: The tenant and owner of every run the schedule starts (``durable.tenants``).
+    #: The tenant and owner of every run the schedule starts (``durable.flow.tenants``).
     tenant: str = ""
     owner: str = ""
-    #: The named session each run is the next turn of (``durable.sessions``), or "".
+    #: The named session each run is the next turn of (``durable.controls.sessions``), or "".
     session: str = ""
 
 
@@ -190,7 +190,7 @@ def decode(raw: bytes) -> Schedule:
 
 class Schedules:
     """The schedules of one client's Redis (``client.schedules``). It starts runs through
-    the client's start half (``durable.starts``), the only part of the client it uses."""
+    the client's start half (``durable.controls.starts``), the only part of the client it uses."""
 
     def __init__(self, client: Starts) -> None:
         self.client = client

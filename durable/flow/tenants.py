@@ -2,7 +2,7 @@
 
 A start may name a **tenant** (the customer or team whose limits, fairness and metrics the
 run counts against), an **owner** (the user or service that started it) and a
-**priority** (``durable.fairness``). They are recorded in the run's ``run_started`` event
+**priority** (``durable.flow.fairness``). They are recorded in the run's ``run_started`` event
 (defaulted fields: a log written before them reads as tenant "", owner "", priority 0),
 copied to the run's projection (``tenant``, ``owner``) and indexed per tenant
 (``KeyLayout.runs_of_tenant``), so ``durable runs --tenant`` walks one tenant's runs only.
@@ -92,7 +92,7 @@ def fields(who: Who) -> dict[str, Any]:
 
 def projection(who: Who) -> dict[str, str]:
     """The projection fields ``durable runs`` filters on, and the priority the ready
-    lists order by (``durable.fairness``)."""
+    lists order by (``durable.flow.fairness``)."""
     out = {k: v for k, v in (("tenant", who.tenant), ("owner", who.owner)) if v}
     if who.priority:
         out["priority"] = str(who.priority)

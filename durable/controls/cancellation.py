@@ -20,7 +20,7 @@ secret::
     redis-cli PUBLISH dx:cancel '{"run":"r1","reason":"user","scope":"run","ts":0}'
 
 Messages that fail to parse, carry a wrong signature, are too old or replayed change nothing;
-each subscriber counts them and reports them once per interval (``durable.subscriber``), in
+each subscriber counts them and reports them once per interval (``durable.backend.subscriber``), in
 ``dx:stats`` as ``cancel_malformed`` / ``cancel_forged`` / ``cancel_stale`` /
 ``cancel_replayed``.
 """

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from durable import embedded
+from durable.backend import embedded
 
 #: The file under the data directory that records the nodes (ports and process ids).
 STATE_FILE = "cluster.json"

@@ -6,7 +6,7 @@ not answer) and, after every (re)subscription, calls ``on_subscribed`` so that i
 re-reads from the logs what it may have missed: a published message is only a hint, and the
 log holds every cancel request.
 
-Messages it cannot use (malformed, forged, too old, replayed: ``durable.cancellation``)
+Messages it cannot use (malformed, forged, too old, replayed: ``durable.controls.cancellation``)
 change nothing and cost no Redis write and no log line each: they are counted here, and
 once per ``report_interval_s`` the counts of that interval go to ``dx:stats`` in one round
 trip and to the log in one line ("1200 forged cancel message(s) refused in the last 10 s").
@@ -24,10 +24,10 @@ from typing import Any
 
 import redis
 
-from durable.cancellation import CancelMessage, ReplayGuard, decode_message
+from durable.backend.outages import Backoff, Outage
+from durable.controls.cancellation import CancelMessage, ReplayGuard, decode_message
 from durable.errors import BadCancelMessage
 from durable.log import keys
-from durable.outages import Backoff, Outage
 
 #: A subscription that fails twice in a row sooner than this (seconds) after it was taken
 #: is taken again only after a backoff.
