@@ -1,5 +1,5 @@
 """What the shared Prometheus counters cost: a step's append with and without them, and a
-scrape of ``durable.metrics.exposition``.
+scrape of ``durable.telemetry.metrics.exposition``.
 
     python -m bench.counters [--runs 200] [--steps 20] [--rounds 5]
 
@@ -21,8 +21,8 @@ from durable.client import Client
 from durable.log import counters
 from durable.log import events as ev
 from durable.log.store import Spec
-from durable.metrics import exposition
 from durable.settings import Settings
+from durable.telemetry.metrics import exposition
 from durable.testing import Server
 
 

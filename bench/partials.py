@@ -3,7 +3,7 @@
 
 A step's ``ctx.emit`` used to be one ``PUBLISH``; it is now ``partial_emit.lua`` (keep the
 message in the step's bounded list, then publish it), so a follower that joins late gets
-the text so far (``durable.partials``). Measured, interleaved over rounds, on one
+the text so far (``durable.streams.partials``). Measured, interleaved over rounds, on one
 connection with one follower subscribed (draining on a thread of its own):
 
 - microseconds per emit of a model token (a 6-byte delta), ``PUBLISH`` alone against the
@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from durable.log import keys
-from durable.partials import Publisher, encode_partial, kept
+from durable.streams.partials import Publisher, encode_partial, kept
 from durable.testing import Server
 
 RUN = "bench-partials"

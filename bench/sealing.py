@@ -1,4 +1,4 @@
-"""What sealing sensitive fields costs (``durable.sealing``): one AES-GCM seal and open, an
+"""What sealing sensitive fields costs (``durable.security.sealing``): one AES-GCM seal and open, an
 event written with a sealed field against one without, and a worker's recovery fold of a
 log with and without envelopes (the path every worker takes, sealed or not).
 
@@ -23,7 +23,7 @@ import redis
 
 from durable.log import events as ev
 from durable.log.store import EventLog
-from durable.sealing import Keyring, seal_payloads
+from durable.security.sealing import Keyring, seal_payloads
 
 RUN = "r-7f3a9c2e41d05b68"
 

@@ -1,4 +1,4 @@
-"""Item: time from a worker's death to its runs' resumption (``durable.liveness``).
+"""Item: time from a worker's death to its runs' resumption (``durable.telemetry.liveness``).
 
 A worker process takes N runs (``count`` with one 60 s ``noop`` call: each run is held,
 inside its call), a second worker and a reconciler (default interval and liveness TTL)

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from durable.metrics import exposition
+from durable.telemetry.metrics import exposition
 
 from .auth import current
 from .pages import Filters, client, run_reads, runs_reads, workers_reads

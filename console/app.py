@@ -31,7 +31,7 @@ from starlette.templating import Jinja2Templates
 from durable.cli.main import redis_problem
 from durable.cli.output import age
 from durable.client import Client
-from durable.streaming import async_twin
+from durable.streams.streaming import async_twin
 
 from . import actions, api, live, login, pages
 from .auth import Access, LoginRequired

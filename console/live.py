@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from durable.client import Client
 from durable.errors import RunNotFound
-from durable.streaming import Partial
+from durable.streams.streaming import Partial
 
 from .auth import current
 from .timeline import column

@@ -20,13 +20,13 @@ from typing import Any
 
 from rq.defaults import DEFAULT_WORKER_TTL
 
-from durable import overview
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError
 from durable.log import events as ev
 from durable.log.state import TERMINAL
 from durable.log.store import Entry, now_ms
-from durable.overview import LeaseInfo, WorkerInfo, leases_of, owner_of
+from durable.telemetry import overview
+from durable.telemetry.overview import LeaseInfo, WorkerInfo, leases_of, owner_of
 
 #: Entries read back from a listed run's end to find when its lease was taken.
 LOOK_BACK = 200

@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from durable.settings import (
         Settings,
     )
-    from durable.streaming import (
+    from durable.streams.streaming import (
         Partial,
     )
 
@@ -98,7 +98,7 @@ _SOURCES: dict[str, str] = {
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
-    "Partial": "durable.streaming",
+    "Partial": "durable.streams.streaming",
     "PayloadTooLarge": "durable.errors",
     "RateLimited": "durable.errors",
     "Refused": "durable.errors",

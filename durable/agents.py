@@ -36,7 +36,7 @@ from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.eventloop import EVENT_LOOP
 from durable.flow.limits import Limit, estimate_tokens
 from durable.log.state import RunState
-from durable.sealing import secret_fields
+from durable.security.sealing import secret_fields
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class Tool:
     #: arguments again on recovery: code agents, which are re-executed.
     log_args: ClassVar[Literal["full", "digest"]] = "full"
     #: Names of argument and result fields (at any depth) that are sealed at rest with
-    #: AES-GCM (``durable.sealing``): the tool gets them in clear, the log, the AOF and
+    #: AES-GCM (``durable.security.sealing``): the tool gets them in clear, the log, the AOF and
     #: ``durable log``/``export`` do not.
     sensitive: ClassVar[tuple[str, ...]] = ()
     #: The model of the arguments (pydantic), when the tool declares one: model steps
@@ -307,7 +307,7 @@ class Agent:
     #: Most steps one ``Parallel`` decision (``ctx.parallel``, ``asyncio.gather``) may
     #: take at once; more is refused with an error naming the bound.
     max_parallel: ClassVar[int] = 16
-    #: Names of input and result fields sealed at rest (``durable.sealing``); the
+    #: Names of input and result fields sealed at rest (``durable.security.sealing``); the
     #: ``SecretStr`` fields of ``input_model`` are sealed too.
     sensitive: ClassVar[tuple[str, ...]] = ()
 

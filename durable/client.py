@@ -13,7 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from durable import catalog, overview
+from durable import catalog
 from durable.agents import Registry, registry
 from durable.audit.replay import fork, state_at
 from durable.backend.connection import connect, connect_queue
@@ -47,12 +47,13 @@ from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
 from durable.queue import make_queue
-from durable.sealing import (
+from durable.security.sealing import (
     contains_sensitive,
     seal_fields,
 )
 from durable.settings import Settings
-from durable.streaming import Follower, Partial, afollow, async_twin
+from durable.streams.streaming import Follower, Partial, afollow, async_twin
+from durable.telemetry import overview
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Client(Starts):
         """Follow a run: a sync iterator of its log events in order (``Entry``: ``id``,
         ``event``), interleaved with the partial outputs its steps emit as they arrive
         (``Partial``) while following; joining mid-step, first what the steps in flight
-        said so far (``durable.partials``). It ends after a terminal event; ``close()``
+        said so far (``durable.streams.partials``). It ends after a terminal event; ``close()``
         stops it earlier. ``from_id``: yield only entries after this id ("0": all of them; the last
         ``Entry.id`` seen: resume). Raises ``RunNotFound``."""
         return Follower(self.redis, self.log.keys, run_id, after=from_id, partial=partial,

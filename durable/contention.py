@@ -14,7 +14,7 @@ ended, the wait been answered).
 with its other runs meanwhile. ``update_run`` is the same loop for a caller on a thread of
 its own: it drives the coroutine in place (``durable.log.batching.drive``) with calls made
 at once (``InPlace``). The shared routines of ``durable.controls.children``,
-``durable.controls.cancellation`` and ``durable.liveness`` are written the same way: one
+``durable.controls.cancellation`` and ``durable.telemetry.liveness`` are written the same way: one
 coroutine, driven where a sync caller needs it.
 
 Either gives up after ``attempts`` refusals with one error, ``RunContended(run_id,

@@ -301,8 +301,8 @@ class UnsafeRedis(UserWarning):
 
 
 class SealError(DurableError):
-    """A sensitive field sealed with key ``kid`` could not be opened here (``durable.sealing``):
-    the key is not held, or the envelope was altered."""
+    """A sensitive field sealed with key ``kid`` could not be opened here
+    (``durable.security.sealing``): the key is not held, or the envelope was altered."""
 
     def __init__(self, kid: str, reason: str) -> None:
         self.kid = kid

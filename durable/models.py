@@ -51,7 +51,7 @@ A tool call whose arguments are not a JSON object carries ``"error"`` (and empty
 Streaming (``"stream": true``, server-sent events): each content delta is published with
 ``ctx.emit(text)`` as it arrives (``Client.follow`` yields it as a ``Partial``; never
 logged), tool-call deltas are assembled and published as they arrive too
-(``durable.partials.tool_call_delta``: ``{"tool_call": {"index", "id", "name", "args"}}``),
+(``durable.streams.partials.tool_call_delta``: ``{"tool_call": {"index", "id", "name", "args"}}``),
 and usage is asked for with
 ``stream_options.include_usage``. A stream that ends before ``data: [DONE]`` is a lost
 reply: retried, like a 429, a 5xx, a 408 (refused past the deadline) or a connection
@@ -91,8 +91,8 @@ from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
 from durable.errors import DurableError, RateLimited
 from durable.flow.limits import Limit
-from durable.partials import tool_call_delta
 from durable.settings import ModelSettings
+from durable.streams.partials import tool_call_delta
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
 __all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",

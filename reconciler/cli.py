@@ -15,7 +15,7 @@ def cmd_reconciler(args: argparse.Namespace) -> int:
     import msgspec
 
     from durable.client import Client
-    from durable.sealing import require_keys
+    from durable.security.sealing import require_keys
     from durable.settings import Settings
 
     from .process import run_reconciler
@@ -42,7 +42,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     import msgspec
 
     from durable.client import Client
-    from durable.sealing import require_keys
+    from durable.security.sealing import require_keys
     from durable.settings import Settings
 
     from .sweep import Sweeper

@@ -1,6 +1,6 @@
 """The reconciler's liveness watch: every sixth of ``DURABLE_LIVENESS_TTL_MS`` it looks for
 workers whose liveness key is gone and releases their leases at once, run by run
-(``durable.liveness``), so their runs resume on another worker within a second instead of
+(``durable.telemetry.liveness``), so their runs resume on another worker within a second instead of
 after the lease's TTL and the next sweep.
 
 A thread of its own, beside the sweep: a sweep of many due runs can take longer than the
@@ -19,8 +19,8 @@ import redis
 
 from durable.backend.outages import Backoff
 from durable.leases import Lease
-from durable.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
 from durable.queue import enqueue_many
+from durable.telemetry.liveness import AFTER_OUTAGE_S, dead_workers, release_worker
 
 from .sweep import Sweeper
 

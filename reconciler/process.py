@@ -18,9 +18,9 @@ import redis
 from durable.agents import registry
 from durable.backend.connection import client_url, connect, safe_url
 from durable.backend.outages import Backoff
-from durable.overview import Sweep, record_sweep
-from durable.sealing import require_keys
+from durable.security.sealing import require_keys
 from durable.settings import Settings
+from durable.telemetry.overview import Sweep, record_sweep
 
 from .listener import ReconcilerListener
 from .liveness import LivenessWatch

@@ -21,8 +21,8 @@ import redis
 from durable.backend.cluster import LocalCluster
 from durable.client import Client
 from durable.log import keys
+from durable.security.signing import keygen, load_public_key
 from durable.settings import Settings
-from durable.signing import keygen, load_public_key
 from durable.testing import AdminKey, Reconciler, Server, Worker
 from examples.world import WorldProcess
 

@@ -1,5 +1,5 @@
-"""An agent and a tool with sensitive fields (``durable.sealing``): loaded only by the tests
-that set ``DURABLE_ENCRYPTION_KEYS`` (a worker that loads them without keys refuses to
+"""An agent and a tool with sensitive fields (``durable.security.sealing``): loaded only by the
+tests that set ``DURABLE_ENCRYPTION_KEYS`` (a worker that loads them without keys refuses to
 start)."""
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ import redis
 
 from durable.controls.approvers import Approvers
 from durable.leases import Lease, Leases
-from durable.liveness import Presence, dead_workers, release_worker
 from durable.log import keys
 from durable.log.keys import KeyLayout
-from durable.signing import keygen, load_public_key
+from durable.security.signing import keygen, load_public_key
+from durable.telemetry.liveness import Presence, dead_workers, release_worker
 from durable.testing import AdminKey, Worker, wait_for
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 

@@ -21,7 +21,7 @@ from durable.client import Client
 from durable.controls.approvals import sign_decision
 from durable.controls.approvers import DOMAIN, Approvers
 from durable.errors import Refused, UsageError
-from durable.signing import (
+from durable.security.signing import (
     fingerprint,
     keygen,
     load_public_key,

@@ -92,7 +92,7 @@ def test_a_streamed_reply_emits_its_tokens_and_records_the_same_result(
             assert streamed[field] == plain[field], field
         text = [piece for piece in emitted if isinstance(piece, str)]
         assert "".join(text) == (plain["message"]["content"] or "")
-        # The rest are the tool calls' deltas (``durable.partials.tool_call_delta``).
+        # The rest are the tool calls' deltas (``durable.streams.partials.tool_call_delta``).
         deltas = [piece["tool_call"] for piece in emitted if not isinstance(piece, str)]
         assert {d["name"] for d in deltas if d.get("name")} == \
             {c["name"] for c in plain["tool_calls"] or []}

@@ -23,7 +23,7 @@ from durable.console.timeline import timeline
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.store import now_ms
-from durable.overview import LeaseInfo, WorkerInfo
+from durable.telemetry.overview import LeaseInfo, WorkerInfo
 from durable.testing import Server, wait_for
 from tests.browser import PASSWORDS, Console, serving
 from tests.conftest import ApproverFactory, WorkerFactory

@@ -17,7 +17,7 @@ import pytest
 import durable.testing.provider  # noqa: F401  (registers the agents in this process too)
 from durable.client import Client
 from durable.flow.limit_usage import usage
-from durable.metrics import exposition
+from durable.telemetry.metrics import exposition
 from durable.testing import wait_for
 from durable.testing.provider import Provider
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable

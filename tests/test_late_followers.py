@@ -21,8 +21,8 @@ import redis
 from durable.client import Client
 from durable.log.keys import KeyLayout
 from durable.log.store import Entry
-from durable.partials import Publisher, kept
-from durable.streaming import Partial
+from durable.streams.partials import Publisher, kept
+from durable.streams.streaming import Partial
 from durable.testing import Server
 from durable.testing.processes import wait_for
 from tests.conftest import WorkerFactory

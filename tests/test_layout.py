@@ -45,7 +45,8 @@ FORBIDDEN = {
 #: entries are written and read. Anything else (agents, approvals, the client...) sits
 #: above the log and reads it: ``durable.audit`` holds replay and verify for that reason.
 LOG_MAY_IMPORT = frozenset({"durable.errors", "durable.settings", "durable.durations",
-                            "durable.signing", "durable.clock", "durable.sealing"})
+                            "durable.security.signing", "durable.clock",
+                            "durable.security.sealing"})
 
 def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:
     """Dotted module name -> file, for every module of ``packages`` (installed name ->

@@ -18,12 +18,12 @@ import redis
 from durable.client import Client
 from durable.errors import LeaseLost
 from durable.leases import Heartbeats, Lease, Leases
-from durable.liveness import Presence, dead_workers, held_by, release_worker
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.keys import KeyLayout
 from durable.log.store import Spec
 from durable.settings import Settings
+from durable.telemetry.liveness import Presence, dead_workers, held_by, release_worker
 from durable.testing import Reconciler, Worker, wait_for
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory
 

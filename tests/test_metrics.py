@@ -2,8 +2,8 @@
 
 A real worker process (with ``--metrics-port``) drives runs of the example and test agents
 through success, a failure, an unknown outcome resolved by ``lookup``, a cancel and a wait.
-Then ``durable.metrics.exposition`` and the worker's own endpoint are scraped over HTTP and
-parsed with prometheus-client's parser; every counter is compared with a count made here,
+Then ``durable.telemetry.metrics.exposition`` and the worker's own endpoint are scraped over
+HTTP and parsed with prometheus-client's parser; every counter is compared with a count made here,
 from the runs' logs.
 """
 
@@ -28,7 +28,7 @@ from durable.client import Client
 from durable.log import counters
 from durable.log import events as ev
 from durable.log.keys import KeyLayout
-from durable.metrics import exposition
+from durable.telemetry.metrics import exposition
 from durable.testing import Server, wait_for
 from durable.workers import metrics as worker_metrics
 from examples.world import WorldProcess

@@ -26,7 +26,7 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import openai_agents as integration
 from durable.log import events as ev
-from durable.streaming import Partial
+from durable.streams.streaming import Partial
 from durable.testing import wait_for
 from tests import openai_agents_agents
 from tests.agents import applications

@@ -1,4 +1,4 @@
-"""What operators read across runs (``durable.overview`` through the ``Client``): counts,
+"""What operators read across runs (``durable.telemetry.overview`` through the ``Client``): counts,
 search, the age filter, leases and heartbeats, workers and what they hold, the queue's
 depth, the reconcilers' sweeps; and who asked for a cancel."""
 

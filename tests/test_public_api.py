@@ -29,7 +29,7 @@ EXPECTED = {
     "Lookup": "durable.agents",
     "NondeterminismError": "durable.errors",
     "OutcomeUnknown": "durable.agents",
-    "Partial": "durable.partials",
+    "Partial": "durable.streams.partials",
     "RateLimited": "durable.errors",
     "PayloadTooLarge": "durable.errors",
     "RunIdConflict": "durable.errors",

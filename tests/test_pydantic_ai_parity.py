@@ -25,7 +25,7 @@ from durable.client import Client
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability
 from durable.log import events as ev
 from durable.settings import Settings
-from durable.streaming import Partial
+from durable.streams.streaming import Partial
 from examples.world import WorldProcess
 from tests import mcp_code_agents
 from tests import pydantic_ai_long_agents as agents

@@ -11,8 +11,8 @@ from pathlib import Path
 import tests.routing_agents_a
 import tests.routing_agents_b  # noqa: F401  (the client validates starts against them)
 from durable.client import Client
-from durable.liveness import served_agents
 from durable.log import events as ev
+from durable.telemetry.liveness import served_agents
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
 

@@ -17,7 +17,7 @@ import redis
 from durable.client import Client
 from durable.errors import UsageError
 from durable.log.keys import KeyLayout
-from durable.sealing import Keyring, is_envelope
+from durable.security.sealing import Keyring, is_envelope
 from durable.settings import Settings
 from durable.testing import Server, wait_for
 from tests.conftest import ApproverFactory, WorkerFactory
@@ -231,7 +231,7 @@ def test_approval_digest_is_over_the_values_in_clear(keyed: str, r: redis.Redis,
     worker that takes the run again opens the sealed arguments and recomputes the same
     digest (over envelopes, with their random nonces, it never would), so the approved call
     runs."""
-    from durable.digests import digest
+    from durable.security.digests import digest
 
     alice = approver("alice", "finance")
     client = Client(Settings(), r)

@@ -19,7 +19,7 @@ from durable.errors import Refused
 from durable.log import counters
 from durable.log import events as ev
 from durable.log.store import Spec
-from durable.metrics import exposition
+from durable.telemetry.metrics import exposition
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
 

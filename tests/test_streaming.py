@@ -18,7 +18,7 @@ from durable.client import Client
 from durable.errors import RunNotFound
 from durable.log import events as ev
 from durable.log.store import Entry
-from durable.streaming import Partial, decode_partial, encode_partial
+from durable.streams.streaming import Partial, decode_partial, encode_partial
 from durable.testing import Server, env_for, wait_for
 from tests.conftest import WorkerFactory
 

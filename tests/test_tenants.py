@@ -13,8 +13,8 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
 from durable.log import keys
-from durable.metrics import exposition
 from durable.settings import Settings
+from durable.telemetry.metrics import exposition
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
 
 

@@ -1,4 +1,4 @@
-"""Tool calls stream to followers as the model writes them (``durable.partials``'
+"""Tool calls stream to followers as the model writes them (``durable.streams.partials``'
 ``{"tool_call": {"index", "id", "name", "args"}}``): from the built-in ``chat`` step,
 pydantic-ai's model step and the OpenAI Agents SDK's.
 
@@ -21,7 +21,7 @@ pytest.importorskip("agents")
 
 from durable.client import Client
 from durable.settings import Settings
-from durable.streaming import Partial
+from durable.streams.streaming import Partial
 from tests import openai_agents_agents, tool_delta_agents
 from tests.conftest import WorkerFactory
 from tests.integration_world import decided, set_env

@@ -18,7 +18,7 @@ from durable.client import Client
 from durable.errors import Refused
 from durable.log.state import RunState
 from durable.reconciler.sweep import Sweeper
-from durable.signing import keygen
+from durable.security.signing import keygen
 from tests.agents import applications
 from tests.conftest import ApproverFactory, WorkerFactory
 from tests.runs import types_of

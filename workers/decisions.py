@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import redis
 
-from durable import clock, tracing
+from durable import clock
 from durable.agents import (
     Agent,
     Cancel,
@@ -46,6 +46,7 @@ from durable.log.keys import CHILD_TOOL
 from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
+from durable.telemetry import tracing
 
 from . import aio, authority, family, parallel
 from .context import StepContext

@@ -22,7 +22,7 @@ from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
 from durable.log.state import Action
 from durable.log.store import Spec, now_ms
-from durable.streaming import Publisher
+from durable.streams.streaming import Publisher
 
 from .calls import CallResult, CallWatch
 

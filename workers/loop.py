@@ -29,7 +29,6 @@ from typing import Any
 
 import redis
 
-from durable import tracing
 from durable.agents import Agent, Registry
 from durable.backend.connection import connect_queue
 from durable.backend.outages import Outage
@@ -55,6 +54,7 @@ from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.queue import make_queue, make_ready
 from durable.settings import Settings
+from durable.telemetry import tracing
 
 from . import admission, authority, decisions, family
 from .dispatch import Dispatcher

@@ -1,7 +1,7 @@
 """A worker process's own metrics, served on ``durable worker --metrics-port N``.
 
 The system's totals (steps, lookups, runs by state...) are shared in Redis and served by
-``durable.metrics``; what a process serves here is its own: the calls it made, how long
+``durable.telemetry.metrics``; what a process serves here is its own: the calls it made, how long
 they took, the runs it holds now, and prometheus-client's process and Python collectors
 (memory, CPU, file descriptors, GC). Names start with ``durable_worker_`` so that summing
 over processes never counts a step twice with the shared ``durable_steps_total``.

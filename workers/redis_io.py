@@ -29,12 +29,12 @@ from rq import Queue
 
 from durable.errors import ConflictError, RunNotFound, Terminal
 from durable.leases import Lease, Leases
-from durable.liveness import served_agents, served_agents_async
 from durable.log import counters, keys
 from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
 from durable.log.store import EventLog, RunHandle, Spec, quarantine_handle
 from durable.queue import QUEUED_TTL_MS, ensure_drain, make_ready
+from durable.telemetry.liveness import served_agents, served_agents_async
 
 from .turns import BLOCKING, FOLD, Offload
 
@@ -123,7 +123,7 @@ class RedisIO:
         return True
 
     async def served_agents(self) -> dict[str, list[str]]:
-        """``durable.liveness.served_agents_async``: the live workers and the agents each
+        """``durable.telemetry.liveness.served_agents_async``: the live workers and the agents each
         has (on a thread of its own where nothing is batched)."""
         if self.batcher is None:
             return await self.elsewhere(lambda: served_agents(self.redis))

@@ -42,12 +42,12 @@ from durable.agents import registry
 from durable.backend.connection import client_url, connect, safe_url
 from durable.backend.outages import Backoff
 from durable.errors import ForbiddenJob
-from durable.liveness import Presence
 from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS
-from durable.sealing import require_keys
+from durable.security.sealing import require_keys
 from durable.settings import Settings
-from durable.streaming import Publisher
+from durable.streams.streaming import Publisher
+from durable.telemetry.liveness import Presence
 
 from . import metrics as worker_metrics
 from .hooks import load_hooks
@@ -178,7 +178,7 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     threading.Thread(target=_watchdog, args=(_loop,), name="watchdog", daemon=True).start()
     threading.Thread(target=pool.slots.poll, name="ready-poll", daemon=True).start()
     # Before the first run is taken: the reconciler releases the leases of a worker whose
-    # liveness key expired (``durable.liveness``). On a client of its own: the runs'
+    # liveness key expired (``durable.telemetry.liveness``). On a client of its own: the runs'
     # client, busy retrying calls to a failed cluster master, must not delay the beats.
     presence = Presence(connect(settings, check=False), wid, settings.leases.liveness_ttl_ms,
                         _loop.outage, serves=routes(registry))

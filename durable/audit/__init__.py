@@ -4,7 +4,9 @@
   determinism check that re-decides recorded steps with the agent's code.
 - ``verify``: a run's log checked against the invariants the system promises, approvals
   and settles against the approver registry included.
+- ``deploycheck``: whether new code can still read and drive the runs in flight, before it
+  is deployed (``durable deploy check``).
 
-Both need what the log must not import (the agents, approvals, the approver registry,
+All three need what the log must not import (the agents, approvals, the approver registry,
 settling), which is why they live here and not in ``durable.log``.
 """

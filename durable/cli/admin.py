@@ -67,7 +67,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from durable.metrics import serve
+    from durable.telemetry.metrics import serve
 
     c = client()
     conn = c.redis

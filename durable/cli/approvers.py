@@ -19,7 +19,13 @@ from pathlib import Path
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, local_time, table
 from durable.controls.approvers import NAME_RE, Approver, Approvers
 from durable.errors import UsageError
-from durable.signing import fingerprint, keygen, load_private_key, load_public_key, read_key_file
+from durable.security.signing import (
+    fingerprint,
+    keygen,
+    load_private_key,
+    load_public_key,
+    read_key_file,
+)
 
 
 def registry() -> Approvers:

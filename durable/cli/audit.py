@@ -17,8 +17,8 @@ from durable.log import events as ev
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.store import Entry
-from durable.sealing import Keyring, shown_struct
-from durable.streaming import Partial
+from durable.security.sealing import Keyring, shown_struct
+from durable.streams.streaming import Partial
 
 
 def cmd_log(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """The deploy gate: ``durable deploy check --agents MODULE``.
 
 Imports MODULE (the new agent code), replays every run in flight of the agents it defines
-against it without sending anything (``durable.deploycheck``), and lists the runs that
+against it without sending anything (``durable.audit.deploycheck``), and lists the runs that
 would diverge with their first differing step. Exit 1 when any would: usable in CI before
 a rollout. It opens sealed fields like a worker does, so it needs the workers' keys.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 
 from durable.agents import registry
+from durable.audit.deploycheck import check, defined_in
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
-from durable.deploycheck import check, defined_in
 from durable.errors import UsageError
 from durable.log.state import ACTIVE, WAITING
 from durable.log.store import EventLog

@@ -23,10 +23,10 @@ from durable.cli.output import (
 )
 from durable.client import Client
 from durable.errors import UsageError
-from durable.liveness import served_agents
 from durable.log.state import TERMINAL
-from durable.sealing import shown_struct
-from durable.signing import load_private_key, read_key_file
+from durable.security.sealing import shown_struct
+from durable.security.signing import load_private_key, read_key_file
+from durable.telemetry.liveness import served_agents
 
 
 def cmd_start(args: argparse.Namespace) -> int:

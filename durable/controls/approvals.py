@@ -26,7 +26,7 @@ from __future__ import annotations
 from durable import clock
 from durable.controls.approvers import Approver, Approvers
 from durable.log.state import Approval
-from durable.signing import sign, statement, valid
+from durable.security.signing import sign, statement, valid
 
 #: What a signature is made over starts with this line (domain separation).
 DOMAIN = b"durable-approval-v1\n"

@@ -43,7 +43,7 @@ import redis
 from durable import clock
 from durable.errors import UsageError
 from durable.log import keys
-from durable.signing import fingerprint, public_key_of, sign, statement, valid
+from durable.security.signing import fingerprint, public_key_of, sign, statement, valid
 
 #: What an admin's signature over an approver entry is made over starts with this line.
 DOMAIN = b"durable-approver-v1\n"
@@ -85,7 +85,7 @@ class Approver:
 class Approvers:
     """The approver registry in Redis (``dx:approvers``), checked against ``admin_keys``
     (raw Ed25519 public keys:
-    ``durable.signing.parse_public_keys(settings.security.admin_keys)``)."""
+    ``durable.security.signing.parse_public_keys(settings.security.admin_keys)``)."""
 
     def __init__(self, client: redis.Redis, admin_keys: Sequence[bytes]) -> None:
         self.redis = client

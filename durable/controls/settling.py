@@ -36,8 +36,8 @@ from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import Action, RunState, SettleInfo
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
-from durable.sealing import contains_envelope
-from durable.signing import sign, statement, valid
+from durable.security.sealing import contains_envelope
+from durable.security.signing import sign, statement, valid
 
 #: What a settle signature is made over starts with this line (domain separation).
 DOMAIN = b"durable-settle-v1\n"

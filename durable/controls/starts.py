@@ -18,7 +18,7 @@ import redis
 from pydantic import ValidationError
 from rq import Queue
 
-from durable import catalog, tracing
+from durable import catalog
 from durable.agents import Registry
 from durable.controls import sessions as sessions_
 from durable.errors import (
@@ -38,13 +38,14 @@ from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.queue import enqueue_many, make_ready
-from durable.sealing import (
+from durable.security.sealing import (
     contains_envelope,
     open_all,
     seal_fields,
     secret_fields,
 )
 from durable.settings import Settings
+from durable.telemetry import tracing
 
 #: Runs ``Client.start_many`` appends in one pipeline before making them ready (a
 #: pipeline per chunk bounds the memory of a huge batch; smaller chunks made the batch

@@ -41,7 +41,13 @@ from durable.errors import DecodeError, PayloadTooLarge, SealError
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import Action, BlobRef, RunState
-from durable.sealing import Keyring, contains_envelope, contains_sensitive, open_all, seal_fields
+from durable.security.sealing import (
+    Keyring,
+    contains_envelope,
+    contains_sensitive,
+    open_all,
+    seal_fields,
+)
 from durable.settings import Settings
 
 #: The outcome events whose result may be kept beside the run.

@@ -9,7 +9,7 @@ something the log does not record (a lookup that raised, a reconciler's decision
 incremented where that happens, with :func:`incr`.
 
 A field is the JSON array ``[metric, label values..., bucket]``; every value is an integer
-(durations in milliseconds). ``durable.metrics`` turns the hash into Prometheus families.
+(durations in milliseconds). ``durable.telemetry.metrics`` turns the hash into Prometheus families.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ OUTCOMES: dict[type[ev.Event], str] = {
     ev.ActionReconciled: "reconciled",
 }
 
-# Metric names inside the hash (the Prometheus names are in ``durable.metrics``).
+# Metric names inside the hash (the Prometheus names are in ``durable.telemetry.metrics``).
 STEPS = "steps"
 STEP_DURATION = "step_duration"
 CANCEL_LATENCY_METRIC = "cancel_latency"

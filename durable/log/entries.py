@@ -17,12 +17,12 @@ from durable.errors import DecodeError, SealError
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.handle import Entry, text
-from durable.sealing import TAG, Keyring, contains_envelope, open_all, seal_payloads
+from durable.security.sealing import TAG, Keyring, contains_envelope, open_all, seal_payloads
 
 #: Every envelope's bytes hold its tag (msgpack keeps map keys as they are).
 TAG_BYTES = TAG.encode()
 
-#: Events whose payload may hold sensitive fields (``durable.sealing.PAYLOAD_FIELDS``).
+#: Events whose payload may hold sensitive fields (``durable.security.sealing.PAYLOAD_FIELDS``).
 SEALABLE: frozenset[type[ev.Event]] = frozenset({
     ev.RunStarted, ev.StepDecided, ev.ActionSucceeded, ev.ActionReconciled, ev.WaitEntered,
     ev.WaitResolved, ev.Completed, ev.Checkpoint})

@@ -19,7 +19,7 @@ from durable.log import blobs
 from durable.log import events as ev
 from durable.log.fold import fold
 from durable.log.store import EventLog
-from durable.sealing import shown_struct
+from durable.security.sealing import shown_struct
 
 
 def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,

@@ -164,7 +164,7 @@ class KeyLayout:
 
     def partials(self, run_id: str) -> str:
         """Hash step -> bytes kept of its partial output, for the steps in flight
-        (``durable.streaming``); PX expiry renewed at each emit."""
+        (``durable.streams.streaming``); PX expiry renewed at each emit."""
         return self._per_run(run_id, "partials")
 
     def partial(self, run_id: str, step: int) -> str:
@@ -279,7 +279,7 @@ STATS = f"{PREFIX}:stats"
 #: The counters hash of the counts with no event, in either layout (``KeyLayout.metrics``).
 METRICS = f"{PREFIX}:metrics"
 
-# Worker liveness (``durable.liveness``): one hash tag for both keys, so on a cluster they
+# Worker liveness (``durable.telemetry.liveness``): one hash tag for both keys, so on a cluster they
 # sit on one master and a reconciler that can read one can read the other. Not derived.
 
 #: Set of the ids of the worker processes that announced themselves (and did not leave).

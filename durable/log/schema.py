@@ -46,7 +46,7 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     parent_step: int = 0
     #: Limits of the run ("steps", "model_calls", "tokens"): the agent's, overridden at start.
     budgets: dict[str, int] = {}
-    #: W3C ``traceparent`` of the producer's span (``durable.tracing``), or "".
+    #: W3C ``traceparent`` of the producer's span (``durable.telemetry.tracing``), or "".
     trace: str = ""
     #: The schedule whose slot started the run (``durable.controls.schedules``), and the slot (s
     #: since the epoch); "" and 0 for a run started otherwise.

@@ -35,9 +35,9 @@ from durable.log.handle import (
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
 from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState
-from durable.sealing import Keyring, settings_keyring
+from durable.security.sealing import Keyring, settings_keyring
+from durable.security.signing import parse_public_keys
 from durable.settings import Settings
-from durable.signing import parse_public_keys
 
 __all__ = ["COMPACT_MAX_ENTRIES", "Entry", "EventLog", "RunHandle", "Spec", "continuity",
            "latest_actions", "now_ms"]
@@ -85,7 +85,7 @@ class EventLog:
         self.window = window
         self.checkpoint_every = checkpoint_every
         self.lease_ttl_ms = lease_ttl_ms
-        #: Keys for sensitive fields (``durable.sealing``); empty = none configured.
+        #: Keys for sensitive fields (``durable.security.sealing``); empty = none configured.
         self.keyring = keyring or Keyring({}, None)
         #: Open sealed fields when reading (the worker and the reconciler, which run agent
         #: and tool code); other readers keep them sealed in what they fold.

@@ -1,5 +1,5 @@
-"""Reading a run's log from an entry id on, as its followers do (``durable.streaming``, and
-its async twin ``durable.async_streaming``): ``XREAD`` replies decoded in order, where a
+"""Reading a run's log from an entry id on, as its followers do (``durable.streams.streaming``, and
+its async twin ``durable.streams.async_streaming``): ``XREAD`` replies decoded in order, where a
 follow starts, when it ends, and the faults it retries.
 """
 

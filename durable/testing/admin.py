@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-from durable.signing import fingerprint, keygen, load_public_key
+from durable.security.signing import fingerprint, keygen, load_public_key
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,12 @@ from typing import Any
 from rq import Worker as RQWorker
 
 from durable.audit.verify import verify
-from durable.digests import digest
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.state import Approval, RunState
 from durable.log.store import now_ms
-from durable.signing import fingerprint, keygen, load_public_key
+from durable.security.digests import digest
+from durable.security.signing import fingerprint, keygen, load_public_key
 from examples.scenarios.outcome import Outcome, collect, expect_common, of_type, recovery_rows
 from examples.scenarios.stack import Scene
 
@@ -106,12 +106,15 @@ def attempt(scene: Scene, out: Outcome, run_id: str, request: str, decision: str
         answer = f"recorded; run {state.state}"
     except Refused as exc:
         answer = f"Refused: {exc.reason}"
+    # What the decision wrote is what its answer says (each event is one version): once it
+    # is recorded, a worker may take the run and write more before the log is read again.
+    after = state.version if state is not None else scene.client.status(run_id).version
     out.decisions.append({
         "approver": who + ("" if signer == who else f" (signed with {signer}'s key)"),
         "roles": APPROVERS.get(who, SELF_REGISTERED.get(who, [])), "decision": decision,
-        "answer": answer, "version before": before,
-        "version after": scene.client.status(run_id).version,
-        "events written": len(scene.client.events(run_id)) - n_before})
+        "answer": answer, "version before": before, "version after": after,
+        "events written": after - before if state is not None
+        else len(scene.client.events(run_id)) - n_before})
     return state
 
 

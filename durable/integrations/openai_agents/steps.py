@@ -50,7 +50,7 @@ from durable.integrations.base import (
     jsonable,
 )
 from durable.integrations.steploop import LOOP, recorded_lookup
-from durable.partials import tool_call_delta
+from durable.streams.partials import tool_call_delta
 
 
 class AgentOwner(Owner, Protocol):
@@ -177,7 +177,7 @@ def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
 async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
     """Stream the request: each text delta is partial output (``{"delta": text}``) for the
     run's followers, and each function call's name and argument deltas too
-    (``durable.partials.tool_call_delta``); the completed response is the step's result."""
+    (``durable.streams.partials.tool_call_delta``); the completed response is the step's result."""
     done: list[Any] = []
     completed = None
     calls: dict[int, int] = {}  # output index -> the tool call's place among the reply's calls

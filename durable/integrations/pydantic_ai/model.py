@@ -38,7 +38,7 @@ from durable.agents import ToolContext
 from durable.integrations.base import ModelStepBase, stable
 from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity
 from durable.integrations.pydantic_ai.steps import Durability, bound
-from durable.partials import tool_call_delta
+from durable.streams.partials import tool_call_delta
 
 #: pydantic-ai's errors that no retry can fix (the peers never retry them either).
 NOT_RETRYABLE: tuple[type[BaseException], ...] = (UserError, UsageLimitExceeded)
@@ -159,7 +159,7 @@ def _downstream(settings: ModelSettings | None, ctx: ToolContext) -> ModelSettin
 
 
 def partial_of(event: Any) -> Any:
-    """What a stream event shows followers (``durable.partials``): the text it adds, or the
+    """What a stream event shows followers (``durable.streams.partials``): the text it adds, or the
     piece of a tool call it adds; ``None`` for anything else."""
     if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
         return event.part.content or None

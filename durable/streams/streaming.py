@@ -8,14 +8,14 @@ Two sources, two guarantees:
 - **Partial outputs** (``ToolContext.emit`` in a tool) are published by the worker on the
   run's pub/sub channel ``dx:{R}:stream`` as JSON ``{"run", "step", "attempt", "seq",
   "data"}`` and never logged, and kept (bounded) while their step runs
-  (``durable.partials``): a follower that joins mid-step first gets what the step in
+  (``durable.streams.partials``): a follower that joins mid-step first gets what the step in
   flight said so far, then the rest as it comes, each message once. Best-effort: the
   partial output of steps that ended is not kept (their results are in the log).
 
 A follower yields :class:`durable.log.store.Entry` items (``id``, the decoded ``event``, or
 ``error`` when the entry cannot be decoded) and :class:`Partial` items, in the order they
 arrive. Pass the last ``Entry.id`` seen as ``after`` to resume. ``afollow`` is its async
-twin (``durable.async_streaming``); the log is read by both as ``durable.log.tail`` says.
+twin (``durable.streams.async_streaming``); the log is read by both as ``durable.log.tail`` says.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from typing import Any
 
 import redis
 
-from durable.async_streaming import afollow, async_twin, pump_partials, read_log
 from durable.errors import RunNotFound
 from durable.log import keys
 from durable.log.batching import drive
 from durable.log.entries import actor_at
 from durable.log.store import Entry
 from durable.log.tail import BATCH, after_arg
-from durable.partials import (
+from durable.streams.async_streaming import afollow, async_twin, pump_partials, read_log
+from durable.streams.partials import (
     Barrier,
     Heard,
     Partial,
@@ -124,7 +124,7 @@ def _pump_log(io: _Blocking, last: str, block_ms: int, reconnect_s: float,
     """Puts the log's entries after ``last`` on the follower's queue, then the end marker
     after a terminal event (or an error); once it has read up to now, ``so_far``, then
     sets ``caught_up``; from then on, the partial output of a call before the call's end
-    (``durable.async_streaming.read_log``)."""
+    (``durable.streams.async_streaming.read_log``)."""
     try:
         drive(read_log(io, last, block_ms, reconnect_s, so_far, caught_up))
     finally:
@@ -132,7 +132,7 @@ def _pump_log(io: _Blocking, last: str, block_ms: int, reconnect_s: float,
 
 
 class _Blocking:
-    """``durable.async_streaming.FollowIO`` on a follower's own threads: each call made at
+    """``durable.streams.async_streaming.FollowIO`` on a follower's own threads: each call made at
     once, so that ``drive`` runs ``read_log`` (or ``pump_partials``) to its end without an
     event loop."""
 

@@ -1,8 +1,8 @@
-"""Following a run from ``redis.asyncio``: the async twin of ``durable.streaming``'s
-:class:`~durable.streaming.Follower`, with the same items in the same order (log events
+"""Following a run from ``redis.asyncio``: the async twin of ``durable.streams.streaming``'s
+:class:`~durable.streams.streaming.Follower`, with the same items in the same order (log events
 read with ``XREAD BLOCK``, partial outputs of the steps in flight, then as they are heard),
 and ``async_twin``, an asyncio client for the server a sync client talks to. Both are
-importable from ``durable.streaming`` too.
+importable from ``durable.streams.streaming`` too.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from durable.log.entries import aactor_at
 from durable.log.state import TERMINAL
 from durable.log.store import Entry
 from durable.log.tail import BATCH, END, RETRIED, after_arg, ends, last_actor, xread_entries
-from durable.partials import (
+from durable.streams.partials import (
     CALL_ENDS,
     AsyncBarrier,
     Barrier,
@@ -39,7 +39,7 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
                   after: str = "0",
                   partial: bool = True, block_ms: int = 1000, reconnect_s: float = 30.0,
                   close_client: bool = False) -> AsyncIterator[Entry | Partial]:
-    """The async twin of ``durable.streaming.Follower`` (``redis.asyncio``): the same
+    """The async twin of ``durable.streams.streaming.Follower`` (``redis.asyncio``): the same
     items, in the same order, ending after a terminal event. Raises ``RunNotFound`` on
     first iteration when the run does not exist. ``close_client``: close ``client`` at the
     end."""
@@ -108,7 +108,7 @@ class Flag(Protocol):
 class FollowIO(Protocol):
     """What a follower reads a run's log and its subscription with, and hands its items
     to (``read_log``, ``pump_partials``): awaited from ``redis.asyncio`` (``afollow``), or
-    made at once on a follower's own threads (``durable.streaming.Follower``, which drives
+    made at once on a follower's own threads (``durable.streams.streaming.Follower``, which drives
     the same coroutines there)."""
 
     run_id: str

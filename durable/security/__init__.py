@@ -1,0 +1,6 @@
+"""Keys, seals and digests: what makes evidence trustworthy and secrets unreadable at rest.
+
+- ``signing``: Ed25519 keys and signatures (approvers' decisions, the registry's admins);
+- ``sealing``: AES-GCM seals of sensitive fields, written and read with the log;
+- ``digests``: the digest an approval is bound to, over the action's consequential fields.
+"""
