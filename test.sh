@@ -26,8 +26,16 @@ PY="${PYTHON:-python3}"
 .venv/bin/ruff check durable workers reconciler console examples tests bench
 .venv/bin/mypy durable workers reconciler console examples bench tests
 # Both passes run whatever the first one gave; the script fails if either did.
+# The first runs test files in 4 processes (pytest-xdist), each with its own Redis server:
+# most tests wait on real processes and servers, not on the cores. DURABLE_TEST_PROCESSES
+# sets another number (0: in this process alone).
 status=0
-.venv/bin/python -m pytest -q "$@" || status=$?
+n="${DURABLE_TEST_PROCESSES:-4}"
+if [ "$n" -gt 0 ]; then
+    .venv/bin/python -m pytest -q -n "$n" --dist loadfile "$@" || status=$?
+else
+    .venv/bin/python -m pytest -q "$@" || status=$?
+fi
 # The tests marked `cluster` again, on a real 3-master Redis Cluster (docs/scaling.md).
 .venv/bin/python -m pytest -q --cluster "$@" || status=$?
 exit "$status"
