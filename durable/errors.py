@@ -39,17 +39,17 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── durable.agents.OutcomeUnknown
      │                           raised by a tool: its effect was sent, the reply lost
      │                           (recorded unknown, resolved by lookup)
-     ├── durable.execution.StepFailed
+     ├── durable.code.execution.StepFailed
      │    │                      raised in a code agent: its step failed, was canceled or
      │    │                      rejected
-     │    ├── durable.execution.ChildFailed
+     │    ├── durable.code.execution.ChildFailed
      │    │                      its child run did not complete
      │    └── durable.integrations.openai_agents.binding.AgentRunFailed
      │                           the run ends failed with the SDK's own outcome (a guardrail,
      │                           max turns): never retried, never quarantined
-     ├── durable.execution.WaitExpired
+     ├── durable.code.execution.WaitExpired
      │                           raised in a code agent: its wait expired, it continues
-     ├── durable.execution.EndRun
+     ├── durable.code.execution.EndRun
      │                           raised by a code agent: end the run failed or canceled
      │                           with this decision, not as an agent bug
      ├── durable.models.ModelUnavailable
@@ -72,7 +72,7 @@ installed packages and fails when this diagram and the classes differ in any way
      │    │                      a cancel reached the tool (its token was checked)
      │    └── durable.controls.cancellation.Overrun
      │                           the call ran past its deadline or its cancel's grace
-     ├── durable.execution.Unwind
+     ├── durable.code.execution.Unwind
      │                           the worker let go of a code agent's run
      ├── durable.eventloop.LoopBlocked
      │                           an agent's task blocked the event loop past its limit

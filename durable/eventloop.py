@@ -51,7 +51,7 @@ WARN_S = 0.5
 #: an exception raised in it by another thread lands only while it runs Python.
 POLL_S = 0.05
 
-#: Tasks whose names start with this are an agent's function (``durable.execution``).
+#: Tasks whose names start with this are an agent's function (``durable.code.execution``).
 AGENT_TASK = "agent:"
 
 

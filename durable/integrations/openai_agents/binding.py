@@ -10,8 +10,8 @@ from typing import Any
 from agents.exceptions import AgentsException
 
 from durable.code import AsyncRunContext, StepFailed
+from durable.code.execution import Unwind
 from durable.errors import causes
-from durable.execution import Unwind
 from durable.integrations.base import Bindings
 from durable.integrations.openai_agents.steps import AgentOwner, live_key
 

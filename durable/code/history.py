@@ -3,7 +3,7 @@ executed again (on recovery, a hand-back, after a wait, on another worker): ever
 took with its outcome (no window), the values it drew from its context (``Values``) and
 the waits it made, in order, with how each ended (``waits_of``).
 
-``durable.execution`` checks the function's re-execution against these: the same steps,
+``durable.code.execution`` checks the function's re-execution against these: the same steps,
 the same number of values drawn before each, the same waits.
 """
 

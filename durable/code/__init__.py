@@ -36,6 +36,11 @@ Several steps at once are one decision: ``ctx.parallel([(tool, args), ...])``, o
 ``asyncio.gather`` of ``ctx.call`` in an ``async def`` agent; steps are numbered in the
 order the calls were issued, and recovery finds them in that order. A step taken from
 another thread than the function's own is refused (``UsageError``).
+
+This module is the code agents' public surface (``agent``, ``RunContext``,
+``AsyncRunContext``, ``CodeAgent``); the package also holds one execution of a function
+(``execution``: a plain one on a thread of its own; ``async_execution``: an ``async def``
+one on the event loop) and what the log records of it (``history``: values drawn, waits).
 """
 
 from __future__ import annotations
@@ -56,10 +61,8 @@ from durable.agents import (
     Decision,
     registry,
 )
-from durable.async_execution import AsyncSession
-from durable.code_history import needs_history, read_history
-from durable.eventloop import Handoff
-from durable.execution import (
+from durable.code.async_execution import AsyncSession
+from durable.code.execution import (
     CHILD_TIMEOUT_S,
     ChildFailed,
     ChildRun,
@@ -68,6 +71,8 @@ from durable.execution import (
     StepFailed,
     WaitExpired,
 )
+from durable.code.history import needs_history, read_history
+from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import RunState
 from durable.log.store import EventLog
@@ -280,7 +285,7 @@ class CodeAgent(Agent):
     @staticmethod
     def needs_history(state: RunState) -> bool:
         """Whether making a session for ``state`` reads the run's log
-        (``durable.code_history.needs_history``)."""
+        (``durable.code.history.needs_history``)."""
         return needs_history(state)
 
     def decide_soon(self, state: RunState) -> Handoff[Any]:

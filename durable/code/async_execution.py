@@ -19,9 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from durable.agents import Decision
-from durable.errors import UsageError
-from durable.eventloop import AGENT_TASK, EVENT_LOOP, Handoff, LoopBlocked
-from durable.execution import (
+from durable.code.execution import (
     CURRENT,
     UNWIND,
     ChildRun,
@@ -34,6 +32,8 @@ from durable.execution import (
     raised,
     sleep_wait,
 )
+from durable.errors import UsageError
+from durable.eventloop import AGENT_TASK, EVENT_LOOP, Handoff, LoopBlocked
 from durable.log.state import Action, RunState
 
 

@@ -1,10 +1,10 @@
 """One execution of a code agent's function, for as long as a worker drives its run: a
 plain function runs on a thread of its own (an ``async def`` one is a task on the process's
-event loop: ``durable.async_execution``); each step it takes is handed to the worker as a
+event loop: ``durable.code.async_execution``); each step it takes is handed to the worker as a
 decision (the worker asks with ``begin``; the function's thread settles it, ``_deliver``)
 and it blocks until the step's outcome comes back (``inbox``); values it draws from its
 context and the waits it makes are checked against what the log records (``Values``,
-``waits_of``: ``durable.code_history``). The context the function is given is
+``waits_of``: ``durable.code.history``). The context the function is given is
 ``durable.code``'s."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from durable.agents import (
     Wait,
 )
 from durable.call_identity import call_difference, call_signature, is_placeholder
-from durable.code_history import Values
+from durable.code.history import Values
 from durable.controls.children import CHILD_POLL_MS
 from durable.errors import DurableError, NondeterminismError, Signal, UsageError
 from durable.eventloop import Handoff
