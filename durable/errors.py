@@ -39,17 +39,17 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── durable.agents.OutcomeUnknown
      │                           raised by a tool: its effect was sent, the reply lost
      │                           (recorded unknown, resolved by lookup)
-     ├── durable.code.execution.StepFailed
+     ├── durable.code.steps.StepFailed
      │    │                      raised in a code agent: its step failed, was canceled or
      │    │                      rejected
-     │    ├── durable.code.execution.ChildFailed
+     │    ├── durable.code.steps.ChildFailed
      │    │                      its child run did not complete
      │    └── durable.integrations.openai_agents.binding.AgentRunFailed
      │                           the run ends failed with the SDK's own outcome (a guardrail,
      │                           max turns): never retried, never quarantined
-     ├── durable.code.execution.WaitExpired
+     ├── durable.code.steps.WaitExpired
      │                           raised in a code agent: its wait expired, it continues
-     ├── durable.code.execution.EndRun
+     ├── durable.code.steps.EndRun
      │                           raised by a code agent: end the run failed or canceled
      │                           with this decision, not as an agent bug
      ├── durable.models.ModelUnavailable

@@ -23,7 +23,7 @@ from typing import Any
 
 from durable.agents import Agent, Tool
 from durable.code import CodeAgent
-from durable.code.execution import decision_of
+from durable.code.steps import decision_of
 from durable.eventloop import Handoff
 from durable.log.state import Action, RunState
 from durable.log.store import Spec

@@ -62,16 +62,16 @@ from durable.agents import (
     registry,
 )
 from durable.code.async_execution import AsyncSession
-from durable.code.execution import (
+from durable.code.execution import Session
+from durable.code.history import needs_history, read_history
+from durable.code.steps import (
     CHILD_TIMEOUT_S,
     ChildFailed,
     ChildRun,
     EndRun,
-    Session,
     StepFailed,
     WaitExpired,
 )
-from durable.code.history import needs_history, read_history
 from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL
 from durable.log.state import RunState

@@ -22,10 +22,12 @@ from durable.agents import Decision
 from durable.code.execution import (
     CURRENT,
     UNWIND,
-    ChildRun,
     Session,
-    StepFailed,
     Unwind,
+)
+from durable.code.steps import (
+    ChildRun,
+    StepFailed,
     finished,
     join_wait,
     joined,

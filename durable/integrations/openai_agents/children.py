@@ -19,7 +19,7 @@ from agents import Agent, Runner
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext as SdkToolContext
 
-from durable.code.execution import ChildFailed
+from durable.code.steps import ChildFailed
 from durable.integrations.base import jsonable
 from durable.integrations.openai_agents.binding import bound
 
