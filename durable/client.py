@@ -31,14 +31,7 @@ from durable.controls.cancellation import (
 from durable.controls.quarantine import release
 from durable.controls.schedules import Schedules
 from durable.controls.starts import Starts
-from durable.errors import (
-    DecodeError,
-    Refused,
-    RunNotFound,
-    Terminal,
-    UnknownAgent,
-    UsageError,
-)
+from durable.errors import DecodeError, Refused, RunNotFound, Terminal, UnknownAgent, UsageError
 from durable.flow import tenants
 from durable.log import events as ev
 from durable.log import keys
@@ -47,10 +40,7 @@ from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
 from durable.queue import make_queue
-from durable.security.sealing import (
-    contains_sensitive,
-    seal_fields,
-)
+from durable.security.sealing import contains_sensitive, seal_fields
 from durable.settings import Settings
 from durable.streams.streaming import Follower, Partial, afollow, async_twin
 from durable.telemetry import overview
