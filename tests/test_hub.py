@@ -146,11 +146,12 @@ def test_a_plain_functions_slow_thinking_holds_no_thread_of_the_hub(
     enqueue_many(r, client.log.keys, client.queue, ids)
     hub.slots.finish()
     assert [client.status(run).result for run in ids] == [3] * 20
-    # No decision ran on a thread of the hub (it would have been timed there), and the
-    # quick tool calls went to a spare only when a loaded machine slowed one of them: far
-    # from the 80 decisions.
+    # No decision ran on a thread of the hub (it would have been timed there), and fewer
+    # calls went to a spare than the 80 decisions: the 60 quick tool calls go there only
+    # when a loaded machine slows them (25 of them under a busy core and three other test
+    # processes), the decisions sent there would be 80 alone.
     assert "ponderer.decide()" not in hub.spares.took
-    assert hub.offloads < 20, hub.offloads
+    assert hub.offloads < 80, hub.offloads
 
 
 def test_a_hub_built_while_redis_is_down_serves_once_it_is_back(

@@ -120,7 +120,7 @@ def test_without_opentelemetry_nothing_is_traced(server: Server, client: Client,
     (no context recorded) and a worker completes it."""
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "from durable import tracing\n"
+        "from durable.telemetry import tracing\n"
         "assert tracing.trace is None and tracing.traceparent() == ''\n"
         "from durable.client import Client\n"
         "c = Client()\n"
