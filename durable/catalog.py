@@ -23,6 +23,7 @@ field is deleted (``HDEL dx:agents NAME``).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import socket
@@ -121,18 +122,24 @@ def producer_id() -> str:
     return f"client:{socket.gethostname()}:{os.getpid()}"
 
 
-def _fill_defaults(validator: Any, properties: Any, instance: Any,
-                   schema: Any) -> Iterator[Any]:
-    """``properties`` that also sets each absent property's declared default (the
-    extension jsonschema's documentation gives for filling defaults)."""
-    if isinstance(instance, dict):
-        for name, sub in properties.items():
-            if isinstance(sub, dict) and "default" in sub:
-                instance.setdefault(name, copy.deepcopy(sub["default"]))
-    from jsonschema import Draft202012Validator
+@functools.cache
+def _filling() -> Any:
+    """jsonschema's validator class whose ``properties`` also sets each absent property's
+    declared default (the extension jsonschema's documentation gives), made once, when the
+    first start by name is checked."""
+    from jsonschema import Draft202012Validator, validators
 
-    yield from Draft202012Validator.VALIDATORS["properties"](
-        validator, properties, instance, schema)
+    properties = Draft202012Validator.VALIDATORS["properties"]
+
+    def fill_defaults(validator: Any, props: Any, instance: Any,
+                      schema: Any) -> Iterator[Any]:
+        if isinstance(instance, dict):
+            for name, sub in props.items():
+                if isinstance(sub, dict) and "default" in sub:
+                    instance.setdefault(name, copy.deepcopy(sub["default"]))
+        yield from properties(validator, props, instance, schema)
+
+    return validators.extend(Draft202012Validator, {"properties": fill_defaults})
 
 
 def validate(item: Published, data: Any) -> Any:
@@ -141,7 +148,7 @@ def validate(item: Published, data: Any) -> Any:
     if item.schema is None:
         raise UsageError(f"agent {item.name!r} publishes no input schema: start it from a "
                          "process that imports it (DURABLE_AGENTS)")
-    from jsonschema import Draft202012Validator, validators
+    from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
     try:
@@ -157,7 +164,6 @@ def validate(item: Published, data: Any) -> Any:
             f"{'.'.join(str(p) for p in e.absolute_path) or 'input'}: {e.message}"
             for e in errors))
     filled = copy.deepcopy(data)
-    filling = validators.extend(Draft202012Validator, {"properties": _fill_defaults})
-    for _ in filling(item.schema).iter_errors(filled):
+    for _ in _filling()(item.schema).iter_errors(filled):
         pass  # valid already: this pass only fills in the defaults
     return filled
