@@ -36,14 +36,13 @@ list to hand the framework as its history, ``save`` keeps the list it ends with.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from durable.agents import Lookup, Tool, ToolContext, register
-from durable.client import Client
+from durable.controls.children import ClientTool
 from durable.errors import DurableError, UsageError
 from durable.log import blobs
 from durable.log import events as ev
@@ -140,24 +139,8 @@ def continued_from(client: Any, run_id: str) -> str:
     return started.continue_from if isinstance(started, ev.RunStarted) else ""
 
 
-class _ClientTool(Tool):
-    _client: Any = None
-    _lock = threading.Lock()
-
-    @classmethod
-    def client(cls) -> Any:
-        """This process's client (from its ``DURABLE_*`` settings), made once."""
-        with _ClientTool._lock:
-            if _ClientTool._client is None:
-                _ClientTool._client = Client()
-            return _ClientTool._client
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
-        return Lookup.not_applied()  # never asked: an effect-free call is taken again
-
-
 @register
-class LoadConversation(_ClientTool):
+class LoadConversation(ClientTool):
     """``{}`` -> ``{"run": the run continued ("" for none), "messages": [...]}``."""
 
     name = LOAD

@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from durable.agents import Tool, ToolContext, register
+from durable.agents import Lookup, Tool, ToolContext, register
 from durable.client import Client
 from durable.contention import InPlace, RedisCalls, update_run_async
 from durable.errors import DecodeError, RunNotFound, Terminal
@@ -37,8 +37,27 @@ from durable.log.store import EventLog, RunHandle, Spec
 CHILD_POLL_MS = 5000
 
 
+class ClientTool(Tool):
+    """A built-in tool that acts through this process's client (one for all such tools).
+    Effect-free: a call is taken again after a crash, so its lookup is never asked."""
+
+    _client: Any = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def client(cls) -> Any:
+        """This process's client (from its ``DURABLE_*`` settings), made once."""
+        with ClientTool._lock:
+            if ClientTool._client is None:
+                ClientTool._client = Client()
+            return ClientTool._client
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()  # never asked: an effect-free call is taken again
+
+
 @register
-class StartChild(Tool):
+class StartChild(ClientTool):
     """The step that starts a child run: ``{"agent", "input", "detached"}`` -> its run id.
     Starting the same derived id again is a no-op, so the step is sent again at once after
     a crash (``effect_free``): nothing is started twice."""
@@ -46,9 +65,6 @@ class StartChild(Tool):
     name = CHILD_TOOL
     timeout_s = 30.0
     effect_free = True
-
-    _client: Any = None
-    _lock = threading.Lock()
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         run_id = child_id(ctx.run_id, ctx.step)
@@ -58,14 +74,6 @@ class StartChild(Tool):
                                parent=(ctx.run_id, ctx.step), budgets=caps,
                                shared_budgets=caps is not None)
         return {"run_id": started.run_id, "agent": str(args["agent"])}
-
-    @classmethod
-    def client(cls) -> Any:
-        """This process's client (from its ``DURABLE_*`` settings), made once."""
-        with cls._lock:
-            if cls._client is None:
-                cls._client = Client()
-            return cls._client
 
 
 #: The budgets a child may share with its parent: the steps of each run stay its own (a
