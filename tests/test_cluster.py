@@ -6,13 +6,17 @@ Tests marked ``cluster`` run a second time against a real 3-master Redis Cluster
 from __future__ import annotations
 
 import random
+import socket
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import redis
 from redis.crc import key_slot
 
+from durable.backend.cluster import LocalCluster, cluster_port, ephemeral_low
 from durable.backend.connection import connect
 from durable.client import Client
 from durable.errors import UsageError
@@ -202,6 +206,39 @@ def test_durable_cluster_starts_and_stops_a_local_cluster(tmp_path: Path) -> Non
     stopped = run_durable("cluster", "stop", "--dir", str(where), env=env)
     assert stopped.returncode == 0, stopped.stderr
     assert run_durable("cluster", "stop", "--dir", str(where), env=env).returncode == 1
+
+
+def test_a_node_whose_port_was_taken_before_it_bound_is_started_on_another() -> None:
+    """Window: a node's port drawn free, then taken by another process before the node
+    binds it (parallel test processes, an outgoing connection). The node exits at once; it
+    is started again on a new port and the cluster comes up."""
+    cluster = LocalCluster(3, 0)
+    taken = cluster.nodes[1].port
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", taken))
+        holder.listen()
+        with cluster:
+            assert cluster.nodes[1].port != taken
+            r = redis.RedisCluster.from_url(cluster.url)
+            try:
+                assert len(r.get_primaries()) == 3
+            finally:
+                r.close()
+
+
+def test_stopping_a_cluster_whose_start_failed_signals_no_process_of_ours() -> None:
+    """Window: a cluster's start fails before every node has a process; stopping it then
+    must not signal pid 0 (this process's whole group: the test runner, its parent shell).
+    Run in a child of its own session, so that a regression kills only the child."""
+    code = ("from durable.backend.cluster import LocalCluster, Node\n"
+            "c = LocalCluster(3, 0)\n"
+            "assert not c.alive(Node(c.nodes[0].port))\n"
+            "c.stop()\n"
+            "print('alive')\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, start_new_session=True)
+    assert child.returncode == 0 and child.stdout.strip() == "alive", child.stderr
+    assert max(cluster_port() for _ in range(50)) + 10000 < ephemeral_low()
 
 
 def test_two_logs_of_different_layouts_live_in_one_process() -> None:

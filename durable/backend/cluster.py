@@ -38,12 +38,25 @@ def cli_binary() -> str:
     return found
 
 
+#: Where the kernel's ephemeral ports start when it does not say (Linux's default).
+EPHEMERAL_LOW = 32768
+
+
+def ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW
+
+
 def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid too: the
-    kernel's ephemeral ports are often above 55535, so draw from 20000-45000 instead."""
+    """A free port whose cluster bus port (port + 10000) is free too, both below the
+    kernel's ephemeral range: a port there can be taken by any outgoing connection (another
+    test's client, say) between this check and the node's bind."""
+    top = max(ephemeral_low() - 10000, 12000)
     rng = random.SystemRandom()
     for _ in range(1000):
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(10000, top)
         if embedded.port_free(port) and embedded.port_free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
@@ -87,17 +100,32 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> LocalCluster:
         try:
             for node in self.nodes:
-                self._start_node(node)
-            subprocess.run(
+                self._start_new_node(node)
+            made = subprocess.run(
                 [cli_binary(), "--cluster", "create", *[n.address for n in self.nodes],
                  "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                check=True, capture_output=True, timeout=timeout)
+                capture_output=True, text=True, timeout=timeout)
+            if made.returncode != 0:
+                said = (made.stdout + made.stderr).strip().splitlines()[-5:]
+                raise RuntimeError("redis-cli --cluster create failed: " + " | ".join(said))
             self.wait_ok(timeout)
         except BaseException:
             self.stop()
             raise
         self._record()
         return self
+
+    def _start_new_node(self, node: Node, tries: int = 3) -> None:
+        """Start a node before the cluster is made: a port taken since it was drawn (the
+        server exits at once, unable to bind) is drawn again."""
+        for attempt in range(tries):
+            try:
+                self._start_node(node)
+                return
+            except RuntimeError:
+                if node.proc is None or node.proc.poll() is None or attempt == tries - 1:
+                    raise
+                node.port, node.proc, node.pid = cluster_port(), None, 0
 
     def _start_node(self, node: Node) -> None:
         where = self.data_dir / str(node.port)
@@ -140,6 +168,8 @@ class LocalCluster:
     def alive(self, node: Node) -> bool:
         if node.proc is not None:
             return node.proc.poll() is None
+        if node.pid <= 0:  # never started: os.kill(0, ...) would signal our own group
+            return False
         try:
             os.kill(node.pid, 0)
         except OSError:
@@ -152,8 +182,8 @@ class LocalCluster:
         self._start_node(node)
 
     def kill(self, node: Node) -> None:
-        """``kill -9`` one node."""
-        if self.alive(node):
+        """``kill -9`` one node (one that never started is left alone)."""
+        if node.pid > 0 and self.alive(node):
             os.kill(node.pid, signal.SIGKILL)
         if node.proc is not None:
             node.proc.wait()
