@@ -50,6 +50,15 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(booked) == 1:
             return {"tool_calls": [_call(2, "book", slot=2), _call(3, "note", text="two")]}
         return {"content": "booked: " + ", ".join(_data(r)["done"] for r in booked)}
+    if system.startswith("gate"):  # hands the traveler to boarding
+        return {"tool_calls": [_call(0, "transfer_to_boarding")]}
+    if system.startswith("boarding"):  # the first tool result is the handoff's
+        if len(results) < 2:
+            return {"tool_calls": [_call(1, "board")]}
+        try:
+            return {"content": "boarded: " + _data(results[1])["done"]}
+        except (ValueError, SyntaxError, KeyError, TypeError):
+            return {"content": "not boarded: " + results[1]}
     if system.startswith("lossy"):
         if not results:
             return {"tool_calls": [_call(1, "lossy_book", slot=1)]}

@@ -1,8 +1,9 @@
-"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request,
-a function tool call and a handoff, and the JSON their outcomes are recorded as.
+"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request
+and a function tool call, and the JSON their outcomes are recorded as (a handoff's step is
+``durable.integrations.openai_agents.handoffs``).
 
 A step tool reaches the live request (the real model and its arguments, the SDK's
-``ToolContext``, the handoff) through a hand-off the agent's function fills just before it
+``ToolContext``) through a hand-off the agent's function fills just before it
 takes the step, keyed by run, step tool and the digest of the step's arguments: the worker
 only ever runs a code agent's step while its function waits at that very call, and the
 arguments name the call (a tool call's arguments carry the model's ``call_id``).
@@ -41,8 +42,6 @@ from pydantic import TypeAdapter
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
 from durable.call_identity import args_digest
 from durable.integrations.base import (
-    DEFAULT_TIMEOUT_S,
-    EffectFreeStep,
     LiveRequests,
     ModelStepBase,
     Owner,
@@ -129,13 +128,6 @@ class ModelCall:
 class ToolCall:
     tool: FunctionTool
     context: SdkToolContext[Any]
-    arguments: str
-
-
-@dataclass(frozen=True)
-class HandoffCall:
-    handoff: Handoff[Any, Any]
-    context: Any
     arguments: str
 
 
@@ -257,21 +249,3 @@ async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) ->
         if callable(handled):
             handled(tool, exc, call.arguments, call.context)
         return message
-
-
-class HandoffStep(EffectFreeStep):
-    """``<name>.handoff``: a handoff to another agent of the run (the SDK's
-    ``on_invoke_handoff``, with the handoff's ``on_handoff`` callback); records the agent
-    handed to. Sent again at once after a crash, like a read."""
-
-    timeout_s = DEFAULT_TIMEOUT_S
-    owner: ClassVar[AgentOwner]
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, self.name, args, HandoffCall)
-
-        async def invoke() -> dict[str, Any]:
-            agent = await call.handoff.on_invoke_handoff(call.context, call.arguments)
-            return {"agent": agent.name}
-
-        return await LOOP.step(invoke, ctx)
