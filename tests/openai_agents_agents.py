@@ -105,6 +105,11 @@ durable_counter = DurableAgent(_counter(15), name="oai_counter", model_provider=
 durable_short = DurableAgent(_counter(15), name="oai_short", model_provider=LocalProvider(),
                              tools={"tick": StepOptions(effect_free=True)},
                              budgets={"model_calls": 4})
+# Streamed (the default), with a "tokens" budget: 10 tokens a reply, so the fourth reply
+# ends it.
+durable_tokens = DurableAgent(_counter(15), name="oai_tokens", model_provider=LocalProvider(),
+                              tools={"tick": StepOptions(effect_free=True)},
+                              budgets={"tokens": 35})
 
 
 # A storyteller whose one reply streams forty words to the run's followers.

@@ -2,7 +2,9 @@
 whose replies are scripted from the conversation, for the OpenAI Agents SDK tests.
 
 It records every request it receives with its ``Idempotency-Key`` header: a model request
-sent twice shows. The script picks the reply by the agent's instructions (the system
+sent twice shows. Like OpenAI, vLLM, LiteLLM or Ollama, a streamed reply ends with its usage
+only when the request asks for it (``stream_options.include_usage``); a plain reply always
+carries it. The script picks the reply by the agent's instructions (the system
 message) and by the tool results already in the conversation.
 """
 
@@ -133,7 +135,8 @@ class OpenAIServer:
                     return
                 reply = script(body)
                 if body.get("stream"):
-                    self._stream(reply)
+                    self._stream(reply, bool((body.get("stream_options") or {})
+                                             .get("include_usage")))
                 else:
                     self._send(200, completion(reply))
 
@@ -145,11 +148,11 @@ class OpenAIServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _stream(self, reply: dict[str, Any]) -> None:
+            def _stream(self, reply: dict[str, Any], include_usage: bool) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                for chunk in chunks(reply):
+                for chunk in chunks(reply, include_usage):
                     if server.delta_delay_s and chunk["choices"]:
                         time.sleep(server.delta_delay_s)
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -198,9 +201,10 @@ def completion(reply: dict[str, Any]) -> dict[str, Any]:
 ARGS_PIECE = 8
 
 
-def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
+def chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """The reply as stream chunks: its text word by word, each tool call as its id and name,
-    then its arguments ``ARGS_PIECE`` characters at a time; then a chunk with the usage."""
+    then its arguments ``ARGS_PIECE`` characters at a time; then, when the request asked for
+    it, a chunk with the usage."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"id": "chatcmpl-1", "object": "chat.completion.chunk",
@@ -220,6 +224,8 @@ def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(chunk({"tool_calls": [
                 {"index": i, "function": {"arguments": args[at:at + ARGS_PIECE]}}]}))
     out.append(chunk({}, "tool_calls" if reply.get("tool_calls") else "stop"))
+    if not include_usage:
+        return out
     out.append({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": "scripted", "choices": [],
                 "usage": USAGE})

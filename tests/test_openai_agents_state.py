@@ -1,9 +1,11 @@
-"""What an OpenAI Agents SDK run holds besides its steps' results, kept through crashes:
-the run context a handoff's ``on_handoff`` changed (``durable.integrations.openai_agents``).
+"""What an OpenAI Agents SDK run holds besides its steps' results, kept through crashes and
+across providers: the run context a handoff's ``on_handoff`` changed, and the tokens a
+streamed reply used (``durable.integrations.openai_agents``).
 
 Real worker processes, SIGKILLed for real, against the local OpenAI-compatible server of
-``tests.openai_server``; the callback's and the tool's effects go into a SQLite database that
-never deduplicates (``TEST_DB_DEDUPE=0``).
+``tests.openai_server`` (which, like vLLM, LiteLLM or Ollama, ends a stream with its usage
+only when asked); the callback's and the tool's effects go into a SQLite database that never
+deduplicates (``TEST_DB_DEDUPE=0``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ def _seat(client: Client, run: str) -> str:
                    if isinstance(e.event, ev.ActionSucceeded) and e.event.step == 2]
     assert recorded["agent"] == "boarding"
     return str(recorded["context"]["set"]["seat"]["number"])
+
+
+def test_a_streamed_reply_counts_its_tokens_against_the_budget(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    """The server is not OpenAI's, so the SDK would not ask it for the stream's usage: the
+    model step asks, the 10 tokens of each reply count, and the fourth reply (40 tokens
+    against a budget of 35) ends the run ``budget_exhausted`` instead of 16 replies later."""
+    run = client.start("oai_tokens", {"input": "count"}, run_id="otk").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert (state.state, state.reason) == ("failed", "budget_exhausted"), state.error
+    assert (state.model_calls, state.tokens) == (4, 40)
+    assert len(openai_server.counts(run)) == 4
+    assert all(r["stream"] and r["body"]["stream_options"] == {"include_usage": True}
+               for r in openai_server.requests)
 
 
 def test_a_handoffs_context_change_reaches_the_next_agents_tool(

@@ -29,7 +29,9 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   its usage against "tokens"), its arguments logged as a digest. It carries the step's key as
   an ``Idempotency-Key`` header and, for the SDK's OpenAI models, its deadline as the client's
   timeout; it is streamed, each text delta published to the run's followers as
-  ``{"delta": text}`` (``stream=False`` to send plain requests). Its recorded result is the
+  ``{"delta": text}`` (``stream=False`` to send plain requests), asking for the stream's
+  usage (``include_usage``, which the SDK asks only of OpenAI's own server), so the
+  "tokens" budget holds with vLLM, LiteLLM or Ollama too. Its recorded result is the
   ``ModelResponse``'s output items, ids and usage. A connection error, 429 or 5xx is
   retried within the step's attempts (``model_retryable``); a bad request never is.
 - Each function tool call is the step ``<name>.tool.<tool>`` with arguments

@@ -169,7 +169,16 @@ def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
 async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
     """Stream the request: each text delta is partial output (``{"delta": text}``) for the
     run's followers, and each function call's name and argument deltas too
-    (``durable.streams.partials.tool_call_delta``); the completed response is the step's result."""
+    (``durable.streams.partials.tool_call_delta``); the completed response is the step's result.
+
+    The request asks for the stream's usage (``include_usage``, Chat Completions'
+    ``stream_options``), which the SDK asks only of OpenAI's own server: without it vLLM,
+    LiteLLM or Ollama end the stream without usage and the reply would count no tokens
+    against the run's "tokens" budget. (The Responses API always sends it.) An explicit
+    ``ModelSettings(include_usage=False)``, for a server that refuses ``stream_options``,
+    is kept: its streamed replies count no tokens."""
+    if settings.include_usage is None:
+        settings = dataclasses.replace(settings, include_usage=True)
     done: list[Any] = []
     completed = None
     calls: dict[int, int] = {}  # output index -> the tool call's place among the reply's calls
