@@ -11,9 +11,11 @@ applied twice shows.
 from __future__ import annotations
 
 import os
+import random
+from dataclasses import dataclass
 from typing import Any
 
-from agents import Agent, function_tool
+from agents import Agent, RunContextWrapper, function_tool, handoff
 from agents.mcp import MCPServerStdio
 from agents.models.interface import Model, ModelProvider
 from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
@@ -103,6 +105,11 @@ durable_counter = DurableAgent(_counter(15), name="oai_counter", model_provider=
 durable_short = DurableAgent(_counter(15), name="oai_short", model_provider=LocalProvider(),
                              tools={"tick": StepOptions(effect_free=True)},
                              budgets={"model_calls": 4})
+# Streamed (the default), with a "tokens" budget: 10 tokens a reply, so the fourth reply
+# ends it.
+durable_tokens = DurableAgent(_counter(15), name="oai_tokens", model_provider=LocalProvider(),
+                              tools={"tick": StepOptions(effect_free=True)},
+                              budgets={"tokens": 35})
 
 
 # A storyteller whose one reply streams forty words to the run's followers.
@@ -187,3 +194,43 @@ durable_mcp = DurableAgent(
           mcp_servers=[_ledger()]),
     name="oai_mcp", model_provider=LocalProvider(),
     tools={"ledger.*": StepOptions(timeout_s=5.0, lookup=mcp_apply_lookup)})
+
+
+# A gate agent hands the traveler off to boarding; the handoff's ``on_handoff`` picks a seat
+# at random (an effect, then a change to the run's context), and boarding's tool boards the
+# traveler on the seat the context holds (it fails without one).
+
+
+@dataclass
+class Seat:
+    number: str
+
+
+@dataclass
+class Trip:
+    traveler: str
+    seat: Seat | None = None
+
+
+def assign_seat(ctx: RunContextWrapper[Trip]) -> None:
+    _effect(f"seat for {ctx.context.traveler}")
+    ctx.context.seat = Seat(f"{random.randint(1, 40)}{random.choice('ABCDEF')}")
+
+
+@function_tool
+def board(ctx: RunContextWrapper[Trip]) -> dict[str, Any]:
+    """Board the traveler on the seat the gate assigned."""
+    seat = ctx.context.seat
+    if not isinstance(seat, Seat):
+        raise LookupError(f"no seat was assigned to {ctx.context.traveler} (got {seat!r})")
+    return _effect(f"{ctx.context.traveler} in {seat.number}")
+
+
+boarding = Agent[Trip](name="boarding", instructions="boarding: board the traveler.",
+                       model="scripted", tools=[board])
+gate = Agent[Trip](name="gate", instructions="gate: hand over to boarding.", model="scripted",
+                   handoffs=[handoff(boarding, on_handoff=assign_seat)])
+
+durable_gate = DurableAgent(gate, name="oai_gate", model_provider=LocalProvider(),
+                            context=lambda inp: Trip(traveler="ada"),
+                            tools={"board": StepOptions(timeout_s=2.0)})

@@ -2,7 +2,9 @@
 whose replies are scripted from the conversation, for the OpenAI Agents SDK tests.
 
 It records every request it receives with its ``Idempotency-Key`` header: a model request
-sent twice shows. The script picks the reply by the agent's instructions (the system
+sent twice shows. Like OpenAI, vLLM, LiteLLM or Ollama, a streamed reply ends with its usage
+only when the request asks for it (``stream_options.include_usage``); a plain reply always
+carries it. The script picks the reply by the agent's instructions (the system
 message) and by the tool results already in the conversation.
 """
 
@@ -50,6 +52,15 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
         if len(booked) == 1:
             return {"tool_calls": [_call(2, "book", slot=2), _call(3, "note", text="two")]}
         return {"content": "booked: " + ", ".join(_data(r)["done"] for r in booked)}
+    if system.startswith("gate"):  # hands the traveler to boarding
+        return {"tool_calls": [_call(0, "transfer_to_boarding")]}
+    if system.startswith("boarding"):  # the first tool result is the handoff's
+        if len(results) < 2:
+            return {"tool_calls": [_call(1, "board")]}
+        try:
+            return {"content": "boarded: " + _data(results[1])["done"]}
+        except (ValueError, SyntaxError, KeyError, TypeError):
+            return {"content": "not boarded: " + results[1]}
     if system.startswith("lossy"):
         if not results:
             return {"tool_calls": [_call(1, "lossy_book", slot=1)]}
@@ -124,7 +135,8 @@ class OpenAIServer:
                     return
                 reply = script(body)
                 if body.get("stream"):
-                    self._stream(reply)
+                    self._stream(reply, bool((body.get("stream_options") or {})
+                                             .get("include_usage")))
                 else:
                     self._send(200, completion(reply))
 
@@ -136,11 +148,11 @@ class OpenAIServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _stream(self, reply: dict[str, Any]) -> None:
+            def _stream(self, reply: dict[str, Any], include_usage: bool) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
-                for chunk in chunks(reply):
+                for chunk in chunks(reply, include_usage):
                     if server.delta_delay_s and chunk["choices"]:
                         time.sleep(server.delta_delay_s)
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -189,9 +201,10 @@ def completion(reply: dict[str, Any]) -> dict[str, Any]:
 ARGS_PIECE = 8
 
 
-def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
+def chunks(reply: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
     """The reply as stream chunks: its text word by word, each tool call as its id and name,
-    then its arguments ``ARGS_PIECE`` characters at a time; then a chunk with the usage."""
+    then its arguments ``ARGS_PIECE`` characters at a time; then, when the request asked for
+    it, a chunk with the usage."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"id": "chatcmpl-1", "object": "chat.completion.chunk",
@@ -211,6 +224,8 @@ def chunks(reply: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(chunk({"tool_calls": [
                 {"index": i, "function": {"arguments": args[at:at + ARGS_PIECE]}}]}))
     out.append(chunk({}, "tool_calls" if reply.get("tool_calls") else "stop"))
+    if not include_usage:
+        return out
     out.append({"id": "chatcmpl-1", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": "scripted", "choices": [],
                 "usage": USAGE})

@@ -29,7 +29,9 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   its usage against "tokens"), its arguments logged as a digest. It carries the step's key as
   an ``Idempotency-Key`` header and, for the SDK's OpenAI models, its deadline as the client's
   timeout; it is streamed, each text delta published to the run's followers as
-  ``{"delta": text}`` (``stream=False`` to send plain requests). Its recorded result is the
+  ``{"delta": text}`` (``stream=False`` to send plain requests), asking for the stream's
+  usage (``include_usage``, which the SDK asks only of OpenAI's own server), so the
+  "tokens" budget holds with vLLM, LiteLLM or Ollama too. Its recorded result is the
   ``ModelResponse``'s output items, ids and usage. A connection error, 429 or 5xx is
   retried within the step's attempts (``model_retryable``); a bad request never is.
 - Each function tool call is the step ``<name>.tool.<tool>`` with arguments
@@ -44,9 +46,13 @@ agent graph is cloned with a model whose ``get_response`` is a step and function
   (``durable.controls.approvals``); the SDK's own interruption is not used. A rejection is
   told to the model with the SDK's rejection message. A callable ``needs_approval`` is asked in the
   function for each call: calls it approves of go through ``<name>.tool.<tool>.approval``.
-- A handoff is the step ``<name>.handoff`` (the handoff's ``on_handoff`` runs there once); the
-  agent handed to is recorded by name, and the run goes on with that agent's clone: one
-  run, one conversation, one budget.
+- A handoff is the step ``<name>.handoff``; the agent handed to is recorded by name, and the
+  run goes on with that agent's clone: one run, one conversation, one budget. The handoff's
+  ``on_handoff`` runs in the step, at least once (again if a crash came before the step was
+  recorded; ``step_context().key`` keys its effects), never once recorded. What it changed in
+  the run context is recorded with the step, as JSON, and restored into the context of a
+  run executed again, as the types the context declares
+  (``durable.integrations.openai_agents.handoffs``); a change JSON cannot carry fails the step.
 - A run that continues another (a named session's turn, ``start(..., session=...)``, or
   ``continue_from``) is given that run's kept items first, then its input; a session's run
   keeps ``result.to_input_list()`` for the next turn: the SDK's ``Session`` role, with the
@@ -70,7 +76,9 @@ when the ``DurableAgent`` is built; hosted tools (web and file search, code
 interpreter, image generation, hosted MCP) run inside the model step. Instructions,
 guardrails, hooks, handoff input filters and ``is_enabled`` callbacks run in the function and
 are executed again on recovery: they must be deterministic and without effects (a guardrail
-that calls a model calls it again). An agent used as a tool (``agent.as_tool()``) is one
+that calls a model calls it again). A function tool's changes to the run context are not
+recorded: a run executed again does not see them (return what later steps need, or set it
+in an ``on_handoff``). An agent used as a tool (``agent.as_tool()``) is one
 function-tool step. ``run_config.model`` is refused (it would replace the durable models).
 """
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -25,7 +24,6 @@ from agents import (
     RunHooks,
     Runner,
     WebSearchTool,
-    handoff,
 )
 from agents.mcp import MCPServer
 from agents.models.interface import Model, ModelProvider, ModelTracing
@@ -39,10 +37,9 @@ from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext, StepFailed
 from durable.code import agent as code_agent
 from durable.integrations.base import LiveRequests, StepOptions, jsonable, make_step, stable
-from durable.integrations.openai_agents import children, mcp
+from durable.integrations.openai_agents import children, handoffs, mcp
 from durable.integrations.openai_agents import steps as st
 from durable.integrations.openai_agents.binding import (
-    AgentRunFailed,
     Binding,
     binding,
     bound,
@@ -169,7 +166,7 @@ class DurableAgent:
         self._steps: list[Tool] = [
             make_step(st.ModelStep, self.model_step, owner=self, timeout_s=model_timeout_s,
                       retryable=tuple(model_retryable)),
-            make_step(st.HandoffStep, self.handoff_step, owner=self)]
+            make_step(handoffs.HandoffStep, self.handoff_step, owner=self)]
         self._tools: dict[str, FunctionTool] = {}
         self._mcp: dict[str, mcp.DurableMCPServer] = {}
         self.clones: dict[str, Agent[Any]] = {}
@@ -177,7 +174,8 @@ class DurableAgent:
         for original in originals:
             self.clones[original.name] = self._clone(original)
         for original in originals:
-            self.clones[original.name].handoffs = [self._handoff(h) for h in original.handoffs]
+            self.clones[original.name].handoffs = [
+                handoffs.durable_handoff(self, h) for h in original.handoffs]
         unknown = sorted(set(self._options) - set(self._tools)
                          - {f"{name}.*" for name in self._mcp})
         if unknown:
@@ -281,30 +279,6 @@ class DurableAgent:
         # This system asks for the approval: the SDK is told the call needs none.
         return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False,
                                    timeout_seconds=None)
-
-    def _handoff(self, item: Agent[Any] | Handoff[Any, Any]) -> Handoff[Any, Any]:
-        original = handoff(item) if isinstance(item, Agent) else item
-        owner = self
-
-        async def invoke(rctx: Any, arguments: str) -> Agent[Any]:
-            b = bound(owner)
-            if b is None:
-                target = await original.on_invoke_handoff(rctx, arguments)
-                return owner.clones.get(target.name, target)
-            args = {"to": original.agent_name, "tool": original.tool_name,
-                    "arguments": arguments}
-            got = await b.step(owner.handoff_step, args,
-                               st.HandoffCall(original, rctx, arguments))
-            clone = owner.clones.get(str(got.get("agent")))
-            if clone is None:
-                raise AgentRunFailed(LookupError(f"handoff to {got.get('agent')!r}, an agent "
-                                                 f"DurableAgent({owner.name!r}) does not know"))
-            return clone
-
-        durable = dataclasses.replace(original, on_invoke_handoff=invoke)
-        target = self.clones.get(original.agent_name)
-        durable._agent_ref = weakref.ref(target) if target is not None else None
-        return durable
 
     def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
         """The live request of the step ``step`` its function waits at, by its arguments."""

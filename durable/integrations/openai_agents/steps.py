@@ -1,8 +1,9 @@
-"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request,
-a function tool call and a handoff, and the JSON their outcomes are recorded as.
+"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request
+and a function tool call, and the JSON their outcomes are recorded as (a handoff's step is
+``durable.integrations.openai_agents.handoffs``).
 
 A step tool reaches the live request (the real model and its arguments, the SDK's
-``ToolContext``, the handoff) through a hand-off the agent's function fills just before it
+``ToolContext``) through a hand-off the agent's function fills just before it
 takes the step, keyed by run, step tool and the digest of the step's arguments: the worker
 only ever runs a code agent's step while its function waits at that very call, and the
 arguments name the call (a tool call's arguments carry the model's ``call_id``).
@@ -41,8 +42,6 @@ from pydantic import TypeAdapter
 from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
 from durable.call_identity import args_digest
 from durable.integrations.base import (
-    DEFAULT_TIMEOUT_S,
-    EffectFreeStep,
     LiveRequests,
     ModelStepBase,
     Owner,
@@ -132,13 +131,6 @@ class ToolCall:
     arguments: str
 
 
-@dataclass(frozen=True)
-class HandoffCall:
-    handoff: Handoff[Any, Any]
-    context: Any
-    arguments: str
-
-
 def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str, str]:
     return (run_id, tool, args_digest(args))
 
@@ -177,7 +169,16 @@ def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
 async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) -> ModelResponse:
     """Stream the request: each text delta is partial output (``{"delta": text}``) for the
     run's followers, and each function call's name and argument deltas too
-    (``durable.streams.partials.tool_call_delta``); the completed response is the step's result."""
+    (``durable.streams.partials.tool_call_delta``); the completed response is the step's result.
+
+    The request asks for the stream's usage (``include_usage``, Chat Completions'
+    ``stream_options``), which the SDK asks only of OpenAI's own server: without it vLLM,
+    LiteLLM or Ollama end the stream without usage and the reply would count no tokens
+    against the run's "tokens" budget. (The Responses API always sends it.) An explicit
+    ``ModelSettings(include_usage=False)``, for a server that refuses ``stream_options``,
+    is kept: its streamed replies count no tokens."""
+    if settings.include_usage is None:
+        settings = dataclasses.replace(settings, include_usage=True)
     done: list[Any] = []
     completed = None
     calls: dict[int, int] = {}  # output index -> the tool call's place among the reply's calls
@@ -257,21 +258,3 @@ async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) ->
         if callable(handled):
             handled(tool, exc, call.arguments, call.context)
         return message
-
-
-class HandoffStep(EffectFreeStep):
-    """``<name>.handoff``: a handoff to another agent of the run (the SDK's
-    ``on_invoke_handoff``, with the handoff's ``on_handoff`` callback); records the agent
-    handed to. Sent again at once after a crash, like a read."""
-
-    timeout_s = DEFAULT_TIMEOUT_S
-    owner: ClassVar[AgentOwner]
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, self.name, args, HandoffCall)
-
-        async def invoke() -> dict[str, Any]:
-            agent = await call.handoff.on_invoke_handoff(call.context, call.arguments)
-            return {"agent": agent.name}
-
-        return await LOOP.step(invoke, ctx)
