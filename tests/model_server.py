@@ -7,6 +7,10 @@ What it answers is scripted per test: ``plan`` is a list of replies taken one pe
 caller's timeout), ``("status", code, retry_after)``. A streamed request (``"stream":
 true``) gets ``tokens`` content deltas; after ``hold_after`` of them it waits until
 ``release`` is set, so a test can join a follower mid-stream.
+
+It speaks HTTP/1.1: a client may keep its connection open and send its next request on it
+(a streamed reply, which has no length, closes it), and ``connections`` counts the TCP
+connections accepted, so a test sees whether the calls reuse one.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class ModelServer:
     holding: threading.Event = field(default_factory=threading.Event)
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
+    #: TCP connections accepted.
+    connections: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _http: ThreadingHTTPServer | None = None
 
@@ -46,6 +52,13 @@ class ModelServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server.connections += 1
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -108,6 +121,8 @@ class ModelServer:
     def _stream(self, req: BaseHTTPRequestHandler) -> None:
         req.send_response(200)
         req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Connection", "close")  # the end of the reply is the end of the stream
+        req.close_connection = True
         req.end_headers()
 
         def send(chunk: Any) -> None:
