@@ -1,5 +1,15 @@
-"""The HTTP of the model step (``durable.models``): what it reads of a reply (a completion,
-a stream of server-sent events) and the errors a reply raises.
+"""The HTTP of the model step (``durable.models``): the clients it sends requests with, what
+it reads of a reply (a completion, a stream of server-sent events) and the errors a reply
+raises.
+
+One client per event loop and base URL, kept across calls (``client_for``): a request goes
+out on a connection the last one left open, and the client's SSL context is built once.
+Made for each call, a client cost 30-60 ms of CPU (its SSL context, for an ``http://`` URL
+too) and a new connection: most of what a worker spent on a model call and its tool step.
+A client belongs to the loop it was made on (its connections are that loop's): it is closed
+when that loop shuts down (``durable.eventloop.at_loop_close``: the end of ``asyncio.run``;
+the process's loop at a worker's shutdown). What the client reads from the environment
+(proxies, ``SSL_CERT_FILE``) is read when it is made; each request gives its own timeout.
 
 httpx is imported by the first request, not by this module: with rich and click installed
 httpx imports its own command line too, a tenth of a second of every worker's start.
@@ -7,6 +17,8 @@ httpx imports its own command line too, a tenth of a second of every worker's st
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import math
 import time
@@ -15,12 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 from durable.agents import ToolContext
 from durable.errors import DurableError, RateLimited
+from durable.eventloop import at_loop_close
 from durable.streams.partials import tool_call_delta
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["ModelError", "ModelUnavailable", "check", "retry_after", "streamed"]
+__all__ = ["KEEPALIVE", "ModelError", "ModelUnavailable", "check", "client_for", "retry_after",
+           "streamed"]
+
+#: Idle connections a client keeps open for the next requests. The connections in use are
+#: not capped here: the fleet's ``model`` limit (``DURABLE_MODEL_IN_FLIGHT``) is the cap.
+KEEPALIVE = 100
 
 
 class ModelUnavailable(DurableError):
@@ -36,6 +54,35 @@ class ModelUnavailable(DurableError):
 class ModelError(DurableError):
     """The request was refused for good (400, 401, 404...) or the reply is not a chat
     completion. Not retried: the step fails."""
+
+
+# The clients ------------------------------------------------------------------------------
+
+#: The clients of each event loop, by base URL.
+_CLIENTS: dict[asyncio.AbstractEventLoop, dict[str, httpx.AsyncClient]] = {}
+
+
+async def client_for(base_url: str) -> httpx.AsyncClient:
+    """The running loop's client for ``base_url``, made by the loop's first request there."""
+    loop = asyncio.get_running_loop()
+    clients = _CLIENTS.get(loop)
+    if clients is None:
+        for old in [old for old in list(_CLIENTS) if old.is_closed()]:
+            _CLIENTS.pop(old, None)  # closed without shutting down: nothing left to close
+        clients = _CLIENTS[loop] = {}
+        await at_loop_close(functools.partial(_close, loop))
+    http = clients.get(base_url)
+    if http is None or http.is_closed:
+        import httpx
+
+        http = clients[base_url] = httpx.AsyncClient(limits=httpx.Limits(
+            max_connections=None, max_keepalive_connections=KEEPALIVE))
+    return http
+
+
+async def _close(loop: asyncio.AbstractEventLoop) -> None:
+    for http in _CLIENTS.pop(loop, {}).values():
+        await http.aclose()
 
 
 # The replies ------------------------------------------------------------------------------
@@ -76,7 +123,8 @@ def check(resp: httpx.Response) -> None:
 
 
 async def streamed(http: httpx.AsyncClient, url: str, body: dict[str, Any],
-                   headers: dict[str, str], ctx: ToolContext) -> dict[str, Any]:
+                   headers: dict[str, str], timeout: httpx.Timeout,
+                   ctx: ToolContext) -> dict[str, Any]:
     """Read a streamed completion (SSE), emitting content deltas; returns it assembled in
     the shape of a non-streamed one."""
     parts: list[str] = []
@@ -84,7 +132,7 @@ async def streamed(http: httpx.AsyncClient, url: str, body: dict[str, Any],
     finish: str | None = None
     usage: dict[str, Any] = {}
     meta: dict[str, Any] = {}
-    async with http.stream("POST", url, json=body, headers=headers) as resp:
+    async with http.stream("POST", url, json=body, headers=headers, timeout=timeout) as resp:
         if resp.status_code != 200:
             await resp.aread()
             check(resp)

@@ -32,7 +32,8 @@ retryable refusals wait ``1, 2, 4...`` s (``waiting_retry``, holding no worker).
 
 The request goes to ``POST {DURABLE_MODEL_BASE_URL}/chat/completions`` with the step's
 idempotency key as ``Idempotency-Key`` and its deadline (ms since the epoch) as
-``X-Deadline-Ms``, for providers and proxies that honour them. Arguments: ``messages``
+``X-Deadline-Ms``, for providers and proxies that honour them, on the HTTP client the
+event loop keeps for that URL across calls (``durable.model_http``). Arguments: ``messages``
 (required), ``tools`` (OpenAI tool schemas), and ``temperature``, ``max_tokens``,
 ``tool_choice``, ``top_p``, ``seed``, ``stop``, ``response_format``, ``model`` (overrides
 ``DURABLE_MODEL_NAME``), ``stream`` (overrides ``DURABLE_MODEL_STREAM``), passed through;
@@ -247,23 +248,24 @@ class Chat(Tool):
         headers = {KEY_HEADER: ctx.key, DEADLINE_HEADER: str(ctx.deadline_ms)}
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
-        url = f"{settings.base_url.rstrip('/')}/chat/completions"
+        base = settings.base_url.rstrip("/")
+        http = await model_http.client_for(base)  # the loop's, kept across calls
         import httpx
 
         # A little past the deadline: the worker's own timeout decides first (it records
         # the call as timed out, and an effect-free call is sent again at once).
         timeout = httpx.Timeout(ctx.remaining() + 1.0)
+        url = f"{base}/chat/completions"
         try:
-            async with httpx.AsyncClient(timeout=timeout) as http:
-                if body.get("stream"):
-                    reply = await model_http.streamed(http, url, body, headers, ctx)
-                else:
-                    resp = await http.post(url, json=body, headers=headers)
-                    model_http.check(resp)
-                    try:
-                        reply = resp.json()
-                    except ValueError as exc:
-                        raise ModelError(f"reply is not JSON: {resp.text[:300]}") from exc
+            if body.get("stream"):
+                reply = await model_http.streamed(http, url, body, headers, timeout, ctx)
+            else:
+                resp = await http.post(url, json=body, headers=headers, timeout=timeout)
+                model_http.check(resp)
+                try:
+                    reply = resp.json()
+                except ValueError as exc:
+                    raise ModelError(f"reply is not JSON: {resp.text[:300]}") from exc
         except httpx.TransportError as exc:  # not sent, or the reply lost: ask again
             raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return completion_result(reply)
