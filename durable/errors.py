@@ -52,9 +52,9 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── durable.code.steps.EndRun
      │                           raised by a code agent: end the run failed or canceled
      │                           with this decision, not as an agent bug
-     ├── durable.models.ModelUnavailable
+     ├── durable.model_http.ModelUnavailable
      │                           the built-in model step: no answer (retryable)
-     ├── durable.models.ModelError
+     ├── durable.model_http.ModelError
      │                           the built-in model step: refused for good
      ├── durable.conversations.ConversationMissing
      │                           the run a run continues kept no conversation

@@ -19,6 +19,11 @@ monitor thread looks at the task running on it every ``PING_S``):
   function ends, its run is quarantined with the reason, and the loop goes on with the
   others. A tool's task is not interrupted here: its call's own deadline
   and cancel stop it once it yields.
+
+What a tool keeps on a loop across calls (an HTTP client and its connections, bound to the
+loop they were opened on) is closed when that loop shuts down: ``at_loop_close`` registers
+it; ``asyncio.run`` closes it at its end, and a worker's shutdown closes what the process's
+loop kept (``EventLoop.close_resources``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from durable.errors import Signal
@@ -53,6 +58,9 @@ POLL_S = 0.05
 
 #: Tasks whose names start with this are an agent's function (``durable.code.execution``).
 AGENT_TASK = "agent:"
+
+#: How long ``EventLoop.close_resources`` waits for what it closes (s).
+CLOSE_S = 2.0
 
 
 _PENDING, _RESULT, _ERROR, _CANCELLED = range(4)
@@ -256,6 +264,31 @@ class EventLoop:
         """Call ``fn(*args)`` on the loop, from any thread."""
         self._post(functools.partial(fn, *args) if args else fn)
 
+    def close_resources(self, timeout: float = CLOSE_S) -> bool:
+        """Close what was kept on the loop for as long as it runs (``at_loop_close``: the
+        model step's HTTP clients), as the end of ``asyncio.run`` closes its loop's: a
+        worker calls it at its shutdown, once its runs have ended or been handed back. The
+        loop and its tasks run on (its thread ends with the process); what is used on it
+        afterwards is made again. Waits ``timeout`` seconds at most; True when all of it
+        was closed in time."""
+        loop = self._loop
+        if loop is None:
+            return True
+
+        async def close_all() -> None:
+            with _closers_lock:
+                kept = list(_CLOSERS.get(loop, ()))
+            done = await asyncio.gather(*(gen.aclose() for gen in kept), return_exceptions=True)
+            for error in (d for d in done if isinstance(d, BaseException)):
+                log.warning("closing what the event loop kept: %r", error)
+
+        try:
+            self.submit(close_all(), name="close-resources").result(timeout)
+        except concurrent.futures.TimeoutError:
+            log.warning("what the event loop kept was not closed within %.1f s", timeout)
+            return False
+        return True
+
     def _post(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the loop soon: posted calls are run together, and the loop is
         woken (a write to its self-pipe) once per bunch, not once per call."""
@@ -330,6 +363,40 @@ class EventLoop:
                 log.error("%s blocked the event loop for %.1f s: interrupted", name, held_s)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread_id), ctypes.py_object(LoopBlocked))
+
+
+#: What ``at_loop_close`` registered, by loop: kept alive here (a loop holds its async
+#: generators weakly) until the loop closes it.
+_CLOSERS: dict[asyncio.AbstractEventLoop, set[Any]] = {}
+_closers_lock = threading.Lock()
+
+
+async def at_loop_close(close: Callable[[], Awaitable[object]]) -> None:
+    """Have ``close()`` awaited on the running loop when it shuts down: at the end of
+    ``asyncio.run`` (any runner that calls ``loop.shutdown_asyncgens()``, as asyncio's do),
+    and at ``EventLoop.close_resources`` for the process's loop. It rides an async generator
+    started here, which the loop closes with the others it started; a loop closed without
+    shutting down (``loop.close()`` alone) runs nothing, and its entry is dropped by the
+    next call."""
+    loop = asyncio.get_running_loop()
+
+    async def closer() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            with _closers_lock:
+                kept = _CLOSERS.get(loop, set())
+                kept.discard(gen)
+                if not kept:
+                    _CLOSERS.pop(loop, None)
+            await close()
+
+    gen = closer()
+    with _closers_lock:
+        for old in [old for old in _CLOSERS if old.is_closed()]:
+            del _CLOSERS[old]
+        _CLOSERS.setdefault(loop, set()).add(gen)
+    await anext(gen)  # started: the loop knows it from now on
 
 
 def _hand_over(done: Handoff[T], task: asyncio.Task[T]) -> None:

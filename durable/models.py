@@ -32,7 +32,8 @@ retryable refusals wait ``1, 2, 4...`` s (``waiting_retry``, holding no worker).
 
 The request goes to ``POST {DURABLE_MODEL_BASE_URL}/chat/completions`` with the step's
 idempotency key as ``Idempotency-Key`` and its deadline (ms since the epoch) as
-``X-Deadline-Ms``, for providers and proxies that honour them. Arguments: ``messages``
+``X-Deadline-Ms``, for providers and proxies that honour them, on the HTTP client the
+event loop keeps for that URL across calls (``durable.model_http``). Arguments: ``messages``
 (required), ``tools`` (OpenAI tool schemas), and ``temperature``, ``max_tokens``,
 ``tool_choice``, ``top_p``, ``seed``, ``stop``, ``response_format``, ``model`` (overrides
 ``DURABLE_MODEL_NAME``), ``stream`` (overrides ``DURABLE_MODEL_STREAM``), passed through;
@@ -72,27 +73,22 @@ import importlib.util
 import json
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # httpx is an extra, not a hard dependency: say so at import. It is imported by the first
-# request: with rich and click installed (the CLI's tables, the console's server) httpx
-# imports its own command line too, a tenth of a second of every worker's start.
+# request (``durable.model_http``), not here.
 if importlib.util.find_spec("httpx") is None:
     raise ModuleNotFoundError("durable.models (the built-in model step) needs httpx: pip "
                               "install 'durable-agents[models]'", name="httpx")
-if TYPE_CHECKING:
-    import httpx
 
+from durable import model_http
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
-from durable.errors import DurableError, RateLimited
 from durable.flow.limits import Limit
+from durable.model_http import ModelError, ModelUnavailable, retry_after
 from durable.settings import ModelSettings
-from durable.streams.partials import tool_call_delta
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
 __all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",
@@ -120,21 +116,6 @@ def model_limits(settings: ModelSettings) -> tuple[Limit, ...]:
                   in_flight=settings.in_flight, per_s=60.0),)
 
 
-class ModelUnavailable(DurableError):
-    """The model did not answer (429, 5xx, 408 past the deadline, connection error, lost
-    reply). A completion changes nothing: retryable. ``retry_after_s``: when the server
-    said when to ask again (``Retry-After`` of a 429 or 503)."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class ModelError(DurableError):
-    """The request was refused for good (400, 401, 404...) or the reply is not a chat
-    completion. Not retried: the step fails."""
-
-
 # The step ---------------------------------------------------------------------------------
 
 
@@ -153,38 +134,6 @@ def request_body(args: Mapping[str, Any], settings: ModelSettings) -> dict[str, 
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
-
-
-def retry_after(value: str | None, now: float | None = None) -> float | None:
-    """A ``Retry-After`` header in seconds from now: delay-seconds or an HTTP date (RFC
-    9110, 10.2.3); None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = when - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _check(resp: httpx.Response) -> None:
-    if resp.status_code == 200:
-        return
-    text = resp.text[:300]
-    after = resp.headers.get("retry-after", "")
-    if resp.status_code == 429 and after.replace(".", "", 1).isdigit():
-        # The fleet waits as the provider asks, and its limits lower their rate.
-        raise RateLimited(float(after), f"model answered 429: {text}")
-    if resp.status_code in (408, 409, 429) or resp.status_code >= 500:
-        after = retry_after(resp.headers.get("retry-after")) \
-            if resp.status_code in (429, 503) else None
-        raise ModelUnavailable(f"model answered {resp.status_code}: {text}", after)
-    raise ModelError(f"model refused the request ({resp.status_code}): {text}")
 
 
 def _positive(args: Any, name: str, kind: type) -> Any:
@@ -252,60 +201,6 @@ def completion_result(reply: Any) -> dict[str, Any]:
     }
 
 
-async def _streamed(http: httpx.AsyncClient, url: str, body: dict[str, Any],
-                    headers: dict[str, str], ctx: ToolContext) -> dict[str, Any]:
-    """Read a streamed completion (SSE), emitting content deltas; returns it assembled in
-    the shape of a non-streamed one."""
-    parts: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    finish: str | None = None
-    usage: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
-    async with http.stream("POST", url, json=body, headers=headers) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            _check(resp)
-        done = False
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError as exc:
-                raise ModelError(f"malformed stream chunk: {data[:200]}") from exc
-            meta.setdefault("id", chunk.get("id"))
-            meta.setdefault("model", chunk.get("model"))
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    parts.append(delta["content"])
-                    ctx.emit(delta["content"])
-                for tc in delta.get("tool_calls") or []:
-                    slot = calls.setdefault(int(tc.get("index", 0)), {
-                        "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                    slot["id"] = tc.get("id") or slot["id"]
-                    fn = tc.get("function") or {}
-                    slot["function"]["name"] += fn.get("name") or ""
-                    slot["function"]["arguments"] += fn.get("arguments") or ""
-                    ctx.emit(tool_call_delta(int(tc.get("index", 0)), call_id=tc.get("id"),
-                                             name=fn.get("name"),
-                                             args=fn.get("arguments") or ""))
-                finish = choice.get("finish_reason") or finish
-    if not done:
-        raise ModelUnavailable("the stream ended before [DONE]: the reply was lost")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(parts) if parts else None}
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return {"id": meta.get("id"), "model": meta.get("model"), "usage": usage,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-
-
 @register
 class Chat(Tool):
     """One chat completion against an OpenAI-compatible API (see the module's doc)."""
@@ -353,23 +248,24 @@ class Chat(Tool):
         headers = {KEY_HEADER: ctx.key, DEADLINE_HEADER: str(ctx.deadline_ms)}
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
-        url = f"{settings.base_url.rstrip('/')}/chat/completions"
+        base = settings.base_url.rstrip("/")
+        http = await model_http.client_for(base)  # the loop's, kept across calls
         import httpx
 
         # A little past the deadline: the worker's own timeout decides first (it records
         # the call as timed out, and an effect-free call is sent again at once).
         timeout = httpx.Timeout(ctx.remaining() + 1.0)
+        url = f"{base}/chat/completions"
         try:
-            async with httpx.AsyncClient(timeout=timeout) as http:
-                if body.get("stream"):
-                    reply = await _streamed(http, url, body, headers, ctx)
-                else:
-                    resp = await http.post(url, json=body, headers=headers)
-                    _check(resp)
-                    try:
-                        reply = resp.json()
-                    except ValueError as exc:
-                        raise ModelError(f"reply is not JSON: {resp.text[:300]}") from exc
+            if body.get("stream"):
+                reply = await model_http.streamed(http, url, body, headers, timeout, ctx)
+            else:
+                resp = await http.post(url, json=body, headers=headers, timeout=timeout)
+                model_http.check(resp)
+                try:
+                    reply = resp.json()
+                except ValueError as exc:
+                    raise ModelError(f"reply is not JSON: {resp.text[:300]}") from exc
         except httpx.TransportError as exc:  # not sent, or the reply lost: ask again
             raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return completion_result(reply)

@@ -1,9 +1,11 @@
 """Code agents of the model-step tests (``tests.test_model_steps``): one ``chat`` step with
-the options of the input, and a conversation continued from run to run
+the options of the input, a loop of model calls each followed by a tool step (also
+``bench.modelcalls``'s workload), and a conversation continued from run to run
 (``durable.conversations``). Registered on import."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,6 +29,23 @@ def model_asker(ctx: RunContext, inp: AskInput) -> dict[str, Any]:
     reply = chat(ctx, [{"role": "user", "content": inp.question}], stream=inp.stream,
                  timeout_s=inp.timeout_s, max_attempts=inp.max_attempts)
     return {"answer": reply.content, "usage": reply.usage}
+
+
+class LoopInput(BaseModel):
+    calls: int = 10
+
+
+@agent(input_model=LoopInput, tools=("chat", "noop"))
+def model_looper(ctx: RunContext, inp: LoopInput) -> dict[str, Any]:
+    """``calls`` cycles of a model call and a tool step (``examples.agents``' ``noop``), the
+    conversation growing: a tool-calling agent's loop, without reading what the model said."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(inp.calls):
+        reply = chat(ctx, messages)
+        messages.append(reply.message)
+        done = ctx.call("noop", {"n": n})
+        messages.append({"role": "user", "content": json.dumps(done, sort_keys=True)})
+    return {"calls": inp.calls, "messages": len(messages)}
 
 
 class TurnInput(BaseModel):

@@ -7,6 +7,11 @@ What it answers is scripted per test: ``plan`` is a list of replies taken one pe
 caller's timeout), ``("status", code, retry_after)``. A streamed request (``"stream":
 true``) gets ``tokens`` content deltas; after ``hold_after`` of them it waits until
 ``release`` is set, so a test can join a follower mid-stream.
+
+It speaks HTTP/1.1: a client may keep its connection open and send its next request on it
+(a streamed reply, which has no length, closes it), and ``connections`` counts the TCP
+connections accepted (``closed``: those the client closed since), so a test sees whether
+the calls reuse one, and whether it was closed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ class ModelServer:
     holding: threading.Event = field(default_factory=threading.Event)
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
+    #: TCP connections accepted, and those of them closed since.
+    connections: int = 0
+    closed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _http: ThreadingHTTPServer | None = None
 
@@ -46,6 +54,21 @@ class ModelServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # A reply's headers and body are two writes: with Nagle's algorithm the body
+            # waits for the client's delayed ACK of the headers (40 ms) on a kept connection.
+            disable_nagle_algorithm = True
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server.connections += 1
+
+            def finish(self) -> None:
+                super().finish()
+                with server._lock:
+                    server.closed += 1
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -108,6 +131,8 @@ class ModelServer:
     def _stream(self, req: BaseHTTPRequestHandler) -> None:
         req.send_response(200)
         req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Connection", "close")  # the end of the reply is the end of the stream
+        req.close_connection = True
         req.end_headers()
 
         def send(chunk: Any) -> None:

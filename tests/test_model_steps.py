@@ -5,18 +5,25 @@ the log and one model call in the budget."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from durable import model_http
 from durable.audit.verify import verify
 from durable.client import Client
+from durable.eventloop import EventLoop
 from durable.log import events as ev
 from durable.models import Chat, ModelError, ModelSettings, request_body, retry_after
+from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer
 from tests.runs import events_of
+from tests.test_startup import loaded_after
 
 AGENTS = "examples.agents,tests.agents,tests.model_agents"
 
@@ -116,6 +123,27 @@ def test_a_resend_the_budget_does_not_allow_ends_the_run(
     assert len(model.requests(f"{run}:1")) == 2 and final.model_calls == 2
 
 
+def test_a_workers_model_calls_share_one_connection(
+        client: Client, worker: WorkerFactory, model: ModelServer, tmp_path: Path) -> None:
+    """Twelve model calls of a run, each followed by a tool step, sent by one worker: on one
+    TCP connection, kept open between them. A client made for each call opened a connection
+    each time (and built an SSL context: 30-60 ms of CPU per call, for an http:// URL too).
+    The worker's shutdown closes the client with the process's event loop, and exits 0."""
+    client.registry.load(AGENTS)
+    run = client.start("model_looper", {"calls": 12}, run_id="one-connection").run_id
+    log = tmp_path / "worker.log"
+    proc = worker(log_path=log)
+    final = client.wait(run, timeout=60, waiting=False)
+    assert final.state == "completed", (final.state, final.error)
+    assert final.model_calls == 12 and len(model.seen) == 12
+    # One; two if a pause longer than the pool's keep-alive (5 s) let the first go.
+    assert model.connections <= 2, model.connections
+    proc.send(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert wait_for(lambda: model.closed == model.connections, 5)
+    assert "Traceback" not in log.read_text() and " ERROR " not in log.read_text()
+
+
 def test_a_bad_timeout_fails_the_step_with_the_reason_and_the_worker_lives(
         client: Client, worker: WorkerFactory, model: ModelServer) -> None:
     client.registry.load(AGENTS)
@@ -152,3 +180,65 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
     assert retry_after("later") is None and retry_after(None) is None
     assert retry_after("inf") is None
+
+
+# The clients: one per event loop and base URL, closed with the loop -----------------------
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture()
+def local_model() -> Iterator[ModelServer]:
+    srv = ModelServer(tokens=3).start()
+    yield srv
+    srv.stop()
+
+
+def test_a_loop_keeps_one_client_per_url_and_closes_it_at_the_end_of_asyncio_run(
+        local_model: ModelServer) -> None:
+    url = local_model.url
+
+    async def calls() -> list[Any]:
+        first = await model_http.client_for(url)
+        for _ in range(3):
+            (await first.post(f"{url}/chat/completions", json=BODY, timeout=5)).raise_for_status()
+        return [first, await model_http.client_for(url), await model_http.client_for(f"{url}/")]
+
+    first, again, other = asyncio.run(calls())
+    assert again is first and other is not first
+    assert local_model.connections == 1  # three requests on one connection
+    assert first.is_closed and other.is_closed  # closed on their loop as it shut down
+    assert wait_for(lambda: local_model.closed == 1, 5)
+    assert not [loop for loop in model_http._CLIENTS if loop.is_closed()]
+    [second] = asyncio.run(calls())[:1]  # a new loop, a new client
+    assert second is not first and second.is_closed and local_model.connections == 2
+
+
+def test_a_workers_shutdown_closes_the_clients_of_the_process_loop(
+        local_model: ModelServer) -> None:
+    """A worker's shutdown closes what the process's event loop kept
+    (``EventLoop.close_resources``): the clients its model steps sent requests with, and
+    their connections. The loop runs on; a later request gets a new client."""
+    loop = EventLoop()
+
+    def post() -> Any:
+        http = loop.wait(model_http.client_for(local_model.url))
+        resp = loop.wait(http.post(f"{local_model.url}/chat/completions", json=BODY,
+                                   timeout=5))
+        assert resp.status_code == 200
+        return http
+
+    first = post()
+    assert post() is first and local_model.closed == 0
+    assert loop.close_resources()
+    assert first.is_closed and wait_for(lambda: local_model.closed == 1, 5)
+    second = post()
+    assert second is not first and local_model.connections == 2
+    assert loop.close_resources() and second.is_closed
+
+
+def test_importing_the_model_step_does_not_import_httpx() -> None:
+    """httpx is imported by the first request: with rich and click installed it imports its
+    own command line, a tenth of a second of every worker's start."""
+    loaded = loaded_after("import durable.models")
+    assert "durable.model_http" in loaded and "httpx" not in loaded

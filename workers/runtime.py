@@ -42,6 +42,7 @@ from durable.agents import registry
 from durable.backend.connection import client_url, connect, safe_url
 from durable.backend.outages import Backoff
 from durable.errors import ForbiddenJob
+from durable.eventloop import EVENT_LOOP
 from durable.log import keys
 from durable.queue import HANDLERS, LEGACY_HANDLERS
 from durable.security.sealing import require_keys
@@ -195,8 +196,12 @@ def run_worker(settings: Settings, *, burst: bool = False, queue_name: str | Non
     if burst:
         pool.slots.finish()
         presence.leave()
+        EVENT_LOOP.close_resources()
         return 0
     code = _shut_down(pool, settings.worker.shutdown_grace_s, presence)
+    # Its runs ended or were handed back: what the tools kept on the process's event loop
+    # (the model step's HTTP clients) is closed.
+    EVENT_LOOP.close_resources()
     if _loop.restart_requested.is_set():
         _restart()
     return code
