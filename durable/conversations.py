@@ -43,12 +43,13 @@ import msgspec
 
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.controls.children import ClientTool
+from durable.controls.sessions import LOAD as LOAD  # re-exported: the step names
+from durable.controls.sessions import SAVE as SAVE
+from durable.controls.sessions import kept_outcome
 from durable.errors import DurableError, UsageError
 from durable.log import blobs
 from durable.log import events as ev
 
-LOAD = "conversation.load"
-SAVE = "conversation.save"
 #: The tools an agent that continues conversations declares.
 TOOLS = (LOAD, SAVE)
 
@@ -86,21 +87,9 @@ def kept(client: Any, run_id: str) -> list[dict[str, Any]] | None:
     """The conversation ``run_id`` kept (its last ``save``, else its last ``load``), read
     from its log and, when large, from beside it (checked against its digest); None when
     it kept none."""
-    tools: dict[int, str] = {}
-    last: Any = None
-    for entry in client.events(run_id):
-        e = entry.event
-        if isinstance(e, ev.StepDecided):
-            tools[e.step] = e.tool
-        elif isinstance(e, ev.ActionSucceeded | ev.ActionReconciled) and \
-                tools.get(e.step) in TOOLS:
-            if isinstance(e, ev.ActionReconciled) and e.resolution != "applied":
-                continue
-            if tools[e.step] == SAVE or last is None or last[0] != SAVE:
-                last = (tools[e.step], e)
-    if last is None:
+    outcome = kept_outcome(client.events(run_id))
+    if outcome is None:
         return None
-    outcome = last[1]
     value = outcome.result
     if outcome.blob is not None:
         data = client.redis.hget(client.log.keys.blobs(run_id), outcome.blob.field)

@@ -62,7 +62,12 @@ def mcp_apply_lookup(key: str, args: dict[str, Any]) -> Lookup:
 
 
 def mcp_server_command() -> tuple[str, list[str], dict[str, str], str]:
-    """How to start the test MCP stdio server: command, arguments, environment, directory."""
+    """How to start the test MCP stdio server: command, arguments, environment, directory.
+    With ``TEST_MCP_VIA_SHELL=1`` a shell starts it as its child (as ``npx`` or ``uvx`` run
+    a server), and waits for it."""
+    if os.environ.get("TEST_MCP_VIA_SHELL") == "1":
+        return "sh", ["-c", f'"{sys.executable}" -m tests.mcp_server; exit $?'], \
+            dict(os.environ), os.getcwd()
     return sys.executable, ["-m", "tests.mcp_server"], dict(os.environ), os.getcwd()
 
 

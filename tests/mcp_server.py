@@ -71,5 +71,20 @@ def sessions(db_path: str) -> int:
         conn.close()
 
 
+def started_pids(path: str) -> list[int]:
+    """The pids of the server processes that wrote to the ``TEST_MCP_PIDS`` file ``path``."""
+    try:
+        with open(path) as f:
+            return [int(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
 if __name__ == "__main__":
-    server.run("stdio")
+    if os.environ.get("TEST_MCP_PIDS"):
+        with open(os.environ["TEST_MCP_PIDS"], "a") as pids:
+            pids.write(f"{os.getpid()}\n")
+    try:
+        server.run("stdio")
+    finally:
+        time.sleep(float(os.environ.get("TEST_MCP_LINGER_S", "0")))

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.capabilities import Capability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -27,8 +28,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
 from pydantic_ai.usage import RequestUsage
 
+from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, StepOptions, step_context
-from tests.integration_world import book_lookup, refund_lookup
+from tests.integration_world import applied, book_lookup, refund_lookup
 from tests.integration_world import effect as _effect
 
 
@@ -124,3 +126,31 @@ def refund(ctx: RunContext[object], order: str, cents: int) -> dict[str, Any]:
 
 durable_refunder = DurableAgent(refunder, tools={
     "refund": StepOptions(timeout_s=2.0, lookup=refund_lookup, approver_role="finance")})
+
+
+# A tool a capability contributes (``Capability(tools=..., id="stamps")``, which pydantic-ai
+# hands the agent wrapped in a ``CapabilityOwnedToolset``): a step like the agent's own.
+
+
+async def stamping_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    done = _returns(messages)
+    if not done:
+        return _reply(ToolCallPart("stamp", {"label": "a"}))
+    return _reply(TextPart(f"stamped: {_done(done[0])}"))
+
+
+def stamp(label: str) -> dict[str, Any]:
+    """Stamp a label (an effect in the outside world)."""
+    return _effect(f"stamp {label}")
+
+
+def _stamped(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"done": f"stamp {args['label']}", "key": key}) if applied(key) \
+        else Lookup.not_applied()
+
+
+stamper = Agent(FunctionModel(stamping_model), name="pai_stamper",
+                capabilities=[Capability(tools=[stamp], id="stamps")])
+durable_stamper = DurableAgent(stamper, tools={
+    "stamps.stamp": StepOptions(timeout_s=5.0, lookup=_stamped)})

@@ -37,7 +37,9 @@ from typing import Any
 import redis
 
 from durable.errors import SessionBusy, UsageError
+from durable.log import events as ev
 from durable.log import keys
+from durable.log.handle import Entry
 from durable.log.index import SessionTurn
 from durable.log.scripts import Scripts
 from durable.log.state import TERMINAL
@@ -52,6 +54,28 @@ ABANDONED_MS = 30_000
 #: Claims lost to concurrent starts before a start gives up (each loss re-reads the head;
 #: the head it then finds has not ended, so the second try is refused in practice).
 CLAIM_TRIES = 3
+
+
+#: The steps that read and keep a run's conversation (``durable.conversations``).
+LOAD, SAVE = "conversation.load", "conversation.save"
+
+
+def kept_outcome(entries: Iterable[Entry]) -> ev.ActionSucceeded | ev.ActionReconciled | None:
+    """The outcome holding the conversation a run kept, from its log's ``entries``: its last
+    ``conversation.save``, else its last ``conversation.load``; None when it kept none."""
+    tools: dict[int, str] = {}
+    last: tuple[str, ev.ActionSucceeded | ev.ActionReconciled] | None = None
+    for entry in entries:
+        e = entry.event
+        if isinstance(e, ev.StepDecided):
+            tools[e.step] = e.tool
+        elif isinstance(e, ev.ActionSucceeded | ev.ActionReconciled) and \
+                tools.get(e.step) in (LOAD, SAVE):
+            if isinstance(e, ev.ActionReconciled) and e.resolution != "applied":
+                continue
+            if tools[e.step] == SAVE or last is None or last[0] != SAVE:
+                last = (tools[e.step], e)
+    return last[1] if last is not None else None
 
 
 def checked(name: str) -> str:

@@ -289,14 +289,20 @@ class Starts:
         return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who)
 
     def _check_continuable(self, run_id: str) -> None:
-        """Only a completed run's conversation is continued (``durable.conversations``):
-        else ``UsageError``, nothing written."""
+        """Only a completed run that kept a conversation is continued
+        (``durable.conversations``): else ``UsageError``, nothing written (a run that kept
+        none was accepted here and failed at its first step)."""
         state = self.log.projection(run_id).get("state")
         if state is None:
             raise UsageError(f"continue_from: no run {run_id!r}")
         if state != "completed":
             raise UsageError(f"continue_from: run {run_id!r} is {state}, not completed: "
                              "only a completed run's conversation can be continued")
+        if sessions_.kept_outcome(self.log.read(run_id, "-", "+")) is None:
+            raise UsageError(f"continue_from: run {run_id!r} kept no conversation (no "
+                             f"{sessions_.LOAD} or {sessions_.SAVE} step), so there is "
+                             "nothing to continue: a framework agent's run keeps one when it "
+                             "is a session's turn or continues another run")
 
     def _require_keys(self, c: CheckedStart) -> None:
         """Sensitive input fields are sealed: without keys the run is not started."""

@@ -22,7 +22,8 @@ A call's result is the tool's structured content when it has one, else its text;
 error fails the step (``McpToolError``, not retried). A worker keeps one session per server,
 reused by every step of every run it holds, and opens a new one when the server died
 (``durable.integrations.mcp_sessions``): a call the dying server may have received is
-unknown, resolved by ``lookup``.
+unknown, resolved by ``lookup``. A stdio server the worker started dies with the worker (on
+Linux: ``mcp_sessions.dying_with_worker``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from durable.integrations.mcp_sessions import (
     META_DEADLINE,
     META_KEY,
     SESSIONS,
+    dying_with_worker,
     read_only,
     step_meta,
 )
@@ -123,8 +125,12 @@ class McpServer:
         async def ping(client: Client[Any]) -> None:
             await client.ping()
 
-        return await SESSIONS.call(f"mcp:{self.name}", lambda: Client(self.transport()), use,
-                                   ping=ping, effect=effect)
+        def make() -> Client[Any]:
+            client: Client[Any] = Client(self.transport())
+            dying_with_worker(client.transport)  # a stdio server dies with the worker
+            return client
+
+        return await SESSIONS.call(f"mcp:{self.name}", make, use, ping=ping, effect=effect)
 
     def step_for(self, tools: list[dict[str, Any]], tool: str) -> str:
         """The step to call ``tool`` with, by the recorded tool list: ``.read`` for a tool

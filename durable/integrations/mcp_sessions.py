@@ -14,12 +14,23 @@ does then depends on what it knows:
   raises ``OutcomeUnknown`` (resolved by its ``lookup``, never sent again blindly) and the
   next step opens a new session;
 - an effect-free call (the tool list, a read-only tool) is sent again once on a new session.
+
+A stdio server dies with the worker that started it (``dying_with_worker``): a worker
+SIGKILLed, or killed by the OOM killer, leaves no server behind, even one that does not exit
+when its stdin closes (busy in a call, or holding work of its own) or that runs its server in
+a child process (``npx``, ``uvx``, a shell). On Linux the server is started by a small
+launcher that asks the kernel for a signal when the worker dies (``PR_SET_PDEATHSIG``) and
+then kills the server's whole process group; elsewhere it is started as the MCP SDK starts
+it, and outlives a killed worker until it notices its stdin closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -30,7 +41,7 @@ from durable.agents import OutcomeUnknown, ToolContext
 from durable.errors import causes
 
 __all__ = ["META_DEADLINE", "META_KEY", "SESSIONS", "McpSession", "Sessions", "connection_lost",
-           "read_only", "step_meta"]
+           "dying_with_worker", "read_only", "step_meta"]
 
 T = TypeVar("T")
 
@@ -173,3 +184,71 @@ class Sessions:
 
 #: The sessions of this process.
 SESSIONS = Sessions()
+
+
+# Stdio servers that die with the worker -------------------------------------------------------
+#
+# The MCP SDK starts a stdio server in a session of its own (``start_new_session``), so nothing
+# reaches it when the worker is SIGKILLed but its stdin closing. The launcher, run by this
+# interpreter in place of the server (``-I -S``: nothing of the environment's Python, no site),
+# is that session's leader: it asks for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``),
+# forks the server (which asks for SIGKILL when the launcher dies) and waits for it, its own
+# stdin and stdout on /dev/null so that the server's pipes close when the server exits. The
+# death signal comes when the *thread* that forked the launcher ends (the steps' loop thread,
+# which lives as long as the worker), and the SDK's own shutdown SIGTERMs the group: the
+# launcher kills the group only once its parent process is another than the worker's.
+
+_LAUNCHER = """\
+import ctypes, os, signal, sys
+worker, argv, me = int(sys.argv[1]), sys.argv[2:], os.getpid()
+prctl = ctypes.CDLL(None).prctl
+if os.getpgid(0) != me:
+    os.setpgid(0, 0)
+def gone(*_):
+    if os.getpid() == me and os.getppid() != worker:
+        os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, gone)
+prctl(1, signal.SIGTERM)
+gone()
+child = os.fork()
+if child == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    prctl(1, signal.SIGKILL)
+    if os.getppid() != me:
+        os._exit(1)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"cannot start the MCP server {argv[0]!r}: {exc}", file=sys.stderr)
+    os._exit(127)
+null = os.open(os.devnull, os.O_RDWR)
+os.dup2(null, 0)
+os.dup2(null, 1)
+code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+sys.exit(code if code >= 0 else 128 - code)
+"""
+_PREFIX = ["-I", "-S", "-c", _LAUNCHER]
+#: Whether this platform has a parent-death signal (Linux's ``prctl``).
+LAUNCHES = sys.platform == "linux" and bool(sys.executable)
+
+
+def dying_with_worker(spec: Any) -> Any:
+    """Make the stdio server ``spec`` describes die with this process (see the section's
+    comment), and return it: ``spec`` is what holds the server's ``command``, ``args`` and
+    ``env`` (the MCP SDK's ``StdioServerParameters``, fastmcp's ``StdioTransport``); anything
+    else (a URL, an HTTP transport, ``None``) is returned untouched. Call it before each
+    session is opened: the launcher is told this process's id, which a forked process
+    does not share. A command not on the server's ``PATH`` is left for the SDK to refuse
+    with its own error. Without a parent-death signal (not Linux) nothing changes."""
+    command, args = getattr(spec, "command", None), getattr(spec, "args", None)
+    if not LAUNCHES or not isinstance(command, str) or not isinstance(args, list):
+        return spec
+    if command == sys.executable and args[:len(_PREFIX)] == _PREFIX:
+        command, args = args[len(_PREFIX) + 1], args[len(_PREFIX) + 2:]
+    env = getattr(spec, "env", None) or {}
+    if os.sep not in command and shutil.which(command, path=env.get("PATH")
+                                              or os.environ.get("PATH")) is None:
+        spec.command, spec.args = command, list(args)
+        return spec
+    spec.command, spec.args = sys.executable, [*_PREFIX, str(os.getpid()), command, *args]
+    return spec

@@ -15,8 +15,9 @@ a durable run, pinned per run as the code agents' ``durable.integrations.mcp`` p
 
 The clone's agents hold a ``DurableMCPServer`` in place of each server: the SDK asks it for
 tools and calls, it takes the steps; the step tools talk to the real server over the worker's
-one session per server (``durable.integrations.mcp_sessions``). Inside a run its
-``connect()`` and ``cleanup()`` do nothing: no session is opened by the function."""
+one session per server (``durable.integrations.mcp_sessions``), a stdio server dying with
+the worker (on Linux: ``mcp_sessions.dying_with_worker``). Inside a run its ``connect()`` and
+``cleanup()`` do nothing: no session is opened by the function."""
 
 from __future__ import annotations
 
@@ -40,7 +41,12 @@ from durable.integrations.base import (
     mcp_step_tools,
     stable,
 )
-from durable.integrations.mcp_sessions import SESSIONS, read_only, step_meta
+from durable.integrations.mcp_sessions import (
+    SESSIONS,
+    dying_with_worker,
+    read_only,
+    step_meta,
+)
 from durable.integrations.openai_agents.binding import bound
 from durable.integrations.openai_agents.steps import AgentOwner
 from durable.integrations.steploop import LOOP, recorded_lookup
@@ -72,6 +78,8 @@ class _Connection:
         self.server = server
 
     async def __aenter__(self) -> Self:
+        # A stdio server (``MCPServerStdio``'s ``params``) dies with the worker.
+        dying_with_worker(getattr(self.server, "params", None))
         await self.server.connect()  # type: ignore[no-untyped-call]
         return self
 

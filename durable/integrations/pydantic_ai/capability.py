@@ -7,16 +7,16 @@ system whose function runs ``agent.run``."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import conversation_id_from_run_id, replay_scope
-from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded
-from pydantic_ai.models import Model
-from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
+from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded, UserError
+from pydantic_ai.models import Model, ModelResolutionContext, infer_model
+from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
 from pydantic_ai.toolsets._dynamic import DynamicToolset
 from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
 from pydantic_ai.toolsets.external import ExternalToolset
@@ -177,8 +177,8 @@ class RedisDurability(AbstractCapability[Any]):
                 retryable=retryable_but_not_usage(self.model_retryable), owner=self)]
             used: set[str] = set()
             seen: set[str] = set()
-            for toolset in self.agent.toolsets:
-                toolset.apply(lambda leaf: steps.extend(self._leaf_steps(leaf, used, seen)))
+            for leaf in _leaves(self.agent.toolsets):
+                steps.extend(self._leaf_steps(leaf, used, seen))
             unknown = sorted(set(self.options) - used)
             if unknown:
                 raise ValueError(f"durable agent {name!r}: options for unknown tools {unknown}")
@@ -264,6 +264,9 @@ class RedisDurability(AbstractCapability[Any]):
                              if m.conversation_id), None) or conversation_id_from_run_id(ctx.run_id)
         if "model" not in kwargs and self.model is not None:
             kwargs["model"] = self.model
+        deps = self.deps(inp) if self.deps is not None else None
+        if inp.model is not None:
+            await _resolvable(agent, inp.model, deps)
         if self.event_stream_handler is not None:
             kwargs["event_stream_handler"] = without_replayed(self.event_stream_handler)
         elif self.stream:
@@ -273,7 +276,7 @@ class RedisDurability(AbstractCapability[Any]):
             with replay_scope():
                 result = await agent.run(
                     **kwargs, run_id=ctx.run_id, conversation_id=conversation,
-                    deps=self.deps(inp) if self.deps is not None else None,
+                    deps=deps,
                     capabilities=None if self.attached else [self])
         except UsageLimitExceeded as exc:
             raise EndRun(Fail(f"{run_budgets.REASON}: {exc}", reason=run_budgets.REASON)) \
@@ -291,6 +294,46 @@ class RedisDurability(AbstractCapability[Any]):
             return {"output": output, "messages": ModelMessagesTypeAdapter.dump_python(
                 result.all_messages(), mode="json")}
         return output
+
+
+async def _resolvable(agent: AbstractAgent[Any, Any], model_id: str, deps: Any) -> None:
+    """End the run ``failed``, with pydantic-ai's reason, when it cannot resolve the model id
+    the run's input gives (an unknown provider or name, a provider whose package or key this
+    worker lacks): resolved as ``agent.run`` resolves it, by the agent's capabilities first,
+    else ``infer_model``. Raised inside ``agent.run``, the error quarantined the run, as a
+    bug of the function would, though no retry or release of it could help."""
+    root = getattr(agent, "root_capability", None)
+    try:
+        found = None
+        if root is not None and root.has_resolve_model_id:
+            found = await root.resolve_model_id(ModelResolutionContext(agent=agent, deps=deps),
+                                                model_id=model_id)
+        if found is None:
+            infer_model(model_id)
+    except (UserError, ImportError, ValueError) as exc:
+        raise EndRun(Fail(f"the model {model_id!r} the run's input names cannot be used: "
+                          f"{exc}")) from None
+
+
+def _leaves(toolsets: Sequence[AbstractToolset[Any]]) -> list[AbstractToolset[Any]]:
+    """The leaf toolsets of ``toolsets``, the ones whose calls become steps. pydantic-ai's
+    ``apply`` visits leaves, and also a wrapper that visits itself before its wrapped
+    toolset: ``CapabilityOwnedToolset``, around each toolset a capability contributes
+    (``Capability(tools=...)``, ``Toolset(...)``). Such a wrapper is passed over when every
+    leaf under it is visited too (a run's ``visit_and_replace`` reaches them through it);
+    one that hides its leaves stays, and is refused."""
+    visited: list[AbstractToolset[Any]] = []
+    for toolset in toolsets:
+        toolset.apply(visited.append)
+    out = []
+    for toolset in visited:
+        if isinstance(toolset, WrapperToolset):
+            inner: list[AbstractToolset[Any]] = []
+            toolset.wrapped.apply(inner.append)
+            if all(any(leaf is v for v in visited) for leaf in inner):
+                continue
+        out.append(toolset)
+    return out
 
 
 async def _ignore_events(ctx: Any, events: Any) -> None:

@@ -9,7 +9,8 @@ The worker talks to the server over one session per process, opened on the steps
 loop on first use, kept open across steps and runs, and opened again when the server died
 (``durable.integrations.mcp_sessions``: a call the dying server may have received is unknown,
 resolved by ``lookup``); the function's own ``async with`` of the toolset is a no-op inside a
-run."""
+run. A stdio server the worker started dies with the worker (on Linux:
+``mcp_sessions.dying_with_worker``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 from durable.agents import Tool, ToolContext
 from durable.integrations import mcp_sessions
 from durable.integrations.base import EffectFreeStep, StepOptions, mcp_step_tools
-from durable.integrations.mcp_sessions import SESSIONS, step_meta
+from durable.integrations.mcp_sessions import SESSIONS, dying_with_worker, step_meta
 from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import Durability, bound
@@ -69,8 +70,13 @@ class _McpStep(Tool):
         async def ping(toolset: Any) -> None:
             await toolset.client.ping()
 
-        return await SESSIONS.call(f"pydantic-ai:{self.owner.name}:{self.ident}",
-                                   lambda: server, use, ping=ping, effect=effect)
+        def make() -> Any:
+            # A stdio server dies with the worker (its fastmcp transport starts it).
+            dying_with_worker(getattr(getattr(server, "client", None), "transport", None))
+            return server
+
+        return await SESSIONS.call(f"pydantic-ai:{self.owner.name}:{self.ident}", make, use,
+                                   ping=ping, effect=effect)
 
 
 class McpToolsStep(_McpStep, EffectFreeStep):
