@@ -7,16 +7,22 @@ run, request, digest, decision and expiry. ``settles_signed`` does the same for 
 operator's settle of an unknown outcome (``durable.controls.settling.check_event``): a registered,
 trusted key holding the settle role, not revoked when the settle was recorded, whose
 signature covers this run, step, key, attempt, resolution, result and evidence.
+
+``chain`` recomputes the log's hash chain (``durable.log.chain``) and names the first entry
+that does not chain: one edited, or the first after entries removed, added or moved, or
+the last one written when the tail was cut. A log written before the chain existed is
+reported "unchained before" its first chained entry, not failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from durable.controls.approvals import check_history
 from durable.controls.approvers import Approvers
 from durable.controls.settling import check_event
-from durable.log import blobs, keys
+from durable.log import blobs, chain, keys
 from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.state import BlobRef, RunState
@@ -29,6 +35,8 @@ class Report:
     ok: bool = True
     checks: dict[str, str] = field(default_factory=dict)
     events: int = 0
+    #: The first entry whose place in the hash chain does not hold, if one does not.
+    bad_entry: str | None = None
 
     def fail(self, name: str, why: str) -> None:
         self.ok = False
@@ -38,16 +46,18 @@ class Report:
 def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Report:
     """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``)."""
     report = Report(run_id)
-    names = ["decodable", "contiguous", "projection", "one_success_per_key",
+    names = ["decodable", "contiguous", "chain", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
              "approvals_signed", "settles_signed", "large_values", "links"]
     for name in names:
         report.checks[name] = "ok"
-    entries = elog.read(run_id)
+    raw, proj = _read(elog, run_id)
+    entries = elog.entries(run_id, raw)
     report.events = len(entries)
     if not entries:
         report.fail("contiguous", "no log")
         return report
+    _chain(report, chain.check(run_id, raw, proj.get("last")))
     state = RunState()
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
@@ -88,7 +98,14 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
             snap = e.state
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
                 report.fail("projection", f"checkpoint {entry.id} differs from the fold")
-        apply(state, e, elog.window)
+        try:
+            apply(state, e, elog.window)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            # An entry out of place (an outcome before its intent): a tampered log is
+            # reported, never a traceback.
+            report.fail("projection", f"{entry.id}: the fold cannot apply it "
+                        f"({type(exc).__name__}: {exc})")
+            break
         if isinstance(e, ev.ApprovalDecided) and e.request in state.approvals:
             problem = check_history(approvers, run_id, state.approvals[e.request])
             if problem is not None:
@@ -105,7 +122,6 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     dangling = [k for k, seq in open_keys.items() if seq > 0]
     if dangling and state.terminal:
         report.fail("dispatched_have_outcome", f"dispatched with no outcome: {dangling}")
-    proj = elog.projection(run_id)
     got = (proj.get("state"), int(proj.get("version", -1)), int(proj.get("step", -1)))
     want = (state.state, state.version, state.step)
     if got != want:
@@ -126,6 +142,31 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     if problem is not None:
         report.fail("links", problem)
     return report
+
+
+def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str]]:
+    """The log and the projection as of one moment: the projection read before and after
+    the log, again while a writer moved it in between (a live run)."""
+    proj = elog.projection(run_id)
+    for _ in range(5):
+        raw = elog.redis.xrange(elog.keys.log(run_id))
+        again = elog.projection(run_id)
+        if again == proj:
+            break
+        proj = again
+    return raw, proj
+
+
+def _chain(report: Report, found: chain.ChainCheck) -> None:
+    if found.problem is not None:
+        report.bad_entry = found.bad_entry
+        report.fail("chain", found.problem)
+    elif found.unchained:
+        report.checks["chain"] = (
+            f"ok; unchained before entry {found.first_chained} ({found.unchained} entries "
+            "written before the log was chained)" if found.first_chained else
+            f"unchained: its {found.unchained} entries were written before the log was "
+            "chained")
 
 
 def _links(elog: EventLog, state: RunState) -> str | None:

@@ -154,9 +154,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify(c.log, args.run, settle_role=c.settings.security.settle_role)
     if args.json:
         json_out({"run_id": args.run, "ok": report.ok, "events": report.events,
-                  "checks": report.checks})
+                  "checks": report.checks, "bad_entry": report.bad_entry})
     else:
-        table(f"verify {args.run}: {'OK' if report.ok else 'FAILED'} ({report.events} events)",
+        verdict = "OK" if report.ok else "FAILED" + (
+            f" from entry {report.bad_entry}" if report.bad_entry else "")
+        table(f"verify {args.run}: {verdict} ({report.events} events)",
               ["check", "result"], list(report.checks.items()))
     return OK if report.ok else CHECK_FAILED
 

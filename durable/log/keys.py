@@ -126,8 +126,9 @@ class KeyLayout:
         return self._per_run(run_id, "log")
 
     def run(self, run_id: str) -> str:
-        """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
-        and ``held``: the lease taken last, until it is released (an expiry is counted when
+        """Hash: cached projection (state, version, step, ``last``: the last entry id and the
+        log's hash chain head after it (``durable.log.chain``), checkpoint id, due), and
+        ``held``: the lease taken last, until it is released (an expiry is counted when
         a new lease is taken while it is still set)."""
         return self._per_run(run_id, "run")
 

@@ -5,7 +5,8 @@
 --
 -- KEYS[1] log_key          dx:{R}:log       stream: the run's log
 -- KEYS[2] run_key          dx:{R}:run       hash: the projection (version, state, step,
---                                           last, updated, cancel, ckpt, extra fields)
+--                                           last, updated, cancel, ckpt, extra fields);
+--                                           last = "<entry id> <chain head>" (below)
 -- KEYS[3] lease_key        dx:{R}:lease     string "<token>|<epoch>"
 -- KEYS[4] ledger_key       dx:{R}:fx        hash: idempotency key -> ledger entry
 -- KEYS[5] runs_key         dx:runs          zset run id -> last update (global, derived)
@@ -66,6 +67,12 @@
 --                       written in the same call so that no outcome is ever in the log
 --                       without its value
 -- (durable.log.append.AppendCall builds this call; a test checks it against this header.)
+--
+-- The log is hash-chained (durable.log.chain): each entry is written with "h", the low 7
+-- bits of h_i = SHA-1(hex(h_{i-1}) .. id .. "\n" .. event bytes), h_0 = SHA-1(
+-- "durable-chain-v1\n" .. run id) (a run whose projection holds no head yet, written
+-- before the chain existed, starts from h_0 too); the head (the full value after the last
+-- entry) is kept in the projection's "last" with the entry id, so no entry is read back.
 --
 -- Returns {"ok", version, last_id} or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
@@ -136,7 +143,15 @@ local TERMINAL = {--[[TERMINAL]]}
 local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel', 'last')
 local version = tonumber(projection[1]) or 0
 local old_state, cancel_was_pending = projection[2], projection[3] == '1'
-local last_written = projection[4]
+-- "<entry id> <chain head>", or the id alone (written before the chain), or nothing.
+local last_written, chain = projection[4], nil
+if last_written then
+  local space = string.find(last_written, ' ', 1, true)
+  if space then
+    chain = string.sub(last_written, space + 1)
+    last_written = string.sub(last_written, 1, space - 1)
+  end
+end
 if version ~= expected_version then
   return {'conflict', version}
 end
@@ -190,6 +205,18 @@ if tail_id ~= '' then
   last_seq = tonumber(string.sub(tail_id, dash + 1))
 end
 local last_id = ''
+chain = chain or redis.sha1hex('durable-chain-v1\n' .. run_id)
+-- Append one entry, chained; false when its id is not past the stream's top.
+local function chained(id, data)
+  local link = redis.sha1hex(chain .. id .. '\n' .. data)
+  local added = redis.pcall('XADD', log_key, id, 'e', data, 'h',
+    tonumber(string.sub(link, 1, 2), 16) % 128)
+  if type(added) == 'table' then
+    return false
+  end
+  chain = link
+  return true
+end
 for i = 1, count do
   local ms, data = event(i)
   if ms < last_ms then
@@ -199,13 +226,30 @@ for i = 1, count do
   if ms == last_ms then
     seq = last_seq + 1
   end
-  last_id = redis.pcall('XADD', log_key, string.format('%d-%d', ms, seq), 'e', data)
-  if type(last_id) == 'table' then
-    -- Entries were deleted past the tail (XDEL by an admin): the server picks the id, and
-    -- the entry reads with the server's time.
-    last_id = redis.call('XADD', log_key, '*', 'e', data)
-    local dash = string.find(last_id, '-', 1, true)
-    ms, seq = tonumber(string.sub(last_id, 1, dash - 1)), tonumber(string.sub(last_id, dash + 1))
+  last_id = string.format('%d-%d', ms, seq)
+  if not chained(last_id, data) then
+    -- Entries were deleted past the tail (XDEL by an admin): the entry goes right after
+    -- the stream's top id (XINFO names it); a caller refused XINFO appends with the
+    -- server's id and time, and that entry carries no link (verify names it).
+    local info = redis.pcall('XINFO', 'STREAM', log_key)
+    local top
+    if type(info) == 'table' and not info.err then
+      for j = 1, #info, 2 do
+        if info[j] == 'last-generated-id' then
+          top = info[j + 1]
+        end
+      end
+    end
+    if top then
+      local dash = string.find(top, '-', 1, true)
+      ms, seq = tonumber(string.sub(top, 1, dash - 1)), tonumber(string.sub(top, dash + 1)) + 1
+      last_id = string.format('%d-%d', ms, seq)
+      chained(last_id, data)
+    else
+      last_id = redis.call('XADD', log_key, '*', 'e', data)
+      local dash = string.find(last_id, '-', 1, true)
+      ms, seq = tonumber(string.sub(last_id, 1, dash - 1)), tonumber(string.sub(last_id, dash + 1))
+    end
   end
   last_ms, last_seq = ms, seq
   if i == checkpoint_pos then
@@ -224,7 +268,7 @@ local new_version = version + count
 redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
   'updated', now, 'cancel', cancel)
 if last_id ~= '' then  -- (a call that appends nothing leaves the tail as it is)
-  redis.call('HSET', run_key, 'last', last_id)
+  redis.call('HSET', run_key, 'last', last_id .. ' ' .. chain)
 end
 for i = 1, nextra do
   local field, value = extra_field(i)
