@@ -11,7 +11,11 @@ signature covers this run, step, key, attempt, resolution, result and evidence.
 ``chain`` recomputes the log's hash chain (``durable.log.chain``) and names the first entry
 that does not chain: one edited, or the first after entries removed, added or moved, or
 the last one written when the tail was cut. A log written before the chain existed is
-reported "unchained before" its first chained entry, not failed.
+reported "unchained before" its first chained entry, not failed. ``seal`` checks the
+run's seal, a signature over the chain head by a key an admin registered
+(``durable.audit.seals``): it catches a log edited *and* rechained. A run without one is
+shown "unsealed (chain only)"; ``require_seal`` (``durable verify --require-seal``) fails
+it, and a log that goes on past its seal.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from durable.audit import seals
 from durable.controls.approvals import check_history
 from durable.controls.approvers import Approvers
 from durable.controls.settling import check_event
@@ -37,16 +42,22 @@ class Report:
     events: int = 0
     #: The first entry whose place in the hash chain does not hold, if one does not.
     bad_entry: str | None = None
+    #: The checks that failed, in order (a check's text may also be a note: "unsealed").
+    failed: list[str] = field(default_factory=list)
 
     def fail(self, name: str, why: str) -> None:
         self.ok = False
         self.checks[name] = why
+        if name not in self.failed:
+            self.failed.append(name)
 
 
-def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Report:
-    """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``)."""
+def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
+           require_seal: bool = False) -> Report:
+    """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``);
+    ``require_seal``: a run whose whole log is not sealed fails (see above)."""
     report = Report(run_id)
-    names = ["decodable", "contiguous", "chain", "projection", "one_success_per_key",
+    names = ["decodable", "contiguous", "chain", "seal", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
              "approvals_signed", "settles_signed", "large_values", "links"]
     for name in names:
@@ -57,12 +68,20 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     if not entries:
         report.fail("contiguous", "no log")
         return report
-    _chain(report, chain.check(run_id, raw, proj.get("last")))
+    sealed = chain.Seal.parse(proj["seal"]) if proj.get("seal") else None
+    found = chain.check(run_id, raw, proj.get("last"), keep=[sealed.entry] if sealed else ())
+    _chain(report, found)
+    approvers = Approvers(elog.redis, elog.admin_keys)
+    seal = seals.check(approvers, run_id, proj.get("seal"), found, entries[-1].id,
+                       proj.get("state", ""), require=require_seal)
+    if seal.problem is not None:
+        report.fail("seal", seal.problem)
+    else:
+        report.checks["seal"] = seal.shown
     state = RunState()
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
     terminals = 0
-    approvers = Approvers(elog.redis, elog.admin_keys)
     large: list[tuple[str, BlobRef]] = []
     for i, entry in enumerate(entries, start=1):
         e = entry.event

@@ -22,10 +22,17 @@ Where it is kept:
   ``last`` (``"<entry id> <hex head>"``: the entry the script wrote last and the chain
   after it change together, and the script reads them together). A change anywhere in the
   log changes the head, 7 bits or not.
+- a terminal run's head is **sealed**: signed by the process that ended it, with a key an
+  admin registered in the approver registry with the role ``sealer`` (``Sealer``,
+  ``DURABLE_SEAL_KEY``), over ``b"durable-seal-v1\n"`` + the canonical JSON of
+  ``{"entry", "head", "run"}``; the seal (``Seal``: signer, key fingerprint, entry,
+  signature) is kept in the projection's ``seal``, written by ``seal.lua`` right after
+  the append that ended the run, only while its ``last`` is still the one signed.
 
 The chain catches a change by anyone who does not also recompute it; a writer who
-recomputes every ``h`` and the head after an edit is not caught by the chain alone, since
-anyone who can write Redis can hash.
+recomputes every ``h`` and the head after an edit is caught by the seal, which they cannot
+make without the signer's private key (``durable.audit.seals`` checks it against the
+registry). A run not sealed (no key configured, not terminal yet) has the chain alone.
 
 SHA-1 because it is the hash Redis's Lua has (``redis.sha1hex``, under a microsecond per
 entry; a SHA-256 written in Lua would cost more than the rest of an append). Its known
@@ -45,13 +52,31 @@ together).
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from durable.errors import UsageError
+from durable.security.signing import (
+    fingerprint,
+    load_private_key,
+    public_key_of,
+    read_key_file,
+    statement,
+)
+from durable.settings import Settings
 
 #: The first line of ``h_0``'s input (the version of this construction).
 DOMAIN = b"durable-chain-v1\n"
+
+#: What a seal's signature is made over starts with this line.
+SEAL_DOMAIN = b"durable-seal-v1\n"
+
+#: The role a seal's signer holds in the approver registry.
+SEAL_ROLE = "sealer"
 
 #: Each entry keeps its chain value modulo this (see above).
 TAG_MOD = 128
@@ -94,8 +119,8 @@ class ChainCheck:
     first_chained: str | None = None
     #: Entries checked.
     entries: int = 0
-    #: The chain value after each entry (only for the ids asked for: seals).
-    values: dict[str, str] | None = None
+    #: The chain value after each entry asked for (seals), up to where the chain breaks.
+    values: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -112,8 +137,8 @@ def check(run_id: str, raw: Iterable[tuple[Any, dict[Any, Any]]], last: Any,
     and hold it against the entries' ``h`` and the head recorded in the projection's
     ``last``; ``keep``: entry ids whose chain values to return (``values``)."""
     wanted = set(keep)
-    found = ChainCheck(values={})
     values: dict[str, str] = {}
+    found = ChainCheck(values=values)
     head: str | None = None
     prev = ""
     ids: list[str] = []
@@ -139,7 +164,6 @@ def check(run_id: str, raw: Iterable[tuple[Any, dict[Any, Any]]], last: Any,
             return found.fail(eid, f"does not chain to {before}: it was changed, or an "
                               "entry between them was removed, added or moved")
         prev = eid
-    found.values = values
     last_id, recorded = split_last(last)
     if recorded is None:
         if head is not None:
@@ -180,3 +204,60 @@ def _id_key(entry_id: str) -> tuple[int, int]:
         return int(ms), int(seq or 0)
     except ValueError:
         return 0, 0
+
+
+# Seals --------------------------------------------------------------------------------------
+
+
+def seal_statement(run_id: str, entry_id: str, head: str) -> bytes:
+    """The bytes a seal signs: the run's chain ``head`` after its entry ``entry_id``."""
+    return statement(SEAL_DOMAIN, {"entry": entry_id, "head": head, "run": run_id})
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A signature over a run's chain head: by the registry name ``by`` (whose key's
+    fingerprint is ``key``), covering the log up to ``entry``."""
+
+    by: str
+    key: str
+    entry: str
+    sig: str
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, value: Any) -> Seal | None:
+        """The projection's ``seal``; None when it is not one."""
+        try:
+            body = json.loads(value)
+            return cls(**{name: str(body[name]) for name in ("by", "key", "entry", "sig")})
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+class Sealer:
+    """Seals the chain heads of the runs this process ends (``DURABLE_SEAL_KEY``, registered
+    as ``DURABLE_SEAL_SIGNER``)."""
+
+    def __init__(self, private_key_pem: bytes, signer: str) -> None:
+        self._key = load_private_key(private_key_pem)
+        self.signer = signer
+        #: The raw public key, and its fingerprint (what the registry entry must hold).
+        self.public_key = public_key_of(private_key_pem)
+        self.fingerprint = fingerprint(self.public_key)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Sealer | None:
+        key, signer = settings.security.seal_key, settings.security.seal_signer
+        if not key and not signer:
+            return None
+        if not key or not signer:
+            raise UsageError("DURABLE_SEAL_KEY and DURABLE_SEAL_SIGNER go together: the key "
+                             "file, and the registry name of its public key")
+        return cls(read_key_file(key), signer)
+
+    def seal(self, run_id: str, entry_id: str, head: str) -> Seal:
+        sig = self._key.sign(seal_statement(run_id, entry_id, head))
+        return Seal(self.signer, self.fingerprint, entry_id, base64.b64encode(sig).decode())

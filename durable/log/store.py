@@ -20,6 +20,7 @@ from durable.log import blobs, counters, keys, recovery
 from durable.log import events as ev
 from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
+from durable.log.chain import Sealer
 from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
 from durable.log.fold import apply
 from durable.log.handle import (
@@ -75,6 +76,7 @@ class EventLog:
         lean_agents: Iterable[str] = (),
         compact_max: int = COMPACT_MAX_ENTRIES,
         layout: keys.KeyLayout = keys.UNSHARDED,
+        sealer: Sealer | None = None,
     ) -> None:
         self.redis = client
         #: The keys of this log's data (``durable.log.keys``): its layout, unsharded or N
@@ -107,6 +109,9 @@ class EventLog:
         self.limits = limits or blobs.Limits()
         #: A terminal run's log of at most this many entries is rewritten to its exact size.
         self.compact_max = compact_max
+        #: Seals the chain head of every run this log's writes end (``DURABLE_SEAL_KEY``);
+        #: None: they stay unsealed.
+        self.sealer = sealer
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings, *, open_sealed: bool = False,
@@ -124,7 +129,8 @@ class EventLog:
                    admin_keys=parse_public_keys(settings.security.admin_keys),
                    lean_agents=lean_agents,
                    limits=blobs.Limits.from_settings(settings),
-                   layout=keys.KeyLayout.of(settings))
+                   layout=keys.KeyLayout.of(settings),
+                   sealer=Sealer.from_settings(settings))
 
     def batch_appends(self, everywhere: bool = False) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
@@ -289,7 +295,11 @@ class EventLog:
         prepared = prepare(self, handle, specs, options)
         reply = self.replicas.append(handle.run_id, keys=prepared.call.keys,
                                      args=prepared.call.args)
-        return settle(self, handle, prepared, reply)
+        last_id = settle(self, handle, prepared, reply)
+        call = self._seal_call(handle, reply)
+        if call is not None:
+            self.scripts.seal(keys=call[0], args=call[1])
+        return last_id
 
     async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
                            **options: Unpack[CommitOptions]) -> str:
@@ -298,7 +308,28 @@ class EventLog:
         prepared = prepare(self, handle, specs, options)
         reply = await self.replicas.append_async(handle.run_id, keys=prepared.call.keys,
                                                  args=prepared.call.args)
-        return settle(self, handle, prepared, reply)
+        last_id = settle(self, handle, prepared, reply)
+        call = self._seal_call(handle, reply)
+        if call is not None:
+            batcher = self.replicas.batcher
+            if batcher is not None:
+                await batcher.script_call("seal", call[0], call[1])
+            else:
+                self.scripts.seal(keys=call[0], args=call[1])
+        return last_id
+
+    def _seal_call(self, handle: RunHandle, reply: Any) -> tuple[list[str], list[str]] | None:
+        """The ``seal.lua`` call sealing the chain head an append left, when it ended the
+        run (or appended to an ended one) and this log has a sealer: the next round trip
+        after the append's (a process that dies in between leaves the run unsealed, which
+        ``verify`` reports and ``durable seal`` mends)."""
+        if self.sealer is None or handle.state.state not in TERMINAL or len(reply) < 4:
+            return None
+        last_id, head = text(reply[2]), text(reply[3])
+        if not last_id:
+            return None
+        seal = self.sealer.seal(handle.run_id, last_id, head)
+        return [self.keys.run(handle.run_id)], [f"{last_id} {head}", seal.encode()]
 
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
                     ) -> list[str | Exception]:
@@ -326,6 +357,10 @@ class EventLog:
                 out.append(settle(self, handle, p, reply))
             except Exception as exc:  # handed back to the caller
                 out.append(exc)
+                continue
+            call = self._seal_call(handle, reply)
+            if call is not None:
+                self.scripts.seal(keys=call[0], args=call[1])
         return out
 
     def stage_checkpoint(self, handle: RunHandle, ts: int) -> int:

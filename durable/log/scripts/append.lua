@@ -74,7 +74,7 @@
 -- before the chain existed, starts from h_0 too); the head (the full value after the last
 -- entry) is kept in the projection's "last" with the entry id, so no entry is read back.
 --
--- Returns {"ok", version, last_id} or an error tuple:
+-- Returns {"ok", version, last_id, head} (head: the chain after last_id) or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
 -- {"foreign", tail_id}: the log does not end with the entry this script wrote last (the
 -- projection's "last"): something appended around it (a raw XADD). Nothing is written but
@@ -307,4 +307,4 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', ledger_key, retention_ms)
   redis.call('PEXPIRE', blobs_key, retention_ms)
 end
-return {'ok', new_version, last_id}
+return {'ok', new_version, last_id, chain}
