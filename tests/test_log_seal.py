@@ -7,9 +7,12 @@ worker processes, the real CLI."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,6 +23,7 @@ from durable.log import chain
 from durable.log import events as ev
 from durable.log.chain import Seal, Sealer
 from durable.security.signing import keygen
+from durable.testing import wait_for
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
 Raw = list[tuple[str, dict[bytes, bytes]]]
@@ -44,9 +48,13 @@ def sealing(approver: ApproverFactory, tmp_path: Path,
 
 
 def _ended(client: Client, worker: WorkerFactory, run_id: str) -> str:
+    """A ``count`` run a worker drove to ``completed``, and sealed when it has a seal key
+    (the seal follows the terminal append: waited for)."""
     run = client.start("count", {"steps": 3}, run_id=run_id).run_id
     worker()
     assert client.wait(run, 30).state == "completed"
+    if os.environ.get("DURABLE_SEAL_KEY"):
+        assert wait_for(lambda: client.redis.hget(client.log.keys.run(run), "seal"), 10)
     return run
 
 
@@ -220,3 +228,106 @@ def test_a_process_whose_seal_key_is_not_its_signers_refuses_to_start(
     w = worker(log_path=log, DURABLE_SEAL_KEY=str(wrong), DURABLE_SEAL_SIGNER="sealer-4")
     assert w.wait(30) == 2, log.read_text()
     assert "not sealer-4's registered key" in log.read_text()
+
+
+def _write_archive(path: Path, lines: list[dict[str, Any]]) -> None:
+    with gzip.open(path, "wt") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
+def _verify_archive(path: Path, *args: str) -> dict[str, Any]:
+    res = run_durable("verify-archive", str(path), "--json", *args, env=dict(os.environ))
+    out: dict[str, Any] = json.loads(res.stdout)
+    assert res.returncode == (0 if out["ok"] else 1), res.stderr
+    return out
+
+
+def test_an_archived_run_verifies_from_its_file_and_tampering_with_it_is_named(
+        client: Client, worker: WorkerFactory, sealing: bytes, r: redis.Redis,
+        tmp_path: Path) -> None:
+    """``durable archive`` takes a sealed run's keys away; its file keeps each entry's
+    bytes and link, the head and the seal, and verifies on its own. The file's readable
+    fields edited, an entry's bytes edited, an entry removed, or the bytes edited and the
+    whole chain recomputed: each is named."""
+    run = _ended(client, worker, "archived")
+    out = tmp_path / "archive"
+    done = run_durable("archive", "--older-than", "1ms", "--to", str(out), "--json",
+                       env=dict(os.environ))
+    assert done.returncode == 0 and json.loads(done.stdout)["archived"] == [run], done.stderr
+    assert not r.exists(client.log.keys.log(run), client.log.keys.run(run))
+    path = out / f"{run}.jsonl.gz"
+    report = _verify_archive(path, "--require-seal")
+    assert report["ok"] and report["checks"]["chain"] == "ok", report
+    assert report["checks"]["seal"].startswith("sealed by sealer-1"), report
+
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    events = [i for i, line in enumerate(lines) if line["kind"] == "event"]
+    succeeded = [i for i in events if lines[i]["type"] == "action_succeeded"]
+    forged = tmp_path / "forged.jsonl.gz"
+
+    shown = [dict(line) for line in lines]
+    shown[succeeded[1]]["result"] = {"n": 99}  # the readable fields only
+    _write_archive(forged, shown)
+    report = _verify_archive(forged)
+    assert report["failed"] == ["readable"], report
+    assert lines[succeeded[1]]["id"] in report["checks"]["readable"]
+
+    def edited(i: int) -> list[dict[str, Any]]:
+        copy = [dict(line) for line in lines]
+        data = base64.b64decode(copy[i]["raw"]).replace(b"\xa1n\x02", b"\xa1n\x63")
+        copy[i]["raw"] = base64.b64encode(data).decode()
+        copy[i]["result"] = {"n": 99}
+        return copy
+
+    def breaks(copy: list[dict[str, Any]]) -> str | None:
+        return _first_break(run, [(str(copy[i]["id"]), _fields(copy[i])) for i in events
+                                  if copy[i]["kind"] == "event"])
+
+    # (an entry whose edit its 7 bits do not match by luck: see tests/test_log_chain.py)
+    target = next(i for i in succeeded if breaks(edited(i)) == lines[i]["id"])
+    _write_archive(forged, edited(target))
+    report = _verify_archive(forged)
+    assert report["bad_entry"] == lines[target]["id"] and "chain" in report["failed"], report
+
+    gone = next(i for i in events[2:-2]
+                if breaks(lines[:i] + lines[i + 1:]) == lines[i + 1]["id"])
+    _write_archive(forged, lines[:gone] + lines[gone + 1:])
+    report = _verify_archive(forged)
+    assert report["bad_entry"] == lines[gone + 1]["id"], report
+    assert {"chain", "contiguous"} <= set(report["failed"]), report
+
+    rechained = edited(target)
+    head = chain.genesis(run)
+    for i in events:
+        head = chain.link(head, str(rechained[i]["id"]), base64.b64decode(rechained[i]["raw"]))
+        rechained[i]["h"] = chain.tag(head)
+    (at,) = [i for i, line in enumerate(rechained) if line["kind"] == "chain"]
+    rechained[at]["last"] = f"{rechained[events[-1]]['id']} {head}"
+    _write_archive(forged, rechained)
+    report = _verify_archive(forged)
+    assert report["failed"] == ["seal"], report
+    assert report["checks"]["chain"] == "ok"
+    assert "rewritten after it was sealed" in report["checks"]["seal"]
+
+
+def _fields(line: dict[str, Any]) -> dict[bytes, bytes]:
+    fields = {b"e": base64.b64decode(str(line["raw"]))}
+    if "h" in line:
+        fields[b"h"] = str(line["h"]).encode()
+    return fields
+
+
+def _first_break(run: str, entries: Raw) -> str | None:
+    """Where the chain breaks, by the construction alone (see tests/test_log_chain.py)."""
+    head = None
+    for entry_id, fields in entries:
+        if b"h" not in fields:
+            if head is None:
+                continue
+            return entry_id
+        head = chain.link(head or chain.genesis(run), entry_id, fields[b"e"])
+        if int(fields[b"h"]) != chain.tag(head):
+            return entry_id
+    return None

@@ -4,6 +4,8 @@
   determinism check that re-decides recorded steps with the agent's code.
 - ``verify``: a run's log checked against the invariants the system promises, approvals
   and settles against the approver registry included.
+- ``archives``: an archive file of ``durable archive`` checked on its own (entries,
+  chain, seal, large values), once the run's keys are gone.
 - ``seals``: a terminal run's seal (its log's hash chain head, signed with a key an admin
   registered) checked against the registry; sealing a run after the fact.
 - ``deploycheck``: whether new code can still read and drive the runs in flight, before it

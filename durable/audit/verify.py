@@ -180,12 +180,18 @@ def _chain(report: Report, found: chain.ChainCheck) -> None:
     if found.problem is not None:
         report.bad_entry = found.bad_entry
         report.fail("chain", found.problem)
-    elif found.unchained:
-        report.checks["chain"] = (
-            f"ok; unchained before entry {found.first_chained} ({found.unchained} entries "
-            "written before the log was chained)" if found.first_chained else
-            f"unchained: its {found.unchained} entries were written before the log was "
-            "chained")
+    else:
+        report.checks["chain"] = chain_shown(found)
+
+
+def chain_shown(found: chain.ChainCheck) -> str:
+    """What the chain check shows when it holds."""
+    if not found.unchained:
+        return "ok"
+    if found.first_chained:
+        return (f"ok; unchained before entry {found.first_chained} ({found.unchained} "
+                "entries written before the log was chained)")
+    return f"unchained: its {found.unchained} entries were written before the log was chained"
 
 
 def _links(elog: EventLog, state: RunState) -> str | None:

@@ -1,4 +1,5 @@
-"""Reading the evidence: log, replay, verify, export, and fork from an offset."""
+"""Reading the evidence: log, replay, verify (a run, an archive file), seal, export, and fork
+from an offset."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import argparse
 import re
 import sys
 import uuid
+from pathlib import Path
 
 import msgspec
 
+from durable.audit.archives import verify_archive
 from durable.audit.replay import fork, replay, summary, trajectory
 from durable.audit.seals import seal_run
-from durable.audit.verify import verify
+from durable.audit.verify import Report, verify
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
 from durable.log import events as ev
@@ -155,16 +158,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     c.projection(args.run)
     report = verify(c.log, args.run, settle_role=c.settings.security.settle_role,
                     require_seal=args.require_seal)
-    if args.json:
-        json_out({"run_id": args.run, "ok": report.ok, "events": report.events,
+    _report(report, args.json)
+    return OK if report.ok else CHECK_FAILED
+
+
+def _report(report: Report, as_json: bool) -> None:
+    if as_json:
+        json_out({"run_id": report.run_id, "ok": report.ok, "events": report.events,
                   "checks": report.checks, "failed": report.failed,
                   "bad_entry": report.bad_entry})
     else:
         verdict = "OK" if report.ok else "FAILED" + (
             f" from entry {report.bad_entry}" if report.bad_entry else "")
-        table(f"verify {args.run}: {verdict} ({report.events} events)",
+        table(f"verify {report.run_id}: {verdict} ({report.events} events)",
               ["check", "result"], list(report.checks.items()))
-    return OK if report.ok else CHECK_FAILED
 
 
 def cmd_seal(args: argparse.Namespace) -> int:
@@ -175,6 +182,13 @@ def cmd_seal(args: argparse.Namespace) -> int:
     else:
         print(f"sealed {args.run} at entry {seal.entry} by {seal.by} ({seal.key})")
     return OK
+
+
+def cmd_verify_archive(args: argparse.Namespace) -> int:
+    c = client()
+    report = verify_archive(Path(args.file), c.approvers, require_seal=args.require_seal)
+    _report(report, args.json)
+    return OK if report.ok else CHECK_FAILED
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -219,6 +233,12 @@ def register(add: Add) -> None:
     sp.add_argument("--require-seal", action="store_true",
                     help="fail a run whose log is not sealed up to its last entry (by "
                          "default an unsealed run passes, shown 'unsealed (chain only)')")
+    sp = add("verify-archive", cmd_verify_archive, "check an archive file of `durable "
+             "archive` on its own: entries, hash chain, seal, large values (exit 1 if any "
+             "fails)")
+    sp.add_argument("file", help="the run's archive file (<run>.jsonl.gz)")
+    sp.add_argument("--require-seal", action="store_true",
+                    help="fail a run whose log is not sealed up to its last entry")
     sp = add("seal", cmd_seal, "seal an ended run's log: sign its hash chain head with a "
              "registered key (role sealer)", run=True)
     sp.add_argument("--signer", required=True, help="the key's name in the approver registry")

@@ -45,9 +45,10 @@ Entries written before the chain existed carry no ``h``, and a run's projection 
 head in ``last`` has none yet: the chain starts at the first entry written after (from
 ``h_0``), and ``verify`` reports the run "unchained before" it rather than failing. Every
 entry after the first chained one must carry ``h``. Nothing legitimate removes an entry from
-a live run's log (no process may ``XDEL`` or ``XTRIM``); a terminal run leaves Redis whole
-(``durable archive`` deletes its keys together, ``DURABLE_RETENTION`` expires them
-together).
+a live run's log (no process may ``XDEL`` or ``XTRIM``); a terminal run leaves Redis whole:
+``durable archive`` writes its entries' bytes and links, head and seal to a file that
+verifies on its own (``durable.audit.archives``), then deletes its keys together;
+``DURABLE_RETENTION`` expires them together.
 """
 
 from __future__ import annotations
