@@ -47,14 +47,14 @@ def sealing(approver: ApproverFactory, tmp_path: Path,
     return private
 
 
-def _ended(client: Client, worker: WorkerFactory, run_id: str) -> str:
-    """A ``count`` run a worker drove to ``completed``, and sealed when it has a seal key
-    (the seal follows the terminal append: waited for)."""
+def _ended(client: Client, worker: WorkerFactory, run_id: str, **opts: str) -> str:
+    """A ``count`` run a worker (``opts``: its settings) drove to ``completed``, and sealed
+    when it has a seal key (the seal follows the terminal append: waited for)."""
     run = client.start("count", {"steps": 3}, run_id=run_id).run_id
-    worker()
+    worker(**opts)
     assert client.wait(run, 30).state == "completed"
     if os.environ.get("DURABLE_SEAL_KEY"):
-        assert wait_for(lambda: client.redis.hget(client.log.keys.run(run), "seal"), 10)
+        assert wait_for(lambda: client.redis.get(client.log.keys.seal(run)), 10)
     return run
 
 
@@ -91,9 +91,14 @@ def _edited(client: Client, run: str) -> Raw:
 
 def test_a_worker_with_a_seal_key_seals_the_runs_it_ends(
         client: Client, worker: WorkerFactory, sealing: bytes, r: redis.Redis) -> None:
-    run = _ended(client, worker, "sealed")
-    seal = Seal.parse(r.hget(client.log.keys.run(run), "seal"))
+    run = _ended(client, worker, "sealed", DURABLE_RETENTION="1h")
+    seal = Seal.parse(r.get(client.log.keys.seal(run)))
+    # It expires with the run's other keys (DURABLE_RETENTION).
+    assert 0 <= r.pttl(client.log.keys.run(run)) - r.pttl(client.log.keys.seal(run)) < 5000
+    assert r.pttl(client.log.keys.seal(run)) > 3_500_000
     last = _raw(client, run)[-1][0]
+    # A key of its own, beside the projection, which stays a small listpack hash.
+    assert r.object("encoding", client.log.keys.run(run)) in (b"listpack", b"ziplist")
     assert seal is not None and seal.by == "sealer-1" and seal.entry == last
     report = verify(client.log, run, require_seal=True)
     assert report.ok, report
@@ -126,16 +131,16 @@ def test_a_log_edited_and_rechained_is_caught_by_its_seal(
     last = _raw(client, run)[-1][0]
     mallory, _ = keygen()
     forged = Sealer(mallory, "sealer-1").seal(run, last, head)
-    real = Seal.parse(r.hget(client.log.keys.run(run), "seal"))
+    real = Seal.parse(r.get(client.log.keys.seal(run)))
     assert real is not None
     for seal, why in ((Seal(forged.by, real.key, last, forged.sig), "rewritten after it"),
                       (forged, "is not sealer-1's registered key"),
                       (Sealer(mallory, "mallory").seal(run, last, head), "unknown signer")):
-        r.hset(client.log.keys.run(run), "seal", seal.encode())
+        r.set(client.log.keys.seal(run), seal.encode())
         report = verify(client.log, run)
         assert report.failed == ["seal"] and why in report.checks["seal"], report.checks
 
-    r.hdel(client.log.keys.run(run), "seal")
+    r.delete(client.log.keys.seal(run))
     report = verify(client.log, run)
     assert report.ok and report.checks["seal"].startswith("unsealed (chain only)"), report
     report = verify(client.log, run, require_seal=True)
@@ -182,7 +187,7 @@ def test_an_unsealed_run_says_so_and_durable_seal_seals_it_with_a_registered_key
         res = run_durable("seal", run, "--signer", signer, "--key", str(key), env=env)
         assert res.returncode == 1 and res.stderr.count("\n") == 1, (res.stdout, res.stderr)
         assert why in res.stderr, res.stderr
-        assert r.hget(client.log.keys.run(run), "seal") is None  # nothing written
+        assert r.get(client.log.keys.seal(run)) is None  # nothing written
 
     res = run_durable("seal", run, "--signer", "sealer-2", "--key", str(good), env=env)
     assert res.returncode == 0, res.stderr
@@ -208,7 +213,7 @@ def test_durable_seal_refuses_a_run_that_has_not_ended_or_does_not_chain(
     pipe.execute()
     res = run_durable("seal", run, "--signer", "sealer-3", "--key", str(key), env=env)
     assert res.returncode == 1 and "does not chain" in res.stderr, res.stderr
-    assert r.hget(client.log.keys.run(run), "seal") is None
+    assert r.get(client.log.keys.seal(run)) is None
 
 
 def test_a_process_whose_seal_key_is_not_its_signers_refuses_to_start(
@@ -255,7 +260,8 @@ def test_an_archived_run_verifies_from_its_file_and_tampering_with_it_is_named(
     done = run_durable("archive", "--older-than", "1ms", "--to", str(out), "--json",
                        env=dict(os.environ))
     assert done.returncode == 0 and json.loads(done.stdout)["archived"] == [run], done.stderr
-    assert not r.exists(client.log.keys.log(run), client.log.keys.run(run))
+    assert not r.exists(client.log.keys.log(run), client.log.keys.run(run),
+                        client.log.keys.seal(run))
     path = out / f"{run}.jsonl.gz"
     report = _verify_archive(path, "--require-seal")
     assert report["ok"] and report["checks"]["chain"] == "ok", report

@@ -22,6 +22,7 @@ recomputed the whole chain (every link, the head) cannot make one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from durable import clock
 from durable.controls.approvers import Approvers
@@ -72,9 +73,9 @@ class SealCheck:
     shown: str
 
 
-def check(registry: Approvers, run_id: str, raw_seal: str | None, found: chain.ChainCheck,
+def check(registry: Approvers, run_id: str, raw_seal: Any, found: chain.ChainCheck,
           last_id: str, state: str, *, require: bool = False) -> SealCheck:
-    """The run's seal (the projection's ``seal``, ``raw_seal``) against the registry and
+    """The run's seal (``raw_seal``: its ``dx:{R}:seal``) against the registry and
     the chain as recomputed (``found``, asked to keep the sealed entry's value); ``last_id``:
     the log's last entry; ``require``: an unsealed log, or entries past the seal, fail."""
     if not raw_seal:
@@ -132,7 +133,8 @@ def seal_run(elog: EventLog, registry: Approvers, run_id: str, signer: str,
     if head is None:
         raise Refused(run_id, "not sealed: its log was written before the hash chain")
     seal = sealer.seal(run_id, last_id, head)
-    written = elog.scripts.seal(keys=[elog.keys.run(run_id)], args=[last, seal.encode()])
+    written = elog.scripts.seal(keys=[elog.keys.run(run_id), elog.keys.seal(run_id)],
+                                args=[last, seal.encode()])
     if not int(text(written)):
         raise Refused(run_id, "not sealed: the run moved on while it was sealed; try again")
     return seal

@@ -62,17 +62,17 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
              "approvals_signed", "settles_signed", "large_values", "links"]
     for name in names:
         report.checks[name] = "ok"
-    raw, proj = _read(elog, run_id)
+    raw, proj, raw_seal = _read(elog, run_id)
     entries = elog.entries(run_id, raw)
     report.events = len(entries)
     if not entries:
         report.fail("contiguous", "no log")
         return report
-    sealed = chain.Seal.parse(proj["seal"]) if proj.get("seal") else None
+    sealed = chain.Seal.parse(raw_seal) if raw_seal else None
     found = chain.check(run_id, raw, proj.get("last"), keep=[sealed.entry] if sealed else ())
     _chain(report, found)
     approvers = Approvers(elog.redis, elog.admin_keys)
-    seal = seals.check(approvers, run_id, proj.get("seal"), found, entries[-1].id,
+    seal = seals.check(approvers, run_id, raw_seal, found, entries[-1].id,
                        proj.get("state", ""), require=require_seal)
     if seal.problem is not None:
         report.fail("seal", seal.problem)
@@ -163,17 +163,21 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     return report
 
 
-def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str]]:
-    """The log and the projection as of one moment: the projection read before and after
-    the log, again while a writer moved it in between (a live run)."""
-    proj = elog.projection(run_id)
+def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str], Any]:
+    """The log, the projection and the seal as of one moment: the projection and the seal
+    read before and after the log, again while a writer moved them in between (a live
+    run)."""
+    def beside() -> tuple[dict[str, str], Any]:
+        return elog.projection(run_id), elog.redis.get(elog.keys.seal(run_id))
+
+    proj, seal = beside()
     for _ in range(5):
         raw = elog.redis.xrange(elog.keys.log(run_id))
-        again = elog.projection(run_id)
-        if again == proj:
+        again = beside()
+        if again == (proj, seal):
             break
-        proj = again
-    return raw, proj
+        proj, seal = again
+    return raw, proj, seal
 
 
 def _chain(report: Report, found: chain.ChainCheck) -> None:

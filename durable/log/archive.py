@@ -64,7 +64,7 @@ def archive(elog: EventLog, directory: Path, cutoff_ms: int, *, limit: int = 100
         reply = elog.scripts.archive_delete(
             keys=[elog.keys.log(run_id), elog.keys.run(run_id), elog.keys.ledger(run_id),
                   elog.keys.lease(run_id), elog.keys.fence(run_id), elog.keys.queued(run_id),
-                  elog.keys.blobs(run_id)],
+                  elog.keys.blobs(run_id), elog.keys.seal(run_id)],
             args=[version])
         tag = text(reply[0])
         if tag != "ok":

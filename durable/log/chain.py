@@ -26,8 +26,10 @@ Where it is kept:
   admin registered in the approver registry with the role ``sealer`` (``Sealer``,
   ``DURABLE_SEAL_KEY``), over ``b"durable-seal-v1\n"`` + the canonical JSON of
   ``{"entry", "head", "run"}``; the seal (``Seal``: signer, key fingerprint, entry,
-  signature) is kept in the projection's ``seal``, written by ``seal.lua`` right after
-  the append that ended the run, only while its ``last`` is still the one signed.
+  signature) is kept beside the run in ``dx:{R}:seal`` (its own key: a value over 64
+  bytes would turn the small projection hash into a full hash table), written by
+  ``seal.lua`` right after the append that ended the run, only while the projection's
+  ``last`` is still the one signed; it expires and is archived with the run.
 
 The chain catches a change by anyone who does not also recompute it; a writer who
 recomputes every ``h`` and the head after an edit is caught by the seal, which they cannot
@@ -56,11 +58,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import redis
+
 from durable.errors import UsageError
+from durable.log.handle import RunHandle, text
+from durable.log.keys import KeyLayout
+from durable.log.state import TERMINAL
 from durable.security.signing import (
     fingerprint,
     load_private_key,
@@ -78,6 +87,8 @@ SEAL_DOMAIN = b"durable-seal-v1\n"
 
 #: The role a seal's signer holds in the approver registry.
 SEAL_ROLE = "sealer"
+
+log = logging.getLogger("durable.log")
 
 #: Each entry keeps its chain value modulo this (see above).
 TAG_MOD = 128
@@ -230,7 +241,7 @@ class Seal:
 
     @classmethod
     def parse(cls, value: Any) -> Seal | None:
-        """The projection's ``seal``; None when it is not one."""
+        """A stored seal (``dx:{R}:seal``); None when it is not one."""
         try:
             body = json.loads(value)
             return cls(**{name: str(body[name]) for name in ("by", "key", "entry", "sig")})
@@ -262,3 +273,30 @@ class Sealer:
     def seal(self, run_id: str, entry_id: str, head: str) -> Seal:
         sig = self._key.sign(seal_statement(run_id, entry_id, head))
         return Seal(self.signer, self.fingerprint, entry_id, base64.b64encode(sig).decode())
+
+
+def seal_call(sealer: Sealer | None, layout: KeyLayout, handle: RunHandle,
+              reply: Any) -> tuple[list[str], list[str]] | None:
+    """The ``seal.lua`` call (keys, args) sealing the chain head an append left (its reply:
+    ``{"ok", version, last id, head}``), when it ended the run (or appended to an ended
+    one) and there is a sealer. Made the round trip after the append's: a process that
+    dies in between leaves the run unsealed, which ``verify`` reports and ``durable seal``
+    mends."""
+    if sealer is None or handle.state.state not in TERMINAL or len(reply) < 4:
+        return None
+    last_id, head = text(reply[2]), text(reply[3])
+    if not last_id:
+        return None
+    seal = sealer.seal(handle.run_id, last_id, head)
+    return ([layout.run(handle.run_id), layout.seal(handle.run_id)],
+            [f"{last_id} {head}", seal.encode()])
+
+
+@contextmanager
+def unsealed(run_id: str) -> Iterator[None]:
+    """A seal that cannot be written (Redis unreachable, a user refused the seal key) leaves
+    the run unsealed, logged: the append before it is written, and never reported failed."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        log.warning("run %s ended but was not sealed: %s", run_id, exc)

@@ -25,6 +25,7 @@ import msgspec
 from durable.log import blobs
 from durable.log import events as ev
 from durable.log.fold import fold
+from durable.log.handle import text
 from durable.log.store import EventLog
 from durable.security.sealing import shown_struct
 
@@ -80,9 +81,10 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
                               "sha256": ref.sha256 if ref else None,
                               "size": len(data), "data": data.decode()}).decode()
     if with_chain:
-        proj = elog.projection(run_id)
-        yield enc.encode({"kind": "chain", "run": run_id, "last": proj.get("last", ""),
-                          "seal": proj.get("seal")}).decode()
+        last = elog.redis.hget(elog.keys.run(run_id), "last")
+        seal = elog.redis.get(elog.keys.seal(run_id))
+        yield enc.encode({"kind": "chain", "run": run_id, "last": text(last or b""),
+                          "seal": text(seal) if seal is not None else None}).decode()
     state = fold(decoded, window=elog.window)
     yield enc.encode({"kind": "summary", "run": run_id, "state": state.state,
                       "version": state.version, "steps": state.step,

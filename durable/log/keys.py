@@ -143,6 +143,13 @@ class KeyLayout:
         log."""
         return self._per_run(run_id, "blobs")
 
+    def seal(self, run_id: str) -> str:
+        """String: the seal of a terminal run's log (``durable.log.chain``: a signature over
+        its hash chain head, JSON). A key of its own: its ~170 bytes in the projection would
+        turn that small hash into a full hash table (values over 64 bytes). Expires and is
+        archived with the run's log."""
+        return self._per_run(run_id, "seal")
+
     def lease(self, run_id: str) -> str:
         """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business
         state."""

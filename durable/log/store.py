@@ -20,7 +20,7 @@ from durable.log import blobs, counters, keys, recovery
 from durable.log import events as ev
 from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
-from durable.log.chain import Sealer
+from durable.log.chain import Sealer, seal_call, unsealed
 from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
 from durable.log.fold import apply
 from durable.log.handle import (
@@ -296,9 +296,10 @@ class EventLog:
         reply = self.replicas.append(handle.run_id, keys=prepared.call.keys,
                                      args=prepared.call.args)
         last_id = settle(self, handle, prepared, reply)
-        call = self._seal_call(handle, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply)
         if call is not None:
-            self.scripts.seal(keys=call[0], args=call[1])
+            with unsealed(handle.run_id):
+                self.scripts.seal(keys=call[0], args=call[1])
         return last_id
 
     async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
@@ -309,27 +310,15 @@ class EventLog:
         reply = await self.replicas.append_async(handle.run_id, keys=prepared.call.keys,
                                                  args=prepared.call.args)
         last_id = settle(self, handle, prepared, reply)
-        call = self._seal_call(handle, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply)
         if call is not None:
-            batcher = self.replicas.batcher
-            if batcher is not None:
-                await batcher.script_call("seal", call[0], call[1])
-            else:
-                self.scripts.seal(keys=call[0], args=call[1])
+            with unsealed(handle.run_id):
+                batcher = self.replicas.batcher
+                if batcher is not None:
+                    await batcher.script_call("seal", call[0], call[1])
+                else:
+                    self.scripts.seal(keys=call[0], args=call[1])
         return last_id
-
-    def _seal_call(self, handle: RunHandle, reply: Any) -> tuple[list[str], list[str]] | None:
-        """The ``seal.lua`` call sealing the chain head an append left, when it ended the
-        run (or appended to an ended one) and this log has a sealer: the next round trip
-        after the append's (a process that dies in between leaves the run unsealed, which
-        ``verify`` reports and ``durable seal`` mends)."""
-        if self.sealer is None or handle.state.state not in TERMINAL or len(reply) < 4:
-            return None
-        last_id, head = text(reply[2]), text(reply[3])
-        if not last_id:
-            return None
-        seal = self.sealer.seal(handle.run_id, last_id, head)
-        return [self.keys.run(handle.run_id)], [f"{last_id} {head}", seal.encode()]
 
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
                     ) -> list[str | Exception]:
@@ -358,9 +347,10 @@ class EventLog:
             except Exception as exc:  # handed back to the caller
                 out.append(exc)
                 continue
-            call = self._seal_call(handle, reply)
+            call = seal_call(self.sealer, self.keys, handle, reply)
             if call is not None:
-                self.scripts.seal(keys=call[0], args=call[1])
+                with unsealed(handle.run_id):
+                    self.scripts.seal(keys=call[0], args=call[1])
         return out
 
     def stage_checkpoint(self, handle: RunHandle, ts: int) -> int:

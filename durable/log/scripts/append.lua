@@ -16,6 +16,8 @@
 -- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
 -- KEYS[10] metrics_key     dx:metrics       hash: shared counters (global, not derived)
 -- KEYS[11] blobs_key       dx:{R}:blobs     hash: the run's large values (durable.log.blobs)
+-- KEYS[12] seal_key        dx:{R}:seal      string: the run's seal (seal.lua; only expired
+--                                           here, with the run's other keys)
 --
 -- ARGV[1]  expected_version  the run's version the writer folded
 -- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
@@ -42,8 +44,8 @@
 -- ARGV[17] ncounts           number of counter increments for the n events
 -- ARGV[18] nfree_counts      number of counter increments for the m conditional events
 -- ARGV[19] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
---                            ledger, large values) expire this many ms after its last write
---                            (DURABLE_RETENTION); the reconciler then prunes the global
+--                            ledger, large values, seal) expire this many ms after its last
+--                            write (DURABLE_RETENTION); the reconciler then prunes the global
 --                            indexes and deletes the fence (not a KEY here: a producer's
 --                            ACL user may not name it)
 -- ARGV[20] nblobs            number of large values written with the events
@@ -92,7 +94,7 @@ local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
-local metrics_key, blobs_key = KEYS[10], KEYS[11]
+local metrics_key, blobs_key, seal_key = KEYS[10], KEYS[11], KEYS[12]
 local nblobs, compact_max = tonumber(ARGV[20]), tonumber(ARGV[21])
 
 -- Where each variable-length group starts (the index just before its first entry).
@@ -306,5 +308,6 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', run_key, retention_ms)
   redis.call('PEXPIRE', ledger_key, retention_ms)
   redis.call('PEXPIRE', blobs_key, retention_ms)
+  redis.call('PEXPIRE', seal_key, retention_ms)
 end
 return {'ok', new_version, last_id, chain}
