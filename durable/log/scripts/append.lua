@@ -70,8 +70,8 @@
 --                       without its value
 -- (durable.log.append.AppendCall builds this call; a test checks it against this header.)
 --
--- The log is hash-chained (durable.log.chain): each entry is written with "h", the low 7
--- bits of h_i = SHA-1(hex(h_{i-1}) .. id .. "\n" .. event bytes), h_0 = SHA-1(
+-- The log is hash-chained (durable.log.chain): each entry is written with "h", the first
+-- byte of h_i modulo 128, h_i = SHA-1(hex(h_{i-1}) .. id .. "\n" .. event bytes), h_0 = SHA-1(
 -- "durable-chain-v1\n" .. run id) (a run whose projection holds no head yet, written
 -- before the chain existed, starts from h_0 too); the head (the full value after the last
 -- entry) is kept in the projection's "last" with the entry id, so no entry is read back.
@@ -208,12 +208,14 @@ if tail_id ~= '' then
 end
 local last_id = ''
 chain = chain or redis.sha1hex('durable-chain-v1\n' .. run_id)
--- Append one entry, chained; false when its id is not past the stream's top.
-local function chained(id, data)
+-- Append one entry, chained. Returns false when XADD refused it (its id is not past the
+-- stream's top), unless "strict": then the refusal is raised.
+local function chained(id, data, strict)
   local link = redis.sha1hex(chain .. id .. '\n' .. data)
-  local added = redis.pcall('XADD', log_key, id, 'e', data, 'h',
-    tonumber(string.sub(link, 1, 2), 16) % 128)
-  if type(added) == 'table' then
+  local tag = tonumber(string.sub(link, 1, 2), 16) % 128
+  if strict then
+    redis.call('XADD', log_key, id, 'e', data, 'h', tag)
+  elseif type(redis.pcall('XADD', log_key, id, 'e', data, 'h', tag)) == 'table' then
     return false
   end
   chain = link
@@ -246,7 +248,7 @@ for i = 1, count do
       local dash = string.find(top, '-', 1, true)
       ms, seq = tonumber(string.sub(top, 1, dash - 1)), tonumber(string.sub(top, dash + 1)) + 1
       last_id = string.format('%d-%d', ms, seq)
-      chained(last_id, data)
+      chained(last_id, data, true)
     else
       last_id = redis.call('XADD', log_key, '*', 'e', data)
       local dash = string.find(last_id, '-', 1, true)
