@@ -108,6 +108,7 @@ def _only_chain_fails(client: Client, run: str, entry_id: str) -> None:
     assert report.failed == ["chain"], report.checks
 
 
+@pytest.mark.cluster
 def test_a_run_a_worker_drove_is_chained_and_verifies_clean(client: Client, done: str,
                                                             r: redis.Redis) -> None:
     entries = _raw(client, done)

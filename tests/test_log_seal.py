@@ -89,6 +89,7 @@ def _edited(client: Client, run: str) -> Raw:
     return entries
 
 
+@pytest.mark.cluster
 def test_a_worker_with_a_seal_key_seals_the_runs_it_ends(
         client: Client, worker: WorkerFactory, sealing: bytes, r: redis.Redis) -> None:
     run = _ended(client, worker, "sealed", DURABLE_RETENTION="1h")
