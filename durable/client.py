@@ -16,6 +16,7 @@ import redis.asyncio
 from durable import catalog
 from durable.agents import Registry, registry
 from durable.audit.replay import fork, state_at
+from durable.audit.seals import check_sealer
 from durable.backend.connection import connect, connect_queue
 from durable.contention import update_run
 from durable.controls import sessions, settling
@@ -80,6 +81,8 @@ class Client(Starts):
         self.queue = make_queue(queue_client, self.settings.worker.queue)
         #: The approver registry (``durable approvers``).
         self.approvers = Approvers(self.redis, self.log.admin_keys)
+        if self.log.sealer is not None:  # a key that seals what no one can verify: refused
+            check_sealer(self.approvers, self.log.sealer)
         #: Schedules that start a run per slot (``durable schedule``).
         self.schedules = Schedules(self)
         #: Agents this client published to the catalog already.

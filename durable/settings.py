@@ -291,6 +291,18 @@ class SecuritySettings(BaseSettings):
         default="operator", min_length=1, validation_alias="DURABLE_SETTLE_ROLE",
         description="The role a registered key needs to settle an unknown outcome "
         "(`durable settle`): its signed decision is recorded and checked like an approval.")
+    seal_key: str | None = Field(
+        default=None, validation_alias="DURABLE_SEAL_KEY",
+        description="File of an Ed25519 private key (PEM or OpenSSH) with which this "
+        "process seals the runs it ends: a signature over the log's hash chain head, "
+        "checked by `durable verify`. Its public half is registered by an admin with the "
+        "role `sealer` under DURABLE_SEAL_SIGNER (the process refuses to start otherwise). "
+        "Unset: runs it ends are not sealed (verify says 'unsealed (chain only)'). Not a "
+        "key of sensitive fields (DURABLE_ENCRYPTION_KEYS).")
+    seal_signer: str | None = Field(
+        default=None, validation_alias="DURABLE_SEAL_SIGNER",
+        description="The approver registry name under which DURABLE_SEAL_KEY's public key "
+        "is registered (`durable approvers add NAME --role sealer`).")
     encryption_keys: SecretStr | None = Field(
         default=None, validation_alias="DURABLE_ENCRYPTION_KEYS",
         description="Keys that seal sensitive fields, as id:base64key,... (32-byte keys; the "

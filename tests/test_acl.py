@@ -139,6 +139,41 @@ def test_each_role_does_its_job(acl: AclServer, admin: redis.Redis, durable_as: 
     assert acl.passwords["worker"] not in log
 
 
+def test_runs_are_sealed_by_the_worker_and_the_operator_as_their_users(
+        acl: AclServer, admin: redis.Redis, durable_as: Cli, tmp_path: Path,
+        admin_key: AdminKey) -> None:
+    """A worker and an operator given a sealing key seal the runs they end, as their ACL
+    users (each may name a run's seal key, ``dx:{R}:seal``); ``verify --require-seal``
+    passes for both."""
+    private, public = keygen()
+    Approvers(admin, [load_public_key(admin_key.public.encode())]).add(
+        "sealer-1", ["sealer"], load_public_key(public), admin_key=admin_key.private,
+        by="test")
+    (tmp_path / "sealer.key").write_bytes(private)
+    seal = {"DURABLE_SEAL_KEY": str(tmp_path / "sealer.key"),
+            "DURABLE_SEAL_SIGNER": "sealer-1"}
+    for run_id, agent, data in (("c1", "count", {"steps": 2}), ("q1", "asker", {})):
+        done = durable_as("producer", "start", agent, "--run-id", run_id, "--input",
+                          json.dumps(data))
+        assert done.returncode == 0, done.stderr
+    worker = Worker(acl.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS,
+                    TEST_DB=str(tmp_path / "test.db"), DURABLE_LEASE_TTL_MS="1000",
+                    DURABLE_REDIS_USERNAME="worker",
+                    DURABLE_REDIS_PASSWORD=acl.passwords["worker"], env=seal)
+    try:
+        assert wait_for(lambda: admin.exists("dx:{c1}:seal"), 60), state(admin, "c1")
+        assert wait_for(lambda: state(admin, "q1") == "waiting_input", 60)
+        canceled = durable_as("operator", "cancel", "q1", **seal)
+        assert canceled.returncode == 0, canceled.stderr
+        assert state(admin, "q1") == "canceled" and admin.exists("dx:{q1}:seal")
+    finally:
+        worker.stop()
+    for run_id in ("c1", "q1"):
+        checked = durable_as("operator", "verify", run_id, "--require-seal", "--json")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "sealed by sealer-1" in json.loads(checked.stdout)["checks"]["seal"]
+
+
 def test_liveness_keys_are_the_workers_and_the_reconcilers(
     layout: KeyLayout, acl: AclServer, admin: redis.Redis
 ) -> None:

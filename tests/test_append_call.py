@@ -61,7 +61,7 @@ def test_a_built_call_lays_its_groups_out_as_the_header_says(layout: KeyLayout,
     prepared = prepare(elog, handle, specs, {"extra": {"agent": "a"}})
     call = prepared.call
     args = call.args
-    assert len(call.keys) == 11 and call.keys[0] == layout.log("typed")
+    assert len(call.keys) == 12 and call.keys[0] == layout.log("typed")
     width = dict(groups)
     expected = len(script_args) + sum(width[g] * len(getattr(call, g)) for g in width)
     assert len(args) == expected and call.n == 2 and call.nextra == len(call.extras)
@@ -74,7 +74,7 @@ def test_a_built_call_lays_its_groups_out_as_the_header_says(layout: KeyLayout,
 def test_terminal_states_are_rendered_into_the_scripts_from_one_source() -> None:
     """No script spells the terminal states itself; each gets them from
     ``durable.log.state.TERMINAL``."""
-    for name in ("append", "archive_delete"):
+    for name in ("append", "archive_delete", "seal"):
         raw = (SCRIPTS / f"{name}.lua").read_text()
         assert "{--[[TERMINAL]]}" in raw
         assert not any(f"{state} = true" in raw for state in TERMINAL)

@@ -30,6 +30,7 @@ from typing import Any
 import redis
 
 from durable.agents import Agent, Registry
+from durable.audit.seals import check_sealer
 from durable.backend.connection import connect_queue
 from durable.backend.outages import Outage
 from durable.code import CodeAgent
@@ -114,6 +115,8 @@ class StepLoop:
         self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
         #: The approver registry: a decision is checked again before its call is sent.
         self.approvers = Approvers(client, self.log.admin_keys)
+        if self.log.sealer is not None:  # it seals the runs it ends: with a registered key
+            check_sealer(self.approvers, self.log.sealer)
         self.heartbeats = Heartbeats(self.leases)
         #: Leases let go by a job's last write (append.lua's "r" flag).
         #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs

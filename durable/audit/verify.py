@@ -7,16 +7,27 @@ run, request, digest, decision and expiry. ``settles_signed`` does the same for 
 operator's settle of an unknown outcome (``durable.controls.settling.check_event``): a registered,
 trusted key holding the settle role, not revoked when the settle was recorded, whose
 signature covers this run, step, key, attempt, resolution, result and evidence.
+
+``chain`` recomputes the log's hash chain (``durable.log.chain``) and names the first entry
+that does not chain: one edited, or the first after entries removed, added or moved, or
+the last one written when the tail was cut. A log written before the chain existed is
+reported "unchained before" its first chained entry, not failed. ``seal`` checks the
+run's seal, a signature over the chain head by a key an admin registered
+(``durable.audit.seals``): it catches a log edited *and* rechained. A run without one is
+shown "unsealed (chain only)"; ``require_seal`` (``durable verify --require-seal``) fails
+it, and a log that goes on past its seal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from durable.audit import seals
 from durable.controls.approvals import check_history
 from durable.controls.approvers import Approvers
 from durable.controls.settling import check_event
-from durable.log import blobs, keys
+from durable.log import blobs, chain, keys
 from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.state import BlobRef, RunState
@@ -29,30 +40,48 @@ class Report:
     ok: bool = True
     checks: dict[str, str] = field(default_factory=dict)
     events: int = 0
+    #: The first entry whose place in the hash chain does not hold, if one does not.
+    bad_entry: str | None = None
+    #: The checks that failed, in order (a check's text may also be a note: "unsealed").
+    failed: list[str] = field(default_factory=list)
 
     def fail(self, name: str, why: str) -> None:
         self.ok = False
         self.checks[name] = why
+        if name not in self.failed:
+            self.failed.append(name)
 
 
-def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Report:
-    """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``)."""
+def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
+           require_seal: bool = False) -> Report:
+    """``settle_role``: the role a settle's key must hold (``DURABLE_SETTLE_ROLE``);
+    ``require_seal``: a run whose whole log is not sealed fails (see above)."""
     report = Report(run_id)
-    names = ["decodable", "contiguous", "projection", "one_success_per_key",
+    names = ["decodable", "contiguous", "chain", "seal", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
              "approvals_signed", "settles_signed", "large_values", "links"]
     for name in names:
         report.checks[name] = "ok"
-    entries = elog.read(run_id)
+    raw, proj, raw_seal = _read(elog, run_id)
+    entries = elog.entries(run_id, raw)
     report.events = len(entries)
     if not entries:
         report.fail("contiguous", "no log")
         return report
+    sealed = chain.Seal.parse(raw_seal) if raw_seal else None
+    found = chain.check(run_id, raw, proj.get("last"), keep=[sealed.entry] if sealed else ())
+    _chain(report, found)
+    approvers = Approvers(elog.redis, elog.admin_keys)
+    seal = seals.check(approvers, run_id, raw_seal, found, entries[-1].id,
+                       proj.get("state", ""), require=require_seal)
+    if seal.problem is not None:
+        report.fail("seal", seal.problem)
+    else:
+        report.checks["seal"] = seal.shown
     state = RunState()
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
     terminals = 0
-    approvers = Approvers(elog.redis, elog.admin_keys)
     large: list[tuple[str, BlobRef]] = []
     for i, entry in enumerate(entries, start=1):
         e = entry.event
@@ -88,7 +117,14 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
             snap = e.state
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
                 report.fail("projection", f"checkpoint {entry.id} differs from the fold")
-        apply(state, e, elog.window)
+        try:
+            apply(state, e, elog.window)
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            # An entry out of place (an outcome before its intent): a tampered log is
+            # reported, never a traceback.
+            report.fail("projection", f"{entry.id}: the fold cannot apply it "
+                        f"({type(exc).__name__}: {exc})")
+            break
         if isinstance(e, ev.ApprovalDecided) and e.request in state.approvals:
             problem = check_history(approvers, run_id, state.approvals[e.request])
             if problem is not None:
@@ -105,7 +141,6 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     dangling = [k for k, seq in open_keys.items() if seq > 0]
     if dangling and state.terminal:
         report.fail("dispatched_have_outcome", f"dispatched with no outcome: {dangling}")
-    proj = elog.projection(run_id)
     got = (proj.get("state"), int(proj.get("version", -1)), int(proj.get("step", -1)))
     want = (state.state, state.version, state.step)
     if got != want:
@@ -126,6 +161,41 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator") -> Rep
     if problem is not None:
         report.fail("links", problem)
     return report
+
+
+def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str], Any]:
+    """The log, the projection and the seal as of one moment: the projection and the seal
+    read before and after the log, again while a writer moved them in between (a live
+    run)."""
+    def beside() -> tuple[dict[str, str], Any]:
+        return elog.projection(run_id), elog.redis.get(elog.keys.seal(run_id))
+
+    proj, seal = beside()
+    for _ in range(5):
+        raw = elog.redis.xrange(elog.keys.log(run_id))
+        again = beside()
+        if again == (proj, seal):
+            break
+        proj, seal = again
+    return raw, proj, seal
+
+
+def _chain(report: Report, found: chain.ChainCheck) -> None:
+    if found.problem is not None:
+        report.bad_entry = found.bad_entry
+        report.fail("chain", found.problem)
+    else:
+        report.checks["chain"] = chain_shown(found)
+
+
+def chain_shown(found: chain.ChainCheck) -> str:
+    """What the chain check shows when it holds."""
+    if not found.unchained:
+        return "ok"
+    if found.first_chained:
+        return (f"ok; unchained before entry {found.first_chained} ({found.unchained} "
+                "entries written before the log was chained)")
+    return f"unchained: its {found.unchained} entries were written before the log was chained"
 
 
 def _links(elog: EventLog, state: RunState) -> str | None:

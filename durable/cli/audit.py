@@ -1,4 +1,5 @@
-"""Reading the evidence: log, replay, verify, export, and fork from an offset."""
+"""Reading the evidence: log, replay, verify (a run, an archive file), seal, export, and fork
+from an offset."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import argparse
 import re
 import sys
 import uuid
+from pathlib import Path
 
 import msgspec
 
+from durable.audit.archives import verify_archive
 from durable.audit.replay import fork, replay, summary, trajectory
-from durable.audit.verify import verify
+from durable.audit.seals import seal_run
+from durable.audit.verify import Report, verify
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
 from durable.log import events as ev
@@ -18,6 +22,7 @@ from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.store import Entry
 from durable.security.sealing import Keyring, shown_struct
+from durable.security.signing import read_key_file
 from durable.streams.streaming import Partial
 
 
@@ -151,13 +156,38 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
-    report = verify(c.log, args.run, settle_role=c.settings.security.settle_role)
-    if args.json:
-        json_out({"run_id": args.run, "ok": report.ok, "events": report.events,
-                  "checks": report.checks})
+    report = verify(c.log, args.run, settle_role=c.settings.security.settle_role,
+                    require_seal=args.require_seal)
+    _report(report, args.json)
+    return OK if report.ok else CHECK_FAILED
+
+
+def _report(report: Report, as_json: bool) -> None:
+    if as_json:
+        json_out({"run_id": report.run_id, "ok": report.ok, "events": report.events,
+                  "checks": report.checks, "failed": report.failed,
+                  "bad_entry": report.bad_entry})
     else:
-        table(f"verify {args.run}: {'OK' if report.ok else 'FAILED'} ({report.events} events)",
+        verdict = "OK" if report.ok else "FAILED" + (
+            f" from entry {report.bad_entry}" if report.bad_entry else "")
+        table(f"verify {report.run_id}: {verdict} ({report.events} events)",
               ["check", "result"], list(report.checks.items()))
+
+
+def cmd_seal(args: argparse.Namespace) -> int:
+    c = client()
+    seal = seal_run(c.log, c.approvers, args.run, args.signer, read_key_file(args.key))
+    if args.json:
+        json_out({"run_id": args.run, "by": seal.by, "key": seal.key, "entry": seal.entry})
+    else:
+        print(f"sealed {args.run} at entry {seal.entry} by {seal.by} ({seal.key})")
+    return OK
+
+
+def cmd_verify_archive(args: argparse.Namespace) -> int:
+    c = client()
+    report = verify_archive(Path(args.file), c.approvers, require_seal=args.require_seal)
+    _report(report, args.json)
     return OK if report.ok else CHECK_FAILED
 
 
@@ -198,7 +228,21 @@ def register(add: Add) -> None:
             sp.add_argument("--follow", "-f", action="store_true",
                             help="print events and partial output as they come; exit when "
                                  "the run is terminal")
-    add("verify", cmd_verify, "check a run's invariants (exit 1 if any fails)", run=True)
+    sp = add("verify", cmd_verify, "check a run's invariants, its log's hash chain and its "
+             "seal (exit 1 if any fails)", run=True)
+    sp.add_argument("--require-seal", action="store_true",
+                    help="fail a run whose log is not sealed up to its last entry (by "
+                         "default an unsealed run passes, shown 'unsealed (chain only)')")
+    sp = add("verify-archive", cmd_verify_archive, "check an archive file of `durable "
+             "archive` on its own: entries, hash chain, seal, large values (exit 1 if any "
+             "fails)")
+    sp.add_argument("file", help="the run's archive file (<run>.jsonl.gz)")
+    sp.add_argument("--require-seal", action="store_true",
+                    help="fail a run whose log is not sealed up to its last entry")
+    sp = add("seal", cmd_seal, "seal an ended run's log: sign its hash chain head with a "
+             "registered key (role sealer)", run=True)
+    sp.add_argument("--signer", required=True, help="the key's name in the approver registry")
+    sp.add_argument("--key", required=True, help="the signer's private key file")
     sp = add("export", cmd_export, "write a run's evidence as JSON lines", run=True, js=False)
     sp.add_argument("--output", "-o", default=None)
     sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one", run=True)

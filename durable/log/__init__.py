@@ -4,6 +4,7 @@
 - ``state``: the typed run state; ``fold``: the pure fold of events into it.
 - ``keys``: every Redis key template; ``scripts``: the Lua scripts (``scripts/*.lua``).
 - ``store``: appending (one script call per batch) and loading from the last checkpoint.
+- ``chain``: the hash chain over each run's log, and seals of its head.
 - ``export``, ``index``: writing the evidence out, and rebuilding the derived indexes
   from it.
 

@@ -49,6 +49,7 @@ class AppendCall:
     free_index_key: str = field(metadata=KEY)
     metrics_key: str = field(metadata=KEY)
     blobs_key: str = field(metadata=KEY)
+    seal_key: str = field(metadata=KEY)
     # ARGV, one value each
     expected_version: int = field(metadata=ARG)
     lease: str = field(metadata=ARG)
@@ -225,6 +226,7 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
         new_index_key=elog.keys.runs_in_state(main_state, shard),
         free_index_key=elog.keys.runs_in_state(free_state, shard),
         metrics_key=elog.keys.metrics(shard), blobs_key=elog.keys.blobs(run_id),
+        seal_key=elog.keys.seal(run_id),
         expected_version=expected, lease=handle.lease, new_state=main_state,
         new_step=main_step, now=ts, due=due, checkpoint_pos=ckpt_pos, flags=flags,
         free_state=free_state, cancel=cancel_flag, run_id=run_id,

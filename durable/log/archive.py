@@ -3,8 +3,10 @@
 For each terminal run last updated before the cutoff (found in the ``dx:runs:<state>``
 indexes), the evidence of ``durable export`` (its log, effects and summary; sealed fields
 stay sealed), with its large values (``blob`` lines: each value as stored, which its digest
-in the log checks), is written to ``<dir>/<run>.jsonl.gz``, made durable (fsync, then an atomic
-rename), and only then are the run's keys deleted by ``archive_delete.lua``, which refuses
+in the log checks) and its hash chain and seal (each entry's bytes and link, the head: the
+file verifies on its own, ``durable verify-archive``), is written to
+``<dir>/<run>.jsonl.gz``, made durable (fsync, then an atomic rename), and only then are
+the run's keys deleted by ``archive_delete.lua``, which refuses
 when the run moved on since it was read (a late reconciliation) or is held. The run is then
 taken out of the global indexes. A crash between the file and the delete leaves both: the
 next archive writes the file again and deletes.
@@ -57,11 +59,12 @@ def archive(elog: EventLog, directory: Path, cutoff_ms: int, *, limit: int = 100
             report.skipped[run_id] = f"state {state}"
             continue
         _write(directory / f"{run_id}.jsonl.gz", export_lines(elog, run_id, keep_sealed=True,
-                                                              with_blobs=True))
+                                                              with_blobs=True,
+                                                              with_chain=True))
         reply = elog.scripts.archive_delete(
             keys=[elog.keys.log(run_id), elog.keys.run(run_id), elog.keys.ledger(run_id),
                   elog.keys.lease(run_id), elog.keys.fence(run_id), elog.keys.queued(run_id),
-                  elog.keys.blobs(run_id)],
+                  elog.keys.blobs(run_id), elog.keys.seal(run_id)],
             args=[version])
         tag = text(reply[0])
         if tag != "ok":

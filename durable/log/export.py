@@ -6,10 +6,17 @@ log) and ``summary``; an archive adds a ``blob`` line per large value (``field``
 ``sha256``, ``size`` and ``data``: the value's JSON as stored, sealed fields sealed). An
 outcome whose result is a large value shows its reference (``blob``), not the value.
 DuckDB reads it with ``read_json('run.jsonl')``.
+
+An archive also keeps what the log's hash chain was computed over (``durable.log.chain``),
+so that the file verifies once the run's keys are gone (``durable verify-archive``): each
+event line's entry bytes (``raw``, base64) and link (``h``), and a ``chain`` line before
+the summary with the projection's ``last`` (the last entry id and the chain head) and
+``seal``.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,30 +25,39 @@ import msgspec
 from durable.log import blobs
 from durable.log import events as ev
 from durable.log.fold import fold
+from durable.log.handle import text
 from durable.log.store import EventLog
 from durable.security.sealing import shown_struct
 
 
 def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
-                 with_blobs: bool = False) -> Iterator[str]:
+                 with_blobs: bool = False, with_chain: bool = False) -> Iterator[str]:
     """The evidence lines. Sealed fields are shown in clear to a caller holding their key,
-    else as ``***``; ``keep_sealed`` keeps their envelopes as they are, and ``with_blobs``
-    adds the large values (an archive)."""
+    else as ``***``; ``keep_sealed`` keeps their envelopes as they are, ``with_blobs``
+    adds the large values and ``with_chain`` the chain (an archive: see above)."""
     enc = msgspec.json.Encoder()
-    entries = elog.read(run_id)
+    raw = elog.redis.xrange(elog.keys.log(run_id))
+    entries = elog.entries(run_id, raw)
     effects: dict[str, dict[str, Any]] = {}
     decoded = []
-    for entry in entries:
+    for entry, (_, fields) in zip(entries, raw, strict=True):
+        chained: dict[str, Any] = {}
+        if with_chain:
+            chained["raw"] = base64.b64encode(fields.get(b"e") or b"").decode()
+            if b"h" in fields:
+                chained["h"] = int(fields[b"h"])
         if entry.event is None:
             yield enc.encode({"kind": "event", "run": run_id, "id": entry.id,
-                              "type": "undecodable", "error": entry.error}).decode()
+                              "type": "undecodable", "error": entry.error,
+                              **chained}).decode()
             continue
         e = entry.event
         decoded.append(e)
         # Sealed fields: in clear for a caller holding their key, else "***".
         yield enc.encode({"kind": "event", "id": entry.id,
                           **ev.to_builtins(e if keep_sealed else
-                                           shown_struct(e, elog.keyring))}).decode()
+                                           shown_struct(e, elog.keyring)),
+                          **chained}).decode()
         key = getattr(e, "key", None)
         if key is not None:
             fx = effects.setdefault(key, {"kind": "effect", "run": run_id, "key": key,
@@ -64,6 +80,11 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
             yield enc.encode({"kind": "blob", "run": run_id, "field": name,
                               "sha256": ref.sha256 if ref else None,
                               "size": len(data), "data": data.decode()}).decode()
+    if with_chain:
+        last = elog.redis.hget(elog.keys.run(run_id), "last")
+        seal = elog.redis.get(elog.keys.seal(run_id))
+        yield enc.encode({"kind": "chain", "run": run_id, "last": text(last or b""),
+                          "seal": text(seal) if seal is not None else None}).decode()
     state = fold(decoded, window=elog.window)
     yield enc.encode({"kind": "summary", "run": run_id, "state": state.state,
                       "version": state.version, "steps": state.step,

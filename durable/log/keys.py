@@ -126,8 +126,9 @@ class KeyLayout:
         return self._per_run(run_id, "log")
 
     def run(self, run_id: str) -> str:
-        """Hash: cached projection (state, version, step, last entry id, checkpoint id, due),
-        and ``held``: the lease taken last, until it is released (an expiry is counted when
+        """Hash: cached projection (state, version, step, ``last``: the last entry id and the
+        log's hash chain head after it (``durable.log.chain``), checkpoint id, due), and
+        ``held``: the lease taken last, until it is released (an expiry is counted when
         a new lease is taken while it is still set)."""
         return self._per_run(run_id, "run")
 
@@ -141,6 +142,13 @@ class KeyLayout:
         Written by ``append.lua`` with that event; expires and is archived with the run's
         log."""
         return self._per_run(run_id, "blobs")
+
+    def seal(self, run_id: str) -> str:
+        """String: the seal of a terminal run's log (``durable.log.chain``: a signature over
+        its hash chain head, JSON). A key of its own: its ~170 bytes in the projection would
+        turn that small hash into a full hash table (values over 64 bytes). Expires and is
+        archived with the run's log."""
+        return self._per_run(run_id, "seal")
 
     def lease(self, run_id: str) -> str:
         """String ``<owner token>|<epoch>`` with a PX time to live (ms). Not business

@@ -20,6 +20,7 @@ from durable.log import blobs, counters, keys, recovery
 from durable.log import events as ev
 from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
+from durable.log.chain import Sealer, seal_call, unsealed
 from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
 from durable.log.fold import apply
 from durable.log.handle import (
@@ -75,6 +76,7 @@ class EventLog:
         lean_agents: Iterable[str] = (),
         compact_max: int = COMPACT_MAX_ENTRIES,
         layout: keys.KeyLayout = keys.UNSHARDED,
+        sealer: Sealer | None = None,
     ) -> None:
         self.redis = client
         #: The keys of this log's data (``durable.log.keys``): its layout, unsharded or N
@@ -107,6 +109,9 @@ class EventLog:
         self.limits = limits or blobs.Limits()
         #: A terminal run's log of at most this many entries is rewritten to its exact size.
         self.compact_max = compact_max
+        #: Seals the chain head of every run this log's writes end (``DURABLE_SEAL_KEY``);
+        #: None: they stay unsealed.
+        self.sealer = sealer
 
     @classmethod
     def from_settings(cls, client: redis.Redis, settings: Settings, *, open_sealed: bool = False,
@@ -124,7 +129,8 @@ class EventLog:
                    admin_keys=parse_public_keys(settings.security.admin_keys),
                    lean_agents=lean_agents,
                    limits=blobs.Limits.from_settings(settings),
-                   layout=keys.KeyLayout.of(settings))
+                   layout=keys.KeyLayout.of(settings),
+                   sealer=Sealer.from_settings(settings))
 
     def batch_appends(self, everywhere: bool = False) -> ScriptBatcher | None:
         """Send the appends of this process's threads together (``durable.log.batching``):
@@ -289,7 +295,12 @@ class EventLog:
         prepared = prepare(self, handle, specs, options)
         reply = self.replicas.append(handle.run_id, keys=prepared.call.keys,
                                      args=prepared.call.args)
-        return settle(self, handle, prepared, reply)
+        last_id = settle(self, handle, prepared, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply)
+        if call is not None:
+            with unsealed(handle.run_id):
+                self.scripts.seal(keys=call[0], args=call[1])
+        return last_id
 
     async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
                            **options: Unpack[CommitOptions]) -> str:
@@ -298,7 +309,16 @@ class EventLog:
         prepared = prepare(self, handle, specs, options)
         reply = await self.replicas.append_async(handle.run_id, keys=prepared.call.keys,
                                                  args=prepared.call.args)
-        return settle(self, handle, prepared, reply)
+        last_id = settle(self, handle, prepared, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply)
+        if call is not None:
+            with unsealed(handle.run_id):
+                batcher = self.replicas.batcher
+                if batcher is not None:
+                    await batcher.script_call("seal", call[0], call[1])
+                else:
+                    self.scripts.seal(keys=call[0], args=call[1])
+        return last_id
 
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
                     ) -> list[str | Exception]:
@@ -326,6 +346,11 @@ class EventLog:
                 out.append(settle(self, handle, p, reply))
             except Exception as exc:  # handed back to the caller
                 out.append(exc)
+                continue
+            call = seal_call(self.sealer, self.keys, handle, reply)
+            if call is not None:
+                with unsealed(handle.run_id):
+                    self.scripts.seal(keys=call[0], args=call[1])
         return out
 
     def stage_checkpoint(self, handle: RunHandle, ts: int) -> int:

@@ -5,7 +5,8 @@
 --
 -- KEYS[1] log_key          dx:{R}:log       stream: the run's log
 -- KEYS[2] run_key          dx:{R}:run       hash: the projection (version, state, step,
---                                           last, updated, cancel, ckpt, extra fields)
+--                                           last, updated, cancel, ckpt, extra fields);
+--                                           last = "<entry id> <chain head>" (below)
 -- KEYS[3] lease_key        dx:{R}:lease     string "<token>|<epoch>"
 -- KEYS[4] ledger_key       dx:{R}:fx        hash: idempotency key -> ledger entry
 -- KEYS[5] runs_key         dx:runs          zset run id -> last update (global, derived)
@@ -15,6 +16,8 @@
 -- KEYS[9] free_index_key   dx:runs:<free>   zset of free_state
 -- KEYS[10] metrics_key     dx:metrics       hash: shared counters (global, not derived)
 -- KEYS[11] blobs_key       dx:{R}:blobs     hash: the run's large values (durable.log.blobs)
+-- KEYS[12] seal_key        dx:{R}:seal      string: the run's seal (seal.lua; only expired
+--                                           here, with the run's other keys)
 --
 -- ARGV[1]  expected_version  the run's version the writer folded
 -- ARGV[2]  lease             "<token>|<epoch>" that must hold the lease, or "" for no check
@@ -41,8 +44,8 @@
 -- ARGV[17] ncounts           number of counter increments for the n events
 -- ARGV[18] nfree_counts      number of counter increments for the m conditional events
 -- ARGV[19] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
---                            ledger, large values) expire this many ms after its last write
---                            (DURABLE_RETENTION); the reconciler then prunes the global
+--                            ledger, large values, seal) expire this many ms after its last
+--                            write (DURABLE_RETENTION); the reconciler then prunes the global
 --                            indexes and deletes the fence (not a KEY here: a producer's
 --                            ACL user may not name it)
 -- ARGV[20] nblobs            number of large values written with the events
@@ -67,7 +70,13 @@
 --                       without its value
 -- (durable.log.append.AppendCall builds this call; a test checks it against this header.)
 --
--- Returns {"ok", version, last_id} or an error tuple:
+-- The log is hash-chained (durable.log.chain): each entry is written with "h", the first
+-- byte of h_i modulo 128, h_i = SHA-1(hex(h_{i-1}) .. id .. "\n" .. event bytes), h_0 = SHA-1(
+-- "durable-chain-v1\n" .. run id) (a run whose projection holds no head yet, written
+-- before the chain existed, starts from h_0 too); the head (the full value after the last
+-- entry) is kept in the projection's "last" with the entry id, so no entry is read back.
+--
+-- Returns {"ok", version, last_id, head} (head: the chain after last_id) or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
 -- {"foreign", tail_id}: the log does not end with the entry this script wrote last (the
 -- projection's "last"): something appended around it (a raw XADD). Nothing is written but
@@ -85,7 +94,7 @@ local cancel, run_id = ARGV[12], ARGV[13]
 local nops, nextra = tonumber(ARGV[14]), tonumber(ARGV[15])
 local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
-local metrics_key, blobs_key = KEYS[10], KEYS[11]
+local metrics_key, blobs_key, seal_key = KEYS[10], KEYS[11], KEYS[12]
 local nblobs, compact_max = tonumber(ARGV[20]), tonumber(ARGV[21])
 
 -- Where each variable-length group starts (the index just before its first entry).
@@ -136,7 +145,15 @@ local TERMINAL = {--[[TERMINAL]]}
 local projection = redis.call('HMGET', run_key, 'version', 'state', 'cancel', 'last')
 local version = tonumber(projection[1]) or 0
 local old_state, cancel_was_pending = projection[2], projection[3] == '1'
-local last_written = projection[4]
+-- "<entry id> <chain head>", or the id alone (written before the chain), or nothing.
+local last_written, chain = projection[4], nil
+if last_written then
+  local space = string.find(last_written, ' ', 1, true)
+  if space then
+    chain = string.sub(last_written, space + 1)
+    last_written = string.sub(last_written, 1, space - 1)
+  end
+end
 if version ~= expected_version then
   return {'conflict', version}
 end
@@ -190,6 +207,20 @@ if tail_id ~= '' then
   last_seq = tonumber(string.sub(tail_id, dash + 1))
 end
 local last_id = ''
+chain = chain or redis.sha1hex('durable-chain-v1\n' .. run_id)
+-- Append one entry, chained. Returns false when XADD refused it (its id is not past the
+-- stream's top), unless "strict": then the refusal is raised.
+local function chained(id, data, strict)
+  local link = redis.sha1hex(chain .. id .. '\n' .. data)
+  local tag = tonumber(string.sub(link, 1, 2), 16) % 128
+  if strict then
+    redis.call('XADD', log_key, id, 'e', data, 'h', tag)
+  elseif type(redis.pcall('XADD', log_key, id, 'e', data, 'h', tag)) == 'table' then
+    return false
+  end
+  chain = link
+  return true
+end
 for i = 1, count do
   local ms, data = event(i)
   if ms < last_ms then
@@ -199,13 +230,30 @@ for i = 1, count do
   if ms == last_ms then
     seq = last_seq + 1
   end
-  last_id = redis.pcall('XADD', log_key, string.format('%d-%d', ms, seq), 'e', data)
-  if type(last_id) == 'table' then
-    -- Entries were deleted past the tail (XDEL by an admin): the server picks the id, and
-    -- the entry reads with the server's time.
-    last_id = redis.call('XADD', log_key, '*', 'e', data)
-    local dash = string.find(last_id, '-', 1, true)
-    ms, seq = tonumber(string.sub(last_id, 1, dash - 1)), tonumber(string.sub(last_id, dash + 1))
+  last_id = string.format('%d-%d', ms, seq)
+  if not chained(last_id, data) then
+    -- Entries were deleted past the tail (XDEL by an admin): the entry goes right after
+    -- the stream's top id (XINFO names it); a caller refused XINFO appends with the
+    -- server's id and time, and that entry carries no link (verify names it).
+    local info = redis.pcall('XINFO', 'STREAM', log_key)
+    local top
+    if type(info) == 'table' and not info.err then
+      for j = 1, #info, 2 do
+        if info[j] == 'last-generated-id' then
+          top = info[j + 1]
+        end
+      end
+    end
+    if top then
+      local dash = string.find(top, '-', 1, true)
+      ms, seq = tonumber(string.sub(top, 1, dash - 1)), tonumber(string.sub(top, dash + 1)) + 1
+      last_id = string.format('%d-%d', ms, seq)
+      chained(last_id, data, true)
+    else
+      last_id = redis.call('XADD', log_key, '*', 'e', data)
+      local dash = string.find(last_id, '-', 1, true)
+      ms, seq = tonumber(string.sub(last_id, 1, dash - 1)), tonumber(string.sub(last_id, dash + 1))
+    end
   end
   last_ms, last_seq = ms, seq
   if i == checkpoint_pos then
@@ -224,7 +272,7 @@ local new_version = version + count
 redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
   'updated', now, 'cancel', cancel)
 if last_id ~= '' then  -- (a call that appends nothing leaves the tail as it is)
-  redis.call('HSET', run_key, 'last', last_id)
+  redis.call('HSET', run_key, 'last', last_id .. ' ' .. chain)
 end
 for i = 1, nextra do
   local field, value = extra_field(i)
@@ -262,5 +310,6 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', run_key, retention_ms)
   redis.call('PEXPIRE', ledger_key, retention_ms)
   redis.call('PEXPIRE', blobs_key, retention_ms)
+  redis.call('PEXPIRE', seal_key, retention_ms)
 end
-return {'ok', new_version, last_id}
+return {'ok', new_version, last_id, chain}
