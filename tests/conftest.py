@@ -23,13 +23,19 @@ from durable.client import Client
 from durable.log import keys
 from durable.security.signing import keygen, load_public_key
 from durable.settings import Settings
-from durable.testing import AdminKey, Reconciler, Server, Worker
+from durable.testing import AdminKey, Reconciler, Server, Worker, forks
 from examples.world import WorldProcess
 
 T = TypeVar("T")
 
 #: The console's browser fixtures (``browser``, ``page``, ``console``, ``apps``).
 pytest_plugins = ["tests.browser"]
+
+#: Imported once by the fork server the tests' processes are forked from: the frameworks
+#: their agents use, and the console. None reads the environment at import.
+FRAMEWORKS = ("durable.console.cli", "durable.console.app", "httpx", "pydantic_ai",
+              "agents", "mcp", "durable.integrations.pydantic_ai",
+              "durable.integrations.openai_agents", "durable.integrations.mcp")
 
 #: ``worker(**opts)``: a ``durable worker`` process on the session's server.
 WorkerFactory = Callable[..., Worker]
@@ -48,6 +54,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def on_cluster(config: pytest.Config) -> bool:
     return bool(config.getoption("--cluster") or os.environ.get("DURABLE_TEST_CLUSTER") == "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Processes the tests start are forked from a fork server per test process that has
+    imported the library and the frameworks once (``durable.testing.forks``): most tests
+    start one or more, and an import costs 0.6 to 3.5 s of CPU. ``DURABLE_TEST_EXEC=1`` starts
+    each as ``python -m durable`` instead."""
+    if os.environ.get("DURABLE_TEST_EXEC") != "1":
+        forks.use_fork_server(FRAMEWORKS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -269,6 +284,9 @@ def openai_env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def run_durable(*args: str, env: dict[str, str], cwd: Path | None = None,
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``durable ARGS`` in a process of its own, as a user runs it."""
+    """``durable ARGS`` in a process of its own, as a user runs it (forked: see
+    ``pytest_configure``)."""
+    if forks.forking():
+        return forks.run(args, env, cwd=cwd, timeout=timeout)
     return subprocess.run([sys.executable, "-m", "durable", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)

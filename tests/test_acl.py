@@ -23,6 +23,7 @@ from durable.log.keys import KeyLayout
 from durable.security.signing import keygen, load_public_key
 from durable.telemetry.liveness import Presence, dead_workers, release_worker
 from durable.testing import AdminKey, Worker, wait_for
+from tests.conftest import run_durable
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 
 AGENTS = "examples.agents,tests.agents"
@@ -56,8 +57,7 @@ def durable_as(acl: AclServer, admin: redis.Redis, tmp_path: Path) -> Cli:
     def run(role: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         full = {**os.environ, **acl.env(role), "DURABLE_AGENTS": AGENTS,
                 "TEST_DB": str(tmp_path / "test.db"), **env}
-        return subprocess.run([sys.executable, "-m", "durable", *args], env=full,
-                              capture_output=True, text=True, timeout=120)
+        return run_durable(*args, env=full, timeout=120)
 
     return run
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from durable.settings import Settings
 from durable.testing import Server, Worker, env_for, wait_for
 from durable.workers.runtime import publish_agents
 from tests.agents import EchoInput
-from tests.conftest import ServerFactory, WorkerFactory
+from tests.conftest import ServerFactory, WorkerFactory, run_durable
 
 
 def _bare_client(r: redis.Redis) -> Client:
@@ -41,9 +40,7 @@ def _published(r: redis.Redis, name: str) -> dict[str, object]:
 
 def _start_cli(server: Server, *argv: str) -> subprocess.CompletedProcess[str]:
     """``durable start`` in a process with no agents to import."""
-    return subprocess.run([sys.executable, "-m", "durable", "start", *argv],
-                          env=env_for(server.url, DURABLE_AGENTS=""), capture_output=True,
-                          text=True, timeout=60)
+    return run_durable("start", *argv, env=env_for(server.url, DURABLE_AGENTS=""))
 
 
 def test_a_client_without_the_agent_starts_a_run_a_worker_published(
@@ -149,9 +146,8 @@ def test_the_same_run_id_with_another_input_is_refused_and_nothing_written(
 
 def test_the_cli_says_why_a_run_id_is_refused(server: Server, client: Client) -> None:
     client.start("count", {"steps": 1}, run_id="cli-conflict", enqueue=False)
-    out = subprocess.run([sys.executable, "-m", "durable", "start", "count", "--input",
-                          '{"steps": 2}', "--run-id", "cli-conflict"],
-                         env=env_for(server.url), capture_output=True, text=True, timeout=60)
+    out = run_durable("start", "count", "--input", '{"steps": 2}', "--run-id", "cli-conflict",
+                      env=env_for(server.url))
     assert out.returncode == 2
     assert "run 'cli-conflict' already exists with a different input" in out.stderr
 

@@ -91,10 +91,17 @@ def test_a_strict_new_version_hands_old_runs_to_an_old_worker(
         return set().union(*served_agents(client.redis).values())
 
     assert wait_for(lambda: {"alpha@1", "alpha@2"} <= serving(), 20)
-    runs = [client.start("alpha", {"steps": 3, "sleep_s": 0.02}, run_id=f"strict-{i}").run_id
-            for i in range(30)]
-    assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state") == b"completed"
-                                for r in runs), 60), {r: client.status(r).state for r in runs}
+    runs: list[str] = []
+    # Which worker takes a run's next step is up to the queue: batches of 10 runs until the
+    # new worker has taken (and handed back) one, at most 10 batches.
+    for batch in range(10):
+        runs += [client.start("alpha", {"steps": 3, "sleep_s": 0.02},
+                              run_id=f"strict-{batch}-{i}").run_id for i in range(10)]
+        assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state")
+                                    == b"completed" for r in runs), 60), \
+            {r: client.status(r).state for r in runs}
+        if client.stats().get("runs_routed", 0) >= 1:
+            break
     assert {client.status(r).result["version"] for r in runs} == {"1"}
     assert not [e for r in runs for e in client.events(r)
                 if isinstance(e.event, ev.AgentUpgraded | ev.Quarantined)]

@@ -20,7 +20,7 @@ from durable.log import events as ev
 from durable.log.store import Entry
 from durable.streams.streaming import Partial, decode_partial, encode_partial
 from durable.testing import Server, env_for, wait_for
-from tests.conftest import WorkerFactory
+from tests.conftest import WorkerFactory, run_durable
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -154,9 +154,8 @@ def test_durable_log_follow_prints_lines_for_people(
     worker()
     assert client.wait("cli-follow-2", 30).state == "completed"
     first = client.events("cli-follow-2")[1].id
-    out = subprocess.run([sys.executable, "-m", "durable", "log", "cli-follow-2", "--follow",
-                          "--from", first], env=env_for(server.url), capture_output=True,
-                         text=True, timeout=60)
+    out = run_durable("log", "cli-follow-2", "--follow", "--from", first,
+                      env=env_for(server.url))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith(first) and "completed" in lines[-1]
@@ -171,8 +170,7 @@ def test_following_a_quarantined_run_stops_and_says_so(
     client.start("buggy", {}, run_id="ghost-follow")  # its code raises after one step
     worker()
     assert client.wait("ghost-follow", 30).state == "quarantined"
-    out = subprocess.run([sys.executable, "-m", "durable", "log", "ghost-follow", "--follow"],
-                         env=env_for(server.url), capture_output=True, text=True, timeout=60)
+    out = run_durable("log", "ghost-follow", "--follow", env=env_for(server.url))
     assert out.returncode == 1, (out.stdout, out.stderr)
     assert "quarantined" in out.stdout.splitlines()[-1]
     assert out.stderr.startswith("durable: ghost-follow is quarantined (agent buggy raised")

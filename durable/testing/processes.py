@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from durable.testing import forks
+
 #: The hook that kills a worker at a crash window (``durable.testing.faults``).
 KILL_AT_HOOK = "durable.testing.faults:KillAt"
 
@@ -31,15 +33,21 @@ class Process:
 
     def __init__(self, url: str, args: Sequence[str], *, log_path: Path | None = None,
                  env: Mapping[str, str] | None = None, **variables: str) -> None:
-        args = [sys.executable, "-m", "durable", *args]
         self.log_path = log_path
         full = env_for(url, **{**(env or {}), **variables})
-        if log_path is None:
-            self.proc = subprocess.Popen(args, env=full, stdout=subprocess.DEVNULL,
+        self.proc: subprocess.Popen[bytes] | forks.Forked
+        if forks.forking():  # a test suite's: forked from a server that imported the library
+            if log_path is not None:
+                log_path.touch()  # there when this returns, as the other way
+            self.proc = forks.Forked(args, full, stdout=log_path, stderr=log_path)
+        elif log_path is None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "durable", *args], env=full,
+                                         stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True)
         else:
             with open(log_path, "ab") as out:  # the child keeps its own copy
-                self.proc = subprocess.Popen(args, env=full, stdout=out, stderr=out,
+                self.proc = subprocess.Popen([sys.executable, "-m", "durable", *args],
+                                             env=full, stdout=out, stderr=out,
                                              start_new_session=True)
 
     @property
