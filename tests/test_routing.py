@@ -6,6 +6,7 @@ processes, each loading its own agent module."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 import tests.routing_agents_a
@@ -91,14 +92,17 @@ def test_a_strict_new_version_hands_old_runs_to_an_old_worker(
         return set().union(*served_agents(client.redis).values())
 
     assert wait_for(lambda: {"alpha@1", "alpha@2"} <= serving(), 20)
+    def completed(ids: list[str]) -> bool:
+        return all(client.redis.hget(client.log.keys.run(r), "state") == b"completed"
+                   for r in ids)
+
     runs: list[str] = []
     # Which worker takes a run's next step is up to the queue: batches of 10 runs until the
     # new worker has taken (and handed back) one, at most 10 batches.
     for batch in range(10):
         runs += [client.start("alpha", {"steps": 3, "sleep_s": 0.02},
                               run_id=f"strict-{batch}-{i}").run_id for i in range(10)]
-        assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state")
-                                    == b"completed" for r in runs), 60), \
+        assert wait_for(partial(completed, list(runs)), 60), \
             {r: client.status(r).state for r in runs}
         if client.stats().get("runs_routed", 0) >= 1:
             break
