@@ -9,9 +9,9 @@ library itself, and each module imports its framework when it is imported.
   (``pip install 'durable-agents[mcp]'``).
 
 What they share, as pydantic-ai's ``durable_exec/`` shares a base beside one folder per
-engine: ``base`` (one ``StepOptions`` and its default timeout, ``step_context()``, the
-bases of the step tools, the pair of MCP steps, the JSON of a step), ``steploop`` (the one
-event loop every step's coroutine runs on, the step it runs in) and ``mcp_sessions`` (one
-MCP session per worker and server, reopened when the server died). Each framework folder
-holds only its adapter, and imports go one way: from a folder down to these modules.
+engine: ``base`` (one ``StepOptions`` and its default timeout, the step a step tool's
+coroutine runs in, ``run_in_step`` and ``step_context()``, the bases of the step tools, the
+pair of MCP steps, the JSON of a step) and ``mcp_sessions`` (one MCP session per worker and
+server, reopened when the server died). Each framework folder holds only its adapter, and
+imports go one way: from a folder down to these modules.
 """

@@ -8,7 +8,7 @@ takes the step, keyed by run, step tool and the digest of the step's arguments: 
 only ever runs a code agent's step while its function waits at that very call, and the
 arguments name the call (a tool call's arguments carry the model's ``call_id``).
 
-Every coroutine runs on one event loop per process (``durable.integrations.steploop``), so a
+Every coroutine runs on one event loop per process (``durable.integrations.base``), so a
 model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops. The tools
 know their ``DurableAgent`` as an ``AgentOwner``; ``StepOptions`` and ``step_context()`` are
 the shared ones of ``durable.integrations.base``.
@@ -47,8 +47,9 @@ from durable.integrations.base import (
     Owner,
     StepOptions,
     jsonable,
+    recorded_lookup,
+    run_in_step,
 )
-from durable.integrations.steploop import LOOP, recorded_lookup
 from durable.streams.partials import tool_call_delta
 
 
@@ -226,7 +227,7 @@ class FunctionStep(Tool):
         async def invoke() -> dict[str, Any]:
             return encode_output(await _invoke(call, self.retryable))
 
-        return await LOOP.step(invoke, ctx)
+        return await run_in_step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
         arguments = args.get("arguments")

@@ -1,8 +1,8 @@
 """What the function and the step tools of a durable pydantic-ai run share: what they know
 of their ``RedisDurability`` (``Durability``, so that they never import it), and the binding
 of the function to the durable run it executes (``StepOptions`` and ``step_context()`` are
-the shared ones of ``durable.integrations.base``). Every step's coroutine runs on the loop of
-``durable.integrations.steploop``."""
+the shared ones of ``durable.integrations.base``, as is ``run_in_step``, which every step
+tool awaits its work with)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pydantic_ai.toolsets import AbstractToolset
 
 from durable.code import AsyncRunContext
 from durable.integrations.base import Bindings, LiveRequests, Owner, StepOptions, step_context
-from durable.integrations.steploop import LOOP
 
 
 class Durability(Owner, Protocol):
@@ -135,5 +134,5 @@ async def unseen(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
             yield call
 
 
-__all__ = ["LOOP", "RUNS", "Binding", "Durability", "StepOptions", "binding", "bound",
+__all__ = ["RUNS", "Binding", "Durability", "StepOptions", "binding", "bound",
            "step_context", "without_replayed"]

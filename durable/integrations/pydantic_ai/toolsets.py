@@ -13,11 +13,16 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.code import StepFailed
-from durable.integrations.base import StepOptions, make_step, stable
+from durable.integrations.base import (
+    StepOptions,
+    make_step,
+    recorded_lookup,
+    run_in_step,
+    stable,
+)
 from durable.integrations.pydantic_ai.codec import decode_outcome, encode_return, tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
 from durable.integrations.pydantic_ai.steps import Durability, bound
-from durable.integrations.steploop import LOOP, recorded_lookup
 
 
 @dataclass
@@ -110,7 +115,7 @@ class ToolStep(Tool):
             return await tool_outcome(
                 call.toolset.call_tool(call.name, call.args, run_ctx, call.tool))
 
-        return await LOOP.step(invoke, ctx)
+        return await run_in_step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
         return recorded_lookup(self.options.lookup, key, args, encode_return)
