@@ -26,10 +26,9 @@ from durable.agents import Tool, ToolContext
 from durable.integrations import mcp_sessions
 from durable.integrations.base import EffectFreeStep, StepOptions, mcp_step_tools, run_in_step
 from durable.integrations.mcp_sessions import SESSIONS, dying_with_worker, step_meta
-from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import Durability, bound
-from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
+from durable.integrations.pydantic_ai.run import Durability, bound
+from durable.integrations.pydantic_ai.tools import ToolStep, take_step, tool_outcome
 
 try:
     from pydantic_ai.mcp import MCPToolset
@@ -37,6 +36,7 @@ except ImportError:  # pragma: no cover - pydantic-ai without its MCP extra
     MCPToolset = None  # type: ignore[assignment,misc]
 
 _DEFS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(list[ToolDefinition])
+
 
 def is_mcp(toolset: AbstractToolset[Any]) -> bool:
     return MCPToolset is not None and isinstance(toolset, MCPToolset)
