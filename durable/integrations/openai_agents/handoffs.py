@@ -38,8 +38,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from durable.agents import ToolContext
 from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, run_in_step, stable
-from durable.integrations.openai_agents.binding import AgentRunFailed, bound
-from durable.integrations.openai_agents.steps import AgentOwner
+from durable.integrations.openai_agents.run import AgentOwner, AgentRunFailed, bound
 
 
 class HandoffOwner(AgentOwner, Protocol):

@@ -49,8 +49,7 @@ from durable.integrations.mcp_sessions import (
     read_only,
     step_meta,
 )
-from durable.integrations.openai_agents.binding import bound
-from durable.integrations.openai_agents.steps import AgentOwner
+from durable.integrations.openai_agents.run import AgentOwner, bound
 
 #: Where the SDK's tool call id travels from the tool's context to ``call_tool``.
 CALL_ID = "durable_call_id"
