@@ -44,7 +44,7 @@ installed packages and fails when this diagram and the classes differ in any way
      │    │                      rejected
      │    ├── durable.code.steps.ChildFailed
      │    │                      its child run did not complete
-     │    └── durable.integrations.openai_agents.binding.AgentRunFailed
+     │    └── durable.integrations.openai_agents.run.AgentRunFailed
      │                           the run ends failed with the SDK's own outcome (a guardrail,
      │                           max turns): never retried, never quarantined
      ├── durable.code.steps.WaitExpired

@@ -15,7 +15,7 @@ import pytest
 
 from durable.agents import Lookup
 from durable.client import Client
-from durable.integrations.steploop import current_step
+from durable.integrations.base import current_step
 from durable.log import events as ev
 from tests.agents import _db
 

@@ -357,20 +357,20 @@ def test_a_model_response_round_trips_through_its_recorded_json() -> None:
     from agents import ModelResponse, Usage
     from openai.types.responses import ResponseFunctionToolCall
 
-    from durable.integrations.openai_agents import steps
+    from durable.integrations.openai_agents import model, tools
 
     call = ResponseFunctionToolCall(type="function_call", call_id="c1", name="book",
                                     arguments='{"slot": 1}')
     response = ModelResponse(output=[call], usage=Usage(requests=1, input_tokens=2,
                                                         output_tokens=3, total_tokens=5),
                              response_id="r1")
-    back = steps.decode_response(steps.encode_response(response))
+    back = model.decode_response(model.encode_response(response))
     assert back.output == [call] and back.response_id == "r1"
     assert back.usage.total_tokens == 5
-    assert steps.decode_output(steps.encode_output({"a": [1]})) == {"a": [1]}
-    assert steps.decode_output(steps.encode_output(Path("x"))) == "x"
+    assert tools.decode_output(tools.encode_output({"a": [1]})) == {"a": [1]}
+    assert tools.decode_output(tools.encode_output(Path("x"))) == "x"
     with pytest.raises(TypeError):
-        steps.decode_response({"nope": 1})
+        model.decode_response({"nope": 1})
 
 
 def test_step_context_outside_a_step_says_so() -> None:

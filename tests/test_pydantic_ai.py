@@ -26,7 +26,7 @@ from durable.agents import is_placeholder, registry
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import pydantic_ai as integration
-from durable.integrations.pydantic_ai import codec
+from durable.integrations.pydantic_ai import tools
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.testing import wait_for
@@ -218,18 +218,18 @@ def test_a_tool_outcome_round_trips_through_its_recorded_json() -> None:
                 raise exc
             return value
 
-        return await codec.tool_outcome(call())
+        return await tools.tool_outcome(call())
 
     def run(coro: Any) -> Any:
         return asyncio.run(coro)
 
-    assert codec.decode_outcome(run(outcome({"a": [1, 2]}))) == {"a": [1, 2]}
-    back = codec.decode_outcome(run(outcome(ToolReturn(return_value=3, content="c"))))
+    assert tools.decode_outcome(run(outcome({"a": [1, 2]}))) == {"a": [1, 2]}
+    back = tools.decode_outcome(run(outcome(ToolReturn(return_value=3, content="c"))))
     assert isinstance(back, ToolReturn) and back.return_value == 3 and back.content == "c"
     with pytest.raises(ModelRetry, match="again"):
-        codec.decode_outcome(run(outcome(exc=ModelRetry("again"))))
+        tools.decode_outcome(run(outcome(exc=ModelRetry("again"))))
     with pytest.raises(ToolFailed, match="gone"):
-        codec.decode_outcome(run(outcome(exc=ToolFailed("gone"))))
+        tools.decode_outcome(run(outcome(exc=ToolFailed("gone"))))
 
 
 def test_step_context_outside_a_step_says_so() -> None:

@@ -4,17 +4,29 @@ the agent's function to the step tool that performs it, the bases of the step to
 a step's identity and result are made of, and the pair of MCP steps.
 
 Each framework folder (``pydantic_ai/``, ``openai_agents/``) holds only its adapter on top of
-this module, ``steploop`` (the event loop of the steps) and ``mcp_sessions`` (one MCP session
-per worker and server). The rules of the folder:
+this module and ``mcp_sessions`` (one MCP session per worker and server), with the same
+module names for the same roles. The rules of the folder:
 
-- this module and those two import no framework; a framework folder imports no other one;
+- this module and ``mcp_sessions`` import no framework; a framework folder imports no other
+  one;
 - a step tool knows its owner (the adapter's agent or capability) through a ``Protocol`` of
   what it uses, never by importing the module that defines the owner: the imports go one way,
   from the owner down to its steps.
+
+Every step tool's ``run`` is ``async def``: the worker runs it as a task on the process's
+event loop (``durable.eventloop``), the one it runs ``async def`` agents and tools on, so a
+model request or a tool call in flight holds no thread (a worker holds as many as its run
+slots, not as many as ``DURABLE_USER_THREADS``). One loop per process for every integration:
+a model keeps its HTTP client on the loop it was first used on, and an MCP session stays open
+on it across steps. The worker cancels a step's task at its deadline, and at a cancel (after
+its grace when the step cannot be cancelled), as it does any ``async def`` tool's. A step
+tool awaits its work with ``run_in_step``, which makes the step the current one
+(``current_step()``, ``step_context()``) for the code it reaches.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,11 +36,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic_core import to_jsonable_python
 
 from durable.agents import Lookup, Tool, ToolContext
-from durable.integrations.steploop import LOOP, current_step
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Bindings", "EffectFreeStep", "LiveRequests", "ModelStepBase",
-           "Owner", "StepOptions", "jsonable", "make_step", "mcp_step_tools", "opaque", "stable",
-           "step_context"]
+           "Owner", "StepOptions", "current_step", "jsonable", "make_step", "mcp_step_tools",
+           "opaque", "recorded_lookup", "run_in_step", "stable", "step_context"]
 
 T = TypeVar("T")
 
@@ -79,6 +90,27 @@ class StepOptions:
                 "cancellable": self.cancellable, "effect_free": self.effect_free,
                 "approver_role": self.approver_role, "approval_ttl_s": self.approval_ttl_s,
                 "options": self}
+
+
+# The step a coroutine runs in ---------------------------------------------------------------
+
+_current: ContextVar[ToolContext | None] = ContextVar("durable_integration_step", default=None)
+
+
+def current_step() -> ToolContext | None:
+    """The step the running coroutine belongs to, or ``None`` outside one."""
+    return _current.get()
+
+
+async def run_in_step(make: Callable[[], Awaitable[Any]], ctx: ToolContext | None) -> Any:
+    """Await the coroutine ``make()`` returns with ``current_step()`` set to ``ctx``: a step
+    tool's ``run`` awaits its work so (the worker's task of the call, on the process's loop),
+    and the tool, model or MCP call it reaches reads its step with ``step_context()``."""
+    token = _current.set(ctx)
+    try:
+        return await make()
+    finally:
+        _current.reset(token)
 
 
 def step_context() -> ToolContext:
@@ -201,11 +233,33 @@ class ModelStepBase(EffectFreeStep):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         call = self.owner.handed(ctx, self.name, args, self.call_type)
-        return await LOOP.step(lambda: self.request(call, ctx), ctx)
+        return await run_in_step(lambda: self.request(call, ctx), ctx)
 
     async def request(self, call: Any, ctx: ToolContext) -> dict[str, Any]:
         """Send the request ``call`` with the step's key and deadline; its recorded JSON."""
         raise NotImplementedError
+
+
+def recorded_lookup(fn: Callable[[str, dict[str, Any]], Lookup | Awaitable[Lookup]] | None,
+                    key: str, args: dict[str, Any],
+                    encode: Callable[[Any], Any]) -> Lookup | Awaitable[Lookup]:
+    """A user's ``lookup(key, args)`` (plain or ``async``), its "applied" result encoded the
+    way the step records a result (``encode``); without one, the outcome stays unknown."""
+    if fn is None:
+        return Lookup.unknown()
+
+    def recorded(found: Lookup) -> Lookup:
+        return Lookup.applied(encode(found.result)) if found.status == "applied" else found
+
+    found = fn(key, args)
+    if inspect.isawaitable(found):
+        pending = found
+
+        async def wrapped() -> Lookup:
+            return recorded(await pending)
+
+        return wrapped()
+    return recorded(found)
 
 
 def mcp_step_tools(base: str, listing: type[Tool], calling: type[Tool], shared: dict[str, Any],

@@ -40,7 +40,12 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
 
 from durable.agents import Lookup, Tool, ToolContext, registry
 from durable.errors import DurableError
-from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, mcp_step_tools
+from durable.integrations.base import (
+    DEFAULT_TIMEOUT_S,
+    EffectFreeStep,
+    mcp_step_tools,
+    run_in_step,
+)
 from durable.integrations.mcp_sessions import (
     META_DEADLINE,
     META_KEY,
@@ -49,7 +54,6 @@ from durable.integrations.mcp_sessions import (
     read_only,
     step_meta,
 )
-from durable.integrations.steploop import LOOP
 
 __all__ = ["META_DEADLINE", "META_KEY", "McpServer", "McpToolError"]
 
@@ -93,7 +97,7 @@ class McpServer:
                     return [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                             for t in tools]
 
-                return await LOOP.step(lambda: server.session(listing, effect=False), ctx)
+                return await run_in_step(lambda: server.session(listing, effect=False), ctx)
 
         class Calling(Tool):
             async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
@@ -104,7 +108,7 @@ class McpServer:
                         args["tool"], dict(args.get("args") or {}), meta=meta,
                         timeout=ctx.remaining(), raise_on_error=False))
 
-                return await LOOP.step(
+                return await run_in_step(
                     lambda: server.session(calling, effect=not self.effect_free), ctx)
 
             def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:

@@ -2,7 +2,7 @@
 server died (``durable.integrations.mcp`` for code agents, ``pydantic_ai.mcp`` and
 ``openai_agents.mcp`` for the frameworks).
 
-A session lives on the steps' event loop (the process's, ``durable.integrations.steploop``): it
+A session lives on the steps' event loop (the process's, ``durable.integrations.base``): it
 is opened by the first step that needs it and stays open while the server answers. A stdio
 server that died (killed, crashed, out of memory) closes the session's streams; what a step
 does then depends on what it knows:

@@ -91,7 +91,7 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
                       "pip install 'durable-agents[openai-agents]'") from exc
 
 from durable.integrations.base import StepOptions, step_context
-from durable.integrations.openai_agents.binding import AgentRunFailed
-from durable.integrations.openai_agents.runner import AgentInput, DurableAgent
+from durable.integrations.openai_agents.agent import DurableAgent
+from durable.integrations.openai_agents.run import AgentInput, AgentRunFailed
 
 __all__ = ["AgentInput", "AgentRunFailed", "DurableAgent", "StepOptions", "step_context"]

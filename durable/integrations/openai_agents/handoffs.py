@@ -37,10 +37,8 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from durable.agents import ToolContext
-from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, stable
-from durable.integrations.openai_agents.binding import AgentRunFailed, bound
-from durable.integrations.openai_agents.steps import AgentOwner
-from durable.integrations.steploop import LOOP
+from durable.integrations.base import DEFAULT_TIMEOUT_S, EffectFreeStep, run_in_step, stable
+from durable.integrations.openai_agents.run import AgentOwner, AgentRunFailed, bound
 
 
 class HandoffOwner(AgentOwner, Protocol):
@@ -82,7 +80,7 @@ class HandoffStep(EffectFreeStep):
                 out["context"] = changed
             return out
 
-        return await LOOP.step(invoke, ctx)
+        return await run_in_step(invoke, ctx)
 
 
 def durable_handoff(owner: HandoffOwner, item: Agent[Any] | Handoff[Any, Any]

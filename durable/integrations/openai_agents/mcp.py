@@ -39,6 +39,8 @@ from durable.integrations.base import (
     StepOptions,
     jsonable,
     mcp_step_tools,
+    recorded_lookup,
+    run_in_step,
     stable,
 )
 from durable.integrations.mcp_sessions import (
@@ -47,9 +49,7 @@ from durable.integrations.mcp_sessions import (
     read_only,
     step_meta,
 )
-from durable.integrations.openai_agents.binding import bound
-from durable.integrations.openai_agents.steps import AgentOwner
-from durable.integrations.steploop import LOOP, recorded_lookup
+from durable.integrations.openai_agents.run import AgentOwner, bound
 
 #: Where the SDK's tool call id travels from the tool's context to ``call_tool``.
 CALL_ID = "durable_call_id"
@@ -125,7 +125,7 @@ class McpToolsStep(EffectFreeStep):
             tools = await connection.server.list_tools(call.run_context, call.agent)
             return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
-        return await LOOP.step(lambda: _session(self.owner, call.server, listing,
+        return await run_in_step(lambda: _session(self.owner, call.server, listing,
                                                 effect=False), ctx)
 
 
@@ -143,7 +143,7 @@ class McpCallStep(Tool):
             result = await connection.server.call_tool(call.tool, call.arguments, meta=meta)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-        return await LOOP.step(lambda: _session(self.owner, call.server, calling,
+        return await run_in_step(lambda: _session(self.owner, call.server, calling,
                                                 effect=not self.effect_free), ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Any:

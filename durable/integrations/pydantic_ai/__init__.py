@@ -50,7 +50,7 @@ message history carried as JSON. Here:
 - A run that continues another (a named session's turn, ``start(..., session=...)``, or
   ``continue_from``) gets that run's kept conversation as its ``message_history``; a
   session's run keeps its messages for the next turn
-  (``durable.integrations.pydantic_ai.history``).
+  (``durable.integrations.pydantic_ai.run``).
 - ``RunCancelled`` (``ctx.cancel()`` in a tool) ends the run ``canceled``; a step failure
   (a response over ``DURABLE_MAX_RESULT_BYTES``, a rejected call) ends it ``failed`` naming it.
 
@@ -76,9 +76,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is not instal
                               "install 'durable-agents[pydantic-ai]'", name=exc.name) from None
 
 from durable.integrations.base import StepOptions, step_context
-from durable.integrations.pydantic_ai.agent import DurableAgent
-from durable.integrations.pydantic_ai.capability import RedisDurability
-from durable.integrations.pydantic_ai.inputs import PromptInput, RunInput, prompt_input
+from durable.integrations.pydantic_ai.agent import DurableAgent, RedisDurability
+from durable.integrations.pydantic_ai.run import PromptInput, RunInput, prompt_input
 
 __all__ = ["DurableAgent", "PromptInput", "RedisDurability", "RunInput", "StepOptions",
            "prompt_input", "step_context"]

@@ -24,13 +24,11 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Tool, ToolContext
 from durable.integrations import mcp_sessions
-from durable.integrations.base import EffectFreeStep, StepOptions, mcp_step_tools
+from durable.integrations.base import EffectFreeStep, StepOptions, mcp_step_tools, run_in_step
 from durable.integrations.mcp_sessions import SESSIONS, dying_with_worker, step_meta
-from durable.integrations.pydantic_ai.codec import tool_outcome
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import Durability, bound
-from durable.integrations.pydantic_ai.toolsets import ToolStep, take_step
-from durable.integrations.steploop import LOOP
+from durable.integrations.pydantic_ai.run import Durability, bound
+from durable.integrations.pydantic_ai.tools import ToolStep, take_step, tool_outcome
 
 try:
     from pydantic_ai.mcp import MCPToolset
@@ -38,6 +36,7 @@ except ImportError:  # pragma: no cover - pydantic-ai without its MCP extra
     MCPToolset = None  # type: ignore[assignment,misc]
 
 _DEFS: TypeAdapter[list[ToolDefinition]] = TypeAdapter(list[ToolDefinition])
+
 
 def is_mcp(toolset: AbstractToolset[Any]) -> bool:
     return MCPToolset is not None and isinstance(toolset, MCPToolset)
@@ -91,7 +90,7 @@ class McpToolsStep(_McpStep, EffectFreeStep):
             tools = await server.get_tools(call.ctx)
             return _DEFS.dump_python([t.tool_def for t in tools.values()], mode="json")
 
-        return await LOOP.step(lambda: self.session(listing, effect=False), ctx)
+        return await run_in_step(lambda: self.session(listing, effect=False), ctx)
 
 
 class McpCallStep(_McpStep, ToolStep):
@@ -107,7 +106,7 @@ class McpCallStep(_McpStep, ToolStep):
         async def invoke() -> dict[str, Any]:
             return await tool_outcome(self.session(calling, effect=not self.effect_free))
 
-        return await LOOP.step(invoke, ctx)
+        return await run_in_step(invoke, ctx)
 
 
 def mcp_steps(owner: Durability, ident: str,

@@ -1,7 +1,9 @@
 """A model request inside a durable run: the function's side (a wrapper model whose
-``request`` and ``request_stream`` take the step ``<name>.model``) and the worker's side (the
+``request`` and ``request_stream`` take the step ``<name>.model``), the worker's side (the
 step tool that sends the request with the step's ``Idempotency-Key`` and deadline, streaming
-its text and tool calls to the run's followers when the agent streams)."""
+its text and tool calls to the run's followers when the agent streams), and the JSON the step
+is made of (the request's identity, its messages without timestamps; the response with its
+usage)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
+from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.exceptions import UsageLimitExceeded, UserError
 from pydantic_ai.messages import (
     ModelMessage,
@@ -36,8 +39,7 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import ToolContext
 from durable.integrations.base import ModelStepBase, stable
-from durable.integrations.pydantic_ai.codec import decode_response, encode_response, identity
-from durable.integrations.pydantic_ai.steps import Durability, bound
+from durable.integrations.pydantic_ai.run import Durability, bound
 from durable.streams.partials import tool_call_delta
 
 #: pydantic-ai's errors that no retry can fix (the peers never retry them either).
@@ -61,6 +63,39 @@ def retryable_but_not_usage(named: tuple[type[BaseException], ...]) \
         return ()
     marker = _RetryableMeta("Retryable", (Exception,), {"named": tuple(named)})
     return (marker,)  # type: ignore[return-value]  # a class of Exception, by its metaclass
+
+
+# The JSON of a model step -------------------------------------------------------------------
+
+
+def identity(messages: list[ModelMessage]) -> list[Any]:
+    """The messages of a request as JSON, without their timestamps: what the step's digest is
+    taken over, the same when the function is executed again."""
+    data: list[Any] = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
+    for message in data:
+        message.pop("timestamp", None)
+        for part in message.get("parts") or ():
+            if isinstance(part, dict):
+                part.pop("timestamp", None)
+    return data
+
+
+def encode_response(response: ModelResponse) -> dict[str, Any]:
+    usage = response.usage
+    return {
+        "response": ModelMessagesTypeAdapter.dump_python([response], mode="json")[0],
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                  "total_tokens": usage.total_tokens},
+    }
+
+
+def decode_response(data: Any) -> ModelResponse:
+    if not isinstance(data, dict) or "response" not in data:
+        raise TypeError(f"a model step recorded {type(data).__name__} without a response")
+    (message,) = ModelMessagesTypeAdapter.validate_python([data["response"]])
+    if not isinstance(message, ModelResponse):
+        raise TypeError(f"a model step recorded a {type(message).__name__}, not a response")
+    return message
 
 
 @dataclass

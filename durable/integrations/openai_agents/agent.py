@@ -1,16 +1,12 @@
-"""The function's side of an OpenAI Agents SDK run: ``DurableAgent`` clones the agent graph
-with durable models, function tools and handoffs, and registers a code agent whose function
-runs ``Runner.run`` on the clone."""
+"""The durable agent: ``DurableAgent`` clones an OpenAI Agents SDK agent graph with durable
+models (``model``), function tools (``tools``), handoffs (``handoffs``) and MCP servers
+(``mcp``), and registers a code agent whose function runs ``Runner.run`` on the clone."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-import openai
 from agents import (
     Agent,
     CodeInterpreterTool,
@@ -18,96 +14,40 @@ from agents import (
     Handoff,
     HostedMCPTool,
     ImageGenerationTool,
-    ModelResponse,
-    ModelSettings,
     RunConfig,
     RunHooks,
     Runner,
     WebSearchTool,
 )
 from agents.mcp import MCPServer
-from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.interface import ModelProvider
 from agents.models.multi_provider import MultiProvider
-from agents.tool import DEFAULT_APPROVAL_REJECTION_MESSAGE, FunctionTool
-from agents.tool_context import ToolContext as SdkToolContext
-from pydantic import BaseModel, ConfigDict
+from agents.tool import FunctionTool
 
 from durable import conversations
 from durable.agents import Tool, ToolContext, registry
-from durable.code import AsyncRunContext, StepFailed
+from durable.code import AsyncRunContext
 from durable.code import agent as code_agent
-from durable.integrations.base import LiveRequests, StepOptions, jsonable, make_step, stable
-from durable.integrations.openai_agents import children, handoffs, mcp
-from durable.integrations.openai_agents import steps as st
-from durable.integrations.openai_agents.binding import (
+from durable.integrations.base import LiveRequests, StepOptions, jsonable, make_step
+from durable.integrations.openai_agents import handoffs, mcp, tools
+from durable.integrations.openai_agents.model import MODEL_RETRYABLE, DurableModel, ModelStep
+from durable.integrations.openai_agents.run import (
+    AgentInput,
     Binding,
     binding,
-    bound,
+    continued_items,
+    keep_items,
+    keeps,
+    live_key,
     primary,
 )
 
 #: Tools the model's provider runs itself (their calls are part of the model step).
 HOSTED = (FileSearchTool, WebSearchTool, CodeInterpreterTool, ImageGenerationTool, HostedMCPTool)
-#: What a model step retries by default: the request did not reach the model, or the
-#: provider said to come back (429, 5xx). Bounded by the step's attempts; never a bad request.
-MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
-    openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 #: ``max_turns`` when the run has no "model_calls" budget: high, never a hidden ceiling.
 MAX_TURNS = 1000
 
 T = TypeVar("T")
-
-
-class AgentInput(BaseModel):
-    """A ``DurableAgent`` run's input: what ``Runner.run`` takes as ``input`` (text, or the
-    input items of a conversation to continue: ``result.to_input_list()``). Subclass it to
-    carry what ``context`` builds the run's context object from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input: str | list[dict[str, Any]]
-
-
-class _DurableModel(Model):
-    """An agent's model inside a durable run: ``get_response`` is the step ``<name>.model``;
-    the real model (the agent's, or the provider's for its name) is resolved on first use."""
-
-    def __init__(self, owner: DurableAgent, agent: str, ref: str | Model | None) -> None:
-        self.owner, self.agent, self.ref = owner, agent, ref
-        self._real: Model | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def real(self) -> Model:
-        with self._lock:
-            if self._real is None:
-                self._real = self.ref if isinstance(self.ref, Model) else \
-                    self.owner.model_provider.get_model(self.ref)
-            return self._real
-
-    async def get_response(self, system_instructions: str | None, input: Any,
-                           model_settings: ModelSettings, tools: list[Any], output_schema: Any,
-                           handoffs: list[Handoff[Any, Any]], tracing: ModelTracing,
-                           **extra: Any) -> ModelResponse:
-        b = bound(self.owner)
-        if b is None:
-            return await self.real.get_response(system_instructions, input, model_settings,
-                                                tools, output_schema, handoffs, tracing, **extra)
-        args = stable({
-            "agent": self.agent, "instructions": system_instructions, "input": input,
-            "tools": [getattr(t, "name", type(t).__name__) for t in tools],
-            "handoffs": [h.tool_name for h in handoffs],
-            "output": output_schema.name() if output_schema is not None else None,
-            "settings": model_settings.to_json_dict(), **extra})
-        call = st.ModelCall(self.real, system_instructions, input, model_settings, tools,
-                            output_schema, handoffs, tracing, extra)
-        return st.decode_response(await b.step(self.owner.model_step, args, call))
-
-    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        if bound(self.owner) is not None:  # Runner.run never streams; followers get tokens
-            raise RuntimeError("a DurableAgent runs its agent with Runner.run; the model "
-                               "step streams to the run's followers")
-        return self.real.stream_response(*args, **kwargs)
 
 
 class DurableAgent:
@@ -164,7 +104,7 @@ class DurableAgent:
         self._options = dict(tools or {})
         self.model_step, self.handoff_step = f"{resolved}.model", f"{resolved}.handoff"
         self._steps: list[Tool] = [
-            make_step(st.ModelStep, self.model_step, owner=self, timeout_s=model_timeout_s,
+            make_step(ModelStep, self.model_step, owner=self, timeout_s=model_timeout_s,
                       retryable=tuple(model_retryable)),
             make_step(handoffs.HandoffStep, self.handoff_step, owner=self)]
         self._tools: dict[str, FunctionTool] = {}
@@ -197,27 +137,27 @@ class DurableAgent:
     def as_child_tool(self, name: str | None = None,
                       description: str | None = None) -> FunctionTool:
         """This agent as a tool of another ``DurableAgent``'s agents, each call a child run
-        of the caller's run (``durable.integrations.openai_agents.children``)."""
-        return children.child_tool(self, name, description)
+        of the caller's run (``durable.integrations.openai_agents.tools``)."""
+        return tools.child_tool(self, name, description)
 
     # The clone ------------------------------------------------------------------------
 
     def _clone(self, agent: Agent[Any]) -> Agent[Any]:
         servers = [self._mcp_server(server) for server in agent.mcp_servers]
-        tools: list[Any] = []
+        listed: list[Any] = []
         for tool in agent.tools:
             if isinstance(tool, HOSTED):
-                tools.append(tool)  # run by the model's provider, inside the model step
+                listed.append(tool)  # run by the model's provider, inside the model step
             elif isinstance(tool, FunctionTool) and \
-                    isinstance(child := getattr(tool, children.MARK, None), DurableAgent):
-                tools.append(children.durable_child(self, tool, child))
+                    isinstance(child := getattr(tool, tools.CHILD_MARK, None), DurableAgent):
+                listed.append(tools.durable_child(self, tool, child))
             elif isinstance(tool, FunctionTool):
-                tools.append(self._function_tool(tool))
+                listed.append(self._function_tool(tool))
             else:
                 raise TypeError(f"DurableAgent({self.name!r}): {type(tool).__name__} "
                                 f"{getattr(tool, 'name', '')!r} of agent {agent.name!r} runs "
                                 "locally outside a function tool; it cannot be made a step")
-        return agent.clone(model=_DurableModel(self, agent.name, agent.model), tools=tools,
+        return agent.clone(model=DurableModel(self, agent.name, agent.model), tools=listed,
                            mcp_servers=servers)
 
     def _mcp_server(self, server: MCPServer) -> MCPServer:
@@ -241,48 +181,15 @@ class DurableAgent:
             raise ValueError(f"DurableAgent({self.name!r}): two different tools are named "
                              f"{tool.name!r}; their steps would share a name")
         self._tools[tool.name] = tool
-        opts = self._options.get(tool.name, StepOptions())
-        needs = tool.needs_approval if opts.requires_approval is None else opts.requires_approval
-        step = f"{self.name}.tool.{tool.name}"
-        approval = f"{step}.approval" if callable(needs) else None
-        if not opts.step:
-            raise ValueError(f"DurableAgent({self.name!r}): StepOptions(step=False) for "
-                             f"{tool.name!r}: every function tool of a DurableAgent is a step")
+        steps, durable = tools.durable_function_tool(
+            self, tool, self._options.get(tool.name, StepOptions()))
         if seen is None:
-            base = opts.step_attrs(tool.timeout_seconds)
-            self._steps.append(make_step(st.FunctionStep, step, owner=self, **base,
-                                         requires_approval=needs is True))
-            if approval is not None:
-                self._steps.append(make_step(st.FunctionStep, approval, owner=self, **base,
-                                             requires_approval=True))
-        owner = self
-
-        async def invoke(tctx: SdkToolContext[Any], arguments: str) -> Any:
-            b = bound(owner)
-            if b is None:
-                return await tool.on_invoke_tool(tctx, arguments)
-            parsed = _parsed(arguments)
-            name = step
-            if approval is not None and callable(needs) and \
-                    await needs(tctx, parsed if isinstance(parsed, dict) else {},
-                                tctx.tool_call_id):
-                name = approval
-            args = stable({"call_id": tctx.tool_call_id, "arguments": parsed})
-            try:
-                out = await b.step(name, args, st.ToolCall(tool, tctx, arguments))
-            except StepFailed as exc:
-                if exc.status == "rejected":
-                    return f"{DEFAULT_APPROVAL_REJECTION_MESSAGE} ({exc.error})"
-                raise
-            return st.decode_output(out)
-
-        # This system asks for the approval: the SDK is told the call needs none.
-        return dataclasses.replace(tool, on_invoke_tool=invoke, needs_approval=False,
-                                   timeout_seconds=None)
+            self._steps.extend(steps)
+        return durable
 
     def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
         """The live request of the step ``step`` its function waits at, by its arguments."""
-        return self.live.take(st.live_key(ctx.run_id, step, args), kind, ctx, step)
+        return self.live.take(live_key(ctx.run_id, step, args), kind, ctx, step)
 
     # The run ---------------------------------------------------------------------------
 
@@ -298,25 +205,13 @@ class DurableAgent:
             raise primary(exc) from None
         finally:
             binding.reset(token)
-        if ctx.continues or ctx.session_name:  # kept for the run that continues this one
-            await conversations.asave(ctx, jsonable(result.to_input_list()))
+        if keeps(ctx):  # kept for the run that continues this one
+            await keep_items(ctx, result.to_input_list())
         output = jsonable(result.final_output)
         if self.return_items:
             return {"output": output, "items": jsonable(result.to_input_list()),
                     "last_agent": result.last_agent.name}
         return output
-
-
-async def continued_items(ctx: AsyncRunContext, given: str | list[dict[str, Any]]
-                          ) -> str | list[dict[str, Any]]:
-    """The run's input: for a run that continues another (``continue_from`` or a named
-    session), the items that run kept (the step ``conversation.load``) then the input's,
-    text becoming a user message; else the input as given."""
-    if not ctx.continues:
-        return given
-    earlier = await conversations.aload(ctx)
-    new = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
-    return [*earlier, *new]
 
 
 def _graph(root: Agent[Any]) -> Iterator[Agent[Any]]:
@@ -342,10 +237,3 @@ def _handoff_target(item: Handoff[Any, Any]) -> Agent[Any] | None:
     ref = getattr(item, "_agent_ref", None)
     target = ref() if ref is not None else None
     return target if isinstance(target, Agent) else None
-
-
-def _parsed(arguments: str) -> Any:
-    try:
-        return json.loads(arguments) if arguments else {}
-    except ValueError:
-        return arguments  # the tool's own validation tells the model

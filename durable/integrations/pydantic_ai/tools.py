@@ -1,6 +1,8 @@
-"""A function toolset inside a durable run: the function's side (a wrapper toolset whose
-``call_tool`` takes the step of its tool) and the worker's side (the step tool that calls the
-toolset's tool, and asks its ``lookup`` after a crash)."""
+"""A toolset's tool calls inside a durable run: the function's side (a wrapper toolset whose
+``call_tool`` takes the step of its tool, for a function toolset and a dynamic one), the
+worker's side (the step tool that calls the toolset's tool, and asks its ``lookup`` after a
+crash), and the JSON a call's outcome is recorded as (its return, or the control-flow signal
+it raised). An MCP toolset's steps are ``durable.integrations.pydantic_ai.mcp``."""
 
 from __future__ import annotations
 
@@ -8,16 +10,73 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from pydantic import TypeAdapter
+from pydantic_ai import ApprovalRequired, CallDeferred, ModelRetry, ToolFailed
+from pydantic_ai.messages import ToolReturn, ToolReturnContent
 from pydantic_ai.tools import RunContext, ToolDenied
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
 
 from durable.agents import Lookup, Tool, ToolContext
 from durable.code import StepFailed
-from durable.integrations.base import StepOptions, make_step, stable
-from durable.integrations.pydantic_ai.codec import decode_outcome, encode_return, tool_outcome
+from durable.integrations.base import (
+    StepOptions,
+    make_step,
+    opaque,
+    recorded_lookup,
+    run_in_step,
+    stable,
+)
 from durable.integrations.pydantic_ai.model import retryable_but_not_usage
-from durable.integrations.pydantic_ai.steps import Durability, bound
-from durable.integrations.steploop import LOOP, recorded_lookup
+from durable.integrations.pydantic_ai.run import Durability, bound
+
+# The JSON of a tool step --------------------------------------------------------------------
+
+
+CONTENT: TypeAdapter[Any] = TypeAdapter(ToolReturnContent)
+TOOL_RETURN: TypeAdapter[ToolReturn[Any]] = TypeAdapter(ToolReturn)
+
+
+def encode_return(value: Any) -> dict[str, Any]:
+    if isinstance(value, ToolReturn):
+        return {"tool_return": TOOL_RETURN.dump_python(value, mode="json")}
+    return {"return": CONTENT.dump_python(value, mode="json", fallback=opaque)}
+
+
+async def tool_outcome(call: Awaitable[Any]) -> dict[str, Any]:
+    """A tool call's outcome as JSON: its return, or the control-flow signal it raised
+    (pydantic-ai's tools ask for a retry, fail or defer by raising)."""
+    try:
+        value = await call
+    except ModelRetry as exc:
+        return {"retry": exc.message}
+    except ToolFailed as exc:
+        return {"failed": exc.message}
+    except ApprovalRequired as exc:
+        return {"approval_required": stable(exc.metadata)}
+    except CallDeferred as exc:
+        return {"deferred": stable(exc.metadata), "kind": exc.kind}
+    return encode_return(value)
+
+
+def decode_outcome(data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise TypeError(f"a tool step recorded {data!r}")
+    if "return" in data:
+        return CONTENT.validate_python(data["return"])
+    if "tool_return" in data:
+        return TOOL_RETURN.validate_python(data["tool_return"])
+    if "retry" in data:
+        raise ModelRetry(data["retry"])
+    if "failed" in data:
+        raise ToolFailed(data["failed"])
+    if "approval_required" in data:
+        raise ApprovalRequired(data["approval_required"])
+    if "deferred" in data:
+        raise CallDeferred(data["deferred"], kind=data.get("kind", "external"))
+    raise TypeError(f"a tool step recorded {data!r}")
+
+
+# The steps of a function or dynamic toolset -------------------------------------------------
 
 
 @dataclass
@@ -110,7 +169,7 @@ class ToolStep(Tool):
             return await tool_outcome(
                 call.toolset.call_tool(call.name, call.args, run_ctx, call.tool))
 
-        return await LOOP.step(invoke, ctx)
+        return await run_in_step(invoke, ctx)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
         return recorded_lookup(self.options.lookup, key, args, encode_return)

@@ -1,30 +1,24 @@
-"""The worker's side of an OpenAI Agents SDK run: the step tools that perform a model request
-and a function tool call, and the JSON their outcomes are recorded as (a handoff's step is
-``durable.integrations.openai_agents.handoffs``).
+"""A model request inside a durable OpenAI Agents SDK run: the function's side (the model of
+every agent of the clone, whose ``get_response`` takes the step ``<name>.model``), the
+worker's side (the step tool that sends the request with the step's ``Idempotency-Key`` and
+deadline, streaming its text and tool calls to the run's followers), and the JSON the step
+records (the response's output items, ids and usage).
 
-A step tool reaches the live request (the real model and its arguments, the SDK's
-``ToolContext``) through a hand-off the agent's function fills just before it
-takes the step, keyed by run, step tool and the digest of the step's arguments: the worker
-only ever runs a code agent's step while its function waits at that very call, and the
-arguments name the call (a tool call's arguments carry the model's ``call_id``).
-
-Every coroutine runs on one event loop per process (``durable.integrations.steploop``), so a
-model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops. The tools
-know their ``DurableAgent`` as an ``AgentOwner``; ``StepOptions`` and ``step_context()`` are
-the shared ones of ``durable.integrations.base``.
+Every coroutine runs on one event loop per process (``durable.integrations.base``), so a
+model's cached HTTP client (``AsyncOpenAI``) is never used from two event loops.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable
+import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import openai
 from agents import Handoff, ModelResponse, ModelSettings, Usage
-from agents.models.interface import Model, ModelTracing
-from agents.tool import FunctionTool, maybe_invoke_function_tool_failure_error_function
-from agents.tool_context import ToolContext as SdkToolContext
+from agents.models.interface import Model, ModelProvider, ModelTracing
 from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseErrorEvent,
@@ -39,28 +33,29 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-from durable.agents import Lookup, OutcomeUnknown, Tool, ToolContext
-from durable.call_identity import args_digest
-from durable.integrations.base import (
-    LiveRequests,
-    ModelStepBase,
-    Owner,
-    StepOptions,
-    jsonable,
-)
-from durable.integrations.steploop import LOOP, recorded_lookup
+from durable.agents import ToolContext
+from durable.integrations.base import ModelStepBase, stable
+from durable.integrations.openai_agents.run import AgentOwner, bound
 from durable.streams.partials import tool_call_delta
 
+#: What a model step retries by default: the request did not reach the model, or the
+#: provider said to come back (429, 5xx). Bounded by the step's attempts; never a bad request.
+MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
+    openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 
-class AgentOwner(Owner, Protocol):
-    """What the step tools and wrappers of a run know of its ``DurableAgent``."""
 
-    live: LiveRequests
+class ModelOwner(AgentOwner, Protocol):
+    """What a run's models and its model step know of their ``DurableAgent``."""
+
+    #: The name of the model step tool.
+    model_step: str
+    #: Resolves the models agents name by a string.
+    model_provider: ModelProvider
     #: Model requests are streamed, their text deltas published to the run's followers.
     stream: bool
 
 
-# Encodings ---------------------------------------------------------------------------------
+# The JSON of a model step -------------------------------------------------------------------
 
 
 _OUTPUT_ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
@@ -92,27 +87,13 @@ def decode_response(data: Any) -> ModelResponse:
         response_id=data.get("response_id"), request_id=data.get("request_id"))
 
 
-def encode_output(value: Any) -> dict[str, Any]:
-    """A function tool's return as recorded: JSON data as it is, anything else as its ``str``
-    (what the SDK tells the model of it)."""
-    if isinstance(value, str | int | float | bool | type(None) | list | dict):
-        return {"return": jsonable(value)}
-    return {"text": str(value)}
-
-
-def decode_output(data: Any) -> Any:
-    if isinstance(data, dict) and "return" in data:
-        return data["return"]
-    if isinstance(data, dict) and "text" in data:
-        return str(data["text"])
-    raise TypeError(f"a tool step recorded {str(data)[:200]!r}")
-
-
-# What the function hands to the step it takes ----------------------------------------------
+# The function's side ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ModelCall:
+    """The live request a model step sends: handed from the function to the step tool."""
+
     model: Model
     instructions: str | None
     input: Any
@@ -124,24 +105,55 @@ class ModelCall:
     extra: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    tool: FunctionTool
-    context: SdkToolContext[Any]
-    arguments: str
+class DurableModel(Model):
+    """An agent's model inside a durable run: ``get_response`` is the step ``<name>.model``;
+    the real model (the agent's, or the provider's for its name) is resolved on first use."""
+
+    def __init__(self, owner: ModelOwner, agent: str, ref: str | Model | None) -> None:
+        self.owner, self.agent, self.ref = owner, agent, ref
+        self._real: Model | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def real(self) -> Model:
+        with self._lock:
+            if self._real is None:
+                self._real = self.ref if isinstance(self.ref, Model) else \
+                    self.owner.model_provider.get_model(self.ref)
+            return self._real
+
+    async def get_response(self, system_instructions: str | None, input: Any,
+                           model_settings: ModelSettings, tools: list[Any], output_schema: Any,
+                           handoffs: list[Handoff[Any, Any]], tracing: ModelTracing,
+                           **extra: Any) -> ModelResponse:
+        b = bound(self.owner)
+        if b is None:
+            return await self.real.get_response(system_instructions, input, model_settings,
+                                                tools, output_schema, handoffs, tracing, **extra)
+        args = stable({
+            "agent": self.agent, "instructions": system_instructions, "input": input,
+            "tools": [getattr(t, "name", type(t).__name__) for t in tools],
+            "handoffs": [h.tool_name for h in handoffs],
+            "output": output_schema.name() if output_schema is not None else None,
+            "settings": model_settings.to_json_dict(), **extra})
+        call = ModelCall(self.real, system_instructions, input, model_settings, tools,
+                         output_schema, handoffs, tracing, extra)
+        return decode_response(await b.step(self.owner.model_step, args, call))
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if bound(self.owner) is not None:  # Runner.run never streams; followers get tokens
+            raise RuntimeError("a DurableAgent runs its agent with Runner.run; the model "
+                               "step streams to the run's followers")
+        return self.real.stream_response(*args, **kwargs)
 
 
-def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str, str]:
-    return (run_id, tool, args_digest(args))
-
-
-# The step tools ----------------------------------------------------------------------------
+# The worker's side --------------------------------------------------------------------------
 
 
 class ModelStep(ModelStepBase):
     """``<name>.model``: one model request, by the real model, streamed to followers."""
 
-    owner: ClassVar[AgentOwner]
+    owner: ClassVar[ModelOwner]
     call_type = ModelCall
 
     async def request(self, call: ModelCall, ctx: ToolContext) -> dict[str, Any]:
@@ -210,51 +222,3 @@ async def _streamed(call: ModelCall, settings: ModelSettings, ctx: ToolContext) 
                     output_tokens=usage.output_tokens if usage else 0,
                     total_tokens=usage.total_tokens if usage else 0),
         response_id=completed.id)
-
-
-class FunctionStep(Tool):
-    """``<name>.tool.<tool>``: one call of a function tool, by the tool itself (its own error
-    handling included: an exception it turns into a message for the model is recorded as
-    that message, except ``OutcomeUnknown`` and the step's ``retryable``, see ``_invoke``)."""
-
-    owner: ClassVar[AgentOwner]
-    options: ClassVar[StepOptions]
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        call = self.owner.handed(ctx, self.name, args, ToolCall)
-
-        async def invoke() -> dict[str, Any]:
-            return encode_output(await _invoke(call, self.retryable))
-
-        return await LOOP.step(invoke, ctx)
-
-    def lookup(self, key: str, args: dict[str, Any]) -> Lookup | Awaitable[Lookup]:
-        arguments = args.get("arguments")
-        return recorded_lookup(self.options.lookup, key,
-                               arguments if isinstance(arguments, dict) else {}, encode_output)
-
-
-async def _invoke(call: ToolCall, retryable: tuple[type[BaseException], ...]) -> Any:
-    """The tool's own call, with the SDK's error handling (an exception told to the model as
-    a message) except for what this system must see: ``OutcomeUnknown`` (the effect may have
-    happened: resolved by ``lookup``, never told to the model as a failure it would retry
-    under a new key) and the step's ``retryable`` exceptions (retried with the same key)."""
-    invoker = call.tool.on_invoke_tool
-    impl = getattr(invoker, "_invoke_tool_impl", None)
-    if impl is None:  # not the SDK's failure-handling wrapper: the tool as it is
-        return await invoker(call.context, call.arguments)
-    passthrough: tuple[type[BaseException], ...] = (OutcomeUnknown, *retryable)
-    try:
-        return await impl(call.context, call.arguments)
-    except passthrough:
-        raise
-    except Exception as exc:
-        tool = getattr(invoker, "_function_tool", None) or call.tool
-        message = await maybe_invoke_function_tool_failure_error_function(
-            function_tool=tool, context=call.context, error=exc)
-        if message is None:
-            raise
-        handled = getattr(invoker, "_on_handled_error", None)
-        if callable(handled):
-            handled(tool, exc, call.arguments, call.context)
-        return message
