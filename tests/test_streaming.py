@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,7 +19,14 @@ from durable.client import Client
 from durable.errors import RunNotFound
 from durable.log import events as ev
 from durable.log.store import Entry
-from durable.streams.streaming import Partial, decode_partial, encode_partial
+from durable.streams import async_streaming, streaming
+from durable.streams.streaming import (
+    Partial,
+    afollow,
+    async_twin,
+    decode_partial,
+    encode_partial,
+)
 from durable.testing import Server, env_for, wait_for
 from tests.conftest import WorkerFactory, run_durable
 
@@ -65,6 +73,43 @@ def test_a_follower_sees_partial_output_before_the_steps_outcome(
         items = list(follower)
     _check_live(items, client, "live-1")
     assert client.status("live-1").result == {"said": ["tok0", "tok1", "tok2"]}
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_call_heard_before_its_dispatch_is_read_is_yielded_after_it(
+    client: Client, worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    """Window: the subscription hears a call's output before the follower's log reader has
+    read the call's dispatch (here every log read is made 0.4 s late, as on a loaded
+    machine). The output waits for its dispatch: the follower still yields the dispatch,
+    then the output, then the call's end."""
+    slow: Any = {"sync": streaming._Blocking, "async": async_streaming._Awaited}[side]
+    read = slow.xread
+
+    async def late(self: Any, last: str, block: int | None) -> Any:
+        if side == "sync":
+            time.sleep(0.4)  # the sync follower's reads are made at once, on its thread
+        else:
+            await asyncio.sleep(0.4)
+        return await read(self, last, block)
+
+    monkeypatch.setattr(slow, "xread", late)
+    client.start("chat", {"parts": 3, "pause_s": 0.02}, run_id=f"lag-{side}")
+    if side == "sync":
+        with client.follow(f"lag-{side}") as follower:
+            worker()
+            items: list[Any] = list(follower)
+    else:
+        async def gather() -> list[Any]:
+            got: list[Any] = []
+            async for item in afollow(async_twin(client.redis), client.log.keys,
+                                      f"lag-{side}", close_client=True):
+                if not got:
+                    worker()  # subscribed by the first item
+                got.append(item)
+            return got
+        items = asyncio.run(gather())
+    _check_live(items, client, f"lag-{side}")
 
 
 def test_a_follower_that_joins_after_the_end_gets_every_event(

@@ -136,8 +136,9 @@ def test_slow_reply_fault_applies_at_once_and_replies_late(world: WorldProcess) 
 
 def test_abort_refuses_the_attempt_but_not_a_later_one(world: WorldProcess) -> None:
     k = key()
-    deadline = now_ms() + 5000
-    world.client.set_faults(slow_next=1, slow_s=0.5, slow_phase="apply")
+    deadline = now_ms() + 10_000
+    # Held 3 s before applying: the abort must come within that, even on a loaded machine.
+    world.client.set_faults(slow_next=1, slow_s=3.0, slow_phase="apply")
     held: list[httpx.Response] = []
     t = threading.Thread(target=lambda: held.append(notify(world, k, deadline=deadline)))
     t.start()

@@ -35,6 +35,14 @@ from durable.streams.partials import (
 __all__ = ["afollow", "async_twin", "pump_partials", "read_log"]
 
 
+def last_id(newest: Any) -> str | None:
+    """The entry id in ``XREVRANGE log + - COUNT 1``'s reply (None: the log is empty)."""
+    if not newest:
+        return None
+    raw = newest[0][0]
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: str, *,
                   after: str = "0",
                   partial: bool = True, block_ms: int = 1000, reconnect_s: float = 30.0,
@@ -116,7 +124,7 @@ class FollowIO(Protocol):
     faults: tuple[type[BaseException], ...]
 
     @property
-    def barrier(self) -> object | None:
+    def barrier(self) -> Barrier | AsyncBarrier | None:
         """Set when the partial output of a call must be out before the call's end."""
         ...
 
@@ -129,6 +137,8 @@ class FollowIO(Protocol):
     def xread(self, last: str, block: int | None) -> Awaitable[Any]: ...
 
     def state(self) -> Awaitable[Any]: ...
+
+    def log_end(self) -> Awaitable[str | None]: ...
 
     def pause(self, seconds: float) -> Awaitable[None]: ...
 
@@ -165,6 +175,9 @@ class _Awaited:
 
     async def state(self) -> Any:
         return await self.client.hget(self.layout.run(self.run_id), "state")
+
+    async def log_end(self) -> str | None:
+        return last_id(await self.client.xrevrange(self.layout.log(self.run_id), count=1))
 
     async def pause(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -230,10 +243,12 @@ async def read_log(reader: FollowIO, last: str, block_ms: int, reconnect_s: floa
             reader.put(exc)
             return
         for entry in got:
-            if reader.barrier is not None and caught_up.is_set() and \
-                    isinstance(entry.event, CALL_ENDS):
-                await reader.partials_out()
-            reader.put(entry)
+            if reader.barrier is None:
+                reader.put(entry)
+            else:
+                if caught_up.is_set() and isinstance(entry.event, CALL_ENDS):
+                    await reader.partials_out()
+                reader.barrier.order.entry(entry, reader.put)
             last = entry.id
             if ends(entry):
                 reader.put(END)
@@ -269,7 +284,16 @@ async def pump_partials(reader: FollowIO, heard: Heard, barrier: Barrier | Async
         if msg and msg.get("type") == "message":
             found = decode_partial(msg["data"])
             if found is not None and heard.fresh(found):
-                reader.put(found)
+                end = None if barrier.order.ready(found) else await _log_end(reader)
+                barrier.order.partial(found, end, reader.put)
+
+
+async def _log_end(reader: FollowIO) -> str | None:
+    """The id of the log's last entry (None: it cannot be read now, or is empty)."""
+    try:
+        return await reader.log_end()
+    except reader.faults:
+        return None
 
 
 def async_twin(client: redis.Redis) -> redis.asyncio.Redis:

@@ -20,7 +20,8 @@ A follower subscribes first, then reads what is kept (:func:`kept`), then hears 
 in order, each message once: nothing is lost between the read and the subscription, as a
 message is kept before it is published. And the output of a call comes before the call's
 end: a follower's log reader, about to yield an outcome, waits on a :class:`Barrier` until
-its subscription has taken in everything published before.
+its subscription has taken in everything published before; and a message heard before the
+log reader has yielded its call's dispatch waits for it (:class:`Order`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import asyncio
 import itertools
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,7 @@ import redis.asyncio
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.scripts import Scripts
+from durable.log.store import Entry
 
 #: Bytes of partial output kept per step in flight, by default.
 DEFAULT_KEEP_BYTES = 1024 * 1024
@@ -205,15 +208,80 @@ CALL_ENDS = (ev.ActionSucceeded, ev.ActionFailed, ev.ActionTimedOut, ev.ActionIn
              ev.CallCanceled, *ev.TERMINAL_EVENTS)
 
 
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Order:
+    """A call's partial output after its dispatch, whichever of a follower's two readers
+    is ahead. A worker publishes a call's output after it logged the dispatch, but the
+    subscription can hear it before the log reader has read that far: such a message is
+    held (with the log's last entry id when it was heard, which the dispatch is at or
+    before) and handed out right after the dispatch, or that entry, when the log reader
+    yields it; and before the call's end in any case. Shared by the two readers (threads
+    or tasks); each hands its items out through it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dispatches: dict[int, int] = {}  # step -> dispatches read (an attempt's number)
+        self._read_to = (0, 0)
+        self._held: list[tuple[tuple[int, int], Partial]] = []
+
+    def ready(self, p: Partial) -> bool:
+        """Whether ``p``'s dispatch was handed out already (no need to ask the log)."""
+        with self._lock:
+            return p.attempt <= self._dispatches.get(p.step, 0)
+
+    def partial(self, p: Partial, log_end: str | None, put: Callable[[object], None]) -> None:
+        """Hand ``p`` out, or hold it until the log reader reaches ``log_end`` (the log's
+        last entry id when ``p`` was heard; None: nothing to wait for)."""
+        with self._lock:
+            if p.attempt <= self._dispatches.get(p.step, 0) or log_end is None \
+                    or _id(log_end) <= self._read_to:
+                put(p)
+            else:
+                self._held.append((_id(log_end), p))
+
+    def entry(self, entry: Entry, put: Callable[[object], None]) -> None:
+        """Hand a log entry out, with the output held for it: before a call's end, what
+        its call said; after a dispatch, what was held for it or for an entry up to it."""
+        event = entry.event
+        with self._lock:
+            if isinstance(event, CALL_ENDS):
+                step = getattr(event, "step", None)  # a run's end: every call's
+                self._release(put, lambda until, p: step is None or p.step == step)
+            put(entry)
+            self._read_to = _id(entry.id)
+            if isinstance(event, ev.ActionDispatched):
+                self._dispatches[event.step] = self._dispatches.get(event.step, 0) + 1
+            self._release(put, lambda until, p: until <= self._read_to
+                          or p.attempt <= self._dispatches.get(p.step, 0))
+
+    def _release(self, put: Callable[[object], None],
+                 due: Callable[[tuple[int, int], Partial], bool]) -> None:
+        if not self._held:
+            return
+        kept: list[tuple[tuple[int, int], Partial]] = []
+        for until, p in self._held:
+            if due(until, p):
+                put(p)
+            else:
+                kept.append((until, p))
+        self._held = kept
+
+
 class Barrier:
     """The log reader, about to yield the end of a call, has the partial reader take in
     first what was published before it: a ``PING`` on the subscription, whose reply comes
-    after every message published earlier."""
+    after every message published earlier. ``order`` puts what it took in after the call's
+    dispatch."""
 
     def __init__(self) -> None:
         self.wanted = threading.Event()
         self.done = threading.Event()
         self.count = 0
+        self.order = Order()
 
     def wait(self, timeout: float = 2.0) -> None:
         self.done.clear()
@@ -228,6 +296,7 @@ class AsyncBarrier:
         self.wanted = asyncio.Event()
         self.done = asyncio.Event()
         self.count = 0
+        self.order = Order()
 
     async def wait(self, timeout: float = 2.0) -> None:
         self.done.clear()

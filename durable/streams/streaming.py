@@ -33,7 +33,13 @@ from durable.log.batching import drive
 from durable.log.entries import actor_at
 from durable.log.store import Entry
 from durable.log.tail import BATCH, after_arg
-from durable.streams.async_streaming import afollow, async_twin, pump_partials, read_log
+from durable.streams.async_streaming import (
+    afollow,
+    async_twin,
+    last_id,
+    pump_partials,
+    read_log,
+)
 from durable.streams.partials import (
     Barrier,
     Heard,
@@ -162,6 +168,9 @@ class _Blocking:
 
     async def state(self) -> Any:
         return self.client.hget(self.layout.run(self.run_id), "state")
+
+    async def log_end(self) -> str | None:
+        return last_id(self.client.xrevrange(self.layout.log(self.run_id), count=1))
 
     async def pause(self, seconds: float) -> None:
         self.stop.wait(seconds)
