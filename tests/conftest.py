@@ -153,7 +153,8 @@ def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) ->
     if isinstance(server, ClusterServer):
         monkeypatch.setenv("DURABLE_REDIS_CLUSTER", "1")
         monkeypatch.setenv("DURABLE_QUEUE_URL", server.queue.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents,tests.streaming_agents")
+    monkeypatch.setenv("DURABLE_AGENTS",
+                       "examples.agents,tests.agents.basic,tests.agents.streaming")
     monkeypatch.setenv("DURABLE_LEASE_TTL_MS", os.environ.get("TEST_LEASE_TTL_MS", "1000"))
     return Settings()
 
@@ -215,7 +216,7 @@ def approver(client: Client, admin_key: AdminKey) -> ApproverFactory:
 def world_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test agents' SQLite database (``TEST_DB``) with no unique key
     (``TEST_DB_DEDUPE=0``): only the system's ledger and lookups stand between a retry and
-    a duplicate, and ``tests.agents.applications`` counts what was applied."""
+    a duplicate, and ``tests.agents.basic.applications`` counts what was applied."""
     monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
     return tmp_path / "world.sqlite"

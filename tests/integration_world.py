@@ -1,5 +1,5 @@
 """What the framework integrations' test agents and tests share: the tools' effects in a real
-SQLite database (``tests.agents``' table, keyed by the step's idempotency key, with no unique
+SQLite database (``tests.agents.basic``' table, keyed by the step's idempotency key, with no unique
 key when ``TEST_DB_DEDUPE=0``: an effect applied twice shows), the lookups that ask it, a real
 stdio MCP server's transport (``tests.mcp_server``), and the tests' environment."""
 
@@ -17,7 +17,7 @@ from durable.agents import Lookup
 from durable.client import Client
 from durable.integrations.steploop import current_step
 from durable.log import events as ev
-from tests.agents import _db
+from tests.agents.basic import _db
 
 
 def effect(what: str) -> dict[str, Any]:
@@ -84,7 +84,7 @@ def set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agents: str,
 
 
 #: The agent modules of the OpenAI Agents SDK tests' workers.
-OPENAI_AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
+OPENAI_AGENTS = "examples.agents,tests.agents.basic,tests.agents.openai_agents"
 
 
 def set_openai_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, openai_url: str) -> None:

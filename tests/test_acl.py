@@ -26,7 +26,7 @@ from durable.testing import AdminKey, Worker, wait_for
 from tests.conftest import run_durable
 from tests.secure_servers import ACL_FILE, AclServer, debian_redis
 
-AGENTS = "examples.agents,tests.agents"
+AGENTS = "examples.agents,tests.agents.basic"
 
 
 @pytest.fixture(scope="module")

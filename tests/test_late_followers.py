@@ -28,7 +28,7 @@ from durable.testing.processes import wait_for
 from tests.conftest import WorkerFactory
 from tests.model_server import ModelServer, expected_text
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 
 
 @pytest.fixture()

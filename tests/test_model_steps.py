@@ -25,7 +25,7 @@ from tests.model_server import ModelServer
 from tests.runs import events_of
 from tests.test_startup import loaded_after
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 
 
 @pytest.fixture()

@@ -2,7 +2,7 @@
 continues the session's latest run by reference, one turn at a time, per tenant. Real worker
 processes and real SIGKILLs; the model servers are local HTTP servers that see the whole
 conversation of each turn (``tests.model_server`` for a code agent, ``tests.openai_server``
-for pydantic-ai and the OpenAI Agents SDK, ``tests.session_agents``). The tests marked
+for pydantic-ai and the OpenAI Agents SDK, ``tests.agents.sessions``). The tests marked
 ``cluster`` run on a real 3-master cluster with ``pytest --cluster``: a session's keys and
 its runs' keys are on different shards."""
 
@@ -31,7 +31,7 @@ from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer, expected_text
 from tests.openai_server import OpenAIServer
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents,tests.session_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps,tests.agents.sessions"
 PAD = 400_000  # characters of filler per user turn of the code agent
 
 

@@ -25,8 +25,8 @@ from agents.mcp import MCPServerStdio
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.openai_agents import DurableAgent
-from tests import openai_agents_agents as oai
-from tests.agents import applications
+from tests.agents import openai_agents as oai
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.integration_world import decided
 from tests.mcp_server import sessions

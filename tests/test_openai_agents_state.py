@@ -26,8 +26,8 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.openai_agents import handoffs
 from durable.log import events as ev
-from tests import openai_agents_agents  # noqa: F401  (the agents, registered for starts)
-from tests.agents import applications
+from tests.agents import openai_agents  # noqa: F401  (the agents, registered for starts)
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.integration_world import decided
 from tests.openai_server import OpenAIServer

@@ -23,7 +23,7 @@ from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.model_server import ModelServer, expected_text
 from tests.runs import events_of
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 PAD = 400_000  # characters of filler per user turn
 
 

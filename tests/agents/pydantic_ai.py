@@ -2,7 +2,7 @@
 through ``DURABLE_AGENTS``). The models are pydantic-ai ``FunctionModel``s: no network.
 
 Two real external counters, SQLite files: ``TEST_MODEL_LOG`` gets one row per model request
-(the step's idempotency key), ``TEST_DB`` one row per tool effect (``tests.agents``' table,
+(the step's idempotency key), ``TEST_DB`` one row per tool effect (``tests.agents.basic``' table,
 with no unique key when ``TEST_DB_DEDUPE=0``): a request or an effect sent twice shows.
 """
 

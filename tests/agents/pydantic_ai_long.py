@@ -18,9 +18,9 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
+from tests.agents.pydantic_ai import _count_request, _done, _reply, _returns
 from tests.integration_world import applied as _applied
 from tests.integration_world import mcp_apply_lookup, mcp_server_command
-from tests.pydantic_ai_agents import _count_request, _done, _reply, _returns
 
 #: Tool calls the long agent makes, one per model reply: 100 model requests in all.
 LONG_CALLS = 99

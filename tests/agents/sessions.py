@@ -18,7 +18,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from durable.integrations import openai_agents as oai
 from durable.integrations import pydantic_ai as pai
-from tests.openai_agents_agents import LocalProvider
+from tests.agents.openai_agents import LocalProvider
 
 INSTRUCTIONS = "reader: read one page per turn, then say what you read."
 

@@ -15,8 +15,8 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from durable.code import RunContext, agent
 from durable.integrations.pydantic_ai import RedisDurability, StepOptions
 from durable.models import chat
+from tests.agents.pydantic_ai import _returns
 from tests.integration_world import book_lookup, effect
-from tests.pydantic_ai_agents import _returns
 
 #: The pieces of the pydantic-ai model's one tool call's arguments, as it streams them.
 ARGS_PIECES = ('{"sl', 'ot": ', "7}")

@@ -3,7 +3,7 @@ module through ``DURABLE_AGENTS``). Their models are the SDK's own
 ``OpenAIChatCompletionsModel`` against the local server of ``tests.openai_server``
 (``TEST_OPENAI_URL``), resolved by name through a model provider.
 
-The tools write their effects into ``tests.agents``' SQLite table (one row per application,
+The tools write their effects into ``tests.agents.basic``' SQLite table (one row per application,
 keyed by the step's idempotency key, no unique key when ``TEST_DB_DEDUPE=0``): an effect
 applied twice shows.
 """
