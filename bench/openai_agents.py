@@ -76,7 +76,7 @@ def run(runs: int = 5) -> dict[str, Any]:
     # The model server is a process of its own: in this one, its threads and the SDK's
     # event loop would take turns at the GIL for every request.
     port = free_port()
-    openai = subprocess.Popen([sys.executable, "-m", "tests.openai_server", str(port)])
+    openai = subprocess.Popen([sys.executable, "-m", "tests.servers.openai", str(port)])
     os.environ["TEST_OPENAI_URL"] = f"http://127.0.0.1:{port}/v1"
     wait_for(lambda: _listening(port), 30)
     os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"

@@ -263,9 +263,9 @@ def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProc
 
 @pytest.fixture(scope="module")
 def openai_server() -> Iterator[Any]:
-    """The local OpenAI-compatible server of ``tests.openai_server``, one per test module
+    """The local OpenAI-compatible server of ``tests.servers.openai``, one per test module
     (``reset()`` it per test)."""
-    from tests.openai_server import OpenAIServer
+    from tests.servers.openai import OpenAIServer
 
     server = OpenAIServer().start()
     yield server
@@ -275,9 +275,10 @@ def openai_server() -> Iterator[Any]:
 @pytest.fixture()
 def openai_env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                openai_server: Any) -> None:
-    """The OpenAI Agents SDK tests' environment (``tests.integration_world.set_openai_env``),
-    on a fresh ``openai_server``: ``pytestmark = pytest.mark.usefixtures("openai_env")``."""
-    from tests.integration_world import set_openai_env
+    """The OpenAI Agents SDK tests' environment (``set_openai_env`` of
+    ``tests.servers.integration_world``), on a fresh ``openai_server``:
+    ``pytestmark = pytest.mark.usefixtures("openai_env")``."""
+    from tests.servers.integration_world import set_openai_env
 
     openai_server.reset()
     set_openai_env(monkeypatch, tmp_path, openai_server.url)

@@ -4,7 +4,7 @@ its servers running, for a code agent's ``McpServer``, a pydantic-ai ``MCPToolse
 OpenAI Agents SDK ``MCPServerStdio`` alike.
 
 Real worker processes, SIGKILLed for real at a crash window; a real MCP stdio server
-(``tests.mcp_server``) that writes its pid to a file when it starts (``TEST_MCP_PIDS``) and
+(``tests.servers.mcp``) that writes its pid to a file when it starts (``TEST_MCP_PIDS``) and
 goes on for two minutes after its client is gone (``TEST_MCP_LINGER_S``), as a server busy
 with work of its own does: only a kill ends it within the test's bound.
 """
@@ -29,8 +29,8 @@ from tests.agents import mcp_code, pydantic_ai_long
 from tests.agents import openai_agents as oai
 from tests.agents.basic import applications
 from tests.conftest import WorkerFactory
-from tests.integration_world import set_env
-from tests.mcp_server import started_pids
+from tests.servers.integration_world import set_env
+from tests.servers.mcp import started_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="a parent-death signal is Linux's (prctl)")
@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
             command = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return state not in ("Z", "X") and b"tests.mcp_server" in command
+    return state not in ("Z", "X") and b"tests.servers.mcp" in command
 
 
 def _lingering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:

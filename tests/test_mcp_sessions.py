@@ -2,7 +2,7 @@
 mcp_sessions``): a worker keeps one session per server, reused by every call, and opens a new
 one when the server died.
 
-A real stdio MCP server (``tests.mcp_server``) started by the worker's MCP client; it SIGKILLs
+A real stdio MCP server (``tests.servers.mcp``) started by the worker's MCP client; it SIGKILLs
 itself inside a call (``TEST_MCP_DIE_AT``), after its effect is committed and before it
 answers. Its effects go to a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``), and it
 counts there the server processes that served calls.
@@ -24,8 +24,8 @@ from tests.agents import mcp_code
 from tests.agents import pydantic_ai_long as long_agents
 from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
-from tests.mcp_server import sessions
+from tests.servers.integration_world import decided, set_env
+from tests.servers.mcp import sessions
 
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai_long,tests.agents.mcp_code"
 

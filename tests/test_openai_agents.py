@@ -31,8 +31,8 @@ from durable.testing import wait_for
 from tests.agents import openai_agents as oai
 from tests.agents.basic import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided
-from tests.openai_server import OpenAIServer, resent_after_recorded
+from tests.servers.integration_world import decided
+from tests.servers.openai import OpenAIServer, resent_after_recorded
 
 pytestmark = pytest.mark.usefixtures("openai_env")
 

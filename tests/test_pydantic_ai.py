@@ -33,8 +33,8 @@ from durable.testing import wait_for
 from tests.agents import pydantic_ai as pai_agents
 from tests.agents.basic import applications, model_requests
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
 from tests.runs import types_of
+from tests.servers.integration_world import decided, set_env
 
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai"
 

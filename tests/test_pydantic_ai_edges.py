@@ -26,7 +26,7 @@ from durable.settings import Settings
 from tests.agents import pydantic_ai as pai_agents
 from tests.agents.basic import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.servers.integration_world import decided, set_env
 
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai"
 #: The agents started here, imported by the workers through ``DURABLE_AGENTS``.

@@ -1,7 +1,7 @@
 """The pydantic-ai capability's parity with its peers (pydantic-ai's Temporal, DBOS and Prefect
 durability): no hidden request ceiling, every outcome a state, MCP servers pinned per run.
 
-Real worker processes (SIGKILLed for real), a real MCP stdio server (``tests.mcp_server``)
+Real worker processes (SIGKILLed for real), a real MCP stdio server (``tests.servers.mcp``)
 writing its effects into a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``).
 """
 
@@ -31,7 +31,7 @@ from tests.agents import mcp_code
 from tests.agents import pydantic_ai_long as long_agents
 from tests.agents.basic import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.servers.integration_world import decided, set_env
 
 AGENTS = ("examples.agents,tests.agents.basic,tests.agents.pydantic_ai,"
           "tests.agents.pydantic_ai_long,tests.agents.mcp_code")

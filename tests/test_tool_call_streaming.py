@@ -3,7 +3,7 @@
 pydantic-ai's model step and the OpenAI Agents SDK's.
 
 Real worker processes; the models are the local OpenAI-compatible server of
-``tests.openai_server`` (it streams each tool call's arguments 8 characters at a time) and a
+``tests.servers.openai`` (it streams each tool call's arguments 8 characters at a time) and a
 pydantic-ai ``FunctionModel`` that streams its call in three pieces. A follower subscribed
 before the worker starts hears every piece; joined, they are the calls the log records.
 """
@@ -25,8 +25,8 @@ from durable.streams.streaming import Partial
 from tests.agents import openai_agents as oai
 from tests.agents import tool_deltas
 from tests.conftest import WorkerFactory
-from tests.integration_world import decided, set_env
-from tests.openai_server import ARGS_PIECE, OpenAIServer
+from tests.servers.integration_world import decided, set_env
+from tests.servers.openai import ARGS_PIECE, OpenAIServer
 
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.openai_agents,tests.agents.tool_deltas"
 

@@ -30,8 +30,8 @@ from pydantic_ai.usage import RequestUsage
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, StepOptions, step_context
-from tests.integration_world import applied, book_lookup, refund_lookup
-from tests.integration_world import effect as _effect
+from tests.servers.integration_world import applied, book_lookup, refund_lookup
+from tests.servers.integration_world import effect as _effect
 
 
 def _count_request() -> None:

@@ -1,5 +1,5 @@
 """A real MCP stdio server for the tests (the official SDK's ``MCPServer``), started by the
-MCP client of a worker: ``python -m tests.mcp_server``.
+MCP client of a worker: ``python -m tests.servers.mcp``.
 
 ``apply`` writes one row per call into the SQLite file ``TEST_DB`` (``tests.agents.basic``' table,
 which keeps every row with ``TEST_DB_DEDUPE=0``), keyed by the idempotency key the call

@@ -1,7 +1,7 @@
 """What the framework integrations' test agents and tests share: the tools' effects in a real
 SQLite database (``tests.agents.basic``' table, keyed by the step's idempotency key, with no unique
 key when ``TEST_DB_DEDUPE=0``: an effect applied twice shows), the lookups that ask it, a real
-stdio MCP server's transport (``tests.mcp_server``), and the tests' environment."""
+stdio MCP server's transport (``tests.servers.mcp``), and the tests' environment."""
 
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def mcp_server_command() -> tuple[str, list[str], dict[str, str], str]:
     With ``TEST_MCP_VIA_SHELL=1`` a shell starts it as its child (as ``npx`` or ``uvx`` run
     a server), and waits for it."""
     if os.environ.get("TEST_MCP_VIA_SHELL") == "1":
-        return "sh", ["-c", f'"{sys.executable}" -m tests.mcp_server; exit $?'], \
+        return "sh", ["-c", f'"{sys.executable}" -m tests.servers.mcp; exit $?'], \
             dict(os.environ), os.getcwd()
-    return sys.executable, ["-m", "tests.mcp_server"], dict(os.environ), os.getcwd()
+    return sys.executable, ["-m", "tests.servers.mcp"], dict(os.environ), os.getcwd()
 
 
 def set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agents: str,
