@@ -95,8 +95,8 @@ def test_a_strict_new_version_hands_old_runs_to_an_old_worker(
     # Which worker takes a run's next step is up to the queue: batches of 10 runs until the
     # new worker has taken (and handed back) one, at most 10 batches.
     for batch in range(10):
-        runs += [client.start("alpha", {"steps": 3, "sleep_s": 0.02},
-                              run_id=f"strict-{batch}-{i}").run_id for i in range(10)]
+        runs.extend(client.start("alpha", {"steps": 3, "sleep_s": 0.02},
+                                 run_id=f"strict-{batch}-{i}").run_id for i in range(10))
         assert wait_for(lambda: all(client.redis.hget(client.log.keys.run(r), "state")
                                     == b"completed" for r in runs), 60), \
             {r: client.status(r).state for r in runs}
