@@ -3,8 +3,8 @@
 its own embedded server).
 
 One worker process (embedded Redis, AOF ``everysec``), the tests' local model server
-(``tests.model_server``: a thread of this process, plain HTTP/1.1 on a loopback port,
-answering at once) and the tests' ``model_looper`` code agent (``tests.model_agents``):
+(``tests.servers.model``: a thread of this process, plain HTTP/1.1 on a loopback port,
+answering at once) and the tests' ``model_looper`` code agent (``tests.agents.model_steps``):
 ``calls`` cycles of a ``chat`` step and a tool step (``noop``), the conversation growing.
 One run per round, after a warm-up run (the worker's imports, its first connection).
 Measured per round, on the worker process: the CPU seconds it used (user + system) from
@@ -33,9 +33,9 @@ import psutil
 from bench.common import fresh, settings_for
 from durable.client import Client
 from durable.testing import Server, Worker
-from tests.model_server import ModelServer
+from tests.servers.model import ModelServer
 
-AGENTS = "examples.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.model_steps"
 AGENT = "model_looper"
 #: How long the worker's idle CPU is read (s).
 IDLE_S = 3.0

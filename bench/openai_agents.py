@@ -5,7 +5,7 @@ run (``durable.integrations.openai_agents``) driven by one real worker process.
     python -m bench.openai_agents            # 5 runs of each
     python -m bench.openai_agents --runs 20
 
-The agent is ``tests.openai_agents_agents``' counter: 15 tool turns (16 model requests, 15
+The agent is ``tests.agents.openai_agents``' counter: 15 tool turns (16 model requests, 15
 function tool calls, 31 steps), against a server that answers at once, so the difference is
 the integration's and the runtime's overhead per step (log appends, ledger claims, the
 function's hand-offs), not the model's latency. Reported: median wall time per run of each,
@@ -29,7 +29,7 @@ from durable.backend.embedded import free_port
 from durable.client import Client
 from durable.testing import Server, wait_for
 
-AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.openai_agents"
 STEPS = 31
 
 
@@ -38,7 +38,7 @@ def _plain(runs: int) -> list[float]:
     one per agent."""
     from agents import Runner
 
-    from tests import openai_agents_agents as oa
+    from tests.agents import openai_agents as oa
 
     agent = oa._counter(15).clone(model=oa.LocalProvider().get_model("scripted"))
 
@@ -76,7 +76,7 @@ def run(runs: int = 5) -> dict[str, Any]:
     # The model server is a process of its own: in this one, its threads and the SDK's
     # event loop would take turns at the GIL for every request.
     port = free_port()
-    openai = subprocess.Popen([sys.executable, "-m", "tests.openai_server", str(port)])
+    openai = subprocess.Popen([sys.executable, "-m", "tests.servers.openai", str(port)])
     os.environ["TEST_OPENAI_URL"] = f"http://127.0.0.1:{port}/v1"
     wait_for(lambda: _listening(port), 30)
     os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"

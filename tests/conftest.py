@@ -153,7 +153,8 @@ def settings(server: Server, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) ->
     if isinstance(server, ClusterServer):
         monkeypatch.setenv("DURABLE_REDIS_CLUSTER", "1")
         monkeypatch.setenv("DURABLE_QUEUE_URL", server.queue.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents,tests.streaming_agents")
+    monkeypatch.setenv("DURABLE_AGENTS",
+                       "examples.agents,tests.agents.basic,tests.agents.streaming")
     monkeypatch.setenv("DURABLE_LEASE_TTL_MS", os.environ.get("TEST_LEASE_TTL_MS", "1000"))
     return Settings()
 
@@ -215,7 +216,7 @@ def approver(client: Client, admin_key: AdminKey) -> ApproverFactory:
 def world_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The test agents' SQLite database (``TEST_DB``) with no unique key
     (``TEST_DB_DEDUPE=0``): only the system's ledger and lookups stand between a retry and
-    a duplicate, and ``tests.agents.applications`` counts what was applied."""
+    a duplicate, and ``tests.agents.basic.applications`` counts what was applied."""
     monkeypatch.setenv("TEST_DB", str(tmp_path / "world.sqlite"))
     monkeypatch.setenv("TEST_DB_DEDUPE", "0")
     return tmp_path / "world.sqlite"
@@ -262,9 +263,9 @@ def world(raw_world: WorldProcess, monkeypatch: pytest.MonkeyPatch) -> WorldProc
 
 @pytest.fixture(scope="module")
 def openai_server() -> Iterator[Any]:
-    """The local OpenAI-compatible server of ``tests.openai_server``, one per test module
+    """The local OpenAI-compatible server of ``tests.servers.openai``, one per test module
     (``reset()`` it per test)."""
-    from tests.openai_server import OpenAIServer
+    from tests.servers.openai import OpenAIServer
 
     server = OpenAIServer().start()
     yield server
@@ -274,9 +275,10 @@ def openai_server() -> Iterator[Any]:
 @pytest.fixture()
 def openai_env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                openai_server: Any) -> None:
-    """The OpenAI Agents SDK tests' environment (``tests.integration_world.set_openai_env``),
-    on a fresh ``openai_server``: ``pytestmark = pytest.mark.usefixtures("openai_env")``."""
-    from tests.integration_world import set_openai_env
+    """The OpenAI Agents SDK tests' environment (``set_openai_env`` of
+    ``tests.servers.integration_world``), on a fresh ``openai_server``:
+    ``pytestmark = pytest.mark.usefixtures("openai_env")``."""
+    from tests.servers.integration_world import set_openai_env
 
     openai_server.reset()
     set_openai_env(monkeypatch, tmp_path, openai_server.url)

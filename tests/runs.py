@@ -80,7 +80,7 @@ def killed_at_step_2_then_resumed(client: Client, worker: Callable[..., Any],
     then resumed by another worker and a reconciler: it completes with its three rows,
     each applied once in the ``world`` database, and its log verifies."""
     from durable.audit.verify import verify
-    from tests.agents import applications
+    from tests.agents.basic import applications
 
     run = client.start(agent, {"steps": 3}, run_id=run_id).run_id
     doomed = worker(kill_at=f"{window}:2")

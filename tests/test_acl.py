@@ -24,9 +24,9 @@ from durable.security.signing import keygen, load_public_key
 from durable.telemetry.liveness import Presence, dead_workers, release_worker
 from durable.testing import AdminKey, Worker, wait_for
 from tests.conftest import run_durable
-from tests.secure_servers import ACL_FILE, AclServer, debian_redis
+from tests.servers.secure import ACL_FILE, AclServer, debian_redis
 
-AGENTS = "examples.agents,tests.agents"
+AGENTS = "examples.agents,tests.agents.basic"
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
-from tests.agents import model_requests
+from tests.agents.basic import model_requests
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory, run_durable
 
 
@@ -102,7 +102,7 @@ def test_a_sleep_survives_a_restart_of_redis_and_of_every_worker(
     The reconciler wakes the run within a second of its time, and the run completes."""
     srv = make_server(fsync="always")
     monkeypatch.setenv("DURABLE_REDIS_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents")
+    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents.basic")
     client = Client(Settings())
     run = client.start("sleeper", {"seconds": 3}, run_id="nap").run_id
     w = Worker(srv.url, log_path=tmp_path / "w1.log")
@@ -153,7 +153,7 @@ def test_an_agent_bug_quarantines_with_its_traceback(
     assert state.state == "quarantined"
     assert state.reason == "agent buggy raised KeyError('no_such_key')"
     tb = state.traceback or ""
-    assert "in _lookup_missing" in tb and "code_agents.py" in tb and "KeyError" in tb, tb
+    assert "in _lookup_missing" in tb and "tests/agents/code.py" in tb and "KeyError" in tb, tb
     (event,) = [e.event for e in client.events(run) if isinstance(e.event, ev.Quarantined)]
     assert event.traceback == tb
     shown = run_durable("status", run, env=dict(os.environ))

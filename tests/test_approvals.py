@@ -19,7 +19,7 @@ from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.store import Spec
 from durable.testing import AdminKey
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 
 

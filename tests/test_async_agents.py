@@ -16,7 +16,7 @@ import pytest
 
 from durable.client import Client
 from durable.testing import wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import killed_at_step_2_then_resumed, types_of
 

@@ -15,7 +15,7 @@ from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec
 from durable.queue import ADVANCE, DRAIN, LEGACY_HANDLERS
 from durable.workers.loop import StepLoop
-from tests.agents import EchoInput
+from tests.agents.basic import EchoInput
 from tests.conftest import WorkerFactory
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import tests.settle_agents  # noqa: F401  (registers hangafter)
+import tests.agents.settle  # noqa: F401  (registers hangafter)
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
@@ -27,7 +27,7 @@ def _types(client: Client, run: str) -> list[str]:
 def hung(client: Client, worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch) -> str:
     """A run whose agent hung in ``decide`` after its first step (window: the step's
     outcome staged, not yet in the log): quarantined by the watchdog, lease let go."""
-    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.settle_agents")
+    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.agents.settle")
     monkeypatch.setenv("DURABLE_DECIDE_TIMEOUT_MS", "500")
     run = client.start("hangafter", {}, run_id="hung").run_id
     worker()

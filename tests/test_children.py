@@ -15,7 +15,7 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
 from durable.testing import wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
 from tests.runs import events_of
 

@@ -116,7 +116,7 @@ def test_times_are_shown_for_people_and_kept_as_milliseconds_in_json(
 def test_runs_page_and_filter_by_agent(env: dict[str, str],
                                        make_server: ServerFactory) -> None:
     env["DURABLE_REDIS_URL"] = make_server(fsync="everysec").url
-    env["DURABLE_AGENTS"] = "examples.agents,tests.agents"
+    env["DURABLE_AGENTS"] = "examples.agents,tests.agents.basic"
     for i in range(5):
         assert run_durable("start", "count", "--run-id", f"c{i}", env=env).returncode == 0
         assert run_durable("start", "echo", "--run-id", f"e{i}", env=env).returncode == 0

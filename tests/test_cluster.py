@@ -26,7 +26,7 @@ from durable.log.keys import KeyLayout
 from durable.log.state import ALL_STATES
 from durable.settings import Settings
 from durable.testing import Server, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory, run_durable
 
 

@@ -70,7 +70,7 @@ def test_a_master_killed_under_load_gives_a_few_lines_per_process_and_no_spinnin
         assert wait_for(lambda: _in_sync(cluster), 60, 0.1)
         for name, value in {
             "DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
-            "DURABLE_QUEUE_URL": queue.url, "DURABLE_AGENTS": "tests.liveness_agents",
+            "DURABLE_QUEUE_URL": queue.url, "DURABLE_AGENTS": "tests.agents.liveness",
             "DURABLE_LEASE_TTL_MS": "2000",
         }.items():
             monkeypatch.setenv(name, value)

@@ -18,7 +18,7 @@ import redis
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
-from tests.agents import applications, model_requests
+from tests.agents.basic import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import killed_at_step_2_then_resumed, types_of
 

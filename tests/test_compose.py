@@ -88,7 +88,7 @@ def test_compose_redis_command_runs_and_answers_on_the_network(tmp_path: Path) -
     from durable.backend.connection import config_problems
     from durable.backend.embedded import free_port
     from durable.testing import wait_for
-    from tests.secure_servers import debian_redis
+    from tests.servers.secure import debian_redis
 
     command = _compose()["services"]["redis"]["command"]
     assert command[:2] == ["redis-server", "/etc/redis/redis.conf"]
@@ -166,7 +166,7 @@ def test_the_formation_compose_describes_completes_a_run_of_the_example(
 
     from durable.backend.embedded import free_port
     from durable.testing import wait_for
-    from tests.secure_servers import debian_redis
+    from tests.servers.secure import debian_redis
 
     services = _compose()["services"]
     password = "a-long-random-secret-for-this-test"

@@ -19,7 +19,7 @@ import pytest
 import redis
 from playwright.sync_api import Page, expect
 
-import tests.settle_agents  # noqa: F401  (registers peeker)
+import tests.agents.settle  # noqa: F401  (registers peeker)
 from durable.client import Client
 from durable.log import events as ev
 from durable.log import keys
@@ -354,7 +354,7 @@ def test_an_operator_settles_an_unknown_outcome_from_the_run_page(
     settle to an operator (not to a viewer); alice's settle is signed with her key, which
     the registry must hold with the operator role, and the run completes."""
     monkeypatch.setenv("TEST_PEEK_FILE", str(tmp_path / "peek-calls"))
-    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.settle_agents")
+    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.agents.settle")
     run = client.start("peeker", {"q": "a"}, run_id="settle-me").run_id
     w = worker()
     assert client.wait(run, 30).state == "waiting_external"

@@ -35,7 +35,8 @@ def test_the_limits_table_shows_the_call_in_flight_the_runs_waiting_and_the_gran
     """Three runs call a provider whose limit lets one call out at a time (each takes
     1.5 s): while the first call is out the table reads 1 of 1 in flight and two waiting;
     after the three runs it reads none in flight and three grants."""
-    monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents,durable.testing.provider")
+    monkeypatch.setenv("DURABLE_AGENTS",
+                       "examples.agents,tests.agents.basic,durable.testing.provider")
     monkeypatch.setenv("PROVIDER_URL", provider.url)
     monkeypatch.setenv("LIMIT_IN_FLIGHT", "1")
     runs = [client.start("calls_provider", {"calls": 1}, run_id=f"limited-{i}").run_id

@@ -20,7 +20,7 @@ from durable.log import events as ev
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.workers import family
-from tests import agents  # noqa: F401 - registers the test agents
+from tests.agents import basic  # noqa: F401 - registers the test agents
 
 
 def _rival(elog: EventLog, run_id: str, n: int) -> None:

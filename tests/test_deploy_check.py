@@ -36,12 +36,12 @@ def test_a_changed_code_agent_is_flagged_and_an_unchanged_one_passes(
     run = client.start("variant", {}, run_id="dc-code").run_id
     assert worker(kill_at="after_intent:3", CODE_VARIANT="a").wait(30) == -signal.SIGKILL
     version = client.status(run).version
-    rc, verdicts, err = _check("tests.code_agents", CODE_VARIANT="b")
+    rc, verdicts, err = _check("tests.agents.code", CODE_VARIANT="b")
     assert rc == 1, err
     (flagged,) = [v for v in verdicts if v["run_id"] == run]
     assert flagged["outcome"] == "diverges" and flagged["step"] == 3
     assert "'n': 3 recorded, 33 now" in str(flagged["detail"]), flagged
-    rc, verdicts, err = _check("tests.code_agents", CODE_VARIANT="a")
+    rc, verdicts, err = _check("tests.agents.code", CODE_VARIANT="a")
     assert rc == 0, err
     assert [v["outcome"] for v in verdicts if v["run_id"] == run] == ["same"]
     assert client.status(run).version == version
@@ -58,11 +58,11 @@ def test_a_changed_decide_agent_is_flagged_and_a_waiting_run_passes(
     w = worker()
     assert client.wait(asker, 20).state == "waiting_input"
     w.stop()
-    rc, verdicts, err = _check("tests.agents", ECHO_SLEEP="5")
+    rc, verdicts, err = _check("tests.agents.basic", ECHO_SLEEP="5")
     assert rc == 1, err
     outcomes = {v["run_id"]: (v["outcome"], v["step"]) for v in verdicts}
     assert outcomes[echo] == ("diverges", 1) and outcomes[asker] == ("same", 0)
-    shown = run_durable("deploy", "check", "--agents", "tests.agents",
+    shown = run_durable("deploy", "check", "--agents", "tests.agents.basic",
                         env={**os.environ, "ECHO_SLEEP": "5", "COLUMNS": "200"})
     assert shown.returncode == 1
     assert "would diverge" in shown.stdout and echo in shown.stdout

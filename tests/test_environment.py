@@ -17,10 +17,10 @@ from durable import clock
 from durable.leases import Leases
 from durable.log.keys import KeyLayout
 from durable.testing import AgentEnvironment, TestClock
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.runs import types_of
 
-AGENTS = "examples.agents,tests.agents,tests.code_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.code"
 
 
 @pytest.fixture()

@@ -21,7 +21,7 @@ from durable.log import events as ev
 from durable.log import store
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
-from tests import agents  # noqa: F401 - registers the test agents
+from tests.agents import basic  # noqa: F401 - registers the test agents
 from tests.conftest import ServerFactory
 
 

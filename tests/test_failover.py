@@ -14,7 +14,7 @@ from durable.client import Client
 from durable.errors import ReplicationTimeout
 from durable.settings import Settings
 from durable.testing import Reconciler, Server, Worker, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ServerFactory
 
 
@@ -78,7 +78,7 @@ def test_acknowledged_appends_survive_the_failover_of_a_master(
         for name, value in {
             "DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
             "DURABLE_QUEUE_URL": queue.url, "DURABLE_MIN_REPLICAS": str(min_replicas),
-            "DURABLE_AGENTS": "tests.agents", "DURABLE_LEASE_TTL_MS": "1000",
+            "DURABLE_AGENTS": "tests.agents.basic", "DURABLE_LEASE_TTL_MS": "1000",
             "DURABLE_REPLICA_TIMEOUT_MS": "10000",
             "TEST_DB": str(tmp_path / "world.sqlite"), "TEST_DB_DEDUPE": "0",
         }.items():

@@ -25,7 +25,7 @@ from durable.log.store import Spec, now_ms
 from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from durable.workers.loop import StepLoop
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ServerFactory, WorkerFactory
 from tests.runs import cancel_listeners, deaf_listeners_report, is_dispatched, types_of
 
@@ -70,7 +70,7 @@ def test_redis_killed_and_restarted_mid_runs_loses_no_cancel_and_no_process(
     are still running, every run with a published cancel ends ``canceled``, the others
     complete, and no key is applied twice in a database that never deduplicates."""
     srv = make_server(fsync="always")
-    env = {"DURABLE_AGENTS": "examples.agents,tests.agents", "DURABLE_LEASE_TTL_MS": "1000",
+    env = {"DURABLE_AGENTS": "examples.agents,tests.agents.basic", "DURABLE_LEASE_TTL_MS": "1000",
            "TEST_DB": str(tmp_path / "world.sqlite"), "TEST_DB_DEDUPE": "0",
            "TEST_SLOW_S": "0.3"}
     for name, value in env.items():

@@ -22,7 +22,7 @@ from durable.testing import wait_for
 from durable.testing.provider import Provider
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
 
-AGENTS = "examples.agents,tests.agents,durable.testing.provider"
+AGENTS = "examples.agents,tests.agents.basic,durable.testing.provider"
 
 
 @pytest.fixture()

@@ -51,7 +51,7 @@ def test_a_forked_worker_is_a_process_of_its_own_session_stopped_and_killed_for_
     it); SIGSTOP stops it, SIGCONT resumes it, SIGKILL ends it with -9, as
     ``subprocess`` reports a killed child."""
     log = tmp_path / "worker.log"
-    w = Worker(server.url, log_path=log, DURABLE_AGENTS="tests.agents")
+    w = Worker(server.url, log_path=log, DURABLE_AGENTS="tests.agents.basic")
     assert w.started(30), log.read_text()
     assert os.getsid(w.pid) == w.pid
     proc = psutil.Process(w.pid)
@@ -68,7 +68,7 @@ def test_a_forked_worker_is_a_process_of_its_own_session_stopped_and_killed_for_
 def test_a_forked_worker_stopped_with_sigterm_exits_cleanly(server: Server, tmp_path: Path) -> None:
     """SIGTERM: the worker's own handler runs (it logs its stop) and it exits 0."""
     log = tmp_path / "worker.log"
-    w = Worker(server.url, log_path=log, DURABLE_AGENTS="tests.agents")
+    w = Worker(server.url, log_path=log, DURABLE_AGENTS="tests.agents.basic")
     assert w.started(30), log.read_text()
     w.send(signal.SIGTERM)
     assert w.wait(30) == 0, log.read_text()
@@ -84,7 +84,7 @@ def test_what_the_fork_server_forked_ends_with_the_process_that_asked(
         import os, sys
         from durable.testing import Worker, forks
         forks.use_fork_server()
-        w = Worker({server.url!r}, DURABLE_AGENTS="tests.agents")
+        w = Worker({server.url!r}, DURABLE_AGENTS="tests.agents.basic")
         print(w.pid, forks._server.proc.pid, flush=True)
         os._exit(0)  # no cleanup: as a test process that was killed
     """)

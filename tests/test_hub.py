@@ -25,15 +25,15 @@ from durable.testing import wait_for
 from durable.workers.hub import TAKE_AHEAD, RunHub
 from durable.workers.loop import StepLoop
 from durable.workers.spares import PRESTARTED
-from tests import agents as test_agents
-from tests.agents import applications
+from tests.agents import basic as test_agents
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory
 
 
 @pytest.fixture()
 def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
     """A hub of 64 slots in this process, on a step loop of its own."""
-    registry.load("examples.agents,tests.agents")
+    registry.load("examples.agents,tests.agents.basic")
     test_agents.GATE.clear()
     loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                     "w:hub:test")
@@ -74,7 +74,7 @@ def test_a_hub_takes_a_backlog_a_share_at_a_time_and_completes_it(
     """600 ready runs and 1,000 free slots: a fill takes ``TAKE_AHEAD`` of them, not all
     (the others stay on the ready list for the other workers, which start them as soon);
     the hub then takes the rest as it starts runs, and completes every one."""
-    registry.load("examples.agents,tests.agents")
+    registry.load("examples.agents,tests.agents.basic")
     loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                     "w:hub:share")
     big = RunHub(loop, 1000)
@@ -164,7 +164,7 @@ def test_a_hub_built_while_redis_is_down_serves_once_it_is_back(
     srv = make_server(fsync="always")
     monkeypatch.setenv("DURABLE_REDIS_URL", srv.url)
     settings = Settings()
-    registry.load("examples.agents,tests.agents")
+    registry.load("examples.agents,tests.agents.basic")
     client = Client(settings)
     ids = [run.run_id for run in client.start_many("count", [{"steps": 2}] * 5,
                                                    enqueue=False)]

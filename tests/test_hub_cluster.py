@@ -23,7 +23,7 @@ from durable.log.keys import UNSHARDED, KeyLayout
 from durable.log.store import EventLog, RunHandle, Spec
 from durable.settings import Settings
 from durable.testing import Server, Worker, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ServerFactory
 from tests.test_failover import _in_sync, _victim
 
@@ -52,7 +52,7 @@ def producer(cluster: LocalCluster, cc: redis.RedisCluster,
              make_server: ServerFactory) -> Iterator[Client]:
     """A client of the cluster (RQ on a plain server of its own)."""
     settings = Settings.from_env(redis_url=cluster.url, redis_cluster=True, shards=16,
-                        agents="examples.agents,tests.agents",
+                        agents="examples.agents,tests.agents.basic",
                         queue_url=make_server(fsync="everysec").url)
     client = Client(settings, cc)
     yield client
@@ -224,7 +224,7 @@ def _cluster_env(monkeypatch: pytest.MonkeyPatch, cluster: LocalCluster, queue: 
     for name, value in {
         "DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
         "DURABLE_QUEUE_URL": queue.url, "DURABLE_SHARDS": "16",
-        "DURABLE_AGENTS": "tests.agents", "DURABLE_LEASE_TTL_MS": "1000",
+        "DURABLE_AGENTS": "tests.agents.basic", "DURABLE_LEASE_TTL_MS": "1000",
         "TEST_DB": str(tmp_path / "world.sqlite"), "TEST_DB_DEDUPE": "0",
     }.items():
         monkeypatch.setenv(name, value)

@@ -38,8 +38,9 @@ def _env(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker loads these agents; their tool marks ``token`` sensitive, so a key. The
     client registers them now, not when the module is collected: a sensitive tool in the
     registry of the whole test process would make its in-process CLI ask for keys."""
-    importlib.import_module("tests.large_agents")
-    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.large_agents")
+    importlib.import_module("tests.agents.large_values")
+    monkeypatch.setenv("DURABLE_AGENTS",
+                       os.environ["DURABLE_AGENTS"] + ",tests.agents.large_values")
     monkeypatch.setenv("DURABLE_ENCRYPTION_KEYS",
                        f"k1:{base64.b64encode(os.urandom(32)).decode()}")
 

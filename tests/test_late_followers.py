@@ -1,7 +1,7 @@
 """Late followers: the partial output of the step in flight is kept (bounded) while it runs,
 so a follower that joins mid-step gets the text so far, then the rest, each token once.
 Real worker processes stream a ``chat`` step from the local model server
-(``tests.model_server``), which holds its reply halfway until the test lets it go on.
+(``tests.servers.model``), which holds its reply halfway until the test lets it go on.
 The followers' tests are marked ``cluster``: ``pytest --cluster`` runs them on a real
 3-master cluster too."""
 
@@ -26,9 +26,9 @@ from durable.streams.streaming import Partial
 from durable.testing import Server
 from durable.testing.processes import wait_for
 from tests.conftest import WorkerFactory
-from tests.model_server import ModelServer, expected_text
+from tests.servers.model import ModelServer, expected_text
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 
 
 @pytest.fixture()

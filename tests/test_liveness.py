@@ -179,7 +179,7 @@ def test_redis_restart_workers_take_their_runs_again_within_a_second_of_it_answe
     second of Redis answering; the reconciler does not mistake the worker for dead."""
     srv = make_server(fsync="always")
     monkeypatch.setenv("DURABLE_REDIS_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", "tests.liveness_agents")
+    monkeypatch.setenv("DURABLE_AGENTS", "tests.agents.liveness")
     client = Client(Settings())
     runs = [h.run_id for h in client.start_many(
         "stepper", [{"steps": 100_000, "sleep_s": 0.1}] * 20,

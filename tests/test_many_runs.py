@@ -20,7 +20,7 @@ from durable.log import events as ev
 from durable.log.keys import KeyLayout
 from durable.settings import Settings
 from durable.testing import Server, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import types_of
 

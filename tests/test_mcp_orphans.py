@@ -4,7 +4,7 @@ its servers running, for a code agent's ``McpServer``, a pydantic-ai ``MCPToolse
 OpenAI Agents SDK ``MCPServerStdio`` alike.
 
 Real worker processes, SIGKILLed for real at a crash window; a real MCP stdio server
-(``tests.mcp_server``) that writes its pid to a file when it starts (``TEST_MCP_PIDS``) and
+(``tests.servers.mcp``) that writes its pid to a file when it starts (``TEST_MCP_PIDS``) and
 goes on for two minutes after its client is gone (``TEST_MCP_LINGER_S``), as a server busy
 with work of its own does: only a kill ends it within the test's bound.
 """
@@ -25,21 +25,21 @@ pytest.importorskip("mcp")
 from durable.client import Client
 from durable.settings import Settings
 from durable.testing import wait_for
-from tests import mcp_code_agents, pydantic_ai_long_agents
-from tests import openai_agents_agents as oai
-from tests.agents import applications
+from tests.agents import mcp_code, pydantic_ai_long
+from tests.agents import openai_agents as oai
+from tests.agents.basic import applications
 from tests.conftest import WorkerFactory
-from tests.integration_world import set_env
-from tests.mcp_server import started_pids
+from tests.servers.integration_world import set_env
+from tests.servers.mcp import started_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux",
                                 reason="a parent-death signal is Linux's (prctl)")
 
-AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_long_agents,tests.mcp_code_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai_long,tests.agents.mcp_code"
 #: How long the servers of a killed worker may take to be gone (s); they linger 120 s.
 GONE_S = 10.0
 #: The agents started here, imported by the workers through ``DURABLE_AGENTS``.
-STARTED = (mcp_code_agents.mcp_books, pydantic_ai_long_agents.mcp_agent, oai.durable_mcp)
+STARTED = (mcp_code.mcp_books, pydantic_ai_long.mcp_agent, oai.durable_mcp)
 
 
 def _alive(pid: int) -> bool:
@@ -52,7 +52,7 @@ def _alive(pid: int) -> bool:
             command = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return state not in ("Z", "X") and b"tests.mcp_server" in command
+    return state not in ("Z", "X") and b"tests.servers.mcp" in command
 
 
 def _lingering(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:

@@ -2,7 +2,7 @@
 mcp_sessions``): a worker keeps one session per server, reused by every call, and opens a new
 one when the server died.
 
-A real stdio MCP server (``tests.mcp_server``) started by the worker's MCP client; it SIGKILLs
+A real stdio MCP server (``tests.servers.mcp``) started by the worker's MCP client; it SIGKILLs
 itself inside a call (``TEST_MCP_DIE_AT``), after its effect is committed and before it
 answers. Its effects go to a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``), and it
 counts there the server processes that served calls.
@@ -20,14 +20,14 @@ pytest.importorskip("mcp")
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.settings import Settings
-from tests import mcp_code_agents
-from tests import pydantic_ai_long_agents as long_agents
-from tests.agents import applications
+from tests.agents import mcp_code
+from tests.agents import pydantic_ai_long as long_agents
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
-from tests.mcp_server import sessions
+from tests.servers.integration_world import decided, set_env
+from tests.servers.mcp import sessions
 
-AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_long_agents,tests.mcp_code_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai_long,tests.agents.mcp_code"
 
 
 @pytest.fixture(autouse=True)
@@ -49,11 +49,11 @@ def test_a_code_agent_keeps_one_session_and_reconnects_when_the_server_dies_mid_
     reconciler()
     final = client.wait(run, timeout=90)
     assert final.state == "completed", (final.state, final.reason, final.error)
-    assert final.result["peeked"] == {"result": mcp_code_agents.APPLIES}
+    assert final.result["peeked"] == {"result": mcp_code.APPLIES}
     assert [s.tool for s in decided(client, run)] == [
-        "mcp_ledger.tools", *["mcp_ledger.call"] * mcp_code_agents.APPLIES, "mcp_ledger.read"]
+        "mcp_ledger.tools", *["mcp_ledger.call"] * mcp_code.APPLIES, "mcp_ledger.read"]
     db = str(tmp_path / "world.sqlite")
-    assert applications(db) == {f"{run}:{n}": 1 for n in range(2, 2 + mcp_code_agents.APPLIES)}
+    assert applications(db) == {f"{run}:{n}": 1 for n in range(2, 2 + mcp_code.APPLIES)}
     assert final.actions[4].result == f"applied 3 ({run}:4)"  # the lookup's answer
     assert sessions(db) == 2
     assert verify(client.log, run).ok

@@ -1,5 +1,5 @@
 """The ``chat`` step never pays twice blindly: against a local OpenAI-compatible server
-(``tests.model_server``, real HTTP, counting each request per ``Idempotency-Key``) and real
+(``tests.servers.model``, real HTTP, counting each request per ``Idempotency-Key``) and real
 worker and reconciler processes. Each request the server received must be one dispatch in
 the log and one model call in the budget."""
 
@@ -21,11 +21,11 @@ from durable.log import events as ev
 from durable.models import Chat, ModelError, ModelSettings, request_body, retry_after
 from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.model_server import ModelServer
 from tests.runs import events_of
+from tests.servers.model import ModelServer
 from tests.test_startup import loaded_after
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 
 
 @pytest.fixture()

@@ -1,8 +1,8 @@
 """Named sessions (``start(..., session=NAME)``, ``durable.controls.sessions``): each start
 continues the session's latest run by reference, one turn at a time, per tenant. Real worker
 processes and real SIGKILLs; the model servers are local HTTP servers that see the whole
-conversation of each turn (``tests.model_server`` for a code agent, ``tests.openai_server``
-for pydantic-ai and the OpenAI Agents SDK, ``tests.session_agents``). The tests marked
+conversation of each turn (``tests.servers.model`` for a code agent, ``tests.servers.openai``
+for pydantic-ai and the OpenAI Agents SDK, ``tests.agents.sessions``). The tests marked
 ``cluster`` run on a real 3-master cluster with ``pytest --cluster``: a session's keys and
 its runs' keys are on different shards."""
 
@@ -28,10 +28,10 @@ from durable.log import keys
 from durable.log.store import now_ms
 from durable.settings import Settings
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.model_server import ModelServer, expected_text
-from tests.openai_server import OpenAIServer
+from tests.servers.model import ModelServer, expected_text
+from tests.servers.openai import OpenAIServer
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents,tests.session_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps,tests.agents.sessions"
 PAD = 400_000  # characters of filler per user turn of the code agent
 
 

@@ -28,11 +28,11 @@ from durable.integrations import openai_agents as integration
 from durable.log import events as ev
 from durable.streams.streaming import Partial
 from durable.testing import wait_for
-from tests import openai_agents_agents
-from tests.agents import applications
+from tests.agents import openai_agents as oai
+from tests.agents.basic import applications
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided
-from tests.openai_server import OpenAIServer, resent_after_recorded
+from tests.servers.integration_world import decided
+from tests.servers.openai import OpenAIServer, resent_after_recorded
 
 pytestmark = pytest.mark.usefixtures("openai_env")
 
@@ -401,5 +401,5 @@ def test_construction_refuses_what_it_cannot_make_durable() -> None:
     assert not [n for n in [*registry.agents, *registry.tools]
                 if n.startswith(("oai_typo", "oai_dup", "oai_twin", "oai_cfg"))]
     # The agents themselves are unchanged: the durable clones are other objects.
-    assert openai_agents_agents.triage.handoffs == [openai_agents_agents.booker]
-    assert openai_agents_agents.refund.needs_approval is True
+    assert oai.triage.handoffs == [oai.booker]
+    assert oai.refund.needs_approval is True

@@ -3,8 +3,8 @@
 a keyed step, read-only tools effect-free, one session per worker and server.
 
 Real worker processes, SIGKILLed for real; the model is the SDK's
-``OpenAIChatCompletionsModel`` against the local server of ``tests.openai_server``; the tools
-are a real MCP stdio server's (``tests.mcp_server``, started by the SDK's ``MCPServerStdio``
+``OpenAIChatCompletionsModel`` against the local server of ``tests.servers.openai``; the tools
+are a real MCP stdio server's (``tests.servers.mcp``, started by the SDK's ``MCPServerStdio``
 in the worker), which writes its effects into a SQLite file that never deduplicates
 (``TEST_DB_DEDUPE=0``) and dies once inside a call (``TEST_MCP_DIE_AT``).
 """
@@ -25,12 +25,12 @@ from agents.mcp import MCPServerStdio
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.openai_agents import DurableAgent
-from tests import openai_agents_agents as oai
-from tests.agents import applications
+from tests.agents import openai_agents as oai
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided
-from tests.mcp_server import sessions
-from tests.openai_server import OpenAIServer, resent_after_recorded
+from tests.servers.integration_world import decided
+from tests.servers.mcp import sessions
+from tests.servers.openai import OpenAIServer, resent_after_recorded
 
 pytestmark = pytest.mark.usefixtures("openai_env")
 
@@ -68,7 +68,7 @@ def test_mcp_calls_are_steps_applied_once_across_a_dying_server_and_a_killed_wor
 
 
 def test_mcp_servers_without_a_step_name_or_with_sdk_approvals_are_refused() -> None:
-    command, args = "python", ["-m", "tests.mcp_server"]
+    command, args = "python", ["-m", "tests.servers.mcp"]
     unnamed = MCPServerStdio(params={"command": command, "args": args})
     with pytest.raises(ValueError, match="needs a name"):
         DurableAgent(Agent(name="a", mcp_servers=[unnamed]), name="oai_unnamed")

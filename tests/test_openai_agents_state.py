@@ -3,7 +3,7 @@ across providers: the run context a handoff's ``on_handoff`` changed, and the to
 streamed reply used (``durable.integrations.openai_agents``).
 
 Real worker processes, SIGKILLed for real, against the local OpenAI-compatible server of
-``tests.openai_server`` (which, like vLLM, LiteLLM or Ollama, ends a stream with its usage
+``tests.servers.openai`` (which, like vLLM, LiteLLM or Ollama, ends a stream with its usage
 only when asked); the callback's and the tool's effects go into a SQLite database that never
 deduplicates (``TEST_DB_DEDUPE=0``).
 """
@@ -26,11 +26,11 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations.openai_agents import handoffs
 from durable.log import events as ev
-from tests import openai_agents_agents  # noqa: F401  (the agents, registered for starts)
-from tests.agents import applications
+from tests.agents import openai_agents  # noqa: F401  (the agents, registered for starts)
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided
-from tests.openai_server import OpenAIServer
+from tests.servers.integration_world import decided
+from tests.servers.openai import OpenAIServer
 
 pytestmark = pytest.mark.usefixtures("openai_env")
 

@@ -15,7 +15,7 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import events as ev
 from durable.testing import wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import events_of
 

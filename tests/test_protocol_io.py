@@ -196,7 +196,7 @@ class _Watched:
     while it resumes a run's coroutine (``RunHub._resume``), not in its batches."""
 
     def __init__(self, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-        registry.load("examples.agents,tests.agents")
+        registry.load("examples.agents,tests.agents.basic")
         self.loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                              "w:io:test")
         self.hub = RunHub(self.loop, 16)

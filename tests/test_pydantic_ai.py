@@ -30,13 +30,13 @@ from durable.integrations.pydantic_ai import tools
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.testing import wait_for
-from tests import pydantic_ai_agents
-from tests.agents import applications, model_requests
+from tests.agents import pydantic_ai as pai_agents
+from tests.agents.basic import applications, model_requests
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
 from tests.runs import types_of
+from tests.servers.integration_world import decided, set_env
 
-AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai"
 
 
 @pytest.fixture(autouse=True)
@@ -249,4 +249,4 @@ def test_construction_refuses_what_it_cannot_make_durable() -> None:
         integration.DurableAgent(Agent(TestModel(), toolsets=[anonymous]), name="pai_anon")
     assert not [n for n in [*registry.agents, *registry.tools] if n.startswith(("pai_typo",
                                                                               "pai_anon"))]
-    assert pydantic_ai_agents.booker.name == "pai_booker"  # the agent itself is unchanged
+    assert pai_agents.booker.name == "pai_booker"  # the agent itself is unchanged

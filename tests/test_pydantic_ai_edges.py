@@ -23,14 +23,14 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
 from durable.settings import Settings
-from tests import pydantic_ai_agents
-from tests.agents import applications, model_requests
+from tests.agents import pydantic_ai as pai_agents
+from tests.agents.basic import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.servers.integration_world import decided, set_env
 
-AGENTS = "examples.agents,tests.agents,tests.pydantic_ai_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.pydantic_ai"
 #: The agents started here, imported by the workers through ``DURABLE_AGENTS``.
-STARTED = (pydantic_ai_agents.durable_stamper, pydantic_ai_agents.durable_booker)
+STARTED = (pai_agents.durable_stamper, pai_agents.durable_booker)
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """The pydantic-ai capability's parity with its peers (pydantic-ai's Temporal, DBOS and Prefect
 durability): no hidden request ceiling, every outcome a state, MCP servers pinned per run.
 
-Real worker processes (SIGKILLed for real), a real MCP stdio server (``tests.mcp_server``)
+Real worker processes (SIGKILLed for real), a real MCP stdio server (``tests.servers.mcp``)
 writing its effects into a SQLite file that never deduplicates (``TEST_DB_DEDUPE=0``).
 """
 
@@ -27,14 +27,14 @@ from durable.log import events as ev
 from durable.settings import Settings
 from durable.streams.streaming import Partial
 from examples.world import WorldProcess
-from tests import mcp_code_agents
-from tests import pydantic_ai_long_agents as agents
-from tests.agents import applications, model_requests
+from tests.agents import mcp_code
+from tests.agents import pydantic_ai_long as long_agents
+from tests.agents.basic import applications, model_requests
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.integration_world import decided, set_env
+from tests.servers.integration_world import decided, set_env
 
-AGENTS = ("examples.agents,tests.agents,tests.pydantic_ai_agents,"
-          "tests.pydantic_ai_long_agents,tests.mcp_code_agents")
+AGENTS = ("examples.agents,tests.agents.basic,tests.agents.pydantic_ai,"
+          "tests.agents.pydantic_ai_long,tests.agents.mcp_code")
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +60,7 @@ def test_a_hundred_model_requests_complete_across_a_kill_at_the_sixtieth(
     reconciler()
     final = client.wait(run, timeout=300)
     assert final.state == "completed", (final.state, final.reason)
-    assert final.result == f"ticked {agents.LONG_CALLS}"
+    assert final.result == f"ticked {long_agents.LONG_CALLS}"
     requests = model_requests(str(tmp_path / "model.sqlite"))
     assert requests == {f"{run}:{2 * k - 1}": 2 if k == 60 else 1 for k in range(1, 101)}
     assert applications(str(tmp_path / "world.sqlite")) == {
@@ -115,10 +115,10 @@ def test_mcp_calls_are_steps_applied_once_across_a_kill_the_tool_list_recorded_o
     reconciler()
     final = client.wait(run, timeout=180)
     assert final.state == "completed", (final.state, final.reason)
-    assert final.result == f"applied {agents.MCP_CALLS}, peeked {agents.MCP_CALLS}"
+    assert final.result == f"applied {long_agents.MCP_CALLS}, peeked {long_agents.MCP_CALLS}"
     tools = _tools(client, run)
     assert tools.count("pai_mcp.mcp.ledger.tools") == 1  # pinned: recorded once per run
-    assert tools.count("pai_mcp.mcp.ledger.call") == agents.MCP_CALLS
+    assert tools.count("pai_mcp.mcp.ledger.call") == long_agents.MCP_CALLS
     assert tools.count("pai_mcp.mcp.ledger.read") == 1  # readOnlyHint: effect-free
     calls = [n for n, t in enumerate(tools, 1) if t == "pai_mcp.mcp.ledger.call"]
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in calls}
@@ -249,7 +249,7 @@ def test_a_code_agent_calls_an_mcp_server_each_key_applied_once_across_a_kill(
     reconciler()
     final = client.wait(run, timeout=90)
     assert final.state == "completed", (final.state, final.reason)
-    assert final.result["peeked"] == {"result": mcp_code_agents.APPLIES}  # structured
+    assert final.result["peeked"] == {"result": mcp_code.APPLIES}  # structured
     assert _tools(client, run) == ["mcp_ledger.tools", *["mcp_ledger.call"] * 5,
                                    "mcp_ledger.read"]
     assert applications(str(tmp_path / "world.sqlite")) == {

@@ -20,7 +20,7 @@ from durable.log.state import RunState
 from durable.log.store import RunHandle, Spec, now_ms
 from durable.reconciler.sweep import Sweeper
 from durable.testing import Server, env_for, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import types_of
 
@@ -61,7 +61,7 @@ def _unknown_run(client: Client, run: str, *, deadline: int) -> None:
 def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path: Path) -> None:
     """Window after_effect: step 1 dispatched, the row written, the worker gone with
     nothing recorded; past the deadline, lookup says applied and nothing is sent again."""
-    from tests.agents import _db
+    from tests.agents.basic import _db
 
     _unknown_run(client, "u1", deadline=now_ms() - 1000)
     conn = _db()

@@ -13,7 +13,7 @@ import pytest
 from durable.backend.embedded import free_port
 from durable.client import Client
 from durable.testing import Reconciler, Server, wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import WorkerFactory
 
 

@@ -22,7 +22,7 @@ from durable.log import keys
 from durable.settings import Settings
 from durable.testing import Server, Worker, env_for, wait_for
 from durable.workers.runtime import publish_agents
-from tests.agents import EchoInput
+from tests.agents.basic import EchoInput
 from tests.conftest import ServerFactory, WorkerFactory, run_durable
 
 

@@ -61,7 +61,7 @@ def test_replay_from_every_offset_equals_the_incremental_fold(client: Client,
 def test_re_driving_a_completed_run_performs_no_effect(client: Client, worker: WorkerFactory,
                                                        tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.agents import applications
+    from tests.agents.basic import applications
 
     monkeypatch.setenv("TEST_DB", str(tmp_path / "w.sqlite"))
     run = client.start("writer", {"steps": 2}, run_id="redrive").run_id

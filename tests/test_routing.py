@@ -9,15 +9,15 @@ import os
 from functools import partial
 from pathlib import Path
 
-import tests.routing_agents_a
-import tests.routing_agents_b  # noqa: F401  (the client validates starts against them)
+import tests.agents.routing_alpha
+import tests.agents.routing_beta  # noqa: F401  (the client validates starts against them)
 from durable.client import Client
 from durable.log import events as ev
 from durable.telemetry.liveness import served_agents
 from durable.testing import wait_for
 from tests.conftest import WorkerFactory, run_durable
 
-ALPHA, BETA = "tests.routing_agents_a", "tests.routing_agents_b"
+ALPHA, BETA = "tests.agents.routing_alpha", "tests.agents.routing_beta"
 
 
 def _owners(client: Client, run: str) -> set[str]:

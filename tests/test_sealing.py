@@ -23,7 +23,7 @@ from durable.testing import Server, wait_for
 from tests.conftest import ApproverFactory, WorkerFactory
 
 CARD = "4111222233334444"
-AGENTS = "examples.agents,tests.agents,tests.sensitive_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.sensitive"
 
 
 def new_key(kid: str) -> str:

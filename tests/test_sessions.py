@@ -1,6 +1,6 @@
 """Sessions: a run continues an earlier run's conversation by reference
 (``start(..., continue_from=RUN)``, ``durable.conversations``), with no cap from the input
-limit. Real worker processes, the local model server (``tests.model_server``) seeing the
+limit. Real worker processes, the local model server (``tests.servers.model``) seeing the
 whole conversation at each turn. The first test is marked ``cluster`` (``pytest
 --cluster`` runs it on a real 3-master cluster: the two runs' keys are on different
 shards)."""
@@ -20,10 +20,10 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
 from tests.conftest import ReconcilerFactory, WorkerFactory
-from tests.model_server import ModelServer, expected_text
 from tests.runs import events_of
+from tests.servers.model import ModelServer, expected_text
 
-AGENTS = "examples.agents,tests.agents,tests.model_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 PAD = 400_000  # characters of filler per user turn
 
 

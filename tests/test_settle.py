@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.settle_agents  # noqa: F401  (registers peek, peeker)
+import tests.agents.settle  # noqa: F401  (registers peek, peeker)
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.controls.settling import result_digest
@@ -27,7 +27,7 @@ from tests.conftest import ApproverFactory, WorkerFactory, run_durable
 def peek_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The peek tool's call counter, and this module's agents for the workers."""
     monkeypatch.setenv("TEST_PEEK_FILE", str(tmp_path / "peek-calls"))
-    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.settle_agents")
+    monkeypatch.setenv("DURABLE_AGENTS", os.environ["DURABLE_AGENTS"] + ",tests.agents.settle")
     return tmp_path / "peek-calls"
 
 

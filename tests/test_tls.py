@@ -18,9 +18,9 @@ from durable.errors import UsageError
 from durable.log.store import Entry
 from durable.settings import Settings
 from durable.testing import Worker, wait_for
-from tests.secure_servers import TlsServer, debian_redis
+from tests.servers.secure import TlsServer, debian_redis
 
-AGENTS = "examples.agents,tests.agents"
+AGENTS = "examples.agents,tests.agents.basic"
 
 
 def test_debian_redis_server_is_installed() -> None:

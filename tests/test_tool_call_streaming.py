@@ -3,7 +3,7 @@
 pydantic-ai's model step and the OpenAI Agents SDK's.
 
 Real worker processes; the models are the local OpenAI-compatible server of
-``tests.openai_server`` (it streams each tool call's arguments 8 characters at a time) and a
+``tests.servers.openai`` (it streams each tool call's arguments 8 characters at a time) and a
 pydantic-ai ``FunctionModel`` that streams its call in three pieces. A follower subscribed
 before the worker starts hears every piece; joined, they are the calls the log records.
 """
@@ -22,12 +22,13 @@ pytest.importorskip("agents")
 from durable.client import Client
 from durable.settings import Settings
 from durable.streams.streaming import Partial
-from tests import openai_agents_agents, tool_delta_agents
+from tests.agents import openai_agents as oai
+from tests.agents import tool_deltas
 from tests.conftest import WorkerFactory
-from tests.integration_world import decided, set_env
-from tests.openai_server import ARGS_PIECE, OpenAIServer
+from tests.servers.integration_world import decided, set_env
+from tests.servers.openai import ARGS_PIECE, OpenAIServer
 
-AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents,tests.tool_delta_agents"
+AGENTS = "examples.agents,tests.agents.basic,tests.agents.openai_agents,tests.agents.tool_deltas"
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +88,8 @@ def test_a_pydantic_ai_model_step_streams_its_tool_call_as_it_is_written(
                                        "pai_streamer.model"]
     (call,) = _calls(partials, 1)
     assert (call["id"], call["name"]) == ("call_book_7", "book")
-    assert call["args"] == "".join(tool_delta_agents.ARGS_PIECES)
-    assert call["pieces"] == len(tool_delta_agents.ARGS_PIECES)
+    assert call["args"] == "".join(tool_deltas.ARGS_PIECES)
+    assert call["pieces"] == len(tool_deltas.ARGS_PIECES)
     texts = [p.data for p in partials if p.step == 3 and isinstance(p.data, str)]
     assert "".join(texts) == "booked"
 
@@ -98,7 +99,7 @@ def test_an_openai_agents_model_step_streams_its_function_calls(
 ) -> None:
     """The booker's second reply makes two calls at once: each its own index, name, id and
     argument deltas, in the SDK's streamed events."""
-    run = client.start(openai_agents_agents.durable_booker.name, {"input": "book two"},
+    run = client.start(oai.durable_booker.name, {"input": "book two"},
                        run_id="tdoai").run_id
     partials = _followed(client, worker, run)
     final = client.status(run)

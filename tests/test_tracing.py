@@ -24,7 +24,7 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.testing import Server, wait_for
 from durable.testing.spans import read
-from tests import traced_agents
+from tests.agents import traced
 from tests.conftest import ReconcilerFactory, WorkerFactory
 
 HOOK = "durable.testing.spans:SpansToFile"
@@ -140,12 +140,12 @@ def test_spans_a_tool_opens_are_children_of_its_step(client: Client, worker: Wor
                                                      exporter: InMemorySpanExporter,
                                                      tmp_path: Path) -> None:
     """The tool runs on the worker's tool thread; the step's context goes with it."""
-    assert traced_agents.Tracer.name == "tracer"  # imported: this producer validates it
+    assert traced.Tracer.name == "tracer"  # imported: this producer validates it
     spans_file = tmp_path / "spans.jsonl"
     with trace.get_tracer("test").start_as_current_span("request"):
         run = client.start("tracer", {"steps": 2}).run_id
     worker(hooks=[f"{HOOK}={spans_file}"],
-           DURABLE_AGENTS=f"{os.environ['DURABLE_AGENTS']},tests.traced_agents")
+           DURABLE_AGENTS=f"{os.environ['DURABLE_AGENTS']},tests.agents.traced")
     assert client.wait(run, timeout=30).state == "completed"
     assert wait_for(lambda: len([s for s in read(spans_file) if s["name"] == "tool work"]) == 2,
                     10)

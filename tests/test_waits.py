@@ -19,7 +19,7 @@ from durable.errors import Refused
 from durable.log.state import RunState
 from durable.reconciler.sweep import Sweeper
 from durable.security.signing import keygen
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import ApproverFactory, WorkerFactory
 from tests.runs import types_of
 

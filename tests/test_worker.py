@@ -18,7 +18,7 @@ import redis
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.testing import wait_for
-from tests.agents import applications
+from tests.agents.basic import applications
 from tests.conftest import WorkerFactory
 
 

@@ -1,6 +1,6 @@
 """More pydantic-ai agents run as durable runs, for the tests (imported by the workers
 through ``DURABLE_AGENTS``): a long run past pydantic-ai's default of 50 requests, a tool that
-cancels its run, and an agent whose tools are a real MCP stdio server's (``tests.mcp_server``).
+cancels its run, and an agent whose tools are a real MCP stdio server's (``tests.servers.mcp``).
 Models are ``FunctionModel``s counting their requests per idempotency key (``TEST_MODEL_LOG``).
 """
 
@@ -18,9 +18,9 @@ from pydantic_ai.tools import RunContext
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
-from tests.integration_world import applied as _applied
-from tests.integration_world import mcp_apply_lookup, mcp_server_command
-from tests.pydantic_ai_agents import _count_request, _done, _reply, _returns
+from tests.agents.pydantic_ai import _count_request, _done, _reply, _returns
+from tests.servers.integration_world import applied as _applied
+from tests.servers.integration_world import mcp_apply_lookup, mcp_server_command
 
 #: Tool calls the long agent makes, one per model reply: 100 model requests in all.
 LONG_CALLS = 99
@@ -48,7 +48,7 @@ long_agent = Agent(FunctionModel(long_model), name="pai_long", capabilities=[lon
 @long_agent.tool_plain
 def tick(n: int) -> dict[str, Any]:
     """Count (an effect, keyed: a tick applied twice would show)."""
-    from tests.integration_world import effect as _effect
+    from tests.servers.integration_world import effect as _effect
 
     return _effect(f"tick {n}")
 
@@ -142,7 +142,7 @@ openai_agent = Agent(_openai_model(), name="pai_openai", capabilities=[openai_du
 @openai_agent.tool_plain
 def notify(recipient: str, message: str) -> dict[str, Any]:
     """Notify someone (an effect)."""
-    from tests.integration_world import effect as _effect
+    from tests.servers.integration_world import effect as _effect
 
     return {"notification_id": 1, "key": _effect(f"notify {recipient}")["key"]}
 
@@ -150,7 +150,7 @@ def notify(recipient: str, message: str) -> dict[str, Any]:
 @openai_agent.tool_plain
 def write(source: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Write a report (an effect)."""
-    from tests.integration_world import effect as _effect
+    from tests.servers.integration_world import effect as _effect
 
     return {"report_id": 2, "key": _effect(f"report {source}")["key"]}
 
@@ -179,7 +179,7 @@ dynamic_agent = Agent(FunctionModel(dynamic_model), name="pai_dynamic",
 def _stamps(ctx: RunContext[None]) -> Any:
     from pydantic_ai import FunctionToolset
 
-    from tests.integration_world import effect as _effect
+    from tests.servers.integration_world import effect as _effect
 
     def stamp(label: str) -> dict[str, Any]:
         """Stamp a label (an effect)."""
@@ -244,7 +244,7 @@ handled_agent = Agent(FunctionModel(streamed_model, stream_function=streamed_chu
 @handled_agent.tool_plain
 def book_it(slot: int) -> dict[str, Any]:
     """Book a slot (an effect)."""
-    from tests.integration_world import effect as _effect
+    from tests.servers.integration_world import effect as _effect
 
     return _effect(f"slot {slot}")
 

@@ -1,7 +1,7 @@
 """What the framework integrations' test agents and tests share: the tools' effects in a real
-SQLite database (``tests.agents``' table, keyed by the step's idempotency key, with no unique
+SQLite database (``tests.agents.basic``' table, keyed by the step's idempotency key, with no unique
 key when ``TEST_DB_DEDUPE=0``: an effect applied twice shows), the lookups that ask it, a real
-stdio MCP server's transport (``tests.mcp_server``), and the tests' environment."""
+stdio MCP server's transport (``tests.servers.mcp``), and the tests' environment."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from durable.agents import Lookup
 from durable.client import Client
 from durable.integrations.base import current_step
 from durable.log import events as ev
-from tests.agents import _db
+from tests.agents.basic import _db
 
 
 def effect(what: str) -> dict[str, Any]:
@@ -66,9 +66,9 @@ def mcp_server_command() -> tuple[str, list[str], dict[str, str], str]:
     With ``TEST_MCP_VIA_SHELL=1`` a shell starts it as its child (as ``npx`` or ``uvx`` run
     a server), and waits for it."""
     if os.environ.get("TEST_MCP_VIA_SHELL") == "1":
-        return "sh", ["-c", f'"{sys.executable}" -m tests.mcp_server; exit $?'], \
+        return "sh", ["-c", f'"{sys.executable}" -m tests.servers.mcp; exit $?'], \
             dict(os.environ), os.getcwd()
-    return sys.executable, ["-m", "tests.mcp_server"], dict(os.environ), os.getcwd()
+    return sys.executable, ["-m", "tests.servers.mcp"], dict(os.environ), os.getcwd()
 
 
 def set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agents: str,
@@ -84,7 +84,7 @@ def set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agents: str,
 
 
 #: The agent modules of the OpenAI Agents SDK tests' workers.
-OPENAI_AGENTS = "examples.agents,tests.agents,tests.openai_agents_agents"
+OPENAI_AGENTS = "examples.agents,tests.agents.basic,tests.agents.openai_agents"
 
 
 def set_openai_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, openai_url: str) -> None:

@@ -1,9 +1,9 @@
 """OpenAI Agents SDK agents run as durable runs, for the tests (worker processes import this
 module through ``DURABLE_AGENTS``). Their models are the SDK's own
-``OpenAIChatCompletionsModel`` against the local server of ``tests.openai_server``
+``OpenAIChatCompletionsModel`` against the local server of ``tests.servers.openai``
 (``TEST_OPENAI_URL``), resolved by name through a model provider.
 
-The tools write their effects into ``tests.agents``' SQLite table (one row per application,
+The tools write their effects into ``tests.agents.basic``' SQLite table (one row per application,
 keyed by the step's idempotency key, no unique key when ``TEST_DB_DEDUPE=0``): an effect
 applied twice shows.
 """
@@ -23,8 +23,13 @@ from openai import AsyncOpenAI
 
 from durable.agents import OutcomeUnknown
 from durable.integrations.openai_agents import DurableAgent, StepOptions, step_context
-from tests.integration_world import book_lookup, mcp_apply_lookup, mcp_server_command, refund_lookup
-from tests.integration_world import effect as _effect
+from tests.servers.integration_world import (
+    book_lookup,
+    mcp_apply_lookup,
+    mcp_server_command,
+    refund_lookup,
+)
+from tests.servers.integration_world import effect as _effect
 
 
 class LocalProvider(ModelProvider):
@@ -177,7 +182,7 @@ durable_lossy = DurableAgent(
     tools={"lossy_book": StepOptions(timeout_s=1.0, lookup=book_lookup)})
 
 
-# An agent whose tools are a real MCP stdio server's (``tests.mcp_server``): ``apply`` (an
+# An agent whose tools are a real MCP stdio server's (``tests.servers.mcp``): ``apply`` (an
 # effect, keyed by the call's ``_meta``) MCP_APPLIES times, one per reply, then ``peek``.
 
 MCP_APPLIES = 6

@@ -1,7 +1,7 @@
 """A real MCP stdio server for the tests (the official SDK's ``MCPServer``), started by the
-MCP client of a worker: ``python -m tests.mcp_server``.
+MCP client of a worker: ``python -m tests.servers.mcp``.
 
-``apply`` writes one row per call into the SQLite file ``TEST_DB`` (``tests.agents``' table,
+``apply`` writes one row per call into the SQLite file ``TEST_DB`` (``tests.agents.basic``' table,
 which keeps every row with ``TEST_DB_DEDUPE=0``), keyed by the idempotency key the call
 carries in its ``_meta``: a call applied twice would show. ``peek`` only reads (the server
 marks it ``readOnlyHint``). ``TEST_MCP_LISTS`` counts how often the tool list is asked for.

@@ -22,7 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from durable.backend import embedded
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ACL_FILE = ROOT / "deploy" / "users.acl"
 ROLES = ("producer", "worker", "reconciler", "operator", "approver", "autoscaler", "admin")
 

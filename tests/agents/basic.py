@@ -405,10 +405,10 @@ class Asyncer(Agent):
 
 
 # Code agents (ordinary functions) register on import too.
-import tests.async_agents  # noqa: E402
-import tests.child_agents  # noqa: E402
-import tests.code_agents  # noqa: E402
-import tests.parallel_agents  # noqa: E402, F401
+import tests.agents.async_code  # noqa: E402
+import tests.agents.children  # noqa: E402
+import tests.agents.code  # noqa: E402
+import tests.agents.parallel  # noqa: E402, F401
 
 #: Opened by an in-process test: the ``gate`` tool blocks until then (a slow API call).
 GATE = threading.Event()

@@ -1,5 +1,5 @@
 """``async def`` code agents and tools used by the tests of the worker's event loop
-(registered on import; ``tests.agents`` imports this module)."""
+(registered on import; ``tests.agents.basic`` imports this module)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from durable.agents import ToolContext, register
 from durable.code import AsyncRunContext, agent
-from tests.agents import SqlWrite
-from tests.code_agents import StepsInput
+from tests.agents.basic import SqlWrite
+from tests.agents.code import StepsInput
 
 
 @register

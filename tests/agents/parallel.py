@@ -1,5 +1,5 @@
 """Agents that take several steps at once, in each style (registered on import;
-``tests.agents`` imports this module): a sync code agent (``ctx.parallel``), an async one
+``tests.agents.basic`` imports this module): a sync code agent (``ctx.parallel``), an async one
 (``asyncio.gather``) and a ``decide()`` agent returning a list of calls."""
 
 from __future__ import annotations

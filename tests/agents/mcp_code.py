@@ -1,4 +1,4 @@
-"""A code agent calling a real MCP stdio server (``tests.mcp_server``) through
+"""A code agent calling a real MCP stdio server (``tests.servers.mcp``) through
 ``durable.integrations.mcp``: the tool list once, ``apply`` five times, ``peek`` once."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fastmcp.client.transports import StdioTransport
 
 from durable.code import FreeInput, RunContext, agent
 from durable.integrations.mcp import McpServer
-from tests.integration_world import mcp_apply_lookup, mcp_server_command
+from tests.servers.integration_world import mcp_apply_lookup, mcp_server_command
 
 APPLIES = 5
 

@@ -1,7 +1,7 @@
 """Agents whose conversations go on from run to run in named sessions, one per framework,
 for the tests of ``durable.controls.sessions`` (worker processes import this module through
 ``DURABLE_AGENTS``): a pydantic-ai agent and an OpenAI Agents SDK agent, both on the local
-OpenAI-compatible server of ``tests.openai_server`` (``TEST_OPENAI_URL``), whose script for
+OpenAI-compatible server of ``tests.servers.openai`` (``TEST_OPENAI_URL``), whose script for
 instructions starting "reader" calls ``read_page`` once per user turn, then says how many
 pages it read and how many characters of conversation it was sent. ``read_page`` returns
 ``TEST_PAGE_CHARS`` characters: a few turns make a conversation past 1 MB."""
@@ -18,7 +18,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from durable.integrations import openai_agents as oai
 from durable.integrations import pydantic_ai as pai
-from tests.openai_agents_agents import LocalProvider
+from tests.agents.openai_agents import LocalProvider
 
 INSTRUCTIONS = "reader: read one page per turn, then say what you read."
 

@@ -1,5 +1,5 @@
 """The agents of the routing tests (``tests/test_routing.py``), one module each
-(``tests.routing_agents_a``, ``tests.routing_agents_b``): a worker that loads one has that
+(``tests.agents.routing_alpha``, ``tests.agents.routing_beta``): a worker that loads one has that
 agent and no other. ``define`` makes an agent with a tool of its own; its version is
 ``TEST_<NAME>_VERSION`` (default 1) and how it takes over runs of another version
 ``TEST_<NAME>_POLICY`` (default ``continue``), read when the module is imported."""

@@ -1,5 +1,5 @@
 """Code agents used by the tests: ordinary functions whose steps go through ``ctx``
-(registered on import; ``tests.agents`` imports this module)."""
+(registered on import; ``tests.agents.basic`` imports this module)."""
 
 from __future__ import annotations
 

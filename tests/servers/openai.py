@@ -247,7 +247,7 @@ def resent_after_recorded(client: Any, run: str, server: OpenAIServer) -> list[s
 
 
 
-if __name__ == "__main__":  # a server of its own: ``python -m tests.openai_server PORT``
+if __name__ == "__main__":  # a server of its own: ``python -m tests.servers.openai PORT``
     import sys
 
     OpenAIServer(int(sys.argv[1])).httpd.serve_forever()

@@ -1,6 +1,6 @@
 """Agents whose model streams tool calls, for ``tests.test_tool_call_streaming`` (worker
 processes import this module through ``DURABLE_AGENTS``): a code agent whose built-in
-``chat`` step streams against ``tests.openai_server`` (``DURABLE_MODEL_BASE_URL``), and a
+``chat`` step streams against ``tests.servers.openai`` (``DURABLE_MODEL_BASE_URL``), and a
 pydantic-ai agent whose ``FunctionModel`` streams one tool call in pieces, then its answer."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from durable.code import RunContext, agent
 from durable.integrations.pydantic_ai import RedisDurability, StepOptions
 from durable.models import chat
-from tests.integration_world import book_lookup, effect
-from tests.pydantic_ai_agents import _returns
+from tests.agents.pydantic_ai import _returns
+from tests.servers.integration_world import book_lookup, effect
 
 #: The pieces of the pydantic-ai model's one tool call's arguments, as it streams them.
 ARGS_PIECES = ('{"sl', 'ot": ', "7}")

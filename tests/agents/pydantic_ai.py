@@ -2,7 +2,7 @@
 through ``DURABLE_AGENTS``). The models are pydantic-ai ``FunctionModel``s: no network.
 
 Two real external counters, SQLite files: ``TEST_MODEL_LOG`` gets one row per model request
-(the step's idempotency key), ``TEST_DB`` one row per tool effect (``tests.agents``' table,
+(the step's idempotency key), ``TEST_DB`` one row per tool effect (``tests.agents.basic``' table,
 with no unique key when ``TEST_DB_DEDUPE=0``): a request or an effect sent twice shows.
 """
 
@@ -30,8 +30,8 @@ from pydantic_ai.usage import RequestUsage
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, StepOptions, step_context
-from tests.integration_world import applied, book_lookup, refund_lookup
-from tests.integration_world import effect as _effect
+from tests.servers.integration_world import applied, book_lookup, refund_lookup
+from tests.servers.integration_world import effect as _effect
 
 
 def _count_request() -> None:

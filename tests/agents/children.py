@@ -1,4 +1,4 @@
-"""Agents that delegate to child runs (registered on import; ``tests.agents`` imports this
+"""Agents that delegate to child runs (registered on import; ``tests.agents.basic`` imports this
 module): a parent starting several children and joining them, children that write a row
 in the test database, one that fails, and a detached one."""
 
