@@ -81,8 +81,7 @@ class Client(Starts):
         self.queue = make_queue(queue_client, self.settings.worker.queue)
         #: The approver registry (``durable approvers``).
         self.approvers = Approvers(self.redis, self.log.admin_keys)
-        if self.log.sealer is not None:  # a key that seals what no one can verify: refused
-            check_sealer(self.approvers, self.log.sealer)
+        check_sealer(self.approvers, self.log.sealer)  # a seal no one can verify: refused
         #: Schedules that start a run per slot (``durable schedule``).
         self.schedules = Schedules(self)
         #: Agents this client published to the catalog already.

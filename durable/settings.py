@@ -1,14 +1,10 @@
 """Typed settings, read once from ``DURABLE_*`` environment variables, grouped by concern.
 
-``Settings()`` reads the environment into one model per concern: ``settings.redis`` (how to
-connect), ``settings.cluster`` (cluster, queue server, replicas), ``settings.server`` (the
-embedded server), ``settings.worker``, ``settings.leases``, ``settings.log``,
-``settings.tenants``, ``settings.payloads``, ``settings.cancel``, ``settings.security``,
-``settings.reconciler``, ``settings.console`` and ``settings.models`` (the ``chat`` step).
-Each field reads the variable its ``validation_alias`` names (``settings.leases.ttl_ms`` is
+``Settings()`` reads the environment into one model per concern (``settings.redis``,
+``settings.worker``, ``settings.models``...: the fields of ``Settings``). Each field reads
+the variable its ``validation_alias`` names (``settings.leases.ttl_ms`` is
 ``DURABLE_LEASE_TTL_MS``); a group can be read alone (``ModelSettings()``). The reference
-(``durable config --reference``, docs/reference.md) is generated from these models, one
-table per group, in this order, titled by the group's field title.
+(``durable config --reference``, docs/reference.md) is generated from them, in this order.
 
 Overrides by variable name (``lease_ttl_ms=1000`` for ``DURABLE_LEASE_TTL_MS``), for tests
 and embedding: ``Settings.from_env(**overrides)`` and ``settings.replace(**overrides)``.
@@ -19,7 +15,7 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -293,16 +289,14 @@ class SecuritySettings(BaseSettings):
         "(`durable settle`): its signed decision is recorded and checked like an approval.")
     seal_key: str | None = Field(
         default=None, validation_alias="DURABLE_SEAL_KEY",
-        description="File of an Ed25519 private key (PEM or OpenSSH) with which this "
-        "process seals the runs it ends: a signature over the log's hash chain head, "
-        "checked by `durable verify`. Its public half is registered by an admin with the "
-        "role `sealer` under DURABLE_SEAL_SIGNER (the process refuses to start otherwise). "
-        "Unset: runs it ends are not sealed (verify says 'unsealed (chain only)'). Not a "
-        "key of sensitive fields (DURABLE_ENCRYPTION_KEYS).")
+        description="Ed25519 private key file (PEM or OpenSSH) sealing the runs this process "
+        "ends (a signature over the log's chain head, checked by `durable verify`); its "
+        "public half registered with the role `sealer` under DURABLE_SEAL_SIGNER, or the "
+        "process refuses to start. Unset: verify says 'unsealed (chain only)'.")
     seal_signer: str | None = Field(
         default=None, validation_alias="DURABLE_SEAL_SIGNER",
-        description="The approver registry name under which DURABLE_SEAL_KEY's public key "
-        "is registered (`durable approvers add NAME --role sealer`).")
+        description="The registry name of DURABLE_SEAL_KEY's public key (`durable approvers "
+        "add NAME --role sealer`).")
     encryption_keys: SecretStr | None = Field(
         default=None, validation_alias="DURABLE_ENCRYPTION_KEYS",
         description="Keys that seal sensitive fields, as id:base64key,... (32-byte keys; the "
@@ -431,20 +425,16 @@ def variables() -> dict[str, tuple[str, str]]:
 
 @cache
 def _variables() -> tuple[tuple[str, tuple[str, str]], ...]:
-    out = []
-    for group, group_type in _group_types().items():
-        for name, field in group_type.model_fields.items():
-            out.append((str(field.validation_alias), (group, name)))
-    return tuple(out)
+    return tuple((str(field.validation_alias), (group, name))
+                 for group, group_type in _group_types().items()
+                 for name, field in group_type.model_fields.items())
 
 
 @cache
 def _group_types() -> dict[str, type[BaseSettings]]:
-    types: dict[str, type[BaseSettings]] = {}
-    for name, field in Settings.model_fields.items():
-        assert isinstance(field.annotation, type) and issubclass(field.annotation, BaseSettings)
-        types[name] = field.annotation
-    return types
+    """Each group's name in ``Settings`` -> its type (every field of ``Settings`` is one)."""
+    return {name: cast(type[BaseSettings], field.annotation)
+            for name, field in Settings.model_fields.items()}
 
 
 def _by_group(overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -282,3 +282,17 @@ def test_the_check_sees_a_folder_name_import(tmp_path: Path) -> None:
     (tmp_path / "bench" / "b.py").write_text("import console.app\n")
     assert sorted(folder_name_imports(tmp_path)) == ["bench/b.py:1: console.app",
                                                      "tests/test_x.py:5: workers.loop"]
+
+
+#: The largest module of the library and the processes, in lines: past it, a module holds
+#: more than one thing and is split by what it holds.
+MAX_LINES = 450
+
+
+def test_no_module_of_the_library_or_the_processes_is_over_the_limit() -> None:
+    library = {name: path for name, path in modules(ROOT, PACKAGES).items()
+               if not name.startswith("examples")}
+    assert len(library) > 100  # the walk found the library
+    long = {name: n for name, path in library.items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

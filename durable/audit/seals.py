@@ -55,10 +55,12 @@ def signer_problem(registry: Approvers, name: str, key: str, at: int) -> str | N
     return None
 
 
-def check_sealer(registry: Approvers, sealer: Sealer) -> None:
+def check_sealer(registry: Approvers, sealer: Sealer | None) -> None:
     """Refuse (``UsageError``) a seal key that is not its signer's registered, trusted,
     unrevoked key with the role ``sealer``: every seal it made would be a forgery to
-    ``verify``."""
+    ``verify``. None (no seal key): nothing to check."""
+    if sealer is None:
+        return
     problem = signer_problem(registry, sealer.signer, sealer.fingerprint, clock.now_ms())
     if problem is not None:
         raise UsageError(f"DURABLE_SEAL_KEY: {problem}; the seals this process would make "
