@@ -68,12 +68,12 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
                 msg = await pubsub.get_message(timeout=0.1)
                 if msg and msg.get("type") == "subscribe":
                     break
+            since = last_id(await client.xrevrange(layout.log(run_id), count=1))
             so_far = await akept(client, layout, run_id)
-            barrier = AsyncBarrier()
+            barrier = AsyncBarrier(so_far, since)
         io = _Awaited(client, layout, run_id, items, barrier, pubsub)
         if barrier is not None:
-            tasks.append(asyncio.create_task(_apump_partials(io, Heard(so_far), caught_up,
-                                                             barrier)))
+            tasks.append(asyncio.create_task(_apump_partials(io, Heard(so_far), barrier)))
         tasks.append(asyncio.create_task(_apump_log(io, after_arg(after), block_ms,
                                                     reconnect_s, so_far, caught_up)))
         while True:
@@ -210,8 +210,11 @@ async def read_log(reader: FollowIO, last: str, block_ms: int, reconnect_s: floa
 
     def release() -> None:
         if not caught_up.is_set():
-            for item in so_far:
-                reader.put(item)
+            if reader.barrier is not None:
+                reader.barrier.order.caught_up(reader.put)  # with what was kept
+            else:
+                for item in so_far:
+                    reader.put(item)
             caught_up.set()
 
     while not reader.stopped():
@@ -246,7 +249,7 @@ async def read_log(reader: FollowIO, last: str, block_ms: int, reconnect_s: floa
             if reader.barrier is None:
                 reader.put(entry)
             else:
-                if caught_up.is_set() and isinstance(entry.event, CALL_ENDS):
+                if isinstance(entry.event, CALL_ENDS) and reader.barrier.order.heard(entry):
                     await reader.partials_out()
                 reader.barrier.order.entry(entry, reader.put)
             last = entry.id
@@ -257,10 +260,8 @@ async def read_log(reader: FollowIO, last: str, block_ms: int, reconnect_s: floa
             release()
 
 
-async def _apump_partials(io: _Awaited, heard: Heard, caught_up: asyncio.Event,
-                          barrier: AsyncBarrier) -> None:
-    await caught_up.wait()  # what is heard meanwhile waits in the connection
-    await pump_partials(io, heard, barrier)
+async def _apump_partials(io: _Awaited, heard: Heard, barrier: AsyncBarrier) -> None:
+    await pump_partials(io, heard, barrier)  # held in order until the log reader catches up
 
 
 async def pump_partials(reader: FollowIO, heard: Heard, barrier: Barrier | AsyncBarrier) -> None:

@@ -214,49 +214,85 @@ def _id(entry_id: str) -> tuple[int, int]:
 
 
 class Order:
-    """A call's partial output after its dispatch, whichever of a follower's two readers
-    is ahead. A worker publishes a call's output after it logged the dispatch, but the
-    subscription can hear it before the log reader has read that far: such a message is
-    held (with the log's last entry id when it was heard, which the dispatch is at or
-    before) and handed out right after the dispatch, or that entry, when the log reader
-    yields it; and before the call's end in any case. Shared by the two readers (threads
-    or tasks); each hands its items out through it."""
+    """A follower's partial output in its place among the log's events, whichever of its
+    two readers is ahead: after its call's dispatch, before its call's end.
 
-    def __init__(self) -> None:
+    A worker publishes a call's output after it logged the dispatch, but the subscription
+    can hear it before the log reader has read that far (or, while the log reader has not
+    yet caught up with the log, before what was kept of the calls in flight is out). Such
+    a message is held, with the log's last entry id when it was heard (the dispatch is at
+    or before it), and handed out once the log reader has yielded that entry or the
+    dispatch, and before its call's end in any case; what was kept (``kept``) comes out at
+    the catch-up, or before its call's end if that comes first. Shared by the two readers
+    (threads or tasks); each hands its items out through it."""
+
+    def __init__(self, kept: list[Partial] | None = None, since: str | None = None) -> None:
         self._lock = threading.Lock()
+        self._kept = list(kept or [])
+        # The log's last entry when the subscription began: a call that ended at or before
+        # it has no output to wait for (a late follower reads a long log without pausing).
+        self._since = _id(since) if since is not None else (0, 0)
+        self._caught_up = False
         self._dispatches: dict[int, int] = {}  # step -> dispatches read (an attempt's number)
         self._read_to = (0, 0)
         self._held: list[tuple[tuple[int, int], Partial]] = []
 
+    def heard(self, entry: Entry) -> bool:
+        """Whether ``entry`` was appended after the subscription began (its call's output,
+        if any, was heard)."""
+        return _id(entry.id) > self._since
+
     def ready(self, p: Partial) -> bool:
-        """Whether ``p``'s dispatch was handed out already (no need to ask the log)."""
+        """Whether ``p`` can go out now without asking where the log ends."""
         with self._lock:
-            return p.attempt <= self._dispatches.get(p.step, 0)
+            return self._caught_up and p.attempt <= self._dispatches.get(p.step, 0)
 
     def partial(self, p: Partial, log_end: str | None, put: Callable[[object], None]) -> None:
         """Hand ``p`` out, or hold it until the log reader reaches ``log_end`` (the log's
-        last entry id when ``p`` was heard; None: nothing to wait for)."""
+        last entry id when ``p`` was heard; None: nothing to wait for in the log)."""
+        until = _id(log_end) if log_end is not None else (0, 0)
         with self._lock:
-            if p.attempt <= self._dispatches.get(p.step, 0) or log_end is None \
-                    or _id(log_end) <= self._read_to:
+            if self._caught_up and self._due(until, p):
                 put(p)
             else:
-                self._held.append((_id(log_end), p))
+                self._held.append((until, p))
+
+    def caught_up(self, put: Callable[[object], None]) -> None:
+        """The log reader has read the log up to now: what was kept, then what was held."""
+        with self._lock:
+            if self._caught_up:
+                return
+            self._caught_up = True
+            for p in self._kept:
+                put(p)
+            self._kept = []
+            self._release(put, self._due)
 
     def entry(self, entry: Entry, put: Callable[[object], None]) -> None:
-        """Hand a log entry out, with the output held for it: before a call's end, what
-        its call said; after a dispatch, what was held for it or for an entry up to it."""
+        """Hand a log entry out, with the output that goes with it: before a call's end,
+        what its call said; after a dispatch, what was held for it or for an entry up to
+        it."""
         event = entry.event
         with self._lock:
             if isinstance(event, CALL_ENDS):
                 step = getattr(event, "step", None)  # a run's end: every call's
-                self._release(put, lambda until, p: step is None or p.step == step)
+
+                def ended(until: tuple[int, int], p: Partial) -> bool:
+                    return step is None or p.step == step
+
+                for p in [p for p in self._kept if ended((0, 0), p)]:
+                    put(p)
+                self._kept = [p for p in self._kept if not ended((0, 0), p)]
+                self._release(put, ended)
             put(entry)
             self._read_to = _id(entry.id)
             if isinstance(event, ev.ActionDispatched):
                 self._dispatches[event.step] = self._dispatches.get(event.step, 0) + 1
-            self._release(put, lambda until, p: until <= self._read_to
-                          or p.attempt <= self._dispatches.get(p.step, 0))
+            if self._caught_up:
+                self._release(put, self._due)
+
+    def _due(self, until: tuple[int, int], p: Partial) -> bool:
+        return until <= self._read_to or p.attempt <= self._dispatches.get(p.step, 0)
 
     def _release(self, put: Callable[[object], None],
                  due: Callable[[tuple[int, int], Partial], bool]) -> None:
@@ -277,11 +313,11 @@ class Barrier:
     after every message published earlier. ``order`` puts what it took in after the call's
     dispatch."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: list[Partial] | None = None, since: str | None = None) -> None:
         self.wanted = threading.Event()
         self.done = threading.Event()
         self.count = 0
-        self.order = Order()
+        self.order = Order(kept, since)
 
     def wait(self, timeout: float = 2.0) -> None:
         self.done.clear()
@@ -292,11 +328,11 @@ class Barrier:
 class AsyncBarrier:
     """``Barrier`` for ``afollow``'s tasks."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: list[Partial] | None = None, since: str | None = None) -> None:
         self.wanted = asyncio.Event()
         self.done = asyncio.Event()
         self.count = 0
-        self.order = Order()
+        self.order = Order(kept, since)
 
     async def wait(self, timeout: float = 2.0) -> None:
         self.done.clear()

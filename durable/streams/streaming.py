@@ -83,12 +83,13 @@ class Follower:
             pubsub = client.pubsub()
             pubsub.subscribe(layout.stream(run_id))
             _await_confirmation(pubsub)  # partials published from now on are seen
+            since = last_id(client.xrevrange(layout.log(run_id), count=1))
             so_far = kept(client, layout, run_id)  # ...and those of the steps in flight, before
-            barrier = Barrier()
+            barrier = Barrier(so_far, since)
         io = _Blocking(client, layout, run_id, self._items, self._stop, barrier, pubsub)
         if barrier is not None:
             threading.Thread(target=_pump_partials, daemon=True,
-                             args=(io, Heard(so_far), caught_up, barrier),
+                             args=(io, Heard(so_far), barrier),
                              name=f"follow-partials-{run_id}").start()
         threading.Thread(target=_pump_log, daemon=True, name=f"follow-log-{run_id}",
                          args=(io, self.last, block_ms, reconnect_s, so_far,
@@ -186,13 +187,9 @@ class _Blocking:
         return self.pubsub.get_message(ignore_subscribe_messages=True, timeout=0.05)
 
 
-def _pump_partials(io: _Blocking, heard: Heard, caught_up: threading.Event,
-                   barrier: Barrier) -> None:
+def _pump_partials(io: _Blocking, heard: Heard, barrier: Barrier) -> None:
     try:
-        while not caught_up.wait(0.2):  # what is heard meanwhile waits in the connection
-            if io.stopped():
-                return
-        drive(pump_partials(io, heard, barrier))
+        drive(pump_partials(io, heard, barrier))  # held in order until the log is read
     finally:
         barrier.done.set()
         try:
