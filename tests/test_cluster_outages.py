@@ -24,7 +24,7 @@ from durable.settings import Settings
 from durable.testing import Reconciler, Worker, wait_for
 from durable.testing.processes import Process
 from tests.conftest import ServerFactory
-from tests.test_failover import _in_sync, _victim
+from tests.test_failover import _in_sync, _replication, _victim
 
 OUTAGE_LINES = ("Redis unavailable", "Redis answers again")
 
@@ -67,7 +67,7 @@ def test_a_master_killed_under_load_gives_a_few_lines_per_process_and_no_spinnin
     taken for dead, and every run writes again after the failover."""
     queue = make_server(fsync="everysec")
     with LocalCluster(3, 1, node_timeout_ms=1000) as cluster:
-        assert wait_for(lambda: _in_sync(cluster), 60, 0.1)
+        assert wait_for(lambda: _in_sync(cluster), 60, 0.1), _replication(cluster)
         for name, value in {
             "DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
             "DURABLE_QUEUE_URL": queue.url, "DURABLE_AGENTS": "tests.agents.liveness",

@@ -54,6 +54,26 @@ def _in_sync(cluster: LocalCluster) -> bool:
     return True
 
 
+def _replication(cluster: LocalCluster) -> str:
+    """Each node's replication as it says (for a failed ``_in_sync`` wait)."""
+    lines = []
+    for node in cluster.nodes:
+        try:
+            with node.client() as c:
+                info = c.info("replication")
+        except redis.RedisError as exc:
+            lines.append(f"{node.port}: {exc}")
+            continue
+        if info["role"] == "master":
+            replicas = [f"{v.get('port')}:{v.get('state')}" for k, v in info.items()
+                        if k.startswith("slave") and isinstance(v, dict)]
+            lines.append(f"{node.port}: master, replicas {replicas}")
+        else:
+            lines.append(f"{node.port}: replica of {info.get('master_port')}, link "
+                         f"{info.get('master_link_status')}")
+    return "; ".join(lines)
+
+
 def _victim(cluster: LocalCluster) -> Node:
     """A master other than the node the processes are told to start from."""
     for node in cluster.nodes[1:]:
@@ -74,7 +94,7 @@ def test_acknowledged_appends_survive_the_failover_of_a_master(
     asynchronously). Either way the runs that survived complete, every effect applied once."""
     queue = make_server(fsync="everysec")
     with LocalCluster(3, 1, node_timeout_ms=1000) as cluster:
-        assert wait_for(lambda: _in_sync(cluster), 60, 0.1)
+        assert wait_for(lambda: _in_sync(cluster), 60, 0.1), _replication(cluster)
         for name, value in {
             "DURABLE_REDIS_URL": cluster.url, "DURABLE_REDIS_CLUSTER": "1",
             "DURABLE_QUEUE_URL": queue.url, "DURABLE_MIN_REPLICAS": str(min_replicas),
@@ -112,7 +132,7 @@ def test_acknowledged_appends_survive_the_failover_of_a_master(
         # The killed node comes back as the new master's replica: with MIN_REPLICAS=1 the
         # runs of its slots wait for it (no append there is acknowledged without one).
         cluster.restart(victim)
-        assert wait_for(lambda: _in_sync(cluster), 60, 0.1)
+        assert wait_for(lambda: _in_sync(cluster), 60, 0.1), _replication(cluster)
         # Few slots: the test's SQLite "authoritative system" checks its deadline before a
         # write that can then wait on SQLite's lock past it, and 64 writers contend enough
         # to land a first attempt after its lookup said "not applied".

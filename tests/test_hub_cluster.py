@@ -25,7 +25,7 @@ from durable.settings import Settings
 from durable.testing import Server, Worker, wait_for
 from tests.agents.basic import applications
 from tests.conftest import ServerFactory
-from tests.test_failover import _in_sync, _victim
+from tests.test_failover import _in_sync, _replication, _victim
 
 # Runs on a cluster of their own, started here, whatever the pass.
 
@@ -187,7 +187,7 @@ def test_the_hub_goes_on_across_the_failover_of_a_master(
     -- as with the run threads."""
     queue = make_server(fsync="everysec")
     with LocalCluster(3, 1, node_timeout_ms=1000) as cluster:
-        assert wait_for(lambda: _in_sync(cluster), 60, 0.1)
+        assert wait_for(lambda: _in_sync(cluster), 60, 0.1), _replication(cluster)
         _cluster_env(monkeypatch, cluster, queue, tmp_path)
         monkeypatch.setenv("DURABLE_LEASE_TTL_MS", "2000")
         client = Client(Settings())

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable import clock
-from durable.controls.approvers import Approvers
+from durable.controls.approvers import Approvers, standing_problem
 from durable.errors import Refused, RunNotFound, UsageError
 from durable.log import chain
 from durable.log import events as ev
@@ -40,16 +40,9 @@ def signer_problem(registry: Approvers, name: str, key: str, at: int) -> str | N
     """Why ``name``'s registry entry cannot vouch for a seal made with the key whose
     fingerprint is ``key`` at time ``at`` (ms), or None."""
     entry = registry.get(name)
-    if entry is None:
-        return f"unknown signer {name!r} (an admin registers a sealing key with " \
-               f"`durable approvers add {name} --role {SEAL_ROLE}`)"
-    if entry.distrust:
-        return f"signer {name!r} is not trusted: {entry.distrust}"
-    if entry.revoked and entry.revoked <= at:
-        return f"signer {name!r}'s key ({entry.fingerprint}) was revoked"
-    if SEAL_ROLE not in entry.roles:
-        return f"{name} does not have the role {SEAL_ROLE!r} " \
-               f"(has: {', '.join(entry.roles) or 'none'})"
+    problem = standing_problem(entry, name, SEAL_ROLE, at)
+    if problem is not None or entry is None:
+        return problem
     if key != entry.fingerprint:
         return f"the key {key} is not {name}'s registered key ({entry.fingerprint})"
     return None

@@ -24,7 +24,7 @@ its approver's entry is trusted, active, and holds the request's role.
 from __future__ import annotations
 
 from durable import clock
-from durable.controls.approvers import Approver, Approvers
+from durable.controls.approvers import Approver, Approvers, standing_problem
 from durable.log.state import Approval
 from durable.security.signing import sign, statement, valid
 
@@ -67,16 +67,9 @@ def check_decision(approver: Approver | None, name: str, run_id: str, appr: Appr
     decision is made or was recorded, which must be before the request's expiry.
     """
     at = _now(now)
-    if approver is None:
-        return f"unknown approver {name!r} (an admin registers keys with " \
-               "`durable approvers add`)"
-    if approver.distrust:
-        return f"approver {name!r} is not trusted: {approver.distrust}"
-    if approver.revoked and approver.revoked <= at:
-        return f"approver {name!r}'s key ({approver.fingerprint}) was revoked"
-    if appr.role and appr.role not in approver.roles:
-        return f"{name} does not have the role {appr.role!r} " \
-               f"(has: {', '.join(approver.roles) or 'none'})"
+    problem = standing_problem(approver, name, appr.role, at, who="approver")
+    if problem is not None or approver is None:
+        return problem
     when = at if decided_at is None else decided_at
     if appr.expires and appr.expires <= when:
         return f"approval request {appr.request} expired"

@@ -226,6 +226,24 @@ class Approvers:
         return ""
 
 
+def standing_problem(entry: Approver | None, name: str, role: str, at: int, *,
+                     who: str = "signer", purpose: str = "") -> str | None:
+    """Why ``name``'s registry entry cannot vouch for what it signs at ``at`` (ms) with the
+    role ``role`` ("": any): unknown, not trusted, revoked, or without the role; or None.
+    ``who`` names the signer in the message, ``purpose`` what the role is for."""
+    if entry is None:
+        return f"unknown {who} {name!r} (an admin registers keys with " \
+               f"`durable approvers add {name} --role {role or 'ROLE'}`)"
+    if entry.distrust:
+        return f"{who} {name!r} is not trusted: {entry.distrust}"
+    if entry.revoked and entry.revoked <= at:
+        return f"{who} {name!r}'s key ({entry.fingerprint}) was revoked"
+    if role and role not in entry.roles:
+        return f"{name} does not have the role {role!r}{purpose} " \
+               f"(has: {', '.join(entry.roles) or 'none'})"
+    return None
+
+
 def _roles(roles: Iterable[str]) -> list[str]:
     return sorted({r for r in roles if r})
 

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from durable.contention import update_run
-from durable.controls.approvers import Approver, Approvers
+from durable.controls.approvers import Approver, Approvers, standing_problem
 from durable.errors import Refused, UsageError
 from durable.log import events as ev
 from durable.log.state import Action, RunState, SettleInfo
@@ -71,16 +71,9 @@ def sign_settle(private_key_pem: bytes, run_id: str, act: Action, resolution: st
 def check(signer: Approver | None, name: str, role: str, run_id: str, info: SettleInfo,
           step: int, key: str, at: int) -> str | None:
     """Why the settle ``info`` of ``step`` by ``name`` is not valid at time ``at``, or None."""
-    if signer is None:
-        return f"unknown signer {name!r} (an admin registers keys with " \
-               "`durable approvers add NAME --role " + role + "`)"
-    if signer.distrust:
-        return f"signer {name!r} is not trusted: {signer.distrust}"
-    if signer.revoked and signer.revoked <= at:
-        return f"signer {name!r}'s key ({signer.fingerprint}) was revoked"
-    if role not in signer.roles:
-        return f"{name} does not have the role {role!r} needed to settle " \
-               f"(has: {', '.join(signer.roles) or 'none'})"
+    problem = standing_problem(signer, name, role, at, purpose=" needed to settle")
+    if problem is not None or signer is None:
+        return problem
     if info.key and info.key != signer.fingerprint:
         return f"the settle names key {info.key}, {name}'s is {signer.fingerprint}"
     if not info.sig:
