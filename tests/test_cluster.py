@@ -226,6 +226,26 @@ def test_a_node_whose_port_was_taken_before_it_bound_is_started_on_another() -> 
                 r.close()
 
 
+def test_a_node_whose_port_another_server_answers_on_is_started_on_another(
+    make_server: ServerFactory,
+) -> None:
+    """Window: another process's Redis (another test's cluster node) bound the drawn port
+    first. It answers, but it is not this node, which exits unable to bind: the node is
+    started again on a new port, and the cluster is made of its own nodes alone."""
+    foreign = make_server()
+    cluster = LocalCluster(3, 0)
+    cluster.nodes[1].port = foreign.port
+    with cluster:
+        assert cluster.nodes[1].port != foreign.port
+        r = redis.RedisCluster.from_url(cluster.url)
+        try:
+            assert len(r.get_primaries()) == 3
+            assert foreign.port not in {n.port for n in r.get_nodes()}
+        finally:
+            r.close()
+    assert foreign.client().info("cluster")["cluster_enabled"] == 0  # left alone
+
+
 def test_stopping_a_cluster_whose_start_failed_signals_no_process_of_ours() -> None:
     """Window: a cluster's start fails before every node has a process; stopping it then
     must not signal pid 0 (this process's whole group: the test runner, its parent shell).

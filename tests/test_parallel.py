@@ -49,7 +49,9 @@ def test_three_one_second_calls_take_one_second(
     assert first == ["StepDecided"] * 3 + ["ActionDispatched"] * 3
     dispatched = [e.ts for e in events if isinstance(e, ev.ActionDispatched) and e.step <= 3]
     outcomes = [e.ts for e in events if isinstance(e, ev.ActionSucceeded) and e.step <= 3]
-    assert max(outcomes) - min(dispatched) < 1500, (dispatched, outcomes)
+    # In sequence the three would take 3000 ms at least; at once, about 1000 (a loaded
+    # machine adds some).
+    assert max(outcomes) - min(dispatched) < 2500, (dispatched, outcomes)
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:{n}": 1 for n in (1, 2, 3)}
     assert verify(client.log, run).ok
 

@@ -69,10 +69,13 @@ def test_one_span_per_step_under_the_producers_trace(client: Client, worker: Wor
     def steps() -> list[dict[str, Any]]:
         return [s for s in read(spans_file) if s["name"].startswith("durable.step")]
 
-    assert wait_for(lambda: len(steps()) >= 3, 10)
+    def run_spans() -> list[dict[str, Any]]:
+        return [s for s in read(spans_file) if s["name"] == "durable.run"]
+
+    # The run's span ends (and is written) after its last step's.
+    assert wait_for(lambda: len(steps()) >= 3 and run_spans(), 10), read(spans_file)
     spans = read(spans_file)
-    runs = [s for s in spans if s["name"] == "durable.run"]
-    assert runs, spans
+    runs = run_spans()
     assert all(s["trace_id"] == trace_id for s in spans)
     assert all(r["parent_id"] == f"{start.context.span_id:016x}" for r in runs)
     by_step = sorted(steps(), key=lambda s: s["attributes"]["durable.step"])

@@ -137,7 +137,9 @@ class LocalCluster:
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         node.pid = node.proc.pid
         end = time.monotonic() + 20
-        while not _answers(node):
+        # Answered by this node's own process: another cluster's node may have bound the
+        # port first (drawn by another process at the same time), and this one then exits.
+        while _pid_of(node) != node.pid:
             if node.proc.poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"cluster node {node.address} did not start; see "
                                    f"{where / 'redis.log'}")
@@ -217,14 +219,6 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _answers(node: Node) -> bool:
-    try:
-        with node.client() as c:
-            return bool(c.ping())
-    except (redis.RedisError, OSError):
-        return False
 
 
 def _pid_of(node: Node) -> int | None:

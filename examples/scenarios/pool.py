@@ -98,8 +98,12 @@ class WorkerPool:
         if not alive:
             return None
         pid = self.rng.choice(alive)
-        worker, _ = self.workers.pop(pid)
-        os.kill(pid, signal.SIGKILL)
+        worker, spec = self.workers.pop(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended by itself since it was seen alive: reap() it
+            self.workers[pid] = (worker, spec)
+            return None
         ts = int(time.time() * 1000)
         worker.proc.wait()
         death = Death(pid, ts, "sigkill", held_by(self.client, self.layout, pid))
