@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from durable.backend import embedded
 
@@ -139,7 +141,7 @@ class LocalCluster:
         end = time.monotonic() + 20
         # Answered by this node's own process: another cluster's node may have bound the
         # port first (drawn by another process at the same time), and this one then exits.
-        while _pid_of(node) != node.pid:
+        while _pid_of(node, probe=True) != node.pid:
             if node.proc.poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"cluster node {node.address} did not start; see "
                                    f"{where / 'redis.log'}")
@@ -221,9 +223,15 @@ class LocalCluster:
         self.stop()
 
 
-def _pid_of(node: Node) -> int | None:
+def _pid_of(node: Node, probe: bool = False) -> int | None:
+    """The process id of the server answering on the node's port (None: no answer).
+    ``probe``: asked once, within 0.5 s (something that accepts and never answers, a port
+    held by another program, must not hold the start for a client's retries)."""
     try:
-        with node.client() as c:
+        client = redis.Redis(host="127.0.0.1", port=node.port, socket_timeout=0.5,
+                             socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)) \
+            if probe else node.client()
+        with client as c:
             return int(c.info("server")["process_id"])
     except (redis.RedisError, OSError, KeyError, ValueError):
         return None
