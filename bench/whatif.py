@@ -37,6 +37,7 @@ from bench.throughput import start_runs
 from durable.agents import registry
 from durable.client import Client
 from durable.log import keys, recovery
+from durable.log.chain import split_last
 from durable.log.store import EventLog
 from durable.queue import enqueue_many
 from durable.workers.calls import CallResult, CallWatch
@@ -167,7 +168,7 @@ def load_variants(servers: Any, sizes: tuple[int, ...], reps: int) -> dict[str, 
 
         def direct(rid: str = rid) -> None:
             _version, ckpt, last = r.hmget(keys.UNSHARDED.run(rid), "version", "ckpt", "last")
-            r.xrange(keys.UNSHARDED.log(rid), ckpt or "-", last)
+            r.xrange(keys.UNSHARDED.log(rid), ckpt or "-", split_last(last)[0])
 
         def script(rid: str = rid, load_lua: Any = load_lua) -> None:
             load_lua(keys=[keys.UNSHARDED.log(rid), keys.UNSHARDED.run(rid)])
