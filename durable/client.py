@@ -40,7 +40,6 @@ from durable.log.index import ordered
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
-from durable.queue import make_queue
 from durable.security.sealing import contains_sensitive, seal_fields
 from durable.settings import Settings
 from durable.streams.streaming import Follower, Partial, afollow, async_twin
@@ -75,10 +74,9 @@ class Client(Starts):
         self.registry.load(self.settings.worker.agents)
         self.log = EventLog.from_settings(self.redis, self.settings,
                                           lean_agents=self.registry.rebuilt_agents())
-        queue_client = connect_queue(self.settings, self.redis)
-        if queue_client is not self.redis:
-            self._owned.append(queue_client)
-        self.queue = make_queue(queue_client, self.settings.worker.queue)
+        self._queue_client = connect_queue(self.settings, self.redis)  # RQ's server, checked
+        if self._queue_client is not self.redis:
+            self._owned.append(self._queue_client)
         #: The approver registry (``durable approvers``).
         self.approvers = Approvers(self.redis, self.log.admin_keys)
         check_sealer(self.approvers, self.log.sealer)  # a seal no one can verify: refused

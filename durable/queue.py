@@ -8,12 +8,15 @@ any job whose function is not in ``HANDLERS`` before RQ imports anything.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
 from durable.flow import fairness
 from durable.log import keys
+
+if TYPE_CHECKING:
+    from rq import Queue
 
 ADVANCE = "durable.workers.handlers.advance"
 DRAIN = "durable.workers.handlers.drain"
@@ -40,6 +43,11 @@ DRAIN_PENDING_TTL_MS = 5_000
 
 
 def make_queue(client: redis.Redis, name: str) -> Queue:
+    """The RQ queue ``name`` (RQ is imported here, on first use: a producer that only reads
+    runs, and the CLI's read commands, never load it)."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
     return Queue(name, connection=client, serializer=JSONSerializer)
 
 

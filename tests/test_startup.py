@@ -21,12 +21,14 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_import_durable_loads_nothing_until_a_name_is_used() -> None:
-    """PEP 562: the package alone, then the client's module once ``Client`` is used."""
+    """PEP 562: the package alone, then the client's module once ``Client`` is used; RQ only
+    once a client enqueues (reading runs, the CLI's read commands, never load it)."""
     bare = loaded_after("import durable")
     assert {m for m in bare if m.startswith("durable.")} == set()
     assert not {"redis", "pydantic", "msgspec", "rq"} & bare
     used = loaded_after("import durable\ndurable.Client")
     assert "durable.client" in used and "redis" in used
+    assert "rq" not in used  # the queue is made when a run is first enqueued
 
 
 @pytest.mark.parametrize(("command", "present", "absent"), [

@@ -8,15 +8,15 @@ checks are most of a producer's code path and none of a reader's or operator's.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import redis
 from pydantic import ValidationError
-from rq import Queue
 
 from durable import catalog
 from durable.agents import Registry
@@ -37,7 +37,7 @@ from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
-from durable.queue import enqueue_many, make_ready
+from durable.queue import enqueue_many, make_queue, make_ready
 from durable.security.sealing import (
     contains_envelope,
     open_all,
@@ -46,6 +46,9 @@ from durable.security.sealing import (
 )
 from durable.settings import Settings
 from durable.telemetry import tracing
+
+if TYPE_CHECKING:
+    from rq import Queue
 
 #: Runs ``Client.start_many`` appends in one pipeline before making them ready (a
 #: pipeline per chunk bounds the memory of a huge batch; smaller chunks made the batch
@@ -82,9 +85,15 @@ class Starts:
     redis: redis.Redis
     registry: Registry
     log: EventLog
-    queue: Queue
     tenant_labels: tenants.Labels
     _published: set[str]
+    _queue_client: redis.Redis
+
+    @functools.cached_property
+    def queue(self) -> Queue:
+        """The RQ queue runs are enqueued on, made on first use: reading runs needs no
+        queue, and importing RQ is a good part of a short command's start."""
+        return make_queue(self._queue_client, self.settings.worker.queue)
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
               *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
-from rq import Queue
-from rq import Worker as RQWorker
 
 from durable.log import keys
 from durable.log.state import ALL_STATES
 from durable.log.store import now_ms
 from durable.queue import ready_depth
+
+if TYPE_CHECKING:
+    from rq import Queue
 
 #: Most leases one ``leases()`` call reports (it SCANs the keyspace for lease keys).
 MAX_LEASES = 5000
@@ -147,6 +148,8 @@ def workers(client: redis.Redis, queue: Queue, held: list[LeaseInfo]) -> list[Wo
     for info in held:
         by_owner.setdefault(info.owner, []).append(info.run_id)
     out = []
+    from rq import Worker as RQWorker
+
     for w in RQWorker.all(connection=queue.connection, serializer=queue.serializer):
         base = owner_of(str(w.name))
         out.append(WorkerInfo(str(w.name), str(w.get_state()), list(w.queue_names()),
