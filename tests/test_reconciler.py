@@ -63,7 +63,7 @@ def _unknown_run(client: Client, run: str, *, deadline: int) -> None:
 def test_unknown_outcome_resolved_by_lookup_as_applied(client: Client, tmp_path: Path) -> None:
     """Window after_effect: step 1 dispatched, the row written, the worker gone with
     nothing recorded; past the deadline, lookup says applied and nothing is sent again."""
-    from tests.agents.basic import _db
+    from tests.servers.effects import effects_db as _db
 
     _unknown_run(client, "u1", deadline=now_ms() - 1000)
     conn = _db()

@@ -12,6 +12,9 @@ from pydantic import BaseModel
 
 from durable.agents import Agent, Call, Decision, Finish, Lookup, Tool, ToolContext, register
 from durable.log.state import RunState
+from tests.servers.effects import applications as applications  # the tests import it here
+from tests.servers.effects import effects_db as _db
+from tests.servers.effects import model_requests as model_requests
 
 
 class EchoInput(BaseModel):
@@ -82,15 +85,6 @@ class WriterInput(BaseModel):
     steps: int = 3
 
 
-def _db() -> Any:
-    import sqlite3
-
-    conn = sqlite3.connect(os.environ["TEST_DB"], timeout=10, isolation_level=None)
-    unique = "UNIQUE" if os.environ.get("TEST_DB_DEDUPE", "1") == "1" else ""
-    conn.execute(f"CREATE TABLE IF NOT EXISTS effects (key TEXT {unique}, at REAL)")
-    return conn
-
-
 @register
 class SqlWrite(Tool):
     """Writes one row keyed by the idempotency key into a real SQLite database.
@@ -145,32 +139,6 @@ class Writer(Agent):
         if state.step >= state.input["steps"]:
             return Finish({"rows": state.step})
         return Call("sqlwrite", {"n": state.step + 1})
-
-
-def model_requests(db_path: str) -> dict[str, int]:
-    """Requests per idempotency key that a test model counted in its SQLite file."""
-    import sqlite3
-
-    conn = sqlite3.connect(db_path)
-    try:
-        return dict(conn.execute("SELECT key, COUNT(*) FROM requests GROUP BY key").fetchall())
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        conn.close()
-
-
-def applications(db_path: str) -> dict[str, int]:
-    import sqlite3
-
-    conn = sqlite3.connect(db_path)
-    try:
-        rows = conn.execute("SELECT key, COUNT(*) FROM effects GROUP BY key").fetchall()
-    except sqlite3.OperationalError:
-        return {}
-    finally:
-        conn.close()
-    return {k: n for k, n in rows}
 
 
 @register

@@ -1,5 +1,5 @@
 """What the framework integrations' test agents and tests share: the tools' effects in a real
-SQLite database (``tests.agents.basic``' table, keyed by the step's idempotency key, with no unique
+SQLite database (``tests.servers.effects``, keyed by the step's idempotency key, with no unique
 key when ``TEST_DB_DEDUPE=0``: an effect applied twice shows), the lookups that ask it, a real
 stdio MCP server's transport (``tests.servers.mcp``), and the tests' environment."""
 
@@ -17,7 +17,7 @@ from durable.agents import Lookup
 from durable.client import Client
 from durable.integrations.base import current_step
 from durable.log import events as ev
-from tests.agents.basic import _db
+from tests.servers.effects import effects_db as _db
 
 
 def effect(what: str) -> dict[str, Any]:
