@@ -49,6 +49,8 @@ from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import ensure_drain, make_queue, make_ready, ready_depth
 from durable.settings import Settings
 
+from .resealing import Resealer
+
 log = logging.getLogger("durable.reconciler")
 
 
@@ -77,7 +79,10 @@ class Sweeper:
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
         self.outage = Outage(log)
         #: Starts the runs of due schedule slots, validated and recorded as any start.
-        self.schedules = Client(settings, client, registry).schedules
+        own = Client(settings, client, registry)
+        self.schedules = own.schedules
+        #: Seals the runs that ended without a seal (with a seal key only).
+        self.resealer = Resealer(self.log, own.approvers)
 
     def tick(self, now: int | None = None, limit: int = 200) -> Tick:
         now = now if now is not None else now_ms()
@@ -93,6 +98,8 @@ class Sweeper:
             report.actions[f"schedule {name}"] = what
         if self.log.retention_ms:
             report.examined += self.prune_expired(now)
+        for run_id, what in self.resealer.sweep(now).items():
+            report.actions[f"seal {run_id}"] = what
         for raw in ids:
             run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             report.examined += 1

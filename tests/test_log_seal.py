@@ -19,12 +19,12 @@ import redis
 
 from durable.audit.verify import verify
 from durable.client import Client
-from durable.log import chain
+from durable.log import chain, keys
 from durable.log import events as ev
 from durable.log.chain import Seal, Sealer
 from durable.security.signing import keygen
 from durable.testing import wait_for
-from tests.conftest import ApproverFactory, WorkerFactory, run_durable
+from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory, run_durable
 
 Raw = list[tuple[str, dict[bytes, bytes]]]
 
@@ -338,3 +338,34 @@ def _first_break(run: str, entries: Raw) -> str | None:
         if int(fields[b"h"]) != chain.tag(head):
             return entry_id
     return None
+
+
+def test_a_reconciler_with_a_seal_key_seals_the_runs_that_ended_unsealed(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+        approver: ApproverFactory, r: redis.Redis, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Window: the process that ended the run never wrote its seal (it died between the
+    terminal append and the seal, or had no seal key: the same log either way). A
+    reconciler started with a registered seal key seals it on a sweep, once the run has been
+    terminal for the grace, and ``verify --require-seal`` passes. A run whose log no longer
+    chains (an entry deleted) is refused, named in the reconciler's log, and left unsealed:
+    a seal would vouch for the edit."""
+    run = _ended(client, worker, "orphan-seal")
+    edited = _ended(client, worker, "edited-unsealed")
+    middle = _raw(client, edited)[2][0]
+    r.xdel(client.log.keys.log(edited), middle)
+    assert not verify(client.log, run, require_seal=True).ok
+
+    private = approver("sealer-3", "sealer")
+    monkeypatch.setenv("DURABLE_SEAL_KEY", str(_key_file(tmp_path, "sealer-3", private)))
+    monkeypatch.setenv("DURABLE_SEAL_SIGNER", "sealer-3")
+    out = tmp_path / "reconciler.log"
+    reconciler(log_path=out)
+    assert wait_for(lambda: r.get(client.log.keys.seal(run)), 30)
+    report = verify(client.log, run, require_seal=True)
+    assert report.ok and "sealed by sealer-3" in report.checks["seal"], report
+    assert wait_for(lambda: f"run {edited} ended unsealed and is not sealed" in out.read_text(),
+                    30), out.read_text()
+    assert "does not chain" in out.read_text()
+    assert r.get(client.log.keys.seal(edited)) is None
+    assert int(r.hget(keys.STATS, "runs_sealed_by_reconciler") or 0) >= 1

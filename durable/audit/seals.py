@@ -16,7 +16,10 @@ recomputed the whole chain (every link, the head) cannot make one.
 - ``seal_run`` is ``durable seal``: an operator seals a terminal run after the fact (one
   that ended where no seal key was configured, or whose sealing process died after the
   append), after checking its chain; a key that is not the signer's is refused and
-  nothing is written.
+  nothing is written;
+- ``unsealed_ended`` finds the recently ended runs without a seal, which a reconciler with a
+  seal key seals (``seal_with``) on its sweep, so a crash between a run's end and its seal
+  leaves it unsealed for a sweep or two, not for good.
 """
 
 from __future__ import annotations
@@ -110,8 +113,17 @@ def seal_run(elog: EventLog, registry: Approvers, run_id: str, signer: str,
     (``Refused``): a key that is not ``signer``'s registered sealing key, a run that has
     not ended, a log that does not chain (a seal would vouch for it) or was written
     before the chain."""
-    sealer = Sealer(private_key_pem, signer)
-    problem = signer_problem(registry, signer, sealer.fingerprint, clock.now_ms())
+    seal = seal_with(elog, registry, run_id, Sealer(private_key_pem, signer))
+    if seal is None:
+        raise Refused(run_id, "not sealed: the run moved on while it was sealed; try again")
+    return seal
+
+
+def seal_with(elog: EventLog, registry: Approvers, run_id: str, sealer: Sealer
+              ) -> Seal | None:
+    """``seal_run`` with a ``Sealer`` already made (the reconciler's, from its settings);
+    None, nothing written, when an entry was appended while it sealed (seal it again)."""
+    problem = signer_problem(registry, sealer.signer, sealer.fingerprint, clock.now_ms())
     if problem is not None:
         raise Refused(run_id, f"not sealed: {problem}")
     proj = elog.projection(run_id)
@@ -130,6 +142,22 @@ def seal_run(elog: EventLog, registry: Approvers, run_id: str, signer: str,
     seal = sealer.seal(run_id, last_id, head)
     written = elog.scripts.seal(keys=[elog.keys.run(run_id), elog.keys.seal(run_id)],
                                 args=[last, seal.encode()])
-    if not int(text(written)):
-        raise Refused(run_id, "not sealed: the run moved on while it was sealed; try again")
-    return seal
+    return seal if int(text(written)) else None
+
+
+def unsealed_ended(elog: EventLog, state: str, shard: int | None, since: float, until: float,
+                   limit: int = 200) -> tuple[list[str], float]:
+    """The runs of ``shard`` that entered the terminal ``state`` between ``since`` and
+    ``until`` (ms, inclusive) and have no seal: their ending process died between the
+    terminal append and its seal, or had no seal key. At most ``limit`` looked at, oldest
+    first; with them, where the next look starts (``until`` once all were looked at)."""
+    index = elog.keys.runs_in_state(state, shard)
+    rows = elog.redis.zrangebyscore(index, since, until, 0, limit, withscores=True)
+    if not rows:
+        return [], until
+    ids = [text(i) for i, _ in rows]
+    pipe = elog.redis.pipeline(transaction=False)
+    for run_id in ids:
+        pipe.exists(elog.keys.seal(run_id))
+    unsealed = [r for r, sealed in zip(ids, pipe.execute(), strict=True) if not sealed]
+    return unsealed, (float(rows[-1][1]) if len(rows) == limit else until)
