@@ -86,6 +86,7 @@ if importlib.util.find_spec("httpx") is None:
 from durable import model_http
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.code import AsyncRunContext, RunContext
+from durable.errors import RateLimited
 from durable.flow.limits import Limit
 from durable.model_http import ModelError, ModelUnavailable, retry_after
 from durable.settings import ModelSettings
@@ -268,6 +269,9 @@ class Chat(Tool):
                     raise ModelError(f"reply is not JSON: {resp.text[:300]}") from exc
         except httpx.TransportError as exc:  # not sent, or the reply lost: ask again
             raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        except RateLimited as exc:  # a 429's wait, as long as the fleet honours one
+            exc.retry_after_s = min(exc.retry_after_s, settings.max_retry_after_s)
+            raise
         return completion_result(reply)
 
     def lookup(self, key: str, args: dict[str, Any]) -> Lookup:

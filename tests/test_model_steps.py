@@ -108,6 +108,24 @@ def test_429_and_503_are_asked_again_no_sooner_than_retry_after(
     assert [round((w.until - w.ts) / 1000) for w in waits] == [1, 2]
 
 
+def test_a_429_asking_for_longer_than_the_longest_honoured_wait_waits_that_long(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+        model: ModelServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 429 saying ``Retry-After: 3600`` under ``DURABLE_MODEL_MAX_RETRY_AFTER_S=1``: the
+    step waits 1 s, not an hour, and the second request gets its answer."""
+    model.plan = [("status", 429, 3600), ("ok",)]
+    monkeypatch.setenv("DURABLE_MODEL_MAX_RETRY_AFTER_S", "1")
+    client.registry.load(AGENTS)
+    run = client.start("model_asker", {}, run_id="retry-after-cut").run_id
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60, waiting=False)
+    assert final.state == "completed", (final.state, final.error)
+    waits = [e for e in events_of(client, run) if isinstance(e, ev.WaitEntered)]
+    assert [(w.kind, round((w.until - w.ts) / 1000)) for w in waits] == [("retry", 1)]
+    assert [s.reply for s in model.requests(f"{run}:1")] == ["status", "ok"]
+
+
 def test_a_resend_the_budget_does_not_allow_ends_the_run(
         client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
         model: ModelServer, monkeypatch: pytest.MonkeyPatch) -> None:
