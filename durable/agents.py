@@ -227,6 +227,11 @@ class Tool:
     #: model request carries the whole conversation). Only for agents that can give the
     #: arguments again on recovery: code agents, which are re-executed.
     log_args: ClassVar[Literal["full", "digest"]] = "full"
+    #: The result is model context, not evidence (a conversation, a prompt, a reply): with
+    #: ``DURABLE_CONTEXT_RETENTION`` it is kept beside the run by reference and removed
+    #: that long after the run ends, its digest staying in the log. A ``model`` step's
+    #: result always is.
+    context: ClassVar[bool] = False
     #: Names of argument and result fields (at any depth) that are sealed at rest with
     #: AES-GCM (``durable.security.sealing``): the tool gets them in clear, the log, the AOF and
     #: ``durable log``/``export`` do not.

@@ -28,6 +28,10 @@ An agent reads and keeps its conversation with two steps, the tools of :data:`TO
 - ``conversation.save`` records the messages as its result (its arguments are logged by
   digest, ``log_args = "digest"``, so they are stored once).
 
+Both results are model context (``context = True``): with ``DURABLE_CONTEXT_RETENTION`` they
+are removed that long after the run ends (``durable.log.context``), and a run that
+continues one whose conversation is gone fails its load with ``ConversationMissing``.
+
 Both are effect-free: after a crash an open one is simply taken again. The functions take
 any context with ``call`` (a code agent's ``RunContext``); an integration that drives a
 framework's agent inside a code agent uses the same two steps: ``load`` gives the message
@@ -47,7 +51,7 @@ from durable.controls.sessions import LOAD as LOAD  # re-exported: the step name
 from durable.controls.sessions import SAVE as SAVE
 from durable.controls.sessions import kept_outcome
 from durable.errors import DurableError, UsageError
-from durable.log import blobs
+from durable.log import blobs, context
 from durable.log import events as ev
 
 #: The tools an agent that continues conversations declares.
@@ -87,10 +91,15 @@ def kept(client: Any, run_id: str) -> list[dict[str, Any]] | None:
     """The conversation ``run_id`` kept (its last ``save``, else its last ``load``), read
     from its log and, when large, from beside it (checked against its digest); None when
     it kept none."""
-    outcome = kept_outcome(client.events(run_id))
+    entries = client.events(run_id)
+    outcome = kept_outcome(entries)
     if outcome is None:
         return None
     value = outcome.result
+    gone = context.removed(entries).get(outcome.blob.field) if outcome.blob else None
+    if gone is not None:
+        raise ConversationMissing(f"run {run_id!r}: its conversation was removed at "
+                                  f"{gone.at} ms ({gone.setting}, entry {gone.entry})")
     if outcome.blob is not None:
         data = client.redis.hget(client.log.keys.blobs(run_id), outcome.blob.field)
         value = blobs.value_of(outcome.blob, data, client.log.keyring, step=outcome.step)
@@ -135,6 +144,7 @@ class LoadConversation(ClientTool):
     name = LOAD
     timeout_s = 60.0
     effect_free = True
+    context = True
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         client = self.client()
@@ -149,6 +159,7 @@ class SaveConversation(Tool):
     name = SAVE
     timeout_s = 30.0
     effect_free = True
+    context = True
     log_args = "digest"
 
     def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:

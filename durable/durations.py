@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+from pydantic import AfterValidator, ValidationInfo
 
 from durable.errors import UsageError
 
@@ -21,3 +24,33 @@ def parse_duration_ms(text: str) -> int:
     if ms <= 0:
         raise UsageError(f"a duration must be positive: {text!r}")
     return ms
+
+
+
+
+def _retention(text: str | None) -> str | None:
+    """A retention setting: a duration, or unset; else a ``ValueError``, which the settings
+    report under the variable's name."""
+    if text is not None:
+        try:
+            parse_duration_ms(text)
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+    return text
+
+
+def _within(text: str | None, info: ValidationInfo) -> str | None:
+    """Model context (``DURABLE_CONTEXT_RETENTION``) is removed before the run's evidence
+    (``DURABLE_RETENTION``, validated before it), or with it; never after."""
+    context, retention = _retention(text), info.data.get("retention")
+    if context is not None and retention is not None and \
+            parse_duration_ms(context) > parse_duration_ms(retention):
+        raise ValueError(f"DURABLE_CONTEXT_RETENTION={context} is longer than "
+                         f"DURABLE_RETENTION={retention}: a run's model context is removed "
+                         "before its evidence, or with it, never after")
+    return context
+
+
+#: The types of ``DURABLE_RETENTION`` and ``DURABLE_CONTEXT_RETENTION`` (``LogSettings``).
+Retention = Annotated[str | None, AfterValidator(_retention)]
+ContextRetention = Annotated[str | None, AfterValidator(_within)]

@@ -20,6 +20,7 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from durable.durations import ContextRetention, Retention
 from durable.errors import UsageError
 
 #: Every group: fields are read from the variable named by their alias, and may be given
@@ -28,8 +29,7 @@ _GROUP = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
 
 def default_data_dir() -> Path:
-    """``$XDG_STATE_HOME/durable`` (``~/.local/state/durable``): the same for every command a
-    user runs, wherever they stand."""
+    """``$XDG_STATE_HOME/durable`` (``~/.local/state/durable``): every command's, anywhere."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "durable"
 
@@ -202,9 +202,12 @@ class LogSettings(BaseSettings):
         description="A checkpoint event every K events: recovery folds from the last one.")
     action_window: int = Field(default=32, ge=4, validation_alias="DURABLE_ACTION_WINDOW",
                                description="Settled actions kept in the folded state.")
-    retention: str | None = Field(
+    retention: Retention = Field(
         default=None, validation_alias="DURABLE_RETENTION",
         description="How long a terminal run's keys live (e.g. 30d, 12h); unset = forever.")
+    context_retention: ContextRetention = Field(
+        default=None, validation_alias="DURABLE_CONTEXT_RETENTION", description="How long "
+        "an ended run's model context stays beside it (<= DURABLE_RETENTION); unset: inline.")
     max_pending_runs: int | None = Field(
         default=None, ge=1, validation_alias="DURABLE_MAX_PENDING_RUNS",
         description="Refuse new runs while this many runs are pending (unset = no limit).")
@@ -377,8 +380,7 @@ class ModelSettings(BaseSettings):
 
 
 class Settings(BaseModel):
-    """Every knob of the system, by concern; ``Settings()`` reads each group from the
-    environment. The field titles are the reference's headings."""
+    """Every knob, by concern (``Settings()`` reads each group); titles head the reference."""
 
     redis: RedisSettings = Field(default_factory=RedisSettings, title="Connecting to Redis")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings,
@@ -400,9 +402,8 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
-        """The environment's settings, ``overrides`` taking precedence: each given by its
-        variable's name (``lease_ttl_ms=1000`` for ``DURABLE_LEASE_TTL_MS``) and validated
-        as the environment's value would be."""
+        """The environment's settings, ``overrides`` (by variable name: ``lease_ttl_ms=1000``
+        for ``DURABLE_LEASE_TTL_MS``) taking precedence, validated as the environment is."""
         types = _group_types()
         return cls.model_validate({name: types[name](**values)
                                    for name, values in _by_group(overrides).items()})
@@ -418,8 +419,7 @@ class Settings(BaseModel):
 
 
 def variables() -> dict[str, tuple[str, str]]:
-    """Each setting's variable -> (its group in ``Settings``, its field in the group), in the
-    reference's order."""
+    """Each setting's variable -> (its group, its field in the group), in reference order."""
     return dict(_variables())
 
 

@@ -30,6 +30,7 @@ from durable.backend.outages import Outage
 from durable.client import Client
 from durable.controls.cancellation import cancel_children, finish_specs
 from durable.controls.children import CHILD_POLL_MS, child_state, wake_parent
+from durable.durations import parse_duration_ms
 from durable.errors import (
     ConflictError,
     DecodeError,
@@ -41,7 +42,7 @@ from durable.errors import (
 )
 from durable.flow import fairness
 from durable.leases import Leases
-from durable.log import counters, keys
+from durable.log import context, counters, keys
 from durable.log import events as ev
 from durable.log.state import TERMINAL, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
@@ -77,6 +78,9 @@ class Sweeper:
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), settings.worker.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
+        context_retention = settings.log.context_retention
+        #: Ended runs' model context is removed this long after their last write (0: kept).
+        self.context_ms = parse_duration_ms(context_retention) if context_retention else 0
         self.outage = Outage(log)
         #: Starts the runs of due schedule slots, validated and recorded as any start.
         own = Client(settings, client, registry)
@@ -100,6 +104,8 @@ class Sweeper:
             report.examined += self.prune_expired(now)
         for run_id, what in self.resealer.sweep(now).items():
             report.actions[f"seal {run_id}"] = what
+        if self.context_ms:
+            report.examined += self.trim_context(now)
         for raw in ids:
             run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             report.examined += 1
@@ -143,6 +149,41 @@ class Sweeper:
         if dropped:
             self.redis.hincrby(keys.STATS, "expired_runs_pruned", dropped)
         return dropped
+
+    def trim_context(self, now: int, limit: int = 100) -> int:
+        """Remove the model context of the runs that ended more than
+        ``DURABLE_CONTEXT_RETENTION`` ago (``durable.log.context``): each state index is
+        walked from where the last sweep stopped (``context_swept``), oldest first, and each
+        run trimmed by one script call on its keys. Returns how many runs were trimmed.
+        Another reconciler doing the same at once is harmless: a run is trimmed by one
+        call only (the other's is refused, and finds nothing left when it reads again)."""
+        setting = f"DURABLE_CONTEXT_RETENTION={self.settings.log.context_retention}"
+        cutoff = now - self.context_ms
+        trimmed = 0
+        for state in sorted(TERMINAL):
+            for shard in self.log.keys.shard_ids():
+                index = self.log.keys.runs_in_state(state, shard)
+                mark = self.log.keys.context_swept(state, shard)
+                since = int(self.redis.get(mark) or 0)
+                found = self.redis.zrangebyscore(index, since, cutoff, 0, limit,
+                                                 withscores=True)
+                if not found:
+                    continue
+                last = int(found[-1][1])
+                if len(found) == limit:
+                    # Every run of the last score, however many: the mark moves past it.
+                    found = [f for f in found if int(f[1]) < last] + \
+                        self.redis.zrangebyscore(index, last, last, withscores=True)
+                for raw, _ in found:
+                    run_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    if context.trim(self.log, run_id, setting, actor=self.token) is not None:
+                        trimmed += 1
+                        self._did("trimmed_context")
+                # Past the cutoff, no run gets a score this low any more (a write scores
+                # its run now): the next sweep starts after the last one looked at. A run
+                # trimmed here is scored now, and found once more, with nothing to trim.
+                self.redis.set(mark, last + 1)
+        return trimmed
 
     def _stat(self, name: str) -> None:
         self.redis.hincrby(keys.STATS, name, 1)

@@ -6,7 +6,9 @@ can be generated).
 A history is a run's start, then chapters until one ends the run: a step (its approval
 gate, its dispatch and outcome), a parallel group, a wait for input, a version upgrade, a
 new lease, a quarantine that an operator releases, a cancel; a checkpoint may follow any
-chapter. Sequence numbers and times are the run's version and grow by one per event.
+chapter. A step's result may be model context kept beside the run, which an ended run's
+``context_trimmed`` removes. Sequence numbers and times are the run's version and grow by
+one per event.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from durable.log import events as ev
 from durable.log.fold import fold
+from durable.log.state import BlobRef
 
 #: Window of settled actions the generated checkpoints fold with (small, so eviction runs).
 WINDOW = 4
@@ -52,6 +55,8 @@ class _Writer:
         self.version = 1
         self.epoch = 0
         self.ended = False
+        #: Fields of the context values kept beside the run (``durable.log.context``).
+        self.context: list[str] = []
 
     def add(self, cls: type[ev.Event], **fields: Any) -> None:
         self.out.append(cls(**common(len(self.out) + 1), **fields))
@@ -117,7 +122,12 @@ class _Writer:
     def outcome(self, step: int, key: str) -> None:
         kind = self.pick("ok", "ok", "fail", "retry", "timeout", "interrupt", "cancel_call",
                          "settle")
-        if kind == "ok":
+        if kind == "ok" and self.draw(st.integers(0, 3)) == 0:  # model context, by reference
+            ref = BlobRef(field=f"{step}.{len(self.out) + 1}", sha256="ab" * 32, size=40,
+                          context=True)
+            self.context.append(ref.field)
+            self.add(ev.ActionSucceeded, step=step, key=key, blob=ref, tokens=7)
+        elif kind == "ok":
             self.add(ev.ActionSucceeded, step=step, key=key, result=self.value())
         elif kind == "fail":
             self.add(ev.ActionFailed, step=step, key=key, error="boom", error_type="E")
@@ -210,6 +220,9 @@ class _Writer:
             self.add(ev.Expired, reason="run deadline passed")
         elif end == "quarantine":
             self.add(ev.Quarantined, reason="why")
+        if self.ended and self.context and self.draw(st.booleans()):
+            self.add(ev.ContextTrimmed, refs=list(self.context), bytes=40 * len(self.context),
+                     setting="DURABLE_CONTEXT_RETENTION=1d", ended=1000 + len(self.out))
 
 
 @st.composite

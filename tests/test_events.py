@@ -103,7 +103,7 @@ def test_the_union_is_exactly_the_known_event_types() -> None:
         "call_canceled", "cancel_requested", "canceled", "wait_entered", "wait_resolved",
         "wait_expired", "approval_requested", "approval_decided", "revalidation_failed",
         "agent_upgraded", "lease_acquired", "lease_lost", "checkpoint", "completed",
-        "failed", "expired", "quarantined", "released",
+        "failed", "expired", "quarantined", "released", "context_trimmed",
     ])
 
 
@@ -111,7 +111,7 @@ def test_the_union_is_exactly_the_known_event_types() -> None:
 def test_each_event_type_round_trips_with_only_its_required_fields(tag: str) -> None:
     """Each type alone, with only its required fields (the defaults of the others)."""
     cls = ev.EVENT_TYPES[tag]
-    filler: dict[object, Any] = {int: 1, str: "x", RunState: RunState()}
+    filler: dict[object, Any] = {int: 1, str: "x", RunState: RunState(), list[str]: ["x"]}
     fields = {f.name: filler[f.type] for f in msgspec.structs.fields(cls)
               if f.required and f.name not in common(1)}
     event = cls(**common(1), **fields)

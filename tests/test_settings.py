@@ -34,7 +34,7 @@ KNOWN = (
     "DURABLE_RETENTION DURABLE_MAX_PENDING_RUNS DURABLE_REQUIRE_TENANT DURABLE_METRIC_TENANTS "
     "DURABLE_MODEL_BASE_URL DURABLE_MODEL_API_KEY DURABLE_MODEL_NAME DURABLE_MODEL_TIMEOUT_S "
     "DURABLE_MODEL_STREAM DURABLE_MODEL_ATTEMPTS DURABLE_MODEL_MAX_RETRY_AFTER_S "
-    "DURABLE_MODEL_RPM DURABLE_MODEL_TPM DURABLE_MODEL_IN_FLIGHT"
+    "DURABLE_MODEL_RPM DURABLE_MODEL_TPM DURABLE_MODEL_IN_FLIGHT DURABLE_CONTEXT_RETENTION"
 ).split()
 
 
@@ -74,6 +74,8 @@ def _other_value(var: str) -> tuple[str, Any]:
         return "/srv/x", Path("/srv/x")
     if kind is SecretStr:
         return "hush", SecretStr("hush")
+    if var.endswith("RETENTION"):  # a duration
+        return "2h", "2h"
     if kind is str:
         return "a-value", "a-value"
     assert typing.get_origin(kind) is dict, (var, kind)  # the retired approvers map

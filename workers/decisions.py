@@ -128,7 +128,7 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
     recorded = digest_placeholder(args) if tool.log_args == "digest" else args
     handle.live_args[step] = args
     decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
-                                    "key": key, "model": tool.model,
+                                    "key": key, "model": tool.model, "context": tool.context,
                                     **values_field(decision.values)})
     if state.cancel is not None:  # call-scoped cancel pending: record, never send
         await ctx.commit(handle, pending, [decided, Spec(ev.CallCanceled, {

@@ -101,6 +101,7 @@ def intents(run_id: str, group: Group, values: list[Any]) -> list[Spec]:
     first = group.steps[0]
     return [Spec(ev.StepDecided, {
         "step": step, "tool": tool.name, "key": step_key(run_id, step), "model": tool.model,
+        "context": tool.context,
         "args": digest_placeholder(args) if tool.log_args == "digest" else args,
         "group": first, **values_field(values if step == first else [])})
         for step, tool, args in zip(group.steps, group.tools, group.args, strict=True)]

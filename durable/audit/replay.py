@@ -12,7 +12,7 @@ from typing import Any
 from durable.agents import Call, Parallel
 from durable.call_identity import call_difference, call_signature, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
-from durable.log import blobs, keys
+from durable.log import blobs, context, keys
 from durable.log import events as ev
 from durable.log.entries import decode_entry
 from durable.log.fold import apply, from_checkpoint
@@ -67,11 +67,20 @@ def replay(elog: EventLog, run_id: str, start: str = "-", end: str = "+") -> Rep
     """The state at ``end`` and the trajectory of the entries from ``start`` to ``end``."""
     state, ckpt = state_at(elog, run_id, end)
     entries = elog.read(run_id, start, end)
-    return Replay(run_id, state, entries, ckpt, trajectory(entries))
+    # A removal of context is recorded after the run's end: look for it past the range too.
+    whole = entries if (start, end) == ("-", "+") else elog.read(run_id)
+    return Replay(run_id, state, entries, ckpt, trajectory(entries, context.removed(whole)))
 
 
 def _large(ref: BlobRef) -> str:
-    return f"large value of {ref.size} bytes beside the run ({ref.field}, sha256 {ref.sha256})"
+    what = "model context" if ref.context else "large value"
+    return f"{what} of {ref.size} bytes beside the run ({ref.field}, sha256 {ref.sha256})"
+
+
+def _removed(ref: BlobRef, removal: context.Removed) -> str:
+    return (f"model context of {ref.size} bytes REMOVED at {removal.at} ms by "
+            f"{removal.setting or 'policy'} (entry {removal.entry}; it was {ref.field}, "
+            f"sha256 {ref.sha256})")
 
 
 def describe(event: ev.Event) -> str:
@@ -136,6 +145,10 @@ def describe(event: ev.Event) -> str:
             return f"quarantined: {event.reason}"
         case ev.Released():
             return f"released from quarantine by {event.by}"
+        case ev.ContextTrimmed():
+            return (f"model context removed: {len(event.refs)} values, {event.bytes} bytes "
+                    f"({event.setting or 'policy'}; the run last wrote at {event.ended} ms); "
+                    "the outcomes keep their digests")
     return type(event).__name__
 
 
@@ -144,15 +157,27 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def trajectory(entries: list[Entry]) -> list[dict[str, Any]]:
+def trajectory(entries: list[Entry], gone: dict[str, context.Removed] | None = None
+               ) -> list[dict[str, Any]]:
+    """A row per entry. ``gone``: the context values removed (``durable.log.context``),
+    from the whole log; by default, those the ``context_trimmed`` of ``entries`` name."""
+    gone = context.removed(entries) if gone is None else gone
     rows: list[dict[str, Any]] = []
     for entry in entries:
         e = entry.event
         if e is None:
             rows.append({"id": entry.id, "seq": None, "type": "undecodable", "what": entry.error})
             continue
-        rows.append({"id": entry.id, "seq": e.seq, "type": e.__struct_config__.tag,
-                     "ts": e.ts, "actor": e.actor, "what": describe(e)})
+        row = {"id": entry.id, "seq": e.seq, "type": e.__struct_config__.tag,
+               "ts": e.ts, "actor": e.actor, "what": describe(e)}
+        ref = getattr(e, "blob", None)
+        if isinstance(ref, BlobRef) and ref.field in gone:
+            removal = gone[ref.field]
+            row["what"] = f"step {getattr(e, 'step', '?')} {e.__struct_config__.tag}: " \
+                          f"{_removed(ref, removal)}"
+            row["removed"] = {"at": removal.at, "setting": removal.setting,
+                              "entry": removal.entry}
+        rows.append(row)
     return rows
 
 
@@ -165,7 +190,8 @@ def summary(state: RunState) -> dict[str, Any]:
         "steps": state.step,
         "intended": f"{act.tool}({_short(act.args)}) key={act.key}" if act else None,
         "happened": (f"{act.status}" + (f": {_short(act.result)}" if act.result is not None
-                                        else "")) if act else None,
+                                        else f" (model context removed at {act.trimmed} ms)"
+                                        if act.trimmed else "")) if act else None,
         "stopped": state.reason or state.error or (state.wait.reason if state.wait else None),
     }
     return out
@@ -187,7 +213,8 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
         "agent": first.agent, "agent_version": first.agent_version, "input": first.input,
         "tools": first.tools, "parent": run_id, "forked_at": at})]
     skip = (ev.RunStarted, ev.Checkpoint, ev.LeaseAcquired, ev.RetiredLeaseLost,
-            *ev.TERMINAL_EVENTS, ev.Quarantined, ev.Released)
+            *ev.TERMINAL_EVENTS, ev.Quarantined, ev.Released, ev.ContextTrimmed)
+    gone = context.removed(elog.read(run_id))
     for entry in entries[1:]:
         event = _decoded(entry)
         if isinstance(event, skip):
@@ -197,6 +224,10 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
                   if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
         ref = getattr(event, "blob", None)
         if isinstance(ref, BlobRef):  # the fork keeps its own copy of the large value
+            if ref.field in gone:
+                raise UsageError(f"run {run_id}'s entry {entry.id} kept model context that "
+                                 f"was removed at {gone[ref.field].at} ms "
+                                 f"({gone[ref.field].setting}): fork before it, or not at all")
             del fields["blob"]
             fields["result"] = blobs.raw_value(elog.redis, elog.keys, run_id, ref, entry.id)
         specs.append(Spec(type(event), fields))

@@ -27,7 +27,7 @@ from durable.audit import seals
 from durable.controls.approvals import check_history
 from durable.controls.approvers import Approvers
 from durable.controls.settling import check_event
-from durable.log import blobs, chain, keys
+from durable.log import blobs, chain, context, keys
 from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.state import BlobRef, RunState
@@ -59,7 +59,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     report = Report(run_id)
     names = ["decodable", "contiguous", "chain", "seal", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
-             "approvals_signed", "settles_signed", "large_values", "links"]
+             "approvals_signed", "settles_signed", "large_values", "context", "links"]
     for name in names:
         report.checks[name] = "ok"
     raw, proj, raw_seal = _read(elog, run_id)
@@ -113,6 +113,8 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
         ref = getattr(e, "blob", None)
         if isinstance(ref, BlobRef):
             large.append((entry.id, ref))
+        if isinstance(e, ev.ContextTrimmed) and not state.terminal:
+            report.fail("context", f"{entry.id}: model context removed before the run ended")
         if isinstance(e, ev.Checkpoint):
             snap = e.state
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
@@ -150,17 +152,42 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     for key in successes:
         if key not in ledger:
             report.fail("ledger", f"{key} succeeded but was never claimed")
-    if large:
-        names = [ref.field for _, ref in large]
-        found = elog.redis.hmget(elog.keys.blobs(run_id), names)
-        for (entry_id, ref), data in zip(large, found, strict=True):
-            problem = blobs.check(ref, data)
-            if problem is not None:
-                report.fail("large_values", f"{entry_id}: {problem}")
+    _large_values(elog, report, run_id, large, context.removed(entries))
     problem = _links(elog, state)
     if problem is not None:
         report.fail("links", problem)
     return report
+
+
+def _large_values(elog: EventLog, report: Report, run_id: str,
+                  large: list[tuple[str, BlobRef]], gone: dict[str, context.Removed]) -> None:
+    """Each value kept beside the run is there and matches its digest, or is model context
+    a ``context_trimmed`` entry records removed; nothing else may be missing."""
+    found = elog.redis.hmget(elog.keys.blobs(run_id), [ref.field for _, ref in large]) \
+        if large else []
+    trimmed: list[context.Removed] = []
+    for (entry_id, ref), data in zip(large, found, strict=True):
+        removal = gone.pop(ref.field, None)
+        if removal is None:
+            problem = blobs.check(ref, data)
+            if problem is not None:
+                report.fail("large_values", f"{entry_id}: {problem}")
+        elif not ref.context:
+            report.fail("context", f"{removal.entry}: removes {ref.field}, the result of "
+                        f"{entry_id}, which is evidence, not model context")
+        elif data is not None:
+            report.fail("context", f"{removal.entry}: records {ref.field} removed, but it is "
+                        "still there (written around the append script)")
+        else:
+            trimmed.append(removal)
+    if gone:
+        report.fail("context", f"context_trimmed names values no outcome refers to: "
+                    f"{sorted(gone)[:5]}")
+    elif trimmed and report.checks["context"] == "ok":
+        last = max(trimmed, key=lambda r: r.at)
+        report.checks["context"] = (f"ok; {len(trimmed)} model context values removed by "
+                                    f"policy ({last.setting}, entry {last.entry}, at "
+                                    f"{last.at} ms)")
 
 
 def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str], Any]:

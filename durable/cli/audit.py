@@ -18,6 +18,7 @@ from durable.audit.verify import Report, verify
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
 from durable.log import events as ev
+from durable.log.context import removed
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.store import Entry
@@ -31,14 +32,16 @@ def cmd_log(args: argparse.Namespace) -> int:
         return _follow(args)
     c = client()
     entries = [shown_entry(e, c.log.keyring) for e in c.events(args.run, args.start, args.end)]
+    rows = trajectory(entries, removed(c.events(args.run)) if (args.start, args.end) != (
+        "-", "+") else None)
     if args.json:
-        for e in entries:
+        for e, row in zip(entries, rows, strict=True):
             if e.event is None:
                 json_out({"id": e.id, "type": "undecodable", "error": e.error})
-            else:
-                json_out({"id": e.id, **to_builtins(e.event)})
+            else:  # a value removed by context retention says so, and when
+                json_out({"id": e.id, **to_builtins(e.event),
+                          **({"removed": row["removed"]} if "removed" in row else {})})
         return OK
-    rows = trajectory(entries)
     table(f"log of {args.run}", ["id", "seq", "type", "actor", "what"],
           [(r["id"], r["seq"], r["type"], r.get("actor"), r["what"]) for r in rows])
     return OK

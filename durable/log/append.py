@@ -72,6 +72,7 @@ class AppendCall:
     retention_ms: int = field(metadata=ARG)
     nblobs: int = _count("blobs")
     compact_max: int = field(metadata=ARG)
+    ndrops: int = _count("drops")
     # ARGV, the variable-length groups: one item (a tuple is several ARGV) per entry
     events: list[tuple[int, bytes]] = field(metadata=GROUP)
     free_events: list[tuple[int, bytes]] = field(metadata=GROUP)
@@ -80,6 +81,7 @@ class AppendCall:
     counts: list[tuple[str, int]] = field(metadata=GROUP)
     free_counts: list[tuple[str, int]] = field(metadata=GROUP)
     blobs: list[tuple[str, bytes]] = field(metadata=GROUP)
+    drops: list[tuple[str]] = field(default_factory=list, metadata=GROUP)
 
     def __post_init__(self) -> None:
         values = self.__dict__
@@ -230,9 +232,11 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
         expected_version=expected, lease=handle.lease, new_state=main_state,
         new_step=main_step, now=ts, due=due, checkpoint_pos=ckpt_pos, flags=flags,
         free_state=free_state, cancel=cancel_flag, run_id=run_id,
-        lease_ttl_ms=elog.lease_ttl_ms, retention_ms=elog.retention_ms,
+        lease_ttl_ms=elog.lease_ttl_ms,
+        retention_ms=0 if options.get("keep_expiry", False) else elog.retention_ms,
         compact_max=elog.compact_max, events=events, free_events=free_events, ops=ops,
-        extras=list(projected.items()), counts=counts, free_counts=free_counts, blobs=large)
+        extras=list(projected.items()), counts=counts, free_counts=free_counts, blobs=large,
+        drops=[(f,) for f in options.get("drop_blobs", ())])
     return Prepared(call, expected, ckpt_pos)
 
 

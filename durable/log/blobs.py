@@ -40,6 +40,7 @@ import redis
 from durable.errors import DecodeError, PayloadTooLarge, SealError
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.fold import tokens_of
 from durable.log.state import Action, BlobRef, RunState
 from durable.security.sealing import (
     Keyring,
@@ -62,11 +63,15 @@ class Limits:
     inline: int = 256 * 1024
     ceiling: int = 16 * 1024 * 1024
     budget: int = 64 * 1024 * 1024
+    #: Model context is kept beside the run whatever its size, so that it can be removed
+    #: before the run's evidence (``DURABLE_CONTEXT_RETENTION`` is set).
+    context: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
         return cls(settings.payloads.max_payload_bytes, settings.payloads.max_result_bytes,
-                   settings.payloads.blob_budget_bytes)
+                   settings.payloads.blob_budget_bytes,
+                   settings.log.context_retention is not None)
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,9 @@ def place(cls: type[ev.Event], fields: dict[str, Any], state: RunState, seq: int
         too_large = PayloadTooLarge(f"the result of step {step}", len(data), limits.ceiling)
         return ev.ActionFailed, _failed(fields, f"{too_large} (DURABLE_MAX_RESULT_BYTES)",
                                         "PayloadTooLarge"), None
-    if len(data) <= limits.inline:
+    act = state.actions.get(step)
+    context = limits.context and act is not None and act.context
+    if len(data) <= limits.inline and not context:
         return cls, fields, None
     names = frozenset(sealed)
     stored = data
@@ -111,9 +118,11 @@ def place(cls: type[ev.Event], fields: dict[str, Any], state: RunState, seq: int
         return ev.ActionFailed, _failed(fields, f"{over} (DURABLE_BLOB_BUDGET_BYTES)",
                                         "PayloadTooLarge"), None
     ref = BlobRef(field=f"{step}.{seq}", sha256=hashlib.sha256(stored).hexdigest(),
-                  size=len(stored))
-    return cls, {**fields, "result": None, "blob": ref}, Stored(
-        ref.field, stored, msgspec.json.decode(data))
+                  size=len(stored), context=context)
+    placed = {**fields, "result": None, "blob": ref}
+    if act is not None and act.model and cls is ev.ActionSucceeded:
+        placed["tokens"] = tokens_of(value)  # the fold cannot read it from the reference
+    return cls, placed, Stored(ref.field, stored, msgspec.json.decode(data))
 
 
 def _failed(fields: dict[str, Any], error: str, error_type: str) -> dict[str, Any]:
@@ -125,7 +134,7 @@ def resolve(client: redis.Redis, layout: keys.KeyLayout, run_id: str, actions: I
             keyring: Keyring, learned: set[str] | None = None) -> None:
     """Fill in, in place, the result of every action whose value is kept beside the run
     and not yet read. Raises ``DecodeError`` for a value missing or unlike its digest."""
-    wanted = [a for a in actions if a.blob is not None and a.result is None]
+    wanted = [a for a in actions if a.blob is not None and a.result is None and not a.trimmed]
     if not wanted:
         return
     fields = sorted({a.blob.field for a in wanted if a.blob is not None})

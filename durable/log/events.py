@@ -46,6 +46,7 @@ from durable.log.schema import (
     CancelRequested,
     Checkpoint,
     Completed,
+    ContextTrimmed,
     Event,
     Expired,
     Failed,
@@ -73,7 +74,8 @@ __all__ = [
     "ActionDispatched", "ActionFailed", "ActionInterrupted", "ActionReconciled",
     "ActionSucceeded", "ActionTimedOut", "AgentUpgraded", "AnyEvent", "ApprovalDecided",
     "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
-    "Completed", "Event", "Expired", "Failed", "LeaseAcquired", "Quarantined", "Released",
+    "Completed", "ContextTrimmed", "Event", "Expired", "Failed", "LeaseAcquired",
+    "Quarantined", "Released",
     "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
     "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
     "named_actor", "to_builtins",
@@ -88,7 +90,7 @@ CODES: dict[str, int] = {
     "wait_entered": 12, "wait_resolved": 13, "wait_expired": 14, "approval_requested": 15,
     "approval_decided": 16, "lease_acquired": 17, "lease_lost": 18, "checkpoint": 19,
     "completed": 20, "failed": 21, "expired": 22, "quarantined": 23, "released": 24,
-    "revalidation_failed": 25, "agent_upgraded": 26,
+    "revalidation_failed": 25, "agent_upgraded": 26, "context_trimmed": 27,
 }
 
 #: The fields every event has: in the wire form, given by the entry's place or its head.

@@ -67,7 +67,7 @@ def _count_child_use(state: RunState, outcome: object) -> None:
             setattr(state, kind, getattr(state, kind) + n)
 
 
-def _tokens(result: object) -> int:
+def tokens_of(result: object) -> int:
     """Tokens a model call used, from the OpenAI-style ``usage`` of its recorded result."""
     usage = result.get("usage") if isinstance(result, dict) else None
     total = usage.get("total_tokens", 0) if isinstance(usage, dict) else 0
@@ -98,7 +98,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.refresh = None
             state.resumed = False
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
-                                           model=e.model, group=e.group)
+                                           model=e.model, group=e.group,
+                                           context=e.context or e.model)
             if e.model:
                 state.model_calls += 1
             if e.tool == CHILD_TOOL and not (isinstance(e.args, dict) and e.args.get("detached")):
@@ -119,7 +120,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             if e.blob is not None:
                 state.blob_bytes += e.blob.size
             if act.model:
-                state.tokens += _tokens(e.result)
+                state.tokens += e.tokens or tokens_of(e.result)
             _count_settled(state, window)
         case ev.ActionFailed():
             act = state.actions[e.step]
@@ -252,6 +253,13 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
         case ev.AgentUpgraded():
             state.agent_version = e.to_version
             state.tools = list(e.tools)
+        case ev.ContextTrimmed():
+            state.context_trimmed = e.ts
+            state.context_values_trimmed += len(e.refs)
+            gone = set(e.refs)
+            for act in state.actions.values():
+                if act.blob is not None and act.blob.field in gone:
+                    act.trimmed, act.result = e.ts, None
 
 
 def _consume_call_cancel(state: RunState) -> None:

@@ -88,6 +88,11 @@ class CommitOptions(TypedDict, total=False):
     release: bool
     #: The batch quarantines the run, and is written even then.
     quarantine: bool
+    #: Fields of the run's large values deleted with the batch (``durable.log.context``).
+    drop_blobs: Sequence[str]
+    #: A terminal run's keys keep the expiry they have (``DURABLE_RETENTION`` is not
+    #: counted again from this write).
+    keep_expiry: bool
 
 
 def check_seq(entry_id: str, event: ev.Event, version: int, *, first: bool) -> None:

@@ -204,6 +204,11 @@ class KeyLayout:
         shard."""
         return self._global("due", shard)
 
+    def context_swept(self, state: str, shard: int | None = None) -> str:
+        """String: the ``runs_in_state`` score (ms) up to which the reconciler has removed
+        ended runs' model context (``DURABLE_CONTEXT_RETENTION``), per state and shard."""
+        return self._global(f"context_swept:{state}", shard)
+
     def due_of(self, run_id: str) -> str:
         """The due set of the run's shard."""
         return self.due(self.shard_of(run_id))

@@ -84,6 +84,10 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     values: list[Any] = []
     #: The first step of the parallel group decided together with this one (0: alone).
     group: int = 0
+    #: The step's result is model context (a tool's ``context``; a model call's always
+    #: is): with ``DURABLE_CONTEXT_RETENTION`` it is kept beside the run, and removed
+    #: before the run's evidence (``durable.log.context``).
+    context: bool = False
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
@@ -95,13 +99,15 @@ class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True
 
 
 class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
-    """``blob``: the result is over the inline limit and kept beside the run (its
-    reference and digest; ``result`` is then None)."""
+    """``blob``: the result is kept beside the run (over the inline limit, or model
+    context): its reference and digest; ``result`` is then None, and ``tokens`` holds a
+    model call's ``usage.total_tokens``, which the fold cannot read from the result."""
 
     step: int
     key: str
     result: Any = None
     blob: BlobRef | None = None
+    tokens: int = 0
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
@@ -290,6 +296,19 @@ class AgentUpgraded(Event, tag="agent_upgraded", kw_only=True, frozen=True):
     tools: list[str] = []
 
 
+class ContextTrimmed(Event, tag="context_trimmed", kw_only=True, frozen=True):
+    """Model context removed from beside an ended run (``durable.log.context``): the
+    fields of ``dx:{R}:blobs`` deleted in the same script call (``refs``), their bytes,
+    the setting that removed them (``DURABLE_CONTEXT_RETENTION=<value>``) and the time of
+    the run's last write before it (``ended``). The outcomes keep their references and
+    digests: what was there is still proven, no longer shown."""
+
+    refs: list[str]
+    bytes: int = 0
+    setting: str = ""
+    ended: int = 0
+
+
 AnyEvent = (
     RunStarted
     | StepDecided
@@ -317,6 +336,7 @@ AnyEvent = (
     | Released
     | RevalidationFailed
     | AgentUpgraded
+    | ContextTrimmed
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -33,6 +33,9 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     field: str
     sha256: str
     size: int
+    #: The value is model context (``durable.log.context``): removed before the run's
+    #: evidence under ``DURABLE_CONTEXT_RETENTION``.
+    context: bool = False
 
 
 class SettleInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -76,6 +79,11 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     group: int = 0
     #: The operator's signed settle of this step's unknown outcome, if one was recorded.
     settle: SettleInfo | None = None
+    #: The result is model context (``StepDecided.context``, or a model call).
+    context: bool = False
+    #: When the result, kept beside the run as context, was removed (ms; 0: it was not):
+    #: ``result`` stays None for every reader.
+    trimmed: int = 0
 
     @property
     def settled(self) -> bool:
@@ -173,6 +181,9 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: of ("" for none; ``durable.controls.sessions``).
     continue_from: str = ""
     session: str = ""
+    #: When the run's model context was last trimmed (ms; 0: never), and how many values.
+    context_trimmed: int = 0
+    context_values_trimmed: int = 0
 
     @property
     def terminal(self) -> bool:

@@ -43,8 +43,9 @@
 --                            heartbeat thread waits for the interpreter)
 -- ARGV[17] ncounts           number of counter increments for the n events
 -- ARGV[18] nfree_counts      number of counter increments for the m conditional events
--- ARGV[19] retention_ms      "0", or: once the run is terminal, its keys (log, projection,
---                            ledger, large values, seal) expire this many ms after its last
+-- ARGV[19] retention_ms      "0" (expiries left as they are), or: once the run is terminal,
+--                            its keys (log, projection, ledger, large values, seal) expire
+--                            this many ms after its last
 --                            write (DURABLE_RETENTION); the reconciler then prunes the global
 --                            indexes and deletes the fence (not a KEY here: a producer's
 --                            ACL user may not name it)
@@ -53,6 +54,7 @@
 --                            rewritten to its exact size (DUMP + RESTORE: Redis keeps 4 KB
 --                            ahead of need in a stream's newest node); skipped when this
 --                            caller may not RESTORE (the shipped ACL users may not)
+-- ARGV[22] ndrops            number of large values deleted with the events
 -- then the variable-length groups, in this order (GROUP name, ARGV per item: what):
 -- GROUP events       2  (ts, event): the n events, each with its time (ms), which is its
 --                       entry id's time: "<ts>-<i>" (never before the log's last id)
@@ -68,6 +70,9 @@
 --                       outcome event of the batch refers to (by field, with its digest),
 --                       written in the same call so that no outcome is ever in the log
 --                       without its value
+-- GROUP drops        1  (field): large values of blobs_key deleted, in the same call as the
+--                       event that records their removal (context_trimmed,
+--                       durable.log.context), so that none is ever gone unrecorded
 -- (durable.log.append.AppendCall builds this call; a test checks it against this header.)
 --
 -- The log is hash-chained (durable.log.chain): each entry is written with "h", the first
@@ -96,13 +101,15 @@ local lease_ttl_ms, retention_ms = ARGV[16], tonumber(ARGV[19])
 local ncounts, nfree_counts = tonumber(ARGV[17]), tonumber(ARGV[18])
 local metrics_key, blobs_key, seal_key = KEYS[10], KEYS[11], KEYS[12]
 local nblobs, compact_max = tonumber(ARGV[20]), tonumber(ARGV[21])
+local ndrops = tonumber(ARGV[22])
 
 -- Where each variable-length group starts (the index just before its first entry).
-local EVENTS_BASE = 21
+local EVENTS_BASE = 22
 local OPS_BASE = EVENTS_BASE + 2 * (n + m)
 local EXTRAS_BASE = OPS_BASE + 3 * nops
 local COUNTS_BASE = EXTRAS_BASE + 2 * nextra
 local BLOBS_BASE = COUNTS_BASE + 2 * (ncounts + nfree_counts)
+local DROPS_BASE = BLOBS_BASE + 2 * nblobs
 
 -- Event i (1-based) of the batch: its time (ms) and its bytes.
 local function event(i)
@@ -268,6 +275,9 @@ for i = 1, nblobs do
   local field, value = blob(i)
   redis.call('HSET', blobs_key, field, value)
 end
+for i = 1, ndrops do
+  redis.call('HDEL', blobs_key, ARGV[DROPS_BASE + i])
+end
 local new_version = version + count
 redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
   'updated', now, 'cancel', cancel)
@@ -302,7 +312,8 @@ end
 if TERMINAL[new_state] and new_version <= compact_max then
   local dumped = redis.pcall('DUMP', log_key)
   if type(dumped) == 'string' then
-    redis.pcall('RESTORE', log_key, 0, dumped, 'REPLACE')
+    local ttl = redis.call('PTTL', log_key)  -- kept: an append may leave the expiry as it is
+    redis.pcall('RESTORE', log_key, ttl > 0 and ttl or 0, dumped, 'REPLACE')
   end
 end
 if retention_ms > 0 and TERMINAL[new_state] then
