@@ -33,8 +33,8 @@ from durable.controls.schedules import Schedules
 from durable.controls.starts import Starts
 from durable.errors import DecodeError, Refused, RunNotFound, Terminal, UnknownAgent, UsageError
 from durable.flow import tenants
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.index import ordered
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
@@ -102,7 +102,7 @@ class Client(Starts):
             return self.log.load(run_id, actor="client").state
         except DecodeError as exc:
             reason = f"unreadable log entry {exc.entry_id}: {exc.reason}"
-            self.log.quarantine(run_id, reason, "client")
+            self.log.quarantine(run_id, reason, "client", counters.migration_error(exc.reason))
             proj = self.log.projection(run_id)
             return RunState(run_id=run_id, state=proj.get("state", "quarantined"),
                             version=int(proj.get("version", 0)), reason=proj.get("reason"),
@@ -434,7 +434,8 @@ class Client(Starts):
         try:
             return self.log.load(run_id, actor=actor)
         except DecodeError as exc:
-            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
+            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
+                                counts=counters.migration_error(exc.reason))
             raise
 
 

@@ -70,6 +70,17 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        "or stalled), counted when the run's lease is next taken.", ()),
     c.RECONCILER_ACTIONS: ("durable_reconciler_actions",
                            "What the reconciler did to due runs.", ("action",)),
+    c.RUNS_ENDED: ("durable_runs_ended", "Runs that ended, by agent and terminal state "
+                   "(completed, failed, canceled, expired), counted with the event that ended "
+                   "them.", ("agent", "state")),
+    c.RESUME_FAILURES: ("durable_resume_failures",
+                        "Runs a worker took over and could not go on with (it quarantined "
+                        "them): nondeterminism, agent_error, version, unsigned_rejection, "
+                        "unreadable.", ("reason",)),
+    c.MIGRATION_ERRORS: ("durable_migration_errors",
+                         "Runs quarantined because an entry of their log could not be read "
+                         "by this code: future_version, no_migration, unknown_type, "
+                         "undecodable.", ("kind",)),
     RUNS_STARTED: ("durable_runs_started", "Runs started, by agent and tenant (the first "
                    "DURABLE_METRIC_TENANTS tenants by name, the rest as 'other').",
                    ("agent", "tenant")),
@@ -83,6 +94,10 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     c.CANCEL_LATENCY_METRIC: ("durable_cancel_latency_seconds",
                               "Cancel requested to run canceled.", (),
                               c.CANCEL_BUCKETS_S),
+    c.UNKNOWN_DURATION: ("durable_unknown_outcome_seconds",
+                         "Dispatch to reconciled of steps whose outcome was unknown (a lookup "
+                         "after the deadline, an operator's settle).", (),
+                         c.UNKNOWN_BUCKETS_S),
 }
 
 
