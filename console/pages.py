@@ -62,12 +62,17 @@ class Filters:
     q: str = ""
     after: str = ""
     tenant: str = ""
+    #: "1": only the runs with no valid next event (``Client.orphaned``).
+    orphaned: str = ""
 
     @classmethod
     def of(cls, request: Request) -> Filters:
         p = request.query_params
         f = cls(p.get("state", ""), p.get("agent", "").strip(), p.get("age", ""),
-                p.get("q", "").strip(), p.get("after", ""), p.get("tenant", "").strip())
+                p.get("q", "").strip(), p.get("after", ""), p.get("tenant", "").strip(),
+                p.get("orphaned", ""))
+        if f.orphaned not in ("", "1"):
+            raise HTTPException(400, f"orphaned is 1 or absent, not {f.orphaned!r}")
         if f.state and f.state not in ALL_STATES:
             raise HTTPException(400, f"unknown state {f.state!r}")
         if f.age not in AGES:
@@ -80,6 +85,8 @@ class Filters:
 
 
 def list_runs(c: Client, f: Filters) -> list[RunSummary]:
+    if f.orphaned:
+        return orphaned_runs(c, f)
     if f.q:
         found = c.search(f.q, limit=PAGE)
         return [r for r in found if (not f.state or r.state == f.state)
@@ -92,6 +99,26 @@ def list_runs(c: Client, f: Filters) -> list[RunSummary]:
     except RunNotFound:
         return c.runs(f.state or None, PAGE, agent=f.agent or None, since=since,
                       tenant=f.tenant or None)
+
+
+def orphaned_runs(c: Client, f: Filters) -> list[RunSummary]:
+    """The orphaned runs that match the other filters (the first ``PAGE``), each with why
+    in its reason column."""
+    since = now_ms() - int(f.age) * 1000 if f.age else 0
+    out = []
+    for o in c.orphaned():
+        if (f.state and o.state != f.state) or (f.agent and o.agent != f.agent) or \
+                (f.q and f.q not in o.run_id) or o.updated < since:
+            continue
+        p = c.log.projection(o.run_id)
+        if f.tenant and p.get("tenant") != f.tenant:
+            continue
+        out.append(RunSummary(o.run_id, o.state, o.agent, int(p.get("step", 0)),
+                              int(p.get("version", 0)), o.updated, o.why,
+                              p.get("tenant", ""), p.get("owner", "")))
+        if len(out) == PAGE:
+            break
+    return out
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -15,7 +14,7 @@ import redis.asyncio
 
 from durable import catalog
 from durable.agents import Registry, registry
-from durable.audit.replay import fork, state_at
+from durable.audit.replay import check_entry_id, fork, state_at
 from durable.audit.seals import check_sealer
 from durable.backend.connection import connect, connect_queue
 from durable.contention import update_run
@@ -34,8 +33,8 @@ from durable.controls.schedules import Schedules
 from durable.controls.starts import Starts
 from durable.errors import DecodeError, Refused, RunNotFound, Terminal, UnknownAgent, UsageError
 from durable.flow import tenants
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.index import ordered
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
@@ -43,7 +42,7 @@ from durable.outcomes import NO_LOOKUP
 from durable.security.sealing import contains_sensitive, seal_fields
 from durable.settings import Settings
 from durable.streams.streaming import Follower, Partial, afollow, async_twin
-from durable.telemetry import overview
+from durable.telemetry import orphans, overview
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ class Client(Starts):
             return self.log.load(run_id, actor="client").state
         except DecodeError as exc:
             reason = f"unreadable log entry {exc.entry_id}: {exc.reason}"
-            self.log.quarantine(run_id, reason, "client")
+            self.log.quarantine(run_id, reason, "client", counters.migration_error(exc.reason))
             proj = self.log.projection(run_id)
             return RunState(run_id=run_id, state=proj.get("state", "quarantined"),
                             version=int(proj.get("version", 0)), reason=proj.get("reason"),
@@ -184,7 +183,7 @@ class Client(Starts):
         """The folded state at ``entry_id`` (inclusive), from the nearest checkpoint at or
         before it, and that checkpoint's id ("" = from the start), as ``durable replay
         --to``."""
-        _check_entry_id(entry_id, "+")
+        check_entry_id(entry_id, "+")
         return state_at(self.log, run_id, entry_id)
 
     def ledger(self, run_id: str) -> dict[str, str]:
@@ -207,6 +206,11 @@ class Client(Starts):
 
     def queue_depth(self) -> dict[str, int]:
         return overview.queue_depth(self.redis, self.log.keys, self.queue)
+
+    def orphaned(self, limit: int | None = None, *, now: int | None = None) -> list[orphans.Orphan]:
+        """Runs not over that nothing will move on (``durable.telemetry.orphans``)."""
+        return orphans.find(self.log, self.queue, now=now, limit=limit,
+                            grace=orphans.grace_ms(self.settings))
 
     def sweeps(self) -> list[overview.Sweep]:
         """Each reconciler's last sweep and what its last busy sweep did."""
@@ -410,7 +414,7 @@ class Client(Starts):
         """Start a new run whose history is ``run_id``'s log up to entry ``at``
         (inclusive), written with ``by`` as its actor, and make it ready."""
         self.projection(run_id)
-        _check_entry_id(at)
+        check_entry_id(at)
         new_id = new_run_id or f"{run_id[:100]}-fork-{uuid.uuid4().hex[:6]}"
         if not keys.RUN_ID_RE.match(new_id):
             raise UsageError(f"invalid run id {new_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
@@ -428,7 +432,8 @@ class Client(Starts):
         try:
             return self.log.load(run_id, actor=actor)
         except DecodeError as exc:
-            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}")
+            self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
+                                counts=counters.migration_error(exc.reason))
             raise
 
 
@@ -437,12 +442,3 @@ def _summary(run_id: str, p: Mapping[str, str]) -> RunSummary:
     return RunSummary(run_id, p.get("state", "?"), p.get("agent", ""), int(p.get("step", 0)),
                       int(p.get("version", 0)), int(p.get("updated", 0)), p.get("reason", ""),
                       p.get("tenant", ""), p.get("owner", ""))
-
-
-_ENTRY_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
-
-
-def _check_entry_id(entry_id: str, *special: str) -> None:
-    if entry_id not in special and not _ENTRY_ID.match(entry_id):
-        raise UsageError(f"{entry_id!r} is not a log entry id (like 1700000000000-0)")
-

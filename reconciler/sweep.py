@@ -215,7 +215,7 @@ class Sweeper:
                 return "gone"
             except DecodeError as exc:
                 self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
-                                    self.token)
+                                    self.token, counters.migration_error(exc.reason))
                 self._did("quarantined")
                 return "quarantined"
             try:

@@ -378,3 +378,25 @@ def test_an_operator_settles_an_unknown_outcome_from_the_run_page(
         "alice", "alice", "no request in the server's access log")
     worker()
     assert client.wait(run, 30).state == "completed"
+
+
+def test_the_runs_page_shows_the_orphaned_runs_and_why(
+        console: Console, page: Page, client: Client) -> None:
+    """The runs page's "orphaned only" filter lists the runs nothing will move on (here:
+    one whose due entry was lost, never enqueued), with why; not the one a reconciler's
+    next sweep reaches. A bad value of the filter is refused (400)."""
+    lost = client.start("count", {"steps": 1}, run_id="lost-1", enqueue=False).run_id
+    assert client.redis.zrem(client.log.keys.due_of(lost), lost) == 1
+    client.start("count", {"steps": 1}, run_id="due-1", enqueue=False)
+    login(page, console, "vera")
+    expect(page.locator("#runs tbody tr")).to_have_count(2)
+    page.check("#orphaned")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#runs tbody tr")).to_have_count(1)
+    expect(page.locator(f"#runs tr[data-run={lost}]")).to_contain_text(
+        "no lease, on no ready list, not in the due-set")
+    api = page.request.get(f"{console.url}/api/runs?orphaned=1").json()
+    assert [r["run_id"] for r in api["runs"]] == [lost]
+    assert page.request.get(f"{console.url}/runs?orphaned=yes").status == 400
+    page.goto(console.url + "/runs?orphaned=1&state=waiting_input")
+    expect(page.locator("#runs tbody tr")).to_have_text("no orphaned runs match")

@@ -70,10 +70,12 @@ def from_logs(client: Client) -> dict[str, Any]:
     durations: dict[str, list[int]] = {}
     cancels: list[int] = []
     finals: Counter[str] = Counter()
+    ended: Counter[Labels] = Counter()
+    in_doubt: list[int] = []  # dispatch -> reconciled, ms
     run_ids = [r.decode() for shard in client.log.keys.shard_ids()
                for r in client.redis.zrange(client.log.keys.runs_index(shard), 0, -1)]
     for run in run_ids:
-        agent, tools, dispatched = "", {}, {}
+        agent, tools, dispatched, sent = "", {}, {}, {}
         for entry in client.events(run):
             e = entry.event
             assert e is not None
@@ -82,13 +84,14 @@ def from_logs(client: Client) -> dict[str, Any]:
             elif isinstance(e, ev.StepDecided):
                 tools[e.step] = e.tool
             elif isinstance(e, ev.ActionDispatched):
-                dispatched[e.step] = e.ts
+                dispatched[e.step] = sent[e.step] = e.ts
             elif type(e) in counters.OUTCOMES:
                 step: int = e.step  # type: ignore[attr-defined]
                 outcome = counters.OUTCOMES[type(e)]
                 tool = tools[step]
                 steps[(("agent", agent), ("outcome", outcome), ("tool", tool))] += 1
                 if isinstance(e, ev.ActionReconciled):
+                    in_doubt.append(e.ts - sent[step])
                     if e.by == "":
                         lookups[e.resolution] += 1
                         duplicates += e.resolution == "applied"
@@ -99,9 +102,13 @@ def from_logs(client: Client) -> dict[str, Any]:
                 dispatched.pop(step, None)
             elif isinstance(e, ev.Canceled):
                 cancels.append(e.latency_ms)
-        finals[client.status(run).state] += 1
+        final = client.status(run)
+        finals[final.state] += 1
+        if final.terminal:
+            ended[(("agent", agent), ("state", final.state))] += 1
     return {"steps": steps, "lookups": lookups, "duplicates": duplicates,
             "durations": durations, "cancels": cancels, "finals": finals,
+            "ended": ended, "in_doubt": in_doubt,
             "worker_calls": worker_calls, "runs": run_ids}
 
 
@@ -158,6 +165,13 @@ def test_counters_equal_the_events_in_the_logs(client: Client, worker: WorkerFac
     assert shared["durable_cancel_latency_seconds_count"][()] == len(logs["cancels"])
     assert shared["durable_cancel_latency_seconds_sum"][()] == \
         pytest.approx(sum(logs["cancels"]) / 1000)
+    # Runs' ends by agent and state, and how long the unknown outcomes were in doubt.
+    assert set(logs["ended"].values()) and logs["finals"]["failed"] == 1
+    assert shared["durable_runs_ended_total"] == {k: float(v) for k, v in logs["ended"].items()}
+    assert len(logs["in_doubt"]) == 2
+    assert shared["durable_unknown_outcome_seconds_count"][()] == 2
+    assert shared["durable_unknown_outcome_seconds_sum"][()] == \
+        pytest.approx(sum(logs["in_doubt"]) / 1000)
     # Gauges, from the indexes.
     for state, n in logs["finals"].items():
         assert shared["durable_runs"][(("state", state),)] == n, state

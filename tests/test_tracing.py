@@ -67,7 +67,7 @@ def test_one_span_per_step_under_the_producers_trace(client: Client, worker: Wor
     assert start.attributes is not None and start.attributes["durable.run_id"] == run
 
     def steps() -> list[dict[str, Any]]:
-        return [s for s in read(spans_file) if s["name"].startswith("durable.step")]
+        return [s for s in read(spans_file) if s["name"].startswith("execute_tool ")]
 
     def run_spans() -> list[dict[str, Any]]:
         return [s for s in read(spans_file) if s["name"] == "durable.run"]
@@ -83,11 +83,18 @@ def test_one_span_per_step_under_the_producers_trace(client: Client, worker: Wor
     run_span_ids = {r["span_id"] for r in runs}
     for n, span in enumerate(by_step, start=1):
         a = span["attributes"]
-        assert span["name"] == "durable.step noop"
+        assert span["name"] == "execute_tool noop" and span["kind"] == "INTERNAL"
         assert span["parent_id"] in run_span_ids
         assert a["durable.run_id"] == run and a["durable.agent"] == "count"
         assert a["durable.tool"] == "noop" and a["durable.key"] == f"{run}:{n}"
         assert a["durable.attempt"] == 1 and a["durable.outcome"] == "succeeded"
+        # OpenTelemetry's generative-AI conventions for a tool call; no arguments, no result.
+        assert (a["gen_ai.operation.name"], a["gen_ai.tool.name"], a["gen_ai.tool.type"],
+                a["gen_ai.tool.call.id"]) == ("execute_tool", "noop", "function", f"{run}:{n}")
+        assert set(a) == {"durable.run_id", "durable.agent", "durable.tool", "durable.key",
+                          "durable.step", "durable.attempt", "durable.outcome",
+                          "gen_ai.operation.name", "gen_ai.tool.name", "gen_ai.tool.type",
+                          "gen_ai.tool.call.id"}
 
 
 def test_the_trace_survives_a_crash(client: Client, worker: WorkerFactory,
@@ -110,7 +117,7 @@ def test_the_trace_survives_a_crash(client: Client, worker: WorkerFactory,
     spans = read(spans_file)
     assert {s["trace_id"] for s in spans} == {trace_id}
     stepped = {s["attributes"]["durable.step"] for s in spans if s["name"].startswith(
-        "durable.step")}
+        "execute_tool ")}
     assert stepped == {1, 2, 3}
     resent = [s for s in spans if s["attributes"].get("durable.step") == 2]
     assert len(resent) == 2  # before the kill, and sent again after lookup said not applied
@@ -153,6 +160,43 @@ def test_spans_a_tool_opens_are_children_of_its_step(client: Client, worker: Wor
     assert wait_for(lambda: len([s for s in read(spans_file) if s["name"] == "tool work"]) == 2,
                     10)
     spans = read(spans_file)
-    steps = {s["span_id"]: s for s in spans if s["name"] == "durable.step traced"}
+    steps = {s["span_id"]: s for s in spans if s["name"] == "execute_tool traced"}
     work = [s for s in spans if s["name"] == "tool work"]
     assert len(steps) == 2 and {w["parent_id"] for w in work} == set(steps)
+
+
+def test_a_model_step_is_a_chat_span_with_its_model_and_usage_and_no_content(
+        client: Client, worker: WorkerFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in ``chat`` step against a local OpenAI-compatible server: one ``CLIENT``
+    span ``chat <model>`` per call, with the model asked for and the reply's model, id and
+    token counts (OpenTelemetry's generative-AI conventions); the prompt and the reply's
+    text appear nowhere on it."""
+    from tests.servers.model import ModelServer
+
+    agents = "examples.agents,tests.agents.basic,tests.agents.model_steps"
+    srv = ModelServer(tokens=20).start()
+    try:
+        monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
+        monkeypatch.setenv("DURABLE_MODEL_NAME", "test-model-7")
+        monkeypatch.setenv("DURABLE_AGENTS", agents)
+        client.registry.load(agents)
+        spans_file = tmp_path / "spans.jsonl"
+        question = "what is the secret word, zebra-quartz?"
+        run = client.start("model_asker", {"question": question}).run_id
+        worker(hooks=[f"{HOOK}={spans_file}"])
+        final = client.wait(run, timeout=60, waiting=False)
+        assert final.state == "completed", (final.state, final.error)
+        assert wait_for(lambda: any(s["name"].startswith("chat") for s in read(spans_file)),
+                        10)
+    finally:
+        srv.stop()
+    [span] = [s for s in read(spans_file) if s["name"].startswith("chat")]
+    a = span["attributes"]
+    assert span["name"] == "chat test-model-7" and span["kind"] == "CLIENT"
+    assert (a["gen_ai.operation.name"], a["gen_ai.request.model"]) == ("chat", "test-model-7")
+    assert (a["gen_ai.response.model"], a["gen_ai.response.id"]) == ("local", "c1")
+    assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (5, 20)
+    assert "gen_ai.tool.name" not in a and a["durable.outcome"] == "succeeded"
+    answer = str(final.result["answer"])
+    assert answer and answer not in str(span) and "zebra-quartz" not in str(span)

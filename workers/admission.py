@@ -16,6 +16,7 @@ from durable.audit.replay import matching_call
 from durable.code import CodeAgent
 from durable.errors import NondeterminismError
 from durable.leases import Lease
+from durable.log import counters
 from durable.log import events as ev
 from durable.log.store import RunHandle, Spec
 
@@ -44,7 +45,7 @@ async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
                                                      "epoch": lease.epoch})])
     forged = await authority.unsigned_rejection(ctx, handle)
     if forged is not None:
-        await ctx.quarantine(handle, forged)
+        await ctx.quarantine(handle, forged, counts=counters.resume_failure("unsigned_rejection"))
         return False
     state, check = handle.state, authority.approval_check(ctx, run_id)
     if state.agent_version == agent.version:
@@ -55,7 +56,7 @@ async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
     if verdict != "ok" and await hand_to_its_version(ctx, handle, lease):
         return False
     if verdict == "quarantine":
-        await ctx.quarantine(handle, why)
+        await ctx.quarantine(handle, why, counts=counters.resume_failure("version"))
         return False
     if verdict == "wait":
         await ctx.log.commit_async(handle, specs, checkpoint=True)
@@ -65,13 +66,14 @@ async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
         if not kept:
             await check_replay(ctx, handle, agent)
     except NondeterminismError as exc:
-        await ctx.quarantine(handle, str(exc))
+        await ctx.quarantine(handle, str(exc), counts=counters.resume_failure("nondeterminism"))
         return False
     except redis.RedisError:  # Redis failed under the re-observing, not the agent
         raise
     except Exception as exc:  # an agent bug met while re-observing: keep the evidence
         await ctx.quarantine(handle, f"agent {agent.name} raised {exc!r} on recovery",
-                             traceback=agent_traceback(exc))
+                             traceback=agent_traceback(exc),
+                             counts=counters.resume_failure("agent_error"))
         return False
     return True
 

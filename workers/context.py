@@ -14,7 +14,7 @@ awaited (``io``, ``log.commit_async``) and so is all user code (``user``, ``Offl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -95,8 +95,10 @@ class StepContext(Protocol):
         """Commit what is staged plus ``specs``; ``pending`` is emptied once in the log."""
         ...
 
-    async def quarantine(self, handle: RunHandle, reason: str, traceback: str = "") -> None:
-        """Drop what is staged and quarantine the run, naming ``reason``."""
+    async def quarantine(self, handle: RunHandle, reason: str, traceback: str = "",
+                         counts: Sequence[tuple[str, int]] = ()) -> None:
+        """Drop what is staged and quarantine the run, naming ``reason``; ``counts``
+        (``durable.log.counters``) are added with its event."""
         ...
 
     async def load(self, run_id: str, lease: Lease, version: int | None = None,

@@ -24,7 +24,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -47,8 +47,8 @@ from durable.errors import (
 from durable.eventloop import EVENT_LOOP
 from durable.flow.limits import Limiter
 from durable.leases import Heartbeats, Lease, Leases
+from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
 from durable.log.state import RunState
@@ -239,7 +239,8 @@ class StepLoop:
         except DecodeError as exc:
             await self.io.quarantine_unread(
                 self.log, run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
-                self.worker_id)
+                self.worker_id, [*counters.migration_error(exc.reason),
+                                 *counters.resume_failure("unreadable")])
         except RunNotFound:
             pass
         return None
@@ -389,13 +390,14 @@ class StepLoop:
         if parent is not None:
             await self.io.enqueue(parent, force=True)
 
-    async def quarantine(self, handle: RunHandle, reason: str, traceback: str = "") -> None:
+    async def quarantine(self, handle: RunHandle, reason: str, traceback: str = "",
+                         counts: Sequence[tuple[str, int]] = ()) -> None:
         if traceback:
             log.error("run %s quarantined: %s\n%s", handle.run_id, reason, traceback.rstrip())
         else:
             log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
-        handle.staged_counts = []  # what the dropped events would have counted
+        handle.staged_counts = list(counts)  # not what the dropped events would have counted
         fields: dict[str, Any] = {"reason": reason}
         if traceback:
             fields["traceback"] = traceback
@@ -404,7 +406,8 @@ class StepLoop:
                                         extra={"reason": reason[:500]})
             await self.io.hset(keys.QUARANTINE, handle.run_id, reason[:500])
         except (ConflictError, Terminal, LeaseLost):
-            await self.io.quarantine_unread(self.log, handle.run_id, reason, self.worker_id)
+            await self.io.quarantine_unread(self.log, handle.run_id, reason, self.worker_id,
+                                            counts)
 
     async def _step(
         self, handle: RunHandle, agent: Agent, slot: Slot, pending: list[Spec], lease: Lease

@@ -21,7 +21,7 @@ layout refolded from the start) hands the driving over as slow user code does.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -152,17 +152,19 @@ class RedisIO:
                                                       actor=actor, at_least=at_least))
 
     async def quarantine_unread(self, elog: EventLog, run_id: str, reason: str,
-                                actor: str) -> bool:
+                                actor: str, counts: Sequence[tuple[str, int]] = ()) -> bool:
         """``EventLog.quarantine``: mark a run quarantined without folding it (its log may
-        be unreadable). False when it was quarantined already, or someone wrote first."""
+        be unreadable), adding ``counts`` with its event. False when it was quarantined
+        already, or someone wrote first."""
         if self.batcher is None:
-            return await self.elsewhere(lambda: elog.quarantine(run_id, reason, actor))
+            return await self.elsewhere(lambda: elog.quarantine(run_id, reason, actor, counts))
         raw = await self.command("HGETALL", self.leases.keys.run(run_id))
         proj = {_s(k): _s(v) for k, v in zip(raw[::2], raw[1::2], strict=True)} \
             if isinstance(raw, list) else {_s(k): _s(v) for k, v in (raw or {}).items()}
         handle = quarantine_handle(run_id, proj, actor)
         if handle is None:
             return False
+        handle.staged_counts.extend(counts)
         try:
             await elog.commit_async(handle, [Spec(ev.Quarantined, {"reason": reason})],
                                     extra={"reason": reason[:500]}, quarantine=True)

@@ -6,6 +6,7 @@ depends on the events since that checkpoint, not on the log's length.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -298,3 +299,12 @@ def import_log(elog: EventLog, run_id: str, events: list[dict[str, Any]]) -> Non
         specs.append(Spec(type(event), fields))
     first = specs[0].fields
     elog.commit(handle, specs, extra={"agent": str(first.get("agent", ""))})
+
+
+_ENTRY_ID = re.compile(r"^[0-9]{1,20}(-[0-9]{1,20})?$")
+
+
+def check_entry_id(entry_id: str, *special: str) -> None:
+    """Refuse (``UsageError``) what is not a log entry id, unless one of ``special``."""
+    if entry_id not in special and not _ENTRY_ID.match(entry_id):
+        raise UsageError(f"{entry_id!r} is not a log entry id (like 1700000000000-0)")

@@ -67,12 +67,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
+    from durable.telemetry import orphans
     from durable.telemetry.metrics import serve
 
     c = client()
     conn = c.redis
     try:
-        serve(conn, c.log.keys, args.host, args.port)
+        serve(conn, c.log.keys, args.host, args.port, c.queue,
+              orphans.grace_ms(c.settings))
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: "
                          f"{exc.strerror or exc}") from None

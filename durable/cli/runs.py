@@ -85,8 +85,12 @@ def waiting_for_worker(c: Client, agent: str) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    if args.stuck and args.orphaned:
+        raise UsageError("--stuck and --orphaned are two lists: give one of them")
     if args.stuck:
         return _stuck(args)
+    if args.orphaned:
+        return _orphaned(args)
     runs = client().runs(args.state, args.limit, agent=args.agent, after=args.after,
                          tenant=args.tenant, owner=args.owner, session=args.session)
     if args.json:
@@ -111,6 +115,27 @@ def _stuck(args: argparse.Namespace) -> int:
           ["run", "agent", "step", "tool", "key", "since"],
           [(row.run_id, row.agent, act.step, act.tool, act.key, age(row.updated))
            for row, act in found])
+    return OK
+
+
+def _orphaned(args: argparse.Namespace) -> int:
+    narrowed = [f"--{n}" for n in ("state", "after", "agent", "tenant", "owner", "session")
+                if getattr(args, n) is not None]
+    if narrowed:
+        raise UsageError(f"--orphaned looks at every run not over: without {', '.join(narrowed)}")
+    if args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {args.limit}")
+    found = client().orphaned()
+    shown = found[:args.limit]
+    if args.json:
+        for o in shown:
+            json_out(o.__dict__)
+    else:
+        table("runs with no valid next event (no lease, not ready, nothing due to wake them)",
+              ["run", "state", "agent", "updated", "why"],
+              [(o.run_id, o.state, o.agent, age(o.updated), o.why) for o in shown])
+    if len(found) > len(shown):
+        print(f"durable: {len(found) - len(shown)} more orphaned runs (--limit)", file=sys.stderr)
     return OK
 
 
@@ -211,6 +236,9 @@ def register(add: Add) -> None:
                     help="only this session's runs (of --tenant), the latest turn first")
     sp.add_argument("--stuck", action="store_true",
                     help="only runs whose unknown outcome no lookup can resolve (settle them)")
+    sp.add_argument("--orphaned", action="store_true",
+                    help="only runs not over that nothing will move on: no lease, on no ready "
+                    "list, no due entry a reconciler will reach, no answer awaited")
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)
     sp.add_argument("--reason", default="operator request")
     sp.add_argument("--scope", choices=["run", "call"], default="run")

@@ -22,13 +22,16 @@ import redis
 
 from durable.log import events as ev
 from durable.log import keys
-from durable.log.state import RunState
+from durable.log.state import TERMINAL, RunState
 
 #: Histogram buckets (seconds): steps are model and API calls of 0.5-30 s, or no-ops.
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                   120.0, 300.0)
 #: Cancellation latency (request -> ``canceled``), seconds.
 CANCEL_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: How long an outcome was in doubt (dispatch -> reconciled), seconds: a lookup after the
+#: deadline (seconds to minutes), an operator's settle (hours).
+UNKNOWN_BUCKETS_S = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0)
 
 #: Outcome label of each event that records what a dispatched step came to.
 OUTCOMES: dict[type[ev.Event], str] = {
@@ -48,6 +51,10 @@ DUPLICATES = "duplicates_suppressed"
 LOOKUPS = "lookups"
 LEASE_EXPIRIES = "lease_expiries"
 RECONCILER_ACTIONS = "reconciler_actions"
+UNKNOWN_DURATION = "unknown_duration"
+RUNS_ENDED = "runs_ended"
+RESUME_FAILURES = "resume_failures"
+MIGRATION_ERRORS = "migration_errors"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -93,6 +100,9 @@ def for_event(state: RunState, event: ev.Event) -> list[tuple[str, int]]:
         tool = act.tool if act is not None else ""
         out.append((field(STEPS, state.agent, tool, outcome), 1))
         if isinstance(event, ev.ActionReconciled):
+            if act is not None and act.dispatched_at:
+                _observe(out, UNKNOWN_DURATION, (), event.ts - act.dispatched_at,
+                         UNKNOWN_BUCKETS_S)
             if event.by == "":  # the tool's lookup answered (not an effect-free resend)
                 out.append((field(LOOKUPS, event.resolution), 1))
                 if event.resolution == "applied":  # it had happened: not sent again
@@ -103,6 +113,31 @@ def for_event(state: RunState, event: ev.Event) -> list[tuple[str, int]]:
     elif isinstance(event, ev.Canceled):
         _observe(out, CANCEL_LATENCY_METRIC, (), event.latency_ms, CANCEL_BUCKETS_S)
     return out
+
+
+def for_end(before: str, after: RunState) -> list[tuple[str, int]]:
+    """A run's end, counted once (no event leaves a terminal state): by agent and state,
+    whichever event ended it (``completed``; ``expired`` by a wait's expiry too)."""
+    if after.state in TERMINAL and before not in TERMINAL:
+        return [(field(RUNS_ENDED, after.agent, after.state), 1)]
+    return []
+
+
+def migration_error(reason: str) -> list[tuple[str, int]]:
+    """What a log entry that could not be read (``DecodeError.reason``) adds, counted with
+    the quarantine it causes: its kind, ``future_version`` (written by newer code),
+    ``no_migration`` (no upcaster from its version), ``unknown_type`` or ``undecodable``."""
+    kind = "future_version" if reason.startswith("written by a newer schema version") else \
+        "no_migration" if reason.startswith("no migration for") else \
+        "unknown_type" if reason.startswith("unknown event type") else "undecodable"
+    return [(field(MIGRATION_ERRORS, kind), 1)]
+
+
+def resume_failure(reason: str) -> list[tuple[str, int]]:
+    """A worker took a run over and could not go on (quarantined it): ``nondeterminism``,
+    ``agent_error`` (the agent raised while re-observing), ``version`` (its version policy),
+    ``unsigned_rejection``, ``unreadable`` (its log)."""
+    return [(field(RESUME_FAILURES, reason), 1)]
 
 
 def incr(client: redis.Redis | Any, metric: str, *labels: str, amount: int = 1) -> None:

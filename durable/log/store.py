@@ -268,7 +268,9 @@ class EventLog:
             event = self.stamp(handle, Spec(cls, fields) if large or cls is not spec.cls
                                else spec, seq, ts)
             handle.staged_counts.extend(counters.for_event(handle.state, event))
+            before = handle.state.state
             apply(handle.state, event, self.window)
+            handle.staged_counts.extend(counters.for_end(before, handle.state))
             handle.staged.append((ts, event))
             if large is not None:
                 handle.staged_blobs.append((large.field, large.data))
@@ -386,11 +388,14 @@ class EventLog:
             return "-"
         return str(ts + 2 * self.lease_ttl_ms)
 
-    def quarantine(self, run_id: str, reason: str, actor: str = "") -> bool:
-        """Mark a run quarantined without folding it (its log may be unreadable)."""
+    def quarantine(self, run_id: str, reason: str, actor: str = "",
+                   counts: Sequence[tuple[str, int]] = ()) -> bool:
+        """Mark a run quarantined without folding it (its log may be unreadable); ``counts``
+        (``durable.log.counters``) are added with its event."""
         handle = quarantine_handle(run_id, self.projection(run_id), actor)
         if handle is None:
             return False
+        handle.staged_counts.extend(counts)
         try:
             self.commit(handle, [Spec(ev.Quarantined, {"reason": reason})],
                         extra={"reason": reason[:500]}, quarantine=True)

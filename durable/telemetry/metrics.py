@@ -34,19 +34,27 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from rq import Queue
 
 from durable.flow.limit_usage import Use, usage
 from durable.flow.tenants import RUNS_STARTED
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
+from durable.log.store import EventLog
 from durable.outcomes import NO_LOOKUP
+from durable.queue import make_queue
+from durable.settings import WorkerSettings
+from durable.telemetry import orphans
 
 if TYPE_CHECKING:
     from durable.client import Client
 
 #: Waiting-for-external runs a scrape reads per shard to count the unsettled ones.
 UNSETTLED_SCAN = 10_000
+#: Runs of each non-terminal state a scrape examines per shard for orphans (the least
+#: recently updated first: where orphans gather).
+ORPHAN_SCAN = 10_000
 
 #: Prometheus name, help and label names of each counter kept in ``dx:metrics``.
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -62,6 +70,17 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        "or stalled), counted when the run's lease is next taken.", ()),
     c.RECONCILER_ACTIONS: ("durable_reconciler_actions",
                            "What the reconciler did to due runs.", ("action",)),
+    c.RUNS_ENDED: ("durable_runs_ended", "Runs that ended, by agent and terminal state "
+                   "(completed, failed, canceled, expired), counted with the event that ended "
+                   "them.", ("agent", "state")),
+    c.RESUME_FAILURES: ("durable_resume_failures",
+                        "Runs a worker took over and could not go on with (it quarantined "
+                        "them): nondeterminism, agent_error, version, unsigned_rejection, "
+                        "unreadable.", ("reason",)),
+    c.MIGRATION_ERRORS: ("durable_migration_errors",
+                         "Runs quarantined because an entry of their log could not be read "
+                         "by this code: future_version, no_migration, unknown_type, "
+                         "undecodable.", ("kind",)),
     RUNS_STARTED: ("durable_runs_started", "Runs started, by agent and tenant (the first "
                    "DURABLE_METRIC_TENANTS tenants by name, the rest as 'other').",
                    ("agent", "tenant")),
@@ -75,15 +94,25 @@ HISTOGRAMS: dict[str, tuple[str, str, tuple[str, ...], tuple[float, ...]]] = {
     c.CANCEL_LATENCY_METRIC: ("durable_cancel_latency_seconds",
                               "Cancel requested to run canceled.", (),
                               c.CANCEL_BUCKETS_S),
+    c.UNKNOWN_DURATION: ("durable_unknown_outcome_seconds",
+                         "Dispatch to reconciled of steps whose outcome was unknown (a lookup "
+                         "after the deadline, an operator's settle).", (),
+                         c.UNKNOWN_BUCKETS_S),
 }
 
 
 class DurableCollector(Collector):
     """Reads the shared counters and the state indexes on every scrape."""
 
-    def __init__(self, client: redis.Redis, layout: keys.KeyLayout = keys.UNSHARDED) -> None:
+    def __init__(self, client: redis.Redis, layout: keys.KeyLayout = keys.UNSHARDED,
+                 queue: Queue | None = None, grace_ms: int = orphans.ORPHAN_GRACE_MS) -> None:
         self.redis = client
         self.keys = layout
+        #: Where ready runs wait (the orphans' check): the default queue on ``client``
+        #: unless given (``DURABLE_QUEUE``, ``DURABLE_QUEUE_URL``).
+        self.queue = queue if queue is not None else \
+            make_queue(client, WorkerSettings.model_fields["queue"].default)
+        self.grace_ms = grace_ms
 
     def collect(self) -> Iterator[Metric]:
         raw: dict[Any, int] = defaultdict(int)
@@ -170,6 +199,13 @@ class DurableCollector(Collector):
             "durable_runs_unsettled",
             "Runs whose unknown outcome no lookup can resolve: they wait for an operator's "
             "signed settle (durable runs --stuck).", value=self._unsettled(shards))
+        found = orphans.find(EventLog(self.redis, layout=self.keys), self.queue,
+                             grace=self.grace_ms, limit=ORPHAN_SCAN)
+        yield GaugeMetricFamily(
+            "durable_runs_orphaned",
+            "Runs not over that nothing will move on: no lease, on no ready list, no due "
+            "entry a reconciler will reach, no answer awaited (durable runs --orphaned).",
+            value=len(found))
 
     def _unsettled(self, shards: list[int | None]) -> int:
         """The waiting_external runs whose projected reason is the lookup's "cannot tell"
@@ -211,9 +247,10 @@ def limit_metrics(found: list[Use]) -> Iterator[Metric]:
     yield from (flight, waiting, share, decided)
 
 
-def registry_for(client: redis.Redis, layout: keys.KeyLayout) -> CollectorRegistry:
+def registry_for(client: redis.Redis, layout: keys.KeyLayout, queue: Queue | None = None,
+                 grace_ms: int = orphans.ORPHAN_GRACE_MS) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DurableCollector(client, layout))
+    registry.register(DurableCollector(client, layout, queue, grace_ms))
     return registry
 
 
@@ -221,23 +258,24 @@ def exposition(client: Client | redis.Redis,
                layout: keys.KeyLayout = keys.UNSHARDED) -> tuple[bytes, str]:
     """The system's metrics in Prometheus' text format: ``(body, content type)``.
 
-    ``client`` is a :class:`durable.client.Client` (its log's layout is used) or a
-    ``redis.Redis`` on the log's server, whose data has the layout ``layout``.
+    ``client`` is a :class:`durable.client.Client` (its log's layout, its queue and its
+    settings' grace are used) or a ``redis.Redis`` on the log's server, whose data has the
+    layout ``layout`` (and the default queue, on that server).
     """
     if isinstance(client, (redis.Redis, redis.RedisCluster)):
-        conn: redis.Redis = client
-    else:
-        conn, layout = client.redis, client.log.keys
-    return generate_latest(registry_for(conn, layout)), CONTENT_TYPE_LATEST
+        return generate_latest(registry_for(client, layout)), CONTENT_TYPE_LATEST
+    return generate_latest(registry_for(client.redis, client.log.keys, client.queue,
+                                        orphans.grace_ms(client.settings))), CONTENT_TYPE_LATEST
 
 
-def serve(client: redis.Redis, layout: keys.KeyLayout, host: str, port: int) -> None:
+def serve(client: redis.Redis, layout: keys.KeyLayout, host: str, port: int,
+          queue: Queue | None = None, grace_ms: int = orphans.ORPHAN_GRACE_MS) -> None:
     """Serve ``/metrics`` in the foreground until interrupted (``durable metrics``)."""
     class _Quiet(WSGIRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    app = make_wsgi_app(registry_for(client, layout))
+    app = make_wsgi_app(registry_for(client, layout, queue, grace_ms))
     with make_server(host, port, app, handler_class=_Quiet) as httpd:
         print(f"durable: metrics on http://{host}:{httpd.server_port}/metrics", flush=True)
         httpd.serve_forever()

@@ -3,22 +3,32 @@
 Optional: with the ``otel`` extra (``opentelemetry-api``; an SDK and an exporter configured
 by the application) a producer's ``Client.start`` opens a ``durable.start`` span and records
 its W3C ``traceparent`` in the run's ``run_started`` event. Each time a worker drives the run
-it opens a ``durable.run`` span whose parent is that context, and one ``durable.step`` span
-per dispatched call (attributes below), so a run's steps appear in the trace of the request
-that started it, whichever workers took them, after crashes and restarts too: the context
-is in the log, not in a queue message that a recovery would not see again.
+it opens a ``durable.run`` span whose parent is that context, and one span per dispatched
+call (below), so a run's steps appear in the trace of the request that started it,
+whichever workers took them, after crashes and restarts too: the context is in the log,
+not in a queue message that a recovery would not see again.
+
+Step spans follow OpenTelemetry's generative-AI conventions: a model call is a ``CLIENT``
+span ``chat {model}`` (``gen_ai.operation.name`` ``chat``, ``gen_ai.request.model``; from
+its reply ``gen_ai.response.model``, ``gen_ai.response.id``, ``gen_ai.usage.input_tokens``
+and ``gen_ai.usage.output_tokens``), any other call an ``INTERNAL`` span ``execute_tool
+{tool}`` (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``,
+``gen_ai.tool.type`` ``function``, ``gen_ai.tool.call.id``: the step's idempotency key). A
+failed call sets ``error.type`` to its outcome. No prompt, completion, argument or result
+is ever put on a span: what a call said stays in the log, under its sealing.
 
 Without opentelemetry installed, or without an SDK configured, every function here is a
 no-op that costs a branch.
 
-Attributes: ``durable.run_id``, ``durable.agent``; on steps also ``durable.tool``,
-``durable.key``, ``durable.step``, ``durable.attempt`` and ``durable.outcome``.
+Attributes of this project: ``durable.run_id``, ``durable.agent``; on steps also
+``durable.tool``, ``durable.key``, ``durable.step``, ``durable.attempt`` and
+``durable.outcome``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 try:
@@ -44,14 +54,40 @@ def _recording() -> bool:
 class StepSpan:
     """What a step's code may add to its span (nothing happens without a span)."""
 
-    def __init__(self, span: Any = None) -> None:
+    def __init__(self, span: Any = None, model: bool = False) -> None:
         self.span = span
+        self.model = model
 
-    def outcome(self, outcome: str) -> None:
-        if self.span is not None:
-            self.span.set_attribute("durable.outcome", outcome)
-            if outcome in ("failed", "timed_out", "interrupted"):
-                self.span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
+    def outcome(self, outcome: str, result: Any = None) -> None:
+        """The call's outcome; a model call's reply (``result``) gives the response's
+        model, id and token counts, never its content."""
+        if self.span is None:
+            return
+        self.span.set_attribute("durable.outcome", outcome)
+        if outcome in ("failed", "timed_out", "interrupted"):
+            self.span.set_attribute("error.type", outcome)
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
+        if self.model and isinstance(result, Mapping):
+            found = result.get("usage")
+            usage: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+            for name, value in (("gen_ai.response.model", result.get("model")),
+                                ("gen_ai.response.id", result.get("id")),
+                                ("gen_ai.usage.input_tokens", usage.get("prompt_tokens")),
+                                ("gen_ai.usage.output_tokens", usage.get("completion_tokens"))):
+                if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
+                    self.span.set_attribute(name, value)
+
+
+def requested_model(tool: Any, args: Any, chat_default: str) -> str | None:
+    """A step's ``gen_ai.request.model``: None when its tool makes no model call; else the
+    model its arguments name, or ``chat_default`` (``DURABLE_MODEL_NAME``) for the built-in
+    ``chat`` step, or "" (unknown)."""
+    if not getattr(tool, "model", False):
+        return None
+    named = args.get("model") if isinstance(args, Mapping) else None
+    if isinstance(named, str) and named:
+        return named
+    return chat_default if getattr(tool, "name", "") == "chat" else ""
 
 
 _NO_STEP_SPAN = contextlib.nullcontext(StepSpan())
@@ -96,19 +132,30 @@ def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
         yield
 
 
-def step_span(run_id: str, agent: str, tool: str, key: str, step: int,
-              attempt: int) -> contextlib.AbstractContextManager[StepSpan]:
-    """One dispatched call of a step, under the current run span."""
+def step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
+              model: str | None = None) -> contextlib.AbstractContextManager[StepSpan]:
+    """One dispatched call of a step, under the current run span: ``model`` (from
+    :func:`requested_model`) not None for a model call."""
     if not _recording():
         return _NO_STEP_SPAN  # every step enters it: no generator to set up
-    return _step_span(run_id, agent, tool, key, step, attempt)
+    return _step_span(run_id, agent, tool, key, step, attempt, model)
 
 
 @contextlib.contextmanager
-def _step_span(run_id: str, agent: str, tool: str, key: str, step: int,
-               attempt: int) -> Iterator[StepSpan]:
+def _step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
+               model: str | None) -> Iterator[StepSpan]:
+    attributes: dict[str, Any] = {
+        "durable.run_id": run_id, "durable.agent": agent, "durable.tool": tool,
+        "durable.key": key, "durable.step": step, "durable.attempt": attempt}
+    if model is not None:
+        name, kind = (f"chat {model}" if model else "chat"), trace.SpanKind.CLIENT
+        attributes["gen_ai.operation.name"] = "chat"
+        if model:
+            attributes["gen_ai.request.model"] = model
+    else:
+        name, kind = f"execute_tool {tool}", trace.SpanKind.INTERNAL
+        attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                           "gen_ai.tool.type": "function", "gen_ai.tool.call.id": key})
     tracer = trace.get_tracer(TRACER)
-    with tracer.start_as_current_span(f"durable.step {tool}", attributes={
-            "durable.run_id": run_id, "durable.agent": agent, "durable.tool": tool,
-            "durable.key": key, "durable.step": step, "durable.attempt": attempt}) as span:
-        yield StepSpan(span)
+    with tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
+        yield StepSpan(span, model is not None)

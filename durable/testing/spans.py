@@ -28,6 +28,7 @@ def as_dict(span: ReadableSpan) -> dict[str, Any]:
         "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
         "span_id": f"{ctx.span_id:016x}" if ctx else "",
         "parent_id": f"{span.parent.span_id:016x}" if span.parent else "",
+        "kind": span.kind.name,
         "attributes": dict(span.attributes or {}),
     }
 
