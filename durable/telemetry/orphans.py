@@ -30,15 +30,16 @@ call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from rq import Queue
+from typing import TYPE_CHECKING, Any
 
 from durable.errors import DurableError
 from durable.log import keys
 from durable.log.state import ACTIVE, TERMINAL, WAITING, RunState
 from durable.log.store import EventLog, now_ms
 from durable.settings import Settings
+
+if TYPE_CHECKING:
+    from rq import Queue
 
 #: Least time (ms) a due entry may be overdue before no reconciler is taken to be sweeping.
 ORPHAN_GRACE_MS = 60_000
