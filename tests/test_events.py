@@ -103,7 +103,7 @@ def test_the_union_is_exactly_the_known_event_types() -> None:
         "call_canceled", "cancel_requested", "canceled", "wait_entered", "wait_resolved",
         "wait_expired", "approval_requested", "approval_decided", "revalidation_failed",
         "agent_upgraded", "lease_acquired", "lease_lost", "checkpoint", "completed",
-        "failed", "expired", "quarantined", "released",
+        "failed", "expired", "quarantined", "released", "resume_validated",
     ])
 
 

@@ -52,6 +52,7 @@ from durable.log.schema import (
     LeaseAcquired,
     Quarantined,
     Released,
+    ResumeValidated,
     RetiredLeaseLost,
     RevalidationFailed,
     RunStarted,
@@ -74,8 +75,8 @@ __all__ = [
     "ActionSucceeded", "ActionTimedOut", "AgentUpgraded", "AnyEvent", "ApprovalDecided",
     "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
     "Completed", "Event", "Expired", "Failed", "LeaseAcquired", "Quarantined", "Released",
-    "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
-    "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
+    "ResumeValidated", "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided",
+    "WaitEntered", "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
     "named_actor", "to_builtins",
 ]
 
@@ -89,6 +90,9 @@ CODES: dict[str, int] = {
     "approval_decided": 16, "lease_acquired": 17, "lease_lost": 18, "checkpoint": 19,
     "completed": 20, "failed": 21, "expired": 22, "quarantined": 23, "released": 24,
     "revalidation_failed": 25, "agent_upgraded": 26,
+    # -- configuration pinned per run (issue 37): renumber here if a merge took 27 --
+    "resume_validated": 27,
+    # -- end of issue 37's codes --
 }
 
 #: The fields every event has: in the wire form, given by the entry's place or its head.

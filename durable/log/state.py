@@ -173,6 +173,11 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: of ("" for none; ``durable.controls.sessions``).
     continue_from: str = ""
     session: str = ""
+    #: The configuration the run is pinned to (``durable.configuration``); {} until pinned.
+    config: dict[str, str] = msgspec.field(default_factory=dict)
+    #: What changed in the pin at the last resume whose policy was ``replan``
+    #: (``{field: [before, now]}``); cleared by the next intent.
+    config_changes: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:
