@@ -16,7 +16,7 @@ import pytest
 
 import tests.agents.configured  # noqa: F401  (the client pins starts with it)
 from durable import catalog
-from durable.agents import Agent, Registry
+from durable.agents import Agent, Registry, registry
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import UsageError
@@ -217,3 +217,17 @@ def test_status_and_deploy_check_show_the_pin_and_the_drift(
                        env={**os.environ, "DURABLE_AGENTS": AGENTS})
     assert [json.loads(x)["drift"] for x in same.stdout.splitlines()] == [{}]
     assert client.status(run).version == version  # nothing was written
+
+
+def test_the_integrations_pin_the_frameworks_model_instructions_and_tools() -> None:
+    """The pydantic-ai and OpenAI Agents SDK agents derive their configuration from the
+    framework's agent: its model id, a digest of its instructions, and its tools."""
+    import tests.agents.openai_agents
+    import tests.agents.pydantic_ai  # noqa: F401
+
+    pai = registry.agent("pai_booker").configuration(registry)
+    assert pai["model"] == "function:booking_model:" and len(pai["prompt"]) == 16
+    assert registry.agent("pai_refunder").configuration(registry)["prompt"] == ""  # none
+    oai = registry.agent("oai_refunder").configuration(registry)
+    assert oai["model"] == "scripted" and len(oai["prompt"]) == 16 and len(oai["tools"]) == 16
+    assert oai != registry.agent("oai_booker").configuration(registry)
