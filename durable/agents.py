@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel
 
 from durable import clock
+from durable import configuration as config_
 
 # A call's identity was first defined here; its names stay importable from here.
 from durable.call_identity import args_digest as args_digest
@@ -300,6 +301,14 @@ class Agent:
     #: Versions whose runs continue under this one without asking.
     compatible_versions: ClassVar[tuple[str, ...]] = ()
     upgrade_role: ClassVar[str] = "operator"
+    #: What a resume does when a field of the run's pinned configuration (``configuration``)
+    #: differs from the worker's: ``continue`` (the default), ``reapprove`` (an approver with
+    #: ``upgrade_role`` must accept the change), ``replan`` (go on; the agent sees
+    #: ``state.config_changes``) or ``expire``, by field (``model``, ``prompt``, ``tools``,
+    #: ``policy``; ``"*"`` for the others). Checked at registration (``durable.configuration``).
+    on_configuration_change: ClassVar[dict[str, config_.Policy]] = {}
+    #: The version of the policy the agent runs under (its rules, guardrails): pinned per run.
+    policy_version: ClassVar[str] = ""
     #: What an expired wait means: ``expired`` (the run ends) or ``continue`` (decide again,
     #: with ``state.last_wait.outcome == "expired"``).
     on_wait_expired: ClassVar[Literal["expired", "continue"]] = "expired"
@@ -332,6 +341,16 @@ class Agent:
         """What must still hold when the run resumes after a wait; None when all does."""
         return None
 
+    def configuration(self, tools: Registry) -> dict[str, str]:
+        """The configuration a run of this agent is pinned to (``durable.configuration``):
+        ``tools``, a digest of the names and argument schemas of ``self.tools`` as ``tools``
+        has them, and ``policy``; override it to add ``model`` and ``prompt`` (a digest of
+        the instructions), calling this one for the rest. The same in every process that has
+        the same code and settings: no clock, no I/O."""
+        have = [(n, tools.tools[n].args_model) for n in self.tools if n in tools.tools]
+        return {"model": "", "prompt": "", "tools": config_.tools_digest(have),
+                "policy": self.policy_version}
+
 
 class Registry:
     def __init__(self) -> None:
@@ -340,6 +359,9 @@ class Registry:
         self._loaded: set[str] = set()
 
     def add_agent(self, agent: Agent) -> None:
+        """Register ``agent``; an unknown ``on_configuration_change`` word or field is a
+        ``UsageError`` naming it, and nothing is registered."""
+        config_.checked_policies(agent.name, agent.on_configuration_change)
         self.agents[agent.name] = agent
 
     def add_tool(self, tool: Tool) -> None:

@@ -54,6 +54,7 @@ class _Writer:
         self.step = 0
         self.version = 1
         self.epoch = 0
+        self.config = 0
         self.ended = False
         #: Fields of the context values kept beside the run (``durable.log.context``).
         self.context: list[str] = []
@@ -196,6 +197,30 @@ class _Writer:
             self.decide(request, "approve")
         self.add(ev.AgentUpgraded, from_version=old, to_version=new, tools=["t", f"t{new}"])
 
+    def config_chapter(self) -> None:
+        """A job compares the run's pinned configuration with its worker's: pinned (an old
+        log), continued, replanned, approved after a wait, or expired."""
+        self.config += 1
+        new = {"model": f"m{self.config}", "tools": "t"}
+        changes = {"model": [f"m{self.config - 1}", new["model"]]}
+        outcome = self.pick("pinned", "continued", "replanned", "approved", "expired")
+        if outcome == "pinned":
+            self.add(ev.ResumeValidated, outcome="pinned", config=new)
+        elif outcome == "expired":
+            self.add(ev.ResumeValidated, outcome="expired", changes=changes,
+                     actions={"model": "expire"})
+            self.add(ev.Expired, reason="configuration changed (model)")
+        elif outcome == "approved":
+            request = f"r1:c{self.config}"
+            seen = {"changes": changes, "actions": {"model": "reapprove"}, "request": request}
+            self.add(ev.ResumeValidated, outcome="reapprove", **seen)
+            self.ask(request, self.step, kind="configuration")
+            self.decide(request, "approve")
+            self.add(ev.ResumeValidated, outcome="approved", config=new, **seen)
+        else:
+            self.add(ev.ResumeValidated, outcome=outcome, config=new, changes=changes,
+                     actions={"model": outcome.removesuffix("d").removesuffix("ne")})
+
     def lease_chapter(self) -> None:
         """Another worker takes the run (a retired ``lease_lost`` in logs of old code)."""
         if self.epoch and self.draw(st.integers(0, 3)) == 0:
@@ -230,12 +255,13 @@ def histories(draw: st.DrawFn) -> list[ev.Event]:
     """A valid history of run ``r1`` (see the module doc)."""
     w = _Writer(draw)
     w.add(ev.RunStarted, agent="a", agent_version="1", input=draw(json_values), tools=["t"],
-          budgets={"steps": 50})
+          budgets={"steps": 50}, config=draw(st.sampled_from([{}, {"model": "m0"}])))
     w.lease_chapter()
     chapters = {"step": w.step_chapter, "group": w.group_chapter, "wait": w.wait_chapter,
                 "upgrade": w.upgrade_chapter, "lease": w.lease_chapter,
-                "quarantine": w.quarantine_chapter}
-    names = st.sampled_from(["step"] * 6 + ["group", "wait", "upgrade", "lease", "quarantine"])
+                "quarantine": w.quarantine_chapter, "config": w.config_chapter}
+    names = st.sampled_from(["step"] * 6 + ["group", "wait", "upgrade", "lease", "quarantine",
+                                            "config"])
     for _ in range(draw(st.integers(0, 12))):
         chapters[draw(names)]()
         if w.ended:

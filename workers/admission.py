@@ -1,7 +1,9 @@
 """What a job checks before the run's first step, after its lease and fold: the run limits
-of its agent, an unsigned rejection in its log, the agent's version policy (a run of another
-version goes to a worker that has it, waits for an approval, or is quarantined), and the
-re-observing of the open intent (the agent must decide what the log recorded). Each check
+of its agent, an unsigned rejection in its log, the agent's version and configuration
+policies (``workers.gates.resume_policy``: a run of another version goes to a worker that has
+it, waits for an approval, or is quarantined; a run whose pinned configuration differs from
+the worker's goes on, is told, waits for an approval or expires, as the agent declares), and
+the re-observing of the open intent (the agent must decide what the log recorded). Each check
 writes at most what it decides, through the step context it is given (``workers.context``).
 """
 
@@ -22,7 +24,7 @@ from durable.log.store import RunHandle, Spec
 
 from . import aio, authority
 from .context import StepContext
-from .gates import version_policy
+from .gates import resume_policy
 from .steps import agent_traceback
 
 log = logging.getLogger("durable.worker")
@@ -48,18 +50,29 @@ async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
         await ctx.quarantine(handle, forged, counts=counters.resume_failure("unsigned_rejection"))
         return False
     state, check = handle.state, authority.approval_check(ctx, run_id)
-    if state.agent_version == agent.version:
-        verdict, specs, why = version_policy(state, agent, check)
+    try:
+        have = ctx.configuration(agent)
+    except Exception as exc:  # agent code: its bug quarantines the run, not the worker
+        await ctx.quarantine(handle, f"agent {agent.name} raised {exc!r} in configuration()",
+                             traceback=agent_traceback(exc))
+        return False
+    if state.agent_version == agent.version and state.config in (have, {}):
+        verdict, specs, why = resume_policy(state, agent, have, check)
     else:  # a decision on the upgrade is checked against the approver registry
         verdict, specs, why = await ctx.io.elsewhere(
-            lambda: version_policy(state, agent, check))
-    if verdict != "ok" and await hand_to_its_version(ctx, handle, lease):
+            lambda: resume_policy(state, agent, have, check))
+    if verdict != "ok" and state.agent_version != agent.version \
+            and await hand_to_its_version(ctx, handle, lease):
         return False
     if verdict == "quarantine":
         await ctx.quarantine(handle, why, counts=counters.resume_failure("version"))
         return False
     if verdict == "wait":
         await ctx.log.commit_async(handle, specs, checkpoint=True)
+        return False
+    if verdict == "expire":  # a terminal commit: it frees run limits and wakes a parent
+        log.info("run %s expires: %s", run_id, why)
+        await ctx.commit(handle, [], specs)
         return False
     ctx.log.stage(handle, specs)
     try:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import redis
 
-from durable.agents import Registry
+from durable.agents import Agent, Registry
 from durable.controls.approvers import Approvers
 from durable.flow.limits import Limiter
 from durable.leases import Lease
@@ -86,6 +86,11 @@ class StepContext(Protocol):
     @property
     def dispatcher(self) -> Dispatcher:
         """Calls a tool once (``workers.dispatch``)."""
+        ...
+
+    def configuration(self, agent: Agent) -> dict[str, str]:
+        """The configuration this worker runs ``agent`` under (``Agent.configuration``,
+        made once per process): what a run's pin is compared with on every job."""
         ...
 
     # What the loop does for its helpers ---------------------------------------------------

@@ -50,7 +50,7 @@ from durable.telemetry import tracing
 
 from . import aio, authority, family, parallel
 from .context import StepContext
-from .steps import agent_traceback, plain, step_key, values_field
+from .steps import agent_traceback, plain, ran_under, step_key, values_field
 from .turns import BLOCKING, Offload, Slot
 
 log = logging.getLogger("durable.worker")
@@ -129,7 +129,8 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
     handle.live_args[step] = args
     decided = Spec(ev.StepDecided, {"step": step, "tool": tool.name, "args": recorded,
                                     "key": key, "model": tool.model, "context": tool.context,
-                                    **values_field(decision.values)})
+                                    **values_field(decision.values),
+                                    **ran_under(state, tool.model)})
     if state.cancel is not None:  # call-scoped cancel pending: record, never send
         await ctx.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
             "step": step, "key": key, "reason": state.cancel.reason})])
@@ -188,7 +189,7 @@ async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: 
         return True, 0
     for step, args in zip(group.steps, group.args, strict=True):
         handle.live_args[step] = args
-    decided = parallel.intents(run_id, group, decision.values)
+    decided = parallel.intents(run_id, group, decision.values, state.config)
     if state.cancel is not None:  # call-scoped cancel pending: record, never send
         reason = state.cancel.reason
         await ctx.commit(handle, pending, [*decided, *[Spec(ev.CallCanceled, {

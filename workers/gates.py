@@ -1,5 +1,6 @@
-"""The gates a step passes before it is sent: approval of the action, the agent version a
-run resumes under, and the facts the agent declared must still hold after a wait.
+"""The gates a step passes before it is sent: approval of the action, the agent version and
+the configuration a run resumes under (``resume_policy``, at the start of every job), and
+the facts the agent declared must still hold after a wait.
 
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from durable import configuration as config_
 from durable.agents import Agent, Registry, Tool
 from durable.log import events as ev
 from durable.log.state import Action, Approval, RunState
@@ -58,11 +60,47 @@ def gate(state: RunState, tool: Tool, act: Action, check: Check) -> tuple[str, s
     return "go", ""
 
 
-Verdict = Literal["ok", "wait", "quarantine"]
+Verdict = Literal["ok", "wait", "quarantine", "expire"]
+#: What a resume gate decides: (verdict, events to write, reason).
+Decided = tuple[Verdict, list[Spec], str]
 
 
-def version_policy(state: RunState, agent: Agent,
-                   check: Check) -> tuple[Verdict, list[Spec], str]:
+def resume_policy(state: RunState, agent: Agent, have: dict[str, str],
+                  check: Check) -> Decided:
+    """Resuming under this worker's agent: first its version (``version_policy``), then
+    its configuration ``have`` against the run's pin (``configuration_policy``). "ok" with
+    events to stage before the next step; else what stops the run (``expire``: the events
+    end it)."""
+    verdict, specs, why = version_policy(state, agent, check)
+    if verdict != "ok":
+        return verdict, specs, why
+    more, then, why = configuration_policy(state, agent, have, check)
+    return more, specs + then, why
+
+
+def reapproval(state: RunState, request: str, check: Check) -> str | None:
+    """The decision recorded on the upgrade ``request`` that still holds (a decision that
+    does not, ``check``, is asked for again under the same id): "approve", the
+    approver's name when rejected, or None when there is none."""
+    appr = state.approvals.get(request)
+    if appr is None or appr.decision is None or check(appr) is not None:
+        return None
+    return "approve" if appr.decision == "approve" else (appr.approver or "?")
+
+
+def ask(state: RunState, request: str, kind: str, of: str, role: str, what: str) -> list[Spec]:
+    """Ask ``role`` to approve the upgrade (``kind`` "version" or "configuration") bound to
+    the digest ``of``, and wait for it (a week at most)."""
+    expires = now_ms() + 7 * 86400 * 1000
+    return [
+        Spec(ev.ApprovalRequested, {"request": request, "step": state.step, "kind": kind,
+                                    "digest": of, "role": role, "expires": expires}),
+        Spec(ev.WaitEntered, {"kind": "approval", "reason": f"{what}: approve to continue",
+                              "until": expires, "request": request}),
+    ]
+
+
+def version_policy(state: RunState, agent: Agent, check: Check) -> Decided:
     """Resuming under ``agent.version``: (verdict, events to write, reason). A decision that
     does not hold (``check``) is asked for again under the same request id."""
     if state.agent_version == agent.version:
@@ -75,22 +113,50 @@ def version_policy(state: RunState, agent: Agent,
     if agent.on_version_change == "quarantine":
         return "quarantine", [], what
     request = f"{state.run_id}:v{agent.version}"
-    appr = state.approvals.get(request)
-    if appr is not None and appr.decision is not None and check(appr) is not None:
-        appr = None
-    if appr is not None and appr.decision == "approve":
+    decided = reapproval(state, request, check)
+    if decided == "approve":
         return "ok", [upgrade], ""
-    if appr is not None and appr.decision is not None:
-        return "quarantine", [], f"{what}; the upgrade was rejected by {appr.approver}"
-    expires = now_ms() + 7 * 86400 * 1000
-    return "wait", [
-        Spec(ev.ApprovalRequested, {
-            "request": request, "step": state.step, "kind": "version",
-            "digest": digest("agent", {"name": agent.name, "version": agent.version}, {}),
-            "role": agent.upgrade_role, "expires": expires}),
-        Spec(ev.WaitEntered, {"kind": "approval", "reason": f"{what}: approve to continue",
-                              "until": expires, "request": request}),
-    ], what
+    if decided is not None:
+        return "quarantine", [], f"{what}; the upgrade was rejected by {decided}"
+    of = digest("agent", {"name": agent.name, "version": agent.version}, {})
+    return "wait", ask(state, request, "version", of, agent.upgrade_role, what), what
+
+
+def configuration_policy(state: RunState, agent: Agent, have: dict[str, str],
+                         check: Check) -> Decided:
+    """The run's pinned configuration against the worker's ``have``: nothing when they
+    agree; a first pin when the run has none; else the strictest policy of the changed
+    fields (``durable.configuration``), recorded as ``resume_validated``."""
+    if state.config == have:
+        return "ok", [], ""
+    if not state.config:
+        return "ok", [Spec(ev.ResumeValidated, {"outcome": "pinned", "config": have})], ""
+    changed = config_.changes(state.config, have)
+    applied = config_.actions(agent.on_configuration_change, changed)
+    policy = config_.strictest(applied)
+    what = f"configuration of {agent.name} changed since the run was pinned: " \
+           f"{config_.describe(changed)}"
+    seen = {"changes": changed, "actions": applied}
+    if policy == "expire":
+        fields = ", ".join(f for f, p in applied.items() if p == "expire")
+        return "expire", [Spec(ev.ResumeValidated, {"outcome": "expired", **seen}),
+                          Spec(ev.Expired, {"reason": f"configuration changed ({fields}): "
+                                                      f"{config_.describe(changed)}"})], what
+    if policy in ("continue", "replan"):
+        outcome = "continued" if policy == "continue" else "replanned"
+        return "ok", [Spec(ev.ResumeValidated, {"outcome": outcome, "config": have,
+                                                **seen})], ""
+    of = config_.change_digest(state.run_id, changed)
+    request = f"{state.run_id}:c{of[:12]}"
+    decided = reapproval(state, request, check)
+    if decided == "approve":
+        return "ok", [Spec(ev.ResumeValidated, {"outcome": "approved", "config": have,
+                                                "request": request, **seen})], ""
+    if decided is not None:
+        return "quarantine", [], f"{what}; the change was rejected by {decided}"
+    return "wait", [Spec(ev.ResumeValidated, {"outcome": "reapprove", "request": request,
+                                              **seen}),
+                    *ask(state, request, "configuration", of, agent.upgrade_role, what)], what
 
 
 def revalidate(state: RunState, agent: Agent, registry: Registry) -> tuple[str, Spec | None]:

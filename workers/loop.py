@@ -150,6 +150,8 @@ class StepLoop:
         EVENT_LOOP.block_limit_s = settings.worker.decide_timeout_ms / 1000
         #: Set on shutdown: every run lets go at its next step boundary.
         self.stopping = threading.Event()
+        #: Each agent's configuration, made once (``configuration``).
+        self._configs: dict[str, dict[str, str]] = {}
 
     # Entry points -----------------------------------------------------------------------
 
@@ -223,6 +225,13 @@ class StepLoop:
     def outside(self) -> Outside:
         """This thread waits on user code, a tool, or a deadline: give its turn back."""
         return self.turns.outside()
+
+    def configuration(self, agent: Agent) -> dict[str, str]:
+        """What a run's pin is compared with (``StepContext.configuration``)."""
+        have = self._configs.get(agent.name)
+        if have is None:
+            have = self._configs[agent.name] = dict(agent.configuration(self.registry))
+        return have
 
     # Reading a run ----------------------------------------------------------------------
 
@@ -398,6 +407,7 @@ class StepLoop:
             log.error("run %s quarantined: %s", handle.run_id, reason)
         handle.staged = []
         handle.staged_counts = list(counts)  # not what the dropped events would have counted
+        handle.state.version = handle.base_version  # their seqs are not taken: no gap
         fields: dict[str, Any] = {"reason": reason}
         if traceback:
             fields["traceback"] = traceback

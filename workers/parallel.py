@@ -27,6 +27,7 @@ import msgspec
 
 from durable.agents import Agent, Call, Parallel, Registry, Tool
 from durable.call_identity import digest_placeholder
+from durable.configuration import model_used
 from durable.errors import UnknownTool
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL
@@ -96,14 +97,18 @@ def exhausted(state: RunState, group: Group) -> str | None:
     return None
 
 
-def intents(run_id: str, group: Group, values: list[Any]) -> list[Spec]:
-    """The ``step_decided`` events of the group (the values drawn go with its first)."""
+def intents(run_id: str, group: Group, values: list[Any],
+            config: dict[str, str] | None = None) -> list[Spec]:
+    """The ``step_decided`` events of the group (the values drawn go with its first; a
+    model step names the pin of ``config`` it runs under)."""
     first = group.steps[0]
+    used = model_used(config or {})
     return [Spec(ev.StepDecided, {
         "step": step, "tool": tool.name, "key": step_key(run_id, step), "model": tool.model,
         "context": tool.context,
         "args": digest_placeholder(args) if tool.log_args == "digest" else args,
-        "group": first, **values_field(values if step == first else [])})
+        "group": first, **values_field(values if step == first else []),
+        **({"ran_under": used} if used and tool.model else {})})
         for step, tool, args in zip(group.steps, group.tools, group.args, strict=True)]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from durable.configuration import model_used
 from durable.log.state import RunState
 from durable.log.store import Spec
 
@@ -40,6 +41,13 @@ def agent_traceback(exc: BaseException) -> str:
 def values_field(values: list[Any]) -> dict[str, Any]:
     """The ``values`` field of an intent or a wait, when the agent drew any."""
     return {"values": values} if values else {}
+
+
+def ran_under(state: RunState, model: bool) -> dict[str, Any]:
+    """The ``ran_under`` field of a model step's intent: the model and prompt digest of the
+    run's pin (``durable.configuration.model_used``); nothing for any other step."""
+    used = model_used(state.config) if model else ""
+    return {"ran_under": used} if used else {}
 
 
 def step_key(run_id: str, step: int) -> str:

@@ -11,15 +11,19 @@ against the code imported now, sending nothing:
   would on recovery, up to its first step past what the log records (``CodeAgent.dry_run``);
   a function that finishes while the log records more steps diverges too.
 
-Each divergence names the run, the first step that differs and how.
+Each divergence names the run, the first step that differs and how. Apart from the code,
+each run's pinned configuration (``durable.configuration``) is compared with the one the new
+code declares: the fields that would differ on resume, and what the agent's
+``on_configuration_change`` would then do (``drift``, ``on_resume``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from durable.agents import Agent, Cancel, Fail, Finish, Registry
+from durable import configuration as config_
+from durable.agents import Agent, Cancel, Fail, Finish, Registry, registry
 from durable.audit.replay import check_determinism
 from durable.code import CodeAgent
 from durable.errors import DecodeError, NondeterminismError, RunNotFound
@@ -39,6 +43,19 @@ class Verdict:
     #: The first step that differs (0 when not known).
     step: int = 0
     detail: str = ""
+    #: The pinned configuration's fields the new code changes: ``{field: [pinned, new]}``.
+    drift: dict[str, list[str]] = field(default_factory=dict)
+    #: What a resume would do about ``drift`` (the strictest policy; "" without drift).
+    on_resume: str = ""
+
+
+def drift_of(state: RunState, agent: Agent, tools: Registry) -> Verdict:
+    """The run's pin against ``agent``'s configuration (no pin: nothing to compare)."""
+    changed = config_.changes(state.config, agent.configuration(tools)) if state.config \
+        else {}
+    policy = config_.strictest(config_.actions(agent.on_configuration_change, changed)) \
+        if changed else ""
+    return Verdict(state.run_id, agent.name, "same", drift=changed, on_resume=policy)
 
 
 def defined_in(registry: Registry, module: str) -> dict[str, Agent]:
@@ -51,12 +68,19 @@ def defined_in(registry: Registry, module: str) -> dict[str, Agent]:
     return found
 
 
-def check_run(elog: EventLog, run_id: str, agent: Agent) -> Verdict:
-    """Replay one run against ``agent`` as imported now."""
+def check_run(elog: EventLog, run_id: str, agent: Agent, tools: Registry = registry
+              ) -> Verdict:
+    """Replay one run against ``agent`` as imported now, and compare its pin."""
     try:
         state = elog.load(run_id, actor="deploy-check").state
     except (RunNotFound, DecodeError) as exc:
         return Verdict(run_id, agent.name, "unreadable", detail=str(exc))
+    drift = drift_of(state, agent, tools)
+    verdict = _replayed(elog, run_id, agent, state)
+    return replace(verdict, drift=drift.drift, on_resume=drift.on_resume)
+
+
+def _replayed(elog: EventLog, run_id: str, agent: Agent, state: RunState) -> Verdict:
     try:
         if isinstance(agent, CodeAgent):
             return _dry_run(elog, agent, state)
@@ -79,8 +103,8 @@ def _dry_run(elog: EventLog, agent: CodeAgent, state: RunState) -> Verdict:
     return Verdict(state.run_id, agent.name, "same")
 
 
-def check(elog: EventLog, agents: dict[str, Agent], runs: Iterable[tuple[str, str, str]]
-          ) -> list[Verdict]:
+def check(elog: EventLog, agents: dict[str, Agent], runs: Iterable[tuple[str, str, str]],
+          tools: Registry = registry) -> list[Verdict]:
     """Verdicts for ``runs`` ((run id, agent, state)) of ``agents`` still in flight."""
-    return [check_run(elog, run_id, agents[name]) for run_id, name, state in runs
+    return [check_run(elog, run_id, agents[name], tools) for run_id, name, state in runs
             if name in agents and state not in TERMINAL]

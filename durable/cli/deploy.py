@@ -3,7 +3,10 @@
 Imports MODULE (the new agent code), replays every run in flight of the agents it defines
 against it without sending anything (``durable.audit.deploycheck``), and lists the runs that
 would diverge with their first differing step. Exit 1 when any would: usable in CI before
-a rollout. It opens sealed fields like a worker does, so it needs the workers' keys.
+a rollout. It also lists the runs whose pinned configuration (model, prompt, tools, policy)
+the new code changes, and what each would do on resume (its agent's
+``on_configuration_change``); that alone does not fail the check. It opens sealed fields
+like a worker does, so it needs the workers' keys.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 from durable.agents import registry
 from durable.audit.deploycheck import check, defined_in
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
+from durable.configuration import describe
 from durable.errors import UsageError
 from durable.log.state import ACTIVE, WAITING
 from durable.log.store import EventLog
@@ -35,11 +39,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         for v in verdicts:
             json_out({"run_id": v.run_id, "agent": v.agent, "outcome": v.outcome,
-                      "step": v.step, "detail": v.detail})
+                      "step": v.step, "detail": v.detail, "drift": v.drift,
+                      "on_resume": v.on_resume})
     else:
         if diverging:
             table("runs that would diverge", ["run", "agent", "step", "why"],
                   [(v.run_id, v.agent, v.step or "", v.detail) for v in diverging])
+        drifting = [v for v in verdicts if v.drift]
+        if drifting:
+            table("runs whose pinned configuration the new code changes",
+                  ["run", "agent", "changed", "on resume"],
+                  [(v.run_id, v.agent, describe(v.drift), v.on_resume) for v in drifting])
+        print(f"{len(drifting)} run(s) pinned to another configuration")
         print(f"{len(verdicts)} run(s) in flight of {', '.join(sorted(agents))} checked: "
               f"{len(verdicts) - len(diverging)} replay the same, {len(diverging)} would "
               "diverge")

@@ -22,8 +22,9 @@ from durable.cli.output import (
     table,
 )
 from durable.client import Client
+from durable.configuration import actions, changes, describe, strictest
 from durable.errors import UsageError
-from durable.log.state import TERMINAL
+from durable.log.state import TERMINAL, RunState
 from durable.security.sealing import shown_struct
 from durable.security.signing import load_private_key, read_key_file
 from durable.telemetry.liveness import served_agents
@@ -46,11 +47,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     c.projection(args.run)
     state = shown_struct(c.status(args.run), c.log.keyring)
     info = summary(state)
+    drift = config_drift(c, state)
     if args.json:
-        json_out({"run_id": args.run, **msgspec.to_builtins(state), **info})
+        json_out({"run_id": args.run, **msgspec.to_builtins(state), **info,
+                  **({"config_drift": drift} if drift else {})})
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
             *[(k, v) for k, v in info.items()]]
+    if state.config:
+        rows.append(("config", " ".join(f"{k}={v or '-'}" for k, v in sorted(
+            state.config.items()))))
+    if drift:
+        rows.append(("config drift", f"{describe(drift)} (this code's, on resume: "
+                                     f"{drift_policy(c, state.agent, drift)})"))
     if state.state == "pending" and not c.redis.exists(c.log.keys.lease(args.run)):
         rows.append(("worker", waiting_for_worker(c, state.agent)))
     if state.parent and state.parent_step:
@@ -73,6 +82,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.traceback:
         print(f"traceback of the agent code that quarantined it:\n{state.traceback.rstrip()}")
     return OK
+
+
+def config_drift(c: Client, state: RunState) -> dict[str, list[str]]:
+    """How the configuration this process has for the run's agent differs from the run's
+    pin (``durable.configuration``); {} when it has no such agent or the run no pin."""
+    agent = c.registry.agents.get(state.agent)
+    if agent is None or not state.config:
+        return {}
+    return changes(state.config, agent.configuration(c.registry))
+
+
+def drift_policy(c: Client, name: str, drift: dict[str, list[str]]) -> str:
+    return strictest(actions(c.registry.agent(name).on_configuration_change, drift))
 
 
 def waiting_for_worker(c: Client, agent: str) -> str:

@@ -67,6 +67,9 @@ class CheckedStart(NamedTuple):
     plain: Any  # the input in clear
     sensitive: tuple[str, ...]
     who: tenants.Who = tenants.Who("", "", 0)
+    #: The configuration the run is pinned to (``durable.configuration``), when this
+    #: process has the agent; {} else (a worker pins it at its first job).
+    config: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,10 @@ class Starts:
         size = len(msgspec.msgpack.encode(plain))
         if size > self.settings.payloads.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.payloads.max_payload_bytes)
-        return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who)
+        local = self.registry.agents.get(name)
+        config = local.configuration(self.registry) if local is not None else {}
+        return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who,
+                            config)
 
     def _check_continuable(self, run_id: str) -> None:
         """Only a completed run that kept a conversation is continued
@@ -336,7 +342,8 @@ class Starts:
                                     **child, **({"continue_from": continue_from}
                                                 if continue_from else {}),
                                     **tenants.fields(c.who),
-                                    **({"session": session} if session else {})})
+                                    **({"session": session} if session else {}),
+                                    **({"config": c.config} if c.config else {})})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""

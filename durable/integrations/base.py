@@ -35,11 +35,30 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic_core import to_jsonable_python
 
-from durable.agents import Lookup, Tool, ToolContext
+from durable.agents import Agent, Lookup, Registry, Tool, ToolContext
+from durable.configuration import short_digest
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Bindings", "EffectFreeStep", "LiveRequests", "ModelStepBase",
-           "Owner", "StepOptions", "current_step", "jsonable", "make_step", "mcp_step_tools",
-           "opaque", "recorded_lookup", "run_in_step", "stable", "step_context"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "Bindings",
+    "EffectFreeStep",
+    "LiveRequests",
+    "ModelStepBase",
+    "Owner",
+    "StepOptions",
+    "configured_by",
+    "current_step",
+    "jsonable",
+    "make_step",
+    "mcp_step_tools",
+    "model_id",
+    "named",
+    "opaque",
+    "recorded_lookup",
+    "run_in_step",
+    "stable",
+    "step_context",
+]
 
 T = TypeVar("T")
 
@@ -274,3 +293,45 @@ def mcp_step_tools(base: str, listing: type[Tool], calling: type[Tool], shared: 
             make_step(calling, names["read"], **shared, **{
                 **call, "effect_free": True, "cancellable": True, "requires_approval": False})]
     return made, names
+
+
+# The configuration a run is pinned to (``durable.configuration``) ----------------------
+
+
+def model_id(model: Any) -> str:
+    """A framework model as a run pins it: its id as given, or ``system:model_name``."""
+    if model is None:
+        return ""
+    if isinstance(model, str):
+        return model
+    name = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
+    system = getattr(model, "system", None) or ""
+    if system and name and not str(name).startswith(f"{system}:"):
+        return f"{system}:{name}"
+    return str(name) or type(model).__name__
+
+
+def named(value: Any) -> Any:
+    """An instruction as a run pins it: its text, or a function's qualified name (what the
+    function returns is decided at run time, inside the model step)."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', '')}"
+    return value
+
+
+def configured_by(derive: Callable[[], dict[str, Any]]) -> Callable[[Agent, Registry],
+                                                                   dict[str, str]]:
+    """An ``Agent.configuration`` for an integration's code agent: the default (its step
+    tools, its policy version) with what ``derive`` reads from the framework's agent:
+    ``model`` (an id), ``prompt`` (instructions: digested here) and ``tools`` (the
+    framework's tool schemas, digested with the step tools')."""
+    def configuration(agent: Agent, tools: Registry) -> dict[str, str]:
+        base = Agent.configuration(agent, tools)
+        own = derive()
+        pinned = {**base, "model": str(own.get("model", "")),
+                  "prompt": short_digest(own.get("prompt"))}
+        if own.get("tools"):
+            pinned["tools"] = short_digest([base["tools"], own["tools"]])
+        return pinned
+
+    return configuration

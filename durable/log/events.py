@@ -53,6 +53,7 @@ from durable.log.schema import (
     LeaseAcquired,
     Quarantined,
     Released,
+    ResumeValidated,
     RetiredLeaseLost,
     RevalidationFailed,
     RunStarted,
@@ -75,7 +76,7 @@ __all__ = [
     "ActionSucceeded", "ActionTimedOut", "AgentUpgraded", "AnyEvent", "ApprovalDecided",
     "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
     "Completed", "ContextTrimmed", "Event", "Expired", "Failed", "LeaseAcquired",
-    "Quarantined", "Released",
+    "Quarantined", "Released", "ResumeValidated",
     "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
     "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
     "named_actor", "to_builtins",
@@ -91,6 +92,7 @@ CODES: dict[str, int] = {
     "approval_decided": 16, "lease_acquired": 17, "lease_lost": 18, "checkpoint": 19,
     "completed": 20, "failed": 21, "expired": 22, "quarantined": 23, "released": 24,
     "revalidation_failed": 25, "agent_upgraded": 26, "context_trimmed": 27,
+    "resume_validated": 28,
 }
 
 #: The fields every event has: in the wire form, given by the entry's place or its head.

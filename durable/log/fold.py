@@ -91,12 +91,14 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.trace = e.trace
             state.tenant, state.owner, state.priority = e.tenant, e.owner, e.priority
             state.continue_from, state.session = e.continue_from, e.session
+            state.config = dict(e.config)
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():
             state.step = e.step
             state.refresh = None
             state.resumed = False
+            state.config_changes = {}
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
                                            model=e.model, group=e.group,
                                            context=e.context or e.model)
@@ -260,6 +262,11 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             for act in state.actions.values():
                 if act.blob is not None and act.blob.field in gone:
                     act.trimmed, act.result = e.ts, None
+        case ev.ResumeValidated():
+            if e.config:
+                state.config = dict(e.config)
+            if e.outcome == "replanned":
+                state.config_changes = {f: list(v) for f, v in e.changes.items()}
 
 
 def _consume_call_cancel(state: RunState) -> None:

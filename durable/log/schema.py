@@ -67,6 +67,10 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: The named session the run is a turn of (``durable.controls.sessions``; its tenant is
     #: ``tenant``), or "": the run continues the session's latest run (``continue_from``).
     session: str = ""
+    #: The configuration the run is pinned to (``durable.configuration``: model, prompt
+    #: digest, tool set digest, policy version), when the producer had the agent; {} else
+    #: (then the first job's ``resume_validated`` pins it).
+    config: dict[str, str] = {}
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
@@ -88,6 +92,9 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     #: is): with ``DURABLE_CONTEXT_RETENTION`` it is kept beside the run, and removed
     #: before the run's evidence (``durable.log.context``).
     context: bool = False
+    #: A model step of an agent whose configuration names a model or a prompt: the
+    #: ``model@prompt-digest`` of the pin it ran under (``durable.configuration.model_used``).
+    ran_under: str = ""
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
@@ -309,6 +316,25 @@ class ContextTrimmed(Event, tag="context_trimmed", kw_only=True, frozen=True):
     ended: int = 0
 
 
+class ResumeValidated(Event, tag="resume_validated", kw_only=True, frozen=True):
+    """A job compared the run's pinned configuration with the worker's
+    (``durable.configuration``).
+
+    ``outcome``: ``pinned`` (the run had no pin: ``config`` is its first), ``continued`` or
+    ``replanned`` (``config`` is the new pin; after ``replanned`` the agent sees ``changes``
+    as ``state.config_changes``), ``reapprove`` (an approval of the change is asked for
+    under ``request``; the pin is unchanged), ``approved`` (it was given: ``config`` is the
+    new pin) or ``expired`` (an ``expired`` event follows). ``changes``: ``{field: [pinned,
+    now]}``; ``actions``: the policy applied to each changed field.
+    """
+
+    outcome: str
+    config: dict[str, str] = {}
+    changes: dict[str, list[str]] = {}
+    actions: dict[str, str] = {}
+    request: str = ""
+
+
 AnyEvent = (
     RunStarted
     | StepDecided
@@ -337,6 +363,7 @@ AnyEvent = (
     | RevalidationFailed
     | AgentUpgraded
     | ContextTrimmed
+    | ResumeValidated
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

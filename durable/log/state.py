@@ -184,6 +184,11 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: When the run's model context was last trimmed (ms; 0: never), and how many values.
     context_trimmed: int = 0
     context_values_trimmed: int = 0
+    #: The configuration the run is pinned to (``durable.configuration``); {} until pinned.
+    config: dict[str, str] = msgspec.field(default_factory=dict)
+    #: What changed in the pin at the last resume whose policy was ``replan``
+    #: (``{field: [before, now]}``); cleared by the next intent.
+    config_changes: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
     @property
     def terminal(self) -> bool:

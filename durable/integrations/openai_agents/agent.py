@@ -28,7 +28,15 @@ from durable import conversations
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext
 from durable.code import agent as code_agent
-from durable.integrations.base import LiveRequests, StepOptions, jsonable, make_step
+from durable.integrations.base import (
+    LiveRequests,
+    StepOptions,
+    configured_by,
+    jsonable,
+    make_step,
+    model_id,
+    named,
+)
 from durable.integrations.openai_agents import handoffs, mcp, tools
 from durable.integrations.openai_agents.model import MODEL_RETRYABLE, DurableModel, ModelStep
 from durable.integrations.openai_agents.run import (
@@ -130,8 +138,9 @@ class DurableAgent:
         run.__name__ = run.__qualname__ = resolved
         register = code_agent(resolved, input_model=input_model,
                               tools=(*(s.name for s in self._steps), *conversations.TOOLS),
-                              version=version,
-                              budgets=budgets, **options)
+                              version=version, budgets=budgets,
+                              configuration=configured_by(lambda: pinned(originals)),
+                              **options)
         self.code_agent = register(run).agent  # type: ignore[attr-defined]
 
     def as_child_tool(self, name: str | None = None,
@@ -237,3 +246,15 @@ def _handoff_target(item: Handoff[Any, Any]) -> Agent[Any] | None:
     ref = getattr(item, "_agent_ref", None)
     target = ref() if ref is not None else None
     return target if isinstance(target, Agent) else None
+
+
+def pinned(agents: list[Agent[Any]]) -> dict[str, Any]:
+    """What a run pins of the SDK's agents (``configured_by``): each one's model, its
+    instructions (text, or a function's name) and its function tools' schemas."""
+    models = {a.name: model_id(a.model) for a in agents}
+    model = models[agents[0].name] if len(set(models.values())) == 1 else \
+        ",".join(f"{name}={m}" for name, m in sorted(models.items()))
+    return {"model": model,
+            "prompt": {a.name: named(a.instructions) for a in agents},
+            "tools": {a.name: {t.name: getattr(t, "params_json_schema", None)
+                               for t in a.tools} for a in agents}}

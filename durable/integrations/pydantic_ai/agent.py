@@ -29,7 +29,15 @@ from durable.agents import Cancel, Fail, Tool, ToolContext, registry
 from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
 from durable.flow import budgets as run_budgets
-from durable.integrations.base import LiveRequests, StepOptions, make_step, stable
+from durable.integrations.base import (
+    LiveRequests,
+    StepOptions,
+    configured_by,
+    make_step,
+    model_id,
+    named,
+    stable,
+)
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
 from durable.integrations.pydantic_ai.run import (
@@ -249,9 +257,21 @@ class RedisDurability(AbstractCapability[Any]):
         run.__name__ = run.__qualname__ = self.name
         register = code_agent(self.name, input_model=self.input_model,
                               tools=(self.model_step, *self.tool_steps, *conversations.TOOLS),
-                              version=self.version,
-                              budgets=self.budgets, **self.agent_options)
+                              version=self.version, budgets=self.budgets,
+                              configuration=configured_by(self.pinned), **self.agent_options)
         register(run)
+
+    def pinned(self) -> dict[str, Any]:
+        """What a run of this agent pins of pydantic-ai's agent (``configured_by``): its
+        model and its instructions and system prompts (texts, or functions' names)."""
+        agent = self.agent
+        model = self.model if self.model is not None else getattr(agent, "model", None)
+        prompt = [named(getattr(i, "instruction", i))
+                  for i in getattr(agent, "_instructions", None) or ()]
+        prompt += [named(p) for p in getattr(agent, "_system_prompts", None) or ()]
+        prompt += [named(getattr(f, "function", f))
+                   for f in getattr(agent, "_system_prompt_functions", None) or ()]
+        return {"model": model_id(model), "prompt": prompt}
 
     def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
         """The live request of the step ``ctx`` runs (the function waits at it, by number)."""
