@@ -197,7 +197,9 @@ def test_lease_expiries_and_reconciler_actions(client: Client, worker: WorkerFac
     expiry once) and requeues it; a second worker finishes it, releasing its lease (no
     expiry). Counted from the logs: one lease taken per job, one of them after the kill."""
     run = client.start("count", {"steps": 2}).run_id
-    killed = worker(kill_at="after_effect:1")  # the test's 1 s lease: it expires soon
+    # The test's 1 s lease expires soon; its liveness key outlives the test, so the
+    # reconciler's liveness watch does not release the lease first (no expiry then).
+    killed = worker(kill_at="after_effect:1", DURABLE_LIVENESS_TTL_MS="60000")
     assert killed.wait(30) != 0
     reconciler(DURABLE_LEASE_TTL_MS="5000")  # leases no pause of a loaded machine outlasts
     worker(DURABLE_LEASE_TTL_MS="5000")
