@@ -1,8 +1,8 @@
-"""The actions (POST, CSRF-checked, role-checked): cancel, approve or reject, fork, reconcile
-now, release from quarantine, settle an unknown outcome. Each goes through the ``Client``
-under the logged-in user's name, which the run's log records: ``cancel_requested.by`` and
-the event's actor, ``approval_decided.approver``, ``released.by``, the settle's
-``operator``, the fork's events' actor.
+"""The actions (POST, CSRF-checked, role-checked): cancel (with compensation), approve or
+reject, fork, reconcile now, release from quarantine, settle an unknown outcome. Each goes
+through the ``Client`` under the logged-in user's name, which the run's log records:
+``cancel_requested.by`` and the event's actor, ``approval_decided.approver``,
+``released.by``, the settle's ``operator``, the fork's events' actor.
 
 The library's answer (refused, not found, a bad input) comes back to the run's page as a
 one-line message; nothing is written when it refuses.
@@ -94,6 +94,12 @@ def _text(form: dict[str, Any], name: str, default: str = "") -> str:
 def _cancel(c: Client, user: User, run_id: str, form: dict[str, Any]) -> str:
     scope = _text(form, "scope", "run")
     reason = _text(form, "reason") or f"canceled by {user.name} in the console"
+    if _text(form, "compensate") == "1":  # the whole run, its applied effects undone first
+        done = c.abort(run_id, reason, by=user.name)
+        kept = "".join(f"; could not be undone: step {s} ({why})"
+                       for s, why in done.not_undone.items())
+        return f"cancel with compensation requested by {user.name}: compensating steps " \
+               f"{', '.join(map(str, done.compensating)) or 'none'}{kept}"
     state = c.cancel(run_id, reason, scope=scope, by=user.name)
     return f"cancel ({scope}) requested by {user.name}: run is {state.state}"
 

@@ -78,9 +78,11 @@ class Fail:
 
 @dataclass(frozen=True)
 class Cancel:
-    """End the run ``canceled``: the agent itself asked to stop (a framework's own cancel)."""
+    """End the run ``canceled``: the agent itself asked to stop (a framework's own cancel).
+    ``compensate``: its applied effects are compensated first, newest first."""
 
     reason: str = ""
+    compensate: bool = False
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,24 @@ class Tool:
         """Ask the authoritative system whether the effect keyed ``key`` happened; a plain
         method or ``async def``."""
         return Lookup.unknown()
+
+    def compensate(self, args: dict[str, Any], outcome: Any, ctx: ToolContext) -> Any:
+        """Undo the applied effect of a call with ``args`` whose result was ``outcome``: a
+        new authorized action (a refund, a closed ticket), sent as a step of its own with
+        ``ctx.key`` (the call's key + ``:undo``), a deadline, the tool's approval and
+        ``lookup_compensation``. A tool that does not define it cannot be undone: a
+        cancel with compensation reports its calls (``durable.controls.compensation``)."""
+        raise NotImplementedError
+
+    def lookup_compensation(self, key: str, args: dict[str, Any]
+                            ) -> Lookup | Awaitable[Lookup]:
+        """As ``lookup``, for the compensation keyed ``key``."""
+        return Lookup.unknown()
+
+    @property
+    def compensable(self) -> bool:
+        """Whether the tool defines ``compensate``."""
+        return type(self).compensate is not Tool.compensate
 
 
 class Agent:

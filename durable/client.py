@@ -28,6 +28,7 @@ from durable.controls.cancellation import (
     encode_message,
     finish_specs,
 )
+from durable.controls.compensation import Compensations
 from durable.controls.quarantine import release
 from durable.controls.schedules import Schedules
 from durable.controls.starts import Starts
@@ -58,7 +59,7 @@ class RunSummary:
     owner: str = ""
 
 
-class Client(Starts):
+class Client(Starts, Compensations):
     """Producers start runs (``durable.controls.starts.Starts``), readers follow and audit them,
     operators act on them: every read and write of run state goes through here."""
 
@@ -257,14 +258,16 @@ class Client(Starts):
     # Operators ---------------------------------------------------------------------------
 
     def cancel(self, run_id: str, reason: str = "", scope: str = "run",
-               by: str = "operator") -> RunState:
+               by: str = "operator", *, compensate: bool = False) -> RunState:
         """Record a cancel request (durable first), then publish the hint.
 
         A terminal run is left as it is. A run no worker holds, with nothing in flight, is
         canceled at once; so is a quarantined run, whatever it had in flight (a dispatched
         call is recorded interrupted: its ``lookup`` is asked later). ``by``: who asked
-        (the request's ``by`` and actor).
+        (the request's ``by`` and actor). ``compensate``: ``abort`` (its effects undone).
         """
+        if compensate:
+            return self.abort(run_id, reason, by=by).state
         if scope not in ("run", "call"):
             raise UsageError(f"scope must be 'run' or 'call', not {scope!r}")
         requested = now_ms()

@@ -36,7 +36,8 @@ def resolve_unknown(client: redis.Redis, tool: Tool, act: Action, run_id: str) -
     lookup itself failed (the caller tries again later)."""
     base = {"step": act.step, "key": act.key}
     try:
-        found = resolve_awaitable(tool.lookup(act.key, dict(act.args or {})))
+        ask = tool.lookup_compensation if act.undoes else tool.lookup  # an undo: its own
+        found = resolve_awaitable(ask(act.key, dict(act.args or {})))
     except Exception as exc:
         # The authoritative system did not answer: ask again later (an explicit
         # ``Lookup.unknown()`` is what sends the run to an operator).

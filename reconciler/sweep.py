@@ -286,9 +286,10 @@ class Sweeper:
         if state.terminal:
             self.redis.zrem(self.log.keys.due_of(handle.run_id), handle.run_id)
             return "terminal"
-        if state.cancel is not None and state.cancel.scope == "run":
+        quarantined = state.state == "quarantined"
+        if state.cancel is not None and state.cancel.scope == "run" and not (
+                state.cancel.compensate and not quarantined):  # a worker compensates
             # A quarantined run too: no worker will drive it, and a cancel always ends it.
-            quarantined = state.state == "quarantined"
             specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)
             self.log.commit(handle, specs)
             self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])

@@ -185,7 +185,7 @@ def test_a_future_version_in_the_wire_form_is_refused_with_the_reason() -> None:
 
 @pytest.mark.parametrize("raw, reason", [
     ([99, ev.SCHEMA_VERSION, 1, 0, "w"], "unknown event type code 99"),
-    ([ev.CODES["canceled"], ev.SCHEMA_VERSION, 1, 0, "w", "r", 1, "extra"], "more than"),
+    ([ev.CODES["completed"], ev.SCHEMA_VERSION, 1, 0, "w", "r", "extra"], "more than"),
     ([ev.CODES["canceled"], ev.SCHEMA_VERSION, "one", 0, "w"], "invalid entry"),
     (["canceled", ev.SCHEMA_VERSION, 1, 0, "w"], "not an event"),
 ])

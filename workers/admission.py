@@ -116,7 +116,7 @@ async def hand_to_its_version(ctx: StepContext, handle: RunHandle, lease: Lease)
 async def check_replay(ctx: StepContext, handle: RunHandle, agent: Agent) -> None:
     """Re-observe the open intent: the agent must decide what the log recorded."""
     act, before = handle.state.current, handle.pre_intent
-    if act is None:
+    if act is None or act.undoes:  # a compensation is the cancel's, not the agent's
         return
     if isinstance(agent, CodeAgent):
         before = handle.state  # a code agent rebuilds its history from the whole log

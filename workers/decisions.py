@@ -80,11 +80,13 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
                                                             "reason": decision.reason})])
         return True, 0
     if isinstance(decision, Cancel):  # the agent asked to stop: a cancel, recorded whole
-        asked = now_ms()
+        asked, undo = now_ms(), decision.compensate  # with compensation: by the next passes
         await ctx.commit(handle, pending, [
             Spec(ev.CancelRequested, {"reason": decision.reason, "requested_ts": asked,
-                                      "by": agent.name}),
-            *finish_specs(state, decision.reason, asked)])
+                                      "by": agent.name, **({"compensate": True} if undo else {})}),
+            *([] if undo else finish_specs(state, decision.reason, asked))])
+        if undo:
+            return False, 0
         await family.cancel_children(ctx.io, ctx.log, handle.state, decision.reason,
                                      ctx.worker_id, ctx.settings.cancel.secret)
         return True, 0

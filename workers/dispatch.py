@@ -26,6 +26,9 @@ from durable.streams.streaming import Publisher
 
 from .calls import CallResult, CallWatch
 
+#: A tool's effect as the dispatcher calls it: ``tool.run`` or a compensation.
+Effect = Callable[[dict[str, Any], ToolContext], Any]
+
 #: How much later than an ``async`` tool's own deadline the watcher interrupts it.
 ASYNC_MARGIN_S = 0.05
 
@@ -79,23 +82,24 @@ class Dispatcher:
         return known[1]
 
     def dispatch(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
-                 args: Any = None) -> list[Spec]:
+                 args: Any = None, effect: Effect | None = None) -> list[Spec]:
         """Call the tool once (quick retries for its named retryable errors) with ``args``
         (the recorded ones by default). Raises ``CallAbandoned`` when the call got stuck and
-        the worker gave its run up."""
+        the worker gave its run up. ``effect``: what is called instead of ``tool.run`` (a
+        compensation, ``workers.compensation``)."""
         ctx = ToolContext(run_id=run_id, step=act.step, key=act.key, deadline_ms=act.deadline,
                           token=token, attempt=act.attempts)
         output = None
         if self.publisher is not None:
             ctx.publish = output = self.publisher.for_call(run_id, act.step, act.attempts)
         try:
-            return self._dispatch(tool, act, token, ctx, args)
+            return self._dispatch(tool, act, token, ctx, args, effect or tool.run)
         finally:
             if output is not None:
                 output.close()  # the step in flight is over: its partial output is not kept
 
     def _dispatch(self, tool: Tool, act: Action, token: CancelToken, ctx: ToolContext,
-                  args: Any) -> list[Spec]:
+                  args: Any, effect: Effect) -> list[Spec]:
         args = dict((act.args if args is None else args) or {})
         grace = self.grace_ms / 1000
 
@@ -105,7 +109,7 @@ class Dispatcher:
 
         def attempt() -> CallResult:
             left = ctx.remaining()
-            result = self.watch.call(lambda: resolve_awaitable(tool.run(args, ctx), token,
+            result = self.watch.call(lambda: resolve_awaitable(effect(args, ctx), token,
                                                                left),
                                      left + margin, token, grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):

@@ -57,7 +57,7 @@ from durable.queue import make_queue, make_ready
 from durable.settings import Settings
 from durable.telemetry import tracing
 
-from . import admission, authority, decisions, family
+from . import admission, authority, compensation, decisions, family
 from .dispatch import Dispatcher
 from .gates import revalidate
 from .hooks import HookChain, StepHooks
@@ -431,6 +431,8 @@ class StepLoop:
                 await self.commit(handle, pending, [])
             return True, 0
         if state.cancel is not None and state.cancel.scope == "run":
+            if state.cancel.compensate:  # its applied effects are undone first
+                return await compensation.advance(self, handle, agent, slot, pending)
             await decisions.finish_cancel(self, handle, pending)
             return True, 0
         act = state.current

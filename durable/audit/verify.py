@@ -8,6 +8,10 @@ operator's settle of an unknown outcome (``durable.controls.settling.check_event
 trusted key holding the settle role, not revoked when the settle was recorded, whose
 signature covers this run, step, key, attempt, resolution, result and evidence.
 
+``compensations``: each compensation (a step that ``undoes`` another,
+``durable.controls.compensation``) undoes a step of this run whose effect was applied before
+it, under that step's key with ``:undo``, and no step is compensated twice.
+
 ``chain`` recomputes the log's hash chain (``durable.log.chain``) and names the first entry
 that does not chain: one edited, or the first after entries removed, added or moved, or
 the last one written when the tail was cut. A log written before the chain existed is
@@ -59,7 +63,8 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     report = Report(run_id)
     names = ["decodable", "contiguous", "chain", "seal", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
-             "approvals_signed", "settles_signed", "large_values", "context", "links"]
+             "approvals_signed", "settles_signed", "large_values", "context", "links",
+             "compensations"]
     for name in names:
         report.checks[name] = "ok"
     raw, proj, raw_seal = _read(elog, run_id)
@@ -83,6 +88,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     open_keys: dict[str, int] = {}
     terminals = 0
     large: list[tuple[str, BlobRef]] = []
+    undos = _Undos()
     for i, entry in enumerate(entries, start=1):
         e = entry.event
         if e is None:
@@ -101,7 +107,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
                 open_keys.pop(e.key, None)
             case ev.ActionDispatched():
                 open_keys[e.key] = e.seq
-                if state.cancel is not None or state.terminal:
+                if (state.cancel is not None and e.key not in undos.keys) or state.terminal:
                     report.fail("no_effect_after_cancel",
                                 f"{e.key} dispatched at seq {e.seq} after a cancel request")
             case ev.ActionFailed() | ev.CallCanceled():
@@ -110,6 +116,9 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
                 open_keys[e.key] = -1  # marked unknown: allowed
             case ev.Completed() | ev.Failed() | ev.Canceled() | ev.Expired():
                 terminals += 1
+        problem = undos.see(e, state)
+        if problem is not None:
+            report.fail("compensations", f"{entry.id}: {problem}")
         ref = getattr(e, "blob", None)
         if isinstance(ref, BlobRef):
             large.append((entry.id, ref))
@@ -157,6 +166,36 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     if problem is not None:
         report.fail("links", problem)
     return report
+
+
+class _Undos:
+    """What ``compensations`` checks, entry by entry: the steps applied so far, and which
+    were compensated by which step."""
+
+    def __init__(self) -> None:
+        self.applied: set[int] = set()
+        self.by: dict[int, int] = {}
+        self.keys: set[str] = set()
+
+    def see(self, e: ev.Event, before: RunState) -> str | None:
+        """Why ``e`` (folded onto ``before`` next) breaks the rule, or None."""
+        if isinstance(e, ev.ActionSucceeded) or (
+                isinstance(e, ev.ActionReconciled) and e.resolution == "applied"):
+            self.applied.add(e.step)
+        if not isinstance(e, ev.StepDecided) or not e.undoes:
+            return None
+        self.keys.add(e.key)
+        target = before.actions.get(e.undoes)
+        if e.undoes not in self.applied or (target is not None and target.undoes):
+            return f"step {e.step} compensates step {e.undoes}, which applied no effect"
+        if e.undoes in self.by:
+            return f"step {e.step} compensates step {e.undoes} again (step " \
+                   f"{self.by[e.undoes]} did)"
+        self.by[e.undoes] = e.step
+        if target is not None and e.key != f"{target.key}:undo":
+            return f"step {e.step} compensates step {e.undoes} under key {e.key}, not " \
+                   f"{target.key}:undo"
+        return None
 
 
 def _large_values(elog: EventLog, report: Report, run_id: str,

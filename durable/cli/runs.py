@@ -1,5 +1,5 @@
-"""Commands on runs: start, status, runs, cancel, respond, approve, settle, quarantine
-release."""
+"""Commands on runs: start, status, runs, cancel (with compensation), respond, approve,
+settle, quarantine release."""
 
 from __future__ import annotations
 
@@ -70,7 +70,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows.append(("session", f"{state.session or '-'} (continues "
                                 f"{state.continue_from or 'nothing: its first turn'})"))
     if state.cancel:
-        rows.append(("cancel", f"{state.cancel.scope}: {state.cancel.reason}"))
+        undo = " (with compensation)" if state.cancel.compensate else ""
+        rows.append(("cancel", f"{state.cancel.scope}{undo}: {state.cancel.reason}"))
+    undoing = [a for a in state.actions.values() if a.undoes]
+    if undoing or state.compensated or state.not_undone:
+        done = state.compensated or [a.undoes for a in undoing if a.status == "succeeded"]
+        rows.append(("compensated", ", ".join(f"step {s}" for s in done) or "none yet"))
+    if state.not_undone:
+        rows.append(("not undone", ", ".join(f"step {s}" for s in state.not_undone)))
     if state.wait:
         rows.append(("wait", f"{state.wait.kind} until {local_time(state.wait.until)}: "
                              f"{state.wait.reason}"))
@@ -168,11 +175,39 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"durable: run {args.run} is already {before}; nothing to cancel",
               file=sys.stderr)
         return CHECK_FAILED
+    if args.compensate:
+        return _compensate(c, args)
     state = c.cancel(args.run, args.reason, args.scope)
     if args.json:
         json_out({"run_id": args.run, "state": state.state})
     else:
         print(f"{args.run}: {state.state}")
+    return OK
+
+
+def _compensate(c: Client, args: argparse.Namespace) -> int:
+    """``cancel --compensate``: the plan as requested; with ``--wait``, as it ended."""
+    if args.scope != "run":
+        raise UsageError("--compensate cancels the whole run: it takes no --scope call")
+    done = c.abort(args.run, args.reason)
+    state, compensating, not_undone = done.state, done.compensating, done.not_undone
+    if args.wait:
+        state = c.wait(args.run, args.wait, waiting=False)
+        compensating, not_undone = state.compensated, {s: "" for s in state.not_undone}
+    out = {"run_id": args.run, "state": state.state,
+           "compensated" if args.wait else "compensating": compensating,
+           "not_undone": [{"step": s, "why": why} for s, why in not_undone.items()],
+           "unresolved": done.unresolved}
+    if args.json:
+        json_out(out)
+        return OK
+    print(f"{args.run}: {state.state}")
+    steps = ", ".join(str(s) for s in compensating) or "none"
+    print(f"  {'compensated' if args.wait else 'compensating (newest first)'}: {steps}")
+    if done.unresolved:
+        print(f"  outcome unknown, looked up first: {', '.join(map(str, done.unresolved))}")
+    for step, why in not_undone.items():
+        print(f"  could not be undone: step {step}" + (f" ({why})" if why else ""))
     return OK
 
 
@@ -264,6 +299,11 @@ def register(add: Add) -> None:
     sp = add("cancel", cmd_cancel, "request cancellation of a run", run=True)
     sp.add_argument("--reason", default="operator request")
     sp.add_argument("--scope", choices=["run", "call"], default="run")
+    sp.add_argument("--compensate", action="store_true",
+                    help="undo its applied effects first, newest first (each a step of its "
+                         "own); lists what could not be undone")
+    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="with --compensate: wait for the run to end, and show the result")
     sp = add("respond", cmd_respond, "answer a run waiting for input (or an external event)",
              run=True)
     sp.add_argument("--input", required=True, help="the response as JSON")

@@ -3,6 +3,7 @@ module the client (``durable.client.Client``, the one door to run state) delegat
 
 - ``starts``: starting runs (``Client.start``, ``start_many``) and what a start checks;
 - ``cancellation``: the cancel token tools see, the pub/sub hint, the cancel events;
+- ``compensation``: a cancel that undoes the applied effects first (``Client.abort``);
 - ``answers``: responses, external events and approval decisions for waiting runs;
 - ``approvals`` and ``approvers``: signed approval decisions and the registry of who signs;
 - ``settling``: an unknown outcome settled by a signed operator decision;

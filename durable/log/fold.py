@@ -101,7 +101,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.config_changes = {}
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
                                            model=e.model, group=e.group,
-                                           context=e.context or e.model)
+                                           context=e.context or e.model, undoes=e.undoes)
             if e.model:
                 state.model_calls += 1
             if e.tool == CHILD_TOOL and not (isinstance(e.args, dict) and e.args.get("detached")):
@@ -169,7 +169,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             if state.state not in TERMINAL and state.cancel is None:
                 state.cancel = CancelInfo(
                     reason=e.reason, scope=e.scope, requested_ts=e.requested_ts, seq=e.seq,
-                    by=e.by,
+                    by=e.by, compensate=e.compensate,
                 )
                 if state.state != "quarantined":
                     state.state = "cancel_requested"
@@ -177,6 +177,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.state = "canceled"
             state.reason = e.reason
             state.wait = None
+            state.compensated, state.not_undone = list(e.compensated), list(e.not_undone)
         case ev.WaitEntered():
             state.wait = WaitInfo(
                 kind=e.kind, reason=e.reason, until=e.until, request=e.request, data=e.data

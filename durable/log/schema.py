@@ -95,6 +95,10 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     #: A model step of an agent whose configuration names a model or a prompt: the
     #: ``model@prompt-digest`` of the pin it ran under (``durable.configuration.model_used``).
     ran_under: str = ""
+    #: A compensation (``durable.controls.compensation``): the step whose applied effect
+    #: this step undoes with its tool's ``compensate``; 0 for every other step (left out of
+    #: the wire form, so a run that never compensates writes no byte more).
+    undoes: int = 0
 
 
 class ActionDispatched(Event, tag="action_dispatched", kw_only=True, frozen=True):
@@ -184,11 +188,19 @@ class CancelRequested(Event, tag="cancel_requested", kw_only=True, frozen=True):
     scope: str = "run"
     requested_ts: int = 0
     by: str = ""
+    #: Before the run ends, its applied effects are compensated, newest first
+    #: (``durable.controls.compensation``).
+    compensate: bool = False
 
 
 class Canceled(Event, tag="canceled", kw_only=True, frozen=True):
     reason: str = ""
     latency_ms: int = 0
+    #: A cancel with compensation: the steps whose effects were compensated, and those
+    #: that could not be undone (no compensation, or it failed or was rejected), newest
+    #: first.
+    compensated: list[int] = []
+    not_undone: list[int] = []
 
 
 class WaitEntered(Event, tag="wait_entered", kw_only=True, frozen=True):

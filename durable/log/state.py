@@ -84,6 +84,8 @@ class Action(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: When the result, kept beside the run as context, was removed (ms; 0: it was not):
     #: ``result`` stays None for every reader.
     trimmed: int = 0
+    #: A compensation: the step whose effect this one undoes (``StepDecided.undoes``).
+    undoes: int = 0
 
     @property
     def settled(self) -> bool:
@@ -96,6 +98,8 @@ class CancelInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     requested_ts: int = 0
     seq: int = 0
     by: str = ""
+    #: The applied effects are compensated before the run ends (``CancelRequested``).
+    compensate: bool = False
 
 
 class WaitInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -189,6 +193,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: What changed in the pin at the last resume whose policy was ``replan``
     #: (``{field: [before, now]}``); cleared by the next intent.
     config_changes: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    #: A run canceled with compensation (``Canceled``): the steps compensated and those
+    #: that could not be undone, newest first.
+    compensated: list[int] = msgspec.field(default_factory=list)
+    not_undone: list[int] = msgspec.field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
