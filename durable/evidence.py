@@ -167,21 +167,24 @@ async def _bounded(awaitable: Awaitable[Any], timeout: float) -> Any:
 def check_all(refs: Sequence[EvidenceRef],
               checkers: Mapping[str, EvidenceChecker]) -> list[EvidenceRef]:
     """Check every reference with its source's checker, all at once; the ones that do not
-    hold, each with ``why``."""
-    checks, failed = [], []
+    hold, each with ``why``, in the order of ``refs``."""
+    checks: list[tuple[EvidenceRef, float, _Check | None]] = []
     for ref in refs:
         checker = checkers.get(ref.source)
-        if checker is None:
-            failed.append(_failed(ref, f"no checker registered for source {ref.source!r}"))
-            continue
-        check = _Check(checker, ref)
-        check.start()
-        checks.append((time.monotonic() + checker.timeout_s, check))
-    for until, check in checks:
-        check.join(max(0.0, until - time.monotonic()))
-        why = "timed out" if check.is_alive() else check.why
+        check = _Check(checker, ref) if checker is not None else None
+        if check is not None:
+            check.start()
+        until = time.monotonic() + (checker.timeout_s if checker is not None else 0.0)
+        checks.append((ref, until, check))
+    failed = []
+    for ref, until, check in checks:
+        if check is None:
+            why = f"no checker registered for source {ref.source!r}"
+        else:
+            check.join(max(0.0, until - time.monotonic()))
+            why = "timed out" if check.is_alive() else check.why
         if why:
-            failed.append(_failed(check.ref, why))
+            failed.append(_failed(ref, why))
     return failed
 
 

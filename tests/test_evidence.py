@@ -23,6 +23,7 @@ from durable.errors import UsageError
 from durable.evidence import Current, EvidenceChecker, EvidenceRef
 from durable.log import events as ev
 from durable.log.state import RunState
+from durable.log.store import Spec
 from durable.testing import Worker
 from tests.agents.evidence import write_crm
 from tests.conftest import WorkerFactory, run_durable
@@ -192,3 +193,19 @@ def test_an_outcome_without_references_is_as_long_as_before() -> None:
                              evidence=[EvidenceRef(source="crm", id="42", version="1")])
     assert ev.decode(ev.encode(ref), "1-0", "r").evidence == ref.evidence  # type: ignore[attr-defined]
     assert RunState().evidence == []
+
+
+def test_verify_refuses_a_check_of_references_no_step_recorded(
+    client: Client, worker: WorkerFactory, crm: Path
+) -> None:
+    """A writer that goes through the append script (chained, so the chain holds) but
+    records a check of a reference the run never recorded: ``verify`` names it."""
+    w = _waiting(client, worker, "stray", "replan")
+    w.stop()
+    handle = client.log.load("stray")
+    stray = EvidenceRef(source="crm", id="99", version="1", step=1, why="gone")
+    client.log.commit(handle, [Spec(ev.EvidenceChecked, {"outcome": "replan", "checked": 1,
+                                                          "failed": [stray]})])
+    report = verify(client.log, "stray")
+    assert not report.ok and report.failed == ["evidence"], report.checks
+    assert "names references no step recorded: crm/99" in report.checks["evidence"]
