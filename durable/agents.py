@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from durable import clock
 from durable import configuration as config_
+from durable import evidence as evidence_
 
 # A call's identity was first defined here; its names stay importable from here.
 from durable.call_identity import args_digest as args_digest
@@ -35,8 +36,10 @@ from durable.call_identity import is_placeholder as is_placeholder
 from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, UnknownAgent, UnknownTool, UsageError
 from durable.eventloop import EVENT_LOOP
+from durable.evidence import EvidenceChecker
+from durable.evidence import Stale as Stale  # first defined here: still importable from here
 from durable.flow.limits import Limit, estimate_tokens
-from durable.log.state import RunState
+from durable.log.state import EvidenceRef, RunState
 from durable.security.sealing import secret_fields
 
 
@@ -107,18 +110,6 @@ class OutcomeUnknown(DurableError):
 
 
 @dataclass(frozen=True)
-class Stale:
-    """Returned by ``Agent.revalidate`` when a fact no longer holds after a wait.
-
-    ``then``: ``refresh`` (the agent is told through ``state.refresh`` and re-gathers),
-    ``reapprove`` (the open action must be approved again) or ``expire``.
-    """
-
-    reason: str
-    then: Literal["refresh", "reapprove", "expire"] = "refresh"
-
-
-@dataclass(frozen=True)
 class Lookup:
     """What the authoritative system says about a key."""
 
@@ -151,6 +142,14 @@ class ToolContext:
     attempt: int = 1
     #: Publishes partial output (tokens, progress) to the run's followers; not logged.
     publish: Callable[[Any], None] = field(default=lambda data: None, repr=False)
+    #: What ``evidence`` recorded during the current attempt (``durable.evidence``).
+    refs: list[EvidenceRef] = field(default_factory=list, repr=False)
+
+    def evidence(self, source: str, id: Any, version: Any = "") -> None:
+        """Record that the result rests on record ``id`` of ``source`` at ``version``: kept
+        with the step's outcome and checked again by the source's checker on every resume
+        after a wait (``durable.evidence``)."""
+        self.refs.append(EvidenceRef(source=source, id=str(id), version=str(version)))
 
     def emit(self, data: Any) -> None:
         """Partial output for whoever follows the run (``Client.follow``): tokens,
@@ -332,6 +331,11 @@ class Agent:
     #: What an expired wait means: ``expired`` (the run ends) or ``continue`` (decide again,
     #: with ``state.last_wait.outcome == "expired"``).
     on_wait_expired: ClassVar[Literal["expired", "continue"]] = "expired"
+    #: The sources whose references its tools record (``ctx.evidence``): each must have a
+    #: registered ``EvidenceChecker``. What a resume after a wait does when a reference no
+    #: longer holds: ``refresh``, ``replan`` or ``expire`` (``durable.evidence``).
+    evidence_sources: ClassVar[tuple[str, ...]] = ()
+    on_evidence_change: ClassVar[evidence_.Policy] = "refresh"
     #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
     #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
     budgets: ClassVar[dict[str, int]] = {}
@@ -376,13 +380,20 @@ class Registry:
     def __init__(self) -> None:
         self.agents: dict[str, Agent] = {}
         self.tools: dict[str, Tool] = {}
+        self.checkers: dict[str, EvidenceChecker] = {}
         self._loaded: set[str] = set()
 
     def add_agent(self, agent: Agent) -> None:
-        """Register ``agent``; an unknown ``on_configuration_change`` word or field is a
+        """Register ``agent``; an unknown ``on_configuration_change`` word or field, or
+        ``on_evidence_change`` word, or an evidence source without a checker, is a
         ``UsageError`` naming it, and nothing is registered."""
         config_.checked_policies(agent.name, agent.on_configuration_change)
+        evidence_.checked_sources(agent.name, agent.evidence_sources,
+                                  agent.on_evidence_change, self.checkers)
         self.agents[agent.name] = agent
+
+    def add_checker(self, checker: EvidenceChecker) -> None:
+        self.checkers[checker.source] = checker
 
     def add_tool(self, tool: Tool) -> None:
         self.tools[tool.name] = tool
@@ -439,12 +450,15 @@ registry = Registry()
 
 
 def register(obj: Any) -> Any:
-    """Class decorator: register an ``Agent`` or ``Tool`` subclass (instantiated once)."""
+    """Class decorator: register an ``Agent``, ``Tool`` or ``EvidenceChecker`` subclass
+    (instantiated once)."""
     instance = obj() if isinstance(obj, type) else obj
     if isinstance(instance, Agent):
         registry.add_agent(instance)
     elif isinstance(instance, Tool):
         registry.add_tool(instance)
+    elif isinstance(instance, EvidenceChecker):
+        registry.add_checker(instance)
     else:
-        raise TypeError(f"{obj!r} is neither an Agent nor a Tool")
+        raise TypeError(f"{obj!r} is neither an Agent, a Tool nor an EvidenceChecker")
     return obj

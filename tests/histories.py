@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+import msgspec
 from hypothesis import strategies as st
 
 from durable.log import events as ev
 from durable.log.fold import fold
-from durable.log.state import BlobRef
+from durable.log.state import BlobRef, EvidenceRef
 
 #: Window of settled actions the generated checkpoints fold with (small, so eviction runs).
 WINDOW = 4
@@ -128,8 +129,11 @@ class _Writer:
                           context=True)
             self.context.append(ref.field)
             self.add(ev.ActionSucceeded, step=step, key=key, blob=ref, tokens=7)
-        elif kind == "ok":
-            self.add(ev.ActionSucceeded, step=step, key=key, result=self.value())
+        elif kind == "ok":  # perhaps resting on a record (``durable.evidence``)
+            refs = [EvidenceRef(source="crm", id=str(step % 3), version=str(step))] \
+                if self.draw(st.booleans()) else []
+            self.add(ev.ActionSucceeded, step=step, key=key, result=self.value(),
+                     evidence=refs)
         elif kind == "fail":
             self.add(ev.ActionFailed, step=step, key=key, error="boom", error_type="E")
         elif kind == "retry":  # a retryable error: the run waits for its timer, same key
@@ -137,6 +141,7 @@ class _Writer:
                      retryable=True, retry_at=7000)
             self.add(ev.WaitEntered, kind="retry", until=7000, reason="E: busy", request=key)
             self.add(ev.WaitResolved, kind="retry", request=key, by="timer")
+            self.evidence_checked(may_end=False)
             self.add(ev.ActionDispatched, step=step, key=key, deadline=9000)
             self.add(ev.ActionSucceeded, step=step, key=key, result=self.value())
         elif kind == "cancel_call":
@@ -183,9 +188,25 @@ class _Writer:
             if then != "none":
                 self.add(ev.RevalidationFailed, reason="stale facts", then=then)
                 self.ended = then == "expire"
+            if not self.ended:
+                self.evidence_checked()
         else:
             self.add(ev.WaitExpiry, kind="input", request="q", outcome=end)
             self.ended = end == "expired"
+
+    def evidence_checked(self, may_end: bool = True) -> None:
+        """On resume, the references recorded so far checked: all held, or the first
+        failed and handled by one of the policies (``expired`` when ``may_end``)."""
+        recorded = fold(self.out, window=WINDOW).evidence
+        if not recorded:
+            return
+        outcome = self.pick("held", "refresh", "replan", *(("expired",) if may_end else ()))
+        failed = [] if outcome == "held" else [msgspec.structs.replace(recorded[0],
+                                                                       why="gone")]
+        self.add(ev.EvidenceChecked, outcome=outcome, checked=len(recorded), failed=failed)
+        if outcome == "expired":
+            self.add(ev.Expired, reason="evidence no longer holds: crm/0 (gone)")
+            self.ended = True
 
     def upgrade_chapter(self) -> None:
         """The run resumes under a new agent version: allowed at once, or approved."""

@@ -104,7 +104,7 @@ def test_the_union_is_exactly_the_known_event_types() -> None:
         "wait_expired", "approval_requested", "approval_decided", "revalidation_failed",
         "agent_upgraded", "lease_acquired", "lease_lost", "checkpoint", "completed",
         "failed", "expired", "quarantined", "released", "context_trimmed",
-        "resume_validated",
+        "resume_validated", "evidence_checked",
     ])
 
 

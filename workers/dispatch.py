@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -20,7 +20,7 @@ from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, RateLimited
 from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
-from durable.log.state import Action
+from durable.log.state import Action, EvidenceRef
 from durable.log.store import Spec, now_ms
 from durable.streams.streaming import Publisher
 
@@ -108,6 +108,7 @@ class Dispatcher:
         margin = ASYNC_MARGIN_S if self.is_async(tool) else 0.0
 
         def attempt() -> CallResult:
+            ctx.refs.clear()  # what a failed attempt recorded is not the result's
             left = ctx.remaining()
             result = self.watch.call(lambda: resolve_awaitable(effect(args, ctx), token,
                                                                left),
@@ -118,9 +119,9 @@ class Dispatcher:
 
         if not tool.retryable or tool.max_quick_retries <= 0:  # nothing to retry here
             try:
-                return self._outcome(tool, act, token, attempt(), args)
+                return self._outcome(tool, act, token, attempt(), args, ctx.refs)
             except _Retryable as once:
-                return self._outcome(tool, act, token, once.result, args)
+                return self._outcome(tool, act, token, once.result, args, ctx.refs)
         # Quick retries, for the tool's named retryable errors only, within the deadline.
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
@@ -134,7 +135,7 @@ class Dispatcher:
             result = retrying(attempt)
         except _Retryable as spent:
             result = spent.result
-        return self._outcome(tool, act, token, result, args)
+        return self._outcome(tool, act, token, result, args, ctx.refs)
 
     def dispatch_soon(self, run_id: str, tool: Tool, act: Action, token: CancelToken,
                       args: Any = None) -> Handoff[list[Spec]]:
@@ -163,6 +164,7 @@ class Dispatcher:
         grace = None if tool.cancellable else self.grace_ms / 1000
 
         async def attempt() -> CallResult:
+            ctx.refs.clear()
             result = await awaited(tool.run(args, ctx), token, ctx.remaining(), grace)
             if result.outcome == "raised" and isinstance(result.error, tool.retryable):
                 raise _Retryable(result)
@@ -170,9 +172,9 @@ class Dispatcher:
 
         if not tool.retryable or tool.max_quick_retries <= 0:
             try:
-                return self._outcome(tool, act, token, await attempt(), args)
+                return self._outcome(tool, act, token, await attempt(), args, ctx.refs)
             except _Retryable as once:
-                return self._outcome(tool, act, token, once.result, args)
+                return self._outcome(tool, act, token, once.result, args, ctx.refs)
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
             stop=tenacity.stop_after_attempt(tool.max_quick_retries + 1)
@@ -185,11 +187,13 @@ class Dispatcher:
             result: CallResult = await retrying(attempt)
         except _Retryable as spent:
             result = spent.result
-        return self._outcome(tool, act, token, result, args)
+        return self._outcome(tool, act, token, result, args, ctx.refs)
 
     def _outcome(self, tool: Tool, act: Action, token: CancelToken,
-                 result: CallResult, args: Any = None) -> list[Spec]:
-        """The events that record what one dispatch observed."""
+                 result: CallResult, args: Any = None,
+                 refs: Sequence[EvidenceRef] = ()) -> list[Spec]:
+        """The events that record what one dispatch observed (with a success, the
+        evidence references the tool recorded: ``durable.evidence``)."""
         base = {"step": act.step, "key": act.key}
         if result.outcome == "returned":
             try:
@@ -200,7 +204,8 @@ class Dispatcher:
                 return [Spec(ev.ActionFailed, {
                     **base, "error": f"the result is not plain data: {exc}"[:500],
                     "error_type": "TypeError"})]
-            return [Spec(ev.ActionSucceeded, {**base, "result": value})]
+            more = {"evidence": list(refs)} if refs else {}
+            return [Spec(ev.ActionSucceeded, {**base, "result": value, **more})]
         if result.outcome == "timed_out":
             return [Spec(ev.ActionTimedOut, base)]
         if result.outcome == "interrupted":

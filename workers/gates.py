@@ -1,6 +1,7 @@
 """The gates a step passes before it is sent: approval of the action, the agent version and
 the configuration a run resumes under (``resume_policy``, at the start of every job), and
-the facts the agent declared must still hold after a wait.
+what must still hold after a wait (``revalidate``): the facts the agent declared and the
+evidence references its steps recorded (``durable.evidence``).
 
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from durable import configuration as config_
+from durable import evidence as evidence_
 from durable.agents import Agent, Registry, Tool
 from durable.log import events as ev
 from durable.log.state import Action, Approval, RunState
@@ -159,13 +161,40 @@ def configuration_policy(state: RunState, agent: Agent, have: dict[str, str],
                     *ask(state, request, "configuration", of, agent.upgrade_role, what)], what
 
 
-def revalidate(state: RunState, agent: Agent, registry: Registry) -> tuple[str, Spec | None]:
-    """After a wait: ("ok" | "quarantine" | "failed", the event recording a failed check)."""
+def revalidate(state: RunState, agent: Agent, registry: Registry) -> tuple[str, list[Spec]]:
+    """After a wait: the tools the run needs, the facts the agent declared
+    (``Agent.revalidate``) and the run's evidence references (``evidence_check``).
+    ("ok" | "quarantine" | "failed" | "expire", the events recording it): "ok" with events
+    when they only tell the agent (staged with its next step); else they stop this job."""
     missing = [t for t in state.tools if t not in registry.tools]
     if missing:
-        return "quarantine", Spec(ev.Quarantined, {
-            "reason": f"tools no longer available on resume: {', '.join(missing)}"})
+        return "quarantine", [Spec(ev.Quarantined, {
+            "reason": f"tools no longer available on resume: {', '.join(missing)}"})]
     stale = agent.revalidate(state)
-    if stale is None:
-        return "ok", None
-    return "failed", Spec(ev.RevalidationFailed, {"reason": stale.reason, "then": stale.then})
+    if stale is not None and stale.then == "expire":  # ends the run: nothing else to check
+        return "failed", [Spec(ev.RevalidationFailed, {"reason": stale.reason,
+                                                       "then": stale.then})]
+    verdict, specs = evidence_check(state, agent, registry)
+    if stale is not None:
+        failed = Spec(ev.RevalidationFailed, {"reason": stale.reason, "then": stale.then})
+        return ("expire" if verdict == "expire" else "failed"), [failed, *specs]
+    return verdict, specs
+
+
+def evidence_check(state: RunState, agent: Agent, registry: Registry) -> tuple[str, list[Spec]]:
+    """Check every evidence reference of the run with its source's checker
+    (``durable.evidence``), once per resume: nothing to record when the run has none;
+    else one ``evidence_checked`` event, and an ``expired`` one when the agent's policy
+    says so."""
+    if not state.evidence:
+        return "ok", []
+    failed = evidence_.check_all(state.evidence, registry.checkers)
+    if not failed:
+        return "ok", [Spec(ev.EvidenceChecked, {"outcome": "held",
+                                                 "checked": len(state.evidence)})]
+    policy = agent.on_evidence_change
+    seen = {"checked": len(state.evidence), "failed": failed}
+    if policy == "expire":
+        return "expire", [Spec(ev.EvidenceChecked, {"outcome": "expired", **seen}),
+                          Spec(ev.Expired, {"reason": evidence_.describe(failed)})]
+    return "ok", [Spec(ev.EvidenceChecked, {"outcome": policy, **seen})]

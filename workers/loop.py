@@ -345,14 +345,17 @@ class StepLoop:
                 return more
 
     async def _revalidate(self, handle: RunHandle, agent: Agent, pending: list[Spec]) -> None:
-        verdict, spec = await self.user(f"{agent.name}.revalidate()",
-                                        lambda: revalidate(handle.state, agent, self.registry))
-        if spec is not None:
-            await self.commit(handle, pending, [spec])
-            if verdict == "quarantine":
-                await self.io.hset(keys.QUARANTINE, handle.run_id, str(spec.fields["reason"]))
-        else:
-            handle.state.resumed = False  # checked once per resume; the log need not say so
+        """Once per resume after a wait (``workers.gates.revalidate``): what only tells the
+        agent goes out with its next step; what stops the run is committed now."""
+        verdict, specs = await self.user(f"{agent.name}.revalidate()",
+                                         lambda: revalidate(handle.state, agent, self.registry))
+        if verdict == "ok":
+            self.log.stage(handle, specs)
+            handle.state.resumed = False  # checked once per resume
+            return
+        await self.commit(handle, pending, specs)
+        if verdict == "quarantine":
+            await self.io.hset(keys.QUARANTINE, handle.run_id, str(specs[0].fields["reason"]))
 
     async def commit(self, handle: RunHandle, pending: list[Spec], specs: list[Spec],
                      **kw: Any) -> None:

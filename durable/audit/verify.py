@@ -64,7 +64,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     names = ["decodable", "contiguous", "chain", "seal", "projection", "one_success_per_key",
              "no_effect_after_cancel", "dispatched_have_outcome", "one_terminal", "ledger",
              "approvals_signed", "settles_signed", "large_values", "context", "links",
-             "compensations"]
+             "compensations", "evidence"]
     for name in names:
         report.checks[name] = "ok"
     raw, proj, raw_seal = _read(elog, run_id)
@@ -124,6 +124,10 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
             large.append((entry.id, ref))
         if isinstance(e, ev.ContextTrimmed) and not state.terminal:
             report.fail("context", f"{entry.id}: model context removed before the run ended")
+        if isinstance(e, ev.EvidenceChecked):
+            problem = _unrecorded(state, e)
+            if problem is not None:
+                report.fail("evidence", f"{entry.id}: {problem}")
         if isinstance(e, ev.Checkpoint):
             snap = e.state
             if (snap.state, snap.step, snap.version) != (state.state, state.step, state.version):
@@ -278,4 +282,18 @@ def _links(elog: EventLog, state: RunState) -> str | None:
         if isinstance(event, ev.RunStarted) and (event.parent, event.parent_step) != (
                 state.run_id, int(child.rsplit(".", 1)[1])):
             return f"child {child} names parent {event.parent} step {event.parent_step}"
+    return None
+
+
+def _unrecorded(state: RunState, e: ev.EvidenceChecked) -> str | None:
+    """An ``evidence_checked`` event must be about references the run's steps recorded
+    (``durable.evidence``): each failed one among them, and no more checked than there
+    are."""
+    recorded = {(r.source, r.id, r.version, r.step) for r in state.evidence}
+    stray = [f"{r.source}/{r.id}" for r in e.failed
+             if (r.source, r.id, r.version, r.step) not in recorded]
+    if stray:
+        return f"names references no step recorded: {', '.join(stray)}"
+    if e.checked != len(state.evidence):
+        return f"checked {e.checked} references; the run had recorded {len(state.evidence)}"
     return None

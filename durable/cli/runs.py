@@ -69,6 +69,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.session or state.continue_from:
         rows.append(("session", f"{state.session or '-'} (continues "
                                 f"{state.continue_from or 'nothing: its first turn'})"))
+    for ref in state.evidence:  # checked again on every resume after a wait
+        rows.append(("evidence", f"{ref.source}/{ref.id} version {ref.version or '-'} "
+                                 f"(step {ref.step})"))
+    for ref in state.evidence_failed:
+        rows.append(("evidence failed", f"{ref.source}/{ref.id}: {ref.why}"))
     if state.cancel:
         undo = " (with compensation)" if state.cancel.compensate else ""
         rows.append(("cancel", f"{state.cancel.scope}{undo}: {state.cancel.reason}"))

@@ -48,6 +48,7 @@ from durable.log.schema import (
     Completed,
     ContextTrimmed,
     Event,
+    EvidenceChecked,
     Expired,
     Failed,
     LeaseAcquired,
@@ -75,7 +76,7 @@ __all__ = [
     "ActionDispatched", "ActionFailed", "ActionInterrupted", "ActionReconciled",
     "ActionSucceeded", "ActionTimedOut", "AgentUpgraded", "AnyEvent", "ApprovalDecided",
     "ApprovalRequested", "CallCanceled", "CancelRequested", "Canceled", "Checkpoint",
-    "Completed", "ContextTrimmed", "Event", "Expired", "Failed", "LeaseAcquired",
+    "Completed", "ContextTrimmed", "Event", "EvidenceChecked", "Expired", "Failed", "LeaseAcquired",
     "Quarantined", "Released", "ResumeValidated",
     "RetiredLeaseLost", "RevalidationFailed", "RunStarted", "StepDecided", "WaitEntered",
     "WaitExpiry", "WaitResolved", "decode", "encode", "entry_ms", "from_builtins",
@@ -92,7 +93,7 @@ CODES: dict[str, int] = {
     "approval_decided": 16, "lease_acquired": 17, "lease_lost": 18, "checkpoint": 19,
     "completed": 20, "failed": 21, "expired": 22, "quarantined": 23, "released": 24,
     "revalidation_failed": 25, "agent_upgraded": 26, "context_trimmed": 27,
-    "resume_validated": 28,
+    "resume_validated": 28, "evidence_checked": 29,
 }
 
 #: The fields every event has: in the wire form, given by the entry's place or its head.

@@ -16,6 +16,7 @@ from durable.log.state import (
     Action,
     Approval,
     CancelInfo,
+    EvidenceRef,
     RunState,
     SettleInfo,
     WaitInfo,
@@ -99,6 +100,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.refresh = None
             state.resumed = False
             state.config_changes = {}
+            state.evidence_failed = []
             state.actions[e.step] = Action(step=e.step, tool=e.tool, args=e.args, key=e.key,
                                            model=e.model, group=e.group,
                                            context=e.context or e.model, undoes=e.undoes)
@@ -123,6 +125,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 state.blob_bytes += e.blob.size
             if act.model:
                 state.tokens += e.tokens or tokens_of(e.result)
+            if e.evidence:
+                _record_evidence(state, e.step, e.evidence)
             _count_settled(state, window)
         case ev.ActionFailed():
             act = state.actions[e.step]
@@ -268,6 +272,30 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 state.config = dict(e.config)
             if e.outcome == "replanned":
                 state.config_changes = {f: list(v) for f, v in e.changes.items()}
+        case ev.EvidenceChecked():
+            state.resumed = False
+            failed = {(r.source, r.id, r.version, r.step) for r in e.failed}
+            state.evidence = [r for r in state.evidence
+                              if (r.source, r.id, r.version, r.step) not in failed]
+            if e.outcome in ("refresh", "replan"):
+                state.evidence_failed = list(e.failed)
+            if e.outcome == "refresh":
+                state.refresh = evidence_reason(e.failed)
+
+
+def _record_evidence(state: RunState, step: int, refs: list[EvidenceRef]) -> None:
+    """A step's references replace earlier ones of the same source and id: the latest
+    read of a record is the one a resume checks."""
+    new = {(r.source, r.id): EvidenceRef(source=r.source, id=r.id, version=r.version,
+                                         step=step) for r in refs}
+    state.evidence = [r for r in state.evidence if (r.source, r.id) not in new]
+    state.evidence.extend(new.values())
+
+
+def evidence_reason(failed: list[EvidenceRef]) -> str:
+    """``evidence no longer holds: crm/42 (version 1 -> 2), ...``"""
+    return "evidence no longer holds: " + ", ".join(f"{r.source}/{r.id} ({r.why})"
+                                                     for r in failed)
 
 
 def _consume_call_cancel(state: RunState) -> None:

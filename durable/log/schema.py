@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from durable.log.state import BlobRef, RunState
+from durable.log.state import BlobRef, EvidenceRef, RunState
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
@@ -119,6 +119,9 @@ class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
     result: Any = None
     blob: BlobRef | None = None
     tokens: int = 0
+    #: The evidence references the tool recorded (``ToolContext.evidence``); left out of
+    #: the entry when there are none.
+    evidence: list[EvidenceRef] = []
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):
@@ -347,6 +350,24 @@ class ResumeValidated(Event, tag="resume_validated", kw_only=True, frozen=True):
     request: str = ""
 
 
+class EvidenceChecked(Event, tag="evidence_checked", kw_only=True, frozen=True):
+    """On resume after a wait, the run's evidence references (``state.evidence``) were
+    checked by their sources' checkers (``durable.evidence``).
+
+    ``outcome``: ``held`` (every one still holds), else the agent's ``on_evidence_change``
+    applied to those that do not: ``refresh`` (the agent sees ``state.refresh`` and
+    ``state.evidence_failed`` and reads again), ``replan`` (it sees
+    ``state.evidence_failed``) or ``expired`` (an ``expired`` event follows naming them).
+    ``checked``: how many were checked; ``failed``: those that do not hold, each with its
+    step and ``why`` (gone, access denied, version changed, the checker raised or timed
+    out, no checker for its source).
+    """
+
+    outcome: str
+    checked: int = 0
+    failed: list[EvidenceRef] = []
+
+
 AnyEvent = (
     RunStarted
     | StepDecided
@@ -376,6 +397,7 @@ AnyEvent = (
     | AgentUpgraded
     | ContextTrimmed
     | ResumeValidated
+    | EvidenceChecked
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -38,6 +38,20 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     context: bool = False
 
 
+class EvidenceRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A record a step's result rests on (``ToolContext.evidence``, ``durable.evidence``):
+    its ``source`` (a checker is registered per source), its ``id`` there and the
+    ``version`` the step read. ``step``: the step that recorded it (0 inside its outcome
+    event, which names the step); ``why``: in an ``evidence_checked`` event, why it no
+    longer holds ("" when it was recorded)."""
+
+    source: str
+    id: str
+    version: str = ""
+    step: int = 0
+    why: str = ""
+
+
 class SettleInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An operator's signed settle of an unknown outcome (``durable.controls.settling``): who
     (the registered signer and its key's fingerprint), the signature, the evidence, the
@@ -197,6 +211,12 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: that could not be undone, newest first.
     compensated: list[int] = msgspec.field(default_factory=list)
     not_undone: list[int] = msgspec.field(default_factory=list)
+    #: The evidence references the run's steps recorded (``durable.evidence``), the latest
+    #: per source and id, each naming its step: re-checked on every resume after a wait.
+    evidence: list[EvidenceRef] = msgspec.field(default_factory=list)
+    #: The references found not to hold at the last resume whose policy was ``refresh`` or
+    #: ``replan``, each with ``why``; cleared by the next intent.
+    evidence_failed: list[EvidenceRef] = msgspec.field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
