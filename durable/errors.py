@@ -36,7 +36,7 @@ installed packages and fails when this diagram and the classes differ in any way
      │    │                       write: the run was quarantined instead
      │    ├── CancelPending      a dispatch refused because a cancel is pending
      │    └── Claimed            the ledger already holds the key the batch claims
-     ├── durable.agents.OutcomeUnknown
+     ├── durable.agents.steps.OutcomeUnknown
      │                           raised by a tool: its effect was sent, the reply lost
      │                           (recorded unknown, resolved by lookup)
      ├── durable.code.steps.StepFailed

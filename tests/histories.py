@@ -129,7 +129,7 @@ class _Writer:
                           context=True)
             self.context.append(ref.field)
             self.add(ev.ActionSucceeded, step=step, key=key, blob=ref, tokens=7)
-        elif kind == "ok":  # perhaps resting on a record (``durable.evidence``)
+        elif kind == "ok":  # perhaps resting on a record (``durable.agents.evidence``)
             refs = [EvidenceRef(source="crm", id=str(step % 3), version=str(step))] \
                 if self.draw(st.booleans()) else []
             self.add(ev.ActionSucceeded, step=step, key=key, result=self.value(),

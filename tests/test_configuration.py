@@ -1,7 +1,7 @@
 """Configuration pinned per run: a run records the configuration it was started under
 (model, prompt digest, tool set digest, policy version), a model step the model and prompt
 it ran under, and every job compares the pin with the worker's and applies the agent's
-policy per changed field (``durable.configuration``). Real Redis, real worker processes;
+policy per changed field (``durable.agents.configuration``). Real Redis, real worker processes;
 a worker started with another ``TEST_MODEL`` is a new deployment (``tests.agents.configured``).
 """
 

@@ -1,4 +1,4 @@
-"""Evidence references (``durable.evidence``): a step records the records its result rests
+"""Evidence references (``durable.agents.evidence``): a step records the records its result rests
 on (source, id, version); every resume after a wait checks each with its source's
 registered checker and records one ``evidence_checked`` event; a reference that no longer
 holds is handled as the agent declares (refresh, replan, expire). Real Redis, real worker
@@ -17,10 +17,10 @@ import pytest
 
 import tests.agents.evidence  # noqa: F401  (the client validates starts with it)
 from durable.agents import Agent, Registry
+from durable.agents.evidence import Current, EvidenceChecker, EvidenceRef
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.errors import UsageError
-from durable.evidence import Current, EvidenceChecker, EvidenceRef
 from durable.log import events as ev
 from durable.log.state import RunState
 from durable.log.store import Spec

@@ -193,7 +193,7 @@ class Dispatcher:
                  result: CallResult, args: Any = None,
                  refs: Sequence[EvidenceRef] = ()) -> list[Spec]:
         """The events that record what one dispatch observed (with a success, the
-        evidence references the tool recorded: ``durable.evidence``)."""
+        evidence references the tool recorded: ``durable.agents.evidence``)."""
         base = {"step": act.step, "key": act.key}
         if result.outcome == "returned":
             try:

@@ -1,7 +1,7 @@
 """The gates a step passes before it is sent: approval of the action, the agent version and
 the configuration a run resumes under (``resume_policy``, at the start of every job), and
 what must still hold after a wait (``revalidate``): the facts the agent declared and the
-evidence references its steps recorded (``durable.evidence``).
+evidence references its steps recorded (``durable.agents.evidence``).
 
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from durable import configuration as config_
-from durable import evidence as evidence_
 from durable.agents import Agent, Registry, Tool
+from durable.agents import configuration as config_
+from durable.agents import evidence as evidence_
 from durable.log import events as ev
 from durable.log.state import Action, Approval, RunState
 from durable.log.store import Spec, now_ms
@@ -128,7 +128,7 @@ def configuration_policy(state: RunState, agent: Agent, have: dict[str, str],
                          check: Check) -> Decided:
     """The run's pinned configuration against the worker's ``have``: nothing when they
     agree; a first pin when the run has none; else the strictest policy of the changed
-    fields (``durable.configuration``), recorded as ``resume_validated``."""
+    fields (``durable.agents.configuration``), recorded as ``resume_validated``."""
     if state.config == have:
         return "ok", [], ""
     if not state.config:
@@ -183,7 +183,7 @@ def revalidate(state: RunState, agent: Agent, registry: Registry) -> tuple[str, 
 
 def evidence_check(state: RunState, agent: Agent, registry: Registry) -> tuple[str, list[Spec]]:
     """Check every evidence reference of the run with its source's checker
-    (``durable.evidence``), once per resume: nothing to record when the run has none;
+    (``durable.agents.evidence``), once per resume: nothing to record when the run has none;
     else one ``evidence_checked`` event, and an ``expired`` one when the agent's policy
     says so."""
     if not state.evidence:

@@ -26,8 +26,8 @@ from typing import Any
 import msgspec
 
 from durable.agents import Agent, Call, Parallel, Registry, Tool
+from durable.agents.configuration import model_used
 from durable.call_identity import digest_placeholder
-from durable.configuration import model_used
 from durable.errors import UnknownTool
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL

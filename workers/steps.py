@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from durable.configuration import model_used
+from durable.agents.configuration import model_used
 from durable.log.state import RunState
 from durable.log.store import Spec
 
@@ -45,7 +45,7 @@ def values_field(values: list[Any]) -> dict[str, Any]:
 
 def ran_under(state: RunState, model: bool) -> dict[str, Any]:
     """The ``ran_under`` field of a model step's intent: the model and prompt digest of the
-    run's pin (``durable.configuration.model_used``); nothing for any other step."""
+    run's pin (``durable.agents.configuration.model_used``); nothing for any other step."""
     used = model_used(state.config) if model else ""
     return {"ran_under": used} if used else {}
 

@@ -12,7 +12,7 @@ against the code imported now, sending nothing:
   a function that finishes while the log records more steps diverges too.
 
 Each divergence names the run, the first step that differs and how. Apart from the code,
-each run's pinned configuration (``durable.configuration``) is compared with the one the new
+each run's pinned configuration (``durable.agents.configuration``) is compared with the one the new
 code declares: the fields that would differ on resume, and what the agent's
 ``on_configuration_change`` would then do (``drift``, ``on_resume``).
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from durable import configuration as config_
 from durable.agents import Agent, Cancel, Fail, Finish, Registry, registry
+from durable.agents import configuration as config_
 from durable.audit.replay import check_determinism
 from durable.code import CodeAgent
 from durable.errors import DecodeError, NondeterminismError, RunNotFound

@@ -287,7 +287,7 @@ def _links(elog: EventLog, state: RunState) -> str | None:
 
 def _unrecorded(state: RunState, e: ev.EvidenceChecked) -> str | None:
     """An ``evidence_checked`` event must be about references the run's steps recorded
-    (``durable.evidence``): each failed one among them, and no more checked than there
+    (``durable.agents.evidence``): each failed one among them, and no more checked than there
     are."""
     recorded = {(r.source, r.id, r.version, r.step) for r in state.evidence}
     stray = [f"{r.source}/{r.id}" for r in e.failed

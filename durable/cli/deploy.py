@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 
 from durable.agents import registry
+from durable.agents.configuration import describe
 from durable.audit.deploycheck import check, defined_in
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
-from durable.configuration import describe
 from durable.errors import UsageError
 from durable.log.state import ACTIVE, WAITING
 from durable.log.store import EventLog

@@ -9,6 +9,7 @@ import time
 
 import msgspec
 
+from durable.agents.configuration import actions, changes, describe, strictest
 from durable.audit.replay import summary
 from durable.cli.output import (
     CHECK_FAILED,
@@ -22,7 +23,6 @@ from durable.cli.output import (
     table,
 )
 from durable.client import Client
-from durable.configuration import actions, changes, describe, strictest
 from durable.errors import UsageError
 from durable.log.state import TERMINAL, RunState
 from durable.security.sealing import shown_struct
@@ -98,7 +98,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def config_drift(c: Client, state: RunState) -> dict[str, list[str]]:
     """How the configuration this process has for the run's agent differs from the run's
-    pin (``durable.configuration``); {} when it has no such agent or the run no pin."""
+    pin (``durable.agents.configuration``); {} when it has no such agent or the run no pin."""
     agent = c.registry.agents.get(state.agent)
     if agent is None or not state.config:
         return {}

@@ -67,7 +67,7 @@ class CheckedStart(NamedTuple):
     plain: Any  # the input in clear
     sensitive: tuple[str, ...]
     who: tenants.Who = tenants.Who("", "", 0)
-    #: The configuration the run is pinned to (``durable.configuration``), when this
+    #: The configuration the run is pinned to (``durable.agents.configuration``), when this
     #: process has the agent; {} else (a worker pins it at its first job).
     config: dict[str, str] = {}
 

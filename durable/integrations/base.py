@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic_core import to_jsonable_python
 
 from durable.agents import Agent, Lookup, Registry, Tool, ToolContext
-from durable.configuration import short_digest
+from durable.agents.configuration import short_digest
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -295,7 +295,7 @@ def mcp_step_tools(base: str, listing: type[Tool], calling: type[Tool], shared: 
     return made, names
 
 
-# The configuration a run is pinned to (``durable.configuration``) ----------------------
+# The configuration a run is pinned to (``durable.agents.configuration``) ----------------------
 
 
 def model_id(model: Any) -> str:

@@ -67,7 +67,7 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: The named session the run is a turn of (``durable.controls.sessions``; its tenant is
     #: ``tenant``), or "": the run continues the session's latest run (``continue_from``).
     session: str = ""
-    #: The configuration the run is pinned to (``durable.configuration``: model, prompt
+    #: The configuration the run is pinned to (``durable.agents.configuration``: model, prompt
     #: digest, tool set digest, policy version), when the producer had the agent; {} else
     #: (then the first job's ``resume_validated`` pins it).
     config: dict[str, str] = {}
@@ -93,7 +93,8 @@ class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
     #: before the run's evidence (``durable.log.context``).
     context: bool = False
     #: A model step of an agent whose configuration names a model or a prompt: the
-    #: ``model@prompt-digest`` of the pin it ran under (``durable.configuration.model_used``).
+    #: ``model@prompt-digest`` of the pin it ran under
+    #: (``durable.agents.configuration.model_used``).
     ran_under: str = ""
     #: A compensation (``durable.controls.compensation``): the step whose applied effect
     #: this step undoes with its tool's ``compensate``; 0 for every other step (left out of
@@ -333,7 +334,7 @@ class ContextTrimmed(Event, tag="context_trimmed", kw_only=True, frozen=True):
 
 class ResumeValidated(Event, tag="resume_validated", kw_only=True, frozen=True):
     """A job compared the run's pinned configuration with the worker's
-    (``durable.configuration``).
+    (``durable.agents.configuration``).
 
     ``outcome``: ``pinned`` (the run had no pin: ``config`` is its first), ``continued`` or
     ``replanned`` (``config`` is the new pin; after ``replanned`` the agent sees ``changes``
@@ -352,7 +353,7 @@ class ResumeValidated(Event, tag="resume_validated", kw_only=True, frozen=True):
 
 class EvidenceChecked(Event, tag="evidence_checked", kw_only=True, frozen=True):
     """On resume after a wait, the run's evidence references (``state.evidence``) were
-    checked by their sources' checkers (``durable.evidence``).
+    checked by their sources' checkers (``durable.agents.evidence``).
 
     ``outcome``: ``held`` (every one still holds), else the agent's ``on_evidence_change``
     applied to those that do not: ``refresh`` (the agent sees ``state.refresh`` and

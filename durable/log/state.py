@@ -39,7 +39,7 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class EvidenceRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A record a step's result rests on (``ToolContext.evidence``, ``durable.evidence``):
+    """A record a step's result rests on (``ToolContext.evidence``, ``durable.agents.evidence``):
     its ``source`` (a checker is registered per source), its ``id`` there and the
     ``version`` the step read. ``step``: the step that recorded it (0 inside its outcome
     event, which names the step); ``why``: in an ``evidence_checked`` event, why it no
@@ -202,7 +202,7 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: When the run's model context was last trimmed (ms; 0: never), and how many values.
     context_trimmed: int = 0
     context_values_trimmed: int = 0
-    #: The configuration the run is pinned to (``durable.configuration``); {} until pinned.
+    #: The configuration the run is pinned to (``durable.agents.configuration``); {} until pinned.
     config: dict[str, str] = msgspec.field(default_factory=dict)
     #: What changed in the pin at the last resume whose policy was ``replan``
     #: (``{field: [before, now]}``); cleared by the next intent.
@@ -211,7 +211,7 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: that could not be undone, newest first.
     compensated: list[int] = msgspec.field(default_factory=list)
     not_undone: list[int] = msgspec.field(default_factory=list)
-    #: The evidence references the run's steps recorded (``durable.evidence``), the latest
+    #: The evidence references the run's steps recorded (``durable.agents.evidence``), the latest
     #: per source and id, each naming its step: re-checked on every resume after a wait.
     evidence: list[EvidenceRef] = msgspec.field(default_factory=list)
     #: The references found not to hold at the last resume whose policy was ``refresh`` or

@@ -26,7 +26,7 @@ from durable.agents import (
     Wait,
     register,
 )
-from durable.configuration import short_digest
+from durable.agents.configuration import short_digest
 from durable.log.state import RunState
 from tests.agents.basic import EchoInput, SqlWrite  # noqa: F401  (registers ``sqlwrite``)
 

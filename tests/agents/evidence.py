@@ -35,7 +35,7 @@ from durable.agents import (
     Wait,
     register,
 )
-from durable.evidence import Current, EvidenceChecker, EvidenceRef
+from durable.agents.evidence import Current, EvidenceChecker, EvidenceRef
 from durable.log.state import RunState
 
 
