@@ -16,9 +16,9 @@ from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import conversation_id_from_run_id, replay_scope
-from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded, UserError
+from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, UserContent
-from pydantic_ai.models import Model, ModelResolutionContext, infer_model
+from pydantic_ai.models import Model
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
 from pydantic_ai.toolsets._dynamic import DynamicToolset
 from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
@@ -40,6 +40,7 @@ from durable.integrations.base import (
 )
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
+from durable.integrations.pydantic_ai.models import check_buildable, check_resolvable
 from durable.integrations.pydantic_ai.run import (
     Binding,
     RunInput,
@@ -179,6 +180,7 @@ class RedisDurability(AbstractCapability[Any]):
             if self.registered:
                 return self
             name = self.name
+            check_buildable(name, self.agent, self.model)
             taken = [n for n in (*registry.agents, *registry.tools)
                      if n == name or n.startswith(f"{name}.")]
             if taken:
@@ -292,7 +294,7 @@ class RedisDurability(AbstractCapability[Any]):
             kwargs["model"] = self.model
         deps = self.deps(inp) if self.deps is not None else None
         if inp.model is not None:
-            await _resolvable(agent, inp.model, deps)
+            await check_resolvable(agent, inp.model, deps)
         if self.event_stream_handler is not None:
             kwargs["event_stream_handler"] = without_replayed(self.event_stream_handler)
         elif self.stream:
@@ -361,25 +363,6 @@ def _attached(agent: AbstractAgent[Any, Any]) -> RedisDurability | None:
     if root is not None and hasattr(root, "apply"):
         root.apply(visit)
     return found[0] if found else None
-
-
-async def _resolvable(agent: AbstractAgent[Any, Any], model_id: str, deps: Any) -> None:
-    """End the run ``failed``, with pydantic-ai's reason, when it cannot resolve the model id
-    the run's input gives (an unknown provider or name, a provider whose package or key this
-    worker lacks): resolved as ``agent.run`` resolves it, by the agent's capabilities first,
-    else ``infer_model``. Raised inside ``agent.run``, the error quarantined the run, as a
-    bug of the function would, though no retry or release of it could help."""
-    root = getattr(agent, "root_capability", None)
-    try:
-        found = None
-        if root is not None and root.has_resolve_model_id:
-            found = await root.resolve_model_id(ModelResolutionContext(agent=agent, deps=deps),
-                                                model_id=model_id)
-        if found is None:
-            infer_model(model_id)
-    except (UserError, ImportError, ValueError) as exc:
-        raise EndRun(Fail(f"the model {model_id!r} the run's input names cannot be used: "
-                          f"{exc}")) from None
 
 
 def _leaves(toolsets: Sequence[AbstractToolset[Any]]) -> list[AbstractToolset[Any]]:
