@@ -10,6 +10,8 @@ database that never deduplicates (``TEST_DB_DEDUPE=0``).
 
 from __future__ import annotations
 
+import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +22,26 @@ from pydantic_ai import Agent
 from pydantic_ai.models.test import TestModel
 
 from durable.agents import registry
+from durable.audit.verify import verify
+from durable.client import Client
 from durable.errors import UsageError
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability
+from durable.log import events as ev
+from durable.settings import Settings
+from tests.agents import pydantic_ai_peers as peers
+from tests.agents.basic import applications, model_requests
+from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.servers.integration_world import decided, set_env
+
+AGENTS = ("examples.agents,tests.agents.basic,tests.agents.pydantic_ai,"
+          "tests.agents.pydantic_ai_peers")
+#: Large values' limits: ``peers.BIG`` is over the inline limit, under the ceiling.
+LIMITS = {"DURABLE_MAX_PAYLOAD_BYTES": "2048", "DURABLE_MAX_RESULT_BYTES": "65536"}
+
+
+@pytest.fixture(autouse=True)
+def _env(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    set_env(monkeypatch, tmp_path, AGENTS)
 
 
 def _registered(prefix: str) -> list[str]:
@@ -55,3 +75,50 @@ def test_model_settings_that_are_not_data_are_refused_when_built() -> None:
     DurableAgent(Agent(TestModel(), name="pai_goodsettings",
                        model_settings={"temperature": 0.0, "extra_body": {"seed": 1}}))
     assert "pai_goodsettings" in registry.agents
+
+
+# Real processes.
+
+
+def test_large_tool_returns_and_model_responses_are_kept_beside_the_run_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """Tool returns (two parallel calls) and a model response over
+    ``DURABLE_MAX_PAYLOAD_BYTES`` are large values (a reference in the log, the value beside
+    the run), not failed steps. Crash window: SIGKILL once the second model request's intent
+    is recorded (step 4), after both large tool returns (steps 2, 3) were recorded: the next
+    worker reads them back from beside the run, and neither a tool nor the first request is
+    sent again."""
+    run = client.start("pai_big", {"prompt": "read"}, run_id="pbigv").run_id
+    assert worker(kill_at="after_intent:4", **LIMITS).wait(60) == -signal.SIGKILL
+    worker(**LIMITS)
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == f"read {2 * peers.BIG}: " + "z" * peers.BIG
+    outcomes = {e.event.step: e.event for e in client.events(run)
+                if isinstance(e.event, ev.ActionSucceeded)}
+    assert all(outcomes[n].blob is not None for n in (2, 3, 4)), outcomes
+    assert outcomes[4].tokens > 0  # the model call's usage, read before it was put aside
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:3": 1}
+    assert model_requests(str(tmp_path / "model.sqlite"))[f"{run}:1"] == 1
+    assert verify(client.log, run).ok
+
+
+def test_one_toolset_instance_serves_two_agents_each_call_its_own_step(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The same ``FunctionToolset`` in two agents: each agent's call is its own step, named
+    after it, applied once; the instance is left as it was."""
+    one = client.start("pai_share_a", {"prompt": "go"}, run_id="pshare1").run_id
+    two = client.start("pai_share_b", {"prompt": "go"}, run_id="pshare2").run_id
+    worker()
+    for run, label in ((one, "a"), (two, "b")):
+        final = client.wait(run, timeout=60)
+        assert final.state == "completed", (run, final.state, final.reason, final.error)
+        assert final.result == f"{label}: stamp {label}"
+        assert [s.tool for s in decided(client, run)] == [
+            f"pai_share_{label}.model", f"pai_share_{label}.tool.shared.shared_stamp",
+            f"pai_share_{label}.model"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{one}:2": 1, f"{two}:2": 1}
+    assert list(peers.shared_toolset.tools) == ["shared_stamp"]
