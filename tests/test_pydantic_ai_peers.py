@@ -122,3 +122,35 @@ def test_one_toolset_instance_serves_two_agents_each_call_its_own_step(
             f"pai_share_{label}.model"]
     assert applications(str(tmp_path / "world.sqlite")) == {f"{one}:2": 1, f"{two}:2": 1}
     assert list(peers.shared_toolset.tools) == ["shared_stamp"]
+
+
+def _model_names(client: Client, run: str) -> list[str]:
+    """The model that answered each of the run's model requests, as their recorded
+    responses name it."""
+    return [e.event.result["response"]["model_name"] for e in client.events(run)
+            if isinstance(e.event, ev.ActionSucceeded) and isinstance(e.event.result, dict)
+            and "response" in e.event.result]
+
+
+def test_a_model_a_run_chooses_by_name_is_the_one_asked_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """``models={"second": ...}`` and a run's input ``{"model": "second"}``: that model is
+    asked, and still is after a crash (the input is in the log). Crash window: SIGKILL after
+    the tool the second model called applied its effect (step 2), before its outcome was
+    recorded: the lookup resolves it and the next request goes to the second model again.
+    A run that names no model asks the agent's own."""
+    chosen = client.start("pai_chooser", {"prompt": "go", "model": "second"},
+                          run_id="pchosen").run_id
+    assert worker(kill_at="after_effect:2").wait(60) == -signal.SIGKILL
+    plain = client.start("pai_chooser", {"prompt": "go"}, run_id="pplainmodel").run_id
+    worker()
+    reconciler()
+    for run, who in ((chosen, "second"), (plain, "primary")):
+        final = client.wait(run, timeout=60)
+        assert final.state == "completed", (run, final.state, final.reason, final.error)
+        assert final.result == f"{who} after mark {who}"
+        assert _model_names(client, run) == [f"function:{who}_model:"] * 2, run
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{chosen}:2": 1, f"{plain}:2": 1}
+    assert model_requests(str(tmp_path / "model.sqlite"))[f"{chosen}:1"] == 1
+    assert verify(client.log, chosen).ok

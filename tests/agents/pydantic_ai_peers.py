@@ -84,3 +84,37 @@ share_a = Agent(_sharing_model("a"), name="pai_share_a", toolsets=[shared_toolse
 share_b = Agent(_sharing_model("b"), name="pai_share_b", toolsets=[shared_toolset])
 DurableAgent(share_a, tools={"shared.shared_stamp": StepOptions(timeout_s=5.0)})
 DurableAgent(share_b, tools={"shared.shared_stamp": StepOptions(timeout_s=5.0)})
+
+
+# A model chosen per run: the agent's own, or one registered under a name (``models=``) that
+# a run's input names; pydantic-ai's peers take the same ``models=`` mapping.
+
+
+def _answering_model(who: str) -> FunctionModel:
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        _count_request()
+        done = _returns(messages)
+        if not done:
+            return _reply(ToolCallPart("mark", {"by": who}))
+        return _reply(TextPart(f"{who} after {_done(done[0])}"))
+
+    model.__name__ = f"{who}_model"
+    return FunctionModel(model)
+
+
+chooser = Agent(_answering_model("primary"), name="pai_chooser")
+
+
+@chooser.tool_plain
+def mark(by: str) -> dict[str, Any]:
+    """Mark who asked (an effect)."""
+    return _effect(f"mark {by}")
+
+
+def _marked(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"done": f"mark {args['by']}", "key": key}) if applied(key) \
+        else Lookup.not_applied()
+
+
+DurableAgent(chooser, models={"second": _answering_model("second")},
+             tools={"mark": StepOptions(timeout_s=5.0, lookup=_marked)})

@@ -27,9 +27,10 @@ message history carried as JSON. Here:
 
 - A registered capability is a code agent (``durable.code``) whose function runs
   ``agent.run`` with the run's input (``RunInput``: prompt or multimodal parts, history,
-  deferred tool results, usage limits, a model id, metadata), the pydantic-ai run id set to
-  the durable run id. No usage limit applies unless the input gives one: the run's budgets
-  bound it; reaching either ends the run ``failed`` with reason ``budget_exhausted``.
+  deferred tool results, usage limits, a model id or the name of one of its ``models``,
+  metadata), the pydantic-ai run id set to the durable run id. No usage limit applies
+  unless the input gives one: the run's budgets bound it; reaching either ends the run
+  ``failed`` with reason ``budget_exhausted``.
 - Each model request is the step ``<name>.model``: ``effect_free`` (sent again at once after
   a crash), ``model`` (counted against the "model_calls" budget, its usage against
   "tokens"), its arguments logged as a digest; sent with the step's key as an

@@ -40,7 +40,7 @@ from durable.integrations.base import (
 )
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
-from durable.integrations.pydantic_ai.models import check_buildable, check_resolvable
+from durable.integrations.pydantic_ai.models import check_buildable, run_model
 from durable.integrations.pydantic_ai.run import (
     Binding,
     RunInput,
@@ -78,7 +78,10 @@ class RedisDurability(AbstractCapability[Any]):
     all declared; ``DurableAgent(agent, ...)`` does the same for an agent built without the
     capability. ``tools``: ``StepOptions`` per tool name (``"<toolset id>.<tool>"`` for a
     toolset other than the agent's own, ``"<toolset id>.*"`` for every tool of an MCP
-    server). ``model_timeout_s``, ``model_retryable``: the model step's (pydantic-ai's
+    server). ``model``: the model of its runs, instead of the agent's; ``models``: other
+    models by name, one of which a run's input may choose (``{"model": "<name>"}``, as
+    pydantic-ai's peers take ``models=``). ``model_timeout_s``, ``model_retryable``: the
+    model step's (pydantic-ai's
     ``UserError`` and ``UsageLimitExceeded`` are never retried). ``input_model``: a
     ``RunInput`` subclass; ``deps(input)`` builds the agent's dependencies from it, in the
     worker. ``return_messages``: the result is ``{"output": ..., "messages": [...]}``.
@@ -91,6 +94,7 @@ class RedisDurability(AbstractCapability[Any]):
 
     def __init__(
         self, *, name: str | None = None, model: Model | str | None = None,
+        models: Mapping[str, Model | str] | None = None,
         tools: Mapping[str, StepOptions] | None = None, model_timeout_s: float = 120.0,
         model_retryable: tuple[type[BaseException], ...] = (),
         input_model: type[RunInput] = RunInput, deps: Callable[[Any], Any] | None = None,
@@ -99,7 +103,7 @@ class RedisDurability(AbstractCapability[Any]):
         budgets: Mapping[str, int] | None = None, **options: Any,
     ) -> None:
         self.id, self.description, self.defer_loading = None, None, False
-        self._name, self.model = name, model
+        self._name, self.model, self.models = name, model, dict(models or {})
         self.options = dict(tools or {})
         self.model_timeout_s, self.model_retryable = model_timeout_s, tuple(model_retryable)
         self.input_model, self.deps = input_model, deps
@@ -180,7 +184,7 @@ class RedisDurability(AbstractCapability[Any]):
             if self.registered:
                 return self
             name = self.name
-            check_buildable(name, self.agent, self.model)
+            check_buildable(name, self.agent, self.model, self.models)
             taken = [n for n in (*registry.agents, *registry.tools)
                      if n == name or n.startswith(f"{name}.")]
             if taken:
@@ -290,11 +294,10 @@ class RedisDurability(AbstractCapability[Any]):
         # Replay-stable ids: the conversation's own, or one derived from the run id.
         conversation = next((m.conversation_id for m in reversed(history or [])
                              if m.conversation_id), None) or conversation_id_from_run_id(ctx.run_id)
-        if "model" not in kwargs and self.model is not None:
-            kwargs["model"] = self.model
         deps = self.deps(inp) if self.deps is not None else None
-        if inp.model is not None:
-            await check_resolvable(agent, inp.model, deps)
+        chosen = await run_model(agent, self.model, self.models, inp.model, deps)
+        if chosen is not None:
+            kwargs["model"] = chosen
         if self.event_stream_handler is not None:
             kwargs["event_stream_handler"] = without_replayed(self.event_stream_handler)
         elif self.stream:

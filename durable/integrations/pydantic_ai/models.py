@@ -1,6 +1,7 @@
 """The models of a durable pydantic-ai agent: the one its runs ask by default (the
-capability's, else the agent's), checked when the agent is built, and the one a run's input
-names, checked when the run begins.
+capability's, else the agent's) and those registered by name (``models=``), checked when the
+agent is built, and the one a run's input names (a registered name or a model id), checked
+when the run begins.
 
 pydantic-ai's peers (``TemporalAgent``, ``DBOSAgent``, ``PrefectAgent``) refuse, when they are
 built, an agent they could not run: one without a model, or whose model settings cannot
@@ -24,14 +25,15 @@ from durable.agents import Fail
 from durable.code import EndRun
 from durable.errors import UsageError
 
-__all__ = ["check_buildable", "check_resolvable"]
+__all__ = ["check_buildable", "check_resolvable", "run_model"]
 
 
-def check_buildable(name: str, agent: AbstractAgent[Any, Any],
-                    model: Model | str | None) -> None:
+def check_buildable(name: str, agent: AbstractAgent[Any, Any], model: Model | str | None,
+                    models: Mapping[str, Model | str]) -> None:
     """Refuse (``UsageError``) an agent this system cannot run: without a model (neither
     ``model`` nor the agent's), or with model settings (the agent's or a model's) that are
-    not JSON data. ``model``: the capability's own."""
+    not JSON data. ``model``: the capability's own; ``models``: those a run may choose by
+    name."""
     default = model if model is not None else getattr(agent, "model", None)
     if default is None:
         raise UsageError(f"durable agent {name!r} needs a model: give the agent one "
@@ -39,8 +41,9 @@ def check_buildable(name: str, agent: AbstractAgent[Any, Any],
                          "(RedisDurability(model=...), DurableAgent(agent, model=...)); a "
                          "run's input may name another, not the only one")
     sources: list[tuple[str, Any]] = [("the agent's", getattr(agent, "model_settings", None))]
+    named = [(f"the model {key!r}'s", m) for key, m in models.items()]
     for which, candidate in (("the capability's model's", model),
-                             ("the agent's model's", getattr(agent, "model", None))):
+                             ("the agent's model's", getattr(agent, "model", None)), *named):
         if isinstance(candidate, Model):
             sources.append((which, candidate.settings))
     for which, settings in sources:
@@ -61,6 +64,21 @@ def _check_settings(name: str, which: str, settings: Any) -> None:
                 f"{where} ({str(exc).splitlines()[0]}): a model request's settings are "
                 "recorded with its step; give plain values (a client or a function belongs "
                 "to the model or the provider, not its settings)") from None
+
+
+async def run_model(agent: AbstractAgent[Any, Any], model: Model | str | None,
+                    models: Mapping[str, Model | str], chosen: str | None,
+                    deps: Any) -> Model | str | None:
+    """The model a run asks (``None``: the agent's own). ``chosen``, the name its input
+    gives, is one of ``models`` (registered by name) or an id pydantic-ai resolves (else the
+    run ends ``failed``, ``check_resolvable``); without one, the capability's ``model``.
+    The input is in the run's log, so a recovered run asks the model it began with."""
+    if chosen is None:
+        return model
+    if chosen in models:
+        return models[chosen]
+    await check_resolvable(agent, chosen, deps)
+    return chosen
 
 
 async def check_resolvable(agent: AbstractAgent[Any, Any], model_id: str, deps: Any) -> None:

@@ -70,7 +70,8 @@ class RunInput(BaseModel):
       ``DeferredToolRequests`` (``{"approvals": {call id: true}, "calls": {call id: value}}``);
     - ``usage_limits``: pydantic-ai's ``UsageLimits`` fields; none by default (the run's
       budgets bound it, not pydantic-ai's default of 50 requests);
-    - ``model``: a model id (``"openai:gpt-4o"``) instead of the agent's;
+    - ``model``: the name of a model registered with ``models=``, or a model id
+      (``"openai:gpt-4o"``), instead of the agent's;
     - ``metadata``: the run's metadata, as JSON.
 
     Subclass it to carry what ``deps`` builds the agent's dependencies from."""
