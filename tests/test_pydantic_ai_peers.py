@@ -154,3 +154,23 @@ def test_a_model_a_run_chooses_by_name_is_the_one_asked_across_a_kill(
     assert applications(str(tmp_path / "world.sqlite")) == {f"{chosen}:2": 1, f"{plain}:2": 1}
     assert model_requests(str(tmp_path / "model.sqlite"))[f"{chosen}:1"] == 1
     assert verify(client.log, chosen).ok
+
+
+def test_a_toolset_a_users_capability_contributes_is_a_step_applied_once_across_a_kill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """A capability subclass whose ``get_toolset()`` builds its toolset anew for each run.
+    Crash window: SIGKILL after its tool applied its effect (step 2), before the outcome was
+    recorded: the next worker's run gets a new toolset instance, and the call is resolved by
+    its lookup, never made again."""
+    run = client.start("pai_sealer", {"prompt": "seal"}, run_id="pseal").run_id
+    assert worker(kill_at="after_effect:2").wait(60) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "sealed: seal a"
+    assert [s.tool for s in decided(client, run)] == [
+        "pai_sealer.model", "pai_sealer.tool.seals.seal", "pai_sealer.model"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1}
+    assert verify(client.log, run).ok

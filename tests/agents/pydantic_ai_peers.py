@@ -1,16 +1,19 @@
 """pydantic-ai agents in the shapes pydantic-ai's own durable-execution tests give their
 Temporal, DBOS and Prefect integrations (imported by the workers through ``DURABLE_AGENTS``):
 a tool return and a model response over the inline limit, one toolset instance shared by two
-agents, and a second model that a run chooses by its name. Models are ``FunctionModel``s
+agents, a second model that a run chooses by its name, and a toolset a capability of the
+user's own contributes. Models are ``FunctionModel``s
 counting their requests per idempotency key (``TEST_MODEL_LOG``); tools write their effects
 into ``TEST_DB``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic_ai import Agent, FunctionToolset
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -118,3 +121,37 @@ def _marked(key: str, args: dict[str, Any]) -> Lookup:
 
 DurableAgent(chooser, models={"second": _answering_model("second")},
              tools={"mark": StepOptions(timeout_s=5.0, lookup=_marked)})
+
+
+# A toolset a capability of the user's own contributes (``get_toolset``, called again for
+# each run, a new instance each time): its calls are steps like the agent's own tools.
+
+
+def seal(label: str) -> dict[str, Any]:
+    """Seal a label (an effect)."""
+    return _effect(f"seal {label}")
+
+
+@dataclass
+class Sealing(AbstractCapability[Any]):
+    """Contributes the ``seals`` toolset."""
+
+    def get_toolset(self) -> FunctionToolset[Any]:
+        return FunctionToolset([seal], id="seals")
+
+
+async def sealing_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _count_request()
+    done = _returns(messages)
+    if not done:
+        return _reply(ToolCallPart("seal", {"label": "a"}))
+    return _reply(TextPart(f"sealed: {_done(done[0])}"))
+
+
+def _sealed(key: str, args: dict[str, Any]) -> Lookup:
+    return Lookup.applied({"done": f"seal {args['label']}", "key": key}) if applied(key) \
+        else Lookup.not_applied()
+
+
+sealer = Agent(FunctionModel(sealing_model), name="pai_sealer", capabilities=[Sealing()])
+DurableAgent(sealer, tools={"seals.seal": StepOptions(timeout_s=5.0, lookup=_sealed)})

@@ -57,7 +57,9 @@ message history carried as JSON. Here:
 
 Recovery re-executes the function: every step in the log returns its recorded outcome, so no
 recorded model request is sent again and no recorded tool call runs again. A step's identity,
-checked on re-execution, is its arguments as JSON, with timestamps left out.
+checked on re-execution, is its arguments as JSON, with timestamps left out, and the ids
+pydantic-ai draws at random for capabilities without one (``<thinking:3f9a1c>``) without
+their random part.
 
 Limits: the agent's instructions, history processors and output functions run in the
 function and are re-executed on recovery (deterministic, without effects); an
