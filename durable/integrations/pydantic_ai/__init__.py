@@ -64,7 +64,8 @@ their random part.
 Limits: the agent's instructions, history processors and output functions run in the
 function and are re-executed on recovery (deterministic, without effects); an
 event-stream handler (``event_stream_handler=``) is not shown a recorded request's or tool
-call's events again (the call a crash interrupted is shown again, made anew); a dynamic
+call's events again (the result of the call a crash interrupted is shown, not its call
+event, which was); a dynamic
 toolset's calls are one step per toolset (``<name>.tool.<id>.call``); toolsets other than
 function, dynamic and MCP ones are refused at registration; a tool that raises
 ``ApprovalRequired`` itself is deferred the pydantic-ai way.

@@ -88,7 +88,8 @@ class RedisDurability(AbstractCapability[Any]):
     ``stream``: model requests are streamed, their text published to the run's followers;
     ``event_stream_handler``: pydantic-ai's, given to each run (streamed too); it sees each
     event once across recoveries: neither a recorded request's events nor a recorded tool
-    call's are shown again (``run.without_replayed``), only the call a crash interrupted.
+    call's are shown again (``run.without_replayed``), only the result of the call a crash
+    interrupted (its call event was shown before the call was decided).
     ``version``, ``budgets`` and ``options`` are the registered agent's (``durable.code``).
     """
 
