@@ -174,3 +174,25 @@ def test_a_toolset_a_users_capability_contributes_is_a_step_applied_once_across_
         "pai_sealer.model", "pai_sealer.tool.seals.seal", "pai_sealer.model"]
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1}
     assert verify(client.log, run).ok
+
+
+def test_a_tool_call_killed_before_its_effect_is_looked_up_then_made_once(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
+) -> None:
+    """Crash window: SIGKILL once the tool call's intent is recorded (step 2), before the
+    tool ran. Its outcome is unknown: the next worker asks its lookup, which finds nothing,
+    and makes the call once its deadline has passed; the first model request is not sent
+    again and the effect is applied once."""
+    run = client.start("pai_sealer", {"prompt": "seal"}, run_id="psealin").run_id
+    assert worker(kill_at="after_intent:2").wait(60) == -signal.SIGKILL
+    assert applications(str(tmp_path / "world.sqlite")) == {}  # the tool never ran
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "sealed: seal a"
+    assert [s.tool for s in decided(client, run)] == [
+        "pai_sealer.model", "pai_sealer.tool.seals.seal", "pai_sealer.model"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1}
+    assert model_requests(str(tmp_path / "model.sqlite"))[f"{run}:1"] == 1
+    assert verify(client.log, run).ok
