@@ -77,6 +77,17 @@ def test_model_settings_that_are_not_data_are_refused_when_built() -> None:
     assert "pai_goodsettings" in registry.agents
 
 
+def test_a_capabilitys_toolset_without_an_id_is_refused_naming_the_capabilitys_id() -> None:
+    """pydantic-ai's peers ask for the capability's ``id`` too: its toolset's steps are
+    named after it."""
+    from pydantic_ai.capabilities import Capability
+
+    with pytest.raises(ValueError, match=r"Capability\(tools=\.\.\., id=\.\.\.\)"):
+        DurableAgent(Agent(TestModel(), name="pai_capnoid",
+                           capabilities=[Capability(tools=[peers.seal])]))
+    assert _registered("pai_capnoid") == []
+
+
 # Real processes.
 
 

@@ -220,7 +220,9 @@ class RedisDurability(AbstractCapability[Any]):
         ident = toolset.id
         if not ident:
             raise ValueError(f"durable agent {self.name!r}: {toolset.label} needs an id "
-                             "(FunctionToolset(..., id=...)): its steps are named after it")
+                             "(FunctionToolset(..., id=...), or the capability's when a "
+                             "capability contributes it: Capability(tools=..., id=...)): "
+                             "its steps are named after it")
         if ident in seen:
             raise ValueError(f"durable agent {self.name!r}: two toolsets have the id "
                              f"{ident!r}; their tools' steps would share names")
