@@ -297,10 +297,11 @@ def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A model that only streams, and an agent-level event-stream handler counting what it
-    sees. SIGKILL after the first booking's effect (step 2), before its outcome: the
-    re-executed function takes the first request from the log without showing its events
-    again, so the handler saw as many events as in a run nobody killed."""
+    """A model that only streams, and an agent-level event-stream handler counting each event
+    as it is shown. SIGKILL after the first booking's effect (step 2), before its outcome:
+    the re-executed function takes the first request from the log without showing its
+    events again, and shows the booking's result but not its call event (shown before the
+    kill), so the handler saw as many events as in a run nobody killed."""
     _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_effect:2")
 
 

@@ -119,6 +119,12 @@ class RunContext:
         outside ``call`` either way."""
         return self._session.replaying
 
+    def decided(self, step: int) -> bool:
+        """Whether an earlier execution of the function decided ``step`` (the log holds its
+        intent): an integration's events that precede a call (pydantic-ai's tool-call event)
+        were reported then, before the call was decided."""
+        return step in self._session.actions
+
     def went_past(self, step: int) -> bool:
         """Whether an earlier execution of the function was given ``step``'s outcome and
         went on: the log holds the outcome and a step decided after it (not with it, in

@@ -207,8 +207,10 @@ def _count_events(run_id: str, kinds: list[str]) -> None:
 
 
 async def _handler(ctx: RunContext[None], events: Any) -> None:
-    kinds = [event.event_kind async for event in events]
-    _count_events(str(ctx.run_id), kinds)
+    """Counts each event as it is shown (one row per event): an event shown before a crash
+    counts even when the stream it came in never ended."""
+    async for event in events:
+        _count_events(str(ctx.run_id), [event.event_kind])
 
 
 def _stream_script(messages: list[ModelMessage]) -> list[Any]:

@@ -27,9 +27,10 @@ message history carried as JSON. Here:
 
 - A registered capability is a code agent (``durable.code``) whose function runs
   ``agent.run`` with the run's input (``RunInput``: prompt or multimodal parts, history,
-  deferred tool results, usage limits, a model id, metadata), the pydantic-ai run id set to
-  the durable run id. No usage limit applies unless the input gives one: the run's budgets
-  bound it; reaching either ends the run ``failed`` with reason ``budget_exhausted``.
+  deferred tool results, usage limits, a model id or the name of one of its ``models``,
+  metadata), the pydantic-ai run id set to the durable run id. No usage limit applies
+  unless the input gives one: the run's budgets bound it; reaching either ends the run
+  ``failed`` with reason ``budget_exhausted``.
 - Each model request is the step ``<name>.model``: ``effect_free`` (sent again at once after
   a crash), ``model`` (counted against the "model_calls" budget, its usage against
   "tokens"), its arguments logged as a digest; sent with the step's key as an
@@ -56,12 +57,15 @@ message history carried as JSON. Here:
 
 Recovery re-executes the function: every step in the log returns its recorded outcome, so no
 recorded model request is sent again and no recorded tool call runs again. A step's identity,
-checked on re-execution, is its arguments as JSON, with timestamps left out.
+checked on re-execution, is its arguments as JSON, with timestamps left out, and the ids
+pydantic-ai draws at random for capabilities without one (``<thinking:3f9a1c>``) without
+their random part.
 
 Limits: the agent's instructions, history processors and output functions run in the
 function and are re-executed on recovery (deterministic, without effects); an
 event-stream handler (``event_stream_handler=``) is not shown a recorded request's or tool
-call's events again (the call a crash interrupted is shown again, made anew); a dynamic
+call's events again (the result of the call a crash interrupted is shown, not its call
+event, which was); a dynamic
 toolset's calls are one step per toolset (``<name>.tool.<id>.call``); toolsets other than
 function, dynamic and MCP ones are refused at registration; a tool that raises
 ``ApprovalRequired`` itself is deferred the pydantic-ai way.

@@ -16,9 +16,9 @@ from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.durable_exec import conversation_id_from_run_id, replay_scope
-from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded, UserError
+from pydantic_ai.exceptions import RunCancelled, UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, UserContent
-from pydantic_ai.models import Model, ModelResolutionContext, infer_model
+from pydantic_ai.models import Model
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset, WrapperToolset
 from pydantic_ai.toolsets._dynamic import DynamicToolset
 from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
@@ -40,6 +40,7 @@ from durable.integrations.base import (
 )
 from durable.integrations.pydantic_ai.mcp import DurableMCPToolset, is_mcp, mcp_steps
 from durable.integrations.pydantic_ai.model import DurableModel, ModelStep, retryable_but_not_usage
+from durable.integrations.pydantic_ai.models import check_buildable, run_model
 from durable.integrations.pydantic_ai.run import (
     Binding,
     RunInput,
@@ -77,19 +78,24 @@ class RedisDurability(AbstractCapability[Any]):
     all declared; ``DurableAgent(agent, ...)`` does the same for an agent built without the
     capability. ``tools``: ``StepOptions`` per tool name (``"<toolset id>.<tool>"`` for a
     toolset other than the agent's own, ``"<toolset id>.*"`` for every tool of an MCP
-    server). ``model_timeout_s``, ``model_retryable``: the model step's (pydantic-ai's
+    server). ``model``: the model of its runs, instead of the agent's; ``models``: other
+    models by name, one of which a run's input may choose (``{"model": "<name>"}``, as
+    pydantic-ai's peers take ``models=``). ``model_timeout_s``, ``model_retryable``: the
+    model step's (pydantic-ai's
     ``UserError`` and ``UsageLimitExceeded`` are never retried). ``input_model``: a
     ``RunInput`` subclass; ``deps(input)`` builds the agent's dependencies from it, in the
     worker. ``return_messages``: the result is ``{"output": ..., "messages": [...]}``.
     ``stream``: model requests are streamed, their text published to the run's followers;
     ``event_stream_handler``: pydantic-ai's, given to each run (streamed too); it sees each
     event once across recoveries: neither a recorded request's events nor a recorded tool
-    call's are shown again (``run.without_replayed``), only the call a crash interrupted.
+    call's are shown again (``run.without_replayed``), only the result of the call a crash
+    interrupted (its call event was shown before the call was decided).
     ``version``, ``budgets`` and ``options`` are the registered agent's (``durable.code``).
     """
 
     def __init__(
         self, *, name: str | None = None, model: Model | str | None = None,
+        models: Mapping[str, Model | str] | None = None,
         tools: Mapping[str, StepOptions] | None = None, model_timeout_s: float = 120.0,
         model_retryable: tuple[type[BaseException], ...] = (),
         input_model: type[RunInput] = RunInput, deps: Callable[[Any], Any] | None = None,
@@ -98,7 +104,7 @@ class RedisDurability(AbstractCapability[Any]):
         budgets: Mapping[str, int] | None = None, **options: Any,
     ) -> None:
         self.id, self.description, self.defer_loading = None, None, False
-        self._name, self.model = name, model
+        self._name, self.model, self.models = name, model, dict(models or {})
         self.options = dict(tools or {})
         self.model_timeout_s, self.model_retryable = model_timeout_s, tuple(model_retryable)
         self.input_model, self.deps = input_model, deps
@@ -179,6 +185,7 @@ class RedisDurability(AbstractCapability[Any]):
             if self.registered:
                 return self
             name = self.name
+            check_buildable(name, self.agent, self.model, self.models)
             taken = [n for n in (*registry.agents, *registry.tools)
                      if n == name or n.startswith(f"{name}.")]
             if taken:
@@ -213,7 +220,9 @@ class RedisDurability(AbstractCapability[Any]):
         ident = toolset.id
         if not ident:
             raise ValueError(f"durable agent {self.name!r}: {toolset.label} needs an id "
-                             "(FunctionToolset(..., id=...)): its steps are named after it")
+                             "(FunctionToolset(..., id=...), or the capability's when a "
+                             "capability contributes it: Capability(tools=..., id=...)): "
+                             "its steps are named after it")
         if ident in seen:
             raise ValueError(f"durable agent {self.name!r}: two toolsets have the id "
                              f"{ident!r}; their tools' steps would share names")
@@ -288,11 +297,10 @@ class RedisDurability(AbstractCapability[Any]):
         # Replay-stable ids: the conversation's own, or one derived from the run id.
         conversation = next((m.conversation_id for m in reversed(history or [])
                              if m.conversation_id), None) or conversation_id_from_run_id(ctx.run_id)
-        if "model" not in kwargs and self.model is not None:
-            kwargs["model"] = self.model
         deps = self.deps(inp) if self.deps is not None else None
-        if inp.model is not None:
-            await _resolvable(agent, inp.model, deps)
+        chosen = await run_model(agent, self.model, self.models, inp.model, deps)
+        if chosen is not None:
+            kwargs["model"] = chosen
         if self.event_stream_handler is not None:
             kwargs["event_stream_handler"] = without_replayed(self.event_stream_handler)
         elif self.stream:
@@ -361,25 +369,6 @@ def _attached(agent: AbstractAgent[Any, Any]) -> RedisDurability | None:
     if root is not None and hasattr(root, "apply"):
         root.apply(visit)
     return found[0] if found else None
-
-
-async def _resolvable(agent: AbstractAgent[Any, Any], model_id: str, deps: Any) -> None:
-    """End the run ``failed``, with pydantic-ai's reason, when it cannot resolve the model id
-    the run's input gives (an unknown provider or name, a provider whose package or key this
-    worker lacks): resolved as ``agent.run`` resolves it, by the agent's capabilities first,
-    else ``infer_model``. Raised inside ``agent.run``, the error quarantined the run, as a
-    bug of the function would, though no retry or release of it could help."""
-    root = getattr(agent, "root_capability", None)
-    try:
-        found = None
-        if root is not None and root.has_resolve_model_id:
-            found = await root.resolve_model_id(ModelResolutionContext(agent=agent, deps=deps),
-                                                model_id=model_id)
-        if found is None:
-            infer_model(model_id)
-    except (UserError, ImportError, ValueError) as exc:
-        raise EndRun(Fail(f"the model {model_id!r} the run's input names cannot be used: "
-                          f"{exc}")) from None
 
 
 def _leaves(toolsets: Sequence[AbstractToolset[Any]]) -> list[AbstractToolset[Any]]:

@@ -8,6 +8,7 @@ usage)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -80,6 +81,29 @@ def identity(messages: list[ModelMessage]) -> list[Any]:
     return data
 
 
+#: The id pydantic-ai gives a capability that has none (``<thinking:3f9a1c>``): random in
+#: each run, on purpose ("a run-local handle"), and carried by the tool definitions that
+#: capability contributes.
+_SYNTHETIC_ID = re.compile(r"<([A-Za-z0-9_]+):[0-9a-f]{6}>")
+
+
+def parameters_identity(parameters: ModelRequestParameters) -> Any:
+    """A request's parameters as JSON, each synthetic capability id in them without its
+    random part (``<thinking>``): the tools a capability without an ``id`` contributes are
+    the same tools when the function is executed again, under another id."""
+    return _without_synthetic_ids(stable(parameters))
+
+
+def _without_synthetic_ids(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SYNTHETIC_ID.sub(r"<\1>", value) if "<" in value else value
+    if isinstance(value, dict):
+        return {k: _without_synthetic_ids(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_synthetic_ids(v) for v in value]
+    return value
+
+
 def encode_response(response: ModelResponse) -> dict[str, Any]:
     usage = response.usage
     return {
@@ -145,7 +169,7 @@ class DurableModel(WrapperModel):
         b = bound(self._owner)
         assert b is not None
         args = {"messages": identity(messages), "settings": stable(settings),
-                "parameters": stable(parameters)}
+                "parameters": parameters_identity(parameters)}
         call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
         response, seen = await b.step_seen(self._owner.model_step, args, call)
         return decode_response(response), seen

@@ -70,7 +70,8 @@ class RunInput(BaseModel):
       ``DeferredToolRequests`` (``{"approvals": {call id: true}, "calls": {call id: value}}``);
     - ``usage_limits``: pydantic-ai's ``UsageLimits`` fields; none by default (the run's
       budgets bound it, not pydantic-ai's default of 50 requests);
-    - ``model``: a model id (``"openai:gpt-4o"``) instead of the agent's;
+    - ``model``: the name of a model registered with ``models=``, or a model id
+      (``"openai:gpt-4o"``), instead of the agent's;
     - ``metadata``: the run's metadata, as JSON.
 
     Subclass it to carry what ``deps`` builds the agent's dependencies from."""
@@ -167,6 +168,9 @@ class Binding:
     #: pydantic-ai's ids of the tool calls an earlier execution of the function was given
     #: the outcome of and went past: their events were reported then (``unseen``).
     reported: set[str] = field(default_factory=set)
+    #: pydantic-ai's ids of the tool calls an earlier execution decided the step of: their
+    #: call events were reported then, before the step was decided (``unseen``).
+    decided: set[str] = field(default_factory=set)
 
     async def step(self, tool: str, args: dict[str, Any], live: Any,
                    call_id: str | None = None) -> Any:
@@ -188,6 +192,8 @@ class Binding:
         seen = self.ctx.went_past(n)
         if call_id and seen:
             self.reported.add(call_id)
+        if call_id and self.ctx.decided(n):
+            self.decided.add(call_id)
         self.inflight.add(n)
         try:
             with self.owner.live.handing((self.ctx.run_id, n), live):
@@ -215,10 +221,14 @@ bound = RUNS.bound
 # ``unseen`` drops those. While the function replays, each tool-call event is held until its
 # result: a call that an earlier execution was given the outcome of and went past (a step
 # was decided after it: ``RunContext.went_past``, ``Binding.reported``) has both its events
-# dropped; any other has both shown, in their order: the call a crash interrupted, and the
-# last one before the crash (whose result the function may not have been given). Outside a
-# replay nothing is held. A handler therefore sees each tool call's events once across
-# recoveries, except those around the crash: they are shown again.
+# dropped. A call whose step an earlier execution decided (``RunContext.decided``,
+# ``Binding.decided``) has its call event dropped: pydantic-ai reports a call before making
+# it, and the handler's taking that event is what lets the call go on to its step. Its
+# result is shown: the call a crash interrupted, and the last one before the crash (whose
+# result the function may not have been given). Any other call has both shown, in order.
+# Outside a replay nothing is held. A handler therefore sees each tool call's events once
+# across recoveries, except a result the crash may have cut off after it was shown, and a
+# call event the crash cut off before its step was decided.
 
 
 Handler = Callable[[Any, AsyncIterable[Any]], Awaitable[None]]
@@ -251,12 +261,12 @@ async def unseen(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
             call = held.pop(event.tool_call_id, None)
             if event.tool_call_id in b.reported:
                 continue
-            if call is not None:
+            if call is not None and event.tool_call_id not in b.decided:
                 yield call
         yield event
     for call in held.values():  # calls whose result never came: not made here either
         b = binding.get()
-        if b is None or call.part.tool_call_id not in b.reported:
+        if b is None or not ({call.part.tool_call_id} & (b.reported | b.decided)):
             yield call
 
 
