@@ -11,11 +11,10 @@ nothing and drops its work.
 The protocol is a coroutine per held run that never blocks its driver: every Redis call
 is awaited (``workers.redis_io``: batched with the other runs' calls), and so is all user
 code (``workers.turns.Offload``). Here: taking a run, the loop over its steps, reloads
-after a conflict, commits, quarantine. What a job checks before its first step (limits, the
-agent's version, re-observing the open intent) is in ``workers.admission``; what a decision
-leads to (a call, a group, a wait, an approval, a cancel) in ``workers.decisions``: both
-are given the loop as a ``workers.context.StepContext``, and see only that of it. Letting
-go of runs from outside their steps (the watchdog, the hand-back) is in ``workers.watchdog``.
+after a conflict, commits, quarantine. A job's checks before its first step are in
+``workers.admission``, what a decision leads to in ``workers.decisions`` (both see the
+loop as a ``workers.context.StepContext``); letting go of runs from outside their steps
+(the watchdog, the hand-back) in ``workers.watchdog``.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from durable.errors import (
     ConflictError,
     DecodeError,
     LeaseLost,
+    RegionFenced,
     RunNotFound,
     Terminal,
     UnknownAgent,
@@ -85,8 +85,7 @@ _LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered
 
 @functools.cache
 def _last_write(cls: type) -> bool:
-    """Whether an event of ``cls`` ends a job's work (one ``issubclass`` per event class,
-    not per event: every commit asks)."""
+    """Whether an event of ``cls`` ends a job's work (asked per class, not per event)."""
     return issubclass(cls, _LAST_WRITES)
 
 
@@ -104,12 +103,11 @@ class StepLoop:
         self.redis = client
         self.registry = registry
         self.worker_id = worker_id
-        # Agent and tool code runs here: sealed fields are opened when read, and sealed
-        # again when written (checkpoints too).
+        # Agent and tool code runs here: sealed fields are opened when read, sealed when written.
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.leases.ttl_ms, self.log.keys)
+        self.leases = Leases.of(client, settings, self.log.keys)
         # The run threads' appends and lease acquisitions go out together (the hub's on a
         # cluster and with DURABLE_MIN_REPLICAS too: ``workers.runtime.choose_driver``).
         self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
@@ -118,9 +116,8 @@ class StepLoop:
         if self.log.sealer is not None:  # it seals the runs it ends: with a registered key
             check_sealer(self.approvers, self.log.sealer)
         self.heartbeats = Heartbeats(self.leases)
-        #: Leases let go by a job's last write (append.lua's "r" flag).
-        #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
-        #: whose epochs agree, so the run id is part of the key.
+        #: Leases let go by a job's last write (append.lua's "r" flag), by (run, lease
+        #: value): a value "<worker>|<epoch>" repeats across runs whose epochs agree.
         self.released: set[tuple[str, str]] = set()
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client),
@@ -174,8 +171,12 @@ class StepLoop:
             await self.io.stat("malformed_commands")
             log.error("refused a command naming run %r: not a valid run id", run_id)
             return {"refused": "invalid run id"}
-        lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
-                                                              take_queued=True)
+        try:
+            lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
+                                                                  take_queued=True)
+        except RegionFenced as exc:  # another region owns the run: nothing written or held
+            log.warning("%s", exc)
+            return {"run": run_id, "skipped": "another region owns it"}
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot(lease, thread_id=threading.get_ident(), callbacks=callbacks)
