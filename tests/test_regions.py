@@ -15,13 +15,15 @@ import redis
 from durable.cli.main import main
 from durable.client import Client
 from durable.errors import RegionFenced
+from durable.flow import fairness
 from durable.leases import Leases
 from durable.log import events as ev
+from durable.log import keys
 from durable.log.keys import UNSHARDED
 from durable.settings import Settings
 from durable.testing import Server, Worker, wait_for
 from tests.agents.basic import applications
-from tests.conftest import ServerFactory
+from tests.conftest import ServerFactory, WorkerFactory
 
 
 def test_a_process_of_another_region_is_fenced_and_regions_off_read_nothing(
@@ -53,6 +55,32 @@ def test_a_process_of_another_region_is_fenced_and_regions_off_read_nothing(
     client.close()
 
 
+def test_a_fenced_worker_gives_the_run_back_and_pauses_until_its_region_owns_it(
+    server: Server, r: redis.Redis, client: Client, worker: WorkerFactory, world_db: Path,
+    tmp_path: Path,
+) -> None:
+    """A worker of region B while region A owns the database: it pops the run, is fenced,
+    puts the run back on the ready list at once and takes no more (said once); the record
+    naming B, it takes runs again and finishes the run."""
+    if isinstance(r, redis.RedisCluster):
+        pytest.skip("one server")
+    r.hset(UNSHARDED.region(), mapping={"owner": "A", "epoch": 1, "state": "active"})
+    client.start("writer", {"steps": 2}, run_id="reg-p")
+    wlog = tmp_path / "b.log"
+    worker(log_path=wlog, DURABLE_REGION="B")
+    paused = "Region 'B' takes no runs while region 'A' owns them"
+    assert wait_for(lambda: paused in wlog.read_text(), 30, 0.05)
+    ready = keys.ready(client.settings.worker.queue, "writer")
+    assert wait_for(lambda: fairness.is_ready(r, ready, "reg-p"), 10, 0.05)
+    assert r.hget(UNSHARDED.run("reg-p"), "state") == b"pending"
+    assert applications(str(world_db)) == {}
+    r.hset(UNSHARDED.region(), "owner", "B")
+    assert wait_for(lambda: r.hget(UNSHARDED.run("reg-p"), "state") == b"completed", 30, 0.05)
+    text = wlog.read_text()
+    assert text.count(paused) == 1 and "region 'B' owns its runs again" in text
+    assert applications(str(world_db)) == {"reg-p:1": 1, "reg-p:2": 1}
+
+
 def test_a_takeover_while_the_old_primary_answers_is_refused_and_writes_nothing(
     make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -71,6 +99,10 @@ def test_a_takeover_while_the_old_primary_answers_is_refused_and_writes_nothing(
     with replica.client() as rep, primary.client() as pri:
         assert rep.info("replication")["role"] == "slave"
         assert not pri.exists(UNSHARDED.region()) and not rep.exists(UNSHARDED.region())
+
+
+#: What a worker's log says once when another region's ownership pauses it.
+PAUSED = "takes no runs while region 'B' owns them"
 
 
 def _actors_after_takeover(r: redis.Redis, run_id: str) -> set[str]:
@@ -124,9 +156,12 @@ def test_a_takeover_after_the_primary_dies_applies_no_effect_twice(
         record_property("takeover", report)  # type: ignore[operator]
         assert report["promoted"] and report["runs"] >= 1 and not report["unverified"]
         assert report["looked_up"] == report["found_applied"] + report["resent"]
-        fenced = Worker(replica.url, log_path=tmp_path / "a-late.log", env=a_env,
-                        DURABLE_MIN_REPLICAS="0")
+        late_log = tmp_path / "a-late.log"
+        fenced = Worker(replica.url, log_path=late_log, env=a_env, DURABLE_MIN_REPLICAS="0")
         a_workers.append(fenced)
+        # Alone with the ready runs, it pops some, is fenced, and pauses: the runs it popped
+        # are ready again for region B's workers, started only now.
+        assert wait_for(lambda: PAUSED in late_log.read_text(), 60, 0.05)
         b_env = {**common, "DURABLE_REGION": "B"}
         b_workers = [Worker(replica.url, log_path=tmp_path / f"b{i}.log", env=b_env)
                      for i in range(2)]
@@ -140,6 +175,7 @@ def test_a_takeover_after_the_primary_dies_applies_no_effect_twice(
                     if any(p in a for p in a_pids)]
             assert late == [], run_id
         check.close()
+        assert late_log.read_text().count(PAUSED) == 1  # once per pause, not per run
     finally:
         for w in a_workers + b_workers:
             w.stop()

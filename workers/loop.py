@@ -62,6 +62,7 @@ from .dispatch import Dispatcher
 from .gates import revalidate
 from .hooks import HookChain, StepHooks
 from .redis_io import RedisIO
+from .regions import RegionGate
 from .steps import recorded
 from .turns import (
     NO_CALLBACKS,
@@ -108,6 +109,8 @@ class StepLoop:
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
         self.leases = Leases.of(client, settings, self.log.keys)
+        #: Whether this worker's region owns the runs now (``workers.regions``).
+        self.regions = RegionGate(client, self.log.keys, settings.cluster.region)
         # The run threads' appends and lease acquisitions go out together (the hub's on a
         # cluster and with DURABLE_MIN_REPLICAS too: ``workers.runtime.choose_driver``).
         self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
@@ -152,8 +155,7 @@ class StepLoop:
 
     # Entry points -----------------------------------------------------------------------
 
-    def advance(self, run_id: str, callbacks: DriverCallbacks = NO_CALLBACKS
-                ) -> dict[str, Any]:
+    def advance(self, run_id: str, callbacks: DriverCallbacks = NO_CALLBACKS) -> dict[str, Any]:
         """Drive ``run_id`` on this thread (a run thread, or RQ's for an ``advance``
         command), its Redis calls batched with the other threads' (one of the step turns
         held meanwhile)."""
@@ -167,16 +169,14 @@ class StepLoop:
         hub (``workers.hub``), which drives many at once from one thread. ``callbacks``:
         the driver's (``DriverCallbacks``)."""
         if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-            # A malformed command: nothing to drive, nothing to write.
-            await self.io.stat("malformed_commands")
+            await self.io.stat("malformed_commands")  # nothing to drive, nothing to write
             log.error("refused a command naming run %r: not a valid run id", run_id)
             return {"refused": "invalid run id"}
         try:
             lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
                                                                   take_queued=True)
-        except RegionFenced as exc:  # another region owns the run: nothing written or held
-            log.warning("%s", exc)
-            return {"run": run_id, "skipped": "another region owns it"}
+        except RegionFenced as exc:  # nothing written or held: ready again, and a pause
+            return await self.regions.fenced(exc, self.io)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot(lease, thread_id=threading.get_ident(), callbacks=callbacks)
