@@ -20,6 +20,8 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── ConflictError           a stale writer: the expected version moved on
      ├── RunContended            an operator action refused by other writers N times over
      ├── LeaseLost               this worker's fencing epoch is no longer the lease's
+     │    └── RegionFenced        this process's region does not own the run's shard now
+     ├── RegionError             a takeover refused (the old primary still answers...)
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
      ├── NondeterminismError     the agent decided differently from the recorded intent
      ├── ForbiddenJob            an RQ job naming a function that is not a command handler
@@ -181,6 +183,19 @@ class LeaseLost(DurableError):
     def __init__(self, run_id: str, epoch: int) -> None:
         self.run_id, self.epoch = run_id, epoch
         super().__init__(f"run {run_id}: lease epoch {epoch} is no longer held")
+
+
+class RegionFenced(LeaseLost):
+    def __init__(self, run_id: str, region: str, owner: str, epoch: int, state: str) -> None:
+        self.region, self.owner, self.state = region, owner, state
+        DurableError.__init__(
+            self, f"run {run_id}: region {region!r} may not advance it (region {owner!r} "
+            f"owns it at epoch {epoch}, {state}); nothing written")
+        self.run_id, self.epoch = run_id, epoch
+
+
+class RegionError(DurableError):
+    """A ``durable region`` command that could not be carried out; nothing was written."""
 
 
 class DecodeError(DurableError):

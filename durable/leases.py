@@ -18,9 +18,11 @@ from typing import Any
 import redis
 
 from durable.backend.outages import Backoff
+from durable.errors import RegionFenced
 from durable.log import counters, keys
 from durable.log.batching import ScriptBatcher, drive
 from durable.log.scripts import Scripts, source
+from durable.settings import Settings
 
 
 def _s(v: object) -> str:
@@ -43,14 +45,22 @@ class Lease:
 
 class Leases:
     def __init__(self, client: redis.Redis, ttl_ms: int,
-                 layout: keys.KeyLayout = keys.UNSHARDED) -> None:
+                 layout: keys.KeyLayout = keys.UNSHARDED, *, region: str = "") -> None:
         self.scripts = Scripts(client)
         self.redis = client
         #: The keys of the log the leases guard (``EventLog.keys``).
         self.keys = layout
         self.ttl_ms = ttl_ms
+        #: This process's region (``DURABLE_REGION``): acquisitions are refused while
+        #: another region owns the run's shard (``RegionFenced``). "": regions are off.
+        self.region = region
         #: Sends ``acquire`` together with other threads' script calls (a worker's).
         self.batcher: ScriptBatcher | None = None
+
+    @classmethod
+    def of(cls, client: redis.Redis, settings: Settings, layout: keys.KeyLayout) -> Leases:
+        """The leases of a process with ``settings`` (its TTL and its region)."""
+        return cls(client, settings.leases.ttl_ms, layout, region=settings.cluster.region)
 
     def acquire(self, run_id: str, token: str, *,
                 take_queued: bool = False) -> tuple[Lease | None, int, Any]:
@@ -64,15 +74,21 @@ class Leases:
         another owner holds it. Version 0: the run does not exist.
 
         ``take_queued`` also drops the run's "queued" marker: a worker starting a command
-        makes a new enqueue no longer a duplicate.
+        makes a new enqueue no longer a duplicate. Raises ``RegionFenced`` (nothing
+        written) while another region owns the run.
         """
         run_keys = [self.keys.lease(run_id), self.keys.fence(run_id), self.keys.queued(run_id),
                     self.keys.log(run_id), self.keys.run(run_id)]
-        args = [token, self.ttl_ms, "1" if take_queued else "0"]
+        args: list[Any] = [token, self.ttl_ms, "1" if take_queued else "0"]
+        if self.region:  # (regions off: the call is the same as before regions existed)
+            run_keys.append(self.keys.region_of(run_id))
+            args.append(self.region)
         if self.batcher is not None:
             reply = await self.batcher.script_call("lease_acquire", run_keys, args)
         else:
             reply = self.scripts.lease_acquire(keys=run_keys, args=args)
+        if _s(reply[0]) == "region":
+            raise RegionFenced(run_id, self.region, _s(reply[1]), int(reply[2]), _s(reply[3]))
         if _s(reply[0]) != "ok":
             return None, 0, None
         if int(reply[4]):

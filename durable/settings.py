@@ -88,6 +88,10 @@ class ClusterSettings(BaseSettings):
     replica_timeout_ms: int = Field(
         default=2000, ge=1, validation_alias="DURABLE_REPLICA_TIMEOUT_MS",
         description="How long an append waits for DURABLE_MIN_REPLICAS before failing.")
+    region: str = Field(
+        default="", pattern=r"^[A-Za-z0-9_.-]{0,64}$", validation_alias="DURABLE_REGION",
+        description="This process's region: it acquires runs only while its region owns "
+        "them (`durable region`). Empty: regions are off.")
 
     @property
     def layout_shards(self) -> int:
@@ -135,18 +139,16 @@ class WorkerSettings(BaseSettings):
         "DURABLE_USER_THREADS threads (see docs/scaling.md).")
     user_threads: int = Field(
         default=1024, ge=1, le=10_000, validation_alias="DURABLE_USER_THREADS",
-        description="Threads a worker's hub hands slow sync user code to at once (sync "
-        "tools, decide(), waits on a deadline; a sync code agent's function runs on a thread "
-        "of its own), started as calls need them; past it such calls wait their turn. As "
-        "many as the default run slots: a worker's 1,024 runs may all wait on a blocking "
-        "client at once. CPU-bound code is not sped up by fewer (the GIL runs one at a "
-        "time either way; see docs/scaling.md).")
+        description="Threads a worker's hub hands slow sync user code to at once (sync tools, "
+        "decide(), waits on a deadline; a sync code agent's function runs on a thread of "
+        "its own), started as needed; past it such calls wait their turn. As many as the "
+        "default run slots: 1,024 runs may all wait on a blocking client at once (see "
+        "docs/scaling.md).")
     driver: Literal["hub", "threads"] = Field(
         default="hub", validation_alias="DURABLE_DRIVER",
-        description="How a worker drives its runs: 'hub' (one driving thread resumes "
-        "every run, another takes over while agent code or a tool is slow) or 'threads' "
-        "(one thread per held run). Both run on a Redis Cluster and with "
-        "DURABLE_MIN_REPLICAS; the worker's start line names the driver.")
+        description="How a worker drives its runs: 'hub' (one driving thread resumes every "
+        "run, another takes over while agent code or a tool is slow) or 'threads' (one "
+        "thread per held run); the worker's start line names the driver.")
     shutdown_grace_s: float = Field(
         default=10.0, ge=0, validation_alias="DURABLE_SHUTDOWN_GRACE_S",
         description="On SIGTERM/SIGINT, how long in-flight calls may finish before the "
@@ -170,10 +172,8 @@ class WorkerSettings(BaseSettings):
     gc_threshold: int = Field(
         default=50_000, ge=0, validation_alias="DURABLE_GC_THRESHOLD",
         description="Python's cycle collector runs in a worker once this many more objects "
-        "are alive than at its last pass (its first threshold; 0 keeps the interpreter's, "
-        "700). A worker holding thousands of runs keeps most of what it allocates for a step "
-        "or two, and at 700 the collector walks them again and again: 40 % of a worker's "
-        "CPU at 5,000 held runs (docs/performance.md).")
+        "are alive than at its last pass (0 keeps the interpreter's 700, at which it took 40 "
+        "% of a worker's CPU at 5,000 held runs: docs/performance.md).")
 
 
 class LeaseSettings(BaseSettings):

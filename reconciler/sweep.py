@@ -35,6 +35,7 @@ from durable.errors import (
     ConflictError,
     DecodeError,
     LeaseLost,
+    RegionFenced,
     RunContended,
     RunNotFound,
     Terminal,
@@ -74,7 +75,7 @@ class Sweeper:
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.leases.ttl_ms, self.log.keys)
+        self.leases = Leases.of(client, settings, self.log.keys)
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client), settings.worker.queue)
         self.token = f"reconciler:{uuid.uuid4().hex[:8]}"
@@ -204,7 +205,10 @@ class Sweeper:
             self.redis.zadd(self.log.keys.due_of(run_id),
                             {run_id: now + ttl + self.settings.leases.ttl_ms})
             return "held"
-        lease, version, raw = self.leases.acquire(run_id, self.token)
+        try:
+            lease, version, raw = self.leases.acquire(run_id, self.token)
+        except RegionFenced:  # another region owns the run: its reconciler sees to it
+            return "another region owns it"
         if lease is None:
             return "held"
         try:

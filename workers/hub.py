@@ -275,7 +275,7 @@ class RunHub:
         asks (5,000 ready runs went to one of two workers of 5,000 slots, which then did
         all the work on one core while the other sat idle)."""
         slots = self.slots
-        if not (self._more_ready and slots.accepting):
+        if not (self._more_ready and slots.accepting) or slots.paused:
             return
         room = self._room()
         if room <= 0:

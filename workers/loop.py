@@ -11,11 +11,10 @@ nothing and drops its work.
 The protocol is a coroutine per held run that never blocks its driver: every Redis call
 is awaited (``workers.redis_io``: batched with the other runs' calls), and so is all user
 code (``workers.turns.Offload``). Here: taking a run, the loop over its steps, reloads
-after a conflict, commits, quarantine. What a job checks before its first step (limits, the
-agent's version, re-observing the open intent) is in ``workers.admission``; what a decision
-leads to (a call, a group, a wait, an approval, a cancel) in ``workers.decisions``: both
-are given the loop as a ``workers.context.StepContext``, and see only that of it. Letting
-go of runs from outside their steps (the watchdog, the hand-back) is in ``workers.watchdog``.
+after a conflict, commits, quarantine. A job's checks before its first step are in
+``workers.admission``, what a decision leads to in ``workers.decisions`` (both see the
+loop as a ``workers.context.StepContext``); letting go of runs from outside their steps
+(the watchdog, the hand-back) in ``workers.watchdog``.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from durable.errors import (
     ConflictError,
     DecodeError,
     LeaseLost,
+    RegionFenced,
     RunNotFound,
     Terminal,
     UnknownAgent,
@@ -62,6 +62,7 @@ from .dispatch import Dispatcher
 from .gates import revalidate
 from .hooks import HookChain, StepHooks
 from .redis_io import RedisIO
+from .regions import RegionGate
 from .steps import recorded
 from .turns import (
     NO_CALLBACKS,
@@ -85,8 +86,7 @@ _LAST_WRITES = (ev.Completed, ev.Failed, ev.Canceled, ev.Expired, ev.WaitEntered
 
 @functools.cache
 def _last_write(cls: type) -> bool:
-    """Whether an event of ``cls`` ends a job's work (one ``issubclass`` per event class,
-    not per event: every commit asks)."""
+    """Whether an event of ``cls`` ends a job's work (asked per class, not per event)."""
     return issubclass(cls, _LAST_WRITES)
 
 
@@ -104,12 +104,13 @@ class StepLoop:
         self.redis = client
         self.registry = registry
         self.worker_id = worker_id
-        # Agent and tool code runs here: sealed fields are opened when read, and sealed
-        # again when written (checkpoints too).
+        # Agent and tool code runs here: sealed fields are opened when read, sealed when written.
         self.log = EventLog.from_settings(client, settings, open_sealed=True,
                                           sealed_names=registry.sensitive_names(),
                                           lean_agents=registry.rebuilt_agents())
-        self.leases = Leases(client, settings.leases.ttl_ms, self.log.keys)
+        self.leases = Leases.of(client, settings, self.log.keys)
+        #: Whether this worker's region owns the runs now (``workers.regions``).
+        self.regions = RegionGate(client, self.log.keys, settings.cluster.region)
         # The run threads' appends and lease acquisitions go out together (the hub's on a
         # cluster and with DURABLE_MIN_REPLICAS too: ``workers.runtime.choose_driver``).
         self.leases.batcher = self.log.batch_appends(everywhere=settings.worker.driver == "hub")
@@ -118,9 +119,8 @@ class StepLoop:
         if self.log.sealer is not None:  # it seals the runs it ends: with a registered key
             check_sealer(self.approvers, self.log.sealer)
         self.heartbeats = Heartbeats(self.leases)
-        #: Leases let go by a job's last write (append.lua's "r" flag).
-        #: (run, lease value): a lease value is "<worker>|<epoch>", the same for two runs
-        #: whose epochs agree, so the run id is part of the key.
+        #: Leases let go by a job's last write (append.lua's "r" flag), by (run, lease
+        #: value): a value "<worker>|<epoch>" repeats across runs whose epochs agree.
         self.released: set[tuple[str, str]] = set()
         #: RQ and the ready list: on DURABLE_QUEUE_URL's server, else the log's.
         self.queue = make_queue(connect_queue(settings, client),
@@ -155,8 +155,7 @@ class StepLoop:
 
     # Entry points -----------------------------------------------------------------------
 
-    def advance(self, run_id: str, callbacks: DriverCallbacks = NO_CALLBACKS
-                ) -> dict[str, Any]:
+    def advance(self, run_id: str, callbacks: DriverCallbacks = NO_CALLBACKS) -> dict[str, Any]:
         """Drive ``run_id`` on this thread (a run thread, or RQ's for an ``advance``
         command), its Redis calls batched with the other threads' (one of the step turns
         held meanwhile)."""
@@ -170,12 +169,14 @@ class StepLoop:
         hub (``workers.hub``), which drives many at once from one thread. ``callbacks``:
         the driver's (``DriverCallbacks``)."""
         if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-            # A malformed command: nothing to drive, nothing to write.
-            await self.io.stat("malformed_commands")
+            await self.io.stat("malformed_commands")  # nothing to drive, nothing to write
             log.error("refused a command naming run %r: not a valid run id", run_id)
             return {"refused": "invalid run id"}
-        lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
-                                                              take_queued=True)
+        try:
+            lease, version, raw = await self.leases.acquire_async(run_id, self.worker_id,
+                                                                  take_queued=True)
+        except RegionFenced as exc:  # nothing written or held: ready again, and a pause
+            return await self.regions.fenced(exc, self.io)
         if lease is None:
             return {"run": run_id, "skipped": "lease held by another worker"}
         slot = Slot(lease, thread_id=threading.get_ident(), callbacks=callbacks)

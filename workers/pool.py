@@ -86,7 +86,7 @@ class RunPool:
         """A run's last commit is about to go: its slot's pop of the next ready run goes in
         the same batch (one wait for both, instead of a round trip after it)."""
         batcher = self.slots.batcher
-        if batcher is not None and self.slots.accepting and \
+        if batcher is not None and self.slots.accepting and not self.slots.paused and \
                 getattr(self._in_slot, "on", False):  # not RQ's thread: it pops nothing
             batcher.ride_along(*take_command(self.slots.next_ready_key()))
 

@@ -7,7 +7,8 @@ How work arrives: producers push run ids on the ready list ``dx:ready:<queue>`` 
 from the ready list and returns at once (RQ's own job costs are paid per batch). A slot
 whose run lets go takes the next ready run itself, so a busy worker keeps its slots full
 without a command per run; a run that used its turn (``DURABLE_STEPS_PER_JOB``) goes to the
-back of the ready list, so one run cannot starve the others.
+back of the ready list, so one run cannot starve the others. While another region owns the
+runs (``workers.regions``: ``paused``), nothing is popped.
 
 A driver holds one ``Slots``, built with how it drives a run it is handed (``hand``) and,
 optionally, what it learns from each pop (``on_popped``: asked, got).
@@ -113,6 +114,12 @@ class Slots:
         """Slots driving a run now."""
         return self._busy
 
+    @property
+    def paused(self) -> bool:
+        """Another region owns runs this worker was fenced from: it pops none
+        (``workers.regions.RegionGate``; an attribute read, no Redis call)."""
+        return self.loop.regions.paused
+
 
     # Taking runs ---------------------------------------------------------------------------
 
@@ -176,8 +183,11 @@ class Slots:
         return any(int(n) for n in pipe.execute())
 
     def pop_many(self, count: int) -> list[str]:
-        """Up to ``count`` ready runs, from this worker's lists in turn."""
+        """Up to ``count`` ready runs, from this worker's lists in turn (none while
+        ``paused``: ``fill``, ``drain``, ``poll`` and a slot's next run all pop here)."""
         out: list[str] = []
+        if self.paused:
+            return out
         for _ in range(len(self.ready_keys)):
             key = self.next_ready_key()
             # (``LPOP key count``, fair by tenant and priority: ``durable.flow.fairness``)
@@ -212,7 +222,7 @@ class Slots:
         while not stop.wait(interval_s):
             if not self.accepting:
                 return
-            if self._busy >= self.size:
+            if self._busy >= self.size or self.paused:
                 continue
             try:
                 if self.any_ready():

@@ -131,7 +131,9 @@ def describe(event: ev.Event) -> str:
         case ev.ApprovalDecided():
             return f"approval {event.request}: {event.decision} by {event.approver}"
         case ev.LeaseAcquired():
-            return f"lease epoch {event.epoch} taken by {event.owner}"
+            owns = f"; region {event.region} owns the run (epoch {event.region_epoch})" \
+                if event.region else ""
+            return f"lease epoch {event.epoch} taken by {event.owner}{owns}"
         case ev.RetiredLeaseLost():
             return f"lease epoch {event.epoch} lost by {event.owner}"
         case ev.Checkpoint():

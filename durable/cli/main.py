@@ -23,7 +23,17 @@ import redis
 from pydantic import ValidationError
 
 from durable.backend.connection import safe_url
-from durable.cli import admin, approvers, audit, config, deploy, limits, runs, schedules
+from durable.cli import (
+    admin,
+    approvers,
+    audit,
+    config,
+    deploy,
+    limits,
+    regions,
+    runs,
+    schedules,
+)
 from durable.cli.output import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Parser
 from durable.errors import DurableError, RunNotFound, UsageError
 from durable.settings import Settings
@@ -71,7 +81,7 @@ def build_parser(extra: Sequence[Callable[..., None]] = (), prog: str = "durable
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         return sp
 
-    for module in (runs, audit, approvers, schedules, deploy, admin, config, limits):
+    for module in (runs, audit, approvers, schedules, deploy, admin, config, limits, regions):
         module.register(add)
     if command not in sub.choices:
         loaded = plugins(command)  # the group named after the command, else every group

@@ -227,6 +227,18 @@ class KeyLayout:
         return list(dict.fromkeys([*(self.metrics(s) for s in self.shard_ids()),
                                    self.metrics(None)]))
 
+    def region(self, shard: int | None = None) -> str:
+        """Hash of the region that may advance the runs of one shard (``durable.backend.
+        regions``): ``owner`` (a region id), ``epoch`` (grows at every takeover), ``state``
+        (``active``, or ``taking-over`` while a takeover checks the runs: nobody acquires
+        then). One per shard, in its slot, so ``lease_acquire.lua`` reads it beside the
+        run's keys; a takeover writes every shard's. Not derived."""
+        return self._global("region", shard)
+
+    def region_of(self, run_id: str) -> str:
+        """The ``region`` hash of the run's shard."""
+        return self.region(self.shard_of(run_id))
+
 
 #: The single-server layout (``DURABLE_SHARDS`` 0).
 UNSHARDED = KeyLayout(0)

@@ -7,10 +7,18 @@
 -- KEYS[3] queued_key  dx:{R}:queued  marker: a command for the run is queued
 -- KEYS[4] log_key     dx:{R}:log     stream: the run's log
 -- KEYS[5] run_key     dx:{R}:run     hash: the projection (version, ckpt, held)
+-- KEYS[6] region_key  dx:region      hash of the run's shard (owner, epoch, state): given
+--                                    only with a region (ARGV[4]); in the run's slot
 -- ARGV[1] token        the owner token (a worker or reconciler id)
 -- ARGV[2] ttl_ms       the lease's time to live (ms)
 -- ARGV[3] take_queued  "1": drop the queued marker first (a worker starting a command),
 --                      so a new enqueue is not a duplicate; "0": leave it
+-- ARGV[4] region       this process's region; "" or absent: regions are off, no check
+--
+-- With a region, the lease is taken only while region_key names that region as owner and
+-- its state is "active" (durable.backend.regions); otherwise the reply is {"region",
+-- owner, epoch, state} and nothing is written. A shard no region claimed yet is claimed
+-- for this one (epoch 1): on a fresh database the first region to work owns it.
 --
 -- The projection's "held" field names the lease taken last and is cleared when it is
 -- released (lease_release.lua, append.lua's "r" flag): a new lease taken while "held" is
@@ -23,7 +31,19 @@
 local lease_key, fence_key, queued_key = KEYS[1], KEYS[2], KEYS[3]
 local log_key, run_key = KEYS[4], KEYS[5]
 local token, ttl_ms, take_queued = ARGV[1], ARGV[2], ARGV[3]
+local region = ARGV[4] or ''
 
+if region ~= '' then
+  local region_key = KEYS[6]
+  local owned = redis.call('HMGET', region_key, 'owner', 'epoch', 'state')
+  if not owned[1] then
+    redis.call('HSET', region_key, 'owner', region, 'epoch', 1, 'state', 'active')
+    owned = {region, '1', 'active'}
+  end
+  if owned[1] ~= region or owned[3] ~= 'active' then
+    return {'region', owned[1], tonumber(owned[2]) or 0, owned[3] or ''}
+  end
+end
 if take_queued == '1' then
   redis.call('DEL', queued_key)
 end
