@@ -57,7 +57,8 @@ def test_a_run_records_its_configuration_and_a_model_step_the_pin_it_ran_under(
 ) -> None:
     run = client.start("configured", {"text": "x"}, run_id="pin1").run_id
     (started,) = [e for e in events_of(client, run) if isinstance(e, ev.RunStarted)]
-    assert set(started.config) == {"model", "prompt", "tools", "policy"}
+    # Empty fields are left out of the pin (the agent declares no policy version).
+    assert set(started.config) == {"model", "prompt", "tools"}
     assert started.config["model"] == "model-a" and len(started.config["tools"]) == 16
     _waiting_for_input(client, worker, run)
     worker(DURABLE_AGENTS=AGENTS)

@@ -14,6 +14,7 @@ import logging
 import redis
 
 from durable.agents import Agent, Parallel
+from durable.agents import configuration as config_
 from durable.audit.replay import matching_call
 from durable.code import CodeAgent
 from durable.errors import NondeterminismError
@@ -51,7 +52,7 @@ async def admit(ctx: StepContext, handle: RunHandle, agent: Agent, lease: Lease,
         return False
     state, check = handle.state, authority.approval_check(ctx, run_id)
     try:
-        have = ctx.configuration(agent)
+        have = config_.pinned(ctx.configuration(agent), agent.on_configuration_change)
     except Exception as exc:  # agent code: its bug quarantines the run, not the worker
         await ctx.quarantine(handle, f"agent {agent.name} raised {exc!r} in configuration()",
                              traceback=agent_traceback(exc))

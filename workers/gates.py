@@ -129,7 +129,7 @@ def configuration_policy(state: RunState, agent: Agent, have: dict[str, str],
     """The run's pinned configuration against the worker's ``have``: nothing when they
     agree; a first pin when the run has none; else the strictest policy of the changed
     fields (``durable.agents.configuration``), recorded as ``resume_validated``."""
-    if state.config == have:
+    if not config_.changes(state.config, have):  # an absent field reads as ""
         return "ok", [], ""
     if not state.config:
         return "ok", [Spec(ev.ResumeValidated, {"outcome": "pinned", "config": have})], ""

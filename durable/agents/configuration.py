@@ -64,6 +64,15 @@ def tools_digest(tools: Iterable[tuple[str, Any]]) -> str:
                          for name, model in tools} or None)
 
 
+def pinned(config: Mapping[str, Any], policies: Mapping[str, str]) -> dict[str, str]:
+    """What a run of an agent with ``config`` and ``on_configuration_change`` ``policies``
+    records: the fields that are not empty (an absent field reads as "", ``changes``); {}
+    for an agent that declares nothing (no policy, and no model, prompt or policy version:
+    only the default tool digest), whose runs are not pinned and carry no pin's bytes."""
+    kept = {field: str(value) for field, value in config.items() if value}
+    return kept if policies or set(kept) - {"tools"} else {}
+
+
 def checked_policies(agent: str, policies: Mapping[str, str]) -> None:
     """Refuse an unknown policy word or field name (``UsageError`` naming it)."""
     for field, word in policies.items():

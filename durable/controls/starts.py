@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from durable import catalog
 from durable.agents import Registry
+from durable.agents import configuration as config_
 from durable.controls import sessions as sessions_
 from durable.errors import (
     ConflictError,
@@ -299,7 +300,8 @@ class Starts:
         if size > self.settings.payloads.max_payload_bytes:
             raise PayloadTooLarge("input", size, self.settings.payloads.max_payload_bytes)
         local = self.registry.agents.get(name)
-        config = local.configuration(self.registry) if local is not None else {}
+        config = {} if local is None else config_.pinned(
+            local.configuration(self.registry), local.on_configuration_change)
         return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who,
                             config)
 
