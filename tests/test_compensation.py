@@ -58,14 +58,16 @@ def undo_steps(client: Client, run: str) -> dict[int, int]:
             if isinstance(e, ev.StepDecided) and e.undoes}
 
 
+@pytest.mark.parametrize("command", ["abort", "cancel"])
 def test_abort_compensates_each_applied_effect_once_newest_first(
-        client: Client, worker: WorkerFactory, world_db: Path) -> None:
-    """Three applied charges, then ``durable cancel --compensate``: three refunds, each
-    applied once under its own key, newest first; the run ends canceled listing them."""
+        client: Client, worker: WorkerFactory, world_db: Path, command: str) -> None:
+    """Three applied charges, then ``durable abort --compensate`` (or ``cancel
+    --compensate``): three refunds, each applied once under its own key, newest first; the
+    run ends canceled listing them."""
     worker()
-    run = holding(client, ["charge", "charge", "charge"], "comp-order")
+    run = holding(client, ["charge", "charge", "charge"], f"comp-order-{command}")
     began = time.monotonic()
-    out = run_durable("cancel", run, "--compensate", "--reason", "customer left", "--json",
+    out = run_durable(command, run, "--compensate", "--reason", "customer left", "--json",
                       env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)

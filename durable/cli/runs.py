@@ -309,6 +309,14 @@ def register(add: Add) -> None:
                          "own); lists what could not be undone")
     sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
                     help="with --compensate: wait for the run to end, and show the result")
+    sp = add("abort", cmd_cancel, "cancel a whole run; with --compensate, undo its applied "
+             "effects first (as cancel --compensate)", run=True)
+    sp.set_defaults(scope="run")
+    sp.add_argument("--reason", default="operator request")
+    sp.add_argument("--compensate", action="store_true",
+                    help="undo its applied effects, newest first; lists what could not be undone")
+    sp.add_argument("--wait", type=float, default=0, metavar="SECONDS",
+                    help="with --compensate: wait for the run to end, and show the result")
     sp = add("respond", cmd_respond, "answer a run waiting for input (or an external event)",
              run=True)
     sp.add_argument("--input", required=True, help="the response as JSON")
