@@ -7,6 +7,7 @@ whose in-memory exporter also writes every finished span to a file this test rea
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -165,15 +166,20 @@ def test_spans_a_tool_opens_are_children_of_its_step(client: Client, worker: Wor
     assert len(steps) == 2 and {w["parent_id"] for w in work} == set(steps)
 
 
+@pytest.mark.parametrize("asked", [False, True], ids=["no-content", "content-asked"])
 def test_a_model_step_is_a_chat_span_with_its_model_and_usage_and_no_content(
         client: Client, worker: WorkerFactory, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, asked: bool) -> None:
     """The built-in ``chat`` step against a local OpenAI-compatible server: one ``CLIENT``
     span ``chat <model>`` per call, with the model asked for and the reply's model, id and
     token counts (OpenTelemetry's generative-AI conventions); the prompt and the reply's
-    text appear nowhere on it."""
+    text appear nowhere on it, unless the worker's environment asks for content
+    (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``): then the messages sent
+    and the reply's are on it."""
     from tests.servers.model import ModelServer
 
+    if asked:
+        monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     agents = "examples.agents,tests.agents.basic,tests.agents.model_steps"
     srv = ModelServer(tokens=20).start()
     try:
@@ -199,4 +205,10 @@ def test_a_model_step_is_a_chat_span_with_its_model_and_usage_and_no_content(
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (5, 20)
     assert "gen_ai.tool.name" not in a and a["durable.outcome"] == "succeeded"
     answer = str(final.result["answer"])
-    assert answer and answer not in str(span) and "zebra-quartz" not in str(span)
+    if not asked:
+        assert answer and answer not in str(span) and "zebra-quartz" not in str(span)
+        return
+    sent = json.loads(a["gen_ai.input.messages"])
+    assert any(question in str(m.get("content")) for m in sent), sent
+    said = json.loads(a["gen_ai.output.messages"])
+    assert said and said[0]["role"] == "assistant" and answer in str(said), said

@@ -247,8 +247,8 @@ async def run_group(ctx: StepContext, handle: RunHandle, calls: list[tuple[Tool,
         began = time.monotonic()
         args = handle.live_args.get(act.step, act.args)
         with tracing.step_span(run_id, agent_name, act.tool, act.key, act.step, act.attempts,
-                               tracing.requested_model(tool, args, ctx.settings.models.name)
-                               ) as span:
+                               tracing.requested_model(tool, args, ctx.settings.models.name),
+                               args) as span:
             spec = ctx.dispatcher.dispatch(run_id, tool, act, slot.token, args)
             ctx.limiter.release(run_id, act.step, spec)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
@@ -291,8 +291,8 @@ async def run_tool(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action,
     began = time.monotonic()
     with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
                            act.attempts,
-                           tracing.requested_model(tool, args, ctx.settings.models.name)
-                           ) as span:
+                           tracing.requested_model(tool, args, ctx.settings.models.name),
+                           args) as span:
         def call() -> list[Spec]:
             with ctx.outside():
                 slot.thread_id, slot.in_call = threading.get_ident(), True

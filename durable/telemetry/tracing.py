@@ -15,7 +15,11 @@ and ``gen_ai.usage.output_tokens``), any other call an ``INTERNAL`` span ``execu
 {tool}`` (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``,
 ``gen_ai.tool.type`` ``function``, ``gen_ai.tool.call.id``: the step's idempotency key). A
 failed call sets ``error.type`` to its outcome. No prompt, completion, argument or result
-is ever put on a span: what a call said stays in the log, under its sealing.
+is put on a span unless asked: what a call said stays in the log, under its sealing. Asked
+with OpenTelemetry's own switch for generative-AI content,
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` in the worker's environment, a
+model call's span also carries its messages (``gen_ai.input.messages``) and the reply's
+(``gen_ai.output.messages``), as JSON, in clear.
 
 Without opentelemetry installed, or without an SDK configured, every function here is a
 no-op that costs a branch.
@@ -28,6 +32,8 @@ Attributes of this project: ``durable.run_id``, ``durable.agent``; on steps also
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -49,6 +55,26 @@ def _recording() -> bool:
         return False
     return not isinstance(trace.get_tracer_provider(),
                           (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
+#: OpenTelemetry's switch for generative-AI content on spans (off unless "true").
+CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+
+def capturing_content() -> bool:
+    """Whether model calls' messages go on their spans (read at each span: a worker's
+    environment, not the one its code was imported under)."""
+    return os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
+
+
+def _messages(value: Any) -> str | None:
+    """A list of messages as the JSON of a span attribute, or None when it is not one."""
+    if not isinstance(value, list) or not value:
+        return None
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return None
 
 
 class StepSpan:
@@ -76,6 +102,14 @@ class StepSpan:
                                 ("gen_ai.usage.output_tokens", usage.get("completion_tokens"))):
                 if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "":
                     self.span.set_attribute(name, value)
+            # The built-in chat step records its reply's ``message``; a raw completion has
+            # ``choices``.
+            choices = result.get("choices")
+            said = _messages([result["message"]] if isinstance(result.get("message"), Mapping)
+                             else [c.get("message") for c in choices if isinstance(c, Mapping)]
+                             if isinstance(choices, list) else None)
+            if said is not None and capturing_content():
+                self.span.set_attribute("gen_ai.output.messages", said)
 
 
 def requested_model(tool: Any, args: Any, chat_default: str) -> str | None:
@@ -133,17 +167,19 @@ def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
 
 
 def step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
-              model: str | None = None) -> contextlib.AbstractContextManager[StepSpan]:
+              model: str | None = None, args: Any = None
+              ) -> contextlib.AbstractContextManager[StepSpan]:
     """One dispatched call of a step, under the current run span: ``model`` (from
-    :func:`requested_model`) not None for a model call."""
+    :func:`requested_model`) not None for a model call; ``args`` the call's arguments (their
+    ``messages`` go on a model call's span only when content is asked for)."""
     if not _recording():
         return _NO_STEP_SPAN  # every step enters it: no generator to set up
-    return _step_span(run_id, agent, tool, key, step, attempt, model)
+    return _step_span(run_id, agent, tool, key, step, attempt, model, args)
 
 
 @contextlib.contextmanager
 def _step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
-               model: str | None) -> Iterator[StepSpan]:
+               model: str | None, args: Any) -> Iterator[StepSpan]:
     attributes: dict[str, Any] = {
         "durable.run_id": run_id, "durable.agent": agent, "durable.tool": tool,
         "durable.key": key, "durable.step": step, "durable.attempt": attempt}
@@ -152,6 +188,9 @@ def _step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt:
         attributes["gen_ai.operation.name"] = "chat"
         if model:
             attributes["gen_ai.request.model"] = model
+        asked = _messages(args.get("messages") if isinstance(args, Mapping) else None)
+        if asked is not None and capturing_content():
+            attributes["gen_ai.input.messages"] = asked
     else:
         name, kind = f"execute_tool {tool}", trace.SpanKind.INTERNAL
         attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
