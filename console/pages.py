@@ -14,7 +14,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from durable.agents.configuration import describe
 from durable.audit.replay import summary
+from durable.cli.runs import config_drift, drift_policy
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
 from durable.flow.limit_usage import usage
@@ -225,7 +227,10 @@ def run_reads(c: Client, run_id: str) -> dict[str, Any]:
     state = c.status(run_id)
     lease = c.lease(run_id)
     holder = status.holder(lease, entries)
-    return {"run_id": run_id, "projection": projection, "state": state,
+    drift = config_drift(c, state)  # against the agents this console has (DURABLE_AGENTS)
+    shown = f"{describe(drift)} (on resume: {drift_policy(c, state.agent, drift)})" \
+        if drift else ""
+    return {"run_id": run_id, "projection": projection, "state": state, "drift": shown,
             "summary": summary(state), "lease": lease, "holder": holder,
             "status": status.display_status(state.state, holder),
             "actions": applicable(state), "unsettled": unsettled(state),

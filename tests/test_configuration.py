@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Page, expect
 
 import tests.agents.configured  # noqa: F401  (the client pins starts with it)
 from durable import catalog
@@ -22,8 +23,9 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.log import events as ev
 from durable.log.state import RunState
-from durable.testing import wait_for
+from durable.testing import Server, wait_for
 from tests.agents.basic import applications
+from tests.browser import login, serving
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory, run_durable
 from tests.runs import events_of
 
@@ -232,3 +234,24 @@ def test_the_integrations_pin_the_frameworks_model_instructions_and_tools() -> N
     oai = registry.agent("oai_refunder").configuration(registry)
     assert oai["model"] == "scripted" and len(oai["prompt"]) == 16 and len(oai["tools"]) == 16
     assert oai != registry.agent("oai_booker").configuration(registry)
+
+
+def test_the_console_run_page_shows_the_pin_and_the_drift(
+    client: Client, server: Server, apps: Path, page: Page,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run page (a real console process, in Chromium) shows the run's pin and, against
+    the code the console runs with (its ``DURABLE_AGENTS``: model-b, policy expire), what
+    differs and what a resume would do."""
+    run = client.start("configured", {"text": "x"}, run_id="shown-console",
+                       enqueue=False).run_id
+    for name, value in (("DURABLE_AGENTS", AGENTS), ("TEST_MODEL", "model-b"),
+                        ("TEST_MODEL_POLICY", "expire")):
+        monkeypatch.setenv(name, value)
+    with serving(server, apps, monkeypatch) as console:
+        login(page, console, "vera", f"/runs/{run}")
+        expect(page.locator("#config")).to_contain_text("model=model-a")
+        drift = page.locator("#config-drift")
+        expect(drift).to_contain_text("model 'model-a' -> 'model-b'")
+        expect(drift).to_contain_text("on resume: expire")
+        page.goto("about:blank")  # its live stream closed before the console stops
