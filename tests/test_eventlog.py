@@ -17,8 +17,8 @@ from durable.errors import (
     RunIdConflict,
     UnknownAgent,
 )
+from durable.log import blobs, store
 from durable.log import events as ev
-from durable.log import store
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec
 from tests.agents import basic  # noqa: F401 - registers the test agents
@@ -50,10 +50,14 @@ def test_invalid_input_is_refused_before_anything_is_written(client: Client,
 
 
 def test_oversized_input_is_refused(client: Client, r: redis.Redis) -> None:
+    """Past the inline limit an input is kept beside the run (``tests.test_large_inputs``);
+    past the ceiling of large values it is refused, nothing written."""
     client.settings.payloads.max_payload_bytes = 1024
-    with pytest.raises(PayloadTooLarge):
+    client.log.limits = blobs.Limits(inline=1024, ceiling=1536)
+    with pytest.raises(PayloadTooLarge, match="DURABLE_MAX_RESULT_BYTES"):
         client.start("echo", {"text": "y" * 2000}, run_id="big")
     assert not r.exists(client.log.keys.log("big"))
+    assert not r.exists(client.log.keys.blobs("big"))
 
 
 @pytest.mark.cluster

@@ -127,7 +127,7 @@ def _entries(report: Report, run_id: str, raw: list[tuple[str, dict[bytes, bytes
                 and "readable" not in report.failed:
             report.fail("readable", f"{entry_id}: its readable fields are not what its "
                         "bytes hold (the JSON was edited)")
-        ref = getattr(entry.event, "blob", None)
-        if isinstance(ref, BlobRef):
+        ref = blobs.ref_of(entry.event)
+        if ref is not None:
             refs.append((entry_id, ref))
     return refs

@@ -91,7 +91,8 @@ def describe(event: ev.Event) -> str:
                    f"{event.parent}, its step {event.parent_step})"
         case ev.RunStarted():
             return f"started {event.agent} v{event.agent_version}" + (
-                f" (fork of {event.parent} at {event.forked_at})" if event.parent else "")
+                f" (fork of {event.parent} at {event.forked_at})" if event.parent else "") + (
+                f", its input: {_large(event.input_blob)}" if event.input_blob else "")
         case ev.StepDecided() if event.tool == keys.CHILD_TOOL:
             return f"intends step {event.step}: start child run " \
                    f"{keys.child_id(event.run, event.step)} ({_short(event.args)})"
@@ -173,10 +174,12 @@ def trajectory(entries: list[Entry], gone: dict[str, context.Removed] | None = N
             continue
         row = {"id": entry.id, "seq": e.seq, "type": e.__struct_config__.tag,
                "ts": e.ts, "actor": e.actor, "what": describe(e)}
-        ref = getattr(e, "blob", None)
-        if isinstance(ref, BlobRef) and ref.field in gone:
+        ref = blobs.ref_of(e)
+        if ref is not None and ref.field in gone:
             removal = gone[ref.field]
             row["what"] = f"step {getattr(e, 'step', '?')} {e.__struct_config__.tag}: " \
+                          f"{_removed(ref, removal)}" if ref.field != blobs.INPUT else \
+                          f"started {getattr(e, 'agent', '?')}, its input: " \
                           f"{_removed(ref, removal)}"
             row["removed"] = {"at": removal.at, "setting": removal.setting,
                               "entry": removal.entry}
@@ -218,6 +221,14 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
     skip = (ev.RunStarted, ev.Checkpoint, ev.LeaseAcquired, ev.RetiredLeaseLost,
             *ev.TERMINAL_EVENTS, ev.Quarantined, ev.Released, ev.ContextTrimmed)
     gone = context.removed(elog.read(run_id))
+    handle = RunHandle(new_run_id, RunState(), actor=by)
+    if first.input_blob is not None:  # the fork keeps its own copy of the input, as it is
+        if first.input_blob.field in gone:
+            raise UsageError(f"run {run_id}'s input was model context, removed at "
+                             f"{gone[first.input_blob.field].at} ms: it cannot be forked")
+        handle.staged_blobs.append((first.input_blob.field, blobs.raw_bytes(
+            elog.redis, elog.keys, run_id, first.input_blob, entries[0].id)))
+        specs[0].fields["input_blob"] = first.input_blob
     for entry in entries[1:]:
         event = _decoded(entry)
         if isinstance(event, skip):
@@ -234,7 +245,6 @@ def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
             del fields["blob"]
             fields["result"] = blobs.raw_value(elog.redis, elog.keys, run_id, ref, entry.id)
         specs.append(Spec(type(event), fields))
-    handle = RunHandle(new_run_id, RunState(), actor=by)
     elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},
                 checkpoint=True)
     return handle

@@ -119,8 +119,8 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
         problem = undos.see(e, state)
         if problem is not None:
             report.fail("compensations", f"{entry.id}: {problem}")
-        ref = getattr(e, "blob", None)
-        if isinstance(ref, BlobRef):
+        ref = blobs.ref_of(e)
+        if ref is not None:
             large.append((entry.id, ref))
         if isinstance(e, ev.ContextTrimmed) and not state.terminal:
             report.fail("context", f"{entry.id}: model context removed before the run ended")

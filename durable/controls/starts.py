@@ -2,6 +2,11 @@
 writes (the run id, the input against the agent, budgets, tenant, size, sealed fields, the
 pending-runs bound) so that a refused start writes nothing.
 
+An input over the inline limit (``DURABLE_MAX_PAYLOAD_BYTES``: a long message history) is
+kept beside the run (``durable.log.blobs``), written by the same script call as its
+``run_started``, which holds its reference; one past ``DURABLE_MAX_RESULT_BYTES`` is refused.
+A small input is written as before: in the event, with no byte or round trip more.
+
 A part of :class:`durable.client.Client` (its base class), kept apart because a start's
 checks are most of a producer's code path and none of a reader's or operator's.
 """
@@ -24,8 +29,8 @@ from durable.agents import configuration as config_
 from durable.controls import sessions as sessions_
 from durable.errors import (
     ConflictError,
+    DecodeError,
     InvalidInput,
-    PayloadTooLarge,
     RunIdConflict,
     SealError,
     TooManyPendingRuns,
@@ -34,8 +39,8 @@ from durable.errors import (
 )
 from durable.flow import tenants
 from durable.flow.budgets import checked as checked_budgets
+from durable.log import blobs, keys
 from durable.log import events as ev
-from durable.log import keys
 from durable.log.state import RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.queue import enqueue_many, make_queue, make_ready
@@ -71,6 +76,8 @@ class CheckedStart(NamedTuple):
     #: The configuration the run is pinned to (``durable.agents.configuration``), when this
     #: process has the agent; {} else (a worker pins it at its first job).
     config: dict[str, str] = {}
+    #: The input is over the inline limit: kept beside the run (``durable.log.blobs``).
+    beside: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,8 +180,8 @@ class Starts:
             created = now_ms()
             handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
             try:
-                self.log.commit(handle, [self._started(c, tracing.traceparent(), schedule,
-                                                       parent, shared_budgets,
+                self.log.commit(handle, [self._started(c, handle, tracing.traceparent(),
+                                                       schedule, parent, shared_budgets,
                                                        continue_from, session)],
                                 extra={"agent": c.name, "created": str(created),
                                        **tenants.projection(c.who)})
@@ -228,11 +235,12 @@ class Starts:
         claims = self._claim_all(fresh, of)
         trace = tracing.traceparent()
         created = now_ms()
-        batch = [(RunHandle(c.run_id, RunState(), actor="client"),
-                  [self._started(c, trace, continue_from=claims.get(c.run_id, ""),
+        handles = [RunHandle(c.run_id, RunState(), actor="client") for c in fresh]
+        batch = [(handle,
+                  [self._started(c, handle, trace, continue_from=claims.get(c.run_id, ""),
                                  session=of.get(c.run_id, ""))],
                   {"agent": c.name, "created": str(created), **tenants.projection(c.who)})
-                 for c in fresh]
+                 for handle, c in zip(handles, fresh, strict=True)]
         for (handle, _, _), c in zip(batch, fresh, strict=True):
             handle.staged_counts.append(self.tenant_labels.started(c.name, c.who.tenant))
         # Chunk by chunk (a pipeline's memory stays bounded), each made ready once written.
@@ -296,14 +304,14 @@ class Starts:
         if cap:  # a shared budget: the lower of the agent's limit and what the parent has left
             given = {k: min(v, defaults.get(k, v)) for k, v in given.items()}
         limits = checked_budgets({**defaults, **given})
-        size = len(msgspec.msgpack.encode(plain))
-        if size > self.settings.payloads.max_payload_bytes:
-            raise PayloadTooLarge("input", size, self.settings.payloads.max_payload_bytes)
+        beside = len(msgspec.msgpack.encode(plain)) > self.settings.payloads.max_payload_bytes
+        if beside:
+            blobs.check_input(plain, self.log.limits)
         local = self.registry.agents.get(name)
         config = {} if local is None else config_.pinned(
             local.configuration(self.registry), local.on_configuration_change)
         return CheckedStart(run_id, name, version, tools, limits, plain, sensitive, who,
-                            config)
+                            config, beside)
 
     def _check_continuable(self, run_id: str) -> None:
         """Only a completed run that kept a conversation is continued
@@ -328,11 +336,19 @@ class Starts:
                              f"({', '.join(c.sensitive)}): set DURABLE_ENCRYPTION_KEYS to "
                              "start it (nothing was written)")
 
-    def _started(self, c: CheckedStart, trace: str, schedule: tuple[str, int] | None = None,
+    def _started(self, c: CheckedStart, handle: RunHandle, trace: str,
+                 schedule: tuple[str, int] | None = None,
                  parent: tuple[str, int] | None = None, shared_budgets: bool = False,
                  continue_from: str = "", session: str = "") -> Spec:
-        """The ``run_started`` event of a checked run, its sensitive fields sealed."""
+        """The ``run_started`` event of a checked run, its sensitive fields sealed; an input
+        over the inline limit is staged on ``handle``, to be written beside the run by the
+        same script call, the event holding its reference."""
         data = seal_fields(c.plain, c.sensitive, self.log.keyring) if c.sensitive else c.plain
+        large: dict[str, Any] = {}
+        if c.beside:
+            ref, stored = blobs.place_input(data, self.log.limits)
+            handle.staged_blobs.append((ref.field, stored))
+            data, large = None, {"input_blob": ref}
         name, slot = schedule or ("", 0)
         child: dict[str, Any] = {"parent": parent[0], "parent_step": parent[1]} if parent \
             else {}
@@ -345,7 +361,7 @@ class Starts:
                                                 if continue_from else {}),
                                     **tenants.fields(c.who),
                                     **({"session": session} if session else {}),
-                                    **({"config": c.config} if c.config else {})})
+                                    **({"config": c.config} if c.config else {}), **large})
 
     def _admit(self, new: int = 1) -> None:
         """Refuse ``new`` runs unless they fit under ``DURABLE_MAX_PENDING_RUNS``."""
@@ -402,6 +418,13 @@ class Starts:
         if started.agent != agent:
             raise RunIdConflict(run_id, f"agent {started.agent!r}, not {agent!r}")
         recorded = started.input
+        if started.input_blob is not None:
+            try:
+                recorded = blobs.raw_value(self.redis, self.log.keys, run_id,
+                                           started.input_blob, first[0].id)
+            except DecodeError as exc:
+                raise RunIdConflict(run_id, f"an input beside the run that cannot be read "
+                                    f"({exc})") from None
         if self.log.keyring and contains_envelope(recorded):
             try:
                 recorded = open_all(recorded, self.log.keyring)

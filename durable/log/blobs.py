@@ -18,6 +18,13 @@ agent's ``StepFailed``, a ``decide()`` agent's failed action, ``error_type`` nam
 
 Nothing is ever replaced silently: a result is in the log, beside it, or the step failed.
 
+A run's input over the inline limit is kept the same way, in the field ``input``
+(:func:`place_input`, called by the start before anything is written): ``run_started``
+holds the reference (``input_blob``) and ``input`` None, and the value is written by the
+same script call. It counts against the run's budget, and past the ceiling the start is
+refused (``PayloadTooLarge``), nothing written. The readers that run agent code fill
+``RunState.input`` in when they load the run, with the results and in the same read.
+
 The fold keeps the reference (``Action.blob``) with ``result`` None: checkpoints stay
 small, and readers that do not run agent code (``durable status``, ``log``, ``export``)
 show the reference, not megabytes. The readers that run agent code (the worker and the
@@ -53,6 +60,16 @@ from durable.settings import Settings
 
 #: The outcome events whose result may be kept beside the run.
 OUTCOMES: frozenset[type[ev.Event]] = frozenset({ev.ActionSucceeded, ev.ActionReconciled})
+
+#: The field of ``dx:{R}:blobs`` that holds a run's input kept beside it (a result's field
+#: is ``<step>.<seq>``: the two never meet).
+INPUT = "input"
+
+
+def ref_of(event: ev.Event) -> BlobRef | None:
+    """The large value ``event`` refers to: an outcome's result, or a run's input."""
+    ref = event.input_blob if isinstance(event, ev.RunStarted) else getattr(event, "blob", None)
+    return ref if isinstance(ref, BlobRef) else None
 
 
 @dataclass(frozen=True)
@@ -125,19 +142,42 @@ def place(cls: type[ev.Event], fields: dict[str, Any], state: RunState, seq: int
     return cls, placed, Stored(ref.field, stored, msgspec.json.decode(data))
 
 
+def check_input(plain: Any, limits: Limits) -> None:
+    """Refuse (``PayloadTooLarge``) an input, in clear, too large to keep beside its run:
+    past the ceiling or the run's budget."""
+    size = len(msgspec.json.encode(plain))
+    for limit, setting in ((limits.ceiling, "DURABLE_MAX_RESULT_BYTES"),
+                           (limits.budget, "DURABLE_BLOB_BUDGET_BYTES")):
+        if size > limit:
+            raise PayloadTooLarge(f"the input (kept beside the run up to {setting})", size,
+                                  limit)
+
+
+def place_input(data: Any, limits: Limits) -> tuple[BlobRef, bytes]:
+    """A run's input kept beside it (checked by ``check_input``): its reference and the
+    bytes to store. ``data``: the input as recorded (sensitive fields sealed)."""
+    stored = msgspec.json.encode(data)
+    return BlobRef(field=INPUT, sha256=hashlib.sha256(stored).hexdigest(), size=len(stored),
+                   context=limits.context), stored
+
+
 def _failed(fields: dict[str, Any], error: str, error_type: str) -> dict[str, Any]:
     return {"step": fields["step"], "key": fields["key"], "error": error,
             "error_type": error_type}
 
 
 def resolve(client: redis.Redis, layout: keys.KeyLayout, run_id: str, actions: Iterable[Action],
-            keyring: Keyring, learned: set[str] | None = None) -> None:
+            keyring: Keyring, learned: set[str] | None = None,
+            states: Iterable[RunState] = ()) -> None:
     """Fill in, in place, the result of every action whose value is kept beside the run
-    and not yet read. Raises ``DecodeError`` for a value missing or unlike its digest."""
+    and not yet read, and the input of each of ``states`` kept beside it, in one read.
+    Raises ``DecodeError`` for a value missing or unlike its digest."""
     wanted = [a for a in actions if a.blob is not None and a.result is None and not a.trimmed]
-    if not wanted:
+    inputs = [s for s in states if s.input_blob is not None and s.input is None]
+    if not wanted and not inputs:
         return
-    fields = sorted({a.blob.field for a in wanted if a.blob is not None})
+    fields = sorted({a.blob.field for a in wanted if a.blob is not None} |
+                    {s.input_blob.field for s in inputs if s.input_blob is not None})
     raw = dict(zip(fields, client.hmget(layout.blobs(run_id), fields), strict=True))
     values: dict[str, Any] = {}
     for act in wanted:
@@ -146,6 +186,12 @@ def resolve(client: redis.Redis, layout: keys.KeyLayout, run_id: str, actions: I
         if ref.field not in values:
             values[ref.field] = value_of(ref, raw[ref.field], keyring, learned, act.step)
         act.result = values[ref.field]
+    for state in inputs:
+        ref = state.input_blob
+        assert ref is not None
+        if ref.field not in values:
+            values[ref.field] = value_of(ref, raw[ref.field], keyring, learned)
+        state.input = values[ref.field]
 
 
 def value_of(ref: BlobRef, data: bytes | None, keyring: Keyring,
@@ -154,7 +200,8 @@ def value_of(ref: BlobRef, data: bytes | None, keyring: Keyring,
     where = f"blob {ref.field}"
     problem = check(ref, data)
     if problem is not None:
-        raise DecodeError(where, f"the result of step {step}: {problem}")
+        what = f"the result of step {step}" if step or ref.field != INPUT else "the input"
+        raise DecodeError(where, f"{what}: {problem}")
     assert data is not None
     value = msgspec.json.decode(data)
     if contains_envelope(value):
@@ -179,12 +226,18 @@ def raw_value(client: redis.Redis, layout: keys.KeyLayout, run_id: str, ref: Blo
               entry_id: str = "?") -> Any:
     """The value stored for ``ref``, checked against its digest, sealed fields kept sealed
     (a fork copies it as it is)."""
+    return msgspec.json.decode(raw_bytes(client, layout, run_id, ref, entry_id))
+
+
+def raw_bytes(client: redis.Redis, layout: keys.KeyLayout, run_id: str, ref: BlobRef,
+              entry_id: str = "?") -> bytes:
+    """The bytes stored for ``ref``, checked against its digest."""
     data = client.hget(layout.blobs(run_id), ref.field)
     problem = check(ref, data)
     if problem is not None:
         raise DecodeError(entry_id, problem)
     assert data is not None
-    return msgspec.json.decode(data)
+    return bytes(data)
 
 
 def stored(client: redis.Redis, layout: keys.KeyLayout, run_id: str) -> dict[str, bytes]:
@@ -201,9 +254,14 @@ def unresolved(state: RunState) -> Iterator[None]:
             if act.blob is not None and act.result is not None}
     for step in kept:
         state.actions[step].result = None
+    given = state.input if state.input_blob is not None else None
+    if given is not None:
+        state.input = None
     try:
         yield
     finally:
         for step, value in kept.items():
             if step in state.actions:
                 state.actions[step].result = value
+        if given is not None:
+            state.input = given

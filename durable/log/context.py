@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from durable.errors import ConflictError, Terminal
+from durable.log import blobs
 from durable.log import events as ev
 from durable.log.fold import apply
 from durable.log.handle import Entry, RunHandle, Spec, text
@@ -63,11 +64,12 @@ class Removed:
 
 
 def context_refs(entries: list[Entry]) -> list[BlobRef]:
-    """The context values kept beside the run, by the outcomes of ``entries``."""
+    """The context values kept beside the run, by the outcomes of ``entries`` (and its
+    input, when the run's input is kept beside it)."""
     out = []
     for entry in entries:
-        ref = getattr(entry.event, "blob", None)
-        if isinstance(ref, BlobRef) and ref.context:
+        ref = blobs.ref_of(entry.event) if entry.event is not None else None
+        if ref is not None and ref.context:
             out.append(ref)
     return out
 

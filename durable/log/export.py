@@ -74,7 +74,7 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
         yield enc.encode(fx).decode()
     if with_blobs:
         refs = {ref.field: ref for e in decoded
-                if (ref := getattr(e, "blob", None)) is not None}
+                if (ref := blobs.ref_of(e)) is not None}
         for name, data in sorted(blobs.stored(elog.redis, elog.keys, run_id).items()):
             ref = refs.get(name)
             yield enc.encode({"kind": "blob", "run": run_id, "field": name,

@@ -93,6 +93,9 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.tenant, state.owner, state.priority = e.tenant, e.owner, e.priority
             state.continue_from, state.session = e.continue_from, e.session
             state.config = dict(e.config)
+            state.input_blob = e.input_blob
+            if e.input_blob is not None:
+                state.blob_bytes += e.input_blob.size
             state.state = "pending"
             state.created = e.ts
         case ev.StepDecided():
@@ -267,6 +270,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             for act in state.actions.values():
                 if act.blob is not None and act.blob.field in gone:
                     act.trimmed, act.result = e.ts, None
+            if state.input_blob is not None and state.input_blob.field in gone:
+                state.input, state.input_blob = None, None  # nothing left to read back
         case ev.ResumeValidated():
             if e.config:
                 state.config = dict(e.config)

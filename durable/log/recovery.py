@@ -23,7 +23,7 @@ from durable.log import events as ev
 from durable.log.fold import apply, from_checkpoint
 from durable.log.handle import Entry, RunHandle, check_seq
 from durable.log.keys import KeyLayout
-from durable.log.state import STATE_SCHEMA, Action, RunState, copy_state
+from durable.log.state import STATE_SCHEMAS, Action, RunState, copy_state
 
 
 class RecoveringLog(Protocol):
@@ -41,7 +41,8 @@ class RecoveringLog(Protocol):
     def entries(self, run_id: str, raw: Any, actor: str = "") -> list[Entry]: ...
     def read(self, run_id: str, start: str = "-", end: str = "+",
              count: int | None = None) -> list[Entry]: ...
-    def resolve(self, run_id: str, actions: Iterable[Action]) -> None: ...
+    def resolve(self, run_id: str, actions: Iterable[Action],
+                states: Iterable[RunState] = ()) -> None: ...
 
 
 def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease: str = "",
@@ -66,7 +67,7 @@ def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease:
             raise DecodeError(entry.id, entry.error or "undecodable")
         check_seq(entry.id, event, handle.state.version, first=index == 0)
         if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
-            if event.state_v != STATE_SCHEMA:
+            if event.state_v not in STATE_SCHEMAS:
                 # A snapshot of another layout: refold from the beginning instead.
                 return fold_whole(log, run_id, int(version), lease, actor)
             handle.state = from_checkpoint(event)
@@ -120,8 +121,11 @@ def fold_whole(log: RecoveringLog, run_id: str, version: int, lease: str,
 
 
 def resolve_large(log: RecoveringLog, handle: RunHandle) -> None:
-    """A log that runs agent code gives it the large values of the actions it folded
-    (``durable.log.blobs``); other readers keep the references."""
+    """A log that runs agent code gives it the large values of the actions it folded, and
+    the run's input when it is kept beside the run (``durable.log.blobs``); other readers
+    keep the references."""
     if log.open_sealed:
-        before = handle.pre_intent.actions.values() if handle.pre_intent else ()
-        log.resolve(handle.run_id, [*handle.state.actions.values(), *before])
+        pre = handle.pre_intent
+        before = pre.actions.values() if pre else ()
+        log.resolve(handle.run_id, [*handle.state.actions.values(), *before],
+                    [handle.state, *([pre] if pre else [])])

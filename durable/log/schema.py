@@ -71,6 +71,11 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: digest, tool set digest, policy version), when the producer had the agent; {} else
     #: (then the first job's ``resume_validated`` pins it).
     config: dict[str, str] = {}
+    #: An input over the inline limit (``DURABLE_MAX_PAYLOAD_BYTES``) is kept beside the run
+    #: (``durable.log.blobs``, field ``input``), written by the same script call: its
+    #: reference, digest and size; ``input`` is then None. Left out of the wire form
+    #: otherwise, so a run with a small input writes no byte more.
+    input_blob: BlobRef | None = None
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):

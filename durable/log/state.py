@@ -12,6 +12,13 @@ import msgspec
 
 #: Version of the ``RunState`` snapshot layout inside checkpoint events.
 STATE_SCHEMA = 1
+#: The same layout, in a snapshot of a run whose input is kept beside it (``input_blob``,
+#: ``input`` left out): a reader that knows only ``STATE_SCHEMA`` 1 folds the whole log
+#: instead, and refuses the ``run_started`` it cannot read, rather than give the agent
+#: no input.
+STATE_INPUT_REF = 2
+#: The snapshot layouts this code reads.
+STATE_SCHEMAS = frozenset({STATE_SCHEMA, STATE_INPUT_REF})
 
 TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
 WAITING = frozenset({"waiting_input", "waiting_approval", "waiting_external", "waiting_retry",
@@ -217,6 +224,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: The references found not to hold at the last resume whose policy was ``refresh`` or
     #: ``replan``, each with ``why``; cleared by the next intent.
     evidence_failed: list[EvidenceRef] = msgspec.field(default_factory=list)
+    #: The run's input is kept beside it (over the inline limit, ``durable.controls.starts``):
+    #: its reference; ``input`` is then None until a reader that runs agent code fills it
+    #: in (``durable.log.blobs.resolve``). None once removed as model context.
+    input_blob: BlobRef | None = None
 
     @property
     def terminal(self) -> bool:

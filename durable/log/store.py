@@ -35,7 +35,14 @@ from durable.log.handle import (
 )
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
-from durable.log.state import STATE_SCHEMA, TERMINAL, WAITING, Action, RunState
+from durable.log.state import (
+    STATE_INPUT_REF,
+    STATE_SCHEMA,
+    TERMINAL,
+    WAITING,
+    Action,
+    RunState,
+)
 from durable.security.sealing import Keyring, settings_keyring
 from durable.security.signing import parse_public_keys
 from durable.settings import Settings
@@ -237,10 +244,13 @@ class EventLog:
         return recovery.fold_from(self, run_id, version, raw, lease=lease, actor=actor,
                                   at_least=at_least)
 
-    def resolve(self, run_id: str, actions: Iterable[Action]) -> None:
-        """Fill in the results of ``actions`` kept beside the run, checked against their
-        digests (``DecodeError`` when one is missing or altered)."""
-        blobs.resolve(self.redis, self.keys, run_id, actions, self.keyring, self.sealed_names)
+    def resolve(self, run_id: str, actions: Iterable[Action],
+                states: Iterable[RunState] = ()) -> None:
+        """Fill in the results of ``actions`` and the inputs of ``states`` kept beside the
+        run, checked against their digests (``DecodeError`` when one is missing or
+        altered)."""
+        blobs.resolve(self.redis, self.keys, run_id, actions, self.keyring, self.sealed_names,
+                      states)
 
     # Writing ---------------------------------------------------------------------------
 
@@ -366,7 +376,8 @@ class EventLog:
             with blobs.unresolved(state):  # the snapshot keeps references, not large values
                 handle.staged.append((ts, self._encode(ev.Checkpoint(
                     v=ev.SCHEMA_VERSION, run=handle.run_id, seq=state.version + 1, ts=ts,
-                    actor=handle.actor, state=state, state_v=STATE_SCHEMA,
+                    actor=handle.actor, state=state,
+                    state_v=STATE_INPUT_REF if state.input_blob is not None else STATE_SCHEMA,
                 ))))
         finally:
             state.actions = window

@@ -52,6 +52,9 @@ class TurnInput(BaseModel):
     #: What the user says this turn; ``pad`` characters of filler make the history large.
     say: str
     pad: int = 0
+    #: Messages handed to the run itself (a history brought from elsewhere), after those of
+    #: the run it continues.
+    history: list[dict[str, Any]] = []
 
 
 @agent(input_model=TurnInput, tools=("chat", *conversations.TOOLS))
@@ -59,7 +62,7 @@ def talker(ctx: RunContext, inp: TurnInput) -> dict[str, Any]:
     """One turn of a conversation that goes on from run to run: the history of the run it
     continues, the user's words, the model's answer; the whole conversation kept for the
     next run."""
-    messages = conversations.load(ctx)
+    messages = [*conversations.load(ctx), *inp.history]
     messages.append({"role": "user", "content": inp.say + " " + "x" * inp.pad})
     reply = chat(ctx, messages)
     messages.append(reply.message)
