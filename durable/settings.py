@@ -234,16 +234,16 @@ class PayloadSettings(BaseSettings):
 
     max_payload_bytes: int = Field(
         default=256 * 1024, ge=1024, validation_alias="DURABLE_MAX_PAYLOAD_BYTES",
-        description="Largest input or argument, and the inline limit of a result: a larger "
-        "one is kept whole beside the run (dx:{R}:blobs), the log holding its reference.")
+        description="Largest argument; inline limit of a run's input and of a result: a "
+        "larger one is kept whole beside the run (dx:{R}:blobs), the log holding its reference.")
     max_result_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, validation_alias="DURABLE_MAX_RESULT_BYTES",
-        description="Hard ceiling of one step's result: past it the step fails with "
-        "PayloadTooLarge (the agent sees the failure; nothing is replaced).")
+        description="Hard ceiling of one step's result or a run's input: past it the step "
+        "fails with PayloadTooLarge (nothing is replaced), or the start is refused.")
     blob_budget_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, validation_alias="DURABLE_BLOB_BUDGET_BYTES",
-        description="Bytes of large results one run may keep beside its log: a result "
-        "that would go over it fails its step with PayloadTooLarge.")
+        description="Bytes of large values (results, its input) one run may keep beside "
+        "its log: a result that would go over it fails its step with PayloadTooLarge.")
     partial_keep_bytes: int = Field(
         default=1024 * 1024, ge=0, validation_alias="DURABLE_PARTIAL_KEEP_BYTES",
         description="Partial output (ctx.emit) kept per step in flight for followers that "

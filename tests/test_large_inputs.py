@@ -8,7 +8,9 @@ The tests marked ``cluster`` run on a real 3-master cluster with ``pytest --clus
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -28,6 +30,8 @@ from durable.client import Client
 from durable.errors import PayloadTooLarge, RunIdConflict, UsageError
 from durable.log import blobs, context
 from durable.log import events as ev
+from durable.log.state import STATE_INPUT_REF
+from durable.log.store import EventLog
 from durable.settings import Settings
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.runs import events_of
@@ -264,12 +268,13 @@ CARD = "4111222233334444"
 def test_a_decide_agents_large_sealed_input_is_read_back_whole_after_a_kill(
         r: redis.Redis, settings: Settings, worker: WorkerFactory,
         reconciler: ReconcilerFactory, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A ``decide(state)`` agent's 320 KB input with a sensitive field: the field is sealed
     in the value kept beside the run, and clear in what the agent reads. SIGKILL after the
     card was charged (step 1's effect), before its outcome was recorded: the next worker
     reads the input back, re-decides the recorded call from it (the same card, the same
-    amount: no nondeterminism), resolves the key by lookup and charges nothing again."""
+    amount: no nondeterminism), resolves the key by lookup and charges nothing again. The
+    run's archive carries the value, sealed, and verifies on its own."""
     monkeypatch.setenv("DURABLE_ENCRYPTION_KEYS",
                        f"k1:{base64.b64encode(os.urandom(32)).decode()}")
     monkeypatch.setenv("DURABLE_AGENTS", "examples.agents,tests.agents.basic,"
@@ -291,6 +296,18 @@ def test_a_decide_agents_large_sealed_input_is_read_back_whole_after_a_kill(
     charged = (tmp_path / "seen.txt").read_text().splitlines()
     assert charged == [f"{run}:1 {CARD}"]  # once, with the card in clear
     assert verify(client.log, run).ok
+    # The archive carries the value as stored (sealed) and checks it on its own.
+    ref = started_event(client, run).input_blob
+    assert ref is not None
+    capsys.readouterr()
+    assert main(["archive", "--older-than", "1ms", "--to", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["archived"] == [run]
+    assert not r.exists(client.log.keys.blobs(run))
+    with gzip.open(tmp_path / f"{run}.jsonl.gz", "rt") as f:
+        (kept,) = [line for line in map(json.loads, f) if line["kind"] == "blob"]
+    assert (kept["field"], kept["sha256"]) == (blobs.INPUT, ref.sha256)
+    assert CARD not in kept["data"]
+    assert main(["verify-archive", str(tmp_path / f"{run}.jsonl.gz")]) == 0
 
 
 def test_a_fork_copies_the_input_and_context_retention_removes_it_with_the_rest(
@@ -330,3 +347,30 @@ def test_a_fork_copies_the_input_and_context_retention_removes_it_with_the_rest(
     assert "model context of" in line and "REMOVED" in line
     with pytest.raises(UsageError, match="input was model context"):
         replay.fork(client.log, run, first, "ctx-fork-2")
+
+
+def test_a_checkpoint_keeps_the_inputs_reference_and_a_recovery_reads_it_back(
+        client: Client, r: redis.Redis, settings: Settings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint of a run whose input is beside it holds the reference, not the value,
+    as state layout 2 (a reader of layout 1 alone folds the whole log instead, and refuses
+    the ``run_started`` it cannot read); a recovery from it reads the input back whole."""
+    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
+    client.registry.load(AGENTS)
+    big = {"say": "hi", "pad": 0, "history": chat_history()}
+    run = client.start("talker", big, run_id="ckpt", enqueue=False).run_id
+    reader = EventLog.from_settings(r, settings, open_sealed=True)
+    handle = reader.load(run)
+    assert handle.state.input == big
+    reader.commit(handle, [], checkpoint=True)
+    assert handle.state.input == big  # the writer's state keeps the value it was given
+    (entry_id, fields), = r.xrevrange(client.log.keys.log(run), count=1)
+    assert len(fields[b"e"]) < 4096
+    snap = client.log.read(run, entry_id.decode())[0].event
+    assert isinstance(snap, ev.Checkpoint) and snap.state_v == STATE_INPUT_REF
+    assert snap.state.input is None and snap.state.input_blob is not None
+    again = reader.load(run)
+    assert again.ckpt_seq == again.state.version == 2  # folded from the checkpoint
+    assert again.state.input == big
+    assert client.status(run).input is None  # a reader that runs no agent code: the reference
+    assert verify(client.log, run).ok
