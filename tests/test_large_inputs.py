@@ -23,6 +23,7 @@ import redis
 from redis.crc import key_slot
 
 from durable import conversations
+from durable.agents import registry
 from durable.audit import replay
 from durable.audit.verify import verify
 from durable.cli.main import main
@@ -296,6 +297,9 @@ def test_a_decide_agents_large_sealed_input_is_read_back_whole_after_a_kill(
     charged = (tmp_path / "seen.txt").read_text().splitlines()
     assert charged == [f"{run}:1 {CARD}"]  # once, with the card in clear
     assert verify(client.log, run).ok
+    # A replay that re-decides the log (``durable deploy check``) reads the input too.
+    reader = EventLog.from_settings(r, Settings(), open_sealed=True)
+    assert replay.check_determinism(reader, run, registry.agent("secret_checkout")) == 1
     # The archive carries the value as stored (sealed) and checks it on its own.
     ref = started_event(client, run).input_blob
     assert ref is not None

@@ -295,6 +295,8 @@ def check_determinism(elog: EventLog, run_id: str, agent: Any) -> int:
                            event.group)
             checked += 1
         apply(state, event, elog.window)
+        if elog.open_sealed and blobs.ref_of(event) is not None:  # the agent reads values
+            elog.resolve(run_id, state.actions.values(), [state])
     return checked
 
 
