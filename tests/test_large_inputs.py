@@ -242,6 +242,7 @@ def test_a_large_input_costs_no_round_trip_more_and_a_small_one_no_byte_more(
     assert started_event(client, "small").input == {"say": "hi", "pad": 0, "history": []}
 
 
+@pytest.mark.cluster
 def test_a_large_input_started_again_is_the_same_run_and_start_many_keeps_it_beside(
         client: Client, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
