@@ -88,3 +88,34 @@ def plain(runs: int, gc_threshold: int = 0) -> dict[str, Any]:
         gc.set_threshold(*kept)
     return {"runs": runs, "wall_s": wall, "ratio_to_ideal": wall / (STEPS * SLEEP_S),
             "cpu_per_run_us": 1e6 * cpu / runs}
+
+
+# A long conversation: ``TALK_CALLS`` model requests, each reply a tool call until the last,
+# the model answering at once (what is measured is the step, not the provider).
+
+#: Model requests of a conversation run (``bench.conversation``).
+TALK_CALLS = 100
+#: A reply's text and a tool result's size: the conversation grows by ~1 KB per call.
+_WORDS = "a model reply carries some text beside its tool call, as real ones do. " * 4
+
+
+async def talking_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    done = sum(1 for m in messages if isinstance(m, ModelRequest) for p in m.parts
+               if isinstance(p, ToolReturnPart))
+    usage = RequestUsage(input_tokens=5, output_tokens=2)
+    if done < TALK_CALLS - 1:
+        return ModelResponse(parts=[TextPart(_WORDS), ToolCallPart("look", {"n": done + 1})],
+                             usage=usage)
+    return ModelResponse(parts=[TextPart(f"looked {done} times")], usage=usage)
+
+
+talker = Agent(FunctionModel(talking_model), name="pai_talk")
+
+
+@talker.tool_plain
+async def look(n: int) -> dict[str, Any]:
+    """Look something up (effect-free): a result of ~0.5 KB."""
+    return {"n": n, "found": _WORDS[:200] + str(n)}
+
+
+durable_talker = DurableAgent(talker, tools={"look": StepOptions(effect_free=True)})

@@ -22,6 +22,10 @@ continue, as ``bench.iobound``'s backlog rows). One row per agent style
 - ``async code, 5,000 runs``: the same agent at 5,000 runs, beside DBOS at 5,000 runs
   (``bench.dbosrows``: its threads and its async workflows, on a local PostgreSQL).
 
+Also reported: the pydantic-ai row's CPU per run over the plain run's with the worker's
+collector (the workers' alone, and with Redis's), and a 100-call pydantic-ai conversation's
+cost per call early and late in it (``bench.conversation``), beside pydantic-ai's own.
+
 Reported per row: wall, wall / ideal, peak RSS and threads of each worker (at ``HELD``
 runs held), starts, latency, and the problems the worker logs show; and the ratio of
 DBOS's wall to ours at 5,000 runs. ``--quick``: 600 runs on 2 x 300 slots (200 of the
@@ -34,7 +38,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench import dbosrows, framework_agents, iobound
+from bench import conversation, dbosrows, framework_agents, iobound
 from bench.common import AGENTS
 from durable.settings import WorkerSettings
 
@@ -112,6 +116,25 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
     out: dict[str, Any] = {"runs": runs, "held_per_worker": held, "steps": iobound.STEPS,
                            "sleep_s": iobound.SLEEP_S,
                            "ideal_s": iobound.STEPS * iobound.SLEEP_S, "configs": rows}
+    out["pydantic_ai_cpu"] = cpu_over_plain(rows[f"pydantic-ai agent, {framework:,} runs"],
+                                            rows[name])
+    log(f"  styles pydantic-ai CPU durable / plain (the worker's collector): "
+        f"{out['pydantic_ai_cpu']['worker_over_plain']:.2f}x (workers), "
+        f"{out['pydantic_ai_cpu']['with_redis_over_plain']:.2f}x (workers + Redis)")
+    r = srv.client()
+    try:
+        out["conversation"] = {
+            "durable": conversation.durable_calls(srv.url, r, FRAMEWORK_AGENTS,
+                                                  log_dir=log_dir),
+            "plain": conversation.plain_calls(gc_threshold=GC_THRESHOLD)}
+    finally:
+        r.close()
+    talk = out["conversation"]
+    log(f"  styles {framework_agents.TALK_CALLS}-call pydantic-ai conversation, ms per call "
+        f"early / late: durable {talk['durable']['early_ms']:.1f} / "
+        f"{talk['durable']['late_ms']:.1f} ({talk['durable']['late_over_early']:.2f}x), "
+        f"plain CPU {talk['plain']['early_ms']:.1f} / {talk['plain']['late_ms']:.1f} "
+        f"({talk['plain']['late_over_early']:.2f}x)")
     if not quick:
         dbos = dbosrows.dbos(DBOS_RUNS, 1, log, steps=iobound.STEPS,
                              sleep_s=iobound.SLEEP_S)
@@ -123,6 +146,15 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
             if "wall_s" in row}
         log(f"  styles DBOS wall / ours at {DBOS_RUNS:,} runs: {out['dbos_over_ours_at_5000']}")
     return out
+
+
+def cpu_over_plain(durable: dict[str, Any], plain: dict[str, Any]) -> dict[str, float]:
+    """A durable pydantic-ai run's CPU over the same agent's run plainly (with the worker's
+    collector): the workers' alone, and with Redis's."""
+    worker, redis_us = durable["worker_cpu_per_run_us"], durable["redis_cpu_per_run_us"]
+    base = plain["cpu_per_run_us"]
+    return {"worker_over_plain": worker / base, "with_redis_over_plain": (worker + redis_us)
+            / base}
 
 
 def cpu_floor(res: dict[str, Any], runs: int) -> dict[str, float]:
@@ -169,6 +201,13 @@ def report(st: dict[str, Any]) -> list[str]:
     out.append("\nThe CPU floor is the row's worker and Redis CPU over the machine's "
                f"{iobound.CPUS} cores: no wall can be shorter. The ideal is reachable only "
                "where the floor is below it.\n")
+    if "pydantic_ai_cpu" in st:
+        c = st["pydantic_ai_cpu"]
+        out.append(f"\nA durable pydantic-ai run's CPU over the same agent run plainly with "
+                   f"the worker's collector: {c['worker_over_plain']:.2f}x (the workers'), "
+                   f"{c['with_redis_over_plain']:.2f}x (the workers' and Redis's).\n")
+    if "conversation" in st:
+        out += conversation.report(st["conversation"])
     if "dbos_over_ours_at_5000" in st:
         out.append("\nDBOS's wall over ours (async code) at 5,000 runs: " + ", ".join(
             f"{k}: {v}x" for k, v in st["dbos_over_ours_at_5000"].items()) + ".\n")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable.agents import Call, Parallel
-from durable.call_identity import call_difference, call_signature, is_placeholder
+from durable.call_identity import call_difference, call_signature, given_digest, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import blobs, context, keys
 from durable.log import events as ev
@@ -268,8 +268,10 @@ def matching_call(run_id: str, decision: Any, step: int, tool: str, args: Any,
         first = decision.steps[0] if decision.steps else (group or step)
         if 0 <= step - first < len(decision.calls):
             decision = decision.calls[step - first]
-    recorded = call_signature(tool, args)
-    now = (call_signature(decision.tool, decision.args, digest=is_placeholder(args))
+    by_digest = is_placeholder(args) or (isinstance(decision, Call)
+                                         and given_digest(decision.args) is not None)
+    recorded = call_signature(tool, args, digest=by_digest)
+    now = (call_signature(decision.tool, decision.args, digest=by_digest)
            if isinstance(decision, Call) else type(decision).__name__)
     if now != recorded or not isinstance(decision, Call):
         detail = call_difference(tool, args, decision.tool, decision.args) \

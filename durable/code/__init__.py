@@ -61,6 +61,7 @@ from durable.agents import (
     Decision,
     registry,
 )
+from durable.call_identity import is_placeholder
 from durable.code.async_execution import AsyncSession
 from durable.code.execution import Session
 from durable.code.history import needs_history, read_history
@@ -124,6 +125,15 @@ class RunContext:
         intent): an integration's events that precede a call (pydantic-ai's tool-call event)
         were reported then, before the call was decided."""
         return step in self._session.actions
+
+    def recorded_digest(self, step: int) -> str | None:
+        """The digest the log keeps of ``step``'s arguments (a tool that keeps them out of
+        it: ``log_args = "digest"``), else None. An integration that digests a step's
+        arguments itself, incrementally (``durable.call_identity.given_digest``), takes
+        them again the whole way where its digest differs from the recorded one."""
+        act = self._session.actions.get(step)
+        return str(act.args["_digest"]) if act is not None and is_placeholder(act.args) \
+            else None
 
     def went_past(self, step: int) -> bool:
         """Whether an earlier execution of the function was given ``step``'s outcome and

@@ -25,7 +25,7 @@ from durable.agents import (
     Parallel,
     Wait,
 )
-from durable.call_identity import call_difference, call_signature, is_placeholder
+from durable.call_identity import call_difference, call_signature, given_digest, is_placeholder
 from durable.code.history import Values
 from durable.code.steps import (
     ChildRun,
@@ -276,8 +276,9 @@ class Session:
                 "times")
 
     def _check(self, recorded: Action, tool: str, args: dict[str, Any]) -> None:
-        was = call_signature(recorded.tool, recorded.args)
-        now = call_signature(tool, args, digest=is_placeholder(recorded.args))
+        by_digest = is_placeholder(recorded.args) or given_digest(args) is not None
+        was = call_signature(recorded.tool, recorded.args, digest=by_digest)
+        now = call_signature(tool, args, digest=by_digest)
         if was != now:
             raise NondeterminismError(self.run_id, recorded.step, was, now,
                                       call_difference(recorded.tool, recorded.args, tool, args))

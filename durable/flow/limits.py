@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from durable.call_identity import given_digest
 from durable.errors import UsageError
 from durable.log import keys
 from durable.log.scripts import Scripts
@@ -121,11 +122,13 @@ def key_of(limit: Limit, state: RunState, tool: str, args: Any) -> str:
 
 
 def estimate_tokens(args: Any) -> int:
-    """A model request's token estimate: its ``max_tokens`` plus a quarter of its size."""
+    """A model request's token estimate: its ``max_tokens`` plus a quarter of its size (the
+    size of the full arguments for arguments given by their digest: ``given_digest``)."""
     if not isinstance(args, Mapping):
         return 0
     reply = args.get("max_tokens") or args.get("max_output_tokens") or 0
-    size = len(json.dumps(args, default=str, separators=(",", ":")))
+    size = int(args["_bytes"]) if given_digest(dict(args)) is not None \
+        else len(json.dumps(args, default=str, separators=(",", ":")))
     return (int(reply) if isinstance(reply, int | float) else 0) + size // 4
 
 

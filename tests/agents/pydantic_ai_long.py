@@ -252,3 +252,30 @@ def book_it(slot: int) -> dict[str, Any]:
 
 
 handled_durability.register()
+
+
+# A long conversation of effect-free lookups (``tests.test_pydantic_ai_cost``): ``CHAT_CALLS``
+# model requests, each reply some text and a tool call until the last, each tool result ~0.3 KB.
+
+CHAT_CALLS = 100
+_SAID = "a reply says something beside its tool call, as real ones do. " * 4
+
+
+async def chatty_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    done = len(_returns(messages))
+    if done < CHAT_CALLS - 1:
+        return _reply(TextPart(_SAID), ToolCallPart("look_up", {"n": done + 1}))
+    return _reply(TextPart(f"looked up {done} times"))
+
+
+chat_durability = RedisDurability(tools={"look_up": StepOptions(effect_free=True)})
+chat_agent = Agent(FunctionModel(chatty_model), name="pai_chat", capabilities=[chat_durability])
+
+
+@chat_agent.tool_plain
+async def look_up(n: int) -> dict[str, Any]:
+    """Look something up (effect-free)."""
+    return {"n": n, "found": _SAID[:200]}
+
+
+chat_durability.register()

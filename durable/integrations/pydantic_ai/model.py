@@ -2,13 +2,12 @@
 ``request`` and ``request_stream`` take the step ``<name>.model``), the worker's side (the
 step tool that sends the request with the step's ``Idempotency-Key`` and deadline, streaming
 its text and tool calls to the run's followers when the agent streams), and the JSON the step
-is made of (the request's identity, its messages without timestamps; the response with its
-usage)."""
+is made of (the request's identity, taken incrementally: ``identity``; the response with
+its usage)."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -67,41 +66,6 @@ def retryable_but_not_usage(named: tuple[type[BaseException], ...]) \
 
 
 # The JSON of a model step -------------------------------------------------------------------
-
-
-def identity(messages: list[ModelMessage]) -> list[Any]:
-    """The messages of a request as JSON, without their timestamps: what the step's digest is
-    taken over, the same when the function is executed again."""
-    data: list[Any] = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
-    for message in data:
-        message.pop("timestamp", None)
-        for part in message.get("parts") or ():
-            if isinstance(part, dict):
-                part.pop("timestamp", None)
-    return data
-
-
-#: The id pydantic-ai gives a capability that has none (``<thinking:3f9a1c>``): random in
-#: each run, on purpose ("a run-local handle"), and carried by the tool definitions that
-#: capability contributes.
-_SYNTHETIC_ID = re.compile(r"<([A-Za-z0-9_]+):[0-9a-f]{6}>")
-
-
-def parameters_identity(parameters: ModelRequestParameters) -> Any:
-    """A request's parameters as JSON, each synthetic capability id in them without its
-    random part (``<thinking>``): the tools a capability without an ``id`` contributes are
-    the same tools when the function is executed again, under another id."""
-    return _without_synthetic_ids(stable(parameters))
-
-
-def _without_synthetic_ids(value: Any) -> Any:
-    if isinstance(value, str):
-        return _SYNTHETIC_ID.sub(r"<\1>", value) if "<" in value else value
-    if isinstance(value, dict):
-        return {k: _without_synthetic_ids(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_without_synthetic_ids(v) for v in value]
-    return value
 
 
 def encode_response(response: ModelResponse) -> dict[str, Any]:
@@ -168,10 +132,9 @@ class DurableModel(WrapperModel):
         just before a crash is shown again: the function may not have been given it."""
         b = bound(self._owner)
         assert b is not None
-        args = {"messages": identity(messages), "settings": stable(settings),
-                "parameters": parameters_identity(parameters)}
         call = ModelCall(self.wrapped, messages, settings, parameters, stream, run_context)
-        response, seen = await b.step_seen(self._owner.model_step, args, call)
+        response, seen = await b.step_seen(self._owner.model_step,
+                                           b.request_args(messages, settings, parameters), call)
         return decode_response(response), seen
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,

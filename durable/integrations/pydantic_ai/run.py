@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.durable_exec import record_durable_unit
 from pydantic_ai.messages import ModelMessage, ToolCallEvent, ToolResultEvent, UserContent
+from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import DeferredToolResults
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.usage import UsageLimits
@@ -38,6 +39,8 @@ from durable import conversations
 from durable.agents import Fail
 from durable.code import AsyncRunContext, EndRun, StepFailed
 from durable.integrations.base import Bindings, LiveRequests, Owner
+from durable.integrations.pydantic_ai.identity import RequestDigest, identity
+from durable.telemetry.tracing import capturing_content
 
 __all__ = ["RUNS", "Binding", "Durability", "PromptInput", "RunInput", "binding", "bound",
            "continued_messages", "keep_messages", "keeps", "primary", "prompt_input",
@@ -171,6 +174,31 @@ class Binding:
     #: pydantic-ai's ids of the tool calls an earlier execution decided the step of: their
     #: call events were reported then, before the step was decided (``unseen``).
     decided: set[str] = field(default_factory=set)
+    #: The digest of the function's model requests, taken one new message at a time.
+    digest: RequestDigest = field(default_factory=RequestDigest)
+
+    def next_step(self) -> int:
+        """The number the next step taken will have (after those in flight)."""
+        return max(self.ctx.step, *self.inflight) + 1 if self.inflight else self.ctx.step + 1
+
+    def request_args(self, messages: list[ModelMessage], settings: Any,
+                     parameters: ModelRequestParameters) -> dict[str, Any]:
+        """The arguments of the model step a request is: its digest and size, taken
+        incrementally (``identity.RequestDigest``: what the whole arguments' would be), and
+        the number of its messages; with them the messages themselves only when model
+        content goes on spans (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``). A
+        digest that differs from the one the log has for the step (a run recorded before,
+        a message pydantic-ai changed in place since it was digested) is taken again over
+        the whole conversation, the way it was taken before."""
+        digest, size = self.digest.of(messages, settings, parameters)
+        recorded = self.ctx.recorded_digest(self.next_step())
+        if recorded is not None and recorded != digest:
+            self.digest.reset()
+            digest, size = self.digest.of(messages, settings, parameters)
+        args: dict[str, Any] = {"_digest": digest, "_bytes": size, "count": len(messages)}
+        if capturing_content():
+            args["messages"] = identity(messages)
+        return args
 
     async def step(self, tool: str, args: dict[str, Any], live: Any,
                    call_id: str | None = None) -> Any:
@@ -187,7 +215,7 @@ class Binding:
                         call_id: str | None = None) -> tuple[Any, bool]:
         """``step``, and whether an earlier execution of the function was given this
         outcome and went past it (``RunContext.went_past``): its events were shown then."""
-        n = max(self.ctx.step, *self.inflight) + 1 if self.inflight else self.ctx.step + 1
+        n = self.next_step()
         replayed = self.ctx.replaying  # the step is in the log already
         seen = self.ctx.went_past(n)
         if call_id and seen:
