@@ -1,0 +1,136 @@
+"""``durable a2a`` called as another agent calls it: the official ``a2a-sdk`` client against a
+real ``durable a2a`` process, with real worker processes on the session's Redis. A task is a
+run: its card, a stream of its steps and partial output, the retry of a message that starts
+nothing twice, input-required answered by a message, the durable cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from a2a.types import CancelTaskRequest, GetTaskRequest, TaskState
+
+from durable.a2a.cards import SCHEMA_EXTENSION
+from durable.a2a.handler import run_id_for
+from durable.client import Client
+from tests.agent2agent import A2AServer, a2a, elapsed_ms, kind, message, published
+
+__all__ = ["a2a"]  # the fixture
+
+pytestmark = pytest.mark.timeout(240)
+
+S = TaskState
+
+
+def test_an_agent_card_per_published_agent(a2a: A2AServer, worker: Any,
+                                           r: redis.Redis) -> None:
+    async def go() -> None:
+        worker()
+        published(r, "chat", "asker")
+        listed = httpx.get(f"{a2a.url}/agents").json()["agents"]
+        assert {"chat", "asker"} <= {a["name"] for a in listed}
+        async with httpx.AsyncClient() as http:
+            card = await a2a.card("asker", http)
+        assert card.name == "asker" and card.capabilities.streaming
+        assert [i.protocol_version for i in card.supported_interfaces] == ["1.0", "0.3"]
+        assert card.supported_interfaces[0].url == a2a.endpoint("asker")
+        (skill,) = card.skills
+        assert skill.id == "asker" and "as text: it becomes the field 'text'" in skill.description
+        (ext,) = card.capabilities.extensions
+        assert ext.uri == SCHEMA_EXTENSION and set(ext.params["schema"]["properties"]) == \
+            {"text", "steps"}
+        assert "bearer" in card.security_schemes
+        assert httpx.get(f"{a2a.url}/agents/nope/.well-known/agent-card.json").status_code == 404
+
+    asyncio.run(go())
+
+
+def test_a_stream_carries_steps_partial_output_and_the_result(
+        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
+    """message/stream: the task, then a working status per step, the step's partial output as
+    chunks of one artifact, the result, completed. A retry of the same message id follows
+    the same run (one run in all). Reports start-to-first-event latency."""
+    async def go() -> None:
+        worker()
+        published(r, "chat")
+        request = message({"parts": 3, "pause_s": 0.2})
+        seen: list[str] = []
+        firsts: dict[str, float] = {}
+        async with a2a.client("chat") as c:
+            t0 = time.perf_counter()
+            async for item in c.send_message(request):
+                k = kind(item)
+                firsts.setdefault(k, elapsed_ms(t0))
+                seen.append(k)
+                if k == "task":
+                    task_id = item.task.id
+            assert seen[0] == "task" and seen[-1] == "status:TASK_STATE_COMPLETED", seen
+            assert "status:TASK_STATE_WORKING" in seen
+            assert seen.count("artifact:partial-1") == 3 and "artifact:result" in seen, seen
+            print(f"\nA2A message/stream: first event (the task) {firsts['task']:.1f} ms, "
+                  f"first worker event {firsts['status:TASK_STATE_WORKING']:.1f} ms, "
+                  f"first partial output {firsts['artifact:partial-1']:.1f} ms, "
+                  f"completed {firsts['status:TASK_STATE_COMPLETED']:.1f} ms")
+            assert task_id == run_id_for("acme", "chat", request.message.message_id)
+            got = await c.get_task(GetTaskRequest(id=task_id))
+            assert got.status.state == S.TASK_STATE_COMPLETED
+            assert got.artifacts[0].parts[0].data.struct_value["said"] == \
+                ["tok0", "tok1", "tok2"]
+            # The caller did not hear back and sends the same message again: same task.
+            again = [item async for item in c.send_message(request)]
+        assert [kind(i) for i in again] == ["task"] and again[0].task.id == task_id
+        assert again[0].task.status.state == S.TASK_STATE_COMPLETED
+        runs = client.runs(agent="chat")
+        assert [(x.run_id, x.tenant, x.owner) for x in runs] == [(task_id, "acme", "a2a:acme-bot")]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("v03", [False, True], ids=["v1.0", "v0.3"])
+def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
+                                                 r: redis.Redis, v03: bool) -> None:
+    """message/send (v0.3's name with the 0.3 interface): a run waiting for input is an
+    input-required task; a message naming it answers; the same answer sent again changes
+    nothing; the next message in the context starts the next task of that session."""
+    async def go() -> None:
+        worker()
+        published(r, "asker")
+        async with a2a.client("asker", streaming=False, v03=v03) as c:
+            (first,) = [i async for i in c.send_message(message(text="hello", context_id="chat-1"))]
+            task = first.task
+            assert task.status.state == S.TASK_STATE_INPUT_REQUIRED, task
+            assert task.context_id == "chat-1"
+            assert "what should I say?" in task.status.message.parts[0].text
+            answer = message(text="go on", task_id=task.id, context_id="chat-1")
+            (done,) = [i async for i in c.send_message(answer)]
+            assert done.task.status.state == S.TASK_STATE_COMPLETED, done.task
+            assert done.task.artifacts[0].parts[0].text == "hello"
+            (again,) = [i async for i in c.send_message(answer)]  # the retried answer
+            assert again.task.status.state == S.TASK_STATE_COMPLETED
+            (nxt,) = [i async for i in c.send_message(message(text="next", context_id="chat-1"))]
+            assert nxt.task.id != task.id and nxt.task.context_id == "chat-1"
+            assert nxt.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+
+    asyncio.run(go())
+
+
+def test_cancel_is_the_durable_cancel(a2a: A2AServer, worker: Any, client: Client,
+                                      r: redis.Redis) -> None:
+    """tasks/cancel records the cancel in the run's log: the run is canceled, by the caller."""
+    async def go() -> None:
+        worker()
+        published(r, "asker")
+        async with a2a.client("asker", streaming=False) as c:
+            (first,) = [i async for i in c.send_message(message({"text": "x"}))]
+            assert first.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+            canceled = await c.cancel_task(CancelTaskRequest(id=first.task.id))
+        assert canceled.status.state == S.TASK_STATE_CANCELED
+        state = client.status(first.task.id)
+        assert state.state == "canceled" and state.cancel is not None
+        assert state.cancel.by == "a2a:acme-bot"
+
+    asyncio.run(go())
