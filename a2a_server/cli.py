@@ -22,6 +22,21 @@ from durable.settings import Settings
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
+#: What the SDK logs, with a traceback, when it refuses a malformed request: the caller's
+#: mistake, answered with an error object. Logged here as one line each.
+REFUSALS = ("Failed to validate base JSON-RPC request", "Failed to parse request params")
+
+
+class OneLineRefusals(logging.Filter):
+    """Drops the traceback of the SDK's log records of refused requests (anyone can send
+    them: a page of traceback each would flood the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("a2a.") and str(record.msg).startswith(REFUSALS):
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
 
 def cmd_a2a(args: argparse.Namespace) -> int:
     from .tokens import Caller, Tokens, new_token
@@ -58,6 +73,8 @@ def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
                          "'durable-agents[a2a]'") from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineRefusals())
     client = Client(settings)
     app = build_app(client, tokens, dev_caller=dev, public_url=public_url)
     logging.getLogger("durable.a2a").info(

@@ -1,0 +1,147 @@
+"""What ``durable a2a`` refuses, against the real process: a malformed request gets the
+protocol's error object (never a 500), an unknown agent, a missing token, an oversized or a
+file part, an input the schema refuses, a message id reused for other content, a busy
+context, a task id of another tenant: each refused with a clear message, nothing started,
+nothing written to the run it names."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a.utils.errors import TaskNotFoundError
+
+from durable.client import Client
+from tests.agent2agent import A2AServer, a2a, message, published
+
+__all__ = ["a2a"]  # the fixture
+
+pytestmark = pytest.mark.timeout(240)
+
+V1 = {"A2A-Version": "1.0"}
+
+
+def rpc(a2a: A2AServer, agent: str, body: Any, *, caller: str | None = "acme-bot",
+        headers: dict[str, str] | None = None) -> httpx.Response:
+    sent = {**(a2a.headers(caller) if caller else {}), **(headers or {})}
+    content = body if isinstance(body, bytes) else None
+    return httpx.post(a2a.endpoint(agent), content=content,
+                      json=None if content is not None else body, headers=sent, timeout=60)
+
+
+def send(text: str | None = None, data: Any = None, message_id: str = "m-1",
+         **extra: Any) -> dict[str, Any]:
+    part = {"text": text} if text is not None else {"data": data}
+    return {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": {
+        "messageId": message_id, "role": "ROLE_USER", "parts": [part], **extra}}}
+
+
+def error(response: httpx.Response, status: int = 200) -> dict[str, Any]:
+    assert response.status_code == status, (response.status_code, response.text)
+    err: dict[str, Any] = response.json()["error"]
+    return err
+
+
+def test_malformed_requests_get_the_protocols_error_objects(a2a: A2AServer, worker: Any,
+                                                            client: Client,
+                                                            r: redis.Redis) -> None:
+    worker()
+    published(r, "chat")
+    assert error(rpc(a2a, "chat", b"{not json"))["code"] == -32700
+    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1}))["code"] == -32600
+    assert error(rpc(a2a, "chat", [send("x")]))["code"] == -32600  # a batch
+    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "Nope"}))["code"] \
+        == -32601
+    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                                   "params": {"message": 5}}, headers=V1))["code"] == -32602
+    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "message/send",
+                                   "params": {"message": "hi"}}))["code"] == -32600
+    no_id = error(rpc(a2a, "chat", send(data={"parts": 1}, message_id=""), headers=V1))
+    assert no_id["code"] == -32602 and "message id" in no_id["message"]
+    assert client.runs() == []
+
+
+def test_unknown_agent_missing_token_and_big_bodies_are_refused(
+        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
+    worker()
+    published(r, "chat")
+    unknown = error(rpc(a2a, "nope", send("hi"), headers=V1), 404)
+    assert "no agent 'nope'" in unknown["message"]
+    for caller, headers in ((None, {}), (None, {"Authorization": "Bearer wrong"})):
+        refused = rpc(a2a, "chat", send(data={"parts": 1}), caller=caller,
+                      headers={**V1, **headers})
+        assert "bearer token" in error(refused, 401)["message"]
+        assert refused.headers["www-authenticate"].startswith("Bearer")
+    limit = client.settings.payloads.max_payload_bytes
+    big = error(rpc(a2a, "chat", send(data={"parts": 1, "pad": "x" * (3 * limit)}),
+                    headers=V1), 413)
+    assert "nothing was started" in big["message"]
+    assert client.runs() == []
+
+
+def test_bad_parts_and_inputs_start_nothing(a2a: A2AServer, worker: Any, client: Client,
+                                            r: redis.Redis) -> None:
+    worker()
+    published(r, "chat", "asker")
+    limit = client.settings.payloads.max_payload_bytes
+    over = error(rpc(a2a, "asker", send("x" * (limit + 1)), headers=V1))
+    assert over["code"] == -32602 and f"over the limit of {limit}" in over["message"]
+    file_part = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+        "messageId": "f", "role": "ROLE_USER", "parts": [{"url": "http://x/y.pdf"}]}}}
+    assert "a url part" in error(rpc(a2a, "asker", file_part, headers=V1))["message"]
+    schema = error(rpc(a2a, "chat", send(data={"parts": "three"}), headers=V1))
+    assert schema["code"] == -32602 and "parts" in schema["message"]
+    no_text = error(rpc(a2a, "chat", send("hello"), headers=V1))
+    assert "no single text field" in no_text["message"]
+    assert client.runs() == []
+
+
+def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker: Any,
+                                                          client: Client,
+                                                          r: redis.Redis) -> None:
+    """acme's task is invisible to globex: get, cancel, subscribe and an answer naming it
+    are refused as unknown, and the task is still waiting, untouched."""
+    worker()
+    published(r, "asker")
+
+    async def go() -> None:
+        async with a2a.client("asker", streaming=False) as acme:
+            (first,) = [i async for i in acme.send_message(
+                message({"text": "a"}, message_id="same", context_id="c-1"))]
+            task = first.task
+            assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            with pytest.raises(Exception, match="other content"):
+                [i async for i in acme.send_message(
+                    message({"text": "b"}, message_id="same", context_id="c-1"))]
+            with pytest.raises(Exception, match="has a task that has not ended"):
+                [i async for i in acme.send_message(message({"text": "c"}, context_id="c-1"))]
+        async with a2a.client("asker", "globex-bot", streaming=False) as globex:
+            with pytest.raises(TaskNotFoundError):
+                await globex.get_task(GetTaskRequest(id=task.id))
+            with pytest.raises(TaskNotFoundError):
+                await globex.cancel_task(CancelTaskRequest(id=task.id))
+            with pytest.raises(TaskNotFoundError):
+                [i async for i in globex.send_message(SendMessageRequest(message=Message(
+                    message_id="g", role=Role.ROLE_USER, task_id=task.id,
+                    parts=[Part(text="answer")])))]
+        async with a2a.client("asker", "globex-bot") as streaming:
+            with pytest.raises(TaskNotFoundError):
+                [i async for i in streaming.subscribe(SubscribeToTaskRequest(id=task.id))]
+
+    asyncio.run(go())
+    state = client.status(client.runs()[0].run_id)
+    assert state.state == "waiting_input" and state.cancel is None
+    assert [x.tenant for x in client.runs()] == ["acme"]
