@@ -8,7 +8,8 @@ maps it onto runs, through ``durable.client.Client`` only.
 Modules: ``tokens`` (bearer tokens: who calls, for which tenant), ``cards`` (an agent card
 per published agent, its skill from the input schema), ``messages`` (an A2A message as a
 run's input or a wait's answer, and its limits), ``tasks`` (a run as an A2A task, its log as
-task events), ``handler`` (the SDK's ``RequestHandler`` over the client), ``app`` (the
+task events), ``push`` (push notifications: configs in Redis, the SDK's sender, signed
+bodies), ``handler`` (the SDK's ``RequestHandler`` over the client), ``app`` (the
 Starlette application: cards, one JSON-RPC endpoint per agent), ``cli`` (the ``durable
 a2a`` command).
 """

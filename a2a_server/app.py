@@ -54,11 +54,14 @@ def _error(status: int, error: A2AError, headers: dict[str, str] | None = None) 
 
 
 def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | None = None,
-              public_url: str | None = None, body_limit: int | None = None) -> Starlette:
-    """The application; ``tokens`` None: every request is ``dev_caller`` (development)."""
+              public_url: str | None = None, body_limit: int | None = None,
+              push_secret: bytes | None = None, push_private_urls: bool = False) -> Starlette:
+    """The application; ``tokens`` None: every request is ``dev_caller`` (development);
+    ``push_secret``: push notifications on, signed with it (``push``)."""
     if tokens is None and dev_caller is None:
         raise ValueError("tokens or a development caller")
-    handler = DurableRequestHandler(client)
+    handler = DurableRequestHandler(client, push_secret=push_secret,
+                                    push_private_urls=push_private_urls)
     dispatcher = JsonRpcDispatcher(handler, context_builder=_Context(), enable_v0_3_compat=True)
     limit = body_limit or 2 * client.settings.payloads.max_payload_bytes + 65536
 
@@ -76,7 +79,8 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
         if item is None:
             return JSONResponse({"error": f"no agent {name!r} is published here"},
                                 status_code=404)
-        return JSONResponse(agent_card_to_dict(card(item, f"{base(request)}/agents/{name}/")))
+        return JSONResponse(agent_card_to_dict(card(item, f"{base(request)}/agents/{name}/",
+                                                    push=handler.pusher is not None)))
 
     async def rpc(request: Request) -> Response:
         caller = dev_caller if tokens is None else \
@@ -107,6 +111,8 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if handler.pusher is not None:
+            await handler.pusher.resume()
         try:
             yield
         finally:

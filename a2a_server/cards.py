@@ -62,7 +62,7 @@ def _describe(item: Published) -> str:
     return f"{how}." + (f" Fields: {fields}." if fields else "")
 
 
-def card(item: Published, url: str, *, streaming: bool = True) -> AgentCard:
+def card(item: Published, url: str, *, streaming: bool = True, push: bool = False) -> AgentCard:
     """The card of the published agent ``item``, served at ``url`` (its JSON-RPC endpoint)."""
     modes = ["application/json"] + (["text/plain"] if text_field(item.schema) else [])
     params = Struct()
@@ -81,7 +81,7 @@ def card(item: Published, url: str, *, streaming: bool = True) -> AgentCard:
             AgentInterface(url=url, protocol_binding=TransportProtocol.JSONRPC,
                            protocol_version=PROTOCOL_VERSION_0_3)],
         capabilities=AgentCapabilities(
-            streaming=streaming, push_notifications=False,
+            streaming=streaming, push_notifications=push,
             extensions=[AgentExtension(uri=SCHEMA_EXTENSION, params=params,
                                        description="the input's JSON schema (draft 2020-12)")]),
         security_schemes={"bearer": bearer},

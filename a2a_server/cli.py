@@ -59,11 +59,16 @@ def cmd_a2a(args: argparse.Namespace) -> int:
                          "--dev on a loopback address")
     else:
         tokens, dev = Tokens.load(Path(tokens_file)), None
-    return serve(settings, args.host, args.port, tokens, dev, args.public_url)
+    secret = args.push_secret or os.environ.get("DURABLE_A2A_PUSH_SECRET")
+    if secret is not None and len(secret) < 16:
+        raise UsageError("DURABLE_A2A_PUSH_SECRET: at least 16 characters")
+    return serve(settings, args.host, args.port, tokens, dev, args.public_url,
+                 secret.encode() if secret else None, args.push_private_urls)
 
 
 def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
-          public_url: str | None) -> int:
+          public_url: str | None, push_secret: bytes | None = None,
+          push_private_urls: bool = False) -> int:
     try:
         import uvicorn
 
@@ -76,7 +81,8 @@ def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
     for handler in logging.getLogger().handlers:
         handler.addFilter(OneLineRefusals())
     client = Client(settings)
-    app = build_app(client, tokens, dev_caller=dev, public_url=public_url)
+    app = build_app(client, tokens, dev_caller=dev, public_url=public_url,
+                    push_secret=push_secret, push_private_urls=push_private_urls)
     logging.getLogger("durable.a2a").info(
         "a2a started: http://%s:%d/agents%s", host, port,
         f" (development mode: no token, every caller is {dev.name!r})" if dev else "")
@@ -105,5 +111,11 @@ def register(add: Callable[..., Any]) -> None:
                     help="the caller every request is in development mode (dev)")
     sp.add_argument("--tenant", default="", metavar="T",
                     help="with --dev or --new-token: the tenant of the caller's tasks")
+    sp.add_argument("--push-secret", metavar="SECRET",
+                    help="sign push notifications with this secret and offer them "
+                    "(DURABLE_A2A_PUSH_SECRET; unset: no push notifications)")
+    sp.add_argument("--push-private-urls", action="store_true",
+                    help="let push notifications go to private and loopback addresses "
+                    "(default: public http(s) addresses only)")
     sp.add_argument("--new-token", metavar="NAME",
                     help="print a new token for the caller NAME and its tokens file entry")

@@ -64,6 +64,7 @@ from durable.streams.async_streaming import last_id
 from durable.streams.streaming import async_twin
 
 from . import messages, tasks
+from .push import Pusher
 from .tokens import Caller
 
 #: Seconds ``tasks/cancel`` waits for the run to be canceled before it answers with the
@@ -89,10 +90,14 @@ class DurableRequestHandler(RequestHandler):
     ``aredis`` follows logs and partial output. The agent is the one of the endpoint called
     (``context.state["agent"]``, set by ``app``)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, push_secret: bytes | None = None,
+                 push_private_urls: bool = False) -> None:
         self.client = client
         self.max_bytes = client.settings.payloads.max_payload_bytes
         self._aredis: redis.asyncio.Redis | None = None
+        #: Push notifications, when a secret signs them (``push``).
+        self.pusher = None if push_secret is None else \
+            Pusher(client, lambda: self.aredis, push_secret, private_urls=push_private_urls)
 
     @property
     def aredis(self) -> redis.asyncio.Redis:
@@ -102,6 +107,8 @@ class DurableRequestHandler(RequestHandler):
         return self._aredis
 
     async def aclose(self) -> None:
+        if self.pusher is not None:
+            await self.pusher.aclose()
         if self._aredis is not None:
             await self._aredis.aclose()
             self._aredis = None
@@ -174,6 +181,10 @@ class DurableRequestHandler(RequestHandler):
         if item is None:
             raise InvalidParamsError(message=f"no agent {agent!r} is published here")
         data = messages.run_input(msg, item.schema, self.max_bytes)
+        push = params.configuration.task_push_notification_config \
+            if params.configuration.HasField("task_push_notification_config") else None
+        if push is not None:
+            await self._push_ok(push)
         run_id = run_id_for(caller.tenant, agent, msg.message_id)
         session = msg.context_id or f"ctx-{run_id}"
         try:
@@ -192,6 +203,9 @@ class DurableRequestHandler(RequestHandler):
         except DurableError as exc:
             raise InvalidParamsError(message=f"{exc}; nothing was started") from None
         after = "0" if started.created else await self._last(run_id)
+        if push is not None and self.pusher is not None:
+            await self.pusher.store.set_info(run_id, push, context)
+            self.pusher.watch(run_id)
         return await asyncio.to_thread(self.client.status, run_id), after
 
     async def _answer(self, msg: Message, context: ServerCallContext) -> tuple[RunState, str]:
@@ -265,27 +279,53 @@ class DurableRequestHandler(RequestHandler):
         async for event in self._follow(state, after):
             yield event
 
-    # Not offered -----------------------------------------------------------------------
+    # Push notifications ----------------------------------------------------------------
+
+    def _pushing(self) -> Pusher:
+        if self.pusher is None:
+            raise PushNotificationNotSupportedError(
+                message="push notifications are off (no DURABLE_A2A_PUSH_SECRET)")
+        return self.pusher
+
+    async def _push_ok(self, config: TaskPushNotificationConfig) -> None:
+        if not await self._pushing().url_ok(config.url):
+            raise InvalidParamsError(message=f"push URL {config.url!r} refused: a public "
+                                     "http(s) address only; nothing was started")
 
     async def on_create_task_push_notification_config(
             self, params: TaskPushNotificationConfig,
             context: ServerCallContext) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        pusher = self._pushing()
+        await self._run(params.task_id, context)
+        await self._push_ok(params)
+        stored = await pusher.store.set_info(params.task_id, params, context)
+        pusher.watch(params.task_id)
+        return stored
 
     async def on_get_task_push_notification_config(
             self, params: GetTaskPushNotificationConfigRequest,
             context: ServerCallContext) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        pusher = self._pushing()
+        await self._run(params.task_id, context)
+        for config in await pusher.store.get_info(params.task_id, context):
+            if config.id == params.id:
+                return config
+        raise TaskNotFoundError(message=f"no push config {params.id!r} of {params.task_id}")
 
     async def on_list_task_push_notification_configs(
             self, params: ListTaskPushNotificationConfigsRequest,
             context: ServerCallContext) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError
+        pusher = self._pushing()
+        await self._run(params.task_id, context)
+        return ListTaskPushNotificationConfigsResponse(
+            configs=await pusher.store.get_info(params.task_id, context))
 
     async def on_delete_task_push_notification_config(
             self, params: DeleteTaskPushNotificationConfigRequest,
             context: ServerCallContext) -> None:
-        raise PushNotificationNotSupportedError
+        pusher = self._pushing()
+        await self._run(params.task_id, context)
+        await pusher.store.delete_info(params.task_id, context, params.id)
 
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:

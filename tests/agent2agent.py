@@ -98,6 +98,7 @@ def kind(item: StreamResponse) -> str:
 @contextlib.contextmanager
 def serving(server: Server, folder: Path, *args: str) -> Iterator[A2AServer]:
     """A ``durable a2a`` process on the session's Redis (the test's environment)."""
+    folder.mkdir(parents=True, exist_ok=True)
     tokens: dict[str, str] = {}
     lines = []
     for caller, tenant in CALLERS.items():
