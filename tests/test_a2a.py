@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskState
+from a2a.types import CancelTaskRequest, GetTaskRequest, ListTasksRequest, TaskState
 
 from durable.a2a.cards import SCHEMA_EXTENSION
 from durable.a2a.handler import run_id_for
@@ -68,6 +68,7 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
                 seen.append(k)
                 if k == "task":
                     task_id = item.task.id
+                    assert item.task.status.state == S.TASK_STATE_SUBMITTED
             assert seen[0] == "task" and seen[-1] == "status:TASK_STATE_COMPLETED", seen
             assert "status:TASK_STATE_WORKING" in seen
             assert seen.count("artifact:partial-1") == 3 and "artifact:result" in seen, seen
@@ -86,6 +87,19 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
         assert again[0].task.status.state == S.TASK_STATE_COMPLETED
         runs = client.runs(agent="chat")
         assert [(x.run_id, x.tenant, x.owner) for x in runs] == [(task_id, "acme", "a2a:acme-bot")]
+        # More samples of the latency, on short tasks: to the task, to the first worker event.
+        samples: list[tuple[float, float]] = []
+        async with a2a.client("chat") as c:
+            for _ in range(10):
+                t0, at = time.perf_counter(), dict[str, float]()
+                async for item in c.send_message(message({"parts": 1, "pause_s": 0})):
+                    at.setdefault(kind(item), elapsed_ms(t0))
+                samples.append((at["task"], at["status:TASK_STATE_WORKING"]))
+        firsts_sorted = sorted(s[0] for s in samples)
+        workers_sorted = sorted(s[1] for s in samples)
+        print(f"A2A message/stream, 10 tasks: first event median {firsts_sorted[5]:.1f} ms "
+              f"(max {firsts_sorted[-1]:.1f}), first worker event median "
+              f"{workers_sorted[5]:.1f} ms (max {workers_sorted[-1]:.1f})")
 
     asyncio.run(go())
 
@@ -114,6 +128,9 @@ def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
             (nxt,) = [i async for i in c.send_message(message(text="next", context_id="chat-1"))]
             assert nxt.task.id != task.id and nxt.task.context_id == "chat-1"
             assert nxt.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+            if not v03:  # ListTasks is 1.0's: the context's tasks, the latest first
+                listed = await c.list_tasks(ListTasksRequest(context_id="chat-1"))
+                assert [t.id for t in listed.tasks] == [nxt.task.id, task.id]
 
     asyncio.run(go())
 

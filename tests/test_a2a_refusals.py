@@ -7,6 +7,9 @@ nothing written to the run it names."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,8 +27,11 @@ from a2a.types import (
 )
 from a2a.utils.errors import TaskNotFoundError
 
+from durable.a2a.tokens import Caller, Tokens
 from durable.client import Client
+from durable.errors import UsageError
 from tests.agent2agent import A2AServer, a2a, message, published
+from tests.conftest import run_durable
 
 __all__ = ["a2a"]  # the fixture
 
@@ -145,3 +151,36 @@ def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker
     state = client.status(client.runs()[0].run_id)
     assert state.state == "waiting_input" and state.cancel is None
     assert [x.tenant for x in client.runs()] == ["acme"]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("not toml [", "not valid TOML"),
+    ("title = 'none'\n", "no [tokens.NAME] entries"),
+    ("[tokens.a]\nsha256 = 'abc'\n", "64 lowercase hex digits"),
+    (f"[tokens.a]\nsha256 = '{'0' * 64}'\ntenant = 'bad tenant'\n", "invalid tenant"),
+    (f"[tokens.a]\nsha256 = '{'0' * 64}'\n[tokens.b]\nsha256 = '{'0' * 64}'\n",
+     "the same token as 'a'"),
+])
+def test_a_bad_tokens_file_is_refused_naming_what_is_wrong(tmp_path: Path, text: str,
+                                                           error: str) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(error)):
+        Tokens.load(path)
+
+
+def test_the_command_refuses_to_serve_without_tokens_and_makes_them(
+        settings: Any, tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env.pop("DURABLE_A2A_TOKENS", None)
+    out = run_durable("a2a", env=env)
+    assert out.returncode != 0 and "DURABLE_A2A_TOKENS" in out.stderr
+    out = run_durable("a2a", "--dev", "--host", "0.0.0.0", env=env)
+    assert out.returncode != 0 and "only on a loopback address" in out.stderr
+    made = run_durable("a2a", "--new-token", "bot", "--tenant", "acme", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.split("it is not kept): ")[1].split()[0]
+    (tmp_path / "t.toml").write_text(made.stdout.split("\n\n", 1)[1])
+    tokens = Tokens.load(tmp_path / "t.toml")
+    assert tokens.check(f"Bearer {token}") == Caller("bot", "acme")
+    assert tokens.check("Bearer nope") is None and tokens.check(token) is None
