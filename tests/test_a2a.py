@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
-from a2a.types import CancelTaskRequest, GetTaskRequest, ListTasksRequest, TaskState
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a.utils.errors import InvalidParamsError
 
 from durable.a2a.cards import SCHEMA_EXTENSION
 from durable.a2a.handler import run_id_for
@@ -151,3 +159,34 @@ def test_cancel_is_the_durable_cancel(a2a: A2AServer, worker: Any, client: Clien
         assert state.cancel.by == "a2a:acme-bot"
 
     asyncio.run(go())
+
+
+def test_an_approval_is_input_required_and_decided_by_an_approver(
+        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis, payer_files: Path,
+        approver: Any) -> None:
+    """A payout waiting for an approver is input-required, saying so; a message cannot
+    decide it; a caller subscribed to the task sees it go on once an approver decided."""
+    pem = approver("alice", "finance")
+    worker()
+    published(r, "payer")
+
+    async def go() -> list[str]:
+        async with a2a.client("payer") as c:
+            sent = [i async for i in c.send_message(message({"amount": 5}))]
+            assert kind(sent[-1]) == "status:TASK_STATE_INPUT_REQUIRED", [kind(i) for i in sent]
+            task_id = sent[0].task.id
+            text = sent[-1].status_update.status.message.parts[0].text
+            assert "waiting for an approver (finance)" in text
+            with pytest.raises(InvalidParamsError, match="does not wait for input"):
+                [i async for i in c.send_message(message(text="yes", task_id=task_id))]
+            events = []
+            async for item in c.subscribe(SubscribeToTaskRequest(id=task_id)):
+                events.append(kind(item))
+                if len(events) == 1:
+                    assert item.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+                    (request,) = client.status(task_id).approvals
+                    client.sign_and_approve(task_id, request, "approve", "alice", pem)
+            return events
+
+    events = asyncio.run(go())
+    assert events[0] == "task" and events[-1] == "status:TASK_STATE_COMPLETED", events
