@@ -13,15 +13,17 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import redis
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-from a2a.utils.errors import A2AError, InvalidRequestError
+from a2a.utils.errors import A2AError, InternalError, InvalidRequestError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -83,6 +85,12 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
                                                     push=handler.pusher is not None)))
 
     async def rpc(request: Request) -> Response:
+        try:
+            return await answer(request)
+        except redis.RedisError as exc:  # Redis away: said as the protocol says errors
+            return _error(503, InternalError(message=f"Redis is unavailable: {exc}"))
+
+    async def answer(request: Request) -> Response:
         caller = dev_caller if tokens is None else \
             tokens.check(request.headers.get("authorization"))
         if caller is None:
@@ -111,6 +119,8 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Loaded now rather than by the first start by name (a quarter second).
+        await run_in_threadpool(importlib.import_module, "jsonschema")
         if handler.pusher is not None:
             await handler.pusher.resume()
         try:

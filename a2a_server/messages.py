@@ -49,8 +49,21 @@ def _parts(message: Message, max_bytes: int) -> tuple[list[Any], list[str]]:
         if kind == "text":
             texts.append(part.text)
         else:
-            data.append(MessageToDict(part.data))
+            data.append(_ints(MessageToDict(part.data)))
     return data, texts
+
+
+def _ints(value: Any) -> Any:
+    """``value`` with its whole numbers as ints: a data part is a protobuf ``Value``, whose
+    numbers are all doubles (``3`` arrives as ``3.0``); JSON does not tell them apart, an
+    input schema's ``integer`` and the agent's code do."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
 
 
 def run_input(message: Message, schema: dict[str, Any] | None, max_bytes: int) -> Any:

@@ -109,8 +109,10 @@ def serving(server: Server, folder: Path, *args: str) -> Iterator[A2AServer]:
     path.write_text("\n".join(lines))
     port = free_port()
     log = folder / f"a2a-{port}.log"
+    # It imports no agent (DURABLE_AGENTS empty): it knows them from the catalog the
+    # workers publish, as a front door deployed apart from the agents' code does.
     proc = Process(server.url, ["a2a", "--port", str(port), "--tokens", str(path), *args],
-                   log_path=log)
+                   log_path=log, DURABLE_AGENTS="")
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

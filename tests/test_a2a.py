@@ -93,6 +93,8 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
             again = [item async for item in c.send_message(request)]
         assert [kind(i) for i in again] == ["task"] and again[0].task.id == task_id
         assert again[0].task.status.state == S.TASK_STATE_COMPLETED
+        recorded = client.status(task_id).input  # whole numbers stay ints
+        assert recorded == {"parts": 3, "pause_s": 0.2} and type(recorded["parts"]) is int
         runs = client.runs(agent="chat")
         assert [(x.run_id, x.tenant, x.owner) for x in runs] == [(task_id, "acme", "a2a:acme-bot")]
         # More samples of the latency, on short tasks: to the task, to the first worker event.
