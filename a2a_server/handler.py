@@ -140,7 +140,8 @@ class DurableRequestHandler(RequestHandler):
         rows = await asyncio.to_thread(
             self.client.runs, None, max(1, min(limit, 100)), agent=context.state.get("agent"),
             tenant=caller.tenant or None, after=params.page_token or None,
-            session=params.context_id or None)
+            session=tasks.session_of(str(context.state.get("agent")), params.context_id)
+            if params.context_id else None)
         rows = [r for r in rows if r.tenant == caller.tenant]
         found = [tasks.task(await asyncio.to_thread(self.client.status, r.run_id))
                  for r in rows]
@@ -186,9 +187,12 @@ class DurableRequestHandler(RequestHandler):
         if push is not None:
             await self._push_ok(push)
         run_id = run_id_for(caller.tenant, agent, msg.message_id)
-        session = msg.context_id or f"ctx-{run_id}"
+        context_id = msg.context_id or f"ctx-{run_id}"
+        session = tasks.session_of(agent, context_id)
+        if not sessions.NAME_RE.match(session):
+            raise InvalidParamsError(message=f"invalid context id {context_id!r}: use 1-"
+                                     f"{127 - len(agent)} of A-Z a-z 0-9 _ . : @ + -")
         try:
-            sessions.checked(session)
             started = await asyncio.to_thread(
                 self.client.start, agent, data, run_id, tenant=caller.tenant or None,
                 owner=caller.owner, session=session)
@@ -197,7 +201,7 @@ class DurableRequestHandler(RequestHandler):
                                      "already with other content: a new message needs a "
                                      "new id; nothing was started") from None
         except SessionBusy as exc:
-            raise InvalidParamsError(message=f"context {session!r} has a task that has not "
+            raise InvalidParamsError(message=f"context {context_id!r} has a task that has not "
                                      f"ended ({exc}): send again when it has; nothing was "
                                      "started") from None
         except DurableError as exc:

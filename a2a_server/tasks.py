@@ -1,7 +1,10 @@
 """A run as an A2A task, and its log as the task's events.
 
-The task id is the run id; the context id is the run's session (a run started elsewhere,
-outside any session, has its own id as context). States:
+The task id is the run id; the context id names the run's session: the session
+``<agent>:<context id>`` (``session_of``), one per agent, so that a context id a caller uses
+with two agents does not hand one agent's conversation to the other. A run started
+elsewhere in a session of another name has that name as context; outside any session, its
+own id. States:
 
 ==============================================  =====================
 run                                             task
@@ -69,7 +72,16 @@ def task_state(state: RunState) -> TaskState:
     return S.TASK_STATE_WORKING
 
 
+def session_of(agent: str, context: str) -> str:
+    """The session of ``agent``'s tasks in the A2A context ``context``."""
+    return f"{agent}:{context}"
+
+
 def context_of(state: RunState) -> str:
+    """The A2A context of the run ``state``."""
+    prefix = f"{state.agent}:"
+    if state.session.startswith(prefix):
+        return state.session[len(prefix):]
     return state.session or state.run_id
 
 

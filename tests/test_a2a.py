@@ -116,7 +116,8 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
 
 @pytest.mark.parametrize("v03", [False, True], ids=["v1.0", "v0.3"])
 def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
-                                                 r: redis.Redis, v03: bool) -> None:
+                                                 r: redis.Redis, client: Client,
+                                                 v03: bool) -> None:
     """message/send (v0.3's name with the 0.3 interface): a run waiting for input is an
     input-required task; a message naming it answers; the same answer sent again changes
     nothing; the next message in the context starts the next task of that session."""
@@ -128,6 +129,7 @@ def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
             task = first.task
             assert task.status.state == S.TASK_STATE_INPUT_REQUIRED, task
             assert task.context_id == "chat-1"
+            assert client.status(task.id).session == "asker:chat-1"  # the agent's session
             assert "what should I say?" in task.status.message.parts[0].text
             answer = message(text="go on", task_id=task.id, context_id="chat-1")
             (done,) = [i async for i in c.send_message(answer)]

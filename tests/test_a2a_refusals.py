@@ -134,6 +134,8 @@ def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker
                     message({"text": "b"}, message_id="same", context_id="c-1"))]
             with pytest.raises(Exception, match="has a task that has not ended"):
                 [i async for i in acme.send_message(message({"text": "c"}, context_id="c-1"))]
+            with pytest.raises(Exception, match="invalid context id"):
+                [i async for i in acme.send_message(message({"text": "d"}, context_id="a/b"))]
         async with a2a.client("asker", "globex-bot", streaming=False) as globex:
             with pytest.raises(TaskNotFoundError):
                 await globex.get_task(GetTaskRequest(id=task.id))
