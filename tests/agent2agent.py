@@ -130,7 +130,8 @@ def serving(server: Server, folder: Path, *args: str) -> Iterator[A2AServer]:
 
 
 @pytest.fixture()
-def a2a(server: Server, settings: Any, tmp_path: Path) -> Iterator[A2AServer]:
+def door(server: Server, settings: Any, tmp_path: Path) -> Iterator[A2AServer]:
+    """A ``durable a2a`` process (``serving``) for the test."""
     with serving(server, tmp_path) as running:
         yield running
 

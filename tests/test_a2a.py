@@ -25,40 +25,40 @@ from a2a.utils.errors import InvalidParamsError
 from durable.a2a.cards import SCHEMA_EXTENSION
 from durable.a2a.handler import run_id_for
 from durable.client import Client
-from tests.agent2agent import A2AServer, a2a, elapsed_ms, kind, message, published
+from tests.agent2agent import A2AServer, door, elapsed_ms, kind, message, published
 
-__all__ = ["a2a"]  # the fixture
+__all__ = ["door"]  # the fixture
 
 pytestmark = pytest.mark.timeout(240)
 
 S = TaskState
 
 
-def test_an_agent_card_per_published_agent(a2a: A2AServer, worker: Any,
+def test_an_agent_card_per_published_agent(door: A2AServer, worker: Any,
                                            r: redis.Redis) -> None:
     async def go() -> None:
         worker()
         published(r, "chat", "asker")
-        listed = httpx.get(f"{a2a.url}/agents").json()["agents"]
+        listed = httpx.get(f"{door.url}/agents").json()["agents"]
         assert {"chat", "asker"} <= {a["name"] for a in listed}
         async with httpx.AsyncClient() as http:
-            card = await a2a.card("asker", http)
+            card = await door.card("asker", http)
         assert card.name == "asker" and card.capabilities.streaming
         assert [i.protocol_version for i in card.supported_interfaces] == ["1.0", "0.3"]
-        assert card.supported_interfaces[0].url == a2a.endpoint("asker")
+        assert card.supported_interfaces[0].url == door.endpoint("asker")
         (skill,) = card.skills
         assert skill.id == "asker" and "as text: it becomes the field 'text'" in skill.description
         (ext,) = card.capabilities.extensions
         assert ext.uri == SCHEMA_EXTENSION and set(ext.params["schema"]["properties"]) == \
             {"text", "steps"}
         assert "bearer" in card.security_schemes
-        assert httpx.get(f"{a2a.url}/agents/nope/.well-known/agent-card.json").status_code == 404
+        assert httpx.get(f"{door.url}/agents/nope/.well-known/agent-card.json").status_code == 404
 
     asyncio.run(go())
 
 
 def test_a_stream_carries_steps_partial_output_and_the_result(
-        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
+        door: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
     """message/stream: the task, then a working status per step, the step's partial output as
     chunks of one artifact, the result, completed. A retry of the same message id follows
     the same run (one run in all). Reports start-to-first-event latency."""
@@ -68,7 +68,7 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
         request = message({"parts": 3, "pause_s": 0.2})
         seen: list[str] = []
         firsts: dict[str, float] = {}
-        async with a2a.client("chat") as c:
+        async with door.client("chat") as c:
             t0 = time.perf_counter()
             async for item in c.send_message(request):
                 k = kind(item)
@@ -99,7 +99,7 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
         assert [(x.run_id, x.tenant, x.owner) for x in runs] == [(task_id, "acme", "a2a:acme-bot")]
         # More samples of the latency, on short tasks: to the task, to the first worker event.
         samples: list[tuple[float, float]] = []
-        async with a2a.client("chat") as c:
+        async with door.client("chat") as c:
             for _ in range(10):
                 t0, at = time.perf_counter(), dict[str, float]()
                 async for item in c.send_message(message({"parts": 1, "pause_s": 0})):
@@ -115,7 +115,7 @@ def test_a_stream_carries_steps_partial_output_and_the_result(
 
 
 @pytest.mark.parametrize("v03", [False, True], ids=["v1.0", "v0.3"])
-def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
+def test_input_required_is_answered_by_a_message(door: A2AServer, worker: Any,
                                                  r: redis.Redis, client: Client,
                                                  v03: bool) -> None:
     """message/send (v0.3's name with the 0.3 interface): a run waiting for input is an
@@ -124,7 +124,7 @@ def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
     async def go() -> None:
         worker()
         published(r, "asker")
-        async with a2a.client("asker", streaming=False, v03=v03) as c:
+        async with door.client("asker", streaming=False, v03=v03) as c:
             (first,) = [i async for i in c.send_message(message(text="hello", context_id="chat-1"))]
             task = first.task
             assert task.status.state == S.TASK_STATE_INPUT_REQUIRED, task
@@ -147,13 +147,13 @@ def test_input_required_is_answered_by_a_message(a2a: A2AServer, worker: Any,
     asyncio.run(go())
 
 
-def test_cancel_is_the_durable_cancel(a2a: A2AServer, worker: Any, client: Client,
+def test_cancel_is_the_durable_cancel(door: A2AServer, worker: Any, client: Client,
                                       r: redis.Redis) -> None:
     """tasks/cancel records the cancel in the run's log: the run is canceled, by the caller."""
     async def go() -> None:
         worker()
         published(r, "asker")
-        async with a2a.client("asker", streaming=False) as c:
+        async with door.client("asker", streaming=False) as c:
             (first,) = [i async for i in c.send_message(message({"text": "x"}))]
             assert first.task.status.state == S.TASK_STATE_INPUT_REQUIRED
             canceled = await c.cancel_task(CancelTaskRequest(id=first.task.id))
@@ -166,7 +166,7 @@ def test_cancel_is_the_durable_cancel(a2a: A2AServer, worker: Any, client: Clien
 
 
 def test_an_approval_is_input_required_and_decided_by_an_approver(
-        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis, payer_files: Path,
+        door: A2AServer, worker: Any, client: Client, r: redis.Redis, payer_files: Path,
         approver: Any) -> None:
     """A payout waiting for an approver is input-required, saying so; a message cannot
     decide it; a caller subscribed to the task sees it go on once an approver decided."""
@@ -175,7 +175,7 @@ def test_an_approval_is_input_required_and_decided_by_an_approver(
     published(r, "payer")
 
     async def go() -> list[str]:
-        async with a2a.client("payer") as c:
+        async with door.client("payer") as c:
             sent = [i async for i in c.send_message(message({"amount": 5}))]
             assert kind(sent[-1]) == "status:TASK_STATE_INPUT_REQUIRED", [kind(i) for i in sent]
             task_id = sent[0].task.id

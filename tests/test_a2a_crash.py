@@ -14,16 +14,16 @@ import redis
 from a2a.types import SubscribeToTaskRequest, TaskState
 
 from durable.client import Client
-from tests.agent2agent import A2AServer, a2a, kind, message, published
+from tests.agent2agent import A2AServer, door, kind, message, published
 from tests.agents.basic import applications
 
-__all__ = ["a2a"]  # the fixture
+__all__ = ["door"]  # the fixture
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_a_resubscribed_stream_outlives_a_sigkilled_worker(
-        a2a: A2AServer, worker: Any, reconciler: Any, client: Client, r: redis.Redis,
+        door: A2AServer, worker: Any, reconciler: Any, client: Client, r: redis.Redis,
         world_db: Path) -> None:
     """Crash window: the worker is SIGKILLed after step 2's effect was applied, before its
     outcome is recorded (``after_effect:2``); the caller's first stream was dropped after
@@ -33,7 +33,7 @@ def test_a_resubscribed_stream_outlives_a_sigkilled_worker(
     published(r, "writer")
 
     async def go() -> list[str]:
-        async with a2a.client("writer", v03=True) as c:
+        async with door.client("writer", v03=True) as c:
             first: list[str] = []
             async for item in c.send_message(message({"steps": 3})):
                 first.append(kind(item))

@@ -87,8 +87,8 @@ def test_notifications_are_signed_and_survive_a_restart_of_the_server(
     args = ("--push-secret", SECRET, "--push-private-urls")
     push = TaskPushNotificationConfig(url=receiver.url, token="tok-123")
 
-    async def first(a2a: A2AServer) -> str:
-        async with a2a.client("asker", streaming=False) as c:
+    async def first(door: A2AServer) -> str:
+        async with door.client("asker", streaming=False) as c:
             refused = message({"text": "x"})
             refused.configuration.task_push_notification_config.CopyFrom(
                 TaskPushNotificationConfig(url="ftp://example.com/x"))
@@ -100,28 +100,28 @@ def test_notifications_are_signed_and_survive_a_restart_of_the_server(
             listed = await c.list_task_push_notification_configs(
                 ListTaskPushNotificationConfigsRequest(task_id=got.task.id))
             assert [x.url for x in listed.configs] == [receiver.url]
-        async with a2a.client("asker", "globex-bot", streaming=False) as other:
+        async with door.client("asker", "globex-bot", streaming=False) as other:
             with pytest.raises(TaskNotFoundError):
                 await other.list_task_push_notification_configs(
                     ListTaskPushNotificationConfigsRequest(task_id=got.task.id))
         return str(got.task.id)
 
-    with serving(server, tmp_path / "a", *args) as a2a:
-        task_id = asyncio.run(first(a2a))
+    with serving(server, tmp_path / "a", *args) as door:
+        task_id = asyncio.run(first(door))
         assert wait_for(lambda: "TASK_STATE_INPUT_REQUIRED" in receiver.states(), 60), \
             receiver.states()
         # Stopped once it has noted what it notified (a stop before would notify it again).
         assert wait_for(lambda: r.hget(keys.a2a_push(task_id), "_cursor") ==
                         r.xrevrange(layout.log(task_id), count=1)[0][0], 30)
 
-    async def answer(a2a: A2AServer) -> None:
-        async with a2a.client("asker", streaming=False) as c:
+    async def answer(door: A2AServer) -> None:
+        async with door.client("asker", streaming=False) as c:
             (done,) = [i async for i in c.send_message(
                 message(text="go on", task_id=task_id))]
             assert done.task.status.state == TaskState.TASK_STATE_COMPLETED
 
-    with serving(server, tmp_path / "b", *args) as a2a:
-        asyncio.run(answer(a2a))
+    with serving(server, tmp_path / "b", *args) as door:
+        asyncio.run(answer(door))
         assert wait_for(lambda: "TASK_STATE_COMPLETED" in receiver.states(), 60), \
             receiver.states()
     assert receiver.states() == ["TASK_STATE_INPUT_REQUIRED", "TASK_STATE_WORKING",

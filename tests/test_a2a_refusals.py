@@ -30,21 +30,21 @@ from a2a.utils.errors import TaskNotFoundError
 from durable.a2a.tokens import Caller, Tokens
 from durable.client import Client
 from durable.errors import UsageError
-from tests.agent2agent import A2AServer, a2a, message, published
+from tests.agent2agent import A2AServer, door, message, published
 from tests.conftest import run_durable
 
-__all__ = ["a2a"]  # the fixture
+__all__ = ["door"]  # the fixture
 
 pytestmark = pytest.mark.timeout(240)
 
 V1 = {"A2A-Version": "1.0"}
 
 
-def rpc(a2a: A2AServer, agent: str, body: Any, *, caller: str | None = "acme-bot",
+def rpc(door: A2AServer, agent: str, body: Any, *, caller: str | None = "acme-bot",
         headers: dict[str, str] | None = None) -> httpx.Response:
-    sent = {**(a2a.headers(caller) if caller else {}), **(headers or {})}
+    sent = {**(door.headers(caller) if caller else {}), **(headers or {})}
     content = body if isinstance(body, bytes) else None
-    return httpx.post(a2a.endpoint(agent), content=content,
+    return httpx.post(door.endpoint(agent), content=content,
                       json=None if content is not None else body, headers=sent, timeout=60)
 
 
@@ -61,61 +61,61 @@ def error(response: httpx.Response, status: int = 200) -> dict[str, Any]:
     return err
 
 
-def test_malformed_requests_get_the_protocols_error_objects(a2a: A2AServer, worker: Any,
+def test_malformed_requests_get_the_protocols_error_objects(door: A2AServer, worker: Any,
                                                             client: Client,
                                                             r: redis.Redis) -> None:
     worker()
     published(r, "chat")
-    assert error(rpc(a2a, "chat", b"{not json"))["code"] == -32700
-    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1}))["code"] == -32600
-    assert error(rpc(a2a, "chat", [send("x")]))["code"] == -32600  # a batch
-    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "Nope"}))["code"] \
+    assert error(rpc(door, "chat", b"{not json"))["code"] == -32700
+    assert error(rpc(door, "chat", {"jsonrpc": "2.0", "id": 1}))["code"] == -32600
+    assert error(rpc(door, "chat", [send("x")]))["code"] == -32600  # a batch
+    assert error(rpc(door, "chat", {"jsonrpc": "2.0", "id": 1, "method": "Nope"}))["code"] \
         == -32601
-    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+    assert error(rpc(door, "chat", {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
                                    "params": {"message": 5}}, headers=V1))["code"] == -32602
-    assert error(rpc(a2a, "chat", {"jsonrpc": "2.0", "id": 1, "method": "message/send",
+    assert error(rpc(door, "chat", {"jsonrpc": "2.0", "id": 1, "method": "message/send",
                                    "params": {"message": "hi"}}))["code"] == -32600
-    no_id = error(rpc(a2a, "chat", send(data={"parts": 1}, message_id=""), headers=V1))
+    no_id = error(rpc(door, "chat", send(data={"parts": 1}, message_id=""), headers=V1))
     assert no_id["code"] == -32602 and "message id" in no_id["message"]
     assert client.runs() == []
 
 
 def test_unknown_agent_missing_token_and_big_bodies_are_refused(
-        a2a: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
+        door: A2AServer, worker: Any, client: Client, r: redis.Redis) -> None:
     worker()
     published(r, "chat")
-    unknown = error(rpc(a2a, "nope", send("hi"), headers=V1), 404)
+    unknown = error(rpc(door, "nope", send("hi"), headers=V1), 404)
     assert "no agent 'nope'" in unknown["message"]
     for caller, headers in ((None, {}), (None, {"Authorization": "Bearer wrong"})):
-        refused = rpc(a2a, "chat", send(data={"parts": 1}), caller=caller,
+        refused = rpc(door, "chat", send(data={"parts": 1}), caller=caller,
                       headers={**V1, **headers})
         assert "bearer token" in error(refused, 401)["message"]
         assert refused.headers["www-authenticate"].startswith("Bearer")
     limit = client.settings.payloads.max_payload_bytes
-    big = error(rpc(a2a, "chat", send(data={"parts": 1, "pad": "x" * (3 * limit)}),
+    big = error(rpc(door, "chat", send(data={"parts": 1, "pad": "x" * (3 * limit)}),
                     headers=V1), 413)
     assert "nothing was started" in big["message"]
     assert client.runs() == []
 
 
-def test_bad_parts_and_inputs_start_nothing(a2a: A2AServer, worker: Any, client: Client,
+def test_bad_parts_and_inputs_start_nothing(door: A2AServer, worker: Any, client: Client,
                                             r: redis.Redis) -> None:
     worker()
     published(r, "chat", "asker")
     limit = client.settings.payloads.max_payload_bytes
-    over = error(rpc(a2a, "asker", send("x" * (limit + 1)), headers=V1))
+    over = error(rpc(door, "asker", send("x" * (limit + 1)), headers=V1))
     assert over["code"] == -32602 and f"over the limit of {limit}" in over["message"]
     file_part = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
         "messageId": "f", "role": "ROLE_USER", "parts": [{"url": "http://x/y.pdf"}]}}}
-    assert "a url part" in error(rpc(a2a, "asker", file_part, headers=V1))["message"]
-    schema = error(rpc(a2a, "chat", send(data={"parts": "three"}), headers=V1))
+    assert "a url part" in error(rpc(door, "asker", file_part, headers=V1))["message"]
+    schema = error(rpc(door, "chat", send(data={"parts": "three"}), headers=V1))
     assert schema["code"] == -32602 and "parts" in schema["message"]
-    no_text = error(rpc(a2a, "chat", send("hello"), headers=V1))
+    no_text = error(rpc(door, "chat", send("hello"), headers=V1))
     assert "no single text field" in no_text["message"]
     assert client.runs() == []
 
 
-def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker: Any,
+def test_reused_ids_busy_contexts_and_other_tenants_tasks(door: A2AServer, worker: Any,
                                                           client: Client,
                                                           r: redis.Redis) -> None:
     """acme's task is invisible to globex: get, cancel, subscribe and an answer naming it
@@ -124,7 +124,7 @@ def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker
     published(r, "asker")
 
     async def go() -> None:
-        async with a2a.client("asker", streaming=False) as acme:
+        async with door.client("asker", streaming=False) as acme:
             (first,) = [i async for i in acme.send_message(
                 message({"text": "a"}, message_id="same", context_id="c-1"))]
             task = first.task
@@ -136,7 +136,7 @@ def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker
                 [i async for i in acme.send_message(message({"text": "c"}, context_id="c-1"))]
             with pytest.raises(Exception, match="invalid context id"):
                 [i async for i in acme.send_message(message({"text": "d"}, context_id="a/b"))]
-        async with a2a.client("asker", "globex-bot", streaming=False) as globex:
+        async with door.client("asker", "globex-bot", streaming=False) as globex:
             with pytest.raises(TaskNotFoundError):
                 await globex.get_task(GetTaskRequest(id=task.id))
             with pytest.raises(TaskNotFoundError):
@@ -145,7 +145,7 @@ def test_reused_ids_busy_contexts_and_other_tenants_tasks(a2a: A2AServer, worker
                 [i async for i in globex.send_message(SendMessageRequest(message=Message(
                     message_id="g", role=Role.ROLE_USER, task_id=task.id,
                     parts=[Part(text="answer")])))]
-        async with a2a.client("asker", "globex-bot") as streaming:
+        async with door.client("asker", "globex-bot") as streaming:
             with pytest.raises(TaskNotFoundError):
                 [i async for i in streaming.subscribe(SubscribeToTaskRequest(id=task.id))]
 
