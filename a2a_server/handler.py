@@ -136,9 +136,9 @@ class DurableRequestHandler(RequestHandler):
     async def on_list_tasks(self, params: ListTasksRequest,
                             context: ServerCallContext) -> ListTasksResponse:
         caller = caller_of(context)
-        limit = params.page_size if params.HasField("page_size") else 50
+        limit = max(1, min(params.page_size, 100)) if params.HasField("page_size") else 50
         rows = await asyncio.to_thread(
-            self.client.runs, None, max(1, min(limit, 100)), agent=context.state.get("agent"),
+            self.client.runs, None, limit, agent=context.state.get("agent"),
             tenant=caller.tenant or None, after=params.page_token or None,
             session=tasks.session_of(str(context.state.get("agent")), params.context_id)
             if params.context_id else None)
