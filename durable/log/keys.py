@@ -404,3 +404,14 @@ def login_lock(kind: str, who: str) -> str:
     """String: the name or address is refused logins (429) until it expires, PX = the
     lockout (ms), which doubles with each failure past the limit."""
     return f"{PREFIX}:console:lock:{kind}:{who}"
+
+
+def a2a_push(run_id: str) -> str:
+    """Hash: the A2A push-notification configs of a run's task (``durable a2a``): config id
+    -> its JSON; the field ``_cursor`` is the log entry notified last. EX = 7 days, renewed
+    by each config set."""
+    return f"{PREFIX}:a2a:push:{run_id}"
+
+
+#: What ``durable a2a`` scans at start for tasks whose notifications it goes on sending.
+A2A_PUSH_MATCH = f"{PREFIX}:a2a:push:*"

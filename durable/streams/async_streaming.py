@@ -85,9 +85,7 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
                 raise item
             return
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _stop(tasks)
         if pubsub is not None:
             try:
                 await pubsub.aclose()
@@ -95,6 +93,21 @@ async def afollow(client: redis.asyncio.Redis, layout: keys.KeyLayout, run_id: s
                 pass
         if close_client:
             await client.aclose()
+
+
+async def _stop(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel a follower's pumps and wait for them to end. A cancel that lands while
+    redis-py awaits the reply of a blocking ``XREAD`` can be lost (the read returns its reply,
+    the pump reads on): each pump is cancelled again until it has ended, else a follower
+    closed before its run's end would wait for that end."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=0.05)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: a pump hands its errors over as items
 
 
 async def _apump_log(io: _Awaited, last: str, block_ms: int, reconnect_s: float,

@@ -1,0 +1,137 @@
+"""The Starlette application of ``durable a2a``.
+
+- ``GET /agents``: the published agents, each with the address of its card.
+- ``GET /agents/<name>/.well-known/agent-card.json``: the agent's card (``cards``), public.
+- ``POST /agents/<name>/``: the agent's JSON-RPC endpoint: the SDK's ``JsonRpcDispatcher``
+  (v1.0's methods and, with the v0.3 compatibility it offers, ``message/send``,
+  ``message/stream``, ``tasks/get``, ``tasks/cancel``, ``tasks/resubscribe``) over
+  ``handler.DurableRequestHandler``. A request needs a bearer token (``tokens``) unless the
+  process serves in development mode; a body larger than ``body_limit`` is refused before it
+  is read whole. Every refusal is a JSON-RPC error object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers import build_error_response
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import DefaultServerCallContextBuilder
+from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
+from a2a.utils.errors import A2AError, InternalError, InvalidRequestError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from durable import catalog
+from durable.client import Client
+
+from .cards import card
+from .handler import DurableRequestHandler
+from .tokens import Caller, Tokens
+
+CARD_PATH = ".well-known/agent-card.json"
+
+
+class _Context(DefaultServerCallContextBuilder):
+    """The SDK's call context, with who calls and which agent's endpoint it called."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state["caller"] = request.scope["durable.caller"]
+        context.state["agent"] = request.scope["durable.agent"]
+        return context
+
+
+def _error(status: int, error: A2AError, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(build_error_response(None, error), status_code=status,
+                        headers=headers)
+
+
+def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | None = None,
+              public_url: str | None = None, body_limit: int | None = None,
+              push_secret: bytes | None = None, push_private_urls: bool = False) -> Starlette:
+    """The application; ``tokens`` None: every request is ``dev_caller`` (development);
+    ``push_secret``: push notifications on, signed with it (``push``)."""
+    if tokens is None and dev_caller is None:
+        raise ValueError("tokens or a development caller")
+    handler = DurableRequestHandler(client, push_secret=push_secret,
+                                    push_private_urls=push_private_urls)
+    dispatcher = JsonRpcDispatcher(handler, context_builder=_Context(), enable_v0_3_compat=True)
+    limit = body_limit or 2 * client.settings.payloads.max_payload_bytes + 65536
+
+    def base(request: Request) -> str:
+        return (public_url or str(request.base_url)).rstrip("/")
+
+    async def agents(request: Request) -> Response:
+        names = await run_in_threadpool(catalog.names, client.redis)
+        return JSONResponse({"agents": [
+            {"name": n, "card": f"{base(request)}/agents/{n}/{CARD_PATH}"} for n in names]})
+
+    async def agent_card(request: Request) -> Response:
+        name = request.path_params["agent"]
+        item = await run_in_threadpool(catalog.published, client.redis, name)
+        if item is None:
+            return JSONResponse({"error": f"no agent {name!r} is published here"},
+                                status_code=404)
+        return JSONResponse(agent_card_to_dict(card(item, f"{base(request)}/agents/{name}/",
+                                                    push=handler.pusher is not None)))
+
+    async def rpc(request: Request) -> Response:
+        try:
+            return await answer(request)
+        except redis.RedisError as exc:  # Redis away: said as the protocol says errors
+            return _error(503, InternalError(message=f"Redis is unavailable: {exc}"))
+
+    async def answer(request: Request) -> Response:
+        caller = dev_caller if tokens is None else \
+            tokens.check(request.headers.get("authorization"))
+        if caller is None:
+            return _error(401, InvalidRequestError(
+                message="a bearer token is required (Authorization: Bearer <token>)"),
+                {"WWW-Authenticate": 'Bearer realm="durable a2a"'})
+        name = request.path_params["agent"]
+        if await run_in_threadpool(catalog.published, client.redis, name) is None:
+            return _error(404, InvalidRequestError(
+                message=f"no agent {name!r} is published here; nothing was started"))
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > limit:
+            return _error(413, InvalidRequestError(
+                message=f"a request of {size} bytes: the limit is {limit}; nothing was "
+                "started"))
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return _error(413, InvalidRequestError(
+                    message=f"a request over {limit} bytes; nothing was started"))
+        request._body = bytes(body)  # what ``request.json()`` reads in the dispatcher
+        request.scope["durable.caller"] = caller
+        request.scope["durable.agent"] = name
+        return await dispatcher.handle_requests(request)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Loaded now rather than by the first start by name (a quarter second).
+        await run_in_threadpool(importlib.import_module, "jsonschema")
+        if handler.pusher is not None:
+            await handler.pusher.resume()
+        try:
+            yield
+        finally:
+            await handler.aclose()
+
+    routes: list[Any] = [
+        Route("/agents", agents, methods=["GET"]),
+        Route("/agents/{agent}/" + CARD_PATH, agent_card, methods=["GET"]),
+        Route("/agents/{agent}/", rpc, methods=["POST"]),
+        Route("/agents/{agent}", rpc, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,121 @@
+"""``durable a2a``: added to the CLI through the ``durable.commands`` entry point group.
+
+``durable a2a --new-token NAME [--tenant T]`` prints a new token and the entry to add to the
+tokens file; ``durable a2a`` serves (``--tokens FILE`` or ``DURABLE_A2A_TOKENS``; ``--dev``:
+no token, on a loopback address only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from durable.client import Client
+from durable.errors import UsageError
+from durable.flow import tenants
+from durable.settings import Settings
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+#: What the SDK logs, with a traceback, when it refuses a malformed request: the caller's
+#: mistake, answered with an error object. Logged here as one line each.
+REFUSALS = ("Failed to validate base JSON-RPC request", "Failed to parse request params")
+
+
+class OneLineRefusals(logging.Filter):
+    """Drops the traceback of the SDK's log records of refused requests (anyone can send
+    them: a page of traceback each would flood the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("a2a.") and str(record.msg).startswith(REFUSALS):
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def cmd_a2a(args: argparse.Namespace) -> int:
+    from .tokens import Caller, Tokens, new_token
+
+    if args.new_token:
+        token, digest = new_token()
+        tenants.checked(args.tenant or None, Caller(args.new_token).owner, None)
+        print(f"token (give it to the caller; it is not kept): {token}\n\n"
+              f"[tokens.{args.new_token}]\nsha256 = \"{digest}\"\ntenant = \"{args.tenant or ''}\"")
+        return 0
+    settings = Settings()
+    tokens_file = args.tokens or os.environ.get("DURABLE_A2A_TOKENS")
+    if args.dev:
+        if args.host not in LOOPBACK:
+            raise UsageError(f"--dev serves without a token: only on a loopback address, not "
+                             f"{args.host!r}")
+        tokens, dev = None, Caller(args.dev_user, args.tenant or "")
+    elif not tokens_file:
+        raise UsageError("set DURABLE_A2A_TOKENS (or --tokens) to the tokens file, or use "
+                         "--dev on a loopback address")
+    else:
+        tokens, dev = Tokens.load(Path(tokens_file)), None
+    secret = args.push_secret or os.environ.get("DURABLE_A2A_PUSH_SECRET")
+    if secret is not None and len(secret) < 16:
+        raise UsageError("DURABLE_A2A_PUSH_SECRET: at least 16 characters")
+    return serve(settings, args.host, args.port, tokens, dev, args.public_url,
+                 secret.encode() if secret else None, args.push_private_urls)
+
+
+def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
+          public_url: str | None, push_secret: bytes | None = None,
+          push_private_urls: bool = False) -> int:
+    try:
+        import uvicorn
+
+        from .app import build_app
+    except ModuleNotFoundError as exc:  # an extra, not a hard dependency
+        raise UsageError(f"durable a2a needs {exc.name!r}: pip install "
+                         "'durable-agents[a2a]'") from None
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineRefusals())
+    client = Client(settings)
+    app = build_app(client, tokens, dev_caller=dev, public_url=public_url,
+                    push_secret=push_secret, push_private_urls=push_private_urls)
+    logging.getLogger("durable.a2a").info(
+        "a2a started: http://%s:%d/agents%s", host, port,
+        f" (development mode: no token, every caller is {dev.name!r})" if dev else "")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=2)
+    finally:
+        client.close()
+    return 0
+
+
+def register(add: Callable[..., Any]) -> None:
+    sp = add("a2a", cmd_a2a, "serve the published agents over the A2A protocol", js=False)
+    sp.add_argument("--host", default=os.environ.get("DURABLE_A2A_HOST", "127.0.0.1"),
+                    help="address to listen on (DURABLE_A2A_HOST, 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=int(os.environ.get("DURABLE_A2A_PORT", 8710)),
+                    help="port to listen on (DURABLE_A2A_PORT, 8710)")
+    sp.add_argument("--tokens", metavar="FILE",
+                    help="the bearer tokens file (DURABLE_A2A_TOKENS)")
+    sp.add_argument("--public-url", metavar="URL",
+                    help="the address callers reach this server at, for the agent cards "
+                    "(default: the address of each request)")
+    sp.add_argument("--dev", action="store_true",
+                    help="development mode: no token (only on a loopback address)")
+    sp.add_argument("--dev-user", default="dev", metavar="NAME",
+                    help="the caller every request is in development mode (dev)")
+    sp.add_argument("--tenant", default="", metavar="T",
+                    help="with --dev or --new-token: the tenant of the caller's tasks")
+    sp.add_argument("--push-secret", metavar="SECRET",
+                    help="sign push notifications with this secret and offer them "
+                    "(DURABLE_A2A_PUSH_SECRET; unset: no push notifications)")
+    sp.add_argument("--push-private-urls", action="store_true",
+                    help="let push notifications go to private and loopback addresses "
+                    "(default: public http(s) addresses only)")
+    sp.add_argument("--new-token", metavar="NAME",
+                    help="print a new token for the caller NAME and its tokens file entry")
