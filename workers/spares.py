@@ -2,9 +2,10 @@
 to drive or to run user code, and those left in slow user code.
 
 User code is called inline on the driving thread while its kind (an agent's ``decide()``, a
-tool by name) has been quick. A monitor thread looks every ``MONITOR_S``; once a call has
-run for ``HANDOFF_S`` it makes a spare thread the driver, which goes on with every other run
-at once. The thread left in the call hands its result back when the call returns (the run
+tool by name) has been quick. A monitor thread looks every ``MONITOR_S`` (and, once it
+found none for ``PARK_AFTER`` looks, sleeps until inline code begins); once a call has run
+for ``HANDOFF_S`` it makes a spare thread the driver, which goes on with every other run at
+once. The thread left in the call hands its result back when the call returns (the run
 goes back to the hub), and becomes a spare. Code whose recent calls were slower than
 ``HANDOFF_S`` (a running average per kind) goes to a spare thread as it starts
 (``elsewhere``), at most ``DURABLE_USER_THREADS`` of them at once; past it, calls wait for
