@@ -37,7 +37,8 @@ Configurations:
   be had the row says why instead (``bench.dbosrows``).
 
 Also reported: CPU seconds of the workers, Redis, this process and the rest of the
-machine during each batch (other processes compete for the 2 cores). The worker logs are
+machine during each batch (other processes compete for the 2 cores), and for a backlog
+the CPU seconds Redis and this process spent on the starts, before the clock. The worker logs are
 kept in ``<out>/iobound-logs/``.
 """
 
@@ -130,7 +131,8 @@ class RunDetails(TypedDict):
 #: CPU seconds of a batch, per process (``workers``: one each) and the machine's.
 CpuSeconds = TypedDict("CpuSeconds", {
     "workers": list[float], "redis": float, "bench process": float, "reconciler": float,
-    "machine": float, "available": float, "other processes": NotRequired[float]})
+    "machine": float, "available": float, "other processes": NotRequired[float],
+    "redis start": NotRequired[float], "producer start": NotRequired[float]})
 
 #: Worker log lines worth a look: anything at WARNING or above, and tracebacks.
 PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
@@ -247,12 +249,14 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
         if cfg.backlog:
             for w in workers:
                 w.send(signal.SIGSTOP)
+            start_cpu0 = (redis_cpu_s(r), own_cpu_s())
             with rtcount.counting():
                 client_rt0 = rtcount.sent()
                 t0 = time.perf_counter()
                 _start(client, ids, cfg.batch, cfg.agent)
                 start_s = time.perf_counter() - t0
                 client_rt = rtcount.sent() - client_rt0
+            start_cpu = (redis_cpu_s(r) - start_cpu0[0], own_cpu_s() - start_cpu0[1])
         cmds0 = int(r.info("stats")["total_commands_processed"])
         rt0 = [rtcount.read(p) for p in counts]
         cpu0 = ([cpu_s(w.pid) for w in workers], redis_cpu_s(r), own_cpu_s(),
@@ -296,6 +300,8 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
                        "redis": cpu1[1] - cpu0[1], "bench process": cpu1[2] - cpu0[2],
                        "reconciler": cpu1[4] - cpu0[4], "machine": cpu1[3] - cpu0[3],
                        "available": poll_wall * CPUS}
+    if cfg.backlog:  # the starts, before the clock: Redis's and this process's CPU
+        cpu["redis start"], cpu["producer start"] = start_cpu
     cpu["other processes"] = max(0.0, cpu["machine"] - sum(cpu["workers"]) - cpu["redis"]
                                  - cpu["bench process"] - cpu["reconciler"])
     worker_rt = sum(b.get("round_trips", 0) - a.get("round_trips", 0)

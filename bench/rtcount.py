@@ -75,6 +75,8 @@ class Counter:
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
+        self._path, self._tmp = str(self.path), str(self.path.with_suffix(".tmp"))
+        self._pid = os.getpid()
         self.steps = itertools.count()
         self._steps = 0
         install()
@@ -86,14 +88,23 @@ class Counter:
         self._steps = next(self.steps) + 1
 
     def _write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "round_trips": _sent,
-                                   "steps": self._steps, "t": time.time()}))
-        os.replace(tmp, self.path)
+        # Plain string formatting and file calls: this thread's CPU is the worker's CPU the
+        # bench reports (``json`` and ``pathlib`` here cost a worker 30 µs of CPU per run).
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, (f'{{"pid": {self._pid}, "round_trips": {_sent}, '
+                          f'"steps": {self._steps}, "t": {time.time()}}}').encode())
+        finally:
+            os.close(fd)
+        os.replace(self._tmp, self._path)
 
     def _loop(self) -> None:
+        written = (-1, -1)
         while True:
             time.sleep(0.05)
+            if (_sent, self._steps) == written:  # nothing new to say
+                continue
+            written = (_sent, self._steps)
             with contextlib.suppress(OSError):
                 self._write()
 

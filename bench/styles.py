@@ -22,6 +22,11 @@ continue, as ``bench.iobound``'s backlog rows). One row per agent style
 - ``async code, 5,000 runs``: the same agent at 5,000 runs, beside DBOS at 5,000 runs
   (``bench.dbosrows``: its threads and its async workflows, on a local PostgreSQL).
 
+First the floor of the run's CPU (``bench.cpufloor``, at ``RUNS`` runs): the program
+without durability (``asyncio`` coroutines of the same sleeps) and the same runs' events
+recorded in Redis, one Lua transition each, pipelined from one client; every row's CPU per
+run (workers + Redis, the starts' included) is reported as a multiple of it.
+
 Also reported: the pydantic-ai row's CPU per run over the plain run's with the worker's
 collector (the workers' alone, and with Redis's), and a 100-call pydantic-ai conversation's
 cost per call early and late in it (``bench.conversation``), beside pydantic-ai's own.
@@ -38,7 +43,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench import conversation, dbosrows, framework_agents, iobound
+from bench import conversation, cpufloor, dbosrows, framework_agents, iobound
 from bench.common import AGENTS
 from durable.settings import WorkerSettings
 
@@ -86,6 +91,11 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
     if not quick:
         plan.append((_config(f"async code, {DBOS_RUNS:,} runs", "async_count", held, False),
                      DBOS_RUNS))
+    r = srv.client()
+    try:
+        floor = cpufloor.measure(r, runs, log=log)
+    finally:
+        r.close()
     for i, (cfg, n) in enumerate(plan):
         r = srv.client()
         try:
@@ -97,14 +107,18 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
                 "rss_peak_mb", "threads_peak", "latency_ms", "runs_per_worker", "cpu_s",
                 "log_problems", "incomplete", "concurrency")
         rows[cfg.name] = {k: res[k] for k in keep if k in res}
-        rows[cfg.name].update(cpu_floor(res, n))
+        # The floor is of the styles' run (3 sleeps), not of the framework agent's.
+        same = cfg.agent != "pai_count"
+        rows[cfg.name].update(cpu_floor(res, n, floor["floor_cpu_per_run_us"] if same else 0))
         log(f"  styles {cfg.name:34s} wall {res['wall_s']:6.2f} s "
             f"({res['ratio_to_ideal']:.2f}x ideal), peak RSS "
             f"{'/'.join(f'{x:.0f}' for x in res['rss_peak_mb'])} MB, threads "
             f"{'/'.join(str(x) for x in res['threads_peak'])}, starts {res['start_s']:.2f} s, "
             f"{res['log_problems']['count']} log problems; CPU per run "
             f"{rows[cfg.name]['worker_cpu_per_run_us']:.0f} us (workers) + "
-            f"{rows[cfg.name]['redis_cpu_per_run_us']:.0f} us (Redis): CPU floor "
+            f"{rows[cfg.name]['redis_cpu_per_run_us']:.0f} us (Redis)"
+            + (f", {rows[cfg.name]['over_floor']:.1f}x the floor" if same else "")
+            + "; the cores' bound "
             f"{rows[cfg.name]['cpu_floor_s']:.2f} s")
         if "incomplete" in res:
             log(f"  WARNING: {cfg.name}: {res['incomplete']}")
@@ -115,7 +129,8 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
             f"{rows[name]['cpu_per_run_us']:.0f} us")
     out: dict[str, Any] = {"runs": runs, "held_per_worker": held, "steps": iobound.STEPS,
                            "sleep_s": iobound.SLEEP_S,
-                           "ideal_s": iobound.STEPS * iobound.SLEEP_S, "configs": rows}
+                           "ideal_s": iobound.STEPS * iobound.SLEEP_S, "floor": floor,
+                           "configs": rows}
     out["pydantic_ai_cpu"] = cpu_over_plain(rows[f"pydantic-ai agent, {framework:,} runs"],
                                             rows[name])
     log(f"  styles pydantic-ai CPU durable / plain (the worker's collector): "
@@ -157,17 +172,35 @@ def cpu_over_plain(durable: dict[str, Any], plain: dict[str, Any]) -> dict[str, 
             / base}
 
 
-def cpu_floor(res: dict[str, Any], runs: int) -> dict[str, float]:
-    """What the machine's cores bound a row's wall to: the CPU the workers and Redis spent
-    per run, and the wall those seconds take at best on ``iobound.CPUS`` cores (every core
-    busy), beside the ideal. A row whose wall is near its floor is CPU-bound: only less CPU
+def cpu_floor(res: dict[str, Any], runs: int, floor_us: float) -> dict[str, float]:
+    """The CPU the workers and Redis spent per run (Redis's with the runs' starts), its
+    ratio to ``floor_us`` (``bench.cpufloor``: the program and its events' record alone),
+    and what the machine's cores bound the row's wall to: those seconds on ``iobound.CPUS``
+    cores, every core busy. A row whose wall is near that bound is CPU-bound: only less CPU
     per run (or more cores) makes it faster; one far above it waits on something else."""
     cpu = res["cpu_s"]
-    workers, redis_s = sum(cpu["workers"]), cpu["redis"]
-    floor = (workers + redis_s) / iobound.CPUS
+    workers, redis_s = sum(cpu["workers"]), cpu["redis"] + cpu.get("redis start", 0.0)
+    bound = (workers + cpu["redis"]) / iobound.CPUS
+    per_run = 1e6 * (workers + redis_s) / runs
     return {"worker_cpu_per_run_us": 1e6 * workers / runs,
             "redis_cpu_per_run_us": 1e6 * redis_s / runs,
-            "cpu_floor_s": floor, "wall_over_cpu_floor": res["wall_s"] / floor if floor else 0.0}
+            "redis_start_cpu_per_run_us": 1e6 * cpu.get("redis start", 0.0) / runs,
+            "producer_start_cpu_per_run_us": 1e6 * cpu.get("producer start", 0.0) / runs,
+            **({"over_floor": per_run / floor_us} if floor_us else {}),
+            "cpu_floor_s": bound, "wall_over_cpu_floor": res["wall_s"] / bound if bound else 0.0}
+
+
+def _floor_rows(fl: dict[str, Any]) -> list[str]:
+    """The floor's rows of the table (``bench.cpufloor``), per run."""
+    prog, client = fl["program_cpu_per_run_us"], fl["record_client_cpu_per_run_us"]
+    red, total = fl["record_redis_cpu_per_run_us"], fl["floor_cpu_per_run_us"]
+    blank = " | | | | |"
+    return [f"| floor: the program, not durable ({fl['runs']:,} `asyncio` coroutines, "
+            f"{iobound.STEPS} sleeps each) | | | {prog / 1000:.2f} ms | |{blank}",
+            f"| floor: its events recorded, one Lua transition each "
+            f"({fl['script_calls_per_run']:.0f} per run, pipelined from one client) | | | "
+            f"{client / 1000:.2f} + {red / 1000:.2f} ms (client + Redis) | |{blank}",
+            f"| **floor, together** | | | **{total / 1000:.2f} ms** | 1x |{blank}"]
 
 
 def report(st: dict[str, Any]) -> list[str]:
@@ -175,16 +208,20 @@ def report(st: dict[str, Any]) -> list[str]:
     out = [f"## Every agent style at once ({st['runs']:,} runs x {st['steps']} steps of "
            f"{st['sleep_s']} s on 2 workers x {st['held_per_worker']:,} slots: ideal "
            f"{st['ideal_s']} s)\n",
-           "| configuration | wall s | x ideal | CPU per run us (workers + Redis) | "
-           "CPU floor s | starts s | peak RSS per worker MB | threads per worker | "
-           "log problems |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| configuration | wall s | x ideal | CPU per run (workers + Redis) | x floor | "
+           "bound by the cores s | starts s | peak RSS per worker MB | threads per worker | "
+           "log problems |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if "floor" in st:
+        out += _floor_rows(st["floor"])
     for name, c in st["configs"].items():
         if "unavailable" in c:
-            out.append(f"| {name} | not available: {c['unavailable']} | | | | | | | |")
+            out.append(f"| {name} | not available: {c['unavailable']} | | | | | | | | |")
         elif "rss_peak_mb" in c and "log_problems" in c:
             bad = f" ({c['incomplete']})" if c.get("incomplete") else ""
-            floor = (f"{c['worker_cpu_per_run_us']:.0f} + {c['redis_cpu_per_run_us']:.0f} | "
-                     f"{c['cpu_floor_s']:.2f} | " if "cpu_floor_s" in c else " | | ")
+            over = f"{c['over_floor']:.1f}x" if "over_floor" in c else ""
+            floor = (f"{c['worker_cpu_per_run_us'] / 1000:.2f} + "
+                     f"{c['redis_cpu_per_run_us'] / 1000:.2f} ms | {over} | "
+                     f"{c['cpu_floor_s']:.2f} | " if "cpu_floor_s" in c else " | | | ")
             out.append(f"| {name}{bad} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | "
                        f"{floor}{c['start_s']:.2f} | "
                        f"{' / '.join(f'{x:.0f}' for x in c['rss_peak_mb'])} | "
@@ -192,15 +229,18 @@ def report(st: dict[str, Any]) -> list[str]:
                        f"{c['log_problems']['count']} |")
         elif "cpu_per_run_us" in c:  # the framework's own run, in one process
             out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | "
-                       f"{c['cpu_per_run_us']:.0f} (one process) | | | | | |")
+                       f"{c['cpu_per_run_us'] / 1000:.2f} ms (one process) | | | | | | |")
         else:  # DBOS
-            out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | | | "
+            out.append(f"| {name} | {c['wall_s']:.2f} | {c['ratio_to_ideal']:.2f} | | | | "
                        f"{c.get('start_s', float('nan')):.2f} | "
                        f"{c.get('rss_peak_mb', float('nan')):.0f} | "
                        f"{c.get('threads_peak', '?')} | |")
-    out.append("\nThe CPU floor is the row's worker and Redis CPU over the machine's "
-               f"{iobound.CPUS} cores: no wall can be shorter. The ideal is reachable only "
-               "where the floor is below it.\n")
+    out.append("\nThe floor (`bench/cpufloor.py`, measured in the same run, medians of 3): "
+               "the program without durability, and the same runs' events recorded in Redis "
+               "and nothing else. A row's Redis CPU includes its runs' starts. The bound "
+               "by the cores is the row's worker and Redis CPU over the machine's "
+               f"{iobound.CPUS} cores: no wall can be shorter; the ideal is reachable only "
+               "where that bound is below it.\n")
     if "pydantic_ai_cpu" in st:
         c = st["pydantic_ai_cpu"]
         out.append(f"\nA durable pydantic-ai run's CPU over the same agent run plainly with "

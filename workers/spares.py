@@ -2,9 +2,10 @@
 to drive or to run user code, and those left in slow user code.
 
 User code is called inline on the driving thread while its kind (an agent's ``decide()``, a
-tool by name) has been quick. A monitor thread looks every ``MONITOR_S``; once a call has
-run for ``HANDOFF_S`` it makes a spare thread the driver, which goes on with every other run
-at once. The thread left in the call hands its result back when the call returns (the run
+tool by name) has been quick. A monitor thread looks every ``MONITOR_S`` (and, once it
+found none for ``PARK_AFTER`` looks, sleeps until inline code begins); once a call has run
+for ``HANDOFF_S`` it makes a spare thread the driver, which goes on with every other run at
+once. The thread left in the call hands its result back when the call returns (the run
 goes back to the hub), and becomes a spare. Code whose recent calls were slower than
 ``HANDOFF_S`` (a running average per kind) goes to a spare thread as it starts
 (``elsewhere``), at most ``DURABLE_USER_THREADS`` of them at once; past it, calls wait for
@@ -34,6 +35,12 @@ PRESTARTED = 16
 
 #: How often the monitor looks at the driving thread while runs are held.
 MONITOR_S = 0.001
+
+#: Looks in a row that find no inline user code before the monitor sleeps until some begins
+#: (``Spares.inline`` wakes it): an agent whose user code never runs inline (``async def``
+#: code, tools on the event loop) would otherwise wake it a thousand times a second, each
+#: wake taking the interpreter from the driving thread.
+PARK_AFTER = 20
 
 #: Weight of a call's duration in the running average that tells slow code from quick.
 _RECENT = 0.2
@@ -92,6 +99,9 @@ class Spares:
         #: thread of their own, so that the driving never waits for a thread's start.
         self._to_start = 0
         self._start_more = threading.Event()
+        #: The monitor sleeps until inline user code begins (``PARK_AFTER``); set to wake it.
+        self._parked = False
+        self._inline_began = threading.Event()
 
     def start(self, size: int) -> None:
         """The first driver, a few spares, and the monitor."""
@@ -129,6 +139,9 @@ class Spares:
         """Run ``call`` on the driving thread ``me``, timed by the monitor."""
         began = time.monotonic()
         me.what, me.since = call.what, began
+        if self._parked:  # (read after ``since`` is set: see ``_monitor``)
+            self._parked = False
+            self._inline_began.set()
         try:
             run.ctx.run(call.settle)
         finally:
@@ -224,17 +237,38 @@ class Spares:
         self._took[what] = took if recent is None else recent + _RECENT * (took - recent)
 
     def _monitor(self) -> None:
+        quiet = 0  # looks in a row that found no inline user code
         while True:
-            time.sleep(MONITOR_S if self._busy() else 0.05)
+            if quiet >= PARK_AFTER:
+                self._park()
+                quiet = 0
+            else:
+                time.sleep(MONITOR_S if self._busy() else 0.05)
             owner = self._owner
             since = owner.since if owner is not None else 0.0
-            if not since or time.monotonic() - since < HANDOFF_S:
+            if not since:
+                quiet += 1
+                continue
+            quiet = 0
+            if time.monotonic() - since < HANDOFF_S:
                 continue
             with self._mu:
                 if self._owner is owner and owner is not None and owner.since == since:
                     what = owner.what
                     self._took[what] = max(self._took.get(what, 0.0), 2 * HANDOFF_S)
                     self._promote()
+
+    def _park(self) -> None:
+        """Sleep until inline user code begins (or for 50 ms). ``_parked`` is set before
+        the driver's ``since`` is read again, and ``inline`` sets ``since`` before it reads
+        ``_parked``: either the driver sees the monitor parked and wakes it, or the monitor
+        sees the call and does not sleep."""
+        self._inline_began.clear()
+        self._parked = True
+        owner = self._owner
+        if owner is None or not owner.since:
+            self._inline_began.wait(0.05)
+        self._parked = False
 
     def _promote(self) -> None:
         """Make a spare thread the driver. Under ``_mu``."""

@@ -213,7 +213,7 @@ if tail_id ~= '' then
   last_ms = tonumber(string.sub(tail_id, 1, dash - 1))
   last_seq = tonumber(string.sub(tail_id, dash + 1))
 end
-local last_id = ''
+local last_id, ckpt_id = '', nil
 chain = chain or redis.sha1hex('durable-chain-v1\n' .. run_id)
 -- Append one entry, chained. Returns false when XADD refused it (its id is not past the
 -- stream's top), unless "strict": then the refusal is raised.
@@ -264,30 +264,47 @@ for i = 1, count do
   end
   last_ms, last_seq = ms, seq
   if i == checkpoint_pos then
-    redis.call('HSET', run_key, 'ckpt', last_id)
+    ckpt_id = last_id
   end
 end
-for i = 1, nops do
-  local _, field, value = ledger_op(i)
-  redis.call('HSET', ledger_key, field, value)
+-- One HSET per key, its fields in the order separate calls would have set them (in parts
+-- of at most 1,000 values: Lua's unpack is bounded by its stack).
+local function call_with(command, key, values, from, to)
+  for lo = from, to, 1000 do
+    redis.call(command, key, unpack(values, lo, math.min(lo + 999, to)))
+  end
 end
-for i = 1, nblobs do
-  local field, value = blob(i)
-  redis.call('HSET', blobs_key, field, value)
+if nops > 0 then
+  local pairs_ = {}
+  for i = 1, nops do
+    local _, field, value = ledger_op(i)
+    pairs_[2 * i - 1], pairs_[2 * i] = field, value
+  end
+  call_with('HSET', ledger_key, pairs_, 1, 2 * nops)
 end
-for i = 1, ndrops do
-  redis.call('HDEL', blobs_key, ARGV[DROPS_BASE + i])
-end
+call_with('HSET', blobs_key, ARGV, BLOBS_BASE + 1, BLOBS_BASE + 2 * nblobs)
+call_with('HDEL', blobs_key, ARGV, DROPS_BASE + 1, DROPS_BASE + ndrops)
 local new_version = version + count
-redis.call('HSET', run_key, 'version', new_version, 'state', new_state, 'step', new_step,
-  'updated', now, 'cancel', cancel)
+local projected = {}
+if ckpt_id then
+  projected = {'ckpt', ckpt_id}
+end
+local at = #projected
+projected[at + 1], projected[at + 2] = 'version', new_version
+projected[at + 3], projected[at + 4] = 'state', new_state
+projected[at + 5], projected[at + 6] = 'step', new_step
+projected[at + 7], projected[at + 8] = 'updated', now
+projected[at + 9], projected[at + 10] = 'cancel', cancel
+at = at + 10
 if last_id ~= '' then  -- (a call that appends nothing leaves the tail as it is)
-  redis.call('HSET', run_key, 'last', last_id .. ' ' .. chain)
+  projected[at + 1], projected[at + 2] = 'last', last_id .. ' ' .. chain
+  at = at + 2
 end
 for i = 1, nextra do
-  local field, value = extra_field(i)
-  redis.call('HSET', run_key, field, value)
+  projected[at + 1], projected[at + 2] = extra_field(i)
+  at = at + 2
 end
+redis.call('HSET', run_key, unpack(projected))
 for i = 1, counted do
   local field, amount = count_op(i)
   redis.call('HINCRBY', metrics_key, field, amount)
