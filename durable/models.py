@@ -73,6 +73,7 @@ import importlib.util
 import json
 import logging
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,13 +90,14 @@ from durable.code import AsyncRunContext, RunContext
 from durable.errors import RateLimited
 from durable.flow.limits import Limit
 from durable.model_http import ModelError, ModelUnavailable, retry_after
+from durable.request_digest import ListDigest, around, canonical, digested
 from durable.settings import ModelSettings
 from durable.tool_schemas import agent_tool_schemas, tool_schema, tool_schemas
 
 __all__ = ["TOOL_NAME", "Chat", "ChatReply", "ModelError", "ModelSettings",
            "ModelUnavailable", "ToolCall", "achat", "agent_tool_schemas", "chat", "chat_args",
-           "completion_result", "request_body", "retry_after", "tool_message", "tool_schema",
-           "tool_schemas"]
+           "completion_result", "request_body", "retry_after", "step_args", "tool_message",
+           "tool_schema", "tool_schemas"]
 
 #: The name the tool is registered under.
 TOOL_NAME = "chat"
@@ -323,17 +325,45 @@ def chat_args(messages: Sequence[Mapping[str, Any]],
     return args
 
 
+#: The digest of each execution's chat requests (``step_args``), by its context.
+_DIGESTS: weakref.WeakKeyDictionary[RunContext, ListDigest] = weakref.WeakKeyDictionary()
+
+
+def _encoded(message: Any) -> bytes:
+    return canonical(message if isinstance(message, dict) else dict(message))
+
+
+def step_args(ctx: Any, messages: Sequence[Mapping[str, Any]],
+              tools: Sequence[Mapping[str, Any]] | None = None,
+              **options: Any) -> dict[str, Any]:
+    """The ``chat`` step's arguments as ``chat`` takes the step: ``chat_args`` with the digest
+    and size the log keeps of them (``durable.call_identity.given_digest``), taken one new
+    message at a time over the run's conversation (``durable.request_digest``), not over
+    the whole conversation at each request; the digest is the whole arguments', as logs
+    recorded before keep it. Without a code agent's context, ``chat_args``."""
+    args = chat_args(messages, tools, **options)
+    if not isinstance(ctx, RunContext):
+        return args
+    digest = _DIGESTS.get(ctx)
+    if digest is None:
+        digest = _DIGESTS[ctx] = ListDigest(_encoded)
+    head, tail = around({k: v for k, v in args.items() if k != "messages"}, "messages")
+    got, size = digested(digest, ctx, ctx.step + 1, lambda: digest.of(head, messages, tail))
+    return {"_digest": got, "_bytes": size, **args}
+
+
 def chat(ctx: RunContext, messages: Sequence[Mapping[str, Any]],
          tools: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> ChatReply:
     """Take a ``chat`` step (``options``: temperature, max_tokens, stream...)."""
-    return ChatReply.from_result(ctx.call(TOOL_NAME, chat_args(messages, tools, **options)))
+    return ChatReply.from_result(ctx.call(TOOL_NAME, step_args(ctx, messages, tools,
+                                                               **options)))
 
 
 async def achat(ctx: AsyncRunContext, messages: Sequence[Mapping[str, Any]],
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 **options: Any) -> ChatReply:
     """``chat`` for an ``async def`` agent."""
-    result = await ctx.call(TOOL_NAME, chat_args(messages, tools, **options))
+    result = await ctx.call(TOOL_NAME, step_args(ctx, messages, tools, **options))
     return ChatReply.from_result(result)
 
 

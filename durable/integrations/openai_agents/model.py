@@ -35,7 +35,8 @@ from pydantic import TypeAdapter
 
 from durable.agents import ToolContext
 from durable.integrations.base import ModelStepBase, stable
-from durable.integrations.openai_agents.run import AgentOwner, bound
+from durable.integrations.openai_agents.run import AgentOwner, Binding, bound
+from durable.request_digest import ListDigest, around, canonical, digested
 from durable.streams.partials import tool_call_delta
 
 #: What a model step retries by default: the request did not reach the model, or the
@@ -130,12 +131,13 @@ class DurableModel(Model):
         if b is None:
             return await self.real.get_response(system_instructions, input, model_settings,
                                                 tools, output_schema, handoffs, tracing, **extra)
-        args = stable({
-            "agent": self.agent, "instructions": system_instructions, "input": input,
+        fields = {
+            "agent": self.agent, "instructions": system_instructions,
             "tools": [getattr(t, "name", type(t).__name__) for t in tools],
             "handoffs": [h.tool_name for h in handoffs],
             "output": output_schema.name() if output_schema is not None else None,
-            "settings": model_settings.to_json_dict(), **extra})
+            "settings": model_settings.to_json_dict(), **extra}
+        args = request_args(b, self.agent, input, fields)
         call = ModelCall(self.real, system_instructions, input, model_settings, tools,
                          output_schema, handoffs, tracing, extra)
         return decode_response(await b.step(self.owner.model_step, args, call))
@@ -145,6 +147,24 @@ class DurableModel(Model):
             raise RuntimeError("a DurableAgent runs its agent with Runner.run; the model "
                                "step streams to the run's followers")
         return self.real.stream_response(*args, **kwargs)
+
+
+def request_args(b: Binding, agent: str, input: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of the model step a request is: the digest and size of ``{"input":
+    input, **fields}`` as JSON, taken one new input item at a time
+    (``durable.request_digest``: what the whole arguments' would be, as logs recorded before
+    keep them), with the agent and the number of input items. Text input (a first request)
+    is the arguments itself."""
+    if not isinstance(input, list) or "input" in fields:
+        return dict(stable({**fields, "input": input}))
+    digest = b.digests.setdefault(agent, ListDigest(_encoded))
+    head, tail = around(stable(fields), "input")
+    got, size = digested(digest, b.ctx, b.ctx.step + 1, lambda: digest.of(head, input, tail))
+    return {"_digest": got, "_bytes": size, "agent": agent, "count": len(input)}
+
+
+def _encoded(item: Any) -> bytes:
+    return canonical(stable(item))
 
 
 # The worker's side --------------------------------------------------------------------------

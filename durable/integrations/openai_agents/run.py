@@ -27,6 +27,7 @@ from durable.code import AsyncRunContext, StepFailed
 from durable.code.execution import Unwind
 from durable.errors import causes
 from durable.integrations.base import Bindings, LiveRequests, Owner, jsonable
+from durable.request_digest import ListDigest
 
 __all__ = ["RUNS", "AgentInput", "AgentOwner", "AgentRunFailed", "Binding", "binding",
            "bound", "continued_items", "keep_items", "keeps", "live_key", "primary"]
@@ -65,6 +66,8 @@ class Binding:
     unwound: bool = False
     #: What was recorded once per run and is read again from the binding (MCP tool lists).
     pinned: dict[str, Any] = field(default_factory=dict)
+    #: The digest of each agent's model requests, taken one new input item at a time.
+    digests: dict[str, ListDigest] = field(default_factory=dict)
 
     async def step(self, tool: str, args: dict[str, Any], live: Any) -> Any:
         """Take a step, handing the live request to the step tool that performs it."""

@@ -6,10 +6,8 @@ settings and its parameters (``parameters_identity``); the log keeps their diges
 SHA-256 of their canonical encoding (``durable.call_identity.digest_placeholder``). The
 messages are the whole conversation, which grows by a reply and a tool result a turn:
 encoding and digesting it whole at every request costs the square of the conversation's
-length. ``RequestDigest`` takes the same digest one new message at a time: the canonical
-encoding of ``{"messages": [m1, m2, ...], "parameters": ..., "settings": ...}`` is the
-encodings of the messages in order, so the hash of its opening and the messages so far is
-kept after each message, and a request hashes only the messages it adds, then its
+length. ``RequestDigest`` takes the same digest one new message at a time
+(``durable.request_digest``): a request hashes only the messages it adds, then its
 parameters and settings. The digest is the one the whole encoding has: logs recorded before
 replay unchanged.
 
@@ -23,16 +21,15 @@ differs from the one taken here (a log recorded before, a message changed in pla
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
-import msgspec
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import ModelRequestParameters
 
 from durable.integrations.base import stable
+from durable.request_digest import ListDigest, around, canonical
 
 __all__ = ["RequestDigest", "identity", "parameters_identity"]
 
@@ -72,74 +69,33 @@ def _without_synthetic_ids(value: Any) -> Any:
     return value
 
 
-def _canonical(value: Any) -> bytes:
-    return msgspec.json.encode(value, order="sorted")
-
-
-def _mark(data: bytes) -> bytes:
-    """A message's fingerprint: its encoding's, to know it again without keeping it."""
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
-#: The canonical encoding of the arguments opens with the messages (keys sorted).
-_OPEN = b'{"messages":['
+def _encoded(message: ModelMessage) -> bytes:
+    return canonical(identity([message])[0])
 
 
 class RequestDigest:
-    """The digest of each model request of a run's function, taken incrementally (see the
-    module's docstring); one per execution of the function (``run.Binding``)."""
+    """The digest of each model request of a run's function, taken incrementally
+    (``durable.request_digest.ListDigest``); one per execution of the function
+    (``run.Binding``)."""
 
     def __init__(self) -> None:
-        self.reset()
+        self.messages = ListDigest(_encoded)
 
     def reset(self) -> None:
         """Forget every message: the next request encodes the conversation whole."""
-        #: The messages digested, in order, and each one's fingerprint.
-        self._seen: list[ModelMessage] = []
-        self._marks: list[bytes] = []
-        #: The hash, and the size, of the encoding's opening and the first ``i`` messages.
-        self._states: list[Any] = [hashlib.sha256(_OPEN)]
-        self._sizes: list[int] = [len(_OPEN)]
-        #: Bytes the last request encoded and hashed (its new messages, its parameters and
-        #: settings): what its digest cost, whatever the conversation's length.
-        self.encoded = 0
+        self.messages.reset()
+
+    @property
+    def encoded(self) -> int:
+        """Bytes the last request encoded and hashed (its new messages, its parameters and
+        settings): what its digest cost, whatever the conversation's length."""
+        return self.messages.encoded
 
     def of(self, messages: list[ModelMessage], settings: Any,
            parameters: ModelRequestParameters) -> tuple[str, int]:
         """The digest and size ``digest_placeholder`` gives the request's arguments
         (``{"messages": identity(messages), "settings": stable(settings), "parameters":
         parameters_identity(parameters)}``)."""
-        encoded = 0
-        keep, limit = 0, min(len(messages), len(self._seen))
-        changed: bytes | None = None  # the encoding of the first message not the same
-        while keep < limit:
-            message = messages[keep]
-            if message is not self._seen[keep]:
-                data = _canonical(identity([message])[0])
-                encoded += len(data)
-                if _mark(data) != self._marks[keep]:
-                    changed = data
-                    break
-                self._seen[keep] = message  # a copy: known by identity from now on
-            keep += 1
-        del self._seen[keep:], self._marks[keep:]
-        del self._states[keep + 1:], self._sizes[keep + 1:]
-        for message in messages[keep:]:
-            if changed is None:
-                data = _canonical(identity([message])[0])
-                encoded += len(data)
-            else:
-                data, changed = changed, None
-            state = self._states[-1].copy()
-            comma = b"," if self._seen else b""
-            state.update(comma + data)
-            self._states.append(state)
-            self._sizes.append(self._sizes[-1] + len(comma) + len(data))
-            self._seen.append(message)
-            self._marks.append(_mark(data))
-        tail = (b'],"parameters":' + _canonical(parameters_identity(parameters))
-                + b',"settings":' + _canonical(stable(settings)) + b"}")
-        final = self._states[-1].copy()
-        final.update(tail)
-        self.encoded = encoded + len(tail)
-        return final.hexdigest(), self._sizes[-1] + len(tail)
+        head, tail = around({"settings": stable(settings),
+                             "parameters": parameters_identity(parameters)}, "messages")
+        return self.messages.of(head, messages, tail)

@@ -40,6 +40,7 @@ from durable.agents import Fail
 from durable.code import AsyncRunContext, EndRun, StepFailed
 from durable.integrations.base import Bindings, LiveRequests, Owner
 from durable.integrations.pydantic_ai.identity import RequestDigest, identity
+from durable.request_digest import digested
 from durable.telemetry.tracing import capturing_content
 
 __all__ = ["RUNS", "Binding", "Durability", "PromptInput", "RunInput", "binding", "bound",
@@ -190,11 +191,8 @@ class Binding:
         digest that differs from the one the log has for the step (a run recorded before,
         a message pydantic-ai changed in place since it was digested) is taken again over
         the whole conversation, the way it was taken before."""
-        digest, size = self.digest.of(messages, settings, parameters)
-        recorded = self.ctx.recorded_digest(self.next_step())
-        if recorded is not None and recorded != digest:
-            self.digest.reset()
-            digest, size = self.digest.of(messages, settings, parameters)
+        digest, size = digested(self.digest, self.ctx, self.next_step(),
+                                lambda: self.digest.of(messages, settings, parameters))
         args: dict[str, Any] = {"_digest": digest, "_bytes": size, "count": len(messages)}
         if capturing_content():
             args["messages"] = identity(messages)
