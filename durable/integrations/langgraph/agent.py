@@ -1,0 +1,247 @@
+"""The durable graph: ``DurableGraph`` wraps each node of a compiled LangGraph graph (a
+``StateGraph``'s, or an ``@entrypoint``'s) so that its execution is recorded as a step and
+its ``interrupt()`` is a durable wait, and registers a code agent whose function invokes
+the wrapped graph."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.tools import BaseTool
+from langgraph._internal._constants import CONFIG_KEY_SCRATCHPAD
+from langgraph.errors import (
+    EmptyInputError,
+    GraphInterrupt,
+    GraphRecursionError,
+    InvalidUpdateError,
+)
+from langgraph.prebuilt import ToolNode
+from langgraph.pregel import Pregel
+
+from durable.agents import Tool, ToolContext, registry
+from durable.code import AsyncRunContext
+from durable.code import agent as code_agent
+from durable.integrations.base import (
+    EffectFreeStep,
+    LiveRequests,
+    StepOptions,
+    configured_by,
+    jsonable,
+    make_step,
+)
+from durable.integrations.langgraph import model as model_steps
+from durable.integrations.langgraph import tools as tool_steps
+from durable.integrations.langgraph.run import (
+    RUNS,
+    Binding,
+    GraphInput,
+    GraphOwner,
+    live_key,
+    node_task,
+    outcome_of,
+)
+
+#: LangGraph's own outcomes that fail the run with their message.
+GRAPH_ERRORS: tuple[type[BaseException], ...] = (GraphRecursionError, InvalidUpdateError,
+                                                 EmptyInputError)
+#: How long an ``interrupt()`` waits for its answer by default (s): a week.
+INTERRUPT_TIMEOUT_S = 7 * 86400.0
+
+T = TypeVar("T")
+
+
+class DurableGraph:
+    """Runs the compiled LangGraph graph ``graph`` as the durable agent ``name``, registered
+    on construction with its step tools (import the module that builds it in the workers,
+    through ``DURABLE_AGENTS``).
+
+    ``tools``: ``StepOptions`` per LangChain tool name. Every tool of a ``ToolNode`` of the
+    graph is a step; a tool a node calls directly must be named here. ``stream``: model
+    requests are streamed, their text published to the run's followers. ``model_timeout_s``
+    and ``model_retryable``: the model step's deadline and the exceptions it is retried on
+    (default: none). ``interrupt_timeout_s``: how long an ``interrupt()`` waits for its
+    answer. ``recursion_limit``: LangGraph's limit on supersteps (its default unless given).
+    ``version``, ``budgets`` and ``options`` are the registered agent's
+    (``durable.code.agent``).
+    """
+
+    def __init__(
+        self,
+        graph: Pregel[Any, Any, Any, Any],
+        *,
+        name: str,
+        tools: Mapping[str, StepOptions] | None = None,
+        stream: bool = True,
+        model_timeout_s: float = 120.0,
+        model_retryable: tuple[type[BaseException], ...] = (),
+        interrupt_timeout_s: float = INTERRUPT_TIMEOUT_S,
+        recursion_limit: int | None = None,
+        version: str = "1",
+        budgets: Mapping[str, int] | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(graph, Pregel):
+            raise TypeError(f"DurableGraph({name!r}): a compiled graph (StateGraph.compile() "
+                            f"or an @entrypoint) is needed, not {type(graph).__name__}")
+        if graph.interrupt_before_nodes or graph.interrupt_after_nodes:
+            raise ValueError(f"DurableGraph({name!r}): static breakpoints (interrupt_before/"
+                             "after) need LangGraph's checkpointer; call interrupt() in the "
+                             "node instead (a durable wait)")
+        model_steps.install()
+        tool_steps.install()
+        self.name, self.stream = name, stream
+        self.interrupt_timeout_s, self.recursion_limit = interrupt_timeout_s, recursion_limit
+        self.live = LiveRequests()
+        self.model_step = f"{name}.model"
+        found = _tool_nodes_tools(graph)
+        opts = dict(tools or {})
+        self._tools = {t: f"{name}.tool.{t}" for t in sorted({*found, *opts})}
+        self.node_steps = {n: f"{name}.node.{n}" for n in graph.nodes if n != "__start__"}
+        steps: list[Tool] = [make_step(model_steps.ModelStep, self.model_step, owner=self,
+                                       timeout_s=model_timeout_s,
+                                       retryable=tuple(model_retryable))]
+        steps += [make_step(NodeStep, step, owner=self, node=n)
+                  for n, step in self.node_steps.items()]
+        for tool, tool_step in self._tools.items():
+            o = opts.get(tool, StepOptions())
+            steps.append(make_step(tool_steps.ToolStep, tool_step, owner=self, **o.step_attrs(),
+                                   requires_approval=bool(o.requires_approval)))
+        self.graph = graph.copy({"checkpointer": None, "nodes": {
+            n: node.copy({"bound": self._wrap(n, node.bound)}) if n in self.node_steps
+            else node for n, node in graph.nodes.items()}})
+        for made in steps:
+            registry.add_tool(made)
+
+        async def run(ctx: AsyncRunContext, inp: GraphInput) -> Any:
+            return await self._run(ctx, inp)
+
+        run.__name__ = run.__qualname__ = name
+        schemas = {t.name: t.description for t in found.values()}
+        register = code_agent(name, input_model=GraphInput,
+                              tools=tuple(s.name for s in steps), version=version,
+                              budgets=budgets, configuration=configured_by(lambda: {
+                                  "prompt": sorted(self.node_steps), "tools": schemas}),
+                              **options)
+        self.code_agent = register(run).agent  # type: ignore[attr-defined]
+
+    def tool_step(self, tool: str) -> str | None:
+        return self._tools.get(tool)
+
+    def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
+        """The live request of the step ``step`` its function waits at, by its arguments."""
+        return self.live.take(live_key(ctx.run_id, step, args), kind, ctx, step)
+
+    # The nodes -------------------------------------------------------------------------
+
+    def _wrap(self, node: str, bound: Runnable[Any, Any]) -> Runnable[Any, Any]:
+        """The node ``node`` inside a durable run: its execution a node task whose steps an
+        attempt after an ``interrupt()``'s answer gets again, its update recorded."""
+        owner = self
+
+        async def durable_node(state: Any, config: RunnableConfig) -> Any:
+            b = RUNS.bound(owner)
+            if b is None:
+                return await bound.ainvoke(state, config)
+            meta = config.get("metadata") or {}
+            path = meta.get("langgraph_path") or ()
+            ident = f"{meta.get('langgraph_step', 0)}:{node}"
+            if path and path[0] != "__pregel_pull":  # a Send or a task: its place too
+                ident += ":" + "/".join(str(p) for p in path[1:])
+            out = await _attempts(b, owner, node, bound, state, config, b.task(ident))
+            await b.step(owner.node_steps[node], {"task": ident}, NodeUpdate(node, out))
+            return out
+
+        def refused(state: Any) -> Any:
+            raise RuntimeError(f"DurableGraph({owner.name!r}): the graph runs with ainvoke")
+
+        return RunnableLambda(refused, afunc=durable_node, name=node)
+
+    # The run ---------------------------------------------------------------------------
+
+    async def _run(self, ctx: AsyncRunContext, inp: GraphInput) -> Any:
+        token = RUNS.var.set(Binding(self, ctx, asyncio.get_running_loop()))
+        config: RunnableConfig = {"configurable": {"thread_id": ctx.run_id}}
+        if self.recursion_limit:
+            config["recursion_limit"] = self.recursion_limit
+        try:
+            out = await self.graph.ainvoke(inp.input, config, context=inp.context)
+        except BaseException as exc:
+            raise outcome_of(exc, GRAPH_ERRORS) from None
+        finally:
+            RUNS.var.reset(token)
+        return jsonable(out)
+
+
+async def _attempts(b: Binding, owner: GraphOwner, node: str, bound: Runnable[Any, Any],
+                    state: Any, config: RunnableConfig, task: Any) -> Any:
+    """Run the node until it returns: each ``interrupt()`` it raises is a durable wait,
+    and the node runs again with the answers given so far, as LangGraph resumes it."""
+    answers: list[Any] = []
+    while True:
+        task.cursor = 0
+        token = node_task().set(task)
+        try:
+            return await bound.ainvoke(state, config)
+        except GraphInterrupt as exc:
+            asked = [jsonable(i.value) for i in (exc.args[0] if exc.args else ())]
+            answers.append(await b.wait(f"interrupt in node {node!r}",
+                                        asked[0] if len(asked) == 1 else asked,
+                                        getattr(owner, "interrupt_timeout_s",
+                                                INTERRUPT_TIMEOUT_S)))
+            _resume(config, answers)
+        finally:
+            node_task().reset(token)
+
+
+def _resume(config: RunnableConfig, answers: list[Any]) -> None:
+    """Give the task the answers to its interrupts so far, in order: LangGraph's
+    ``interrupt()`` returns them (its counter starts again, as for a resumed task). The
+    task's own scratchpad is changed: the node reads it from the context LangGraph set."""
+    pad = (config.get("configurable") or {}).get(CONFIG_KEY_SCRATCHPAD)
+    if pad is None:
+        raise RuntimeError("LangGraph gave the node no scratchpad: interrupt() cannot be "
+                           "answered")
+    # The scratchpad is a frozen dataclass: its counter is set as its own __init__ sets it.
+    object.__setattr__(pad, "interrupt_counter", itertools.count().__next__)
+    pad.resume[:] = answers
+
+
+def _tool_nodes_tools(graph: Pregel[Any, Any, Any, Any]) -> dict[str, BaseTool]:
+    """The tools of the ``ToolNode``s of the graph, by name."""
+    found: dict[str, BaseTool] = {}
+    for node in graph.nodes.values():
+        if isinstance(node.bound, ToolNode):
+            found.update(node.bound.tools_by_name)
+    return found
+
+
+# A node's update, recorded ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """What a node returned: handed from the function to the step that records it."""
+
+    node: str
+    update: Any
+
+
+class NodeStep(EffectFreeStep):
+    """``<name>.node.<node>``: one execution of the node, its update recorded (as JSON) and
+    published to the run's followers as ``{"node", "update"}``. The node's own requests
+    and effects were the steps it took before it."""
+
+    owner: ClassVar[GraphOwner]
+    node: ClassVar[str]
+    context = True
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        done = self.owner.handed(ctx, self.name, args, NodeUpdate)
+        update = jsonable(done.update)
+        ctx.emit({"node": done.node, "update": update})
+        return {"update": update}

@@ -1,0 +1,150 @@
+"""LangGraph graphs run as durable runs, for the tests (worker processes import this module
+through ``DURABLE_AGENTS``). Their chat model is langchain-openai's ``ChatOpenAI`` against
+the local OpenAI-compatible server of ``tests.servers.openai`` (``TEST_OPENAI_URL``), which
+counts every request by its ``Idempotency-Key``; the server's script answers by the system
+message, as it does for the OpenAI Agents SDK's tests.
+
+The tools write their effects into the SQLite table of ``tests.servers.effects`` (one row per
+application, keyed by the step's idempotency key, no unique key when ``TEST_DB_DEDUPE=0``):
+an effect applied twice shows.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any, TypedDict
+
+from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import interrupt
+
+from durable.integrations.langgraph import DurableGraph, StepOptions, step_context
+from tests.servers.integration_world import book_lookup
+from tests.servers.integration_world import effect as _effect
+
+
+@cache
+def _llm(url: str) -> ChatOpenAI:
+    return ChatOpenAI(model="scripted", base_url=url, api_key="test",  # type: ignore[arg-type]
+                      max_retries=0)
+
+
+def llm() -> ChatOpenAI:
+    """The scripted model (made in the process that sends the requests)."""
+    return _llm(os.environ["TEST_OPENAI_URL"])
+
+
+@tool
+def book(slot: int) -> dict[str, Any]:
+    """Book a slot (an effect in the outside world)."""
+    return _effect(f"slot {slot}")
+
+
+@tool
+async def note(text: str) -> str:
+    """Leave a note (effect-free, async)."""
+    return f"noted {text} ({step_context().key})"
+
+
+# A tool-calling agent (the prebuilt ReAct shape): the model books slot 1, then slot 2 and
+# leaves a note (two tool calls at once), then answers from what the tools returned.
+
+BOOKER = SystemMessage("booker: book the slots asked for.")
+
+
+async def booker_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    reply = await llm().bind_tools([book, note]).ainvoke([BOOKER, *state["messages"]])
+    return {"messages": [reply]}
+
+
+_booker = StateGraph(MessagesState)
+_booker.add_node("agent", booker_model)
+_booker.add_node("tools", ToolNode([book, note]))
+_booker.add_edge(START, "agent")
+_booker.add_conditional_edges("agent", tools_condition)
+_booker.add_edge("tools", "agent")
+
+booker = DurableGraph(_booker.compile(), name="lg_booker", budgets={"model_calls": 10}, tools={
+    "book": StepOptions(timeout_s=2.0, lookup=book_lookup),
+    "note": StepOptions(effect_free=True),
+})
+
+
+# One node that does everything: a model request, a booking, an interrupt() answered by a
+# human, then (when the answer is "yes") a second booking: LangGraph runs the node again
+# from its start once the interrupt is answered.
+
+
+class Work(TypedDict, total=False):
+    story: str
+    booked: list[str]
+    answer: Any
+
+
+async def work(state: Work) -> Work:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("a story")])
+    first = await book.ainvoke({"slot": 1})
+    answer = interrupt({"question": "book slot 2 too?", "booked": first["done"]})
+    done = [first["done"]]
+    if answer == "yes":
+        done.append((await book.ainvoke({"slot": 2}))["done"])
+    return {"story": str(reply.content), "booked": done, "answer": answer}
+
+
+def wrap_up(state: Work) -> Work:
+    return {"booked": [*state.get("booked", []), "wrapped"]}
+
+
+_worker = StateGraph(Work)
+_worker.add_node("work", work)
+_worker.add_node("wrap_up", wrap_up)
+_worker.add_edge(START, "work")
+_worker.add_edge("work", "wrap_up")
+_worker.add_edge("wrap_up", END)
+
+asker = DurableGraph(_worker.compile(), name="lg_asker", tools={
+    "book": StepOptions(timeout_s=2.0, lookup=book_lookup)})
+
+
+# The same node without the interrupt: a model request and two bookings in one node, the
+# window a SIGKILL mid-node hits.
+
+
+async def two_bookings(state: Work) -> Work:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("a story")])
+    done = [(await book.ainvoke({"slot": n}))["done"] for n in (1, 2)]
+    return {"story": str(reply.content), "booked": done}
+
+
+_busy = StateGraph(Work)
+_busy.add_node("work", two_bookings)
+_busy.add_node("wrap_up", wrap_up)
+_busy.add_edge(START, "work")
+_busy.add_edge("work", "wrap_up")
+_busy.add_edge("wrap_up", END)
+
+busy = DurableGraph(_busy.compile(), name="lg_busy", tools={
+    "book": StepOptions(timeout_s=2.0, lookup=book_lookup)})
+
+
+# A storyteller whose one reply streams forty words to the run's followers.
+
+
+async def tell(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 *state["messages"]])
+    return {"messages": [reply]}
+
+
+_teller = StateGraph(MessagesState)
+_teller.add_node("tell", tell)
+_teller.add_edge(START, "tell")
+_teller.add_edge("tell", END)
+
+storyteller = DurableGraph(_teller.compile(), name="lg_storyteller")

@@ -1,0 +1,210 @@
+"""The LangGraph integration: compiled graphs, unchanged, run as durable runs; each node's
+chat model requests, tool calls and update are steps of the log
+(``durable.integrations.langgraph``).
+
+Real worker processes, SIGKILLed for real; the chat model is langchain-openai's
+``ChatOpenAI`` against a local OpenAI-compatible HTTP server started by the test, which
+records every request with its ``Idempotency-Key``; the tools write their effects into a
+SQLite database that never deduplicates (``TEST_DB_DEDUPE=0``): a model request sent again
+or an effect applied twice would show.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langgraph")
+pytest.importorskip("langchain_openai")
+
+from durable.agents import is_placeholder
+from durable.audit.verify import verify
+from durable.client import Client
+from durable.log import events as ev
+from durable.settings import Settings
+from durable.streams.streaming import Partial
+from durable.testing import wait_for
+from tests.agents import langgraph_graphs  # noqa: F401  (registers the graphs here too)
+from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.servers.effects import applications
+from tests.servers.integration_world import decided, set_env
+from tests.servers.openai import OpenAIServer, resent_after_recorded
+
+
+@pytest.fixture(autouse=True)
+def langgraph_env(settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                  openai_server: OpenAIServer) -> None:
+    openai_server.reset()
+    set_env(monkeypatch, tmp_path, "tests.agents.langgraph_graphs",
+            TEST_OPENAI_URL=openai_server.url)
+
+
+def _effects(tmp_path: Path) -> dict[str, int]:
+    return applications(str(tmp_path / "world.sqlite"))
+
+
+BOOKER_STEPS = ["lg_booker.model", "lg_booker.node.agent", "lg_booker.tool.book",
+                "lg_booker.node.tools", "lg_booker.model", "lg_booker.node.agent",
+                "lg_booker.tool.book", "lg_booker.tool.note", "lg_booker.node.tools",
+                "lg_booker.model", "lg_booker.node.agent"]
+BOOKER_MODEL_STEPS = (1, 5, 10)
+
+
+def test_a_graph_runs_as_a_durable_run(
+    client: Client, worker: WorkerFactory, tmp_path: Path, openai_server: OpenAIServer
+) -> None:
+    run = client.start("lg_booker", {"input": {"messages": [
+        {"role": "user", "content": "book slots 1 and 2"}]}}, run_id="lgb").run_id
+    worker(burst=True).wait(60)
+    state = client.status(run)
+    assert state.state == "completed", (state.state, state.reason, state.error)
+    assert state.result["messages"][-1]["content"] == "booked: slot 1, slot 2"
+    steps = decided(client, run)
+    assert [s.tool for s in steps] == BOOKER_STEPS
+    models = [s for s in steps if s.tool == "lg_booker.model"]
+    assert all(s.model and is_placeholder(s.args) for s in models)  # digest, not the chat
+    assert steps[1].args == {"task": "1:agent"}
+    assert steps[2].args["input"] == {"slot": 1} and steps[2].args["task"] == "2:tools"
+    assert steps[6].group == steps[7].group == 7  # two tool calls of one reply, in parallel
+    assert state.model_calls == 3 and state.tokens == 3 * 10  # usage counted: budgets work
+    assert openai_server.counts(run) == {f"{run}:{n}": 1 for n in BOOKER_MODEL_STEPS}
+    assert all(r["stream"] for r in openai_server.requests)
+    assert _effects(tmp_path) == {f"{run}:3": 1, f"{run}:7": 1}
+    assert state.actions[8].result["content"] == f"noted two ({run}:8)"
+    assert verify(client.log, run).ok
+
+
+@pytest.mark.parametrize(("window", "step"), [
+    ("after_effect", 3),    # inside the tools node: the booking applied, not recorded
+    ("after_effect", 5),    # a model reply arrived, not recorded
+    ("after_outcome", 7),   # one of two parallel tool calls recorded
+    ("after_effect", 9),    # the tools node's update computed, not recorded
+])
+def test_a_killed_graph_resumes_without_resending_requests_or_repeating_effects(
+    window: str, step: int, client: Client, worker: WorkerFactory,
+    reconciler: ReconcilerFactory, tmp_path: Path, openai_server: OpenAIServer,
+) -> None:
+    """SIGKILL at step ``step``'s ``window``; another worker re-executes the graph: every
+    recorded model reply, tool result and node update comes back from the log, so no
+    recorded request is sent again and no effect is applied twice."""
+    run = client.start("lg_booker", {"input": {"messages": [
+        {"role": "user", "content": "book"}]}}, run_id=f"lgk{step}{window[6]}").run_id
+    doomed = worker(kill_at=f"{window}:{step}")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["messages"][-1]["content"] == "booked: slot 1, slot 2"
+    assert [s.tool for s in decided(client, run)] == BOOKER_STEPS
+    requests = openai_server.counts(f"{run}:")
+    assert set(requests) == {f"{run}:{n}" for n in BOOKER_MODEL_STEPS}
+    assert resent_after_recorded(client, run, openai_server) == []
+    assert _effects(tmp_path) == {f"{run}:3": 1, f"{run}:7": 1}
+    assert verify(client.log, run).ok
+
+
+@pytest.mark.parametrize(("window", "step"), [
+    ("after_effect", 3),    # mid-node: the second booking applied, not recorded
+    ("after_outcome", 2),   # mid-node: the first booking recorded, the second not taken
+])
+def test_a_sigkill_mid_node_repeats_no_request_and_no_effect(
+    window: str, step: int, client: Client, worker: WorkerFactory,
+    reconciler: ReconcilerFactory, tmp_path: Path, openai_server: OpenAIServer,
+) -> None:
+    """SIGKILL inside one node, after its model reply and its first booking were recorded
+    (``window`` of step ``step``): the node runs again on another worker, its recorded
+    request is not sent again, the recorded booking is not applied again, and the booking
+    the kill interrupted is found applied by its lookup (or made once)."""
+    run = client.start("lg_busy", {"input": {}}, run_id=f"lgm{step}{window[6]}").run_id
+    doomed = worker(kill_at=f"{window}:{step}")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["booked"] == ["slot 1", "slot 2", "wrapped"]
+    assert [s.tool for s in decided(client, run)] == [
+        "lg_busy.model", "lg_busy.tool.book", "lg_busy.tool.book", "lg_busy.node.work",
+        "lg_busy.node.wrap_up"]
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}  # sent once: not re-sent
+    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:3": 1}  # none applied twice
+    assert verify(client.log, run).ok
+
+
+def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
+    client: Client, worker: WorkerFactory, tmp_path: Path, openai_server: OpenAIServer
+) -> None:
+    """The node's interrupt() waits (``waiting_input``, no worker held); answered, the node
+    runs again from its start as LangGraph resumes it, but its model request and its first
+    booking come back recorded: each went out once."""
+    run = client.start("lg_asker", {"input": {}}, run_id="lga").run_id
+    worker()
+    state = client.wait(run, 30)
+    assert state.state == "waiting_input", (state.state, state.reason, state.error)
+    waits = [e.event for e in client.events(run) if isinstance(e.event, ev.WaitEntered)]
+    assert waits[-1].data == {"question": "book slot 2 too?", "booked": "slot 1"}
+    assert _effects(tmp_path) == {f"{run}:2": 1}
+    client.respond(run, "yes")
+    final = client.wait(run, 30)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["booked"] == ["slot 1", "slot 2", "wrapped"]
+    assert final.result["answer"] == "yes"
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
+    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:3": 1}
+    assert [s.tool for s in decided(client, run)] == [
+        "lg_asker.model", "lg_asker.tool.book", "lg_asker.tool.book", "lg_asker.node.work",
+        "lg_asker.node.wrap_up"]
+    assert verify(client.log, run).ok
+
+
+def test_a_follower_receives_tokens_and_node_updates(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    openai_server.delta_delay_s = 0.02
+    run = client.start("lg_storyteller", {"input": {"messages": [
+        {"role": "user", "content": "a story"}]}}, run_id="lgs").run_id
+    deltas: list[str] = []
+    updates: list[str] = []
+    with client.follow(run) as follower:
+        ready = threading.Event()
+
+        def read() -> None:
+            for item in follower:
+                ready.set()
+                if isinstance(item, Partial) and isinstance(item.data, dict):
+                    if "delta" in item.data:
+                        deltas.append(item.data["delta"])
+                    elif "node" in item.data:
+                        updates.append(item.data["node"])
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert ready.wait(10)  # the follower reads the log (run_started) before any token
+        worker()
+        reader.join(60)
+    final = client.status(run)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    story = " ".join(f"word{i}" for i in range(40))
+    assert "".join(deltas) == final.result["messages"][-1]["content"] == story
+    assert updates == ["tell"]
+
+
+def test_a_cancel_reaches_the_running_node(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    """The node's model request streams for 40 s; a cancel cancels it on the steps' event
+    loop, and the run ends canceled long before the stream would end."""
+    openai_server.delta_delay_s = 1.0
+    run = client.start("lg_storyteller", {"input": {"messages": [
+        {"role": "user", "content": "a story"}]}}, run_id="lgc").run_id
+    worker()
+    assert wait_for(lambda: openai_server.counts(run) != {}, 15)
+    client.cancel(run, "user changed their mind")
+    final = client.wait(run, timeout=10)
+    assert final.state == "canceled"
+    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
