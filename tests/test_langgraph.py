@@ -208,3 +208,35 @@ def test_a_cancel_reaches_the_running_node(
     assert final.state == "canceled"
     types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
     assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+
+
+def test_the_functional_api_runs_tasks_as_steps_and_resumes_without_repeating_them(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path,
+    openai_server: OpenAIServer,
+) -> None:
+    """An ``@entrypoint`` whose ``@task``s ask the model and book a slot, then interrupt():
+    answered, the entrypoint runs again (as LangGraph resumes it) and gets its finished
+    tasks' outputs without running them; SIGKILLed after the second booking's effect, before
+    its outcome is recorded, the graph is executed again on another worker, and the
+    booking's lookup finds it applied."""
+    run = client.start("lg_planner", {"input": {}}, run_id="lgp").run_id
+    doomed = worker(kill_at="after_effect:5")
+    state = client.wait(run, 30)
+    assert state.state == "waiting_input", (state.state, state.reason, state.error)
+    assert _effects(tmp_path) == {f"{run}:3": 1}
+    client.respond(run, "yes")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, 60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == {"story": " ".join(f"word{i}" for i in range(40)),
+                            "booked": ["slot 1", "slot 2"], "answer": "yes"}
+    steps = decided(client, run)
+    assert [s.tool for s in steps] == [
+        "lg_planner.model", "lg_planner.task", "lg_planner.tool.book", "lg_planner.task",
+        "lg_planner.tool.book", "lg_planner.task", "lg_planner.node.plan"]
+    assert steps[1].args == {"task": "0:plan>tell_story#0", "name": "tell_story"}
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
+    assert _effects(tmp_path) == {f"{run}:3": 1, f"{run}:5": 1}
+    assert verify(client.log, run).ok

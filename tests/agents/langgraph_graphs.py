@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
@@ -148,3 +149,34 @@ _teller.add_edge(START, "tell")
 _teller.add_edge("tell", END)
 
 storyteller = DurableGraph(_teller.compile(), name="lg_storyteller")
+
+
+# The functional API: an entrypoint that asks a task for a story (a model request), books a
+# slot in a synchronous task, asks a human, then books a second slot in the same task.
+
+
+@task
+async def tell_story() -> str:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("a story")])
+    return str(reply.content)
+
+
+@task
+def book_slot(slot: int) -> str:
+    return str(book.invoke({"slot": slot})["done"])
+
+
+@entrypoint()
+async def plan(inp: dict[str, Any]) -> dict[str, Any]:
+    story = await tell_story()
+    first = await book_slot(1)
+    answer = interrupt({"question": "book slot 2 too?", "booked": first})
+    done = [first]
+    if answer == "yes":
+        done.append(await book_slot(2))
+    return {"story": story, "booked": done, "answer": answer}
+
+
+planner = DurableGraph(plan, name="lg_planner", tools={
+    "book": StepOptions(timeout_s=2.0, lookup=book_lookup)})

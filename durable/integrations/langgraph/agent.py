@@ -6,17 +6,13 @@ the wrapped graph."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.tools import BaseTool
-from langgraph._internal._constants import CONFIG_KEY_SCRATCHPAD
 from langgraph.errors import (
     EmptyInputError,
-    GraphInterrupt,
     GraphRecursionError,
     InvalidUpdateError,
 )
@@ -27,7 +23,6 @@ from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext
 from durable.code import agent as code_agent
 from durable.integrations.base import (
-    EffectFreeStep,
     LiveRequests,
     StepOptions,
     configured_by,
@@ -35,22 +30,14 @@ from durable.integrations.base import (
     make_step,
 )
 from durable.integrations.langgraph import model as model_steps
+from durable.integrations.langgraph import nodes
 from durable.integrations.langgraph import tools as tool_steps
-from durable.integrations.langgraph.run import (
-    RUNS,
-    Binding,
-    GraphInput,
-    GraphOwner,
-    live_key,
-    node_task,
-    outcome_of,
-)
+from durable.integrations.langgraph.nodes import INTERRUPT_TIMEOUT_S, NodeStep, NodeUpdate, attempts
+from durable.integrations.langgraph.run import RUNS, Binding, GraphInput, live_key, outcome_of
 
 #: LangGraph's own outcomes that fail the run with their message.
 GRAPH_ERRORS: tuple[type[BaseException], ...] = (GraphRecursionError, InvalidUpdateError,
                                                  EmptyInputError)
-#: How long an ``interrupt()`` waits for its answer by default (s): a week.
-INTERRUPT_TIMEOUT_S = 7 * 86400.0
 
 T = TypeVar("T")
 
@@ -94,6 +81,7 @@ class DurableGraph:
                              "node instead (a durable wait)")
         model_steps.install()
         tool_steps.install()
+        nodes.install()
         self.name, self.stream = name, stream
         self.interrupt_timeout_s, self.recursion_limit = interrupt_timeout_s, recursion_limit
         self.live = LiveRequests()
@@ -105,8 +93,9 @@ class DurableGraph:
         steps: list[Tool] = [make_step(model_steps.ModelStep, self.model_step, owner=self,
                                        timeout_s=model_timeout_s,
                                        retryable=tuple(model_retryable))]
-        steps += [make_step(NodeStep, step, owner=self, node=n)
-                  for n, step in self.node_steps.items()]
+        self.task_step = f"{name}.task"
+        steps += [make_step(NodeStep, step, owner=self)
+                  for step in (*self.node_steps.values(), self.task_step)]
         for tool, tool_step in self._tools.items():
             o = opts.get(tool, StepOptions())
             steps.append(make_step(tool_steps.ToolStep, tool_step, owner=self, **o.step_attrs(),
@@ -152,7 +141,8 @@ class DurableGraph:
             ident = f"{meta.get('langgraph_step', 0)}:{node}"
             if path and path[0] != "__pregel_pull":  # a Send or a task: its place too
                 ident += ":" + "/".join(str(p) for p in path[1:])
-            out = await _attempts(b, owner, node, bound, state, config, b.task(ident))
+            out = await attempts(b, f"node {node!r}", lambda: bound.ainvoke(state, config),
+                                 config, b.task(ident))
             await b.step(owner.node_steps[node], {"task": ident}, NodeUpdate(node, out))
             return out
 
@@ -177,40 +167,6 @@ class DurableGraph:
         return jsonable(out)
 
 
-async def _attempts(b: Binding, owner: GraphOwner, node: str, bound: Runnable[Any, Any],
-                    state: Any, config: RunnableConfig, task: Any) -> Any:
-    """Run the node until it returns: each ``interrupt()`` it raises is a durable wait,
-    and the node runs again with the answers given so far, as LangGraph resumes it."""
-    answers: list[Any] = []
-    while True:
-        task.cursor = 0
-        token = node_task().set(task)
-        try:
-            return await bound.ainvoke(state, config)
-        except GraphInterrupt as exc:
-            asked = [jsonable(i.value) for i in (exc.args[0] if exc.args else ())]
-            answers.append(await b.wait(f"interrupt in node {node!r}",
-                                        asked[0] if len(asked) == 1 else asked,
-                                        getattr(owner, "interrupt_timeout_s",
-                                                INTERRUPT_TIMEOUT_S)))
-            _resume(config, answers)
-        finally:
-            node_task().reset(token)
-
-
-def _resume(config: RunnableConfig, answers: list[Any]) -> None:
-    """Give the task the answers to its interrupts so far, in order: LangGraph's
-    ``interrupt()`` returns them (its counter starts again, as for a resumed task). The
-    task's own scratchpad is changed: the node reads it from the context LangGraph set."""
-    pad = (config.get("configurable") or {}).get(CONFIG_KEY_SCRATCHPAD)
-    if pad is None:
-        raise RuntimeError("LangGraph gave the node no scratchpad: interrupt() cannot be "
-                           "answered")
-    # The scratchpad is a frozen dataclass: its counter is set as its own __init__ sets it.
-    object.__setattr__(pad, "interrupt_counter", itertools.count().__next__)
-    pad.resume[:] = answers
-
-
 def _tool_nodes_tools(graph: Pregel[Any, Any, Any, Any]) -> dict[str, BaseTool]:
     """The tools of the ``ToolNode``s of the graph, by name."""
     found: dict[str, BaseTool] = {}
@@ -218,30 +174,3 @@ def _tool_nodes_tools(graph: Pregel[Any, Any, Any, Any]) -> dict[str, BaseTool]:
         if isinstance(node.bound, ToolNode):
             found.update(node.bound.tools_by_name)
     return found
-
-
-# A node's update, recorded ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeUpdate:
-    """What a node returned: handed from the function to the step that records it."""
-
-    node: str
-    update: Any
-
-
-class NodeStep(EffectFreeStep):
-    """``<name>.node.<node>``: one execution of the node, its update recorded (as JSON) and
-    published to the run's followers as ``{"node", "update"}``. The node's own requests
-    and effects were the steps it took before it."""
-
-    owner: ClassVar[GraphOwner]
-    node: ClassVar[str]
-    context = True
-
-    async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        done = self.owner.handed(ctx, self.name, args, NodeUpdate)
-        update = jsonable(done.update)
-        ctx.emit({"node": done.node, "update": update})
-        return {"update": update}

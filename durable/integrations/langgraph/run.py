@@ -66,6 +66,10 @@ class GraphOwner(Owner, Protocol):
     model_step: str
     #: Model requests are streamed, their text published to the run's followers.
     stream: bool
+    #: The name of the step recording a ``@task``'s output.
+    task_step: str
+    #: How long an ``interrupt()`` waits for its answer (s).
+    interrupt_timeout_s: float
 
     def tool_step(self, tool: str) -> str | None:
         """The step tool of a LangChain tool named ``tool`` (``None``: not a step)."""
@@ -86,10 +90,15 @@ class NodeTask:
     and path: the outcomes of the steps it took, by their place among its calls."""
 
     ident: str
-    #: (step tool, digest of the arguments, outcome or the ``StepFailed`` raised) per call.
-    made: list[tuple[str, str, Any]] = field(default_factory=list)
+    #: (step tool, digest of the arguments, outcome or the ``StepFailed`` raised) by place.
+    made: dict[int, tuple[str, str, Any]] = field(default_factory=dict)
     cursor: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def restart(self) -> None:
+        """Another attempt of the task begins: its calls are counted from the first."""
+        with self.lock:
+            self.cursor = 0
 
     def place(self) -> int:
         """The place of the call being made among the task's calls (in the order made)."""
@@ -100,14 +109,14 @@ class NodeTask:
     def kept(self, place: int, tool: str, digest: str) -> tuple[bool, Any]:
         """What an earlier attempt of the task was given for the same call at ``place``."""
         with self.lock:
-            if place < len(self.made) and self.made[place][:2] == (tool, digest):
-                return True, self.made[place][2]
+            found = self.made.get(place)
+            if found is not None and found[:2] == (tool, digest):
+                return True, found[2]
         return False, None
 
     def keep(self, place: int, tool: str, digest: str, outcome: Any) -> None:
         with self.lock:
-            del self.made[place:]
-            self.made.append((tool, digest, outcome))
+            self.made[place] = (tool, digest, outcome)
 
 
 #: Loop iterations a batch of steps waits for the calls started with its first one.
