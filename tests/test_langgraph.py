@@ -28,7 +28,7 @@ from durable.settings import Settings
 from durable.streams.streaming import Partial
 from durable.testing import wait_for
 from tests.agents import langgraph_graphs  # noqa: F401  (registers the graphs here too)
-from tests.conftest import ReconcilerFactory, WorkerFactory
+from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
 from tests.servers.effects import applications
 from tests.servers.integration_world import decided, set_env
 from tests.servers.openai import OpenAIServer, resent_after_recorded
@@ -240,3 +240,50 @@ def test_the_functional_api_runs_tasks_as_steps_and_resumes_without_repeating_th
     assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
     assert _effects(tmp_path) == {f"{run}:3": 1, f"{run}:5": 1}
     assert verify(client.log, run).ok
+
+
+def _approval(client: Client, run: str) -> str:
+    state = client.wait(run, 30)
+    assert state.state == "waiting_approval", (state.state, state.reason, state.error)
+    (request,) = [a.request for a in state.approvals.values() if a.decision is None]
+    assert state.approvals[request].role == "finance"
+    return request
+
+
+@pytest.mark.parametrize(("decision", "answer"), [
+    ("approve", "refunded: refund A1 500"),
+    ("reject", "not refunded: Tool call was not approved: rejected by alice"),
+])
+def test_a_tool_that_needs_approval_waits_for_a_signed_decision(
+    decision: str, answer: str, client: Client, worker: WorkerFactory, tmp_path: Path,
+    approver: ApproverFactory, openai_server: OpenAIServer,
+) -> None:
+    """The refund waits in ``waiting_approval`` (the model node is synchronous: its request
+    is a step too); approved, it is applied once; rejected, the model is told."""
+    alice = approver("alice", "finance")
+    run = client.start("lg_refunder", {"input": {"messages": [
+        {"role": "user", "content": "refund A1"}]}}, run_id=f"lgr{decision[0]}").run_id
+    worker()
+    request = _approval(client, run)
+    assert _effects(tmp_path) == {}  # nothing before the decision
+    client.sign_and_approve(run, request, decision, "alice", alice, note="not this one")
+    final = client.wait(run, 30)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["messages"][-1]["content"] == answer
+    assert _effects(tmp_path) == ({f"{run}:3": 1} if decision == "approve" else {})
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1, f"{run}:5": 1}
+
+
+def test_construction_refuses_what_it_cannot_make_durable() -> None:
+    from langgraph.graph import START, StateGraph
+
+    from durable.integrations.langgraph import DurableGraph
+    from tests.agents.langgraph_graphs import Work
+
+    builder = StateGraph(Work)
+    builder.add_node("a", lambda s: s)
+    builder.add_edge(START, "a")
+    with pytest.raises(ValueError, match="static breakpoints"):
+        DurableGraph(builder.compile(interrupt_before=["a"]), name="lg_breakpoint")
+    with pytest.raises(TypeError, match="a compiled graph"):
+        DurableGraph(builder, name="lg_builder")  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 
 from durable.integrations.langgraph import DurableGraph, StepOptions, step_context
-from tests.servers.integration_world import book_lookup
+from tests.servers.integration_world import book_lookup, refund_lookup
 from tests.servers.integration_world import effect as _effect
 
 
@@ -180,3 +180,32 @@ async def plan(inp: dict[str, Any]) -> dict[str, Any]:
 
 planner = DurableGraph(plan, name="lg_planner", tools={
     "book": StepOptions(timeout_s=2.0, lookup=book_lookup)})
+
+
+# A refund agent whose tool needs a signed approval (``StepOptions(requires_approval=True)``,
+# the role "finance"); the model reports what happened. Its model node is synchronous
+# (``invoke``, on the thread LangGraph runs it on).
+
+
+@tool
+def refund(order: str, cents: int) -> dict[str, Any]:
+    """Refund an order (needs a human's approval)."""
+    return _effect(f"refund {order} {cents}")
+
+
+def refunder_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    reply = llm().bind_tools([refund]).invoke(
+        [SystemMessage("refunder: refund what is asked."), *state["messages"]])
+    return {"messages": [reply]}
+
+
+_refunder = StateGraph(MessagesState)
+_refunder.add_node("agent", refunder_model)
+_refunder.add_node("tools", ToolNode([refund]))
+_refunder.add_edge(START, "agent")
+_refunder.add_conditional_edges("agent", tools_condition)
+_refunder.add_edge("tools", "agent")
+
+refunder = DurableGraph(_refunder.compile(), name="lg_refunder", tools={
+    "refund": StepOptions(timeout_s=2.0, lookup=refund_lookup, requires_approval=True,
+                          approver_role="finance")})
