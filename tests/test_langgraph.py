@@ -287,3 +287,30 @@ def test_construction_refuses_what_it_cannot_make_durable() -> None:
         DurableGraph(builder.compile(interrupt_before=["a"]), name="lg_breakpoint")
     with pytest.raises(TypeError, match="a compiled graph"):
         DurableGraph(builder, name="lg_builder")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("window", ["after_effect", "after_outcome"])
+def test_nodes_of_one_superstep_take_their_steps_together_and_replay_in_order(
+    window: str, client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
+    openai_server: OpenAIServer,
+) -> None:
+    """Two nodes run at once: their model requests are one parallel decision (steps 1 and
+    2), their updates another. SIGKILL at the ``window`` of the second request: executed
+    again, the graph asks for the same steps in the same order (no nondeterminism), and no
+    recorded request is sent again."""
+    run = client.start("lg_fan_out", {"input": {}}, run_id=f"lgf{window[6]}").run_id
+    doomed = worker(kill_at=f"{window}:2")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, 60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["joined"] == "word0 word1|word39"
+    steps = decided(client, run)
+    assert [s.tool for s in steps] == [
+        "lg_fan_out.model", "lg_fan_out.model", "lg_fan_out.node.left",
+        "lg_fan_out.node.right", "lg_fan_out.node.join"]
+    assert steps[0].group == steps[1].group == 1
+    assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:2"}
+    assert resent_after_recorded(client, run, openai_server) == []
+    assert verify(client.log, run).ok

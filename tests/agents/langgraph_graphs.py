@@ -209,3 +209,40 @@ _refunder.add_edge("tools", "agent")
 refunder = DurableGraph(_refunder.compile(), name="lg_refunder", tools={
     "refund": StepOptions(timeout_s=2.0, lookup=refund_lookup, requires_approval=True,
                           approver_role="finance")})
+
+
+# Two nodes of one superstep (a fan-out), each asking the model, then a node joining them.
+
+
+class Pair(TypedDict, total=False):
+    left: str
+    right: str
+    joined: str
+
+
+async def left(state: Pair) -> Pair:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("left")])
+    return {"left": str(reply.content)[:11]}
+
+
+async def right(state: Pair) -> Pair:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("right")])
+    return {"right": str(reply.content)[-6:]}
+
+
+def join(state: Pair) -> Pair:
+    return {"joined": f"{state['left']}|{state['right']}"}
+
+
+_fan = StateGraph(Pair)
+_fan.add_node("left", left)
+_fan.add_node("right", right)
+_fan.add_node("join", join)
+_fan.add_edge(START, "left")
+_fan.add_edge(START, "right")
+_fan.add_edge(["left", "right"], "join")
+_fan.add_edge("join", END)
+
+fan_out = DurableGraph(_fan.compile(), name="lg_fan_out")

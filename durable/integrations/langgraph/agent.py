@@ -144,6 +144,7 @@ class DurableGraph:
             out = await attempts(b, f"node {node!r}", lambda: bound.ainvoke(state, config),
                                  config, b.task(ident))
             await b.step(owner.node_steps[node], {"task": ident}, NodeUpdate(node, out))
+            b.tasks.pop(ident, None)  # done: its outcomes are not asked for again
             return out
 
         def refused(state: Any) -> Any:

@@ -150,6 +150,7 @@ def _durable_task(b: Binding, func: Callable[..., Any]) -> Callable[..., Any]:
     async def record(out: Any) -> Any:
         await b.step(b.owner.task_step, args, NodeUpdate(name, out))
         caller.keep(place, f"task:{name}", ident, out)
+        b.tasks.pop(ident, None)  # done: its caller keeps its output
         return out
 
     if asyncio.iscoroutinefunction(func):
