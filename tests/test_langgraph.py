@@ -314,3 +314,41 @@ def test_nodes_of_one_superstep_take_their_steps_together_and_replay_in_order(
     assert set(openai_server.counts(f"{run}:")) == {f"{run}:1", f"{run}:2"}
     assert resent_after_recorded(client, run, openai_server) == []
     assert verify(client.log, run).ok
+
+
+def test_bad_input_and_an_unlisted_tool_are_refused_clearly(
+    client: Client, worker: WorkerFactory, tmp_path: Path, openai_server: OpenAIServer
+) -> None:
+    from durable.errors import DurableError
+
+    with pytest.raises(DurableError, match="extra"):  # refused at start: nothing started
+        client.start("lg_storyteller", {"input": {}, "extra": 1}, run_id="lgx0")
+    runs = [client.start("lg_undeclared", {"input": {}}, run_id="lgx1").run_id,
+            client.start("lg_storyteller", {"input": "not a state"}, run_id="lgx2").run_id]
+    worker(burst=True).wait(60)
+    first, second = (client.status(r) for r in runs)
+    # A graph calling a tool it did not declare needs its code fixed: the run waits for an
+    # operator, its log intact (its effect would have run again on every recovery).
+    assert first.state == "quarantined", (first.state, first.reason)
+    assert "the tool 'note' is not one of its steps" in (first.reason or "")
+    # LangGraph's own refusal of the input fails the run with LangGraph's message.
+    assert second.state == "failed", (second.state, second.reason, second.error)
+    assert "InvalidUpdateError" in (second.error or ""), second.error
+    assert openai_server.counts("lgx") == {}
+
+
+@pytest.mark.parametrize(("status", "state", "sent"), [
+    (503, "completed", 2),   # the provider said to come back: retried, with the same key
+    (400, "failed", 1),      # a bad request: never sent again
+])
+def test_a_model_error_is_retried_only_when_the_provider_says_so(
+    status: int, state: str, sent: int, client: Client, worker: WorkerFactory,
+    openai_server: OpenAIServer,
+) -> None:
+    openai_server.faults.append(status)
+    run = client.start("lg_storyteller", {"input": {"messages": [
+        {"role": "user", "content": "a story"}]}}, run_id=f"lge{status}").run_id
+    worker(burst=True).wait(60)
+    final = client.status(run)
+    assert final.state == state, (final.state, final.reason, final.error)
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": sent}

@@ -246,3 +246,17 @@ _fan.add_edge(["left", "right"], "join")
 _fan.add_edge("join", END)
 
 fan_out = DurableGraph(_fan.compile(), name="lg_fan_out")
+
+
+# A node that calls a tool the DurableGraph was not told of: refused, naming it.
+
+
+async def unlisted(state: Work) -> Work:
+    return {"story": await note.ainvoke({"text": "hi"})}
+
+
+_unlisted = StateGraph(Work)
+_unlisted.add_node("unlisted", unlisted)
+_unlisted.add_edge(START, "unlisted")
+
+undeclared = DurableGraph(_unlisted.compile(), name="lg_undeclared")

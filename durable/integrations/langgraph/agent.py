@@ -51,8 +51,9 @@ class DurableGraph:
     graph is a step; a tool a node calls directly must be named here. ``stream``: model
     requests are streamed, their text published to the run's followers. ``model_timeout_s``
     and ``model_retryable``: the model step's deadline and the exceptions it is retried on
-    (default: none). ``interrupt_timeout_s``: how long an ``interrupt()`` waits for its
-    answer. ``recursion_limit``: LangGraph's limit on supersteps (its default unless given).
+    (default ``MODEL_RETRYABLE``: a 429, a 5xx, no connection; ``()``: never).
+    ``interrupt_timeout_s``: how long an ``interrupt()`` waits for its answer.
+    ``recursion_limit``: LangGraph's limit on supersteps (its default unless given).
     ``version``, ``budgets`` and ``options`` are the registered agent's
     (``durable.code.agent``).
     """
@@ -65,7 +66,7 @@ class DurableGraph:
         tools: Mapping[str, StepOptions] | None = None,
         stream: bool = True,
         model_timeout_s: float = 120.0,
-        model_retryable: tuple[type[BaseException], ...] = (),
+        model_retryable: tuple[type[BaseException], ...] = model_steps.MODEL_RETRYABLE,
         interrupt_timeout_s: float = INTERRUPT_TIMEOUT_S,
         recursion_limit: int | None = None,
         version: str = "1",

@@ -18,6 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from langchain_core.exceptions import (
+    ModelAPIError,
+    ModelConnectionError,
+    ModelRateLimitError,
+    ModelTimeoutError,
+)
 from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
 from langchain_core.messages import AIMessage, BaseMessage, message_to_dict, messages_from_dict
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -27,7 +33,14 @@ from durable.integrations.base import ModelStepBase, jsonable, stable
 from durable.integrations.langgraph.run import GraphOwner, bound_run
 from durable.streams.partials import tool_call_delta
 
-__all__ = ["ModelCall", "ModelStep", "decode_result", "encode_result", "install", "request_args"]
+__all__ = ["MODEL_RETRYABLE", "ModelCall", "ModelStep", "decode_result", "encode_result",
+           "install", "request_args"]
+
+#: What a model step retries by default: LangChain's provider-neutral errors that say a
+#: retry may succeed (a 429, a 5xx, no connection, a timeout), which every provider package
+#: raises (beside its SDK's own type). Bounded by the step's attempts; never a bad request.
+MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
+    ModelRateLimitError, ModelAPIError, ModelConnectionError, ModelTimeoutError)
 
 
 # The JSON of a model step -------------------------------------------------------------------
