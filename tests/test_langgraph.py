@@ -352,3 +352,18 @@ def test_a_model_error_is_retried_only_when_the_provider_says_so(
     final = client.status(run)
     assert final.state == state, (final.state, final.reason, final.error)
     assert openai_server.counts(f"{run}:") == {f"{run}:1": sent}
+
+
+def test_a_node_that_streams_its_model_takes_one_step(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    run = client.start("lg_streamer", {"input": {"messages": [
+        {"role": "user", "content": "a story"}]}}, run_id="lgst").run_id
+    worker(burst=True).wait(60)
+    final = client.status(run)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["messages"][-1]["content"] == " ".join(f"word{i}" for i in range(40))
+    assert [s.tool for s in decided(client, run)] == ["lg_streamer.model",
+                                                      "lg_streamer.node.tell"]
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
+    assert final.tokens == 10

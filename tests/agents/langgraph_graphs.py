@@ -260,3 +260,22 @@ _unlisted.add_node("unlisted", unlisted)
 _unlisted.add_edge(START, "unlisted")
 
 undeclared = DurableGraph(_unlisted.compile(), name="lg_undeclared")
+
+
+# A node that streams its model's reply itself (``astream``): one step, the tokens going to
+# the run's followers from the step.
+
+
+async def stream_story(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    reply: Any = None
+    async for chunk in llm().astream([SystemMessage("storyteller: tell a story."),
+                                      *state["messages"]]):
+        reply = chunk if reply is None else reply + chunk
+    return {"messages": [reply]}
+
+
+_streamer = StateGraph(MessagesState)
+_streamer.add_node("tell", stream_story)
+_streamer.add_edge(START, "tell")
+
+streamer = DurableGraph(_streamer.compile(), name="lg_streamer")

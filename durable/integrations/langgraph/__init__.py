@@ -57,8 +57,8 @@ node is named by the node's superstep and name and its place among the node's ca
 node LangGraph runs again (its ``RetryPolicy``, an interrupt) gets the same outcomes.
 
 Limits: a node's code between its steps runs again on recovery (deterministic, without
-effects of its own: put effects in tools); ``astream`` of a chat model inside a node is not
-a step (use ``invoke``/``ainvoke``: followers get the tokens); interrupts inside a subgraph,
+effects of its own: put effects in tools); ``astream`` of a chat model inside a node is
+one step, given back as one chunk (followers get the tokens); interrupts inside a subgraph,
 static breakpoints (``interrupt_before``/``after``) and ``Command(resume=...)`` are not
 supported; a tool returning a ``Command`` is recorded as its JSON.
 """

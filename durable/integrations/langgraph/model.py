@@ -8,13 +8,16 @@ The function's side is the one place every chat model's ``invoke``, ``ainvoke``,
 and ``generate`` go through, below LangChain's callbacks and cache:
 ``BaseChatModel._agenerate_with_cache`` (and its synchronous twin), which ``install``
 replaces once per process with a version that, inside a durable run only, takes a step;
-outside one it is LangChain's own. The callbacks a node's model call fires (tracing,
-LangGraph's own "messages" stream) still fire, in the function, with the recorded reply.
+outside one it is LangChain's own. A node's ``astream`` (``stream``) of a chat model is
+that one step too, given back as one chunk: the step streams the tokens to the followers.
+The callbacks a node's model call fires (tracing, LangGraph's own "messages" stream)
+still fire, in the function, with the recorded reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,7 +28,13 @@ from langchain_core.exceptions import (
     ModelTimeoutError,
 )
 from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
-from langchain_core.messages import AIMessage, BaseMessage, message_to_dict, messages_from_dict
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    message_to_dict,
+    messages_from_dict,
+)
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from durable.agents import ToolContext
@@ -126,6 +135,46 @@ def install() -> None:
 
     BaseChatModel._agenerate_with_cache = agenerate  # type: ignore[method-assign]
     BaseChatModel._generate_with_cache = generate  # type: ignore[method-assign]
+    _install_streams()
+
+
+def _install_streams() -> None:
+    """A node's ``astream``/``stream`` inside a durable run: one step (``ainvoke``), given
+    back as one chunk; the step itself streams the tokens to the run's followers."""
+    _originals["astream"] = BaseChatModel.astream
+    _originals["stream"] = BaseChatModel.stream
+
+    async def astream(self: BaseChatModel, input: Any, config: Any = None, *,
+                      stop: list[str] | None = None,
+                      **kwargs: Any) -> AsyncIterator[AIMessageChunk]:
+        if bound_run() is None:
+            async for chunk in _originals["astream"](self, input, config, stop=stop, **kwargs):
+                yield chunk
+            return
+        yield as_chunk(await self.ainvoke(input, config, stop=stop, **kwargs))
+
+    def stream(self: BaseChatModel, input: Any, config: Any = None, *,
+               stop: list[str] | None = None, **kwargs: Any) -> Iterator[AIMessageChunk]:
+        if bound_run() is None:
+            yield from _originals["stream"](self, input, config, stop=stop, **kwargs)
+            return
+        yield as_chunk(self.invoke(input, config, stop=stop, **kwargs))
+
+    BaseChatModel.astream = astream  # type: ignore[method-assign]
+    BaseChatModel.stream = stream  # type: ignore[method-assign]
+
+
+def as_chunk(message: BaseMessage) -> AIMessageChunk:
+    """A reply as the one chunk of a stream: adding it up gives the reply back."""
+    calls = getattr(message, "tool_calls", None) or []
+    return AIMessageChunk(
+        content=message.content, id=message.id, name=message.name,
+        additional_kwargs=message.additional_kwargs,
+        response_metadata=message.response_metadata,
+        usage_metadata=getattr(message, "usage_metadata", None),
+        tool_call_chunks=[{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"],
+                           "index": i, "type": "tool_call_chunk"} for i, c in enumerate(calls)],
+        chunk_position="last")
 
 
 # The worker's side --------------------------------------------------------------------------

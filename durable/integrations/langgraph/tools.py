@@ -8,7 +8,8 @@ the one place every tool's ``invoke`` and ``ainvoke`` go through, ``BaseTool.aru
 ``run``), replaced once per process (``install``) by a version that, inside a durable run
 only, takes a step; the tool's callbacks fire in the step. A tool the ``DurableGraph`` was
 not told of (neither a ``ToolNode``'s nor named in its ``tools=``) is refused inside a
-durable run: its effect would run again on every recovery.
+durable run (``UsageError``: the run is quarantined, naming it, for its code to be fixed):
+its effect would run again on every recovery.
 """
 
 from __future__ import annotations
