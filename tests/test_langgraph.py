@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,6 @@ from durable.client import Client
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.streams.streaming import Partial
-from durable.testing import wait_for
 from tests.agents import langgraph_graphs  # noqa: F401  (registers the graphs here too)
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
 from tests.servers.effects import applications
@@ -164,53 +164,75 @@ def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
     assert verify(client.log, run).ok
 
 
+class Following:
+    """What a follower of ``run`` is given while the block runs, read on a thread: text
+    deltas, node updates; ``reading`` is set once it read the log's first entry."""
+
+    def __init__(self, client: Client, run: str) -> None:
+        self.client, self.run = client, run
+        self.deltas: list[str] = []
+        self.nodes: list[str] = []
+        self.reading, self.streaming = threading.Event(), threading.Event()
+
+    def __enter__(self) -> Following:
+        self._ctx = self.client.follow(self.run)
+        self._thread = threading.Thread(target=self._read, args=(self._ctx.__enter__(),),
+                                        daemon=True)
+        self._thread.start()
+        assert self.reading.wait(10)  # the log (run_started) comes before any token
+        return self
+
+    def _read(self, follower: Any) -> None:
+        for item in follower:
+            self.reading.set()
+            data = item.data if isinstance(item, Partial) else None
+            if isinstance(data, dict) and "delta" in data:
+                self.deltas.append(data["delta"])
+                self.streaming.set()
+            elif isinstance(data, dict) and "node" in data:
+                self.nodes.append(data["node"])
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join(60)
+        self._ctx.__exit__(None, None, None)
+
+
+STORY = " ".join(f"word{i}" for i in range(40))
+
+
 def test_a_follower_receives_tokens_and_node_updates(
     client: Client, worker: WorkerFactory, openai_server: OpenAIServer
 ) -> None:
     openai_server.delta_delay_s = 0.02
     run = client.start("lg_storyteller", {"input": {"messages": [
         {"role": "user", "content": "a story"}]}}, run_id="lgs").run_id
-    deltas: list[str] = []
-    updates: list[str] = []
-    with client.follow(run) as follower:
-        ready = threading.Event()
-
-        def read() -> None:
-            for item in follower:
-                ready.set()
-                if isinstance(item, Partial) and isinstance(item.data, dict):
-                    if "delta" in item.data:
-                        deltas.append(item.data["delta"])
-                    elif "node" in item.data:
-                        updates.append(item.data["node"])
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        assert ready.wait(10)  # the follower reads the log (run_started) before any token
+    with Following(client, run) as seen:
         worker()
-        reader.join(60)
     final = client.status(run)
     assert final.state == "completed", (final.state, final.reason, final.error)
-    story = " ".join(f"word{i}" for i in range(40))
-    assert "".join(deltas) == final.result["messages"][-1]["content"] == story
-    assert updates == ["tell"]
+    assert final.result["messages"][-1]["content"] == STORY
+    assert "".join(seen.deltas) == STORY and seen.nodes == ["tell"]
 
 
 def test_a_cancel_reaches_the_running_node(
     client: Client, worker: WorkerFactory, openai_server: OpenAIServer
 ) -> None:
-    """The node's model request streams for 40 s; a cancel cancels it on the steps' event
-    loop, and the run ends canceled long before the stream would end."""
+    """The node's model request streams a token a second; once the follower got the first,
+    a cancel cancels the request on the steps' event loop: the run ends canceled with most
+    of the story never sent, and the node is never recorded."""
     openai_server.delta_delay_s = 1.0
     run = client.start("lg_storyteller", {"input": {"messages": [
         {"role": "user", "content": "a story"}]}}, run_id="lgc").run_id
-    worker()
-    assert wait_for(lambda: openai_server.counts(run) != {}, 15)
-    client.cancel(run, "user changed their mind")
-    final = client.wait(run, timeout=10)
+    with Following(client, run) as seen:
+        worker()
+        assert seen.streaming.wait(30)
+        client.cancel(run, "user changed their mind")
+        final = client.wait(run, timeout=10)
     assert final.state == "canceled"
-    types = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
-    assert types[-3:] == ["cancel_requested", "call_canceled", "canceled"]
+    assert len(seen.deltas) < 20 and seen.nodes == []
+    tags = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
+    assert "call_canceled" in tags and tags[-1] == "canceled"
+    assert [s.tool for s in decided(client, run)] == ["lg_storyteller.model"]
 
 
 def test_the_functional_api_runs_tasks_as_steps_and_resumes_without_repeating_them(
@@ -340,21 +362,19 @@ def test_bad_input_and_an_unlisted_tool_are_refused_clearly(
     assert openai_server.counts("lgx") == {}
 
 
-@pytest.mark.parametrize(("status", "state", "sent"), [
-    (503, "completed", 2),   # the provider said to come back: retried, with the same key
-    (400, "failed", 1),      # a bad request: never sent again
-])
-def test_a_model_error_is_retried_only_when_the_provider_says_so(
-    status: int, state: str, sent: int, client: Client, worker: WorkerFactory,
-    openai_server: OpenAIServer,
+def test_only_a_model_error_a_retry_may_cure_is_retried(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
 ) -> None:
-    openai_server.faults.append(status)
-    run = client.start("lg_storyteller", {"input": {"messages": [
-        {"role": "user", "content": "a story"}]}}, run_id=f"lge{status}").run_id
-    worker(burst=True).wait(60)
-    final = client.status(run)
-    assert final.state == state, (final.state, final.reason, final.error)
-    assert openai_server.counts(f"{run}:") == {f"{run}:1": sent}
+    """The provider answers the first request 503 (come back: sent again, same key) and,
+    for the second run, 400 (a bad request: the run fails, nothing sent again)."""
+    given = {"input": {"messages": [{"role": "user", "content": "a story"}]}}
+    outcomes = {}
+    for status in (503, 400):
+        openai_server.faults.append(status)
+        run = client.start("lg_storyteller", given, run_id=f"lge{status}").run_id
+        worker(burst=True).wait(60)
+        outcomes[status] = (client.status(run).state, openai_server.counts(f"{run}:"))
+    assert outcomes == {503: ("completed", {"lge503:1": 2}), 400: ("failed", {"lge400:1": 1})}
 
 
 def test_a_node_that_streams_its_model_takes_one_step(

@@ -123,8 +123,9 @@ class DurableGraph:
         return self._tools.get(tool)
 
     def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
-        """The live request of the step ``step`` its function waits at, by its arguments."""
-        return self.live.take(live_key(ctx.run_id, step, args), kind, ctx, step)
+        """What the graph's function handed to the step tool ``step`` running ``ctx``."""
+        key = live_key(ctx.run_id, step, args)
+        return self.live.take(key, kind, ctx, step)
 
     # The nodes -------------------------------------------------------------------------
 

@@ -76,9 +76,10 @@ class GraphOwner(Owner, Protocol):
         ...
 
 
-def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str, str]:
-    """The key the live request of the step ``tool`` (arguments ``args``) is handed by."""
-    return (run_id, tool, args_digest(args))
+def live_key(run_id: str, tool: str, args: dict[str, Any]) -> tuple[str, str]:
+    """What names a step's live request between the function and the step tool: the run,
+    and the step tool with its arguments' digest (a node task's call carries its place)."""
+    return run_id, f"{tool}#{args_digest(args)}"
 
 
 # The node task a step is taken from --------------------------------------------------------
