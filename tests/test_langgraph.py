@@ -134,7 +134,31 @@ def test_a_sigkill_mid_node_repeats_no_request_and_no_effect(
         "lg_busy.model", "lg_busy.tool.book", "lg_busy.tool.book", "lg_busy.node.work",
         "lg_busy.node.wrap_up"]
     assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}  # sent once: not re-sent
-    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:3": 1}  # none applied twice
+    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:3": 1,  # none applied twice
+                                  f"ran:work:{run}": 2}  # the node ran again, from the log
+    assert verify(client.log, run).ok
+
+
+def test_a_recorded_node_is_not_run_again_after_a_sigkill(
+    client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path,
+    openai_server: OpenAIServer,
+) -> None:
+    """SIGKILL after the node's update was recorded (step 4), before the next node ran:
+    executed again, the graph gives back the recorded update without running the node's
+    code (it counts its executions), then runs the next node."""
+    run = client.start("lg_busy", {"input": {}}, run_id="lgn").run_id
+    doomed = worker(kill_at="after_outcome:4")
+    assert doomed.wait(30) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = client.wait(run, timeout=60)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["booked"] == ["slot 1", "slot 2", "wrapped"]
+    assert [s.tool for s in decided(client, run)] == [
+        "lg_busy.model", "lg_busy.tool.book", "lg_busy.tool.book", "lg_busy.node.work",
+        "lg_busy.node.wrap_up"]
+    assert _effects(tmp_path) == {f"{run}:2": 1, f"{run}:3": 1, f"ran:work:{run}": 1}
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
     assert verify(client.log, run).ok
 
 

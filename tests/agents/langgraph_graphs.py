@@ -12,10 +12,12 @@ an effect applied twice shows.
 from __future__ import annotations
 
 import os
+import time
 from functools import cache
 from typing import Any, TypedDict
 
 from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.func import entrypoint, task
@@ -24,6 +26,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 
 from durable.integrations.langgraph import DurableGraph, StepOptions, step_context
+from tests.servers.effects import effects_db
 from tests.servers.integration_world import book_lookup, refund_lookup
 from tests.servers.integration_world import effect as _effect
 
@@ -116,7 +119,18 @@ asker = DurableGraph(_worker.compile(), name="lg_asker", tools={
 # window a SIGKILL mid-node hits.
 
 
-async def two_bookings(state: Work) -> Work:
+def ran(node: str, config: RunnableConfig) -> None:
+    """Count an execution of a node's own code (not a step: no key of its own)."""
+    conn = effects_db()
+    try:
+        conn.execute("INSERT INTO effects VALUES (?, ?)",
+                     (f"ran:{node}:{config['configurable']['thread_id']}", time.time()))
+    finally:
+        conn.close()
+
+
+async def two_bookings(state: Work, config: RunnableConfig) -> Work:
+    ran("work", config)
     reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
                                  HumanMessage("a story")])
     done = [(await book.ainvoke({"slot": n}))["done"] for n in (1, 2)]

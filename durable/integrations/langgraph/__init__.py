@@ -50,14 +50,19 @@ their own. Here:
 - A cancel cancels the model request in flight (and a tool step marked ``cancellable``) and
   ends the run at the next step.
 
-Recovery re-executes the function: every step in the log returns its recorded outcome, so a
-completed node's requests and tool calls are not sent again and its update is the recorded
-one; a node the crash interrupted goes on from its first step not recorded. Each step of a
+Recovery re-executes the function. A node whose update was recorded is not run again when
+it ran alone in its superstep, took no interrupt and its update loads back exactly from
+LangChain's JSON: the recorded update is given back and the run goes past its steps
+(``durable.integrations.langgraph.nodes.replayed``). Any other node runs again with every
+step in the log returning its recorded outcome, so a completed node's requests and tool
+calls are not sent again; a node the crash interrupted goes on from its first step not
+recorded. Each step of a
 node is named by the node's superstep and name and its place among the node's calls, so a
 node LangGraph runs again (its ``RetryPolicy``, an interrupt) gets the same outcomes.
 
-Limits: a node's code between its steps runs again on recovery (deterministic, without
-effects of its own: put effects in tools); ``astream`` of a chat model inside a node is
+Limits: a node's code between its steps may run again (after an interrupt's answer, on
+recovery when its update cannot be given back): deterministic, without effects of its own
+(put effects in tools); ``astream`` of a chat model inside a node is
 one step, given back as one chunk (followers get the tokens); interrupts inside a subgraph,
 static breakpoints (``interrupt_before``/``after``) and ``Command(resume=...)`` are not
 supported; a tool returning a ``Command`` is recorded as its JSON.

@@ -32,7 +32,13 @@ from durable.integrations.base import (
 from durable.integrations.langgraph import model as model_steps
 from durable.integrations.langgraph import nodes
 from durable.integrations.langgraph import tools as tool_steps
-from durable.integrations.langgraph.nodes import INTERRUPT_TIMEOUT_S, NodeStep, NodeUpdate, attempts
+from durable.integrations.langgraph.nodes import (
+    INTERRUPT_TIMEOUT_S,
+    NodeStep,
+    NodeUpdate,
+    attempts,
+    replayed,
+)
 from durable.integrations.langgraph.run import RUNS, Binding, GraphInput, live_key, outcome_of
 
 #: LangGraph's own outcomes that fail the run with their message.
@@ -143,9 +149,20 @@ class DurableGraph:
             ident = f"{meta.get('langgraph_step', 0)}:{node}"
             if path and path[0] != "__pregel_pull":  # a Send or a task: its place too
                 ident += ":" + "/".join(str(p) for p in path[1:])
-            out = await attempts(b, f"node {node!r}", lambda: bound.ainvoke(state, config),
-                                 config, b.task(ident))
-            await b.step(owner.node_steps[node], {"task": ident}, NodeUpdate(node, out))
+            step = owner.node_steps[node]
+            found, update = replayed(b, step, ident)
+            if found:  # recorded by an earlier execution: not run again
+                return update
+            first, task = b.ctx.step + 1, b.task(ident)
+            b.running.add(ident)
+            b.crowded.update(b.running if len(b.running) > 1 else ())
+            try:
+                out = await attempts(b, f"node {node!r}",
+                                     lambda: bound.ainvoke(state, config), config, task)
+            finally:
+                b.running.discard(ident)
+            await b.step(step, {"task": ident}, NodeUpdate(
+                node, out, first=first, alone=ident not in b.crowded, waits=task.waits))
             b.tasks.pop(ident, None)  # done: its outcomes are not asked for again
             return out
 

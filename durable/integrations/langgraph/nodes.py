@@ -16,10 +16,12 @@ import asyncio
 import copy
 import functools
 import itertools
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from langchain_core.load import dumpd, load
 from langgraph._internal._constants import CONFIG_KEY_SCRATCHPAD
 from langgraph.config import get_config
 from langgraph.errors import GraphInterrupt
@@ -29,7 +31,7 @@ from durable.agents import ToolContext
 from durable.integrations.base import EffectFreeStep, jsonable
 from durable.integrations.langgraph.run import Binding, GraphOwner, NodeTask, bound_run, node_task
 
-__all__ = ["INTERRUPT_TIMEOUT_S", "NodeStep", "NodeUpdate", "attempts", "install"]
+__all__ = ["INTERRUPT_TIMEOUT_S", "NodeStep", "NodeUpdate", "attempts", "install", "replayed"]
 
 #: How long an ``interrupt()`` waits for its answer by default (s): a week.
 INTERRUPT_TIMEOUT_S = 7 * 86400.0
@@ -65,6 +67,7 @@ async def attempts(b: Binding, what: str, invoke: Callable[[], Awaitable[Any]],
         try:
             return await invoke()
         except GraphInterrupt as exc:
+            task.waits += 1
             answers.append(await b.wait(f"interrupt in {what}", _asked(exc),
                                         b.owner.interrupt_timeout_s))
             _resume(config, answers)
@@ -82,6 +85,7 @@ def attempts_blocking(b: Binding, what: str, invoke: Callable[[], Any], config: 
         try:
             return invoke()
         except GraphInterrupt as exc:
+            task.waits += 1
             wait = b.wait(f"interrupt in {what}", _asked(exc), b.owner.interrupt_timeout_s)
             answers.append(asyncio.run_coroutine_threadsafe(wait, b.loop).result())
             _resume(config, answers)
@@ -94,25 +98,79 @@ def attempts_blocking(b: Binding, what: str, invoke: Callable[[], Any], config: 
 
 @dataclass(frozen=True)
 class NodeUpdate:
-    """What a node or task returned: handed from the function to the step recording it."""
+    """What a node or task returned, handed from the function to the step recording it;
+    for a node, where its steps began (``first``), whether it ran alone (no other node's
+    steps among its own) and the waits it took: what decides whether a later execution may
+    give its update back without running it (``replayed``)."""
 
     node: str
     update: Any
+    first: int = 0
+    alone: bool = False
+    waits: int = 0
+
+
+def _exact(update: Any) -> Any:
+    """``update`` in LangChain's JSON (``dumpd``) when it loads back equal (plain data,
+    messages), else ``None``."""
+    try:
+        encoded = dumpd(update)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            back = load(encoded, allowed_objects="core")
+    except Exception:
+        return None
+    return encoded if back == update and encoded is not None else None
 
 
 class NodeStep(EffectFreeStep):
     """``<name>.node.<node>`` (``<name>.task``): one execution of a node (a task), what it
     returned recorded as JSON and published to the run's followers as ``{"node",
-    "update"}``. Its requests and effects were the steps it took before."""
+    "update"}``. Its requests and effects were the steps it took before. A node's update
+    that LangChain's JSON carries exactly is recorded so (``"exact": true``), with where its
+    steps began, whether it ran alone and its waits."""
 
     owner: ClassVar[GraphOwner]
     context = True
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         done = self.owner.handed(ctx, self.name, args, NodeUpdate)
-        update = jsonable(done.update)
-        ctx.emit({"node": done.node, "update": update})
-        return {"update": update}
+        shown = jsonable(done.update)
+        ctx.emit({"node": done.node, "update": shown})
+        exact = _exact(done.update) if done.first else None
+        if exact is None:
+            return {"update": shown}
+        return {"update": exact, "exact": True, "first": done.first, "alone": done.alone,
+                "waits": done.waits}
+
+
+def replayed(b: Binding, step: str, ident: str) -> tuple[bool, Any]:
+    """The update an earlier execution recorded for the node ``ident``, when it may be
+    given back without running the node: the node ran alone (its steps, from the next one
+    to its record, are its own), took no wait, and its update loads back exactly. Then the
+    run goes past those steps (``skip_recorded``). Else ``(False, None)``: it runs again,
+    its steps' outcomes coming from the log."""
+    if not b.ctx.replaying or b.running or b.queue:
+        return False, None
+    first = b.ctx.step + 1
+    at = first
+    while (got := b.ctx.recorded(at)) is not None:
+        tool, args, result = got
+        if tool == step and args == {"task": ident}:
+            break
+        if tool.startswith(f"{b.owner.name}.node."):  # another node's record
+            return False, None
+        at += 1
+    else:
+        return False, None
+    if not (isinstance(result, dict) and result.get("exact") and result.get("alone")
+            and result.get("first") == first and not result.get("waits")):
+        return False, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        update = load(result["update"], allowed_objects="core")
+    b.ctx.skip_recorded(at)
+    return True, update
 
 
 # The functional API's tasks -----------------------------------------------------------------

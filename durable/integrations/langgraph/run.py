@@ -94,6 +94,8 @@ class NodeTask:
     #: (step tool, digest of the arguments, outcome or the ``StepFailed`` raised) by place.
     made: dict[int, tuple[str, str, Any]] = field(default_factory=dict)
     cursor: int = 0
+    #: Durable waits (answered ``interrupt()``s) its attempts took.
+    waits: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def restart(self) -> None:
@@ -148,6 +150,9 @@ class Binding:
     queue: list[tuple[str, dict[str, Any], Any, asyncio.Future[Any]]] = field(
         default_factory=list)
     issuer: asyncio.Task[None] | None = None
+    #: Nodes running now, and those that ran beside another (their steps interleave).
+    running: set[str] = field(default_factory=set)
+    crowded: set[str] = field(default_factory=set)
 
     def task(self, ident: str) -> NodeTask:
         found = self.tasks.get(ident)
