@@ -414,3 +414,18 @@ def test_a_node_that_streams_its_model_takes_one_step(
                                                       "lg_streamer.node.tell"]
     assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
     assert final.tokens == 10
+
+
+def test_skipping_steps_the_log_does_not_hold_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RunContext.skip_recorded`` goes only past steps settled in the log: asked to skip
+    one never taken, it refuses, and the run waits for an operator, its log intact."""
+    from durable.testing import AgentEnvironment
+
+    monkeypatch.setenv("TEST_DB", str(tmp_path / "skip.sqlite"))
+    with AgentEnvironment("tests.agents.basic") as env:
+        final = env.execute("async_skipper", {"steps": 3}, run_id="skip-1")
+    assert final.state == "quarantined", (final.state, final.reason)
+    assert "step 2 is not settled in the log" in (final.reason or "")
+    assert final.actions[1].status == "succeeded"
