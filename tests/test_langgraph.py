@@ -11,6 +11,7 @@ or an effect applied twice would show.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -28,7 +29,7 @@ from durable.log import events as ev
 from durable.settings import Settings
 from durable.streams.streaming import Partial
 from tests.agents import langgraph_graphs  # noqa: F401  (registers the graphs here too)
-from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory
+from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory, run_durable
 from tests.servers.effects import applications
 from tests.servers.integration_world import decided, set_env
 from tests.servers.openai import OpenAIServer, resent_after_recorded
@@ -165,9 +166,9 @@ def test_a_recorded_node_is_not_run_again_after_a_sigkill(
 def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
     client: Client, worker: WorkerFactory, tmp_path: Path, openai_server: OpenAIServer
 ) -> None:
-    """The node's interrupt() waits (``waiting_input``, no worker held); answered, the node
-    runs again from its start as LangGraph resumes it, but its model request and its first
-    booking come back recorded: each went out once."""
+    """The node's interrupt() waits (``waiting_input``, no worker held); answered with
+    ``durable respond``, the node runs again from its start as LangGraph resumes it, but its
+    model request and its first booking come back recorded: each went out once."""
     run = client.start("lg_asker", {"input": {}}, run_id="lga").run_id
     worker()
     state = client.wait(run, 30)
@@ -175,7 +176,8 @@ def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
     waits = [e.event for e in client.events(run) if isinstance(e.event, ev.WaitEntered)]
     assert waits[-1].data == {"question": "book slot 2 too?", "booked": "slot 1"}
     assert _effects(tmp_path) == {f"{run}:2": 1}
-    client.respond(run, "yes")
+    answered = run_durable("respond", run, "--input", '"yes"', env=dict(os.environ))
+    assert answered.returncode == 0, answered.stderr
     final = client.wait(run, 30)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result["booked"] == ["slot 1", "slot 2", "wrapped"]
