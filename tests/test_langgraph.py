@@ -431,3 +431,18 @@ def test_skipping_steps_the_log_does_not_hold_is_refused(
     assert final.state == "quarantined", (final.state, final.reason)
     assert "step 2 is not settled in the log" in (final.reason or "")
     assert final.actions[1].status == "succeeded"
+
+
+def test_a_long_agent_goes_past_langgraphs_default_superstep_limit(
+    client: Client, worker: WorkerFactory, openai_server: OpenAIServer
+) -> None:
+    """16 model turns take 32 supersteps, past LangGraph's 25: the limit leaves room for the
+    run's "model_calls" budget (20), which would end the run first."""
+    run = client.start("lg_counter", {"input": {"messages": [
+        {"role": "user", "content": "count"}]}}, run_id="lgcount").run_id
+    worker(burst=True).wait(120)
+    state = client.status(run)
+    assert state.state == "completed", (state.state, state.reason, state.error)
+    assert state.result["messages"][-1]["content"] == "counted 15"
+    assert state.model_calls == 16
+    assert not any(r["stream"] for r in openai_server.requests)  # stream=False

@@ -293,3 +293,30 @@ _streamer.add_node("tell", stream_story)
 _streamer.add_edge(START, "tell")
 
 streamer = DurableGraph(_streamer.compile(), name="lg_streamer")
+
+
+# A counter: one tool turn per count, past LangGraph's default of 25 supersteps (two per
+# turn), with plain (not streamed) requests.
+
+
+@tool
+def tick(n: int) -> str:
+    """Count one."""
+    return f"tick {n}"
+
+
+async def counter_model(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    reply = await llm().bind_tools([tick]).ainvoke([SystemMessage("counter 15"),
+                                                    *state["messages"]])
+    return {"messages": [reply]}
+
+
+_counter = StateGraph(MessagesState)
+_counter.add_node("agent", counter_model)
+_counter.add_node("tools", ToolNode([tick]))
+_counter.add_edge(START, "agent")
+_counter.add_conditional_edges("agent", tools_condition)
+_counter.add_edge("tools", "agent")
+
+counter = DurableGraph(_counter.compile(), name="lg_counter", stream=False,
+                       budgets={"model_calls": 20}, tools={"tick": StepOptions(effect_free=True)})

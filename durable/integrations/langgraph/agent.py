@@ -59,7 +59,9 @@ class DurableGraph:
     and ``model_retryable``: the model step's deadline and the exceptions it is retried on
     (default ``MODEL_RETRYABLE``: a 429, a 5xx, no connection; ``()``: never).
     ``interrupt_timeout_s``: how long an ``interrupt()`` waits for its answer.
-    ``recursion_limit``: LangGraph's limit on supersteps (its default unless given).
+    ``recursion_limit``: LangGraph's limit on supersteps, by default room for two per
+    model call of the "model_calls" budget (a model node and a tools node), so that the
+    budget ends the run first (``budget_exhausted``), else LangGraph's default (25).
     ``version``, ``budgets`` and ``options`` are the registered agent's
     (``durable.code.agent``).
     """
@@ -90,7 +92,9 @@ class DurableGraph:
         tool_steps.install()
         nodes.install()
         self.name, self.stream = name, stream
-        self.interrupt_timeout_s, self.recursion_limit = interrupt_timeout_s, recursion_limit
+        limit = (budgets or {}).get("model_calls")
+        self.interrupt_timeout_s = interrupt_timeout_s
+        self.recursion_limit = recursion_limit or (max(25, 2 * limit + 5) if limit else None)
         self.live = LiveRequests()
         self.model_step = f"{name}.model"
         found = _tool_nodes_tools(graph)
