@@ -446,3 +446,21 @@ def test_a_long_agent_goes_past_langgraphs_default_superstep_limit(
     assert state.result["messages"][-1]["content"] == "counted 15"
     assert state.model_calls == 16
     assert not any(r["stream"] for r in openai_server.requests)  # stream=False
+
+
+def test_a_node_langgraph_retries_takes_only_its_failed_step_again(
+    client: Client, worker: WorkerFactory, tmp_path: Path, openai_server: OpenAIServer
+) -> None:
+    """The node's booking fails (the service refuses the first try); LangGraph's
+    RetryPolicy runs the node again: its model reply comes back kept (not sent again), and
+    the booking is taken again as a new step, with a key of its own, and applied once."""
+    run = client.start("lg_retrying", {"input": {}}, run_id="lgre").run_id
+    worker(burst=True).wait(60)
+    final = client.status(run)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result["booked"] == ["slot 1"]
+    assert [(s.tool, final.actions[s.step].status) for s in decided(client, run)] == [
+        ("lg_retrying.model", "succeeded"), ("lg_retrying.tool.flaky_book", "failed"),
+        ("lg_retrying.tool.flaky_book", "succeeded"), ("lg_retrying.node.work", "succeeded")]
+    assert openai_server.counts(f"{run}:") == {f"{run}:1": 1}
+    assert _effects(tmp_path) == {f"try:{run}:2": 1, f"try:{run}:3": 1, f"{run}:3": 1}

@@ -23,8 +23,9 @@ from langchain_openai import ChatOpenAI
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-from langgraph.types import interrupt
+from langgraph.types import RetryPolicy, interrupt
 
+from durable.code import StepFailed
 from durable.integrations.langgraph import DurableGraph, StepOptions, step_context
 from tests.servers.effects import effects_db
 from tests.servers.integration_world import book_lookup, refund_lookup
@@ -320,3 +321,40 @@ _counter.add_edge("tools", "agent")
 
 counter = DurableGraph(_counter.compile(), name="lg_counter", stream=False,
                        budgets={"model_calls": 20}, tools={"tick": StepOptions(effect_free=True)})
+
+
+# A node LangGraph retries (its RetryPolicy) after its booking failed: the retry gets the
+# model's reply it already had, and takes the failed booking again as a new step.
+
+
+@tool
+def flaky_book(slot: int) -> dict[str, Any]:
+    """Book a slot; the booking service refuses the first try of each run."""
+    step = step_context()
+    conn = effects_db()
+    try:
+        tries = conn.execute("SELECT COUNT(*) FROM effects WHERE key LIKE ?",
+                             (f"try:{step.run_id}:%",)).fetchone()[0]
+        conn.execute("INSERT INTO effects VALUES (?, ?)", (f"try:{step.key}", time.time()))
+    finally:
+        conn.close()
+    if not tries:
+        raise ValueError("the booking service is busy")
+    return _effect(f"slot {slot}")
+
+
+async def book_after_story(state: Work) -> Work:
+    reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
+                                 HumanMessage("a story")])
+    done = await flaky_book.ainvoke({"slot": 1})
+    return {"story": str(reply.content), "booked": [done["done"]]}
+
+
+_retrying = StateGraph(Work)
+_retrying.add_node("work", book_after_story,
+                   retry_policy=RetryPolicy(max_attempts=2, initial_interval=0.01,
+                                            retry_on=StepFailed))
+_retrying.add_edge(START, "work")
+
+retrying = DurableGraph(_retrying.compile(), name="lg_retrying", tools={
+    "flaky_book": StepOptions(timeout_s=2.0, lookup=book_lookup)})

@@ -7,8 +7,9 @@ Every step the graph takes from inside a node (a chat model request, a tool call
 by the node task it belongs to and its place among that task's calls (``NodeTask``): a node
 that LangGraph runs again within one execution of the function (after an ``interrupt()``
 was answered, or by its ``RetryPolicy``) gets the outcomes its earlier attempt was given,
-in order, instead of taking those steps again. So answering an interrupt re-runs the
-node's code, as LangGraph does, but none of the requests or effects it already made.
+in order, instead of taking those steps again (but a failed step: a retry takes it again,
+as a new step with its own key). So answering an interrupt re-runs the node's code, as
+LangGraph does, but none of the requests or effects it already made.
 
 A step from a synchronous node (which LangGraph runs on a thread of its own) is taken on the
 run's event loop and waited for on that thread (``Binding.take_blocking``).
@@ -217,7 +218,9 @@ class Binding:
             try:
                 outcome = await self.step(tool, named, live)
             except StepFailed as exc:
-                outcome = exc
+                if exc.status == "rejected":  # a human's decision: given again
+                    task.keep(place, tool, digest, exc)
+                raise  # a failure is not: LangGraph's RetryPolicy takes the call again
             task.keep(place, tool, digest, outcome)
         if isinstance(outcome, StepFailed):
             raise outcome
