@@ -79,10 +79,12 @@ def test_a_graph_runs_as_a_durable_run(
 
 
 @pytest.mark.parametrize(("window", "step"), [
-    ("after_effect", 3),    # inside the tools node: the booking applied, not recorded
-    ("after_effect", 5),    # a model reply arrived, not recorded
+    # After each step's effect, before its outcome is recorded: a model reply arrived (1, 5,
+    # 10), a booking applied (3, 7), a note written (8), a node's update computed (2, 4,
+    # 6, 9, 11).
+    *(("after_effect", n) for n in range(1, len(BOOKER_STEPS) + 1)),
+    ("after_intent", 3),    # the booking's intent recorded, nothing sent
     ("after_outcome", 7),   # one of two parallel tool calls recorded
-    ("after_effect", 9),    # the tools node's update computed, not recorded
 ])
 def test_a_killed_graph_resumes_without_resending_requests_or_repeating_effects(
     window: str, step: int, client: Client, worker: WorkerFactory,
