@@ -148,6 +148,23 @@ class RunContext:
         return any(m > step and (later.group or later.step) != group
                    for m, later in actions.items())
 
+    def recorded(self, step: int) -> tuple[str, Any, Any] | None:
+        """The tool, arguments and result of ``step`` when an earlier execution of the
+        function took it and it succeeded, else ``None``: what an integration reads to
+        give back a unit of work it recorded (a LangGraph node's update) without
+        executing it again (``skip_recorded``)."""
+        act = self._session.actions.get(step)
+        if act is None or act.status != "succeeded":
+            return None
+        return act.tool, act.args, act.result
+
+    def skip_recorded(self, through: int) -> None:
+        """Go past the steps after the current one up to ``through`` without taking them:
+        each must be settled in the log (``UsageError`` otherwise), and the caller must
+        give back what they recorded as the function would have got it, since their
+        identities are not checked. No step may be in flight."""
+        self._session.skip_through(through)
+
     def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
         """Take a step: the tool's result, from the log when it was already recorded.
         Raises ``StepFailed`` when the step failed, was canceled or rejected."""

@@ -128,6 +128,20 @@ class Session:
         (act,) = self._hand_over(*got)
         return self._outcome(act)
 
+    def skip_through(self, through: int) -> None:
+        """Go past the steps after the current one up to ``through``, each settled in the
+        log, without taking them (``RunContext.skip_recorded``)."""
+        self._on_own_thread()
+        if self.blocked or getattr(self, "batch", None):
+            raise UsageError(f"run {self.run_id}: steps cannot be skipped while a step is "
+                             "being taken")
+        for step in range(self.pos + 1, through + 1):
+            act = self.actions.get(step)
+            if act is None or not act.settled:
+                raise UsageError(f"run {self.run_id}: step {step} is not settled in the "
+                                 "log; only recorded steps can be skipped")
+        self.pos = max(self.pos, through)
+
     def _plan_call(self, tool: str, args: dict[str, Any]) -> Action | Handing:
         """The recorded outcome of the next step when the log has it settled, else the
         decision to hand over for it."""

@@ -5,6 +5,8 @@ library itself, and each module imports its framework when it is imported.
   (``pip install 'durable-agents[pydantic-ai]'``), MCP servers included.
 - ``durable.integrations.openai_agents``: an OpenAI Agents SDK ``Agent`` as a durable run
   (``pip install 'durable-agents[openai-agents]'``), MCP servers included.
+- ``durable.integrations.langgraph``: a compiled LangGraph graph (``StateGraph`` or
+  ``@entrypoint``) as a durable run (``pip install 'durable-agents[langgraph]'``).
 - ``durable.integrations.mcp``: an MCP server's tools as steps of a code agent
   (``pip install 'durable-agents[mcp]'``).
 
@@ -28,5 +30,7 @@ Both framework folders give the same role the same module:
   worker's side (the step tool that performs it) and the JSON the step records.
 
 A role only one framework has stands alone when it is large enough: the OpenAI Agents SDK's
-``handoffs`` (a handoff's step and the run context its callback changed).
+``handoffs`` (a handoff's step and the run context its callback changed), LangGraph's
+``nodes`` (a node's or task's attempts around its ``interrupt()``s, and the step recording
+its update).
 """

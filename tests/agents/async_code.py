@@ -71,3 +71,11 @@ async def async_slow_writer(ctx: AsyncRunContext, inp: HoldInput) -> int:
     for n in range(inp.steps):
         await ctx.call("asyncslowwrite", {"n": n, "sleep_s": inp.sleep_s})
     return inp.steps
+
+
+@agent(input_model=StepsInput, tools=("asyncsqlwrite",))
+async def async_skipper(ctx: AsyncRunContext, inp: StepsInput) -> int:
+    """Writes one row, then asks to go past ``steps`` steps it never took: refused."""
+    await ctx.call("asyncsqlwrite", {"n": 1})
+    ctx.skip_recorded(inp.steps)
+    return ctx.step
