@@ -46,6 +46,9 @@ installed packages and fails when this diagram and the classes differ in any way
      │    │                      rejected
      │    ├── durable.code.steps.ChildFailed
      │    │                      its child run did not complete
+     │    ├── durable.integrations.langgraph.run.GraphRunFailed
+     │    │                      the run ends failed with LangGraph's own outcome (a
+     │    │                      recursion limit, an invalid update): never retried
      │    └── durable.integrations.openai_agents.run.AgentRunFailed
      │                           the run ends failed with the SDK's own outcome (a guardrail,
      │                           max turns): never retried, never quarantined
