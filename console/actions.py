@@ -22,9 +22,9 @@ from starlette.responses import RedirectResponse, Response
 from durable.client import Client
 from durable.errors import DurableError, Refused
 from durable.log.state import RunState
+from durable.security.users import User
 
 from .auth import check_csrf, require
-from .users import User
 
 log = logging.getLogger("durable.console")
 

@@ -23,8 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from durable.errors import DurableError
-
-from .users import ROLES, User, Users
+from durable.security.users import ROLES, User, Users
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 

@@ -19,7 +19,7 @@ from durable.settings import Settings
 
 
 def cmd_console(args: argparse.Namespace) -> int:
-    from .users import hash_password
+    from durable.security.users import hash_password
 
     if args.hash_password:
         password = getpass.getpass("password: ") if sys.stdin.isatty() else \
@@ -44,8 +44,9 @@ def serve(settings: Settings, host: str, port: int, *, dev: bool = False,
     except ModuleNotFoundError as exc:  # the console is an extra, not a hard dependency
         raise UsageError(f"the console needs {exc.name!r}: pip install "
                          "'durable-agents[console]'") from None
+    from durable.security.users import Users
+
     from .auth import LOOPBACK, Access
-    from .users import Users
 
     if dev and host not in LOOPBACK:
         raise UsageError(f"--dev serves without a login: only on a loopback address, not "

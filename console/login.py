@@ -29,11 +29,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from durable.log import keys
+from durable.security.users import User, Users
 
 from .auth import check_csrf
 from .middleware import close_session, open_session
 from .pages import client, render
-from .users import User, Users
 
 log = logging.getLogger("durable.console")
 

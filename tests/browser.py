@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from durable.backend.embedded import free_port
-from durable.console.users import hash_password
+from durable.security.users import hash_password
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
 

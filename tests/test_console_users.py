@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from durable.backend.embedded import free_port
-from durable.console.users import User, Users, hash_password, verify_password
 from durable.errors import UsageError
+from durable.security.users import User, Users, hash_password, verify_password
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
 

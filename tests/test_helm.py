@@ -301,7 +301,7 @@ def test_the_probes_answer_on_the_processes_the_chart_starts(
         server: Server, settings: Settings, tmp_path: Path) -> None:
     """Each Deployment's command, as rendered, run for real against the test's Redis with
     the rendered settings: its startup, liveness and readiness probes get 200."""
-    from durable.console.users import hash_password
+    from durable.security.users import hash_password
 
     ports = {"worker": free_port(), "console": free_port(), "metrics": free_port(),
              "reconciler": free_port()}

@@ -2,5 +2,7 @@
 
 - ``signing``: Ed25519 keys and signatures (approvers' decisions, the registry's admins);
 - ``sealing``: AES-GCM seals of sensitive fields, written and read with the log;
-- ``digests``: the digest an approval is bound to, over the action's consequential fields.
+- ``digests``: the digest an approval is bound to, over the action's consequential fields;
+- ``users``: the console's users file (scrypt password hashes, roles), also read by
+  ``durable a2a``.
 """

@@ -1,5 +1,6 @@
 """The console's users: names, password hashes, roles, and (for approvers) the key that will
-sign their decisions.
+sign their decisions. Read by the console (its logins) and by ``durable a2a`` (HTTP Basic
+credentials of a console user), so it lives in the library, which both processes import.
 
 The users file (``DURABLE_CONSOLE_USERS``) is TOML or JSON, by its suffix::
 
