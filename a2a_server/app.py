@@ -5,9 +5,10 @@
 - ``POST /agents/<name>/``: the agent's JSON-RPC endpoint: the SDK's ``JsonRpcDispatcher``
   (v1.0's methods and, with the v0.3 compatibility it offers, ``message/send``,
   ``message/stream``, ``tasks/get``, ``tasks/cancel``, ``tasks/resubscribe``) over
-  ``handler.DurableRequestHandler``. A request needs a bearer token (``tokens``) unless the
-  process serves in development mode; a body larger than ``body_limit`` is refused before it
-  is read whole. Every refusal is a JSON-RPC error object.
+  ``handler.DurableRequestHandler``. A request needs a bearer token or a console user's
+  credentials (``tokens.Access``) unless the process serves in development mode; a body
+  larger than ``body_limit`` is refused before it is read whole. Every refusal is a JSON-RPC
+  error object.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from durable.client import Client
 
 from .cards import card
 from .handler import DurableRequestHandler
-from .tokens import Caller, Tokens
+from .tokens import Access, Caller, NotAllowed
 
 CARD_PATH = ".well-known/agent-card.json"
 
@@ -55,13 +56,13 @@ def _error(status: int, error: A2AError, headers: dict[str, str] | None = None) 
                         headers=headers)
 
 
-def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | None = None,
+def build_app(client: Client, access: Access | None, *, dev_caller: Caller | None = None,
               public_url: str | None = None, body_limit: int | None = None,
               push_secret: bytes | None = None, push_private_urls: bool = False) -> Starlette:
-    """The application; ``tokens`` None: every request is ``dev_caller`` (development);
+    """The application; ``access`` None: every request is ``dev_caller`` (development);
     ``push_secret``: push notifications on, signed with it (``push``)."""
-    if tokens is None and dev_caller is None:
-        raise ValueError("tokens or a development caller")
+    if access is None and dev_caller is None:
+        raise ValueError("access or a development caller")
     handler = DurableRequestHandler(client, push_secret=push_secret,
                                     push_private_urls=push_private_urls)
     dispatcher = JsonRpcDispatcher(handler, context_builder=_Context(), enable_v0_3_compat=True)
@@ -81,8 +82,10 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
         if item is None:
             return JSONResponse({"error": f"no agent {name!r} is published here"},
                                 status_code=404)
-        return JSONResponse(agent_card_to_dict(card(item, f"{base(request)}/agents/{name}/",
-                                                    push=handler.pusher is not None)))
+        return JSONResponse(agent_card_to_dict(card(
+            item, f"{base(request)}/agents/{name}/", push=handler.pusher is not None,
+            bearer=access is None or access.tokens is not None,
+            basic=access is not None and access.users is not None)))
 
     async def rpc(request: Request) -> Response:
         try:
@@ -91,12 +94,15 @@ def build_app(client: Client, tokens: Tokens | None, *, dev_caller: Caller | Non
             return _error(503, InternalError(message=f"Redis is unavailable: {exc}"))
 
     async def answer(request: Request) -> Response:
-        caller = dev_caller if tokens is None else \
-            tokens.check(request.headers.get("authorization"))
+        try:
+            caller = dev_caller if access is None else await run_in_threadpool(
+                access.check, request.headers.get("authorization"))
+        except NotAllowed as exc:
+            return _error(403, InvalidRequestError(message=f"{exc}; nothing was started"))
         if caller is None:
-            return _error(401, InvalidRequestError(
-                message="a bearer token is required (Authorization: Bearer <token>)"),
-                {"WWW-Authenticate": 'Bearer realm="durable a2a"'})
+            assert access is not None
+            return _error(401, InvalidRequestError(message=f"{access.required} is required"),
+                          {"WWW-Authenticate": access.challenge})
         name = request.path_params["agent"]
         if await run_in_threadpool(catalog.published, client.redis, name) is None:
             return _error(404, InvalidRequestError(

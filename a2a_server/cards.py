@@ -62,14 +62,21 @@ def _describe(item: Published) -> str:
     return f"{how}." + (f" Fields: {fields}." if fields else "")
 
 
-def card(item: Published, url: str, *, streaming: bool = True, push: bool = False) -> AgentCard:
-    """The card of the published agent ``item``, served at ``url`` (its JSON-RPC endpoint)."""
+def card(item: Published, url: str, *, streaming: bool = True, push: bool = False,
+         bearer: bool = True, basic: bool = False) -> AgentCard:
+    """The card of the published agent ``item``, served at ``url`` (its JSON-RPC endpoint);
+    ``bearer``, ``basic``: the schemes the server accepts (either one is enough)."""
     modes = ["application/json"] + (["text/plain"] if text_field(item.schema) else [])
     params = Struct()
     if item.schema is not None:
         params.update({"schema": json.loads(json.dumps(item.schema))})
-    bearer = SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
-        scheme="bearer", description="a token of the server's tokens file"))
+    schemes = {}
+    if bearer:
+        schemes["bearer"] = SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
+            scheme="bearer", description="a token of the server's tokens file"))
+    if basic:
+        schemes["basic"] = SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
+            scheme="basic", description="the name and password of a console operator"))
     return AgentCard(
         name=item.name,
         description=f"Durable agent {item.name!r} (version {item.version}): each task is a "
@@ -84,8 +91,9 @@ def card(item: Published, url: str, *, streaming: bool = True, push: bool = Fals
             streaming=streaming, push_notifications=push,
             extensions=[AgentExtension(uri=SCHEMA_EXTENSION, params=params,
                                        description="the input's JSON schema (draft 2020-12)")]),
-        security_schemes={"bearer": bearer},
-        security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})],
+        security_schemes=schemes,  # each one alone is enough: one requirement each
+        security_requirements=[SecurityRequirement(schemes={s: StringList()})
+                               for s in schemes],
         default_input_modes=modes,
         default_output_modes=["application/json"],
         skills=[AgentSkill(id=item.name, name=item.name, description=_describe(item),

@@ -1,8 +1,9 @@
 """``durable a2a``: added to the CLI through the ``durable.commands`` entry point group.
 
 ``durable a2a --new-token NAME [--tenant T]`` prints a new token and the entry to add to the
-tokens file; ``durable a2a`` serves (``--tokens FILE`` or ``DURABLE_A2A_TOKENS``; ``--dev``:
-no token, on a loopback address only).
+tokens file; ``durable a2a`` serves (``--tokens FILE`` or ``DURABLE_A2A_TOKENS``, and/or the
+console's users, ``--users FILE`` or ``DURABLE_CONSOLE_USERS``; ``--dev``: no token, on a
+loopback address only).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class OneLineRefusals(logging.Filter):
 
 
 def cmd_a2a(args: argparse.Namespace) -> int:
-    from .tokens import Caller, Tokens, new_token
+    from durable.security.users import Users
+
+    from .tokens import Access, Caller, Tokens, new_token
 
     if args.new_token:
         token, digest = new_token()
@@ -49,24 +52,28 @@ def cmd_a2a(args: argparse.Namespace) -> int:
         return 0
     settings = Settings()
     tokens_file = args.tokens or os.environ.get("DURABLE_A2A_TOKENS")
+    users_file = Path(args.users) if args.users else settings.console.users
+    access: Access | None = None
     if args.dev:
         if args.host not in LOOPBACK:
             raise UsageError(f"--dev serves without a token: only on a loopback address, not "
                              f"{args.host!r}")
-        tokens, dev = None, Caller(args.dev_user, args.tenant or "")
-    elif not tokens_file:
-        raise UsageError("set DURABLE_A2A_TOKENS (or --tokens) to the tokens file, or use "
-                         "--dev on a loopback address")
+        dev: Caller | None = Caller(args.dev_user, args.tenant or "")
+    elif not tokens_file and not users_file:
+        raise UsageError("set DURABLE_A2A_TOKENS (or --tokens) to the tokens file and/or "
+                         "DURABLE_CONSOLE_USERS (or --users) to the console's users file, or "
+                         "use --dev on a loopback address")
     else:
-        tokens, dev = Tokens.load(Path(tokens_file)), None
+        access, dev = Access(Tokens.load(Path(tokens_file)) if tokens_file else None,
+                             Users.load(users_file) if users_file else None), None
     secret = args.push_secret or os.environ.get("DURABLE_A2A_PUSH_SECRET")
     if secret is not None and len(secret) < 16:
         raise UsageError("DURABLE_A2A_PUSH_SECRET: at least 16 characters")
-    return serve(settings, args.host, args.port, tokens, dev, args.public_url,
+    return serve(settings, args.host, args.port, access, dev, args.public_url,
                  secret.encode() if secret else None, args.push_private_urls)
 
 
-def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
+def serve(settings: Settings, host: str, port: int, access: Any, dev: Any,
           public_url: str | None, push_secret: bytes | None = None,
           push_private_urls: bool = False) -> int:
     try:
@@ -81,7 +88,7 @@ def serve(settings: Settings, host: str, port: int, tokens: Any, dev: Any,
     for handler in logging.getLogger().handlers:
         handler.addFilter(OneLineRefusals())
     client = Client(settings)
-    app = build_app(client, tokens, dev_caller=dev, public_url=public_url,
+    app = build_app(client, access, dev_caller=dev, public_url=public_url,
                     push_secret=push_secret, push_private_urls=push_private_urls)
     logging.getLogger("durable.a2a").info(
         "a2a started: http://%s:%d/agents%s", host, port,
@@ -102,6 +109,9 @@ def register(add: Callable[..., Any]) -> None:
                     help="port to listen on (DURABLE_A2A_PORT, 8710)")
     sp.add_argument("--tokens", metavar="FILE",
                     help="the bearer tokens file (DURABLE_A2A_TOKENS)")
+    sp.add_argument("--users", metavar="FILE",
+                    help="also admit the console's operators by HTTP Basic credentials "
+                    "(default: DURABLE_CONSOLE_USERS, if set)")
     sp.add_argument("--public-url", metavar="URL",
                     help="the address callers reach this server at, for the agent cards "
                     "(default: the address of each request)")

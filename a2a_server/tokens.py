@@ -1,4 +1,5 @@
-"""Who calls: bearer tokens, each naming a caller and the tenant its tasks belong to.
+"""Who calls: bearer tokens, each naming a caller and the tenant its tasks belong to, and
+(``Access``) the console's users by HTTP Basic credentials.
 
 The tokens file (``DURABLE_A2A_TOKENS`` or ``durable a2a --tokens``) is TOML::
 
@@ -10,10 +11,17 @@ Only the token's digest is kept: a token is 32 random bytes, so a plain SHA-256 
 make a leaked file useless (no password to guess). A caller sees and acts on the tasks of
 its tenant only: a task id of another tenant is answered as an unknown task. The runs it
 starts record the tenant and, as owner, ``a2a:<name>``.
+
+The console's users file (``DURABLE_CONSOLE_USERS`` or ``durable a2a --users``;
+``durable.security.users``) admits its users by ``Authorization: Basic``: a user with the
+console's ``operator`` role (a viewer only reads in the console; here every call can start
+or cancel a run). The console scopes no tenant to a user: their tasks are the default
+tenant's, and the runs they start record the owner ``a2a:user:<name>``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -22,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durable.errors import UsageError
+from durable.errors import DurableError, UsageError
 from durable.flow import tenants
+from durable.security.users import Users
 
 
 @dataclass(frozen=True)
@@ -103,3 +112,52 @@ class Tokens:
                 raise UsageError(f"{where}: the same token as {callers[sha].name!r}")
             callers[sha] = Caller(str(name), who.tenant)
         return cls(callers)
+
+
+class NotAllowed(DurableError):
+    """Credentials that are right, of a user whose role may not call (answered 403)."""
+
+
+class Access:
+    """Who may call one ``durable a2a`` process: bearer tokens, the console's users, or both."""
+
+    def __init__(self, tokens: Tokens | None, users: Users | None = None) -> None:
+        if tokens is None and users is None:
+            raise ValueError("tokens or users")
+        self.tokens, self.users = tokens, users
+
+    @property
+    def challenge(self) -> str:
+        """The ``WWW-Authenticate`` header of a refusal: the schemes this process accepts."""
+        return ", ".join(f'{s} realm="durable a2a"' for s, on in
+                         (("Bearer", self.tokens), ("Basic", self.users)) if on is not None)
+
+    @property
+    def required(self) -> str:
+        """What a refusal says is required."""
+        return " or ".join(what for what, on in (
+            ("a bearer token (Authorization: Bearer <token>)", self.tokens),
+            ("a console operator's name and password (Authorization: Basic)", self.users))
+            if on is not None)
+
+    def check(self, header: str | None) -> Caller | None:
+        """The caller an ``Authorization`` header names; None if none (a wrong token, an
+        unknown user, a wrong password). A user's check costs a scrypt hash (~50 ms): call
+        it off the event loop. ``NotAllowed``: a user without the ``operator`` role."""
+        scheme, _, credentials = (header or "").partition(" ")
+        if scheme.lower() == "bearer" and self.tokens is not None:
+            return self.tokens.check(header)
+        if scheme.lower() != "basic" or self.users is None:
+            return None
+        try:
+            name, colon, password = base64.b64decode(credentials.strip(), validate=True) \
+                .decode().partition(":")
+        except ValueError:  # not base64, not UTF-8
+            return None
+        user = self.users.check(name, password) if colon else None
+        if user is None:
+            return None
+        if not user.can("operator"):
+            raise NotAllowed(f"console user {name!r} has no operator role: a viewer may not "
+                             "start or cancel tasks")
+        return Caller(f"user:{name}")

@@ -53,10 +53,13 @@ class A2AServer:
 
     @contextlib.asynccontextmanager
     async def client(self, agent: str, caller: str = "acme-bot", *, streaming: bool = True,
-                     v03: bool = False) -> AsyncIterator[A2AClient]:
-        """The SDK's client for ``agent``'s card, as ``caller``; ``v03``: through the card's
-        0.3 interface (``message/send``, ``tasks/get``, ``tasks/resubscribe``...)."""
-        async with httpx.AsyncClient(timeout=120, headers=self.headers(caller)) as http:
+                     v03: bool = False, auth: httpx.Auth | None = None
+                     ) -> AsyncIterator[A2AClient]:
+        """The SDK's client for ``agent``'s card, as ``caller`` (or with ``auth``, e.g. a
+        console user's ``httpx.BasicAuth``); ``v03``: through the card's 0.3 interface
+        (``message/send``, ``tasks/get``, ``tasks/resubscribe``...)."""
+        async with httpx.AsyncClient(timeout=120, auth=auth,
+                                     headers={} if auth else self.headers(caller)) as http:
             factory = ClientFactory(ClientConfig(httpx_client=http, streaming=streaming))
             card = await self.card(agent, http)
             if v03:

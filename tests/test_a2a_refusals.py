@@ -7,6 +7,7 @@ nothing written to the run it names."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import re
 from pathlib import Path
@@ -30,7 +31,9 @@ from a2a.utils.errors import TaskNotFoundError
 from durable.a2a.tokens import Caller, Tokens
 from durable.client import Client
 from durable.errors import UsageError
-from tests.agent2agent import A2AServer, door, message, published
+from durable.security.users import hash_password
+from durable.testing import Server
+from tests.agent2agent import A2AServer, door, message, published, serving
 from tests.conftest import run_durable
 
 __all__ = ["door"]  # the fixture
@@ -175,6 +178,7 @@ def test_the_command_refuses_to_serve_without_tokens_and_makes_them(
         settings: Any, tmp_path: Path) -> None:
     env = dict(os.environ)
     env.pop("DURABLE_A2A_TOKENS", None)
+    env.pop("DURABLE_CONSOLE_USERS", None)
     out = run_durable("a2a", env=env)
     assert out.returncode != 0 and "DURABLE_A2A_TOKENS" in out.stderr
     out = run_durable("a2a", "--dev", "--host", "0.0.0.0", env=env)
@@ -186,3 +190,50 @@ def test_the_command_refuses_to_serve_without_tokens_and_makes_them(
     tokens = Tokens.load(tmp_path / "t.toml")
     assert tokens.check(f"Bearer {token}") == Caller("bot", "acme")
     assert tokens.check("Bearer nope") is None and tokens.check(token) is None
+
+
+def test_a_console_operators_password_starts_a_task_a_wrong_one_nothing(
+        server: Server, worker: Any, client: Client, r: redis.Redis, tmp_path: Path) -> None:
+    """The console's users file (``--users``) admits its operators by HTTP Basic: through the
+    SDK's client, an operator's name and password start a task, a run of the default tenant
+    owned by ``a2a:user:<name>``. A wrong password or an unknown user get the protocol's 401
+    error object, naming both schemes; a viewer's right password a 403: nothing started."""
+    users = tmp_path / "users.toml"
+    users.write_text(f'[users.ops]\npassword = "{hash_password("ops-pw")}"\n'
+                     f'roles = ["operator"]\n[users.eve]\npassword = "{hash_password("eve-pw")}"\n')
+    worker()
+    published(r, "chat")
+    with serving(server, tmp_path / "door", "--users", str(users)) as door:
+        for name, password, status in (("ops", "wrong", 401), ("nobody", "ops-pw", 401),
+                                       ("eve", "eve-pw", 403)):
+            basic = "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
+            refused = error(rpc(door, "chat", send(data={"parts": 1}), caller=None,
+                                headers={**V1, "Authorization": basic}), status)
+            assert refused["code"] == -32600, refused
+            assert ("Basic" in refused["message"]) if status == 401 else \
+                "no operator role" in refused["message"]
+        refused_http = rpc(door, "chat", send(data={"parts": 1}), caller=None, headers=V1)
+        assert refused_http.headers["www-authenticate"] == \
+            'Bearer realm="durable a2a", Basic realm="durable a2a"'
+        assert client.runs() == []
+
+        async def go() -> str:
+            async with httpx.AsyncClient() as http:
+                card = await door.card("chat", http)
+            assert set(card.security_schemes) == {"bearer", "basic"}
+            assert card.security_schemes["basic"].http_auth_security_scheme.scheme == "basic"
+            async with door.client("chat", streaming=False,
+                                   auth=httpx.BasicAuth("ops", "ops-pw")) as c:
+                items = [i async for i in c.send_message(message({"parts": 1, "pause_s": 0}))]
+                task_id = items[-1].task.id
+                done = await c.get_task(GetTaskRequest(id=task_id))
+                assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+            with pytest.raises(Exception, match="401"):
+                async with door.client("chat", streaming=False,
+                                       auth=httpx.BasicAuth("ops", "wrong")) as c:
+                    [i async for i in c.send_message(message({"parts": 1}))]
+            return str(task_id)
+
+        task_id = asyncio.run(go())
+    assert [(x.run_id, x.tenant, x.owner) for x in client.runs()] == \
+        [(task_id, "", "a2a:user:ops")]
