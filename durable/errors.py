@@ -68,8 +68,11 @@ installed packages and fails when this diagram and the classes differ in any way
      │                           expression is not valid
      ├── durable.integrations.mcp.McpToolError
      │                           an MCP server answered a call with an error
-     └── durable.console.auth.LoginRequired
-                                 a console page needs a user (answered with a redirect)
+     ├── durable.console.auth.LoginRequired
+     │                           a console page needs a user (answered with a redirect)
+     └── durable.a2a.tokens.NotAllowed
+                                 an A2A caller's right credentials, of a user whose role
+                                 may not call (answered 403)
 
     Signal                       stops code the library runs (see ``Signal``): a
      │                           ``BaseException``, so ``except Exception`` lets it pass
