@@ -62,6 +62,8 @@ log = logging.getLogger("durable.worker")
 
 _loop: StepLoop | None = None
 _pool: Driver | None = None
+#: How long RQ's pub/sub thread waits for a message before it looks whether it should stop.
+PUBSUB_POLL_S = 0.25
 #: Set by a SIGTERM/SIGINT received before RQ's loop installed its own handlers.
 _early_stop = threading.Event()
 
@@ -100,6 +102,19 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
         if name not in HANDLERS:
             return self._refuse(job, queue, execution, "forged_jobs", str(ForbiddenJob(name)))
         return bool(super().perform_job(job, queue, execution))
+
+    def subscribe(self) -> None:
+        """RQ's subscription to its worker channel (its ``kill-horse`` and ``stop-job``
+        commands), its thread looking ``PUBSUB_POLL_S`` at a time instead of RQ's 60 s:
+        redis-py 8.2's ``PubSubWorkerThread.stop`` waits for the thread, so a stop (SIGTERM,
+        the end of a burst) waited up to a minute for it."""
+        self.log.info("Worker %s: subscribing to channel %s", self.name,
+                      self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=PUBSUB_POLL_S, daemon=True,
+            exception_handler=getattr(self, "_pubsub_exception_handler", None))
 
     def _install_signal_handlers(self) -> None:
         """RQ's handlers, then any stop that came before them: its loop ends at once."""
