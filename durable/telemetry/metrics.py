@@ -153,7 +153,8 @@ class DurableCollector(Collector):
                 for bound in bounds:
                     cumulative += cells.get(repr(bound), 0)
                     buckets.append((_le(bound), cumulative))
-                buckets.append(("+Inf", cells.get("count", 0)))
+                # Every observation is in one bucket field ("+Inf" past the last bound).
+                buckets.append(("+Inf", cumulative + cells.get("+Inf", 0)))
                 family.add_metric(list(label_values), buckets, cells.get("sum_ms", 0) / 1000)
             yield family
 

@@ -85,7 +85,9 @@
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
 -- {"foreign", tail_id}: the log does not end with the entry this script wrote last (the
 -- projection's "last"): something appended around it (a raw XADD). Nothing is written but
--- a quarantine ("q"), so that no writer builds on an entry nobody can vouch for.
+-- a quarantine ("q"), so that no writer builds on an entry nobody can vouch for. (Seen by
+-- the log's length: a raw XADD balanced by an XDEL of another entry is not seen here, but
+-- both break the chain, which verifying the log finds.)
 
 local log_key, run_key, lease_key, ledger_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local runs_key, due_key = KEYS[5], KEYS[6]
@@ -164,8 +166,17 @@ end
 if version ~= expected_version then
   return {'conflict', version}
 end
-local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
-local tail_id = tail[1] and tail[1][1] or ''
+-- The log's last entry: the projection's "last" while the log holds exactly the entries
+-- this script counted (XLEN is O(1); XREVRANGE decodes an entry and builds its reply),
+-- else read from the log itself (a log written before the chain, or changed around this
+-- script: its tail is then checked below).
+local tail_id
+if redis.call('XLEN', log_key) == version and (version == 0 or (last_written or '') ~= '') then
+  tail_id = version == 0 and '' or last_written
+else
+  local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
+  tail_id = tail[1] and tail[1][1] or ''
+end
 if last_written and last_written ~= '' and not has_flag('q') and tail_id ~= ''
     and tail_id ~= last_written then
   return {'foreign', tail_id}
