@@ -222,7 +222,7 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     fresh(r)
     client = Client(settings_for(url, agents=cfg.agents), r)
     logs = [log_dir / f"{tag}-w{i}.log" for i in range(cfg.workers)]
-    counts = [log_dir / f"{tag}-w{i}.rt.json" for i in range(cfg.workers)]
+    counts = [log_dir / f"{tag}-w{i}.rt" for i in range(cfg.workers)]
     for p in logs + counts:
         p.unlink(missing_ok=True)
     wurl = f"{url}?max_connections={cfg.pool}" if cfg.pool else url
@@ -280,7 +280,6 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
             poll_wall = time.perf_counter() - t0
         cpu1 = ([cpu_s(w.pid) for w in workers], redis_cpu_s(r), own_cpu_s(),
                 machine_busy_s(), cpu_s(rec.pid) if rec else 0.0)
-        time.sleep(0.2)  # the counters' files are rewritten every 50 ms
         rt1 = [rtcount.read(p) for p in counts]
         cmds1 = int(r.info("stats")["total_commands_processed"])
         stats1 = {k.decode(): int(v) for k, v in r.hgetall(keys.STATS).items()}
