@@ -25,14 +25,18 @@ import base64
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 import tomllib
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from durable.errors import DurableError, UsageError
 from durable.flow import tenants
-from durable.security.users import Users
+from durable.security.users import User, Users
 
 
 @dataclass(frozen=True)
@@ -118,13 +122,53 @@ class NotAllowed(DurableError):
     """Credentials that are right, of a user whose role may not call (answered 403)."""
 
 
-class Access:
-    """Who may call one ``durable a2a`` process: bearer tokens, the console's users, or both."""
+#: How long a user's right name and password are remembered (seconds): a caller sends them
+#: with every request, and each check costs a scrypt hash (~50 ms of CPU).
+REMEMBER_S = 300.0
+#: The most credentials remembered at once (the oldest forgotten first).
+REMEMBER_MAX = 1024
 
-    def __init__(self, tokens: Tokens | None, users: Users | None = None) -> None:
+
+class Access:
+    """Who may call one ``durable a2a`` process: bearer tokens, the console's users, or both.
+
+    HTTP Basic sends a user's password with every request, and a console's login checks it
+    with scrypt (~50 ms of CPU, by design); the console pays that once per session, a
+    client of this process on every call. So a name and password found right are
+    remembered for ``remember_s`` seconds, as a keyed digest (HMAC-SHA-256 under a key
+    made at start and never written anywhere), at most ``REMEMBER_MAX`` of them: the same
+    credentials again cost one HMAC. A wrong password is never remembered: each guess
+    costs the full hash."""
+
+    def __init__(self, tokens: Tokens | None, users: Users | None = None, *,
+                 remember_s: float = REMEMBER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if tokens is None and users is None:
             raise ValueError("tokens or users")
         self.tokens, self.users = tokens, users
+        self.remember_s, self._clock = remember_s, clock
+        self._key = secrets.token_bytes(32)
+        #: keyed digest of "name:password" -> (the user, when it was found right)
+        self._known: OrderedDict[bytes, tuple[User, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _user(self, name: str, password: str) -> User | None:
+        """``Users.check``, remembered when right (see the class)."""
+        assert self.users is not None
+        mark = hmac.new(self._key, f"{name}:{password}".encode(), "sha256").digest()
+        now = self._clock()
+        with self._lock:
+            known = self._known.get(mark)
+            if known is not None and now - known[1] < self.remember_s:
+                return known[0]
+        user = self.users.check(name, password)
+        if user is not None and self.remember_s > 0:
+            with self._lock:
+                self._known[mark] = (user, now)
+                self._known.move_to_end(mark)
+                while len(self._known) > REMEMBER_MAX:
+                    self._known.popitem(last=False)
+        return user
 
     @property
     def challenge(self) -> str:
@@ -142,8 +186,8 @@ class Access:
 
     def check(self, header: str | None) -> Caller | None:
         """The caller an ``Authorization`` header names; None if none (a wrong token, an
-        unknown user, a wrong password). A user's check costs a scrypt hash (~50 ms): call
-        it off the event loop. ``NotAllowed``: a user without the ``operator`` role."""
+        unknown user, a wrong password). A user's first check costs a scrypt hash (~50 ms):
+        call it off the event loop. ``NotAllowed``: a user without the ``operator`` role."""
         scheme, _, credentials = (header or "").partition(" ")
         if scheme.lower() == "bearer" and self.tokens is not None:
             return self.tokens.check(header)
@@ -154,7 +198,7 @@ class Access:
                 .decode().partition(":")
         except ValueError:  # not base64, not UTF-8
             return None
-        user = self.users.check(name, password) if colon else None
+        user = self._user(name, password) if colon else None
         if user is None:
             return None
         if not user.can("operator"):

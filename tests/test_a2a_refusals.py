@@ -28,10 +28,10 @@ from a2a.types import (
 )
 from a2a.utils.errors import TaskNotFoundError
 
-from durable.a2a.tokens import Caller, Tokens
+from durable.a2a.tokens import Access, Caller, NotAllowed, Tokens
 from durable.client import Client
 from durable.errors import UsageError
-from durable.security.users import hash_password
+from durable.security.users import User, Users, hash_password
 from durable.testing import Server
 from tests.agent2agent import A2AServer, door, message, published, serving
 from tests.conftest import run_durable
@@ -237,3 +237,41 @@ def test_a_console_operators_password_starts_a_task_a_wrong_one_nothing(
         task_id = asyncio.run(go())
     assert [(x.run_id, x.tenant, x.owner) for x in client.runs()] == \
         [(task_id, "", "a2a:user:ops")]
+
+
+def test_a_users_right_password_is_checked_once_a_wrong_one_every_time(tmp_path: Path) -> None:
+    """HTTP Basic sends the password with every call: a right one is hashed (scrypt) once and
+    then remembered for ``remember_s``; a wrong one, another user's, a viewer's and one past
+    that time are each hashed again; a wrong password sent after the right one is still
+    refused."""
+    path = tmp_path / "users.toml"
+    path.write_text(f'[users.ops]\npassword = "{hash_password("ops-pw")}"\n'
+                    f'roles = ["operator"]\n[users.eve]\npassword = "{hash_password("eve-pw")}"\n')
+
+    class Counted(Users):
+        hashed = 0
+
+        def check(self, name: str, password: str) -> User | None:
+            Counted.hashed += 1
+            return super().check(name, password)
+
+    now = [1000.0]
+    access = Access(None, Counted(Users.load(path).users), remember_s=60,
+                    clock=lambda: now[0])
+
+    def basic(name: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
+
+    assert [access.check(basic("ops", "ops-pw")) for _ in range(5)] == \
+        [Caller("user:ops")] * 5
+    assert Counted.hashed == 1
+    assert access.check(basic("ops", "wrong")) is None
+    assert access.check(basic("ops", "wrong")) is None
+    assert Counted.hashed == 3
+    for _ in range(2):
+        with pytest.raises(NotAllowed):
+            access.check(basic("eve", "eve-pw"))  # remembered, and still not an operator
+    assert Counted.hashed == 4
+    now[0] += 61
+    assert access.check(basic("ops", "ops-pw")) == Caller("user:ops")
+    assert Counted.hashed == 5
