@@ -238,8 +238,8 @@ class PayloadSettings(BaseSettings):
         "larger one is kept whole beside the run (dx:{R}:blobs), the log holding its reference.")
     max_result_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, validation_alias="DURABLE_MAX_RESULT_BYTES",
-        description="Hard ceiling of one step's result or a run's input: past it the step "
-        "fails with PayloadTooLarge (nothing is replaced), or the start is refused.")
+        description="Ceiling of a step's result, a run's result or input: past it the step "
+        "fails (PayloadTooLarge), the run fails (result_too_large), or the start is refused.")
     blob_budget_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, validation_alias="DURABLE_BLOB_BUDGET_BYTES",
         description="Bytes of large values (results, its input) one run may keep beside "

@@ -246,3 +246,24 @@ def test_a_missing_value_quarantines_the_run_instead_of_giving_the_agent_none(
     reconciler()
     assert wait_for(lambda: client.status(run).state == "quarantined", 30)
     assert "missing" in (client.status(run).reason or "")
+
+
+def test_a_runs_result_over_the_ceiling_fails_the_run_naming_the_limit(
+    client: Client, r: redis.Redis, worker: WorkerFactory, layout: KeyLayout,
+) -> None:
+    """Bad input: an agent ends its run with a result over ``DURABLE_MAX_RESULT_BYTES``, each
+    of its steps' results under it. The run fails (reason ``result_too_large``) naming the
+    size and the limit, no ``completed`` is written (the result is not in the log), and the
+    steps' results stay as evidence."""
+    run = client.start("page_returner", {"pages": [60_000, 60_000]}, run_id="big-end").run_id
+    worker(burst=True, DURABLE_MAX_RESULT_BYTES="100000").wait(60)
+    final = client.wait(run, timeout=30)
+    assert final.state == "failed", (final.state, final.reason, final.error)
+    assert final.reason == "result_too_large"
+    assert final.error is not None and "the run's result is" in final.error
+    assert "over the limit of 100000 (DURABLE_MAX_RESULT_BYTES)" in final.error
+    assert final.result is None
+    assert [sha(a.result["body"]) for a in final.actions.values()] == \
+        [expected(1, 60_000)["sha256"], expected(2, 60_000)["sha256"]]
+    raw = r.xrevrange(layout.log(run), count=1)[0][1][b"e"]
+    assert len(raw) < 1000  # the failure, not the 120 KB result

@@ -50,7 +50,7 @@ from durable.telemetry import tracing
 
 from . import aio, authority, family, parallel
 from .context import StepContext
-from .steps import agent_traceback, plain, ran_under, step_key, values_field
+from .steps import agent_traceback, finished, plain, ran_under, step_key, values_field
 from .turns import BLOCKING, Offload, Slot
 
 log = logging.getLogger("durable.worker")
@@ -71,8 +71,7 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
                              traceback=agent_traceback(exc))
         return True, 0
     if isinstance(decision, Finish):
-        await ctx.commit(handle, pending,
-                         [Spec(ev.Completed, {"result": plain(decision.result)})])
+        await ctx.commit(handle, pending, [finished(decision.result, ctx.log.limits)])
         ctx.hooks.after_outcome(handle.run_id, state.step)
         return True, 0
     if isinstance(decision, Fail):

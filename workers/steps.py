@@ -10,6 +10,9 @@ from typing import Any
 import msgspec
 
 from durable.agents.configuration import model_used
+from durable.errors import PayloadTooLarge
+from durable.log import events as ev
+from durable.log.blobs import Limits
 from durable.log.state import RunState
 from durable.log.store import Spec
 
@@ -58,3 +61,21 @@ def step_key(run_id: str, step: int) -> str:
 def plain(value: Any) -> Any:
     """JSON-like data only (what the log can carry and every reader can decode)."""
     return msgspec.json.decode(msgspec.json.encode(value))
+
+
+#: The reason of a run failed by a result over ``DURABLE_MAX_RESULT_BYTES``.
+RESULT_TOO_LARGE = "result_too_large"
+
+
+def finished(result: Any, limits: Limits) -> Spec:
+    """The event that ends a run with ``result``: ``completed`` (the result as plain data,
+    in the event), or ``failed`` naming ``PayloadTooLarge`` when its JSON is over
+    ``DURABLE_MAX_RESULT_BYTES``, as a step's result over it fails the step: it would be
+    written whole into the run's log, and read back whole by everything that reads the
+    run. The steps' own results stay in the log as evidence."""
+    data = msgspec.json.encode(result)
+    if len(data) > limits.ceiling:
+        too = PayloadTooLarge("the run's result", len(data), limits.ceiling)
+        return Spec(ev.Failed, {"error": f"{too} (DURABLE_MAX_RESULT_BYTES)",
+                                "reason": RESULT_TOO_LARGE})
+    return Spec(ev.Completed, {"result": msgspec.json.decode(data)})
