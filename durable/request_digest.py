@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from operator import is_
 from typing import Any, Protocol
 
 import msgspec
@@ -115,6 +116,8 @@ class ListDigest:
             self._sizes[0] = len(head)
         encoded = len(head) + len(tail)
         keep, limit = 0, min(len(items), len(self._seen))
+        if self._held.count(None) == len(self._held) and all(map(is_, items, self._seen)):
+            keep = limit  # the same objects in the same places, none a dict: known at once
         changed: bytes | None = None  # the encoding of the first message not the same
         while keep < limit:
             item, seen, held = items[keep], self._seen[keep], self._held[keep]

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,9 +23,16 @@ import pytest
 pytest.importorskip("pydantic_ai")
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    UserPromptPart,
+)
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import UsageLimits
 
 from durable.call_identity import digest_placeholder
@@ -113,3 +124,51 @@ def test_a_message_changed_in_place_is_digested_whole_after_a_reset() -> None:
     copies = [copy.copy(m) for m in asked[6]]  # the same content, other objects
     before = digest.of(asked[6], settings, parameters)
     assert digest.of(copies, settings, parameters) == before
+
+
+def test_settings_and_parameters_are_digested_again_when_their_json_changes() -> None:
+    """A run's requests mostly carry the same settings and parameters, whose encoding the
+    digest keeps; it is taken again when they change as JSON: to an equal value of another
+    type (``1`` and ``1.0``), or in place (a tool added to the same parameters). A message
+    replaced in the middle of the conversation is digested again too. Every digest is the
+    whole arguments'."""
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart("hi")]),
+                                    ModelResponse(parts=[TextPart("hello")]),
+                                    ModelRequest(parts=[UserPromptPart("more")])]
+    look = ToolDefinition(name="look", parameters_json_schema={
+        "type": "object", "properties": {"n": {"type": "integer"}}})
+    parameters = ModelRequestParameters(function_tools=[look])
+    digest = RequestDigest()
+    steps: list[tuple[Any, Callable[[], None]]] = [
+        ({"temperature": 1}, lambda: None),
+        ({"temperature": 1.0}, lambda: None),
+        ({"temperature": 1.0}, lambda: None),
+        ({"temperature": True}, lambda: None),
+        ({"temperature": True}, lambda: parameters.function_tools.append(
+            ToolDefinition(name="book", description="Book it."))),
+        ({"temperature": True}, lambda: messages.__setitem__(
+            1, ModelResponse(parts=[TextPart("hello again")]))),
+    ]
+    seen = set()
+    for settings, change in steps:
+        change()
+        got = digest.of(messages, settings, parameters)
+        assert got == whole(messages, settings, parameters), settings
+        seen.add(got)
+    assert len(seen) == 5  # each change made another digest; the repeat none
+
+
+def test_a_requests_parameters_digest_the_same_in_every_process() -> None:
+    """A request's parameters hold sets (the tools a search revealed...), which Python
+    iterates in an order its string hashing draws anew in each process: the parameters'
+    identity lists them in one order, so a run recovered by another worker digests its
+    requests as the first one did."""
+    code = ("from pydantic_ai.models import ModelRequestParameters\n"
+            "from durable.integrations.pydantic_ai.identity import RequestDigest\n"
+            "p = ModelRequestParameters(revealed_tool_names={'alpha', 'beta', 'gamma', "
+            "'delta', 'epsilon'}, deferred_capability_ids={'<thinking:3f9a1c>', 'search'})\n"
+            "print(RequestDigest().of([], None, p)[0])\n")
+    digests = {subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                              capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}
+                              ).stdout.strip() for seed in ("1", "2", "3", "4")}
+    assert len(digests) == 1, digests

@@ -148,7 +148,13 @@ class RedisDurability(AbstractCapability[Any]):
         return self
 
     def get_wrapper_model(self, model: Model) -> Model | None:
-        return DurableModel(model, self) if bound(self) is not None else None
+        b = bound(self)
+        if b is None:
+            return None
+        wrapper = b.wrappers.get(id(model))
+        if wrapper is None or wrapper.wrapped is not model:
+            wrapper = b.wrappers[id(model)] = DurableModel(model, self)
+        return wrapper
 
     def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
         if bound(self) is None:

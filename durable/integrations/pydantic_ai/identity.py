@@ -22,6 +22,7 @@ differs from the one taken here (a log recorded before, a message changed in pla
 from __future__ import annotations
 
 import re
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from pydantic_ai import ModelMessagesTypeAdapter
@@ -55,8 +56,22 @@ _SYNTHETIC_ID = re.compile(r"<([A-Za-z0-9_]+):[0-9a-f]{6}>")
 def parameters_identity(parameters: ModelRequestParameters) -> Any:
     """A request's parameters as JSON, each synthetic capability id in them without its
     random part (``<thinking>``): the tools a capability without an ``id`` contributes are
-    the same tools when the function is executed again, under another id."""
-    return _without_synthetic_ids(stable(parameters))
+    the same tools when the function is executed again, under another id. Their sets (the
+    tools a search revealed, deferred capabilities' ids...) are listed in one order, that of
+    their items' encodings: Python iterates a set of strings in an order its hashing draws
+    anew in each process, and a run recovered by another worker must digest its requests as
+    the first one did."""
+    return _sets_in_order(parameters, _without_synthetic_ids(stable(parameters)))
+
+
+def _sets_in_order(parameters: ModelRequestParameters, data: Any) -> Any:
+    if not isinstance(data, dict) or not is_dataclass(parameters):
+        return data
+    for f in fields(parameters):
+        if isinstance(getattr(parameters, f.name, None), set | frozenset) \
+                and isinstance(data.get(f.name), list):
+            data[f.name] = sorted(data[f.name], key=canonical)
+    return data
 
 
 def _without_synthetic_ids(value: Any) -> Any:
@@ -76,14 +91,24 @@ def _encoded(message: ModelMessage) -> bytes:
 class RequestDigest:
     """The digest of each model request of a run's function, taken incrementally
     (``durable.request_digest.ListDigest``); one per execution of the function
-    (``run.Binding``)."""
+    (``run.Binding``).
+
+    A run's requests mostly carry the same settings and parameters (its tools' definitions,
+    their JSON schemas): their part of the encoding (``around``) is kept with the canonical
+    encoding of what they were as JSON, and taken again only when that differs. Compared as
+    bytes, not as values (``1 == 1.0 == True``), and after ``stable``, not by the objects'
+    identity (pydantic-ai may change them in place)."""
 
     def __init__(self) -> None:
         self.messages = ListDigest(_encoded)
+        #: The canonical encoding of the last request's settings and parameters as JSON, and
+        #: the head and tail ``around`` gave them.
+        self._request: tuple[bytes, bytes, bytes, bytes] | None = None
 
     def reset(self) -> None:
         """Forget every message: the next request encodes the conversation whole."""
         self.messages.reset()
+        self._request = None
 
     @property
     def encoded(self) -> int:
@@ -96,6 +121,18 @@ class RequestDigest:
         """The digest and size ``digest_placeholder`` gives the request's arguments
         (``{"messages": identity(messages), "settings": stable(settings), "parameters":
         parameters_identity(parameters)}``)."""
-        head, tail = around({"settings": stable(settings),
-                             "parameters": parameters_identity(parameters)}, "messages")
+        head, tail = self._around(settings, parameters)
         return self.messages.of(head, messages, tail)
+
+    def _around(self, settings: Any, parameters: ModelRequestParameters) -> tuple[bytes, bytes]:
+        """The encoding of the request's arguments before its messages and after them
+        (``around``), kept while its settings and parameters are the same as JSON."""
+        raw_settings, raw_parameters = stable(settings), stable(parameters)
+        settings_key, parameters_key = canonical(raw_settings), canonical(raw_parameters)
+        kept = self._request
+        if kept is not None and kept[0] == settings_key and kept[1] == parameters_key:
+            return kept[2], kept[3]
+        head, tail = around({"settings": raw_settings, "parameters": _sets_in_order(
+            parameters, _without_synthetic_ids(raw_parameters))}, "messages")
+        self._request = (settings_key, parameters_key, head, tail)
+        return head, tail

@@ -177,6 +177,9 @@ class Binding:
     decided: set[str] = field(default_factory=set)
     #: The digest of the function's model requests, taken one new message at a time.
     digest: RequestDigest = field(default_factory=RequestDigest)
+    #: id(model) -> the wrapper of that model in this run (pydantic-ai asks for it at each
+    #: request); each holds its model, so the id is not another's while it is here.
+    wrappers: dict[int, Any] = field(default_factory=dict)
 
     def next_step(self) -> int:
         """The number the next step taken will have (after those in flight)."""

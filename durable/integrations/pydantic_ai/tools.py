@@ -126,7 +126,7 @@ class DurableFunctionToolset(WrapperToolset[Any]):
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         tools = await super().get_tools(ctx)
-        if self.owner is None or bound(self.owner) is None:
+        if not self.approved_here or self.owner is None or bound(self.owner) is None:
             return tools
         out: dict[str, ToolsetTool[Any]] = {}
         for name, tool in tools.items():
