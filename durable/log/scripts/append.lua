@@ -169,9 +169,10 @@ end
 -- The log's last entry: the projection's "last" while the log holds exactly the entries
 -- this script counted (XLEN is O(1); XREVRANGE decodes an entry and builds its reply),
 -- else read from the log itself (a log written before the chain, or changed around this
--- script: its tail is then checked below).
+-- script: its tail is then checked below). pcall: an ACL file from before this script
+-- used XLEN refuses it, and the tail is then read as it was.
 local tail_id
-if redis.call('XLEN', log_key) == version and (version == 0 or (last_written or '') ~= '') then
+if redis.pcall('XLEN', log_key) == version and (version == 0 or (last_written or '') ~= '') then
   tail_id = version == 0 and '' or last_written
 else
   local tail = redis.call('XREVRANGE', log_key, '+', '-', 'COUNT', 1)
