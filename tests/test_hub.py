@@ -32,9 +32,14 @@ from tests.conftest import ReconcilerFactory, ServerFactory, WorkerFactory
 
 @pytest.fixture()
 def hub(settings: Settings, r: redis.Redis) -> Iterator[RunHub]:
-    """A hub of 64 slots in this process, on a step loop of its own."""
+    """A hub of 64 slots in this process, on a step loop of its own, with the default
+    lease (5 s), not the suite's 1 s: its heartbeats share this process with the test's
+    own polling, and on a loaded machine a second without a beat lost every lease (the
+    work discarded, as it should be, and the runs left for a reconciler these tests do
+    not start). No test here is about leases."""
     registry.load("examples.agents,tests.agents.basic")
     test_agents.GATE.clear()
+    settings = settings.replace(lease_ttl_ms=5000)
     loop = StepLoop(settings, redis.Redis.from_url(settings.redis.url), registry,
                     "w:hub:test")
     hub = RunHub(loop, 64)
