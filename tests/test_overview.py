@@ -47,6 +47,9 @@ def test_leases_workers_and_the_queue(client: Client, worker: WorkerFactory,
     assert wait_for(lambda: [w.runs for w in client.workers()] == [[run]], 30)
     (w,) = client.workers()
     assert w.name.startswith(lease.owner) and w.last_heartbeat > 0
+    # The lease is taken before the first step is decided: on a busy machine the worker is
+    # listed holding the run before step 1 is in its log.
+    assert wait_for(lambda: 1 in client.status(run).actions, 30)
     key = client.status(run).actions[1].key
     assert wait_for(lambda: client.ledger(run).get(key, "").startswith("done|"), 30)
     state = client.cancel(run, "enough", by="carol")
