@@ -6,11 +6,11 @@ event of the lease's epoch).
 
 Workers: RQ's registry knows each worker process and its RQ heartbeat, but a hub worker
 holds many runs with no RQ job in progress, and RQ beats only when it dequeues (every
-``worker_ttl - 15`` s when idle): RQ says "idle" and an old heartbeat for a worker that is
-driving runs. A worker's leases are its real heartbeat (renewed every third of
-``DURABLE_LEASE_TTL_MS``): a worker holding any is busy, and its heartbeat is its latest
-renewal; one holding none is idle, and shown stale once its RQ heartbeat is older than RQ's
-worker TTL (RQ itself forgets it 60 s later).
+second when idle, ``workers.runtime.DEQUEUE_POLL_S``; once per command when busy): RQ says
+"idle" for a worker that is driving runs. A worker's leases are its real heartbeat
+(renewed every third of ``DURABLE_LEASE_TTL_MS``): a worker holding any is busy, and its
+heartbeat is its latest renewal; one holding none is idle, and shown stale once its RQ
+heartbeat is older than RQ's worker TTL (RQ itself forgets it 60 s later).
 """
 
 from __future__ import annotations

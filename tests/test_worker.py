@@ -116,3 +116,19 @@ def test_a_forged_job_naming_an_arbitrary_function_is_refused(
     assert not marker.exists()
     assert client.stats().get("forged_jobs") == 1
     assert client.queue.failed_job_registry.count == 1
+
+
+def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_worker(
+    worker: WorkerFactory, r: redis.Redis, tmp_path: Path
+) -> None:
+    """Window: the main thread waits in RQ's dequeue (``BLMOVE``) while the SIGTERM is
+    delivered to another of the worker's threads (a process-wide signal may go to any
+    thread). Python runs the handler on the main thread only, at its next bytecode: the
+    dequeue's wait is short, so the worker still stops and exits 0."""
+    log = tmp_path / "worker.log"
+    w = worker(log_path=log)
+    assert wait_for(lambda: any(c.get("cmd") == "blmove" for c in r.client_list()), 30), \
+        log.read_text()
+    others = [int(t) for t in os.listdir(f"/proc/{w.pid}/task") if int(t) != w.pid]
+    os.kill(others[-1], signal.SIGTERM)  # kill(2) given a thread's id: that thread gets it
+    assert w.wait(15) == 0, log.read_text()

@@ -64,6 +64,10 @@ _loop: StepLoop | None = None
 _pool: Driver | None = None
 #: How long RQ's pub/sub thread waits for a message before it looks whether it should stop.
 PUBSUB_POLL_S = 0.25
+#: The longest RQ's dequeue (``BLMOVE``) holds the main thread. A signal's Python handler
+#: runs on the main thread only, at its next bytecode; a SIGTERM the kernel delivered to
+#: another thread (or just before the main thread blocked) waits until that call returns.
+DEQUEUE_POLL_S = 1
 #: Set by a SIGTERM/SIGINT received before RQ's loop installed its own handlers.
 _early_stop = threading.Event()
 
@@ -102,6 +106,18 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
         if name not in HANDLERS:
             return self._refuse(job, queue, execution, "forged_jobs", str(ForbiddenJob(name)))
         return bool(super().perform_job(job, queue, execution))
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """RQ's dequeue blocks ``DEQUEUE_POLL_S`` at a time (RQ's own: its TTL less 15 s, 405 s),
+        so a stop is never held up by it."""
+        return DEQUEUE_POLL_S
+
+    @property
+    def connection_timeout(self) -> int:
+        """The socket timeout RQ raises the client's pool to: where RQ's own dequeue timeout
+        put it, as before (a shorter one would fail a slow command of the runs' client)."""
+        return max(1, int(self.worker_ttl) - 15) + 10
 
     def subscribe(self) -> None:
         """RQ's subscription to its worker channel (its ``kill-horse`` and ``stop-job``
