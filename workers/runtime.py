@@ -110,7 +110,7 @@ class DurableWorker(SimpleWorker):  # type: ignore[misc]
     @property
     def dequeue_timeout(self) -> int:
         """RQ's dequeue blocks ``DEQUEUE_POLL_S`` at a time (RQ's own: its TTL less 15 s, 405 s),
-        so a stop is never held up by it."""
+        so it holds up a stop for a second at most."""
         return DEQUEUE_POLL_S
 
     @property
