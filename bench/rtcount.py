@@ -6,9 +6,10 @@ RQ's blocking pops, heartbeats and pub/sub writes. Commands run inside a Lua scr
 round trip with their script.
 
 In a worker: ``durable worker --hook bench.rtcount:Counter=PATH`` (``Worker(url,
-hooks=[...])``) patches redis-py in that process and, every 50 ms from a thread (and at
-exit), writes ``{"pid", "round_trips", "steps", "t"}`` to ``PATH``; ``steps`` counts the
-``after_outcome`` windows this process passed. ``read(PATH)`` reads it back.
+hooks=[...])``) patches redis-py in that process and keeps three integers in ``PATH``,
+mapped into its memory and written in place (no thread): its pid, its round trips, and its
+``steps``, the ``after_outcome`` windows it passed. ``read(PATH)`` reads them back as
+``{"pid", "round_trips", "steps"}``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ _installed = 0
 _lock = threading.Lock()
 #: The counters' file: pid, round trips, steps (native 64-bit integers).
 LAYOUT = struct.Struct("=qqq")
-_ROUND_TRIPS = struct.Struct("=q")
+#: One of its integers, written in place (round trips at offset 8, steps at 16).
+_INT = struct.Struct("=q")
 #: The file of this process's ``Counter``, once one is made.
 _mapped: mmap.mmap | None = None
 
@@ -41,7 +43,7 @@ def _counting(self: Any, command: Any, check_health: bool = True) -> Any:
     global _sent
     _sent = next(_count) + 1
     if _mapped is not None:
-        _ROUND_TRIPS.pack_into(_mapped, 8, _sent)
+        _INT.pack_into(_mapped, 8, _sent)
     return _original(self, command, check_health)
 
 
@@ -92,7 +94,7 @@ class Counter:
         install()
 
     def after_outcome(self, run_id: str, step: int) -> None:
-        _ROUND_TRIPS.pack_into(self._map, 16, next(self.steps) + 1)
+        _INT.pack_into(self._map, 16, next(self.steps) + 1)
 
 
 def read(path: Path) -> dict[str, Any]:
