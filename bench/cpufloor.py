@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,12 @@ def _events(rid: str, ts: int, steps: int, sleep_s: float) -> list[tuple[ev.Even
     return out
 
 
-def recorded(r: redis.Redis, runs: int, steps: int = STEPS,
-             sleep_s: float = SLEEP_S) -> dict[str, float]:
+def recorded(r: redis.Redis, runs: int, steps: int = STEPS, sleep_s: float = SLEEP_S,
+             reset: Callable[[redis.Redis], object] = fresh) -> dict[str, float]:
     """The runs' events recorded, one transition each, pipelined: CPU microseconds per run
-    of this process (``client``) and of Redis, and the script calls per run."""
-    fresh(r)
+    of this process (``client``) and of Redis, and the script calls per run. ``reset``
+    empties the server first."""
+    reset(r)
     sha = r.script_load(TRANSITION_LUA)
     ids = [f"floor-{i}" for i in range(runs)]
     calls = 0

@@ -101,6 +101,8 @@ class Config:
     agents: str = AGENTS
     #: More environment of the workers (``DURABLE_USER_THREADS``...).
     env: tuple[tuple[str, str], ...] = ()
+    #: More hooks of the workers (``durable worker --hook``: ``bench.scriptcost``'s).
+    hooks: tuple[str, ...] = ()
 
 
 DURABLE = (
@@ -226,7 +228,8 @@ def durable(url: str, r: redis.Redis, cfg: Config, runs: int, log_dir: Path,
     for p in logs + counts:
         p.unlink(missing_ok=True)
     wurl = f"{url}?max_connections={cfg.pool}" if cfg.pool else url
-    workers = [Worker(wurl, log_path=logs[i], hooks=[f"bench.rtcount:Counter={counts[i]}"],
+    workers = [Worker(wurl, log_path=logs[i],
+                      hooks=[f"bench.rtcount:Counter={counts[i]}", *cfg.hooks],
                       DURABLE_CONCURRENCY=str(cfg.concurrency), DURABLE_AGENTS=cfg.agents,
                       PYTHONPATH=str(ROOT), env=dict(cfg.env))
                for i in range(cfg.workers)]
