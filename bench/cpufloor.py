@@ -16,11 +16,19 @@ same ``python -m bench`` as the rows it is the floor of.
 The floor of a row is the two together: what a team would pay for the program and its
 events' record had durability no overhead of its own. ``ratio`` divides a row's CPU per run
 (workers + Redis) by it.
+
+- ``on_threads``: beside the floor, not part of it: the same program with its sleeps on
+  threads, as a style whose user code is plain functions runs it (sync code agents,
+  ``decide()`` with a plain tool): each run on a thread of its own, ``held`` at once (a
+  worker's slots), calling ``STEPS`` times a function that sleeps ``SLEEP_S``
+  (``Event.wait``), no Redis. What it costs over the ``asyncio`` program is what those
+  styles pay for their threads alone, durable or not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +61,31 @@ def nondurable(runs: int, steps: int = STEPS, sleep_s: float = SLEEP_S) -> dict[
     """The program alone: CPU microseconds per run and the wall."""
     c0, t0 = time.process_time(), time.perf_counter()
     asyncio.run(_gather(runs, steps, sleep_s))
+    c1, t1 = time.process_time(), time.perf_counter()
+    return {"cpu_per_run_us": 1e6 * (c1 - c0) / runs, "wall_s": t1 - t0}
+
+
+def on_threads(runs: int, held: int, steps: int = STEPS,
+               sleep_s: float = SLEEP_S) -> dict[str, float]:
+    """The program on threads (see the module doc): CPU microseconds per run and the wall."""
+    slots = threading.BoundedSemaphore(held)
+
+    def one() -> None:
+        try:
+            asleep = threading.Event()
+            for _ in range(steps):
+                asleep.wait(sleep_s)
+        finally:
+            slots.release()
+
+    threads = []
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(runs):
+        slots.acquire()
+        threads.append(threading.Thread(target=one, daemon=True))
+        threads[-1].start()
+    for thread in threads:
+        thread.join()
     c1, t1 = time.process_time(), time.perf_counter()
     return {"cpu_per_run_us": 1e6 * (c1 - c0) / runs, "wall_s": t1 - t0}
 
@@ -118,13 +151,18 @@ def recorded(r: redis.Redis, runs: int, steps: int = STEPS, sleep_s: float = SLE
             "script_calls_per_run": calls / runs}
 
 
-def measure(r: redis.Redis, runs: int, rounds: int = 3, log: Any = print) -> dict[str, Any]:
-    """Both floors, ``rounds`` times interleaved; medians (per run, µs) and every round."""
+def measure(r: redis.Redis, runs: int, rounds: int = 3, log: Any = print,
+            held: int = 0) -> dict[str, Any]:
+    """Both floors, ``rounds`` times interleaved; medians (per run, µs) and every round;
+    with ``held``, the program on threads too (``on_threads``, ``held`` at once)."""
     a: list[dict[str, float]] = []
     b: list[dict[str, float]] = []
+    c: list[dict[str, float]] = []
     for _ in range(rounds):
         a.append(nondurable(runs))
         b.append(recorded(r, runs))
+        if held:
+            c.append(on_threads(runs, held))
     fresh(r)
     out: dict[str, Any] = {
         "runs": runs, "rounds": rounds,
@@ -132,12 +170,17 @@ def measure(r: redis.Redis, runs: int, rounds: int = 3, log: Any = print) -> dic
         "record_client_cpu_per_run_us": median([x["client_cpu_per_run_us"] for x in b]),
         "record_redis_cpu_per_run_us": median([x["redis_cpu_per_run_us"] for x in b]),
         "script_calls_per_run": b[0]["script_calls_per_run"],
-        "all": {"program": a, "record": b}}
+        "all": {"program": a, "record": b, "program_on_threads": c}}
+    if c:
+        out["held"] = held
+        out["threads_cpu_per_run_us"] = median([x["cpu_per_run_us"] for x in c])
     out["record_cpu_per_run_us"] = (out["record_client_cpu_per_run_us"]
                                     + out["record_redis_cpu_per_run_us"])
     out["floor_cpu_per_run_us"] = out["program_cpu_per_run_us"] + out["record_cpu_per_run_us"]
     log(f"  styles floor, {runs:,} runs: the program {out['program_cpu_per_run_us']:.0f} us, "
         f"its events recorded {out['record_client_cpu_per_run_us']:.0f} (client) + "
         f"{out['record_redis_cpu_per_run_us']:.0f} (Redis) us per run: floor "
-        f"{out['floor_cpu_per_run_us']:.0f} us per run")
+        f"{out['floor_cpu_per_run_us']:.0f} us per run"
+        + (f"; the program on threads ({held:,} at once) {out['threads_cpu_per_run_us']:.0f} "
+           "us per run" if c else ""))
     return out

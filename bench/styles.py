@@ -93,7 +93,7 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
                      DBOS_RUNS))
     r = srv.client()
     try:
-        floor = cpufloor.measure(r, runs, log=log)
+        floor = cpufloor.measure(r, runs, log=log, held=held)
     finally:
         r.close()
     for i, (cfg, n) in enumerate(plan):
@@ -200,7 +200,11 @@ def _floor_rows(fl: dict[str, Any]) -> list[str]:
             f"| floor: its events recorded, one Lua transition each "
             f"({fl['script_calls_per_run']:.0f} per run, pipelined from one client) | | | "
             f"{client / 1000:.2f} + {red / 1000:.2f} ms (client + Redis) | |{blank}",
-            f"| **floor, together** | | | **{total / 1000:.2f} ms** | 1x |{blank}"]
+            f"| **floor, together** | | | **{total / 1000:.2f} ms** | 1x |{blank}"] + (
+        [f"| beside it: the program on threads ({fl['held']:,} at once: what sync code and "
+         f"`decide()` with a plain tool pay for threads alone) | | | "
+         f"{fl['threads_cpu_per_run_us'] / 1000:.2f} ms | |{blank}"]
+        if "threads_cpu_per_run_us" in fl else [])
 
 
 def report(st: dict[str, Any]) -> list[str]:
