@@ -25,7 +25,9 @@ continue, as ``bench.iobound``'s backlog rows). One row per agent style
 First the floor of the run's CPU (``bench.cpufloor``, at ``RUNS`` runs): the program
 without durability (``asyncio`` coroutines of the same sleeps) and the same runs' events
 recorded in Redis, one Lua transition each, pipelined from one client; every row's CPU per
-run (workers + Redis, the starts' included) is reported as a multiple of it.
+run (workers + Redis, the starts' included) is reported as a multiple of it. Beside it, not
+part of it: the same program on threads, ``HELD`` at once (what the styles whose user code
+is plain functions pay for their threads alone).
 
 Also reported: the pydantic-ai row's CPU per run over the plain run's with the worker's
 collector (the workers' alone, and with Redis's), and a 100-call pydantic-ai conversation's
