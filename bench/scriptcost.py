@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--what-if", action="store_true")
     parser.add_argument("--variant", type=Path)
     args = parser.parse_args(argv)
-    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+    if not all(shutil.which(t) for t in ("valgrind", "callgrind_control", "callgrind_annotate")):
         print("bench.scriptcost needs valgrind (Debian: apt-get install valgrind)",
               file=sys.stderr)
         return 2
