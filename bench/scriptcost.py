@@ -204,10 +204,12 @@ class _Counted:
     inside command execution only (``call``); ``part()`` ends a part of the count."""
 
     def __init__(self) -> None:
-        from durable.backend.embedded import server_args
+        from durable.backend.embedded import port_free, server_args
 
         self.workdir = Path(tempfile.mkdtemp(prefix="scriptcost-"))
         port = random.randint(20000, 40000)
+        while not port_free(port):
+            port = random.randint(20000, 40000)
         # (%p: a fork, BGREWRITEAOF's, writes a file of its own)
         self.server = subprocess.Popen(
             ["valgrind", "--tool=callgrind",
@@ -218,10 +220,15 @@ class _Counted:
         self.r = redis.Redis(port=port)
         for _ in range(600):
             try:
-                self.r.ping()
-                return
+                pid = int(self.r.info("server")["process_id"])
             except redis.ConnectionError:
                 time.sleep(0.1)
+                continue
+            if pid == self.server.pid:
+                return
+            self.server.kill()  # (never replay into, or shut down, another server)
+            raise RuntimeError(f"port {port} is answered by another server (pid {pid})")
+        self.server.kill()
         raise RuntimeError("the server under callgrind did not answer within 60 s")
 
     def part(self) -> None:
