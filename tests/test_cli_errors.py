@@ -159,3 +159,24 @@ def test_tls_against_a_server_without_tls_is_one_line(env: dict[str, str],
     out = run_durable("runs", env=env)
     assert out.returncode == 3
     assert _one_line(out.stderr).startswith("durable: cannot reach Redis at rediss://")
+
+
+@pytest.mark.parametrize(("setting", "command", "named"), [
+    ({"DURABLE_CONTEXT_RETENTION": "banana"}, ("runs",), "DURABLE_CONTEXT_RETENTION=banana"),
+    ({"DURABLE_CONTEXT_RETENTION": "2h", "DURABLE_RETENTION": "1h"}, ("worker", "--burst"),
+     "DURABLE_RETENTION=1h"),
+    ({"DURABLE_LEASE_TTL_MS": "abc"}, ("reconciler", "--once"), "DURABLE_LEASE_TTL_MS=abc"),
+    ({"DURABLE_LEASE_TTL_MS": "abc"}, ("start", "count", "--input", '{"steps": 1}'),
+     "DURABLE_LEASE_TTL_MS=abc"),
+    ({"DURABLE_CONTEXT_RETENTION": "banana"}, ("console",), "DURABLE_CONTEXT_RETENTION"),
+])
+def test_a_malformed_setting_is_one_line_and_exit_2(
+    setting: dict[str, str], command: tuple[str, ...], named: str, env: dict[str, str]
+) -> None:
+    """Every entry point turns a setting it cannot read into one line naming the variable
+    and its value, and exit 2 (a usage error), not pydantic's traceback."""
+    env.update(setting)
+    out = run_durable(*command, env=env)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    line = _one_line(out.stderr)
+    assert line.startswith("durable: bad setting: ") and named in line, line

@@ -114,6 +114,8 @@ def main(argv: Sequence[str] | None = None, *, extra: Sequence[Callable[..., Non
         return _fail(str(exc), CHECK_FAILED)
     except UsageError as exc:
         return _fail(str(exc), USAGE)
+    except ValidationError as exc:  # a setting the environment gives wrong: it names it
+        return _fail(settings_problem(exc), USAGE)
     except DurableError as exc:
         return _fail(str(exc), CHECK_FAILED)
     except redis.RedisError as exc:
@@ -139,6 +141,23 @@ def _fail(message: str, code: int) -> int:
             handler.release()
     print(f"durable: {message}", file=sys.stderr)
     return code
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """One line for settings the environment gives wrong: each variable, the value given and
+    what is wrong with it (pydantic's own message), without pydantic's table around it."""
+    said = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        given = err.get("input")
+        if where and where not in msg:
+            shown = f"{where}={given}" if isinstance(given, str | int | float) else where
+            msg = f"{shown}: {msg}"
+        said.append(msg)
+    what = "setting" if exc.title.endswith("Settings") else f"value ({exc.title})"
+    return f"bad {what}: " + "; ".join(said) + (
+        " (see docs/reference.md)" if what == "setting" else "")
 
 
 def redis_problem(exc: redis.RedisError) -> str:
