@@ -144,7 +144,7 @@ def waiting_runs(c: Client, limit: int = 20) -> list[Waiting]:
         except (RunNotFound, DecodeError):
             continue
         out.append(Waiting(run, wait.kind if wait else "?", wait.reason if wait else "",
-                           wait.request if wait else "", wait.until if wait else 0))
+                           wait.request if wait else "", wait.deadline if wait else 0))
     return out
 
 

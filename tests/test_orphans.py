@@ -10,6 +10,7 @@ slept through.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from durable.client import Client
@@ -120,12 +121,12 @@ def test_durable_runs_orphaned_lists_them_and_refuses_what_it_cannot_honour(
     client.start("count", {"steps": 1}, run_id="fine-1", enqueue=False)
     env = env_for(server.url)
     done = run_durable("runs", "--orphaned", "--json", env=env)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # an orphan listed is a finding
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["run_id"], r["state"], r["agent"]) for r in rows] == [(lost, "pending", "count")]
     assert rows[0]["why"] == "no lease, on no ready list, not in the due-set"
     table = run_durable("runs", "--orphaned", env=env)
-    assert table.returncode == 0 and lost in table.stdout and "fine-1" not in table.stdout
+    assert table.returncode == 1 and lost in table.stdout and "fine-1" not in table.stdout
     version = client.status(lost).version
     for bad, says in ((["--state", "pending"], "without --state"),
                       (["--stuck"], "--stuck and --orphaned"),
@@ -134,3 +135,32 @@ def test_durable_runs_orphaned_lists_them_and_refuses_what_it_cannot_honour(
         assert refused.returncode == 2, refused
         assert says in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     assert client.status(lost).version == version
+    assert client.log.quarantine(lost, "an operator looks")  # none left: exit 0
+    none = run_durable("runs", "--orphaned", "--json", env=env)
+    assert (none.returncode, none.stdout) == (0, ""), none.stderr
+
+
+def test_a_parent_waiting_on_a_live_child_is_not_orphaned(
+        server: Server, client: Client, worker: WorkerFactory) -> None:
+    """A parent joins a child that waits an hour for input; no reconciler runs. Past the
+    grace, the parent's due entry (the reconciler's next look at its child, every 5 s) is
+    long overdue, but the child is live and its end wakes the parent: not orphaned. Its
+    status gives the join's own deadline (a day), not the next look. Answered, the child
+    ends and the parent completes."""
+    parent = client.start("parent_of_asker", {}).run_id
+    worker(burst=True).wait(60)
+    state = client.status(parent)
+    assert state.state == "waiting_child" and state.wait is not None, state.state
+    child, deadline = str(state.wait.data["child"]), int(state.wait.data["expires"])
+    assert client.status(child).state == "waiting_input"
+    later = now_ms() + orphans.grace_ms(client.settings) + 10_000
+    assert state.wait.until < later < deadline  # a look overdue, a day to go
+    assert _listed(client, now=later) == {}
+    shown = run_durable("status", parent, env=env_for(server.url))
+    assert shown.returncode == 0, shown.stderr
+    [row] = [line for line in shown.stdout.splitlines() if "child until" in line]
+    assert time.strftime("%Y-%m-%d", time.localtime(deadline / 1000)) in row, row
+    client.respond(child, "the blue one")
+    worker(burst=True).wait(60)
+    assert wait_for(lambda: client.status(parent).state == "completed", 30)
+    assert client.status(parent).result == "the blue one"

@@ -84,8 +84,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.not_undone:
         rows.append(("not undone", ", ".join(f"step {s}" for s in state.not_undone)))
     if state.wait:
-        rows.append(("wait", f"{state.wait.kind} until {local_time(state.wait.until)}: "
-                             f"{state.wait.reason}"))
+        until = local_time(state.wait.deadline) if state.wait.deadline else "no expiry"
+        rows.append(("wait", f"{state.wait.kind} until {until}: {state.wait.reason}"))
     for appr in state.approvals.values():
         if appr.decision is None:
             rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
@@ -170,7 +170,7 @@ def _orphaned(args: argparse.Namespace) -> int:
               [(o.run_id, o.state, o.agent, age(o.updated), o.why) for o in shown])
     if len(found) > len(shown):
         print(f"durable: {len(found) - len(shown)} more orphaned runs (--limit)", file=sys.stderr)
-    return OK
+    return CHECK_FAILED if found else OK  # for scripts and cron: orphans are a finding
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

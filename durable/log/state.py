@@ -134,6 +134,15 @@ class WaitInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     by: str = ""
     outcome: str = ""
 
+    @property
+    def deadline(self) -> int:
+        """When the wait itself expires (ms since the epoch; 0: never): its ``until``, but for
+        a child wait, whose ``until`` is only the reconciler's next look at the child
+        (``CHILD_POLL_MS``), the join's own expiry (``data["expires"]``)."""
+        if self.kind == "child" and isinstance(self.data, dict):
+            return int(self.data.get("expires", 0) or 0)
+        return self.until
+
 
 class Approval(msgspec.Struct, kw_only=True, omit_defaults=True):
     request: str

@@ -154,7 +154,7 @@ def _answered_by(elog: EventLog, run_id: str, now: int) -> tuple[str | None, str
     except DurableError as exc:
         return None, f"; its log is unreadable ({exc})"
     wait = state.wait
-    if wait is None or wait.kind not in ANSWERED or (wait.until and wait.until <= now):
+    if wait is None or wait.kind not in ANSWERED or (wait.deadline and wait.deadline <= now):
         return None, ""
     if wait.kind == "approval":
         open_ = [a for a in state.approvals.values()

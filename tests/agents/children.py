@@ -89,3 +89,15 @@ def budget_parent(ctx: RunContext, inp: SharingInput) -> dict[str, Any]:
     for n in range(20):
         ctx.call("echo_model", {"messages": [{"role": "user", "content": f"after{n}"}]})
     return {"child": got}
+
+
+@agent(tools=())
+def asking_kid(ctx: RunContext, inp: Any) -> Any:
+    """Waits an hour for an answer (``durable respond``), and returns it."""
+    return ctx.wait("input", "which one?", 3600.0)
+
+
+@agent(tools=())
+def parent_of_asker(ctx: RunContext, inp: Any) -> Any:
+    """Joins a child that waits for input, for up to a day."""
+    return ctx.child("asking_kid", {}, timeout_s=86400.0)
