@@ -79,6 +79,12 @@ def test_abort_compensates_each_applied_effect_once_newest_first(
     assert rows(world_db) == [f"{run}:1", f"{run}:2", f"{run}:3",
                               f"{run}:3:undo", f"{run}:2:undo", f"{run}:1:undo"]
     assert undo_steps(client, run) == {4: 3, 5: 2, 6: 1}
+    logged = run_durable("log", run, "--json", env=dict(os.environ))
+    intents = [r["what"] for r in map(json.loads, logged.stdout.splitlines())
+               if r["type"] == "step_decided" and r["step"] > 3]
+    assert [w.split(" with ")[0] for w in intents] == [
+        "intends step 4: undoes step 3", "intends step 5: undoes step 2",
+        "intends step 6: undoes step 1"], intents
     assert final.actions[4].result == {"refunded": 3, "row": f"{run}:3:undo"}
     report = verify(client.log, run)
     assert report.ok, report.checks
@@ -237,3 +243,45 @@ def test_runs_that_never_compensate_write_no_byte_more() -> None:
     for event, own in ((intent, [1, "charge", {"n": 1}, None]), (asked, ["x", "run", 1]),
                        (ended, ["x", 5])):
         assert msgspec.msgpack.decode(ev.encode(event))[5:] == own
+
+
+def test_abort_wait_tells_what_could_not_be_undone_and_why(
+        client: Client, worker: WorkerFactory, world_db: Path) -> None:
+    """``durable abort --compensate --wait``: once the run ended, what could not be undone
+    is listed with its reason, as without ``--wait``, and ``status`` says it too."""
+    worker()
+    run = holding(client, ["charge", "notify", "charge"], "comp-wait-why")
+    env = dict(os.environ, COLUMNS="250")
+    out = run_durable("abort", run, "--compensate", "--wait", "30", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "compensated: 3, 1" in out.stdout, out.stdout
+    assert "could not be undone: step 2 (notify has no compensation)" in out.stdout, out.stdout
+    shown = run_durable("status", run, "--json", env=env)
+    assert json.loads(shown.stdout)["not_undone_why"] == {"2": "notify has no compensation"}
+
+
+def test_a_rejected_compensation_is_reported_with_its_reason(
+        client: Client, worker: WorkerFactory, approver: ApproverFactory,
+        world_db: Path) -> None:
+    """The refund of a transfer needs a finance approver, who rejects it: the run ends
+    canceled with nothing compensated, and ``status`` says so ("none", not "none yet") and
+    why the transfer was not undone, from the log."""
+    alice = approver("alice", "finance")
+    worker()
+    run = client.start("shop", {"plan": ["transfer"]}, run_id="comp-rejected").run_id
+    assert client.wait(run, 30).state == "waiting_approval"
+    client.sign_and_approve(run, f"{run}:1:a1", "approve", "alice", alice)
+    assert client.wait(run, 30).state == "waiting_input"
+    client.abort(run, "refund it")
+    assert client.wait(run, 30).state == "waiting_approval"
+    client.sign_and_approve(run, f"{run}:1:undo:a1", "reject", "alice", alice)
+    final = client.wait(run, 30, waiting=False)
+    assert (final.state, final.compensated, final.not_undone) == ("canceled", [], [1])
+    assert rows(world_db) == [f"{run}:1"]  # the refund was never sent
+    shown = run_durable("status", run, env=dict(os.environ, COLUMNS="250"))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    [done] = [line for line in lines if "compensated" in line]
+    assert "none" in done and "none yet" not in done, done
+    [left] = [line for line in lines if "not undone" in line]
+    assert "step 1 (its compensation (step 2) rejected" in left, left

@@ -86,6 +86,12 @@ def test_continue_records_the_change_and_goes_on_under_the_new_pin(
     think = next(e for e in events_of(client, "cont") if isinstance(e, ev.StepDecided))
     assert think.ran_under.startswith("model-b@")
     assert applications(str(world_db)) == {"cont:2": 1}
+    shown = run_durable("log", "cont", "--json", env={**os.environ, "DURABLE_AGENTS": AGENTS})
+    assert shown.returncode == 0, shown.stderr
+    (what,) = [json.loads(line)["what"] for line in shown.stdout.splitlines()
+               if json.loads(line)["type"] == "resume_validated"]
+    assert what == "configuration changed on resume (model 'model-a' -> 'model-b'): " \
+                   "continued under it", what
 
 
 def test_replan_tells_the_agent_what_changed(client: Client, worker: WorkerFactory,

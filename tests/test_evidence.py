@@ -98,6 +98,16 @@ def test_refresh_reads_again_when_the_version_changed(
     assert final.evidence == [EvidenceRef(source="crm", id="42", version="2", step=2)]
     assert final.evidence_failed == [] and final.refresh is None
     assert verify(client.log, "fresh").ok
+    env = {**os.environ, "DURABLE_AGENTS": AGENTS, "COLUMNS": "400"}
+    for command in ("log", "replay"):  # said for people, not as a class name
+        shown = run_durable(command, "fresh", "--json", env=env)
+        assert shown.returncode == 0, shown.stderr
+        rows = [json.loads(line) for line in shown.stdout.splitlines()] \
+            if command == "log" else json.loads(shown.stdout)["trajectory"]
+        (what,) = [r["what"] for r in rows if r["type"] == "evidence_checked"]
+        assert what == "evidence checked on resume: 1 of 1 no longer hold, crm/42 (step 1): " \
+                       "version 1 -> 2 -> refresh", what
+        assert "EvidenceChecked" not in shown.stdout
 
 
 def test_replan_tells_the_agent_which_references_failed(

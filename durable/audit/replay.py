@@ -96,6 +96,9 @@ def describe(event: ev.Event) -> str:
         case ev.StepDecided() if event.tool == keys.CHILD_TOOL:
             return f"intends step {event.step}: start child run " \
                    f"{keys.child_id(event.run, event.step)} ({_short(event.args)})"
+        case ev.StepDecided() if event.undoes:
+            return f"intends step {event.step}: undoes step {event.undoes} with " \
+                   f"{event.tool}({_short(event.args)}) key={event.key}"
         case ev.StepDecided():
             return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
         case ev.ActionDispatched():
@@ -149,11 +152,41 @@ def describe(event: ev.Event) -> str:
             return f"quarantined: {event.reason}"
         case ev.Released():
             return f"released from quarantine by {event.by}"
+        case ev.ResumeValidated():
+            return _resume_validated(event)
+        case ev.EvidenceChecked() if not event.failed:
+            return f"evidence checked on resume: all {event.checked} still hold"
+        case ev.EvidenceChecked():
+            failed = ", ".join(f"{r.source}/{r.id} (step {r.step}): {r.why}"
+                               for r in event.failed)
+            return f"evidence checked on resume: {len(event.failed)} of {event.checked} " \
+                   f"no longer hold, {failed} -> {event.outcome}"
+        case ev.RevalidationFailed():
+            return f"a fact no longer holds on resume: {event.reason} -> {event.then}"
+        case ev.AgentUpgraded():
+            return f"goes on under {event.to_version} (was {event.from_version})"
         case ev.ContextTrimmed():
             return (f"model context removed: {len(event.refs)} values, {event.bytes} bytes "
                     f"({event.setting or 'policy'}; the run last wrote at {event.ended} ms); "
                     "the outcomes keep their digests")
     return type(event).__name__
+
+
+#: What each outcome of a resume's configuration check did, for people.
+RESUME_OUTCOMES = {
+    "continued": "continued under it", "replanned": "the agent replans",
+    "reapprove": "waits for an approval of the change", "approved": "the change was approved",
+    "expired": "the run expires"}
+
+
+def _resume_validated(event: ev.ResumeValidated) -> str:
+    if event.outcome == "pinned":
+        return "configuration pinned: " + (", ".join(sorted(event.config)) or "nothing")
+    changed = ", ".join(f"{field} {_short(was, 24)} -> {_short(now, 24)}"
+                        for field, (was, now) in sorted(event.changes.items()))
+    then = RESUME_OUTCOMES.get(event.outcome, event.outcome)
+    asked = f" (request {event.request})" if event.request else ""
+    return f"configuration changed on resume ({changed or 'nothing named'}): {then}{asked}"
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -39,7 +39,7 @@ def cmd_log(args: argparse.Namespace) -> int:
             if e.event is None:
                 json_out({"id": e.id, "type": "undecodable", "error": e.error})
             else:  # a value removed by context retention says so, and when
-                json_out({"id": e.id, **to_builtins(e.event),
+                json_out({"id": e.id, **to_builtins(e.event), "what": row["what"],
                           **({"removed": row["removed"]} if "removed" in row else {})})
         return OK
     table(f"log of {args.run}", ["id", "seq", "type", "actor", "what"],

@@ -23,6 +23,7 @@ from durable.cli.output import (
     table,
 )
 from durable.client import Client
+from durable.controls.compensation import not_undone_why, read_whole
 from durable.errors import UsageError
 from durable.log.state import TERMINAL, RunState
 from durable.security.sealing import shown_struct
@@ -49,8 +50,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = summary(state)
     drift = config_drift(c, state)
     if args.json:
+        why = not_undone_why(read_whole(c.log, args.run)) if state.not_undone else {}
         json_out({"run_id": args.run, **msgspec.to_builtins(state), **info,
-                  **({"config_drift": drift} if drift else {})})
+                  **({"config_drift": drift} if drift else {}),
+                  **({"not_undone_why": why} if why else {})})
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
             *[(k, v) for k, v in info.items()]]
@@ -80,9 +83,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     undoing = [a for a in state.actions.values() if a.undoes]
     if undoing or state.compensated or state.not_undone:
         done = state.compensated or [a.undoes for a in undoing if a.status == "succeeded"]
-        rows.append(("compensated", ", ".join(f"step {s}" for s in done) or "none yet"))
+        rows.append(("compensated", ", ".join(f"step {s}" for s in done) or (
+            "none" if state.terminal else "none yet")))
     if state.not_undone:
-        rows.append(("not undone", ", ".join(f"step {s}" for s in state.not_undone)))
+        why = not_undone_why(read_whole(c.log, args.run))
+        rows.append(("not undone", ", ".join(f"step {s} ({why[s]})" for s in state.not_undone)))
+    for act in undoing:  # a compensation that did not go through, while the run goes on
+        if act.status in ("failed", "rejected") and not state.terminal:
+            rows.append(("compensation", f"step {act.step} (undoing step {act.undoes}) "
+                                         f"{act.status}" + (f": {act.error}" if act.error else "")))
     if state.wait:
         until = local_time(state.wait.deadline) if state.wait.deadline else "no expiry"
         rows.append(("wait", f"{state.wait.kind} until {until}: {state.wait.reason}"))
@@ -198,7 +207,9 @@ def _compensate(c: Client, args: argparse.Namespace) -> int:
     state, compensating, not_undone = done.state, done.compensating, done.not_undone
     if args.wait:
         state = c.wait(args.run, args.wait, waiting=False)
-        compensating, not_undone = state.compensated, {s: "" for s in state.not_undone}
+        compensating = state.compensated
+        if state.terminal:  # what was not undone and why, as the log tells it now
+            not_undone = not_undone_why(read_whole(c.log, args.run))
     out = {"run_id": args.run, "state": state.state,
            "compensated" if args.wait else "compensating": compensating,
            "not_undone": [{"step": s, "why": why} for s, why in not_undone.items()],

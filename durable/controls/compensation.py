@@ -114,6 +114,25 @@ def plan_of(state: RunState, registry: Registry) -> Plan:
     return plan
 
 
+def not_undone_why(state: RunState) -> dict[int, str]:
+    """Why each step a canceled run lists as not undone (``state.not_undone``) was not,
+    from its log alone (``state`` of ``whole_state``): its compensation failed or was
+    rejected (with the reason recorded), its arguments were kept out of the log, or its
+    tool has none. What ``abort`` said when it was asked, told again once the run ended."""
+    undo_of = {a.undoes: a for a in state.actions.values() if a.undoes}
+    why: dict[int, str] = {}
+    for step in state.not_undone:
+        undo, act = undo_of.get(step), state.actions.get(step)
+        if undo is not None:
+            why[step] = f"its compensation (step {undo.step}) {undo.status}" + (
+                f": {undo.error}" if undo.error else "")
+        elif act is not None and is_placeholder(act.args):
+            why[step] = "its arguments were kept out of the log"
+        else:
+            why[step] = f"{act.tool if act else 'its tool'} has no compensation"
+    return why
+
+
 def whole_state(events: Iterable[ev.Event]) -> RunState:
     """The fold of a run's whole log with no action evicted from the window."""
     return fold(events, window=WHOLE)
