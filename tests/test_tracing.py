@@ -201,6 +201,7 @@ def test_a_model_step_is_a_chat_span_with_its_model_and_usage_and_no_content(
     a = span["attributes"]
     assert span["name"] == "chat test-model-7" and span["kind"] == "CLIENT"
     assert (a["gen_ai.operation.name"], a["gen_ai.request.model"]) == ("chat", "test-model-7")
+    assert a["gen_ai.provider.name"] == "openai"  # an OpenAI-compatible server
     assert (a["gen_ai.response.model"], a["gen_ai.response.id"]) == ("local", "c1")
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (5, 20)
     assert "gen_ai.tool.name" not in a and a["durable.outcome"] == "succeeded"
@@ -212,3 +213,26 @@ def test_a_model_step_is_a_chat_span_with_its_model_and_usage_and_no_content(
     assert any(question in str(m.get("content")) for m in sent), sent
     said = json.loads(a["gen_ai.output.messages"])
     assert said and said[0]["role"] == "assistant" and answer in str(said), said
+
+
+def test_a_failed_call_names_its_error_class(client: Client, worker: WorkerFactory,
+                                             tmp_path: Path) -> None:
+    """A tool that raises ``ValueError``, alone (``failing_kid``) and in a parallel group
+    (``partly_failing``): each failed call's span has ``error.type`` ``ValueError`` (the
+    generative-AI conventions' error type: the error's class), not the outcome's word."""
+    spans_file = tmp_path / "spans.jsonl"
+    alone = client.start("failing_kid", {}).run_id
+    grouped = client.start("partly_failing", {}).run_id
+    worker(hooks=[f"{HOOK}={spans_file}"])
+    assert client.wait(alone, timeout=30, waiting=False).state == "failed"
+    assert client.wait(grouped, timeout=30, waiting=False).state == "completed"
+
+    def failed() -> list[dict[str, Any]]:
+        return [s for s in read(spans_file) if s["name"] == "execute_tool failing"]
+
+    assert wait_for(lambda: len(failed()) == 3, 10), read(spans_file)
+    by_run = sorted(s["attributes"]["durable.run_id"] for s in failed())
+    assert by_run == sorted([alone, grouped, grouped])
+    for span in failed():
+        assert span["attributes"]["durable.outcome"] == "failed"
+        assert span["attributes"]["error.type"] == "ValueError", span["attributes"]

@@ -245,14 +245,13 @@ async def run_group(ctx: StepContext, handle: RunHandle, calls: list[tuple[Tool,
     def one(tool: Tool, act: Action) -> list[Spec]:
         began = time.monotonic()
         args = handle.live_args.get(act.step, act.args)
-        with tracing.step_span(run_id, agent_name, act.tool, act.key, act.step, act.attempts,
-                               tracing.requested_model(tool, args, ctx.settings.models.name),
-                               args) as span:
+        with tracing.dispatch_span(run_id, agent_name, tool, act, args,
+                                   ctx.settings.models) as span:
             spec = ctx.dispatcher.dispatch(run_id, tool, act, slot.token, args)
             ctx.limiter.release(run_id, act.step, spec)
             outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) \
                 if spec else ""
-            span.outcome(outcome, spec[0].fields.get("result") if spec else None)
+            span.recorded(outcome, spec[0].fields if spec else {})
         ctx.hooks.after_effect(run_id, act.step)
         ctx.hooks.step_done(act.tool, outcome, time.monotonic() - began)
         record(act.step, spec)
@@ -288,10 +287,8 @@ async def run_tool(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action,
                                       "them again")
         return True, 0
     began = time.monotonic()
-    with tracing.step_span(handle.run_id, handle.state.agent, act.tool, act.key, act.step,
-                           act.attempts,
-                           tracing.requested_model(tool, args, ctx.settings.models.name),
-                           args) as span:
+    with tracing.dispatch_span(handle.run_id, handle.state.agent, tool, act, args,
+                               ctx.settings.models) as span:
         def call() -> list[Spec]:
             with ctx.outside():
                 slot.thread_id, slot.in_call = threading.get_ident(), True
@@ -308,7 +305,7 @@ async def run_tool(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action,
         else:
             spec = await Offload(act.tool, call)
         outcome = counters.OUTCOMES.get(spec[0].cls, spec[0].cls.__name__) if spec else ""
-        span.outcome(outcome, spec[0].fields.get("result") if spec else None)
+        span.recorded(outcome, spec[0].fields if spec else {})
     ctx.hooks.after_effect(handle.run_id, act.step)
     ctx.hooks.step_done(act.tool, outcome, time.monotonic() - began)
     return await outcomes(ctx, handle, slot, pending, spec, 1)

@@ -9,12 +9,15 @@ whichever workers took them, after crashes and restarts too: the context is in t
 not in a queue message that a recovery would not see again.
 
 Step spans follow OpenTelemetry's generative-AI conventions: a model call is a ``CLIENT``
-span ``chat {model}`` (``gen_ai.operation.name`` ``chat``, ``gen_ai.request.model``; from
+span ``chat {model}`` (``gen_ai.operation.name`` ``chat``, ``gen_ai.provider.name``,
+``gen_ai.request.model``; from
 its reply ``gen_ai.response.model``, ``gen_ai.response.id``, ``gen_ai.usage.input_tokens``
 and ``gen_ai.usage.output_tokens``), any other call an ``INTERNAL`` span ``execute_tool
 {tool}`` (``gen_ai.operation.name`` ``execute_tool``, ``gen_ai.tool.name``,
 ``gen_ai.tool.type`` ``function``, ``gen_ai.tool.call.id``: the step's idempotency key). A
-failed call sets ``error.type`` to its outcome. No prompt, completion, argument or result
+model call also carries ``gen_ai.provider.name`` (``requested_provider``). A failed call
+sets ``error.type`` to the error's class (``ModelUnavailable``, ``ValueError``), a timed-out
+one to ``timeout``, an interrupted one to ``interrupted``. No prompt, completion, argument or result
 is put on a span unless asked: what a call said stays in the log, under its sealing. Asked
 with OpenTelemetry's own switch for generative-AI content,
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` in the worker's environment, a
@@ -36,6 +39,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     from opentelemetry import trace
@@ -84,15 +88,19 @@ class StepSpan:
         self.span = span
         self.model = model
 
-    def outcome(self, outcome: str, result: Any = None) -> None:
+    def outcome(self, outcome: str, result: Any = None, error_type: str | None = None) -> None:
         """The call's outcome; a model call's reply (``result``) gives the response's
-        model, id and token counts, never its content."""
+        model, id and token counts, never its content. A failed call's ``error.type`` is
+        the error's class (``error_type``, as its outcome event records it), a timed-out
+        one's ``timeout``, an interrupted one's ``interrupted``."""
         if self.span is None:
             return
         self.span.set_attribute("durable.outcome", outcome)
         if outcome in ("failed", "timed_out", "interrupted"):
-            self.span.set_attribute("error.type", outcome)
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
+            kind = {"timed_out": "timeout", "interrupted": "interrupted"}.get(
+                outcome, error_type or "_OTHER")
+            self.span.set_attribute("error.type", kind)
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, kind))
         if self.model and isinstance(result, Mapping):
             found = result.get("usage")
             usage: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
@@ -112,6 +120,11 @@ class StepSpan:
                 self.span.set_attribute("gen_ai.output.messages", said)
 
 
+    def recorded(self, outcome: str, fields: Mapping[str, Any]) -> None:
+        """``outcome`` of the call whose outcome event has ``fields``."""
+        self.outcome(outcome, fields.get("result"), fields.get("error_type"))
+
+
 def requested_model(tool: Any, args: Any, chat_default: str) -> str | None:
     """A step's ``gen_ai.request.model``: None when its tool makes no model call; else the
     model its arguments name, or ``chat_default`` (``DURABLE_MODEL_NAME``) for the built-in
@@ -122,6 +135,36 @@ def requested_model(tool: Any, args: Any, chat_default: str) -> str | None:
     if isinstance(named, str) and named:
         return named
     return chat_default if getattr(tool, "name", "") == "chat" else ""
+
+
+#: ``gen_ai.provider.name`` by the host of an API's base URL (OpenTelemetry's well-known
+#: values); any other host speaks the OpenAI API the built-in step sends (``openai``).
+PROVIDERS_BY_HOST = {
+    "api.openai.com": "openai", "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "gcp.gemini", "api.mistral.ai": "mistral_ai",
+    "api.groq.com": "groq", "api.deepseek.com": "deepseek", "api.x.ai": "x_ai",
+    "api.perplexity.ai": "perplexity", "api.cohere.com": "cohere"}
+
+
+def requested_provider(tool: Any, model: str, base_url: str) -> str:
+    """A model call's ``gen_ai.provider.name``: the step tool's own ``provider`` when it
+    declares one; else the prefix of a model id that names it (``openai:gpt-4o``,
+    ``anthropic/claude-...``); else, for the built-in ``chat`` step, what its base URL's
+    host is (``DURABLE_MODEL_BASE_URL``; an OpenAI-compatible server is ``openai``); else
+    ``_OTHER``."""
+    declared = getattr(tool, "provider", "")
+    if isinstance(declared, str) and declared:
+        return declared
+    for sep in (":", "/"):
+        prefix, found, _ = model.partition(sep)
+        if found and prefix:
+            return prefix
+    if getattr(tool, "name", "") == "chat":
+        host = urlsplit(base_url).hostname or ""
+        if host.endswith(".openai.azure.com"):
+            return "azure.ai.openai"
+        return PROVIDERS_BY_HOST.get(host, "openai")
+    return "_OTHER"
 
 
 _NO_STEP_SPAN = contextlib.nullcontext(StepSpan())
@@ -166,26 +209,41 @@ def run_span(run_id: str, agent: str, parent: str) -> Iterator[None]:
         yield
 
 
+def dispatch_span(run_id: str, agent: str, tool: Any, act: Any, args: Any,
+                  models: Any) -> contextlib.AbstractContextManager[StepSpan]:
+    """``step_span`` of a worker's dispatch of the step ``act`` (an ``Action``) to ``tool``,
+    its model and provider found from the tool, its arguments and ``models`` (the
+    ``ModelSettings`` of the built-in ``chat`` step)."""
+    if not _recording():
+        return _NO_STEP_SPAN
+    model = requested_model(tool, args, models.name)
+    provider = requested_provider(tool, model, models.base_url) if model is not None \
+        else "_OTHER"
+    return _step_span(run_id, agent, act.tool, act.key, act.step, act.attempts, model, args,
+                      provider)
+
+
 def step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
-              model: str | None = None, args: Any = None
+              model: str | None = None, args: Any = None, provider: str = "_OTHER"
               ) -> contextlib.AbstractContextManager[StepSpan]:
     """One dispatched call of a step, under the current run span: ``model`` (from
     :func:`requested_model`) not None for a model call; ``args`` the call's arguments (their
     ``messages`` go on a model call's span only when content is asked for)."""
     if not _recording():
         return _NO_STEP_SPAN  # every step enters it: no generator to set up
-    return _step_span(run_id, agent, tool, key, step, attempt, model, args)
+    return _step_span(run_id, agent, tool, key, step, attempt, model, args, provider)
 
 
 @contextlib.contextmanager
 def _step_span(run_id: str, agent: str, tool: str, key: str, step: int, attempt: int,
-               model: str | None, args: Any) -> Iterator[StepSpan]:
+               model: str | None, args: Any, provider: str) -> Iterator[StepSpan]:
     attributes: dict[str, Any] = {
         "durable.run_id": run_id, "durable.agent": agent, "durable.tool": tool,
         "durable.key": key, "durable.step": step, "durable.attempt": attempt}
     if model is not None:
         name, kind = (f"chat {model}" if model else "chat"), trace.SpanKind.CLIENT
         attributes["gen_ai.operation.name"] = "chat"
+        attributes["gen_ai.provider.name"] = provider
         if model:
             attributes["gen_ai.request.model"] = model
         asked = _messages(args.get("messages") if isinstance(args, Mapping) else None)
