@@ -28,7 +28,7 @@ from durable.reconciler.sweep import Sweeper
 from durable.settings import Settings
 from durable.testing import wait_for
 from tests.conftest import ReconcilerFactory, WorkerFactory, run_durable
-from tests.servers.model import ModelServer
+from tests.servers.model import ModelServer, expected_text
 
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
 
@@ -211,3 +211,44 @@ def test_a_bad_retention_setting_is_refused_naming_it(
     with pytest.raises(ValidationError, match="RETENTION") as err:
         Settings()
     assert why in str(err.value)
+
+
+def test_removed_context_leaves_the_disk_at_the_aof_rewrite_it_asks_for(
+        make_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention removes model context from Redis at once, but Redis's append-only file
+    keeps every command it ran until it is rewritten: the model's reply is still in the
+    file after the trim, and gone from it once ``durable redis --rewrite-aof`` returns,
+    the run still verifying. (The test's own server, its rewrites in plain commands,
+    uncompressed, so that a value on disk is found by its bytes.)"""
+    srv = make_server(fsync="always")
+    with srv.client() as conn:
+        conn.config_set("aof-use-rdb-preamble", "no")
+        conn.config_set("rdbcompression", "no")
+    model = ModelServer(tokens=137).start()
+    try:
+        env = {**os.environ, "DURABLE_REDIS_URL": srv.url, "DURABLE_AGENTS": AGENTS,
+               "DURABLE_MODEL_BASE_URL": model.url, "DURABLE_CONTEXT_RETENTION": "1h"}
+        said = run_durable("start", "talker", "--run-id", "aof-1", "--input",
+                           '{"say": "hello", "pad": 10}', env=env)
+        assert said.returncode == 0, said.stderr
+        assert run_durable("worker", "--burst", env=env, timeout=120).returncode == 0
+    finally:
+        model.stop()
+    reply = expected_text(137).encode()
+
+    def on_disk() -> bool:
+        return any(reply in f.read_bytes() for f in srv.data_dir.rglob("*") if f.is_file())
+
+    monkeypatch.setenv("DURABLE_REDIS_URL", srv.url)
+    with srv.client() as conn:
+        client = Client(Settings(), conn)
+        assert client.status("aof-1").state == "completed"
+        assert on_disk()
+        assert context.trim(client.log, "aof-1", "DURABLE_CONTEXT_RETENTION=1h") is not None
+        assert not conn.exists(client.log.keys.blobs("aof-1"))
+        assert on_disk()  # removed from memory, still in the file
+        rewrote = run_durable("redis", "--rewrite-aof", "60", env=env)
+        assert rewrote.returncode == 0, rewrote.stderr
+        assert "rewrote the append-only file of 1 server" in rewrote.stdout
+        assert not on_disk()
+        assert verify(client.log, "aof-1").ok

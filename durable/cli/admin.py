@@ -19,12 +19,49 @@ def cmd_redis(args: argparse.Namespace) -> int:
     from durable.backend.embedded import run_foreground, stop
 
     settings = Settings()
+    if args.rewrite_aof:
+        return _rewrite_aof(args.rewrite_aof)
     if args.stop:
         stopped = stop(settings.server.data_dir)
         print(f"stopped the server of {settings.server.data_dir}" if stopped
               else f"no server runs for {settings.server.data_dir}")
         return OK if stopped else CHECK_FAILED
     return run_foreground(settings, args.port, args.linger)
+
+
+def _rewrite_aof(timeout_s: float) -> int:
+    """``durable redis --rewrite-aof``: have the server in use (each master of a cluster)
+    rewrite its append-only file, and wait until it has. Removing a key removes it from
+    memory at once but from the AOF on disk only at its next rewrite: model context a
+    retention removed (``DURABLE_CONTEXT_RETENTION``) stays readable in the file until then."""
+    import time
+
+    conn = client().redis
+    nodes = [conn.get_redis_connection(n) for n in conn.get_primaries()] \
+        if hasattr(conn, "get_primaries") else [conn]
+    began = time.monotonic()
+    for node in nodes:
+        if not node.info("persistence").get("aof_enabled"):
+            raise UsageError("the server keeps no append-only file (appendonly no): "
+                             "nothing to rewrite")
+        node.bgrewriteaof()  # started (in progress) or scheduled when it returns
+        while True:
+            info = node.info("persistence")
+            if not int(info.get("aof_rewrite_in_progress", 0)) and not int(
+                    info.get("aof_rewrite_scheduled", 0)):
+                break
+            if time.monotonic() - began > timeout_s:
+                print(f"durable: the rewrite did not end within {timeout_s:g} s; it goes on "
+                      "in the server (INFO persistence tells when it ends)")
+                return CHECK_FAILED
+            time.sleep(0.05)
+        if info.get("aof_last_bgrewrite_status") not in ("ok", b"ok"):
+            print(f"durable: the server says its rewrite failed: "
+                  f"{info.get('aof_last_bgrewrite_status')}")
+            return CHECK_FAILED
+    print(f"rewrote the append-only file of {len(nodes)} server(s) in "
+          f"{time.monotonic() - began:.1f} s: what was removed is no longer on disk")
+    return OK
 
 
 def cmd_repair_index(args: argparse.Namespace) -> int:
@@ -106,6 +143,10 @@ def register(add: Add) -> None:
     sp.add_argument("--linger", type=float, default=4.0, metavar="S",
                     help="on a signal, wait up to S seconds for the other processes to "
                          "disconnect before shutting down (Redis stops last)")
+    sp.add_argument("--rewrite-aof", type=float, nargs="?", const=300.0, default=0,
+                    metavar="S", help="have the server in use rewrite its append-only file "
+                    "(what was removed, removed context included, leaves the disk then) and "
+                    "wait up to S seconds (300) for it to end")
     sp = add("cluster", cmd_cluster, "start or stop a local Redis Cluster on loopback (for "
              "development and tests)", js=False)
     sp.add_argument("action", choices=["start", "stop"])
