@@ -78,7 +78,9 @@ def templates() -> Jinja2Templates:
 
 
 def _api(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    """A request of a script, answered in JSON: the API, and a run's event stream."""
+    path = request.url.path
+    return path.startswith("/api/") or (path.startswith("/runs/") and path.endswith("/events"))
 
 
 async def _login_required(request: Request, exc: Exception) -> Response:
@@ -100,9 +102,11 @@ async def _redis_down(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if _api(request):
-        return JSONResponse({"error": exc.detail}, exc.status_code)
-    return pages.render(request, "error.html", {"status": exc.status_code,
-                                                "detail": exc.detail}, exc.status_code)
+        return JSONResponse({"error": exc.detail}, exc.status_code, headers=exc.headers)
+    shown = pages.render(request, "error.html", {"status": exc.status_code,
+                                                 "detail": exc.detail}, exc.status_code)
+    shown.headers.update(exc.headers or {})
+    return shown
 
 
 def build_app(client: Client, access: Access, *, secret: str | None = None,
@@ -136,6 +140,7 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route("/live/runs", live.runs_events),
         Route("/live" + run, live.run_events),
         Route(run, pages.run_page),
+        Route(run + "/events", live.run_event_stream),
         Route(run + "/panel", pages.run_panel),
         Route(run + "/state", pages.state_at),
         Route(run + "/cancel", actions.cancel, methods=["POST"]),

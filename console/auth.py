@@ -14,6 +14,7 @@ every request is the user ``--dev-user`` with every role.
 
 from __future__ import annotations
 
+import base64
 import hmac
 import secrets
 from dataclasses import dataclass
@@ -72,6 +73,26 @@ def current(request: Request) -> User:
     user: User | None = request.app.state.access.user(request)
     if user is None:
         raise LoginRequired
+    return user
+
+
+def caller(request: Request) -> User:
+    """Who asks for a read a script or a service makes: the logged-in user, else the user
+    whose name and password come as ``Authorization: Basic`` (checked against the users
+    file as a login is); 401 with a challenge otherwise."""
+    access: Access = request.app.state.access
+    user = access.user(request)
+    header = request.headers.get("authorization", "")
+    if user is None and header[:6].lower() == "basic " and access.users is not None:
+        try:
+            name, _, password = base64.b64decode(header[6:]).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            name, password = "", ""
+        user = access.users.check(name, password) if name else None
+    if user is None:
+        raise HTTPException(401, "log in, or send a console user's name and password "
+                                 "(Authorization: Basic)",
+                            headers={"WWW-Authenticate": 'Basic realm="durable console"'})
     return user
 
 

@@ -14,13 +14,14 @@ from typing import Any
 import redis
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from durable.client import Client
-from durable.errors import RunNotFound
+from durable.errors import RunNotFound, UsageError
+from durable.streams.sse import event_stream, resume_from
 from durable.streams.streaming import Partial
 
-from .auth import current
+from .auth import caller, current
 from .timeline import column
 
 #: Seconds between two looks at the runs' counts; and between two keep-alive comments.
@@ -92,3 +93,24 @@ async def run_events(request: Request) -> Response:
         yield message("end", {"run": run_id})
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=HEADERS)
+
+
+async def run_event_stream(request: Request) -> Response:
+    """``GET /runs/{id}/events``: the run's entries and partial output as server-sent
+    events, resumable by ``Last-Event-ID`` (``durable.streams.sse``), for a logged-in user
+    or one sending ``Authorization: Basic``, of a tenant the user may see. An unknown run
+    and a run of another tenant are the same 404."""
+    user = caller(request)
+    c: Client = request.app.state.client
+    run_id = request.path_params["run_id"]
+    try:
+        resume = resume_from(request.headers.get("last-event-id")
+                             or request.query_params.get("from"))
+    except UsageError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+    proj = await run_in_threadpool(c.log.projection, run_id)
+    if not proj or not user.sees(proj.get("tenant", "")):
+        return JSONResponse({"error": f"no run {run_id}"}, status_code=404)
+    frames = event_stream(request.app.state.aredis, c.log.keys, run_id, resume,
+                          reconnect_s=c.settings.redis.connect_timeout_s)
+    return StreamingResponse(frames, media_type="text/event-stream", headers=HEADERS)

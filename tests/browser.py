@@ -72,14 +72,16 @@ def apps(payer_files: Path, approver: ApproverFactory) -> Path:
 
 @contextlib.contextmanager
 def serving(server: Server, folder: Path, monkeypatch: pytest.MonkeyPatch,
-            *args: str) -> Iterator[Console]:
+            *args: str, more_users: str = "") -> Iterator[Console]:
     """A ``durable console`` process (with ``args``) and a users file in ``folder``: alice
-    (operator, approver, her key in ``folder/alice.pem``) and vera (viewer)."""
+    (operator, approver, her key in ``folder/alice.pem``), vera (viewer), and the entries
+    of ``more_users`` (TOML)."""
     users = folder / "users.toml"
     users.write_text(
         f'[users.alice]\npassword = "{hash_password(PASSWORDS["alice"])}"\n'
         'roles = ["operator", "approver"]\napprover_key = "alice.pem"\n\n'
-        f'[users.vera]\npassword = "{hash_password(PASSWORDS["vera"])}"\nroles = ["viewer"]\n')
+        f'[users.vera]\npassword = "{hash_password(PASSWORDS["vera"])}"\nroles = ["viewer"]\n'
+        + more_users)
     monkeypatch.setenv("DURABLE_CONSOLE_USERS", str(users))
     monkeypatch.setenv("DURABLE_CONSOLE_SECRET", "test-secret-" + "x" * 20)
     port = free_port()

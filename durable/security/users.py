@@ -8,6 +8,7 @@ The users file (``DURABLE_CONSOLE_USERS``) is TOML or JSON, by its suffix::
     password = "scrypt$16384$8$1$<salt>$<hash>"   # `durable console --hash-password`
     roles = ["operator", "approver"]
     approver_key = "keys/alice.pem"                 # relative to the users file
+    tenants = ["acme"]                              # optional: runs it may follow over HTTP
 
 Roles: ``viewer`` (every user: read every page), ``operator`` (cancel, fork, reconcile,
 release from quarantine), ``approver`` (approve or reject). An approval's own role (e.g.
@@ -46,9 +47,16 @@ class User:
     password_hash: str = field(default="", repr=False)
     #: PEM file of the Ed25519 private key that signs this approver's decisions.
     approver_key: Path | None = None
+    #: The tenants whose runs this user may follow over HTTP (``GET /runs/{id}/events``);
+    #: empty: every tenant's.
+    tenants: frozenset[str] = frozenset()
 
     def can(self, role: str) -> bool:
         return role == "viewer" or role in self.roles
+
+    def sees(self, tenant: str) -> bool:
+        """Whether this user may read a run of ``tenant`` ("": a run of no tenant)."""
+        return not self.tenants or tenant in self.tenants
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
@@ -131,7 +139,10 @@ def _user(path: Path, name: str, entry: Any) -> User:
     key_path = (path.parent / key) if key else None
     if key_path is not None and not key_path.is_file():
         raise UsageError(f"{where}: approver_key {key_path} is not a file")
-    return User(name, frozenset(roles) | {"viewer"}, stored, key_path)
+    tenants = entry.get("tenants", [])
+    if not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants):
+        raise UsageError(f"{where}: tenants must be a list of tenant names")
+    return User(name, frozenset(roles) | {"viewer"}, stored, key_path, frozenset(tenants))
 
 
 _DUMMY = hash_password("", salt=b"\0" * 16)

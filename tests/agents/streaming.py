@@ -3,6 +3,7 @@ registered when this module is imported (the tests' ``DURABLE_AGENTS`` names it)
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -52,3 +53,59 @@ class Chat(Agent):
             return Finish(state.last.result)
         return Call("chatter", {"parts": state.input["parts"],
                                 "pause_s": state.input["pause_s"]})
+
+
+def _gate(path: str, timeout_s: float = 15.0) -> None:
+    """Wait until the test creates the file ``path`` (a gate it opens)."""
+    end = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > end:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.02)
+
+
+@register
+class GatedChatter(Tool):
+    """Emits ``first`` tokens, waits for the gate file ``<gate>.1``, emits the rest of
+    ``parts``, waits for ``<gate>.2``, returns what it said: a test decides when each part
+    of its output is said, and when the call ends."""
+
+    name = "gated_chatter"
+    timeout_s = 30.0
+
+    def run(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        said = []
+        for i in range(int(args["parts"])):
+            if i == int(args["first"]):
+                _gate(f"{args['gate']}.1")
+            token = f"tok{i}"
+            ctx.emit({"token": token})
+            said.append(token)
+        _gate(f"{args['gate']}.2")
+        return {"said": said}
+
+    def lookup(self, key: str, args: dict[str, Any]) -> Lookup:
+        return Lookup.not_applied()
+
+
+class GatedInput(BaseModel):
+    parts: int = 6
+    first: int = 3
+    gate: str
+
+
+@register
+class GatedChat(Agent):
+    """One gated streaming step, then a second plain one, then finishes."""
+
+    name = "gated_chat"
+    input_model = GatedInput
+    tools = ("gated_chatter", "noop")
+
+    def decide(self, state: RunState) -> Decision:
+        if state.step == 0:
+            return Call("gated_chatter", dict(state.input))
+        if state.step == 1:
+            return Call("noop", {"n": 1})
+        assert state.last is not None
+        return Finish({"steps": state.step})
