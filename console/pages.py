@@ -19,6 +19,7 @@ from durable.audit.replay import summary
 from durable.cli.runs import config_drift, drift_policy
 from durable.client import Client, RunSummary
 from durable.errors import DecodeError, RunNotFound, UsageError
+from durable.flow import budgets
 from durable.flow.limit_usage import usage
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
@@ -235,7 +236,9 @@ def run_reads(c: Client, run_id: str) -> dict[str, Any]:
             "status": status.display_status(state.state, holder),
             "actions": applicable(state), "unsettled": unsettled(state),
             "tl": timeline(entries, c.ledger(run_id)),
-            "approvals": open_approvals(state), "now": now_ms()}
+            "approvals": open_approvals(state), "now": now_ms(),
+            "cost": budgets.spent(state.cost_usd, state.uncosted)
+            if state.cost_usd or state.uncosted else ""}
 
 
 async def run_page(request: Request) -> Response:

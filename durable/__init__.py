@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     )
     from durable.client import (
         Client,
-        RunSummary,
     )
     from durable.code import (
         RunContext,
@@ -67,6 +66,7 @@ if TYPE_CHECKING:
     from durable.flow.limits import (
         Limit,
     )
+    from durable.log.index import RunSummary
     from durable.log.state import (
         Action,
         RunState,
@@ -107,7 +107,7 @@ _SOURCES: dict[str, str] = {
     "RunIdConflict": "durable.errors",
     "RunNotFound": "durable.errors",
     "RunState": "durable.log.state",
-    "RunSummary": "durable.client",
+    "RunSummary": "durable.log.index",
     "SessionBusy": "durable.errors",
     "Settings": "durable.settings",
     "Started": "durable.controls.starts",

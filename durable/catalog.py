@@ -35,6 +35,7 @@ import redis
 
 from durable.agents import Agent
 from durable.errors import InvalidInput, UsageError
+from durable.flow.budgets import checked as checked_budgets
 from durable.log import keys
 from durable.log.store import now_ms
 
@@ -51,7 +52,8 @@ class Published:
     tools: tuple[str, ...]
     published_at: int
     by: str
-    #: The agent's default budgets ("steps", "model_calls", "tokens"), recorded by a run.
+    #: The agent's default budgets ("steps", "model_calls", "tokens", "usd_micros"), recorded
+    #: by a run.
     budgets: dict[str, int] = field(default_factory=dict)
     #: Input fields a producer must seal (``Agent.sensitive_input``).
     sensitive: tuple[str, ...] = ()
@@ -65,7 +67,8 @@ def entry(agent: Agent, by: str) -> Published:
         schema = None
     return Published(name=agent.name, version=str(agent.version), schema=schema,
                      tools=tuple(agent.tools), published_at=now_ms(), by=by,
-                     budgets=dict(agent.budgets), sensitive=agent.sensitive_input())
+                     budgets=checked_budgets(agent.budgets),
+                     sensitive=agent.sensitive_input())
 
 
 def _encode(item: Published) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
@@ -36,7 +35,8 @@ from durable.errors import DecodeError, Refused, RunNotFound, Terminal, UnknownA
 from durable.flow import tenants
 from durable.log import counters, keys
 from durable.log import events as ev
-from durable.log.index import ordered
+from durable.log.index import RunSummary as RunSummary
+from durable.log.index import ordered, run_summary
 from durable.log.state import TERMINAL, WAITING, Action, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import NO_LOOKUP
@@ -44,19 +44,6 @@ from durable.security.sealing import contains_sensitive, seal_fields
 from durable.settings import Settings
 from durable.streams.streaming import Follower, Partial, afollow, async_twin
 from durable.telemetry import orphans, overview
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    state: str
-    agent: str
-    step: int
-    version: int
-    updated: int
-    reason: str = ""
-    tenant: str = ""
-    owner: str = ""
 
 
 class Client(Starts, Compensations):
@@ -154,7 +141,7 @@ class Client(Starts, Compensations):
                         (tenant and p.get("tenant") != tenant) or \
                         (owner and p.get("owner") != owner):
                     continue
-                out.append(_summary(rid, p))
+                out.append(run_summary(rid, p))
                 if len(out) == limit:
                     break
             if len(page) < len(scored):
@@ -173,7 +160,7 @@ class Client(Starts, Compensations):
         for _score, rid in sorted(found, reverse=True)[:limit]:
             p = self.log.projection(rid)
             if p:
-                out.append(_summary(rid, p))
+                out.append(run_summary(rid, p))
         return out
 
     def counts(self) -> dict[str, int]:
@@ -438,10 +425,3 @@ class Client(Starts, Compensations):
             self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
                                 counts=counters.migration_error(exc.reason))
             raise
-
-
-def _summary(run_id: str, p: Mapping[str, str]) -> RunSummary:
-    """A row of ``runs`` from the run's projection."""
-    return RunSummary(run_id, p.get("state", "?"), p.get("agent", ""), int(p.get("step", 0)),
-                      int(p.get("version", 0)), int(p.get("updated", 0)), p.get("reason", ""),
-                      p.get("tenant", ""), p.get("owner", ""))

@@ -43,7 +43,9 @@ def test_the_hard_dependencies_are_what_a_producer_needs() -> None:
     extras = project["optional-dependencies"]
     assert set().union(*(_names(extras[x]) for x in ("server", "console", "procfile",
                                                        "models", "examples"))) == EXTRAS_ONLY
-    assert extras["all"] == ["durable-agents[server,console,procfile,models,examples]"]
+    assert extras["all"] == ["durable-agents[server,console,procfile,models,costs,examples]"]
+    assert _names(extras["costs"]) == {"genai-prices"}  # priced where installed, else unknown
+    assert not core & {"genai-prices"}
 
 
 def test_importing_the_library_and_its_cli_loads_no_extra() -> None:

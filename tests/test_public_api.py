@@ -38,7 +38,7 @@ EXPECTED = {
     "RunContext": "durable.code",
     "RunNotFound": "durable.errors",
     "RunState": "durable.log.state",
-    "RunSummary": "durable.client",
+    "RunSummary": "durable.log.index",
     "SessionBusy": "durable.errors",
     "Settings": "durable.settings",
     "Started": "durable.controls.starts",

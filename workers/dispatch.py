@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import tenacity
 
+from durable import costs
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
 from durable.controls.cancellation import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, RateLimited
@@ -22,6 +23,7 @@ from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev
 from durable.log.state import Action, EvidenceRef
 from durable.log.store import Spec, now_ms
+from durable.settings import Settings
 from durable.streams.streaming import Publisher
 
 from .calls import CallResult, CallWatch
@@ -73,6 +75,17 @@ class Dispatcher:
         self.watch = CallWatch(on_stuck)
         #: Tool name -> (the tool, whether its ``run`` is ``async def``): asked per call.
         self._async: dict[str, tuple[Tool, bool]] = {}
+        #: The built-in model step's API (``DURABLE_MODEL_BASE_URL``): its provider, priced.
+        self.model_base_url = ""
+
+    @classmethod
+    def of(cls, settings: Settings, on_stuck: Callable[[int], object] = lambda tid: None
+           ) -> Dispatcher:
+        """The dispatcher of a worker with ``settings``."""
+        made = cls(settings.cancel.grace_ms, settings.payloads.max_payload_bytes,
+                   on_stuck=on_stuck)
+        made.model_base_url = settings.models.base_url
+        return made
 
     def is_async(self, tool: Tool) -> bool:
         """Whether ``tool.run`` is ``async def``: its calls are tasks on the event loop."""
@@ -204,7 +217,9 @@ class Dispatcher:
                 return [Spec(ev.ActionFailed, {
                     **base, "error": f"the result is not plain data: {exc}"[:500],
                     "error_type": "TypeError"})]
-            more = {"evidence": list(refs)} if refs else {}
+            more: dict[str, Any] = {"evidence": list(refs)} if refs else {}
+            if tool.model:  # what it cost, priced now (durable.costs)
+                more["cost"] = costs.price(tool, args, value, self.model_base_url)
             return [Spec(ev.ActionSucceeded, {**base, "result": value, **more})]
         if result.outcome == "timed_out":
             return [Spec(ev.ActionTimedOut, base)]

@@ -138,8 +138,7 @@ class StepLoop:
                                  self.queue, worker_id, self.held, self.outage,
                                  stuck_now=lambda: self.dispatcher.watch.stuck_now,
                                  on_restart=on_restart)
-        self.dispatcher = Dispatcher(settings.cancel.grace_ms, settings.payloads.max_payload_bytes,
-                                     on_stuck=self.watchdog.stuck_call)
+        self.dispatcher = Dispatcher.of(settings, on_stuck=self.watchdog.stuck_call)
         #: Threads whose run was abandoned (``Watchdog.abandoned_threads``).
         self.abandoned_threads = self.watchdog.abandoned_threads
         self.restart_requested = self.watchdog.restart_requested

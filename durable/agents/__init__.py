@@ -187,7 +187,7 @@ class Agent:
     on_evidence_change: ClassVar[evidence_.Policy] = "refresh"
     #: Per-run limits: "steps", "model_calls", "tokens" (a start may override them).
     #: Reaching one ends the run ``failed`` with reason ``budget_exhausted``.
-    budgets: ClassVar[dict[str, int]] = {}
+    budgets: ClassVar[dict[str, float]] = {}
     #: True for agents whose history is rebuilt by executing them again (code agents):
     #: their checkpoints keep only the latest decision's actions.
     rebuilt: ClassVar[bool] = False

@@ -18,7 +18,7 @@ from durable.log import events as ev
 from durable.log.entries import decode_entry
 from durable.log.fold import apply, from_checkpoint
 from durable.log.handle import text
-from durable.log.state import BlobRef, RunState
+from durable.log.state import BlobRef, Cost, RunState
 from durable.log.store import Entry, EventLog, RunHandle, Spec
 
 
@@ -104,9 +104,9 @@ def describe(event: ev.Event) -> str:
         case ev.ActionDispatched():
             return f"dispatched {event.key}, deadline {event.deadline}"
         case ev.ActionSucceeded() if event.blob is not None:
-            return f"step {event.step} succeeded: {_large(event.blob)}"
+            return f"step {event.step} succeeded: {_large(event.blob)}" + _cost(event.cost)
         case ev.ActionSucceeded():
-            return f"step {event.step} succeeded: {_short(event.result)}"
+            return f"step {event.step} succeeded: {_short(event.result)}" + _cost(event.cost)
         case ev.ActionFailed():
             return f"step {event.step} failed: {event.error_type} {event.error}"
         case ev.ActionTimedOut():
@@ -187,6 +187,14 @@ def _resume_validated(event: ev.ResumeValidated) -> str:
     then = RESUME_OUTCOMES.get(event.outcome, event.outcome)
     asked = f" (request {event.request})" if event.request else ""
     return f"configuration changed on resume ({changed or 'nothing named'}): {then}{asked}"
+
+
+def _cost(cost: Cost | None) -> str:
+    if cost is None:
+        return ""
+    if not cost.usd:
+        return f"; cost unknown ({cost.unknown})"
+    return f"; cost ${cost.usd} ({cost.model}, {cost.provider}, {cost.prices})"
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from decimal import Decimal
 
 import msgspec
 
@@ -25,6 +26,7 @@ from durable.cli.output import (
 from durable.client import Client
 from durable.controls.compensation import not_undone_why, read_whole
 from durable.errors import UsageError
+from durable.flow import budgets
 from durable.log.state import TERMINAL, RunState
 from durable.security.sealing import shown_struct
 from durable.security.signing import load_private_key, read_key_file
@@ -92,6 +94,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         if act.status in ("failed", "rejected") and not state.terminal:
             rows.append(("compensation", f"step {act.step} (undoing step {act.undoes}) "
                                          f"{act.status}" + (f": {act.error}" if act.error else "")))
+    if state.cost_usd or state.uncosted or budgets.USD_MICROS in state.budgets:
+        limit = state.budgets.get(budgets.USD_MICROS)
+        rows.append(("cost", budgets.spent(state.cost_usd, state.uncosted) + (
+            f" (budget {budgets.dollars(limit)})" if limit is not None else "")))
     if state.wait:
         until = local_time(state.wait.deadline) if state.wait.deadline else "no expiry"
         rows.append(("wait", f"{state.wait.kind} until {until}: {state.wait.reason}"))
@@ -141,10 +147,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
             json_out(r.__dict__)
         return OK
     who = any(r.tenant or r.owner for r in runs)  # the columns only when some run has them
+    money = ["cost"] if args.cost else []
     table("runs", ["run", "state", "agent", *(["tenant", "owner"] if who else []), "step",
-                   "version", "updated", "reason"],
+                   "version", "updated", *money, "reason"],
           [(r.run_id, r.state, r.agent, *((r.tenant, r.owner) if who else ()), r.step,
-            r.version, age(r.updated), r.reason) for r in runs])
+            r.version, age(r.updated),
+            *([budgets.spent(r.cost_usd, r.uncosted)] if money else []), r.reason)
+           for r in runs])
+    if args.cost:
+        total = sum((Decimal(r.cost_usd) for r in runs), Decimal(0))
+        unknown = sum(r.uncosted for r in runs)
+        print(f"cost of these {len(runs)} runs: {budgets.spent(str(total), unknown)}")
     return OK
 
 
@@ -309,6 +322,9 @@ def register(add: Add) -> None:
                     help="only this session's runs (of --tenant), the latest turn first")
     sp.add_argument("--stuck", action="store_true",
                     help="only runs whose unknown outcome no lookup can resolve (settle them)")
+    sp.add_argument("--cost", action="store_true",
+                    help="a column of what each run's model calls cost (durable.costs), and "
+                    "the total")
     sp.add_argument("--orphaned", action="store_true",
                     help="only runs not over that nothing will move on: no lease, on no ready "
                     "list, no due entry a reconciler will reach, no answer awaited")

@@ -390,7 +390,7 @@ def _child_args(agent: str, input: Any, detached: bool,
 
 def agent(name: str | None = None, *, input_model: type[BaseModel] = FreeInput,
           tools: tuple[str, ...] = (), version: str = "1",
-          budgets: Mapping[str, int] | None = None,
+          budgets: Mapping[str, float] | None = None,
           **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a function as a code agent: ``fn(ctx, input)``, sync or ``async def``.
 

@@ -107,7 +107,7 @@ class Starts:
         return make_queue(self._queue_client, self.settings.worker.queue)
 
     def start(self, agent: str, input: Any = None, run_id: str | None = None,
-              *, enqueue: bool = True, budgets: Mapping[str, int] | None = None,
+              *, enqueue: bool = True, budgets: Mapping[str, float] | None = None,
               schedule: tuple[str, int] | None = None,
               parent: tuple[str, int] | None = None,
               shared_budgets: bool = False,
@@ -123,7 +123,7 @@ class Starts:
         (``durable.catalog``), its input checked against the published JSON schema, and the
         run records the published version.
 
-        ``budgets`` override the agent's limits ("steps", "model_calls", "tokens") for this
+        ``budgets`` override the agent's limits ("steps", "model_calls", "tokens", "usd") for this
         run; they are recorded in its log. ``schedule``: the schedule and slot (s) that
         start the run, recorded in its ``run_started`` (``durable.controls.schedules``); ``parent``:
         the run and step that start it as a child (``durable.controls.children``); with
@@ -194,7 +194,7 @@ class Starts:
 
     def start_many(self, agent: str, inputs: Sequence[Any], *,
                    run_ids: Sequence[str] | None = None, enqueue: bool = True,
-                   budgets: Mapping[str, int] | None = None, tenant: str | None = None,
+                   budgets: Mapping[str, float] | None = None, tenant: str | None = None,
                    owner: str | None = None, priority: int | None = None,
                    sessions: Sequence[str] | None = None) -> list[Started]:
         """Start one run of ``agent`` per input, in a few round trips whatever their number
@@ -290,7 +290,7 @@ class Starts:
         return claims
 
     def check_start(self, agent: str, input: Any, run_id: str,
-                    budgets: Mapping[str, int] | None, tenant: str | None = None,
+                    budgets: Mapping[str, float] | None, tenant: str | None = None,
                     owner: str | None = None, priority: int | None = None,
                     cap: bool = False) -> CheckedStart:
         """A run to start, checked: its id, its input against the agent, its budgets and
@@ -405,7 +405,7 @@ class Starts:
             if value is not None:
                 plain = value.get_secret_value()
                 dumped[secret] = plain.decode() if isinstance(plain, bytes) else plain
-        return (spec.name, spec.version, list(spec.tools), dict(spec.budgets), dumped,
+        return (spec.name, spec.version, list(spec.tools), checked_budgets(spec.budgets), dumped,
                 spec.sensitive_input())
 
     def _existing(self, run_id: str, agent: str, data: Any, session: str = "") -> Started:

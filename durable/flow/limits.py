@@ -1,4 +1,5 @@
-"""Limits shared by every worker: calls in flight, calls per period, model tokens per period.
+"""Limits shared by every worker: calls in flight, calls per period, model tokens or money
+per period.
 
 A tool (``Tool.limits``) or an agent (``Agent.limits``: every call its runs make) declares
 ``Limit`` s; each is keyed by a template over the call's arguments and the run
@@ -80,6 +81,10 @@ class Limit:
     tokens: int = 0
     per_s: float = 60.0
     margin_s: float = 0.25
+    #: At most this many US dollars of model calls per period (``durable.costs``): a call
+    #: is refused while what was spent in the period reaches it; what each call cost is
+    #: counted when it returns (so the calls in flight may overshoot it by their cost).
+    spend_usd: float = 0.0
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -88,8 +93,11 @@ class Limit:
             n = getattr(self, what)
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise UsageError(f"limit {self.name}: {what} must be a whole number >= 0")
-        if not (self.in_flight or self.rate or self.tokens):
-            raise UsageError(f"limit {self.name}: give in_flight, rate or tokens")
+        if not (self.in_flight or self.rate or self.tokens or self.spend_usd):
+            raise UsageError(f"limit {self.name}: give in_flight, rate, tokens or spend_usd")
+        if not self.spend_usd >= 0 or (self.spend_usd and self.tokens):
+            raise UsageError(f"limit {self.name}: spend_usd must be >= 0, and a limit bounds "
+                             "tokens or spend_usd, not both")
         if self.per_s <= 0 or self.margin_s < 0:
             raise UsageError(f"limit {self.name}: per_s must be > 0 and margin_s >= 0")
         for name in _FIELD.findall(self.key):
@@ -102,6 +110,11 @@ class Limit:
     @property
     def period_ms(self) -> int:
         return int((self.per_s + self.margin_s) * 1000)
+
+    @property
+    def counted(self) -> int:
+        """What the limiter's script bounds per period: tokens, or millionths of a dollar."""
+        return self.tokens or round(self.spend_usd * 1_000_000)
 
 
 def key_of(limit: Limit, state: RunState, tool: str, args: Any) -> str:
@@ -301,8 +314,10 @@ class Limiter:
                 custom = getattr(tool, "estimate_tokens", None)
                 estimate = int(custom(args)) if callable(custom) else estimate_tokens(args)
             for limit in limits:
-                plan.append(_Decision(step, _Held(limit, key_of(limit, state, tool.name, args),
-                                                  permit), state.run_id, max(estimate, 0)))
+                # A spend limit reserves a millionth: refused once the period's spend is at it.
+                held = _Held(limit, key_of(limit, state, tool.name, args), permit)
+                plan.append(_Decision(step, held, state.run_id,
+                                      1 if limit.spend_usd else max(estimate, 0)))
         return plan
 
     def _settle_plan(self, run_id: str, plan: list[_Decision],
@@ -324,7 +339,7 @@ class Limiter:
         return (_keys(limit.name, d.held.key, "inflight", "calls", "tokens", "used", "state",
                       "waiting"),
                 [now, d.held.permit, max(deadline_ms, now + 1000), d.run_id, limit.in_flight,
-                 limit.rate, limit.tokens, limit.period_ms, d.estimate, RECOVER,
+                 limit.rate, limit.counted, limit.period_ms, d.estimate, RECOVER,
                  limit.period_ms + IDLE_MS])
 
     def _decide(self, d: _Decision, deadline_ms: int) -> Wait | None:
@@ -341,8 +356,10 @@ class Limiter:
             if int(arg):  # it had waited: what `durable runs` shows is no longer true
                 self.redis.hset(self.layout.run(d.run_id), "reason", "")
             return None
-        return Wait(int(arg), d.held.limit.name, d.held.key,
-                    why.decode() if isinstance(why, bytes) else why)
+        said = why.decode() if isinstance(why, bytes) else why
+        if d.held.limit.spend_usd:
+            said = f"${d.held.limit.spend_usd:g} of model calls per {d.held.limit.per_s:g} s spent"
+        return Wait(int(arg), d.held.limit.name, d.held.key, said)
 
     def _note(self, pipe: Any, limit: Limit, key: str, now: int) -> None:
         """Record the limiter in ``keys.LIMITERS`` (every ``NOTE_EVERY_S`` per process)."""
@@ -366,20 +383,23 @@ class Limiter:
 
     def _give_back(self, held: list[_Held], specs: list[Spec] | None) -> None:
         now = self.clock()
-        spent, retry_after = -1, 0
+        spent, retry_after, paid = -1, 0, 0
         for spec in specs or ():
             f = spec.fields
             if spec.cls.__name__ == "ActionSucceeded":
                 spent = used_tokens(f.get("result"))
+                usd = str(getattr(f.get("cost"), "usd", "") or "")
+                paid = round(float(usd) * 1_000_000) if usd else 0
             elif f.get("error_type") == "RateLimited":
                 spent, retry_after = 0, max(int(f.get("retry_at", now)) - now, 1)
         if specs is None:
             spent = 0  # never sent
         pipe = self.redis.pipeline(transaction=False)
         for h in held:
+            money = bool(h.limit.spend_usd)  # settled with what the call cost, no backoff
             self.scripts.limit_release(
                 keys=_keys(h.limit.name, h.key, "inflight", "used", "state", "waiting"),
-                args=[h.permit, now, spent, retry_after,
+                args=[h.permit, now, paid if money else spent, 0 if money else retry_after,
                       "1" if h.limit.in_flight else "0", h.limit.period_ms, RECOVER, FLOOR],
                 client=pipe)
         for woken in pipe.execute():

@@ -183,6 +183,8 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
             and state.current is None):
         ckpt_pos = elog.stage_checkpoint(handle, ts)
     elog.stage(handle, specs)
+    costed = any(isinstance(e, ev.ActionSucceeded) and e.cost is not None
+                 for _, e in handle.staged)
     if options.get("checkpoint", False) and not ckpt_pos:
         ckpt_pos = elog.stage_checkpoint(handle, ts)
     # A quarantine is written even after an entry nobody vouches for: name the actor.
@@ -211,6 +213,8 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
     handle.staged_ops = []
     large, handle.staged_blobs = handle.staged_blobs, []
     projected = dict(extra or {})
+    if costed:  # what `durable runs --cost` shows: the run's money so far, its unknown calls
+        projected["cost"] = f"{state.cost_usd or 0} {state.uncosted}"
     if state.state != old_state and "reason" not in projected:
         # What `durable runs` shows next to the state: why it waits, stopped or failed.
         why = state.wait.reason if state.wait else (state.reason or state.error or "")

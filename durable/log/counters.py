@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import redis
@@ -55,6 +56,10 @@ UNKNOWN_DURATION = "unknown_duration"
 RUNS_ENDED = "runs_ended"
 RESUME_FAILURES = "resume_failures"
 MIGRATION_ERRORS = "migration_errors"
+#: What model calls cost (billionths of a dollar) and those of unknown cost, by agent and
+#: tenant: the tenant as the run names it (the exporter folds it into a bounded label).
+MODEL_COST = "model_cost_nanos"
+UNCOSTED = "model_calls_uncosted"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -111,6 +116,13 @@ def for_event(state: RunState, event: ev.Event) -> list[tuple[str, int]]:
         elif act is not None and act.status == "dispatched" and act.dispatched_at:
             _observe(out, STEP_DURATION, (tool,), event.ts - act.dispatched_at,
                      STEP_BUCKETS_S)
+        if isinstance(event, ev.ActionSucceeded) and act is not None and act.model:
+            cost = event.cost
+            if cost is not None and cost.usd:
+                nanos = int((Decimal(cost.usd) * 10**9).to_integral_value(ROUND_HALF_UP))
+                out.append((field(MODEL_COST, state.agent, state.tenant), nanos))
+            else:
+                out.append((field(UNCOSTED, state.agent, state.tenant), 1))
     elif isinstance(event, ev.Canceled):
         _observe(out, CANCEL_LATENCY_METRIC, (), event.latency_ms, CANCEL_BUCKETS_S)
     return out

@@ -8,6 +8,7 @@ construction, and a property test checks it on random valid histories.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 
 from durable.log import events as ev
 from durable.log.keys import CHILD_TOOL, child_id
@@ -16,6 +17,7 @@ from durable.log.state import (
     Action,
     Approval,
     CancelInfo,
+    Cost,
     EvidenceRef,
     RunState,
     SettleInfo,
@@ -66,6 +68,15 @@ def _count_child_use(state: RunState, outcome: object) -> None:
         n = use.get(kind, 0)
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:
             setattr(state, kind, getattr(state, kind) + n)
+
+
+def _count_cost(state: RunState, cost: Cost | None) -> None:
+    """A model call's money: its price added up, or counted as unknown (never as 0). An
+    outcome recorded before costs were (no ``cost``) is unknown too."""
+    if cost is not None and cost.usd:
+        state.cost_usd = str(Decimal(state.cost_usd or "0") + Decimal(cost.usd))
+    else:
+        state.uncosted += 1
 
 
 def tokens_of(result: object) -> int:
@@ -128,6 +139,7 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
                 state.blob_bytes += e.blob.size
             if act.model:
                 state.tokens += e.tokens or tokens_of(e.result)
+                _count_cost(state, e.cost)
             if e.evidence:
                 _record_evidence(state, e.step, e.evidence)
             _count_settled(state, window)

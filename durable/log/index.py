@@ -4,7 +4,7 @@ read them across the layout's shards (``durable.log.keys``)."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -137,3 +137,29 @@ def _walk_scored(r: Any, index: str, start: int, batch: int,
                 yield score, run_id, run_id, score
             else:
                 yield -score, _Desc(run_id), run_id, score
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    state: str
+    agent: str
+    step: int
+    version: int
+    updated: int
+    reason: str = ""
+    tenant: str = ""
+    owner: str = ""
+    #: What its model calls cost so far (US dollars, exact decimal text), and how many have
+    #: no known cost (``durable.costs``).
+    cost_usd: str = "0"
+    uncosted: int = 0
+
+
+def run_summary(run_id: str, p: Mapping[str, str]) -> RunSummary:
+    """A row of ``runs`` from the run's projection."""
+    usd, _, uncosted = p.get("cost", "0 0").partition(" ")
+    return RunSummary(run_id, p.get("state", "?"), p.get("agent", ""), int(p.get("step", 0)),
+                      int(p.get("version", 0)), int(p.get("updated", 0)), p.get("reason", ""),
+                      p.get("tenant", ""), p.get("owner", ""), usd or "0",
+                      int(uncosted or 0))

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from durable.log.state import BlobRef, EvidenceRef, RunState
+from durable.log.state import BlobRef, Cost, EvidenceRef, RunState
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
@@ -128,6 +128,9 @@ class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
     #: The evidence references the tool recorded (``ToolContext.evidence``); left out of
     #: the entry when there are none.
     evidence: list[EvidenceRef] = []
+    #: A model call's cost (``durable.costs``): priced from its reply's usage when the
+    #: outcome was recorded, with the price table's version; None for any other step.
+    cost: Cost | None = None
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):

@@ -45,6 +45,22 @@ class BlobRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     context: bool = False
 
 
+class Cost(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a model call cost (``durable.costs``): ``usd`` as exact decimal text ("" when
+    the cost is ``unknown``, which says why), its input and output parts, the price table
+    and its version (``prices``), the model and provider it was priced as, and the reply's
+    usage by token kind."""
+
+    usd: str = ""
+    input_usd: str = ""
+    output_usd: str = ""
+    prices: str = ""
+    model: str = ""
+    provider: str = ""
+    tokens: dict[str, int] = {}
+    unknown: str = ""
+
+
 class EvidenceRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A record a step's result rests on (``ToolContext.evidence``, ``durable.agents.evidence``):
     its ``source`` (a checker is registered per source), its ``id`` there and the
@@ -201,6 +217,10 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     budgets: dict[str, int] = msgspec.field(default_factory=dict)
     model_calls: int = 0
     tokens: int = 0
+    #: What the model calls cost, in US dollars as exact decimal text ("": none priced yet;
+    #: ``durable.costs``), and how many model calls have no known cost (unknown, never 0).
+    cost_usd: str = ""
+    uncosted: int = 0
     #: A child that shares its parent's budgets (its use counts in the parent's too).
     shared_budgets: bool = False
     #: Bytes of the large values kept beside the run (``DURABLE_BLOB_BUDGET_BYTES``).

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from rq import Queue
 
 from durable.flow.limit_usage import Use, usage
-from durable.flow.tenants import RUNS_STARTED
+from durable.flow.tenants import OTHER, RUNS_STARTED
 from durable.log import counters as c
 from durable.log import keys
 from durable.log.state import ALL_STATES, WAITING
@@ -120,6 +120,7 @@ class DurableCollector(Collector):
             for f, v in self.redis.hgetall(key).items():
                 raw[f] += int(v)
         yield from self._counters(raw)
+        yield from self._costs(raw)
         yield from self._histograms(raw)
         yield from self._gauges()
         yield from limit_metrics(usage(self.redis))
@@ -137,6 +138,32 @@ class DurableCollector(Collector):
             if not labels and not values[metric]:
                 family.add_metric((), 0)
             yield family
+
+    def _costs(self, raw: dict[Any, Any]) -> Iterator[Metric]:
+        """What model calls cost, and those of unknown cost, by agent and tenant label: a
+        tenant without a label of its own (past ``DURABLE_METRIC_TENANTS``) is ``other``."""
+        labeled = {_s(t) for t in self.redis.smembers(keys.TENANT_LABELS)}
+        sums: dict[str, dict[tuple[str, str], int]] = {c.MODEL_COST: defaultdict(int),
+                                                       c.UNCOSTED: defaultdict(int)}
+        for f, v in raw.items():
+            parts = c.parse(_s(f))
+            if len(parts) == 3 and parts[0] in sums:
+                tenant = parts[2] if not parts[2] or parts[2] in labeled else OTHER
+                sums[parts[0]][(parts[1], tenant)] += int(v)
+        cost = CounterMetricFamily(
+            "durable_model_cost_usd", "What model calls cost, in US dollars, priced from their "
+            "replies' usage by the price table they recorded (durable.costs), by agent and "
+            "tenant.", labels=("agent", "tenant"))
+        for labels, nanos in sorted(sums[c.MODEL_COST].items()):
+            cost.add_metric(labels, nanos / 10**9)
+        yield cost
+        unknown = CounterMetricFamily(
+            "durable_model_calls_uncosted", "Model calls whose cost is unknown (a model the "
+            "price table does not know, no usage reported, no table): never counted as 0.",
+            labels=("agent", "tenant"))
+        for labels, n in sorted(sums[c.UNCOSTED].items()):
+            unknown.add_metric(labels, n)
+        yield unknown
 
     def _histograms(self, raw: dict[Any, Any]) -> Iterator[Metric]:
         for metric, (name, doc, labels, bounds) in HISTOGRAMS.items():

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from durable import conversations
 from durable.code import RunContext, agent
+from durable.flow.limits import Limit
 from durable.models import chat
 
 
@@ -68,3 +69,17 @@ def talker(ctx: RunContext, inp: TurnInput) -> dict[str, Any]:
     messages.append(reply.message)
     saved = conversations.save(ctx, messages)
     return {"turns": sum(1 for m in messages if m["role"] == "user"), "bytes": saved}
+
+
+#: What the spender's tenants may spend on model calls per hour, together (tests/test_costs.py:
+#: two calls of the local server's priced reply pass it).
+SPEND_USD = 0.002
+
+
+@agent(input_model=LoopInput, tools=("chat",),
+       limits=(Limit("model-spend", key="{tenant}", spend_usd=SPEND_USD, per_s=3600),))
+def spender(ctx: RunContext, inp: LoopInput) -> dict[str, Any]:
+    """``calls`` model calls under a spend limit per tenant shared by every worker."""
+    for n in range(inp.calls):
+        chat(ctx, [{"role": "user", "content": f"call {n}"}])
+    return {"calls": inp.calls}

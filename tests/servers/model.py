@@ -38,6 +38,8 @@ class Seen:
 class ModelServer:
     plan: list[tuple[Any, ...]] = field(default_factory=list)
     tokens: int = 200
+    #: The model its replies say they came from.
+    model: str = "local"
     hold_after: int = 0
     release: threading.Event = field(default_factory=threading.Event)
     #: Set once the stream has sent ``hold_after`` tokens and holds.
@@ -119,7 +121,7 @@ class ModelServer:
             if body.get("stream"):
                 self._stream(req)
                 return
-            data = json.dumps(_completion(_text(self.tokens), self.tokens)).encode()
+            data = json.dumps(_completion(_text(self.tokens), self.tokens, self.model)).encode()
             req.send_response(200)
             req.send_header("Content-Type", "application/json")
             req.send_header("Content-Length", str(len(data)))
@@ -144,11 +146,11 @@ class ModelServer:
             if self.hold_after and i == self.hold_after:
                 self.holding.set()
                 self.release.wait(30)
-            send({"id": "c1", "model": "local", "choices": [
+            send({"id": "c1", "model": self.model, "choices": [
                 {"index": 0, "delta": {"content": _token(i)}, "finish_reason": None}]})
-        send({"id": "c1", "model": "local", "choices": [
+        send({"id": "c1", "model": self.model, "choices": [
             {"index": 0, "delta": {}, "finish_reason": "stop"}]})
-        send({"id": "c1", "model": "local", "choices": [], "usage": {
+        send({"id": "c1", "model": self.model, "choices": [], "usage": {
             "prompt_tokens": 5, "completion_tokens": self.tokens,
             "total_tokens": 5 + self.tokens}})
         send("[DONE]")
@@ -162,8 +164,8 @@ def _text(n: int) -> str:
     return "".join(_token(i) for i in range(n))
 
 
-def _completion(text: str, tokens: int) -> dict[str, Any]:
-    return {"id": "c1", "model": "local", "object": "chat.completion",
+def _completion(text: str, tokens: int, model: str = "local") -> dict[str, Any]:
+    return {"id": "c1", "model": model, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": tokens,
