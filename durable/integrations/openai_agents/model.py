@@ -71,8 +71,16 @@ def encode_response(response: ModelResponse) -> dict[str, Any]:
         "response_id": response.response_id,
         "request_id": response.request_id,
         "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens,
-                  "output_tokens": usage.output_tokens, "total_tokens": usage.total_tokens},
+                  "output_tokens": usage.output_tokens, "total_tokens": usage.total_tokens,
+                  **_cached(usage)},
     }
+
+
+def _cached(usage: Usage) -> dict[str, Any]:
+    """The cached part of a response's input tokens, when it reports one (priced apart)."""
+    details = getattr(usage, "input_tokens_details", None)
+    cached = getattr(details, "cached_tokens", 0) or 0
+    return {"input_tokens_details": {"cached_tokens": cached}} if cached else {}
 
 
 def decode_response(data: Any) -> ModelResponse:
@@ -179,11 +187,16 @@ class ModelStep(ModelStepBase):
     async def request(self, call: ModelCall, ctx: ToolContext) -> dict[str, Any]:
         settings = _keyed(call, ctx)
         if self.owner.stream:
-            return encode_response(await _streamed(call, settings, ctx))
-        response = await call.model.get_response(
-            call.instructions, call.input, settings, call.tools, call.output_schema,
-            call.handoffs, call.tracing, **call.extra)
-        return encode_response(response)
+            response = await _streamed(call, settings, ctx)
+        else:
+            response = await call.model.get_response(
+                call.instructions, call.input, settings, call.tools, call.output_schema,
+                call.handoffs, call.tracing, **call.extra)
+        recorded = encode_response(response)
+        model = getattr(call.model, "model", None)  # the model priced (durable.costs)
+        if isinstance(model, str) and model:
+            recorded["model"] = model
+        return recorded
 
 
 def _keyed(call: ModelCall, ctx: ToolContext) -> ModelSettings:
