@@ -10,14 +10,16 @@
   ``message/stream``, ``tasks/get``, ``tasks/cancel``, ``tasks/resubscribe``) over
   ``handler.DurableRequestHandler``. A request needs a bearer token or a console user's
   credentials (``tokens.Access``) unless the process serves in development mode; a body
-  larger than ``body_limit`` is refused before it is read whole. Every refusal is a JSON-RPC
-  error object.
+  larger than ``body_limit`` is refused before it is read whole, one of another
+  Content-Type than application/json with -32005, enum names the SDK would read as unset
+  with -32602 (``params``). Every refusal is a JSON-RPC error object.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +28,12 @@ from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
 from a2a.server.routes import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-from a2a.utils.errors import A2AError, InternalError, InvalidRequestError
+from a2a.utils.errors import (
+    A2AError,
+    ContentTypeNotSupportedError,
+    InternalError,
+    InvalidRequestError,
+)
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -36,7 +43,7 @@ from starlette.routing import Route
 from durable import catalog
 from durable.client import Client
 
-from . import discovery
+from . import discovery, params
 from .cards import card
 from .handler import DurableRequestHandler
 from .tokens import Access, Caller, NotAllowed
@@ -54,9 +61,15 @@ class _Context(DefaultServerCallContextBuilder):
         return context
 
 
-def _error(status: int, error: A2AError, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse(build_error_response(None, error), status_code=status,
+def _error(status: int, error: A2AError, headers: dict[str, str] | None = None,
+           request_id: str | int | None = None) -> Response:
+    return JSONResponse(build_error_response(request_id, error), status_code=status,
                         headers=headers)
+
+
+def _request_id(body: object) -> str | int | None:
+    rid = body.get("id") if isinstance(body, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
 def build_app(client: Client, access: Access | None, *, dev_caller: Caller | None = None,
@@ -140,7 +153,21 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
             if len(body) > limit:
                 return _error(413, InvalidRequestError(
                     message=f"a request over {limit} bytes; nothing was started"))
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind and kind != "application/json":
+            return _error(415, ContentTypeNotSupportedError(
+                message=f"a request of Content-Type {kind!r}: JSON-RPC requests are "
+                "application/json; nothing was started"))
         request._body = bytes(body)  # what ``request.json()`` reads in the dispatcher
+        try:
+            parsed = json.loads(request._body)
+        except ValueError:
+            pass  # the dispatcher answers it (-32700)
+        else:
+            request._json = parsed  # parsed once: the dispatcher reads it from here
+            refused = params.refusal(parsed)
+            if refused is not None:
+                return _error(200, refused, request_id=_request_id(parsed))
         request.scope["durable.caller"] = caller
         request.scope["durable.agent"] = name
         return await dispatcher.handle_requests(request)
