@@ -22,17 +22,24 @@ from durable.settings import Settings
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
-#: What the SDK logs, with a traceback, when it refuses a malformed request: the caller's
-#: mistake, answered with an error object. Logged here as one line each.
-REFUSALS = ("Failed to validate base JSON-RPC request", "Failed to parse request params")
+#: What the SDK logs, with a traceback, when it refuses a malformed request (the caller's
+#: mistake, answered with an error object) or cannot deliver a push notification (to the
+#: URL the caller gave: unreachable, refusing). Logged here as one line each, with the
+#: error's type and message.
+REFUSALS = ("Failed to validate base JSON-RPC request", "Failed to parse request params",
+            "Error sending push-notification")
 
 
 class OneLineRefusals(logging.Filter):
-    """Drops the traceback of the SDK's log records of refused requests (anyone can send
-    them: a page of traceback each would flood the log)."""
+    """Drops the traceback of the SDK's log records of a caller's mistakes (anyone can send
+    them: a page of traceback each would flood the log), keeping the error's one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("a2a.") and str(record.msg).startswith(REFUSALS):
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                said = f" {type(exc).__name__}: {exc}".replace("%", "%%")
+                record.msg = f"{record.msg}{said}"
             record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
