@@ -1,30 +1,39 @@
 """The Starlette application of ``durable a2a``.
 
 - ``GET /agents``: the published agents, each with the address of its card.
-- ``GET /agents/<name>/.well-known/agent-card.json``: the agent's card (``cards``), public.
+- ``GET /agents/<name>/.well-known/agent-card.json``: the agent's card (``cards``), public,
+  in the shape of the protocol version asked for (``discovery``).
+- ``GET /.well-known/agent-card.json``: the host's card: the one published agent's, or the
+  one ``DURABLE_A2A_AGENT`` names (``discovery``).
 - ``POST /agents/<name>/``: the agent's JSON-RPC endpoint: the SDK's ``JsonRpcDispatcher``
   (v1.0's methods and, with the v0.3 compatibility it offers, ``message/send``,
   ``message/stream``, ``tasks/get``, ``tasks/cancel``, ``tasks/resubscribe``) over
   ``handler.DurableRequestHandler``. A request needs a bearer token or a console user's
   credentials (``tokens.Access``) unless the process serves in development mode; a body
-  larger than ``body_limit`` is refused before it is read whole. Every refusal is a JSON-RPC
-  error object.
+  larger than ``body_limit`` is refused before it is read whole, one of another
+  Content-Type than application/json with -32005, enum names the SDK would read as unset
+  with -32602 (``params``). Every refusal is a JSON-RPC error object.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import build_error_response
-from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-from a2a.utils.errors import A2AError, InternalError, InvalidRequestError
+from a2a.utils.errors import (
+    A2AError,
+    ContentTypeNotSupportedError,
+    InternalError,
+    InvalidRequestError,
+)
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -34,6 +43,7 @@ from starlette.routing import Route
 from durable import catalog
 from durable.client import Client
 
+from . import discovery, params
 from .cards import card
 from .handler import DurableRequestHandler
 from .tokens import Access, Caller, NotAllowed
@@ -51,16 +61,24 @@ class _Context(DefaultServerCallContextBuilder):
         return context
 
 
-def _error(status: int, error: A2AError, headers: dict[str, str] | None = None) -> Response:
-    return JSONResponse(build_error_response(None, error), status_code=status,
+def _error(status: int, error: A2AError, headers: dict[str, str] | None = None,
+           request_id: str | int | None = None) -> Response:
+    return JSONResponse(build_error_response(request_id, error), status_code=status,
                         headers=headers)
+
+
+def _request_id(body: object) -> str | int | None:
+    rid = body.get("id") if isinstance(body, dict) else None
+    return rid if isinstance(rid, str | int) and not isinstance(rid, bool) else None
 
 
 def build_app(client: Client, access: Access | None, *, dev_caller: Caller | None = None,
               public_url: str | None = None, body_limit: int | None = None,
-              push_secret: bytes | None = None, push_private_urls: bool = False) -> Starlette:
+              push_secret: bytes | None = None, push_private_urls: bool = False,
+              host_agent: str | None = None) -> Starlette:
     """The application; ``access`` None: every request is ``dev_caller`` (development);
-    ``push_secret``: push notifications on, signed with it (``push``)."""
+    ``push_secret``: push notifications on, signed with it (``push``); ``host_agent``: the
+    agent whose card the host's well-known address serves (``discovery.host_card``)."""
     if access is None and dev_caller is None:
         raise ValueError("access or a development caller")
     handler = DurableRequestHandler(client, push_secret=push_secret,
@@ -74,18 +92,35 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
     async def agents(request: Request) -> Response:
         names = await run_in_threadpool(catalog.names, client.redis)
         return JSONResponse({"agents": [
-            {"name": n, "card": f"{base(request)}/agents/{n}/{CARD_PATH}"} for n in names]})
+            {"name": n, "card": card_url(request, n)} for n in names]})
 
-    async def agent_card(request: Request) -> Response:
-        name = request.path_params["agent"]
+    def card_url(request: Request, name: str) -> str:
+        return f"{base(request)}/agents/{name}/{CARD_PATH}"
+
+    async def serve_card(request: Request, name: str) -> Response:
+        version = discovery.asked_version(request)
         item = await run_in_threadpool(catalog.published, client.redis, name)
         if item is None:
-            return JSONResponse({"error": f"no agent {name!r} is published here"},
-                                status_code=404)
-        return JSONResponse(agent_card_to_dict(card(
-            item, f"{base(request)}/agents/{name}/", push=handler.pusher is not None,
-            bearer=access is None or access.tokens is not None,
-            basic=access is not None and access.users is not None)))
+            raise discovery.NoCard(404, {"error": f"no agent {name!r} is published here"})
+        built = card(item, f"{base(request)}/agents/{name}/", push=handler.pusher is not None,
+                     bearer=access is None or access.tokens is not None,
+                     basic=access is not None and access.users is not None)
+        return discovery.card_response(request, discovery.shaped(built, version),
+                                       item.published_at)
+
+    async def agent_card(request: Request) -> Response:
+        try:
+            return await serve_card(request, request.path_params["agent"])
+        except discovery.NoCard as exc:
+            return discovery.refusal(exc)
+
+    async def host_card(request: Request) -> Response:
+        try:
+            names = await run_in_threadpool(catalog.names, client.redis)
+            name = discovery.host_card(names, host_agent, lambda n: card_url(request, n))
+            return await serve_card(request, name)
+        except discovery.NoCard as exc:
+            return discovery.refusal(exc)
 
     async def rpc(request: Request) -> Response:
         try:
@@ -118,7 +153,21 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
             if len(body) > limit:
                 return _error(413, InvalidRequestError(
                     message=f"a request over {limit} bytes; nothing was started"))
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind and kind != "application/json":
+            return _error(415, ContentTypeNotSupportedError(
+                message=f"a request of Content-Type {kind!r}: JSON-RPC requests are "
+                "application/json; nothing was started"))
         request._body = bytes(body)  # what ``request.json()`` reads in the dispatcher
+        try:
+            parsed = json.loads(request._body)
+        except ValueError:
+            pass  # the dispatcher answers it (-32700)
+        else:
+            request._json = parsed  # parsed once: the dispatcher reads it from here
+            refused = params.refusal(parsed)
+            if refused is not None:
+                return _error(200, refused, request_id=_request_id(parsed))
         request.scope["durable.caller"] = caller
         request.scope["durable.agent"] = name
         return await dispatcher.handle_requests(request)
@@ -135,6 +184,7 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
             await handler.aclose()
 
     routes: list[Any] = [
+        Route("/" + CARD_PATH, host_card, methods=["GET"]),
         Route("/agents", agents, methods=["GET"]),
         Route("/agents/{agent}/" + CARD_PATH, agent_card, methods=["GET"]),
         Route("/agents/{agent}/", rpc, methods=["POST"]),

@@ -46,7 +46,6 @@ from a2a.types import (
     TaskPushNotificationConfig,
 )
 from a2a.utils.errors import (
-    ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
@@ -59,11 +58,13 @@ from durable import catalog
 from durable.client import Client
 from durable.controls import sessions
 from durable.errors import DurableError, RunIdConflict, RunNotFound, SessionBusy
+from durable.log import keys
 from durable.log.state import RunState
 from durable.streams.async_streaming import last_id
 from durable.streams.streaming import async_twin
 
-from . import messages, tasks
+from . import listing, messages, tasks
+from .params import check_message, history_length, invalid
 from .push import Pusher
 from .tokens import Caller
 
@@ -115,11 +116,15 @@ class DurableRequestHandler(RequestHandler):
 
     # Reading -------------------------------------------------------------------------
 
-    async def _run(self, run_id: str, context: ServerCallContext) -> RunState:
-        """The run of ``run_id`` if it is the caller's tenant's and the endpoint's agent's;
-        else ``TaskNotFoundError``."""
+    async def _run(self, run_id: str, context: ServerCallContext,
+                   field: str = "id") -> RunState:
+        """The run of ``run_id`` (the parameter ``field``) if it is the caller's tenant's and
+        the endpoint's agent's; else ``TaskNotFoundError``."""
         caller = caller_of(context)
-        proj = await asyncio.to_thread(self.client.log.projection, run_id) if run_id else {}
+        if not run_id:
+            raise invalid(field, "a task id is required")
+        proj = await asyncio.to_thread(self.client.log.projection, run_id) \
+            if keys.RUN_ID_RE.match(run_id) else {}
         if not proj or proj.get("tenant", "") != caller.tenant or \
                 proj.get("agent") != context.state.get("agent"):
             raise TaskNotFoundError(message=f"no task {run_id!r}")
@@ -129,25 +134,15 @@ class DurableRequestHandler(RequestHandler):
         return last_id(await self.aredis.xrevrange(self.client.log.keys.log(run_id),
                                                    count=1)) or "0"
 
-    async def on_get_task(self, params: GetTaskRequest,
+    async def on_get_task(self, request: GetTaskRequest,
                           context: ServerCallContext) -> Task | None:
-        return apply_history_length(tasks.task(await self._run(params.id, context)), params)
+        history_length(request)
+        return apply_history_length(tasks.task(await self._run(request.id, context)), request)
 
-    async def on_list_tasks(self, params: ListTasksRequest,
+    async def on_list_tasks(self, request: ListTasksRequest,
                             context: ServerCallContext) -> ListTasksResponse:
-        caller = caller_of(context)
-        limit = max(1, min(params.page_size, 100)) if params.HasField("page_size") else 50
-        rows = await asyncio.to_thread(
-            self.client.runs, None, limit, agent=context.state.get("agent"),
-            tenant=caller.tenant or None, after=params.page_token or None,
-            session=tasks.session_of(str(context.state.get("agent")), params.context_id)
-            if params.context_id else None)
-        rows = [r for r in rows if r.tenant == caller.tenant]
-        found = [tasks.task(await asyncio.to_thread(self.client.status, r.run_id))
-                 for r in rows]
-        return ListTasksResponse(tasks=[apply_history_length(t, params) for t in found],
-                                 page_size=len(found), total_size=len(found),
-                                 next_page_token=rows[-1].run_id if len(rows) == limit else "")
+        return await listing.list_tasks(self.client, request, str(context.state.get("agent")),
+                                        caller_of(context).tenant)
 
     # Acting --------------------------------------------------------------------------
 
@@ -172,8 +167,8 @@ class DurableRequestHandler(RequestHandler):
         """Start the run the message asks for, or give the task it names its answer; the
         run's state and the log entry to follow from ("0": from its start)."""
         msg = params.message
-        if not msg.message_id:
-            raise InvalidParamsError(message="a message needs a message id")
+        check_message(msg)
+        history_length(params.configuration, "configuration.historyLength")
         if msg.task_id:
             return await self._answer(msg, context)
         caller = caller_of(context)
@@ -333,7 +328,10 @@ class DurableRequestHandler(RequestHandler):
 
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:
-        raise ExtendedAgentCardNotConfiguredError
+        # The card does not declare capabilities.extendedAgentCard: A2A 1.0 (3.3.4) answers
+        # UnsupportedOperationError (ExtendedAgentCardNotConfigured is for a card that does).
+        raise UnsupportedOperationError(message="this agent has no extended card: its "
+                                        "public card is all there is")
 
 
 def _stops(state: RunState) -> bool:

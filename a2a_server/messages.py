@@ -3,8 +3,11 @@
 A message starting a task carries the input as one data part (a JSON object matching the
 agent's input schema), or as text, which fills the schema's one string field
 (``cards.text_field``). A message answering a task that waits for input carries the answer
-as one data part (any JSON value) or as text (a string). File parts are refused: the input
-of a run is JSON.
+as one data part (any JSON value) or as text (a string). The input of a run is JSON: a file
+part (``raw`` or ``url``), a text part whose ``mediaType`` is not ``text/*``, a data part whose
+``mediaType`` is not JSON are refused with ``ContentTypeNotSupportedError`` (-32005, as A2A
+1.0's 3.1.1 says of a media type the agent does not take); a part with no content is an
+invalid parameter (-32602).
 
 Limits, checked before anything is written: every part at most ``DURABLE_MAX_PAYLOAD_BYTES``
 (the input limit of a start), at most ``MAX_PARTS`` parts.
@@ -16,7 +19,7 @@ import json
 from typing import Any
 
 from a2a.types import Message, Part
-from a2a.utils.errors import InvalidParamsError
+from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
 
@@ -34,23 +37,38 @@ def _parts(message: Message, max_bytes: int) -> tuple[list[Any], list[str]]:
     texts: list[str] = []
     for i, part in enumerate(message.parts):
         kind = part.WhichOneof("content")
-        if kind == "text":
-            size = len(part.text.encode())
-        elif kind == "data":
-            size = part.data.ByteSize()
-        else:
-            raise InvalidParamsError(message=f"part {i} is a {kind or 'empty'} part: send "
-                                     "the input as a data part (JSON) or as text")
+        if kind is None:
+            raise InvalidParamsError(message=f"part {i} is empty: a part holds text or data; "
+                                     "nothing was started", data={"field": f"parts[{i}]"})
+        _media_type_ok(i, kind, part.media_type)
+        size = len(part.text.encode()) if kind == "text" else part.data.ByteSize()
         if size > max_bytes:
             raise InvalidParamsError(
                 message=f"part {i} is {size} bytes, over the limit of {max_bytes} "
                 "(DURABLE_MAX_PAYLOAD_BYTES); nothing was started",
-                data={"part": i, "bytes": size, "limit": max_bytes})
+                data={"part": str(i), "bytes": str(size), "limit": str(max_bytes)})
         if kind == "text":
             texts.append(part.text)
         else:
             data.append(_ints(MessageToDict(part.data)))
     return data, texts
+
+
+def _media_type_ok(i: int, kind: str, media_type: str) -> None:
+    """Refuse a part this agent cannot take: a file, or a media type that is not text (a
+    text part) or JSON (a data part)."""
+    base = media_type.partition(";")[0].strip().lower()
+    if kind in ("raw", "url"):
+        why = f"part {i} is a file ({kind} part{f', {base}' if base else ''})"
+    elif base and kind == "text" and not base.startswith("text/"):
+        why = f"part {i} is a text part of media type {base!r}"
+    elif base and kind == "data" and base != "application/json" and not base.endswith("+json"):
+        why = f"part {i} is a data part of media type {base!r}"
+    else:
+        return
+    raise ContentTypeNotSupportedError(
+        message=f"{why}: this agent takes application/json (a data part) or text/plain; "
+        "nothing was started", data={"part": str(i), "mediaType": base or kind})
 
 
 def _ints(value: Any) -> Any:

@@ -58,7 +58,11 @@ Event = Task | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
 
 
 def task_state(state: RunState) -> TaskState:
-    s = state.state
+    return state_of(state.state, state.step)
+
+
+def state_of(s: str, step: int) -> TaskState:
+    """The task state of a run in the state ``s`` at the step ``step`` (the table above)."""
     if s == "completed":
         return S.TASK_STATE_COMPLETED
     if s in ("failed", "expired"):
@@ -67,7 +71,7 @@ def task_state(state: RunState) -> TaskState:
         return S.TASK_STATE_CANCELED
     if s in ("waiting_input", "waiting_approval"):
         return S.TASK_STATE_INPUT_REQUIRED
-    if s == "pending" and state.step == 0:
+    if s == "pending" and step == 0:
         return S.TASK_STATE_SUBMITTED
     return S.TASK_STATE_WORKING
 
@@ -131,7 +135,7 @@ def task(state: RunState) -> Task:
     """The task that ``state`` (a folded run) is."""
     context = context_of(state)
     meta = Struct()
-    meta.update({"agent": state.agent, "run_state": state.state, "step": state.step})
+    meta.update({"agent": state.agent, "runState": state.state, "step": state.step})
     out = Task(id=state.run_id, context_id=context, status=status(state), metadata=meta)
     out.history.append(Message(message_id=f"{state.run_id}-input", role=Role.ROLE_USER,
                                task_id=state.run_id, context_id=context,

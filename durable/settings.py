@@ -1,7 +1,8 @@
 """Typed settings, read once from ``DURABLE_*`` environment variables, grouped by concern.
 
 ``Settings()`` reads the environment into one model per concern (``settings.redis``,
-``settings.worker``, ``settings.models``...: the fields of ``Settings``). Each field reads
+``settings.worker``, ``settings.models``...: the fields of ``Settings``; the console's and
+the A2A server's groups are in ``durable.settings_doors``). Each field reads
 the variable its ``validation_alias`` names (``settings.leases.ttl_ms`` is
 ``DURABLE_LEASE_TTL_MS``); a group can be read alone (``ModelSettings()``). The reference
 (``durable config --reference``, docs/reference.md) is generated from them, in this order.
@@ -22,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.durations import ContextRetention, Retention
 from durable.errors import UsageError
+from durable.settings_doors import A2ASettings, ConsoleSettings
 
 #: Every group: fields are read from the variable named by their alias, and may be given
 #: by field name too (``LeaseSettings(ttl_ms=1000)``).
@@ -317,32 +319,6 @@ class ReconcilerSettings(BaseSettings):
         "leases and waits, timers, schedules).")
 
 
-class ConsoleSettings(BaseSettings):
-    """The console."""
-
-    model_config = _GROUP
-
-    users: Path | None = Field(
-        default=None, validation_alias="DURABLE_CONSOLE_USERS",
-        description="The console's users file (TOML or JSON): name -> scrypt password hash "
-        "and roles (viewer, operator, approver). Required unless `durable console --dev`.")
-    secret: str | None = Field(
-        default=None, validation_alias="DURABLE_CONSOLE_SECRET",
-        description="Key that signs the console's session cookies; unset: a random one per "
-        "process (everyone logs in again after a restart).")
-    secure_cookies: bool = Field(
-        default=False, validation_alias="DURABLE_CONSOLE_SECURE_COOKIES",
-        description="Give the console's session cookie the Secure flag (browsers send it "
-        "over HTTPS only) and send Strict-Transport-Security: for a console served over "
-        "TLS, directly or behind a proxy. Also `durable console --secure-cookies`.")
-    host: str = Field(
-        default="127.0.0.1", validation_alias="DURABLE_CONSOLE_HOST",
-        description="Address `durable console` listens on (also `--host`): put it behind a "
-        "TLS proxy, or set 0.0.0.0.")
-    port: int = Field(default=8700, ge=0, le=65535, validation_alias="DURABLE_CONSOLE_PORT",
-                      description="Port `durable console` listens on (also `--port`).")
-
-
 class ModelSettings(BaseSettings):
     """The model step (``durable.models``'s ``chat`` tool): where the model is. The step
     reads it at each call, except the fleet-wide limits, read at import."""
@@ -398,6 +374,7 @@ class Settings(BaseModel):
     reconciler: ReconcilerSettings = Field(default_factory=ReconcilerSettings,
                                            title="The reconciler")
     console: ConsoleSettings = Field(default_factory=ConsoleSettings, title="The console")
+    a2a: A2ASettings = Field(default_factory=A2ASettings, title="The A2A server")
     models: ModelSettings = Field(default_factory=ModelSettings, title="The model step")
 
     @classmethod

@@ -36,6 +36,8 @@ from durable.testing.processes import Process
 
 #: Caller -> tenant, as the tokens file says.
 CALLERS = {"acme-bot": "acme", "globex-bot": "globex"}
+#: The header of a 1.0 request (without it, a request is 0.3's).
+V1 = {"A2A-Version": "1.0"}
 
 
 @dataclass
@@ -56,27 +58,47 @@ class A2AServer:
                      v03: bool = False, auth: httpx.Auth | None = None
                      ) -> AsyncIterator[A2AClient]:
         """The SDK's client for ``agent``'s card, as ``caller`` (or with ``auth``, e.g. a
-        console user's ``httpx.BasicAuth``); ``v03``: through the card's 0.3 interface
-        (``message/send``, ``tasks/get``, ``tasks/resubscribe``...)."""
+        console user's ``httpx.BasicAuth``); ``v03``: from the card a 0.3 client reads
+        (asked for with ``A2A-Version: 0.3``), through its 0.3 interface (``message/send``,
+        ``tasks/get``, ``tasks/resubscribe``...)."""
         async with httpx.AsyncClient(timeout=120, auth=auth,
                                      headers={} if auth else self.headers(caller)) as http:
             factory = ClientFactory(ClientConfig(httpx_client=http, streaming=streaming))
-            card = await self.card(agent, http)
+            card = await self.card(agent, http, PROTOCOL_VERSION_0_3 if v03 else None)
             if v03:
-                keep = [i for i in card.supported_interfaces
-                        if i.protocol_version == PROTOCOL_VERSION_0_3]
-                del card.supported_interfaces[:]
-                card.supported_interfaces.extend(keep)
+                assert [i.protocol_version for i in card.supported_interfaces] == \
+                    [PROTOCOL_VERSION_0_3]
             client = factory.create(card)
             try:
                 yield client
             finally:
                 await client.close()
 
-    async def card(self, agent: str, http: httpx.AsyncClient) -> AgentCard:
+    async def card(self, agent: str, http: httpx.AsyncClient,
+                   version: str | None = None) -> AgentCard:
+        """``agent``'s card as the SDK's resolver reads it; ``version``: the card of that
+        protocol version (``A2A-Version``; the SDK's client sends 1.0)."""
         from a2a.client import A2ACardResolver
 
-        return await A2ACardResolver(http, self.endpoint(agent)).get_agent_card()
+        headers = {"A2A-Version": version} if version else {}
+        return await A2ACardResolver(http, self.endpoint(agent)).get_agent_card(
+            http_kwargs={"headers": headers})
+
+
+def rpc(door: A2AServer, agent: str, body: Any, *, caller: str | None = "acme-bot",
+        headers: dict[str, str] | None = None) -> httpx.Response:
+    """POST ``body`` (JSON, or ``bytes`` as they are) to ``agent``'s endpoint as ``caller``."""
+    sent = {**(door.headers(caller) if caller else {}), **(headers or {})}
+    content = body if isinstance(body, bytes) else None
+    return httpx.post(door.endpoint(agent), content=content,
+                      json=None if content is not None else body, headers=sent, timeout=60)
+
+
+def error(response: httpx.Response, status: int = 200) -> dict[str, Any]:
+    """The JSON-RPC error object of ``response``, which has the HTTP ``status``."""
+    assert response.status_code == status, (response.status_code, response.text)
+    err: dict[str, Any] = response.json()["error"]
+    return err
 
 
 def message(data: Any = None, *, text: str | None = None, message_id: str | None = None,

@@ -194,3 +194,51 @@ def test_an_approval_is_input_required_and_decided_by_an_approver(
 
     events = asyncio.run(go())
     assert events[0] == "task" and events[-1] == "status:TASK_STATE_COMPLETED", events
+
+
+def test_list_tasks_orders_filters_and_pages_the_callers_tasks(
+        door: A2AServer, worker: Any, r: redis.Redis) -> None:
+    """ListTasks (A2A 1.0, 3.1.4): the caller's tasks only, the most recently updated first;
+    filters by status and by status time; pages through page tokens, each task once, the
+    last page's token empty, totalSize the count of matches; artifacts only with
+    includeArtifacts, no history with historyLength 0."""
+    async def go() -> None:
+        worker()
+        published(r, "asker")
+        async with door.client("asker", "globex-bot", streaming=False) as globex:
+            [i async for i in globex.send_message(message({"text": "theirs"}))]
+        async with door.client("asker", streaming=False) as c:
+            ids = []
+            for n in range(3):
+                (sent,) = [i async for i in c.send_message(message({"text": f"t{n}"}))]
+                assert sent.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+                ids.append(sent.task.id)
+            first, second, third = ids
+            (done,) = [i async for i in c.send_message(message(text="go", task_id=first))]
+            assert done.task.status.state == S.TASK_STATE_COMPLETED
+            listed = await c.list_tasks(ListTasksRequest())
+            assert [t.id for t in listed.tasks] == [first, third, second]
+            stamps = [t.status.timestamp.ToMilliseconds() for t in listed.tasks]
+            assert stamps == sorted(stamps, reverse=True)
+            assert (listed.total_size, listed.next_page_token) == (3, "")
+            assert not any(t.artifacts for t in listed.tasks)  # includeArtifacts unset
+            assert all(t.history for t in listed.tasks)
+            full = await c.list_tasks(ListTasksRequest(include_artifacts=True, history_length=0))
+            assert [a.artifact_id for a in full.tasks[0].artifacts] == ["result"]
+            assert not any(t.history for t in full.tasks)
+            waiting = await c.list_tasks(ListTasksRequest(status=S.TASK_STATE_INPUT_REQUIRED))
+            assert [t.id for t in waiting.tasks] == [third, second] and waiting.total_size == 2
+            recent = await c.list_tasks(ListTasksRequest(
+                status_timestamp_after=listed.tasks[1].status.timestamp))
+            assert [t.id for t in recent.tasks] == [first, third]
+            pages, page_token = [], ""
+            while True:
+                page = await c.list_tasks(ListTasksRequest(page_size=1, page_token=page_token))
+                assert page.page_size == 1 and page.total_size == 3
+                pages.append([t.id for t in page.tasks])
+                page_token = page.next_page_token
+                if not page_token:
+                    break
+            assert pages == [[first], [third], [second]]
+
+    asyncio.run(go())

@@ -24,6 +24,7 @@ from a2a.types import (
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 
 from durable.a2a.push import signature
+from durable.backend.embedded import free_port
 from durable.log import keys
 from durable.testing import Server, wait_for
 from tests.agent2agent import A2AServer, message, published, serving
@@ -100,6 +101,11 @@ def test_notifications_are_signed_and_survive_a_restart_of_the_server(
             listed = await c.list_task_push_notification_configs(
                 ListTaskPushNotificationConfigsRequest(task_id=got.task.id))
             assert [x.url for x in listed.configs] == [receiver.url]
+            # A second receiver the caller named, where nothing listens: each POST to it
+            # (of the events after this one) fails, logged as one line (``serving`` finds no
+            # traceback in the log).
+            await c.create_task_push_notification_config(TaskPushNotificationConfig(
+                task_id=got.task.id, id="dead", url=f"http://127.0.0.1:{free_port()}/hook"))
         async with door.client("asker", "globex-bot", streaming=False) as other:
             with pytest.raises(TaskNotFoundError):
                 await other.list_task_push_notification_configs(
@@ -124,6 +130,10 @@ def test_notifications_are_signed_and_survive_a_restart_of_the_server(
         asyncio.run(answer(door))
         assert wait_for(lambda: "TASK_STATE_COMPLETED" in receiver.states(), 60), \
             receiver.states()
+        assert wait_for(lambda: "Error sending push-notification" in door.log.read_text(), 60)
+        failed = [line for line in door.log.read_text().splitlines()
+                  if "Error sending push-notification" in line]
+        assert "ConnectError" in failed[0] and "WARNING" in failed[0], failed
     assert receiver.states() == ["TASK_STATE_INPUT_REQUIRED", "TASK_STATE_WORKING",
                                  "artifact:result", "TASK_STATE_COMPLETED"]
     now = int(time.time() * 1000)

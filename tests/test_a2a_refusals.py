@@ -33,35 +33,18 @@ from durable.client import Client
 from durable.errors import UsageError
 from durable.security.users import User, Users, hash_password
 from durable.testing import Server
-from tests.agent2agent import A2AServer, door, message, published, serving
+from tests.agent2agent import V1, A2AServer, door, error, message, published, rpc, serving
 from tests.conftest import run_durable
 
 __all__ = ["door"]  # the fixture
 
 pytestmark = pytest.mark.timeout(240)
 
-V1 = {"A2A-Version": "1.0"}
-
-
-def rpc(door: A2AServer, agent: str, body: Any, *, caller: str | None = "acme-bot",
-        headers: dict[str, str] | None = None) -> httpx.Response:
-    sent = {**(door.headers(caller) if caller else {}), **(headers or {})}
-    content = body if isinstance(body, bytes) else None
-    return httpx.post(door.endpoint(agent), content=content,
-                      json=None if content is not None else body, headers=sent, timeout=60)
-
-
 def send(text: str | None = None, data: Any = None, message_id: str = "m-1",
          **extra: Any) -> dict[str, Any]:
     part = {"text": text} if text is not None else {"data": data}
     return {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": {
         "messageId": message_id, "role": "ROLE_USER", "parts": [part], **extra}}}
-
-
-def error(response: httpx.Response, status: int = 200) -> dict[str, Any]:
-    assert response.status_code == status, (response.status_code, response.text)
-    err: dict[str, Any] = response.json()["error"]
-    return err
 
 
 def test_malformed_requests_get_the_protocols_error_objects(door: A2AServer, worker: Any,
@@ -110,7 +93,8 @@ def test_bad_parts_and_inputs_start_nothing(door: A2AServer, worker: Any, client
     assert over["code"] == -32602 and f"over the limit of {limit}" in over["message"]
     file_part = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
         "messageId": "f", "role": "ROLE_USER", "parts": [{"url": "http://x/y.pdf"}]}}}
-    assert "a url part" in error(rpc(door, "asker", file_part, headers=V1))["message"]
+    refused_file = error(rpc(door, "asker", file_part, headers=V1))
+    assert refused_file["code"] == -32005 and "a file (url part)" in refused_file["message"]
     schema = error(rpc(door, "chat", send(data={"parts": "three"}), headers=V1))
     assert schema["code"] == -32602 and "parts" in schema["message"]
     no_text = error(rpc(door, "chat", send("hello"), headers=V1))

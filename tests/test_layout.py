@@ -40,13 +40,14 @@ FORBIDDEN = {
 
 #: What the log may import from the rest of the library: modules below it, that know
 #: nothing of runs beyond their bytes. The errors it raises; the settings ``EventLog`` is
-#: built from (``from_settings``) and their parsers, ``durations`` (the retention) and
-#: ``signing`` (the admin keys recorded approvals are checked against); the clock every
-#: writer stamps entries with; ``sealing``, which seals and opens sensitive fields as
-#: entries are written and read. Anything else (agents, approvals, the client...) sits
-#: above the log and reads it: ``durable.audit`` holds replay and verify for that reason.
-LOG_MAY_IMPORT = frozenset({"durable.errors", "durable.settings", "durable.durations",
-                            "durable.security.signing", "durable.clock",
+#: built from (``from_settings``), with their front doors' groups (``settings_doors``), and
+#: their parsers, ``durations`` (the retention) and ``signing`` (the admin keys recorded
+#: approvals are checked against); the clock every writer stamps entries with; ``sealing``,
+#: which seals and opens sensitive fields as entries are written and read. Anything else
+#: (agents, approvals, the client...) sits above the log and reads it: ``durable.audit``
+#: holds replay and verify for that reason.
+LOG_MAY_IMPORT = frozenset({"durable.errors", "durable.settings", "durable.settings_doors",
+                            "durable.durations", "durable.security.signing", "durable.clock",
                             "durable.security.sealing"})
 
 def modules(root: Path, packages: dict[str, str]) -> dict[str, Path]:

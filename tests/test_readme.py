@@ -20,7 +20,7 @@ REFERENCE = ROOT / "docs" / "reference.md"
 def _table() -> dict[str, str]:
     """``DURABLE_X`` -> its default cell, from the Configuration section's table."""
     section = REFERENCE.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(DURABLE_[A-Z_]+)` \| ([^|]*) \|", section, re.MULTILINE)
+    rows = re.findall(r"^\| `(DURABLE_[A-Z0-9_]+)` \| ([^|]*) \|", section, re.MULTILINE)
     return {name: default.strip() for name, default in rows}
 
 
