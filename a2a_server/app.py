@@ -13,6 +13,8 @@
   larger than ``body_limit`` is refused before it is read whole, one of another
   Content-Type than application/json with -32005, enum names the SDK would read as unset
   with -32602 (``params``). Every refusal is a JSON-RPC error object.
+- ``GET /runs/<id>/events``: a run's log entries and partial output as server-sent events,
+  resumable by ``Last-Event-ID`` (``durable.streams.sse``), for a caller of its tenant.
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ from a2a.utils.errors import (
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from durable import catalog
 from durable.client import Client
+from durable.errors import UsageError
+from durable.streams import sse
+from durable.streams.streaming import async_twin
 
 from . import discovery, params
 from .cards import card
@@ -172,16 +177,45 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
         request.scope["durable.agent"] = name
         return await dispatcher.handle_requests(request)
 
+    async def run_events(request: Request) -> Response:
+        """``GET /runs/{id}/events``: the run's entries and partial output as server-sent
+        events resumable by ``Last-Event-ID`` (``durable.streams.sse``), for the caller of
+        the run's tenant; another tenant's run is the 404 of an unknown one."""
+        try:
+            caller = dev_caller if access is None else await run_in_threadpool(
+                access.check, request.headers.get("authorization"))
+        except NotAllowed as exc:
+            return JSONResponse({"error": str(exc)}, status_code=403)
+        if caller is None:
+            assert access is not None
+            return JSONResponse({"error": f"{access.required} is required"}, status_code=401,
+                                headers={"WWW-Authenticate": access.challenge})
+        run_id = request.path_params["run_id"]
+        try:
+            resume = sse.resume_from(request.headers.get("last-event-id")
+                                     or request.query_params.get("from"))
+        except UsageError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        proj = await run_in_threadpool(client.log.projection, run_id)
+        if not proj or proj.get("tenant", "") != caller.tenant:
+            return JSONResponse({"error": f"no run {run_id}"}, status_code=404)
+        frames = sse.event_stream(app.state.aredis, client.log.keys, run_id, resume,
+                                  reconnect_s=client.settings.redis.connect_timeout_s)
+        return StreamingResponse(frames, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Loaded now rather than by the first start by name (a quarter second).
         await run_in_threadpool(importlib.import_module, "jsonschema")
         if handler.pusher is not None:
             await handler.pusher.resume()
+        app.state.aredis = async_twin(client.redis)  # one pool for every event stream
         try:
             yield
         finally:
             await handler.aclose()
+            await app.state.aredis.aclose()
 
     routes: list[Any] = [
         Route("/" + CARD_PATH, host_card, methods=["GET"]),
@@ -189,5 +223,7 @@ def build_app(client: Client, access: Access | None, *, dev_caller: Caller | Non
         Route("/agents/{agent}/" + CARD_PATH, agent_card, methods=["GET"]),
         Route("/agents/{agent}/", rpc, methods=["POST"]),
         Route("/agents/{agent}", rpc, methods=["POST"]),
+        Route("/runs/{run_id:str}/events", run_events, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    return app

@@ -134,3 +134,27 @@ def test_who_may_read_which_run(client: Client, worker: WorkerFactory,
     bad = httpx.get(f"{url}/runs/{ours}/events", auth=("carl", CARL), timeout=10,
                     headers={"Last-Event-ID": "yesterday"})
     assert bad.status_code == 400 and "not an event id" in bad.json()["error"]
+
+
+def test_durable_a2a_serves_the_same_stream_to_its_callers_tenant(
+        client: Client, worker: WorkerFactory, server: Server, settings: Settings,
+        tmp_path: Path) -> None:
+    """``durable a2a``'s ``GET /runs/{id}/events``: a bearer token of the run's tenant gets
+    the stream, resumed after an entry by ``Last-Event-ID``; another tenant's token, the 404
+    of an unknown run; no token, a 401."""
+    from tests.agent2agent import serving as a2a_serving
+
+    ours = client.start("count", {"steps": 2}, tenant="acme").run_id
+    worker(burst=True).wait(60)
+    ids = [e.id for e in client.events(ours)]
+    with a2a_serving(server, tmp_path / "a2a") as door:
+        url = f"{door.url}/runs/{ours}/events"
+        with httpx.stream("GET", url, headers={**door.headers("acme-bot"),
+                                               "Last-Event-ID": ids[1]}, timeout=30) as resp:
+            assert resp.status_code == 200
+            got = list(frames(resp.iter_lines()))
+        assert [f["data"]["id"] for f in got if f["event"] == "entry"] == ids[2:]
+        assert got[-1]["event"] == "end"
+        other = httpx.get(url, headers=door.headers("globex-bot"), timeout=10)
+        assert other.status_code == 404 and other.json() == {"error": f"no run {ours}"}
+        assert httpx.get(url, timeout=10).status_code == 401
