@@ -11,8 +11,9 @@ waits for the run, up to a bound, and then answers with the task to poll.
   ``DURABLE_MCP_WAIT_S``: progress per step, an elicitation when the run waits for input;
   it answers with the run's result once it has ended, else with the task to poll (a
   ``CallToolResult`` naming it, ``tasks.running``: a call that did not ask for a task is
-  never answered with ``CreateTaskResult``). A call the client drops or cancels leaves its
-  run going: ``tasks/list`` finds it, ``tasks/cancel`` cancels it.
+  never answered with ``CreateTaskResult``; on 2026-07-28, a client that declared the tasks
+  extension is answered with the task itself, ``extension``). A call the client drops or
+  cancels leaves its run going: ``tasks/list`` finds it, ``tasks/cancel`` cancels it.
 
 Arguments the agent refuses are a tool error (``isError``, so a model can correct them) of
 a call without a task, and the protocol's invalid-params error of one with a task; nothing
@@ -31,7 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from durable.errors import UsageError
 
-from . import tasks, tools
+from . import extension, tasks, tools
 from .door import Door
 from .watch import Watch
 
@@ -54,7 +55,7 @@ class Calls:
         return types.ListToolsResult(tools=await self.door.call(tools.listed, self.door))
 
     async def on_call_tool(self, ctx: ServerRequestContext[Any, Any],
-                           params: types.CallToolRequestParams) -> types.CallToolResult:
+                           params: types.CallToolRequestParams) -> HandlerResult:
         door = self.door
         caller = door.caller(ctx)
         try:
@@ -71,6 +72,8 @@ class Calls:
             state = await watch.follow(state, after, door.wait_s)
         if state.terminal:
             return tasks.result(state)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and extension.declared(ctx):
+            return extension.created(state, door.retention_ms)
         return tasks.running(state, door.retention_ms)
 
 

@@ -1,6 +1,8 @@
 """The task methods of the 2025-11-25 revision, each mapped to the run (task id = run id),
 each answered from the run's log through the client: any ``durable mcp`` process answers for
-any task, after any restart, to a client on any connection.
+any task, after any restart, to a client on any connection. On 2026-07-28 connections
+``tasks/get``, ``tasks/update`` and ``tasks/cancel`` are the tasks extension's
+(``extension``).
 
 - ``tasks/get``: the task (``tasks.task``).
 - ``tasks/result``: blocks until the run has ended, then returns what the ``tools/call``
@@ -25,7 +27,8 @@ from typing import Any
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from durable.client import RunSummary
 from durable.log import keys
@@ -33,21 +36,37 @@ from durable.log import keys
 from . import tasks
 from .calls import progress_token
 from .door import Door
+from .extension import Extension, UpdateTaskParams
 from .watch import Watch
 
 #: Tasks per ``tasks/list`` page.
 PAGE = 50
 
 
+def modern(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
 class TaskMethods:
-    """The handlers of ``tasks/get``, ``tasks/result``, ``tasks/cancel``, ``tasks/list``."""
+    """The handlers of ``tasks/get``, ``tasks/result``, ``tasks/cancel``, ``tasks/list``
+    (and, on 2026-07-28, ``tasks/update``)."""
 
     def __init__(self, door: Door) -> None:
         self.door = door
+        self.extension = Extension(door)
 
     async def get(self, ctx: ServerRequestContext[Any, Any],
                   params: types.GetTaskRequestParams) -> dict[str, Any]:
+        if modern(ctx):
+            return await self.extension.get(ctx, params.task_id)
         return tasks.task(await self.door.run(ctx, params.task_id), self.door.retention_ms)
+
+    async def update(self, ctx: ServerRequestContext[Any, Any],
+                     params: UpdateTaskParams) -> dict[str, Any]:
+        if not modern(ctx):
+            raise MCPError(code=METHOD_NOT_FOUND, message="Method not found",
+                           data="tasks/update")
+        return await self.extension.update(ctx, params)
 
     async def result(self, ctx: ServerRequestContext[Any, Any],
                      params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
@@ -64,6 +83,8 @@ class TaskMethods:
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any],
                      params: types.CancelTaskRequestParams) -> dict[str, Any]:
+        if modern(ctx):
+            return await self.extension.cancel(ctx, params.task_id)
         door, run_id = self.door, params.task_id
         state = await door.run(ctx, run_id)
         status, _ = tasks.status(state)

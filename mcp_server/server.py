@@ -3,8 +3,10 @@ protocol, both eras' handshakes, validation, transports) with this process's han
 
 - ``tools/list``, ``tools/call``: ``calls`` (a task-augmented call: ``TaskAugmentation``);
 - ``tasks/get``, ``tasks/result``, ``tasks/cancel``, ``tasks/list``: ``methods``;
+  ``tasks/update`` (2026-07-28): ``extension``;
 - capabilities: the SDK's, plus ``tasks`` on handshake-era connections (``list``,
-  ``cancel``, task-augmented ``tools/call``): the revision that defines them;
+  ``cancel``, task-augmented ``tools/call``), the revision that defines them, and the tasks
+  extension (``io.modelcontextprotocol/tasks``) on 2026-07-28 ones;
 - a Redis that does not answer is the protocol's internal error (-32603) naming it, never a
   traceback.
 """
@@ -25,8 +27,10 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from . import extension
 from .calls import Calls, TaskAugmentation
 from .door import Door
+from .extension import UpdateTaskParams
 from .methods import TaskMethods
 
 NAME = "durable-agents"
@@ -47,6 +51,7 @@ class DurableServer(Server[dict[str, Any]]):
         caps = super().get_capabilities(notification_options, experimental_capabilities,
                                         extensions, protocol_version=protocol_version)
         if protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            caps.extensions = None  # the tasks extension is 2026-07-28's; this is ``tasks``
             caps.tasks = types.ServerTasksCapability(
                 list=types.TasksListCapability(), cancel=types.TasksCancelCapability(),
                 requests=types.ServerTasksRequestsCapability(
@@ -76,12 +81,15 @@ def build_server(door: Door, version: str = "") -> DurableServer:
             await door.aclose()
 
     server = DurableServer(NAME, version=version, instructions=INSTRUCTIONS,
-                           lifespan=lifespan, on_list_tools=calls.on_list_tools,
-                           on_call_tool=calls.on_call_tool)
+                           lifespan=lifespan, on_list_tools=calls.on_list_tools)
+    # Its answer may be the tasks extension's task (a dict), not only a ``CallToolResult``.
+    server.add_request_handler("tools/call", types.CallToolRequestParams, calls.on_call_tool)
     server.add_request_handler("tasks/get", types.GetTaskRequestParams, methods.get)
     server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams,
                                methods.result)
     server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, methods.cancel)
     server.add_request_handler("tasks/list", types.PaginatedRequestParams, methods.list)
+    server.add_request_handler("tasks/update", UpdateTaskParams, methods.update)
+    server.extensions[extension.IDENTIFIER] = {}
     server.middleware.extend([redis_errors, TaskAugmentation(door)])
     return server

@@ -6,21 +6,26 @@ The SDK's client speaks the 2025-11-25 revision's task methods through its typed
 (``CallToolRequest`` with ``task``, ``GetTaskRequest``, ...): it ships their wire types, and
 its runtime for them is not written yet. ``TaskStatuses`` observes
 ``notifications/tasks/status`` through the SDK's extension bindings (its 2025 surface leaves
-that notification out)."""
+that notification out). On 2026-07-28, ``TasksExtension`` is the client side of the tasks
+extension (SEP-2663) on the SDK's extension seam: it declares the extension, claims a
+call's ``resultType: "task"`` answer and resolves it by polling ``tasks/get``, answering
+its ``inputRequests`` with ``tasks/update``: the runtime the SDK leaves to a later
+release."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
+import anyio
 import httpx
 import httpx2
 import pytest
 from mcp import Client, types
-from mcp.client.extension import ClientExtension, NotificationBinding
+from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 
@@ -49,6 +54,85 @@ class TaskStatuses(ClientExtension):
                                     handler=keep)]
 
 
+class TaskHandle(types.Result):
+    """A call's answer as a task (2026-07-28: ``resultType: "task"``, the task's fields)."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+    poll_interval_ms: int | None = None
+
+
+class DetailedTask(types.Result):
+    """``tasks/get``'s answer on 2026-07-28: the task, its outcome or what it waits for."""
+
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    result: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+
+
+class UpdateTaskParams(types.RequestParams):
+    task_id: str
+    input_responses: dict[str, Any]
+
+
+class UpdateTaskRequest(types.Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateTaskParams
+
+
+Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class TasksExtension(ClientExtension):
+    """The client side of the tasks extension (see the module). ``answer``: what the user
+    answers an elicitation the task asks for (its params -> an ``ElicitResult`` dict)."""
+
+    identifier = "io.modelcontextprotocol/tasks"
+    answer: Answer | None = None
+    handles: list[TaskHandle] = field(default_factory=list)
+    polled: list[DetailedTask] = field(default_factory=list)
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
+        self.handles.append(handle)
+        answered: set[str] = set()
+        while True:
+            got = await modern_get(ctx.session, handle.task_id)
+            self.polled.append(got)
+            if got.status == "completed":
+                return types.CallToolResult.model_validate(got.result, by_name=False)
+            if got.status in ("failed", "cancelled"):
+                return types.CallToolResult(is_error=True, content=[types.TextContent(
+                    type="text", text=f"task {got.status}: {got.status_message}")])
+            for key, request in (got.input_requests or {}).items():
+                if key not in answered and self.answer is not None:
+                    answered.add(key)
+                    await modern_update(ctx.session, handle.task_id,
+                                        {key: await self.answer(request["params"])})
+            await anyio.sleep(0.05)  # faster than its pollIntervalMs: a test
+
+
+async def modern_get(session: Any, task_id: str) -> DetailedTask:
+    got: DetailedTask = await session.send_request(
+        types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task_id)), DetailedTask)
+    return got
+
+
+async def modern_update(session: Any, task_id: str, responses: dict[str, Any]) -> None:
+    params = UpdateTaskParams(task_id=task_id, input_responses=responses)
+    await session.send_request(UpdateTaskRequest(params=params), types.EmptyResult)
+
+
 @dataclass
 class McpDoor:
     url: str
@@ -65,14 +149,15 @@ class McpDoor:
 
     @contextlib.asynccontextmanager
     async def client(self, caller: str = "acme-bot", *, auth: httpx2.Auth | None = None,
-                     **options: Any) -> AsyncIterator[Client]:
+                     mode: str = "legacy", **options: Any) -> AsyncIterator[Client]:
         """The SDK's client on this door's endpoint, as ``caller`` (or with ``auth``), on
-        the handshake era (the revision whose task methods this door serves); ``options``
-        are ``Client``'s (``elicitation_callback``, ``message_handler``, ``extensions``)."""
+        the handshake era (the 2025-11-25 revision's task methods) or, ``mode="auto"``, the
+        newest (2026-07-28: the tasks extension); ``options`` are ``Client``'s
+        (``elicitation_callback``, ``extensions``...)."""
         async with httpx2.AsyncClient(headers={} if auth else self.headers(caller), auth=auth,
                                       timeout=httpx2.Timeout(30, read=300)) as http:
             async with Client(streamable_http_client(self.endpoint, http_client=http),
-                              mode="legacy", **options) as client:
+                              mode=mode, **options) as client:
                 yield client
 
 
