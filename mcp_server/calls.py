@@ -59,13 +59,16 @@ class Calls:
         door = self.door
         caller = door.caller(ctx)
         try:
-            started = await tools.start(door, caller, params, tools.meta_of(ctx.params))
+            started, state = await tools.start(door, caller, params, tools.meta_of(ctx.params))
         except UsageError as exc:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=str(exc))], is_error=True)
         run_id = started.run_id
-        after = "0" if started.created else await door.last(run_id)
-        state = await door.status(run_id)
+        if not started.created:  # a retry: follow on from now
+            after = await door.last(run_id)
+            state = await door.status(run_id)
+        else:
+            after = "0"
         watch = Watch(door, ctx, run_id, token=progress_token(ctx.params),
                       stop_on_input=True)
         if not state.terminal:
@@ -97,8 +100,8 @@ class TaskAugmentation:
         door = self.door
         caller = door.caller(ctx)
         try:
-            started = await tools.start(door, caller, params, tools.meta_of(raw))
+            started, state = await tools.start(door, caller, params, tools.meta_of(raw))
         except UsageError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
         door.remember_token(started.run_id, progress_token(raw))
-        return tasks.created(await door.status(started.run_id), door.retention_ms)
+        return tasks.created(state, door.retention_ms)

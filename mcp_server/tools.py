@@ -27,6 +27,7 @@ from durable import catalog
 from durable.catalog import Published
 from durable.controls.starts import Started
 from durable.errors import DurableError, RunIdConflict, UsageError
+from durable.log.state import RunState
 from durable.security.callers import Caller
 
 from .door import Door
@@ -82,24 +83,32 @@ def meta_of(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 async def start(door: Door, caller: Caller, params: types.CallToolRequestParams,
-                meta: Mapping[str, Any]) -> Started:
-    """Start the run ``params`` calls for. An unknown tool is the protocol's error
+                meta: Mapping[str, Any]) -> tuple[Started, RunState]:
+    """Start the run ``params`` calls for; it and the run as it is then (one thread hop:
+    the catalog, the start, the state). An unknown tool is the protocol's error
     (``MCPError``); a ``UsageError``: arguments the agent refuses, which the caller can
     fix (nothing was started)."""
-    item = await door.call(catalog.published, door.client.redis, params.name)
-    if item is None or item.schema is None:
-        raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name!r}")
     run_id = run_id_for(caller.tenant, params.name, meta)
+    client = door.client
+
+    def begin() -> tuple[Started, RunState] | None:
+        item = catalog.published(client.redis, params.name)
+        if item is None or item.schema is None:
+            return None
+        started = client.start(params.name, dict(params.arguments or {}), run_id,
+                               tenant=caller.tenant or None, owner=caller.owner)
+        return started, client.status(run_id)
+
     try:
-        started: Started = await door.call(
-            door.client.start, params.name, dict(params.arguments or {}), run_id,
-            tenant=caller.tenant or None, owner=caller.owner)
+        begun: tuple[Started, RunState] | None = await door.call(begin)
     except RunIdConflict:
         raise UsageError(f"idempotency key {meta.get(IDEMPOTENCY_KEY)!r} was used already with "
-                      "other arguments: a new call needs a new key; nothing was started") \
+                         "other arguments: a new call needs a new key; nothing was started") \
             from None
     except UsageError as exc:
         raise UsageError(f"{exc}; nothing was started") from None
     except DurableError as exc:
         raise MCPError(code=INVALID_PARAMS, message=f"{exc}; nothing was started") from None
-    return started
+    if begun is None:
+        raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name!r}")
+    return begun
