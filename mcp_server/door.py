@@ -10,6 +10,7 @@ runs of its tenant only: a task id of another tenant is answered as an unknown t
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -22,6 +23,7 @@ from mcp_types import INVALID_PARAMS
 from durable.client import Client
 from durable.durations import parse_duration_ms
 from durable.errors import RunNotFound
+from durable.log import keys
 from durable.log.state import RunState
 from durable.security.callers import Caller
 from durable.streams.async_streaming import last_id
@@ -31,6 +33,8 @@ from durable.streams.streaming import async_twin
 CALLER = "durable.caller"
 #: How many runs' progress tokens are remembered (the oldest forgotten first).
 TOKENS_KEPT = 4096
+#: How long a published input schema read is taken as current (s; ``schema``).
+SCHEMA_FRESH_S = 30.0
 
 
 class Door:
@@ -49,6 +53,8 @@ class Door:
         self._aredis: redis.asyncio.Redis | None = None
         #: run id -> the progress token of the call that created its task (in this process).
         self._tokens: OrderedDict[str, str | int] = OrderedDict()
+        #: agent -> (its published input schema, when it was read)
+        self._schemas: dict[str, tuple[dict[str, Any], float]] = {}
 
     @property
     def aredis(self) -> redis.asyncio.Redis:
@@ -81,7 +87,8 @@ class Door:
         """The run of the task ``run_id`` if it is the caller's tenant's; else the protocol's
         error for a task that does not exist (-32602)."""
         tenant = self.caller(ctx).tenant
-        proj = await self.call(self.client.log.projection, run_id) if run_id else {}
+        proj = await self.call(self.client.log.projection, run_id) \
+            if keys.RUN_ID_RE.match(run_id) else {}
         if not proj or proj.get("tenant", "") != tenant:
             raise MCPError(code=INVALID_PARAMS,
                            message=f"Failed to retrieve task: no task {run_id!r}")
@@ -113,3 +120,16 @@ class Door:
 
     def token(self, run_id: str) -> str | int | None:
         return self._tokens.get(run_id)
+
+    def saw_schema(self, agent: str, schema: dict[str, Any]) -> None:
+        """Keep the input schema just read from the catalog for ``agent``."""
+        self._schemas[agent] = (schema, time.monotonic())
+
+    def schema(self, agent: str) -> dict[str, Any] | None:
+        """The input schema of ``agent`` read lately (no I/O: the SDK asks on the event loop,
+        before each 2026-07-28 call, to check its ``Mcp-Param-*`` headers); None: not known
+        now, and the SDK skips that check (the start checks the arguments all the same)."""
+        got = self._schemas.get(agent)
+        if got is None or time.monotonic() - got[1] > SCHEMA_FRESH_S:
+            return None
+        return got[0]

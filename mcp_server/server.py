@@ -81,7 +81,8 @@ def build_server(door: Door, version: str = "") -> DurableServer:
             await door.aclose()
 
     server = DurableServer(NAME, version=version, instructions=INSTRUCTIONS,
-                           lifespan=lifespan, on_list_tools=calls.on_list_tools)
+                           lifespan=lifespan, on_list_tools=calls.on_list_tools,
+                           get_tool_input_schema=door.schema)
     # Its answer may be the tasks extension's task (a dict), not only a ``CallToolResult``.
     server.add_request_handler("tools/call", types.CallToolRequestParams, calls.on_call_tool)
     server.add_request_handler("tasks/get", types.GetTaskRequestParams, methods.get)

@@ -60,6 +60,7 @@ def listed(door: Door) -> list[types.Tool]:
     for name in catalog.names(door.client.redis):
         item = catalog.published(door.client.redis, name)
         if item is not None and item.schema is not None:
+            door.saw_schema(name, item.schema)
             out.append(tool(item, door.wait_s))
     return out
 
@@ -95,6 +96,7 @@ async def start(door: Door, caller: Caller, params: types.CallToolRequestParams,
         item = catalog.published(client.redis, params.name)
         if item is None or item.schema is None:
             return None
+        door.saw_schema(params.name, item.schema)
         started = client.start(params.name, dict(params.arguments or {}), run_id,
                                tenant=caller.tenant or None, owner=caller.owner)
         return started, client.status(run_id)

@@ -128,7 +128,7 @@ def test_bad_calls_and_task_ids_are_refused_starting_nothing(
             with pytest.raises(MCPError, match="must be a string") as exc:
                 await call_with_task(c, "chat", {"parts": 1},
                                      meta={"durable-agents/idempotency-key": 42})
-            for task_id in ("mcp-nope", "", "x" * 300):
+            for task_id in ("mcp-nope", "", "x" * 300, "{a}b", "a b"):
                 with pytest.raises(MCPError, match="no task") as exc:
                     await get_task(c, task_id)
                 assert exc.value.error.code == types.INVALID_PARAMS
