@@ -138,24 +138,16 @@ def serve_http(settings: Settings, host: str, port: int, access: Any, dev: Any,
 
 
 def serve_stdio(settings: Settings, caller: Any, wait_s: float) -> int:
-    _, _, build_server = _imports()
-    import anyio
-    from mcp.server.stdio import stdio_server
-
+    _imports()
     from .door import Door
+    from .server import on_stdio
 
     _logging()
     client = Client(settings)
-    server = build_server(Door(client, wait_s=wait_s, stdio_caller=caller), _version())
-
-    async def serve() -> None:
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
-
     logging.getLogger("durable.mcp").info("mcp started on stdio, as %r (tenant %r)",
                                           caller.name, caller.tenant)
     try:
-        anyio.run(serve)
+        on_stdio(Door(client, wait_s=wait_s, stdio_caller=caller), _version())
     finally:
         client.close()
     return 0

@@ -9,6 +9,10 @@ protocol, both eras' handshakes, validation, transports) with this process's han
   extension (``io.modelcontextprotocol/tasks``) on 2026-07-28 ones;
 - a Redis that does not answer is the protocol's internal error (-32603) naming it, never a
   traceback.
+
+Served on stdio by ``on_stdio`` (one client, the process's caller: a host that launches the
+server talks to it on its stdin and stdout; every log line goes to stderr), over HTTP by
+``app``.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import anyio.to_thread
 import redis
 from mcp import types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -94,3 +100,15 @@ def build_server(door: Door, version: str = "") -> DurableServer:
     server.extensions[extension.IDENTIFIER] = {}
     server.middleware.extend([redis_errors, TaskAugmentation(door)])
     return server
+
+
+def on_stdio(door: Door, version: str = "") -> None:
+    """Serve one client on this process's stdin and stdout until it leaves (``door`` has
+    the caller it serves)."""
+    server = build_server(door, version)
+
+    async def serve() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    anyio.run(serve)
