@@ -89,6 +89,8 @@ class Watch:
     declined: bool = False
     #: The run waits for input now (as far as this request has followed it).
     waiting_input: bool = False
+    #: The steps said already (the one in flight when the request joined, then each decided).
+    said: set[int] = field(default_factory=set)
 
     @property
     def can_elicit(self) -> bool:
@@ -106,6 +108,7 @@ class Watch:
             await self._status(state)
         current = state.current
         if current is not None and not state.terminal:  # joined mid-step: say which
+            self.said.add(current.step)
             await self._progress(f"step {current.step}: {current.tool}")
         if state.state == "waiting_input" and state.wait is not None:
             deadline += await self._ask(state.wait)
@@ -144,7 +147,8 @@ class Watch:
             await self._progress(f"step {item.step}: {data[:CHUNK_CHARS]}")
             return 0.0
         e = item.event
-        if isinstance(e, ev.StepDecided):
+        if isinstance(e, ev.StepDecided) and e.step not in self.said:
+            self.said.add(e.step)
             await self._progress(f"step {e.step}: {e.tool}")
         elif isinstance(e, ev.ApprovalRequested):
             await self._progress(f"waiting for an approver ({e.role or 'any role'})")

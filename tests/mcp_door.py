@@ -15,6 +15,7 @@ release."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from durable.backend.embedded import free_port
 from durable.security.callers import new_token
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
+from tests.agent2agent import elapsed_ms
 
 #: Caller -> tenant, as the tokens file says.
 CALLERS = {"acme-bot": "acme", "globex-bot": "globex"}
@@ -172,6 +174,30 @@ async def call_with_task(client: Client, name: str, arguments: dict[str, Any], *
     got: types.CreateTaskResult = await client.session.send_request(
         request, types.CreateTaskResult, progress_callback=progress)
     return got
+
+
+class Progress:
+    """A progress callback that keeps what it is told, and when (ms since ``t0``)."""
+
+    def __init__(self, t0: float | None = None) -> None:
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.seen: list[tuple[float, str]] = []  # (ms since t0, message)
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.seen.append((elapsed_ms(self.t0), message or ""))
+
+    @property
+    def messages(self) -> list[str]:
+        return [m for _, m in self.seen]
+
+    async def until(self, message: str, timeout: float = 60) -> float:
+        """Wait until ``message`` has been told; when it was (ms since ``t0``)."""
+        with anyio.fail_after(timeout):
+            while True:
+                for ms, said in self.seen:
+                    if said == message:
+                        return ms
+                await anyio.sleep(0.01)
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -8,11 +8,13 @@ waits up to its bound, then answers with the task; a wait for input is an elicit
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis
 from mcp import types
@@ -26,6 +28,7 @@ from tests.agent2agent import elapsed_ms, published
 from tests.agents.forms import FORM
 from tests.mcp_door import (
     McpDoor,
+    Progress,
     TaskStatuses,
     call_with_task,
     cancel_task,
@@ -40,21 +43,6 @@ from tests.mcp_door import (
 __all__ = ["door"]  # the fixture
 
 pytestmark = pytest.mark.timeout(240)
-
-
-class Progress:
-    """A progress callback that keeps what it is told, and when."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-        self.seen: list[tuple[float, str]] = []  # (ms since t0, message)
-
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
-        self.seen.append((elapsed_ms(self.t0), message or ""))
-
-    @property
-    def messages(self) -> list[str]:
-        return [m for _, m in self.seen]
 
 
 @pytest.fixture()
@@ -86,49 +74,68 @@ def test_each_published_agent_is_a_tool_and_tasks_are_declared(door: McpDoor, wo
 
 
 def test_a_task_augmented_call_answers_at_once_and_tasks_result_follows_the_run(
-        door: McpDoor, worker: Any, client: Client, r: redis.Redis) -> None:
-    """A call with a task returns the task (working) before the run's first step; the task
-    id is the run's, recorded with the caller's tenant and owner. ``tasks/result`` blocks
-    until the run ends, reporting its step and partial output as progress and its status
-    changes as notifications, and returns the result. Reports start-to-first-event
-    latency against the native client's."""
+        door: McpDoor, worker: Any, client: Client, r: redis.Redis, tmp_path: Path) -> None:
+    """A call with a task returns the task (working) at once; the task id is the run's,
+    recorded with the caller's tenant and owner. ``tasks/result`` blocks until the run
+    ends, reporting its steps and the partial output of the step in flight as progress
+    (the test opens the step's gates as the progress says) and its status changes as
+    notifications, and returns the result. Reports start-to-first-event latency against
+    the native client's."""
     worker()
-    published(r, "chat")
+    published(r, "gated_chat", "chat")
     statuses = TaskStatuses()
 
     async def go() -> list[tuple[float, float, float, float]]:
         async with door.client(extensions=[statuses]) as c:
-            created = await call_with_task(c, "chat", {"parts": 3, "pause_s": 0.3})
+            gate = tmp_path / "gate"
+            created = await call_with_task(c, "gated_chat",
+                                           {"parts": 3, "first": 1, "gate": str(gate)})
             task = created.task
             assert task.status == "working" and task.ttl is None and task.poll_interval
             state = client.status(task.task_id)
-            assert (state.agent, state.tenant, state.owner) == ("chat", "acme", "mcp:acme-bot")
-            got = await get_task(c, task.task_id)
-            assert got.task_id == task.task_id and got.status == "working"
+            assert (state.agent, state.tenant, state.owner) == \
+                ("gated_chat", "acme", "mcp:acme-bot")
             progress = Progress()
-            out = await task_result(c, task.task_id, progress=progress)
-            assert out.is_error is False and out.structured_content == \
-                {"said": ["tok0", "tok1", "tok2"]}
+            outs: list[types.CallToolResult] = []
+            async with anyio.create_task_group() as waiting:
+                async def result() -> None:
+                    outs.append(await task_result(c, task.task_id, progress=progress))
+
+                waiting.start_soon(result)
+                await progress.until('step 1: {"token": "tok0"}')
+                got = await get_task(c, task.task_id)
+                assert got.status == "working" and got.status_message == \
+                    "step 1: gated_chatter"
+                Path(f"{gate}.1").touch()
+                await progress.until('step 1: {"token": "tok2"}')
+                Path(f"{gate}.2").touch()
+            (out,) = outs
+            assert out.is_error is False and out.structured_content == {"steps": 2}
             assert out.meta == {"io.modelcontextprotocol/related-task":
                                 {"taskId": task.task_id}}
-            assert progress.messages[0] == "step 1: chatter", progress.messages
-            assert [m for m in progress.messages if "tok" in m] == \
-                [f'step 1: {{"token": "tok{i}"}}' for i in range(3)], progress.messages
+            assert progress.messages == [
+                "step 1: gated_chatter", *(f'step 1: {{"token": "tok{i}"}}' for i in range(3)),
+                "step 2: noop"], progress.messages
             done = await get_task(c, task.task_id)
             assert done.status == "completed" and done.last_updated_at >= done.created_at
-            # Latency, on short tasks, each beside a native run: to the task (the call's
-            # answer) against ``Client.start`` and its first log entry read; to the first
-            # step as progress (``tasks/result`` sent at once) against the first
-            # ``step_decided`` entry read.
+            # Latency, each sample beside a native run: to the task (the call's answer)
+            # against ``Client.start`` and its first log entry read; to the first step as
+            # progress (``tasks/result`` sent at once) against the first ``step_decided``
+            # entry read.
             samples: list[tuple[float, float, float, float]] = []
-            for _ in range(10):
+            for i in range(10):
+                gate = tmp_path / f"gate-{i}"
                 t0 = time.perf_counter()
-                made = await call_with_task(c, "chat", {"parts": 1, "pause_s": 0.2})
+                made = await call_with_task(c, "gated_chat",
+                                            {"parts": 1, "first": 0, "gate": str(gate)})
                 first = elapsed_ms(t0)
-                follow = Progress()
-                follow.t0 = t0
-                await task_result(c, made.task.task_id, progress=follow)
-                step = next(ms for ms, m in follow.seen if m == "step 1: chatter")
+                follow = Progress(t0)
+                async with anyio.create_task_group() as waiting:
+                    waiting.start_soon(functools.partial(task_result, c, made.task.task_id,
+                                                         progress=follow))
+                    step = await follow.until("step 1: gated_chatter")
+                    Path(f"{gate}.1").touch()
+                    Path(f"{gate}.2").touch()
                 samples.append((first, step, *await asyncio.to_thread(_native, client)))
         return samples
 
@@ -163,12 +170,13 @@ def _native(client: Client) -> tuple[float, float]:
 def test_a_call_without_a_task_waits_up_to_its_bound_then_answers_with_the_task(
         server: Server, settings: Any, tmp_path: Path, worker: Any, client: Client,
         r: redis.Redis) -> None:
-    """``DURABLE_MCP_WAIT_S=1.5``: a call whose run ends sooner answers with its result
-    (progress on the way); one whose run takes longer answers after about the bound with
-    the task to poll, not an error, and its ``tasks/result`` has the result."""
+    """``DURABLE_MCP_WAIT_S=3``: a call whose run ends sooner answers with its result
+    (progress on the way); one whose run cannot end yet (its step waits for a gate the test
+    opens later) answers after the bound with the task to poll, not an error, and its
+    ``tasks/result`` has the result once the gates are open."""
     worker()
-    published(r, "chat")
-    with serving(server, tmp_path, DURABLE_MCP_WAIT_S="1.5") as door:
+    published(r, "chat", "gated_chat")
+    with serving(server, tmp_path / "door", DURABLE_MCP_WAIT_S="3") as door:
         async def go() -> None:
             async with door.client() as c:
                 progress = Progress()
@@ -176,16 +184,19 @@ def test_a_call_without_a_task_waits_up_to_its_bound_then_answers_with_the_task(
                                           progress_callback=progress)
                 assert quick.structured_content == {"said": ["tok0", "tok1"]}
                 assert progress.messages[0] == "step 1: chatter", progress.messages
+                gate = tmp_path / "gate"
                 t0 = time.perf_counter()
-                slow = await c.call_tool("chat", {"parts": 1, "pause_s": 4})
+                slow = await c.call_tool("gated_chat", {"parts": 1, "first": 0,
+                                                        "gate": str(gate)})
                 waited = time.perf_counter() - t0
-                assert 1.4 < waited < 3.5, waited
+                assert waited >= 2.9, waited
                 assert slow.is_error is False and isinstance(slow.structured_content, dict)
                 task = slow.structured_content["task"]
                 assert task["status"] == "working" and "tasks/get" in text_of(slow)
-                assert client.status(task["taskId"]).state != "completed"
+                Path(f"{gate}.1").touch()
+                Path(f"{gate}.2").touch()
                 out = await task_result(c, task["taskId"])
-                assert out.structured_content == {"said": ["tok0"]}
+                assert out.structured_content == {"steps": 2}
 
         asyncio.run(go())
 
@@ -224,11 +235,8 @@ def test_a_wait_for_input_is_an_elicitation(door: McpDoor, worker: Any, client: 
 
             created = await call_with_task(c, "booker", {"to": "Porto"})
             task_id = created.task.task_id
-            for _ in range(100):
-                got = await get_task(c, task_id)
-                if got.status == "input_required":
-                    break
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(client.wait, task_id, 60)  # until it waits for input
+            got = await get_task(c, task_id)
             assert got.status == "input_required" and got.status_message == \
                 "How many seats to Porto?"
             out = await task_result(c, task_id)
@@ -257,7 +265,7 @@ def test_tasks_cancel_is_the_durable_cancel(door: McpDoor, worker: Any, client: 
         async with door.client() as c:  # no elicitation: the run waits for input
             created = await call_with_task(c, "quoter", {"text": "x"})
             task_id = created.task.task_id
-            client.wait(task_id, 30)
+            await asyncio.to_thread(client.wait, task_id, 60)
             canceled = await cancel_task(c, task_id)
             assert canceled.status == "cancelled"
             with pytest.raises(MCPError, match="already in terminal status 'cancelled'") as exc:
