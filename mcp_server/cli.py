@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from durable.client import Client
 from durable.errors import UsageError
@@ -25,20 +26,6 @@ from durable.flow import tenants
 from durable.settings import Settings
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-#: Seconds a ``tools/call`` without a task waits for its run (clients give up at about a
-#: minute).
-WAIT_S = 30.0
-
-
-def _wait_s(text: str | None) -> float:
-    try:
-        value = float(text) if text is not None else WAIT_S
-    except ValueError:
-        raise UsageError(f"DURABLE_MCP_WAIT_S must be a number of seconds, not {text!r}") \
-            from None
-    if not 0 <= value <= 3600:
-        raise UsageError(f"DURABLE_MCP_WAIT_S: 0 to 3600 seconds, not {value:g}")
-    return value
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -52,18 +39,25 @@ def cmd_mcp(args: argparse.Namespace) -> int:
               f"[tokens.{args.new_token}]\nsha256 = \"{digest}\"\ntenant = \"{args.tenant or ''}\"")
         return 0
     settings = Settings()
-    wait_s = _wait_s(args.wait_s or os.environ.get("DURABLE_MCP_WAIT_S"))
-    tokens_file = args.tokens or os.environ.get("DURABLE_MCP_TOKENS")
+    if args.wait_s is not None:
+        try:  # checked as the variable is
+            settings = settings.replace(mcp_wait_s=args.wait_s)
+        except ValidationError as exc:
+            raise UsageError(f"--wait-s {args.wait_s}: "
+                             f"{exc.errors()[0]['msg'].lower()}") from None
+    wait_s = settings.mcp.wait_s
+    tokens_file = args.tokens or settings.mcp.tokens
     tokens = Tokens.load(Path(tokens_file)) if tokens_file else None
     if args.stdio:
-        return serve_stdio(settings, _stdio_caller(args, tokens), wait_s)
+        return serve_stdio(settings, _stdio_caller(args, settings, tokens), wait_s)
     users_file = Path(args.users) if args.users else settings.console.users
+    host = args.host or settings.mcp.host
     access: Access | None = None
     dev: Caller | None = None
     if args.dev:
-        if args.host not in LOOPBACK:
+        if host not in LOOPBACK:
             raise UsageError(f"--dev serves without a token: only on a loopback address, not "
-                             f"{args.host!r}")
+                             f"{host!r}")
         dev = Caller(args.dev_user, args.tenant or "")
     elif tokens is None and not users_file:
         raise UsageError("set DURABLE_MCP_TOKENS (or --tokens) to the tokens file and/or "
@@ -71,16 +65,18 @@ def cmd_mcp(args: argparse.Namespace) -> int:
                          "use --dev on a loopback address")
     else:
         access = Access(tokens, Users.load(users_file) if users_file else None)
-    return serve_http(settings, args.host, args.port, access, dev, wait_s)
+    return serve_http(settings, host, settings.mcp.port if args.port is None else args.port,
+                      access, dev, wait_s)
 
 
-def _stdio_caller(args: argparse.Namespace, tokens: Any) -> Any:
+def _stdio_caller(args: argparse.Namespace, settings: Settings, tokens: Any) -> Any:
     """Who the client of a stdio server is: the token in the environment, or ``--dev``."""
     from durable.security.callers import Caller
 
     if args.dev:
         return Caller(args.dev_user, args.tenant or "")
-    token = os.environ.get("DURABLE_MCP_TOKEN", "").strip()
+    secret = settings.mcp.token
+    token = secret.get_secret_value().strip() if secret is not None else ""
     if tokens is None or not token:
         raise UsageError("durable mcp --stdio: set DURABLE_MCP_TOKEN to the caller's token "
                          "and DURABLE_MCP_TOKENS (or --tokens) to the tokens file, or use "
@@ -167,9 +163,9 @@ def register(add: Callable[..., Any]) -> None:
              "durable tasks)", js=False)
     sp.add_argument("--stdio", action="store_true",
                     help="serve one client on stdin/stdout (its token: DURABLE_MCP_TOKEN)")
-    sp.add_argument("--host", default=os.environ.get("DURABLE_MCP_HOST", "127.0.0.1"),
+    sp.add_argument("--host", default=None,
                     help="address to listen on (DURABLE_MCP_HOST, 127.0.0.1)")
-    sp.add_argument("--port", type=int, default=int(os.environ.get("DURABLE_MCP_PORT", 8720)),
+    sp.add_argument("--port", type=int, default=None,
                     help="port to listen on (DURABLE_MCP_PORT, 8720)")
     sp.add_argument("--tokens", metavar="FILE",
                     help="the bearer tokens file (DURABLE_MCP_TOKENS)")
@@ -178,7 +174,7 @@ def register(add: Callable[..., Any]) -> None:
                     "(default: DURABLE_CONSOLE_USERS, if set)")
     sp.add_argument("--wait-s", metavar="S",
                     help="how long a call without a task waits for its run before it "
-                    f"answers with the task (DURABLE_MCP_WAIT_S, {WAIT_S:g})")
+                    "answers with the task (DURABLE_MCP_WAIT_S, 30)")
     sp.add_argument("--dev", action="store_true",
                     help="development mode: no token (HTTP only on a loopback address)")
     sp.add_argument("--dev-user", default="dev", metavar="NAME",
