@@ -22,6 +22,7 @@ is started either way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp import types
@@ -90,7 +91,7 @@ class TaskAugmentation:
     async def __call__(self, ctx: ServerRequestContext[Any, Any],
                        call_next: CallNext) -> HandlerResult:
         raw = ctx.params
-        if ctx.method != "tools/call" or not isinstance(raw, dict) or \
+        if ctx.method != "tools/call" or not isinstance(raw, Mapping) or \
                 raw.get("task") is None or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await call_next(ctx)
         if ctx.session.client_params is None:  # the runner's gate, which this precedes

@@ -63,7 +63,7 @@ def test_credentials_and_sessions_are_checked_before_anything_is_served(
     both schemes, a JSON-RPC error object. A console viewer's right password: 403. A
     console operator's is admitted through the SDK's client: its task is a run of the
     default tenant owned by ``mcp:user:<name>``. An MCP session opened by one caller is an
-    unknown session (404) to another; a body over twice ``DURABLE_MAX_PAYLOAD_BYTES`` (and
+    unknown session (404) to another; a malformed task-augmented call is invalid params; a body over twice ``DURABLE_MAX_PAYLOAD_BYTES`` (and
     64 KiB) is refused (413)."""
     users = tmp_path / "users.toml"
     users.write_text(f'[users.ops]\npassword = "{hash_password("ops-pw")}"\n'
@@ -90,6 +90,11 @@ def test_credentials_and_sessions_are_checked_before_anything_is_served(
         stolen = post(door, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
                       {**door.headers("globex-bot"), **session})
         assert stolen.status_code == 404, stolen.text
+        malformed = post(door, {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                                "params": {"task": {"ttl": 1}, "arguments": 3}},
+                         {**door.headers("acme-bot"), **session})
+        assert malformed.status_code == 200 and \
+            '"code":-32602' in malformed.text.replace(" ", ""), malformed.text
         huge = post(door, b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list", "x": "'
                     + b"x" * 100_000 + b'"}', {**door.headers("acme-bot"), **session})
         assert huge.status_code == 413, huge.text
