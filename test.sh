@@ -26,8 +26,8 @@ fi
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/ruff check durable workers reconciler console a2a_server examples tests bench
-.venv/bin/mypy durable workers reconciler console a2a_server examples bench tests
+.venv/bin/ruff check durable workers reconciler console a2a_server mcp_server examples tests bench
+.venv/bin/mypy durable workers reconciler console a2a_server mcp_server examples bench tests
 # Both passes run whatever the first one gave; the script fails if either did.
 # The first runs test files in 4 processes (pytest-xdist), each with its own Redis server:
 # most tests wait on real processes and servers, not on the cores. DURABLE_TEST_PROCESSES

@@ -70,9 +70,12 @@ installed packages and fails when this diagram and the classes differ in any way
      │                           an MCP server answered a call with an error
      ├── durable.console.auth.LoginRequired
      │                           a console page needs a user (answered with a redirect)
-     └── durable.a2a.tokens.NotAllowed
-                                 an A2A caller's right credentials, of a user whose role
-                                 may not call (answered 403)
+     ├── durable.a2a.tokens.NotAllowed
+     │                           an A2A caller's right credentials, of a user whose role
+     │                           may not call (answered 403)
+     └── durable.security.callers.NotAllowed
+                                 a front door caller's right credentials (``durable mcp``),
+                                 of a user whose role may not call (answered 403)
 
     Signal                       stops code the library runs (see ``Signal``): a
      │                           ``BaseException``, so ``except Exception`` lets it pass

@@ -1,8 +1,8 @@
 """Typed settings, read once from ``DURABLE_*`` environment variables, grouped by concern.
 
 ``Settings()`` reads the environment into one model per concern (``settings.redis``,
-``settings.worker``, ``settings.models``...: the fields of ``Settings``; the console's and
-the A2A server's groups are in ``durable.settings_doors``). Each field reads
+``settings.worker``, ``settings.models``...: the fields of ``Settings``; the console's, the
+A2A server's and the MCP server's groups are in ``durable.settings_doors``). Each field reads
 the variable its ``validation_alias`` names (``settings.leases.ttl_ms`` is
 ``DURABLE_LEASE_TTL_MS``); a group can be read alone (``ModelSettings()``). The reference
 (``durable config --reference``, docs/reference.md) is generated from them, in this order.
@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from durable.durations import ContextRetention, Retention
 from durable.errors import UsageError
-from durable.settings_doors import A2ASettings, ConsoleSettings
+from durable.settings_doors import A2ASettings, ConsoleSettings, McpSettings
 
 #: Every group: fields are read from the variable named by their alias, and may be given
 #: by field name too (``LeaseSettings(ttl_ms=1000)``).
@@ -375,6 +375,7 @@ class Settings(BaseModel):
                                            title="The reconciler")
     console: ConsoleSettings = Field(default_factory=ConsoleSettings, title="The console")
     a2a: A2ASettings = Field(default_factory=A2ASettings, title="The A2A server")
+    mcp: McpSettings = Field(default_factory=McpSettings, title="The MCP server")
     models: ModelSettings = Field(default_factory=ModelSettings, title="The model step")
 
     @classmethod

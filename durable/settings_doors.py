@@ -1,5 +1,6 @@
-"""The settings of the front doors: the console and the A2A server (``durable.settings``
-reads them with the others: ``settings.console``, ``settings.a2a``)."""
+"""The settings of the front doors: the console, the A2A server and the MCP server
+(``durable.settings`` reads them with the others: ``settings.console``, ``settings.a2a``,
+``settings.mcp``)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,29 @@ class A2ASettings(BaseSettings):
         description="The published agent whose card `durable a2a` serves at the host's "
         "`/.well-known/agent-card.json` (also `--agent`); unset: the only one published "
         "(with several and none named, that address answers 404 naming this setting).")
+
+
+class McpSettings(BaseSettings):
+    """The MCP server (``durable mcp``)."""
+
+    model_config = _GROUP
+
+    tokens: Path | None = Field(
+        default=None, validation_alias="DURABLE_MCP_TOKENS",
+        description="The MCP server's bearer tokens file (the A2A server's format: each "
+        "token's SHA-256 and tenant; `durable mcp --new-token` prints an entry). Also "
+        "`--tokens`.")
+    token: SecretStr | None = Field(
+        default=None, validation_alias="DURABLE_MCP_TOKEN",
+        description="`durable mcp --stdio`: the token of the caller it serves (one of the "
+        "tokens file's), set by the host that launches it.")
+    host: str = Field(
+        default="127.0.0.1", validation_alias="DURABLE_MCP_HOST",
+        description="Address `durable mcp` listens on (also `--host`).")
+    port: int = Field(default=8720, ge=0, le=65535, validation_alias="DURABLE_MCP_PORT",
+                      description="Port `durable mcp` listens on (also `--port`).")
+    wait_s: float = Field(
+        default=30.0, ge=0, le=3600, validation_alias="DURABLE_MCP_WAIT_S",
+        description="How long a `tools/call` without a task waits for its run before it "
+        "answers with the task to poll (clients give up on a call at about a minute). Also "
+        "`--wait-s`.")

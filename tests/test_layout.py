@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: installed package -> the repository folder it is made of.
 PACKAGES = {"durable": "durable", "durable.workers": "workers",
             "durable.reconciler": "reconciler", "durable.console": "console",
-            "durable.a2a": "a2a_server",
+            "durable.a2a": "a2a_server", "durable.mcp_server": "mcp_server",
             "examples": "examples"}
-PROCESSES = ("durable.workers", "durable.reconciler", "durable.console", "durable.a2a")
+PROCESSES = ("durable.workers", "durable.reconciler", "durable.console", "durable.a2a",
+             "durable.mcp_server")
 
 #: package -> the packages it must never import.
 FORBIDDEN = {

