@@ -39,6 +39,8 @@ from google.protobuf.json_format import MessageToDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from durable.errors import DurableError
+
 #: The setting that chooses the host's card among several agents.
 HOST_AGENT_SETTING = "DURABLE_A2A_AGENT"
 #: Seconds a client or cache may keep a card (workers publish a new version rarely).
@@ -46,7 +48,7 @@ MAX_AGE_S = 60
 VERSIONS = (PROTOCOL_VERSION_1_0, PROTOCOL_VERSION_0_3)
 
 
-class NoCard(Exception):
+class NoCard(DurableError):
     """No card to serve: ``status`` and a JSON ``body`` that says why."""
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:

@@ -70,6 +70,8 @@ installed packages and fails when this diagram and the classes differ in any way
      │                           an MCP server answered a call with an error
      ├── durable.console.auth.LoginRequired
      │                           a console page needs a user (answered with a redirect)
+     ├── durable.a2a.discovery.NoCard
+     │                           no agent card to serve at an address (answered 404/400)
      ├── durable.a2a.tokens.NotAllowed
      │                           an A2A caller's right credentials, of a user whose role
      │                           may not call (answered 403)
