@@ -9,24 +9,21 @@ request sent again or an effect applied twice would show.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import FunctionToolset, ModelRetry, ToolFailed
-from pydantic_ai.messages import ToolReturn
+from pydantic_ai import FunctionToolset
 
 from durable.agents import is_placeholder, registry
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import pydantic_ai as integration
-from durable.integrations.pydantic_ai import tools
+from durable.integrations.pydantic_ai import compat
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.testing import wait_for
@@ -71,7 +68,7 @@ def test_an_agent_runs_as_a_durable_run_its_requests_and_calls_steps(
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
     # The tools saw their step's idempotency key; the model saw the tools' results.
     note = state.actions[5].result
-    assert note == {"return": f"noted two ({run}:5)"}
+    assert note == {"result": f"noted two ({run}:5)", "kind": "tool_return"}
     assert verify(client.log, run).ok
 
 
@@ -211,25 +208,29 @@ def test_a_conversation_continues_from_its_message_history(
 # In-process: the wire format of a tool step's outcome, and what construction refuses.
 
 
-def test_a_tool_outcome_round_trips_through_its_recorded_json() -> None:
-    async def outcome(value: Any = None, exc: BaseException | None = None) -> Any:
-        async def call() -> Any:
-            if exc is not None:
-                raise exc
-            return value
+def test_a_tool_steps_record_of_an_earlier_release_is_read_as_the_base_records_it() -> None:
+    """Tool steps recorded before the integration stood on pydantic-ai's base
+    (``{"return": ...}``, ``{"retry": ...}``...) are read as the ``CallToolResult`` the
+    base records now: a run recorded then goes on after an upgrade. Each is a value
+    pydantic-ai decodes as the same kind of outcome."""
+    from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult, ToolsetCallToolId
 
-        return await tools.tool_outcome(call())
-
-    def run(coro: Any) -> Any:
-        return asyncio.run(coro)
-
-    assert tools.decode_outcome(run(outcome({"a": [1, 2]}))) == {"a": [1, 2]}
-    back = tools.decode_outcome(run(outcome(ToolReturn(return_value=3, content="c"))))
-    assert isinstance(back, ToolReturn) and back.return_value == 3 and back.content == "c"
-    with pytest.raises(ModelRetry, match="again"):
-        tools.decode_outcome(run(outcome(exc=ModelRetry("again"))))
-    with pytest.raises(ToolFailed, match="gone"):
-        tools.decode_outcome(run(outcome(exc=ToolFailed("gone"))))
+    op = ToolsetCallToolId("function", toolset_id="<agent>")
+    earlier = [({"return": {"a": [1, 2]}}, "tool_return"),
+               ({"tool_return": {"return_value": 3, "content": "c", "kind": "tool-return"}},
+                "tool_return"),
+               ({"retry": "again"}, "model_retry"), ({"failed": "gone"}, "tool_failed"),
+               ({"approval_required": {"why": 1}}, "approval_required"),
+               ({"deferred": {"job": 2}, "kind": "external"}, "call_deferred")]
+    for old, kind in earlier:
+        now = compat.payload(op, old)
+        assert now["kind"] == kind, old
+        again = JSON_CODEC.dump(CallToolResult, JSON_CODEC.load(CallToolResult, now))
+        assert again["kind"] == kind, (old, again)
+    first = JSON_CODEC.load(CallToolResult, compat.payload(op, earlier[0][0]))
+    assert JSON_CODEC.dump(CallToolResult, first)["result"] == {"a": [1, 2]}
+    assert compat.payload(op, {"result": 1, "kind": "tool_return"}) == {
+        "result": 1, "kind": "tool_return"}  # what the base records: as it is
 
 
 def test_step_context_outside_a_step_says_so() -> None:
