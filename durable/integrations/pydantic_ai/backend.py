@@ -81,7 +81,8 @@ class StepNamer(JournalOperationNamer):
     (``<name>.tool.<toolset id>.<tool>`` for another toolset), ``<name>.tool.<id>.call`` for
     a dynamic toolset, ``<name>.mcp.<id>.call`` (and ``.read``, ``.tools``) for an MCP
     server; and for what pydantic-ai made durable since: ``<name>.events`` (an event shown
-    to the handler), ``<name>.capability.<id>.<operation>``, ``<name>.tool.<id>.tools`` (a
+    to the handler), ``<name>.capability`` (a capability's ``@durable_operation``, named in
+    its arguments), ``<name>.tool.<id>.tools`` (a
     dynamic toolset's tools), ``<name>.mcp.<id>.instructions``, ``...validate``."""
 
     def __init__(self, name: str) -> None:
@@ -96,8 +97,8 @@ class StepNamer(JournalOperationNamer):
         match operation_id:
             case EventStreamHandlerId():
                 return f"{n}.events"
-            case CapabilityOperationId(capability_id=capability, operation=operation):
-                return f"{n}.capability.{capability}.{operation}"
+            case CapabilityOperationId():
+                return f"{n}.capability"  # which one: in its arguments
             case ToolsetGetToolsId(toolset_kind="mcp", toolset_id=ident):
                 return f"{n}.mcp.{ident}.tools"
             case ToolsetGetToolsId(toolset_id=ident):
@@ -253,6 +254,10 @@ def step_args(operation_id: DurableOperationId, params: object, b: Binding) -> d
             return {"event": event.event_kind, **({"call": call} if call else {})}
     if isinstance(operation_id, ToolsetGetToolsId | ToolsetGetInstructionsId):
         return {}
+    if isinstance(operation_id, CapabilityOperationId):
+        arguments = getattr(params, "arguments", None)
+        return {**digest_placeholder(stable(arguments)), "capability":
+                operation_id.capability_id, "operation": operation_id.operation}
     return _digested(stable(_without_run_context(params)), type(params).__name__)
 
 

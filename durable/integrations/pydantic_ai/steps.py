@@ -79,7 +79,9 @@ async def _perform(tool: Tool, owner: Shared, args: dict[str, Any], ctx: ToolCon
 
 class OperationStep(EffectFreeStep):
     """An operation without external effect (an event shown to the handler, a toolset's
-    tools or instructions, a count of tokens...): sent again after a crash."""
+    tools or instructions, a count of tokens...): sent again after a crash. So is a
+    capability's ``@durable_operation`` (at least once, as pydantic-ai's engines run their
+    units: it makes its own effects idempotent, with ``step_context().key``)."""
 
     owner: ClassVar[Shared]
 
@@ -183,7 +185,8 @@ def agent_steps(name: str, owner: Shared, toolsets: Sequence[AbstractToolset[Any
                   make_step(ModelOperationStep, f"{name}.model.compact", **model),
                   make_step(OperationStep, f"{name}.model.count_tokens", **model),
                   make_step(OperationStep, f"{name}.model.cancel_suspended", **model),
-                  make_step(OperationStep, f"{name}.events", **shared)]
+                  make_step(OperationStep, f"{name}.events", **shared),
+                  make_step(OperationStep, f"{name}.capability", **shared)]
     used: set[str] = set()
     ids: dict[str, AbstractToolset[Any]] = {}
     for leaf in leaves(toolsets):
