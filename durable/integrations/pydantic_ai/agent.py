@@ -29,7 +29,13 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
     conversation_id_from_run_id,
 )
-from pydantic_ai.exceptions import ModelAPIError, RunCancelled, UsageLimitExceeded, UserError
+from pydantic_ai.exceptions import (
+    AgentRunError,
+    ModelAPIError,
+    RunCancelled,
+    UsageLimitExceeded,
+    UserError,
+)
 from pydantic_ai.messages import ModelMessage, UserContent
 from pydantic_ai.models import Model
 from pydantic_ai.tools import (
@@ -44,7 +50,7 @@ from pydantic_ai.toolsets import AbstractToolset
 
 from durable import conversations
 from durable.agents import Cancel, Fail, registry
-from durable.code import AsyncRunContext, EndRun, StepFailed
+from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
 from durable.errors import NondeterminismError, Signal
 from durable.flow import budgets as run_budgets
@@ -54,7 +60,6 @@ from durable.integrations.pydantic_ai.backend import PLAIN, Rejected, StepBacken
 from durable.integrations.pydantic_ai.model import StepModel, streaming_handler
 from durable.integrations.pydantic_ai.models import check_buildable, run_model
 from durable.integrations.pydantic_ai.run import (
-    RUNS,
     Binding,
     RunInput,
     Shared,
@@ -332,6 +337,8 @@ class RedisDurability(BaseDurabilityCapability[Any]):
             raise EndRun(Fail(f"the model failed: {exc}")) from None
         except UserError as exc:  # the agent cannot run so (pydantic-ai's reason)
             raise EndRun(Fail(f"pydantic-ai refused the run: {exc}")) from None
+        except AgentRunError as exc:  # the model misbehaved, a limit of pydantic-ai's...
+            raise EndRun(Fail(f"{type(exc).__name__}: {exc}")) from None
         except BaseExceptionGroup as group:
             raise primary(group) from None
         finally:
@@ -404,4 +411,4 @@ async def _ignore_events(ctx: Any, events: Any) -> None:
         pass
 
 
-__all__ = ["ENGINE", "RUNS", "DurableAgent", "RedisDurability", "StepFailed"]
+__all__ = ["ENGINE", "DurableAgent", "RedisDurability"]

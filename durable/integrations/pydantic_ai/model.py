@@ -28,7 +28,7 @@ from pydantic_ai.messages import (
     ToolCallPart,
     ToolCallPartDelta,
 )
-from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.models import ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -80,11 +80,6 @@ class StepModel(WrapperModel):
         async with super().request_stream(messages, model_settings, model_request_parameters,
                                           run_context) as streamed:
             yield streamed
-
-
-def wrap(model: Model) -> Model:
-    """``model`` as ``StepModel`` wraps it (once)."""
-    return model if isinstance(model, StepModel) else StepModel(model)
 
 
 # Partial output ------------------------------------------------------------------------------

@@ -146,6 +146,7 @@ class Shared:
     (``for_agent``) share: the live requests handed to its step tools (what the step tools
     know of it: an ``Owner``). The binding of a run names it, not a copy."""
 
+    #: The registered agent's name (an ``Owner``'s).
     name: str = ""
     live: LiveRequests = field(default_factory=LiveRequests)
     #: The agent its copies were bound to.
