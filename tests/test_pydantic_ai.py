@@ -12,7 +12,9 @@ from __future__ import annotations
 import signal
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("pydantic_ai")
@@ -20,6 +22,7 @@ pytest.importorskip("pydantic_ai")
 from pydantic_ai import FunctionToolset
 
 from durable.agents import is_placeholder, registry
+from durable.audit.replay import check_determinism, import_log
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import pydantic_ai as integration
@@ -251,3 +254,44 @@ def test_construction_refuses_what_it_cannot_make_durable() -> None:
     assert not [n for n in [*registry.agents, *registry.tools] if n.startswith(("pai_typo",
                                                                               "pai_anon"))]
     assert pai_agents.booker.name == "pai_booker"  # the agent itself is unchanged
+
+
+# A run recorded by the release before the integration stood on pydantic-ai's base.
+
+PREVIOUS = Path(__file__).parent / "fixtures" / "pydantic_ai" / "pai_booker_previous.jsonl"
+#: Its run id (a request's identity holds the run's id and the conversation's, drawn from it).
+RECORDED = "fx-pai-booker"
+
+
+def _previous() -> list[dict[str, Any]]:
+    """``pai_booker``'s run as the previous release recorded it (b9b0309, tool steps as
+    ``{"return": ...}``): kept, never recorded again."""
+    return [msgspec.json.decode(line) for line in PREVIOUS.read_bytes().splitlines() if line]
+
+
+def test_a_run_the_previous_release_recorded_replays_unchanged(client: Client) -> None:
+    """Every step of the recorded run is decided the same by this release's agent, from the
+    same outcomes: its steps' names and arguments (a model request's digest) are those of
+    then, and the records of then are read."""
+    import_log(client.log, RECORDED, _previous())
+    assert verify(client.log, RECORDED).ok
+    assert check_determinism(client.log, RECORDED, registry.agent("pai_booker")) == 5
+
+
+def test_a_run_the_previous_release_left_in_flight_goes_on(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The run as the previous release had recorded it up to its first booking's outcome
+    (step 2), then a worker of this release: it reads the recorded request and booking back
+    (neither is sent again) and goes on to the end."""
+    events = _previous()
+    cut = [i for i, e in enumerate(events) if e["type"] == "action_succeeded"][1] + 1
+    import_log(client.log, RECORDED, events[:cut])
+    client.enqueue(RECORDED)
+    worker(burst=True).wait(60)
+    final = client.status(RECORDED)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "booked: slot 1, slot 2"
+    assert _model_requests(tmp_path) == {f"{RECORDED}:3": 1, f"{RECORDED}:6": 1}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{RECORDED}:4": 1}
+    assert verify(client.log, RECORDED).ok
