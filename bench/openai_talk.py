@@ -10,6 +10,7 @@ network: what is measured is the integration and the worker, not a provider.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +28,9 @@ from bench.framework_agents import TALK_CALLS, WORDS
 from durable.integrations.openai_agents import DurableAgent, StepOptions
 
 __all__ = ["TALK_CALLS", "plain_run", "talker"]
+
+# The SDK's tracing would export to OpenAI (and spend the CPU measured here on it).
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 
 def _calls_done(input: str | list[TResponseInputItem]) -> int:

@@ -253,7 +253,10 @@ class RedisDurability(BaseDurabilityCapability[Any]):
                              "agent already: give each agent its own")
         if shared.agent is None:
             shared.agent, self.attached = agent, True
-        return super().for_agent(agent)
+        if shared.bound is None:  # bound once: each run of DurableAgent's joins this copy
+            shared.bound = super().for_agent(agent)
+        bound: AbstractCapability[Any] = shared.bound
+        return bound
 
     def register(self, agent: AbstractAgent[Any, Any] | None = None) -> Self:
         """Register the agent and its step tools (once; refused on a taken name, an unknown

@@ -151,6 +151,8 @@ class Shared:
     live: LiveRequests = field(default_factory=LiveRequests)
     #: The agent its copies were bound to.
     agent: Any = None
+    #: The copy pydantic-ai bound to it (``for_agent``), made once.
+    bound: Any = None
     registered: bool = False
 
     def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
