@@ -115,7 +115,7 @@ async def _twice_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRe
 
 
 # One toolset, two views of it: the agent's (its stamp) and a capability's (its seal).
-twice = Agent(FunctionModel(_twice_model), name="pai_twice_toolset",
+twice = Agent(FunctionModel(_twice_model), name="pai_one_toolset_twice",
               toolsets=[shared.filtered(lambda ctx, tool: tool.name == "_stamp")],
               capabilities=[Toolset(shared.filtered(lambda ctx, tool: tool.name == "_seal"))])
 DurableAgent(twice)
@@ -128,9 +128,9 @@ def test_the_same_toolset_in_two_places_is_one_toolset(monkeypatch: pytest.Monke
     have the id")."""
     monkeypatch.setenv("TEST_MODEL_LOG", str(tmp_path / "model.sqlite"))
     with AgentEnvironment("tests.test_pydantic_ai_names") as env:
-        final = env.execute("pai_twice_toolset", {"prompt": "go"}, run_id="twice")
+        final = env.execute("pai_one_toolset_twice", {"prompt": "go"}, run_id="twice")
         assert final.state == "completed", (final.state, final.error)
         assert final.result == "stamped x, sealed y"
         assert [a.tool for a in final.actions.values()] == [
-            "pai_twice_toolset.model", "pai_twice_toolset.tool.twice._stamp",
-            "pai_twice_toolset.tool.twice._seal", "pai_twice_toolset.model"]
+            "pai_one_toolset_twice.model", "pai_one_toolset_twice.tool.twice._stamp",
+            "pai_one_toolset_twice.tool.twice._seal", "pai_one_toolset_twice.model"]
