@@ -1,9 +1,10 @@
-"""Part of ``bench.styles``: what one call of a long pydantic-ai conversation costs, early and
-late in it.
+"""Part of ``bench.styles``: what one call of a long conversation costs, early and late in it,
+for each framework integration.
 
-One worker process serves ``bench.framework_agents``' ``pai_talk``: an unchanged pydantic-ai
-``Agent`` made durable, whose model answers at once (``TALK_CALLS`` requests, each reply
-some text and a call of the effect-free ``look`` tool, ~1 KB of conversation a call).
+One worker process serves ``bench.framework_agents``' ``pai_talk`` (an unchanged pydantic-ai
+``Agent`` made durable) or ``bench.openai_talk``'s ``oai_talk`` (the same conversation as an
+OpenAI Agents SDK ``Agent``), whose model answers at once (``TALK_CALLS`` requests, each
+reply some text and a call of the effect-free ``look`` tool, ~1 KB of conversation a call).
 ``ROUNDS`` runs one after the other, after a warm-up run. Per call (a model request and the
 tool call it asks for), averaged over calls 1-10 ("early") and 91-100 ("late"), medians over
 the rounds, and the ratio late / early:
@@ -14,9 +15,11 @@ the rounds, and the ratio late / early:
   in the worker by a step hook (``CpuStamps``).
 
 Beside them, the same agent run plainly in this process (``asyncio``, the worker's collector
-setting): pydantic-ai's own CPU per call early and late, which grows with the conversation
-too (pydantic-ai looks through the whole history at each request); the worker's CPU less
+setting): the framework's own CPU per call early and late, which grows with the conversation
+too (each framework looks through the whole history at each request); the worker's CPU less
 it is what durability adds per call.
+
+    python -m bench.conversation      # both frameworks, printed as the styles report has them
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ ROUNDS = 5
 EARLY = (1, 10)
 LATE = (91, 100)
 ROOT = Path(__file__).resolve().parent.parent
+#: The conversation's agent of each framework, and the worker's agent modules for it.
+TALKERS = {"pydantic-ai": ("pai_talk", "bench.framework_agents"),
+           "OpenAI Agents SDK": ("oai_talk", "bench.openai_talk")}
 
 
 class CpuStamps:
@@ -81,14 +87,18 @@ class CpuStamps:
                 self._write()
 
 
-def _cpu_per_call(stamps: dict[str, float], first: int, last: int) -> float:
-    """The worker's CPU ms per call over calls ``first``..``last``: call k's model step is
-    step 2k - 1 (its tool call 2k); from the intent of the first's to the outcome of the
-    last's tool call (of its model step, for the conversation's last call)."""
-    end = stamps.get(f"o{2 * last}", stamps.get(f"o{2 * last - 1}"))
+def _cpu_per_call(stamps: dict[str, float], model_steps: list[int], first: int,
+                  last: int) -> float:
+    """The worker's CPU ms per call over calls ``first``..``last``: call k begins at its
+    model step's intent (``model_steps[k - 1]``) and ends with the outcome of the step
+    before the next call's model step (the run's last step, for the conversation's last)."""
+    begin = stamps[f"i{model_steps[first - 1]}"]
+    end_step = model_steps[last] - 1 if last < len(model_steps) else max(
+        int(k[1:]) for k in stamps if k.startswith("o"))
+    end = stamps.get(f"o{end_step}")
     if end is None:
         raise RuntimeError(f"no CPU stamp for call {last}")
-    return 1000 * (end - stamps[f"i{2 * first - 1}"]) / (last - first + 1)
+    return 1000 * (end - begin) / (last - first + 1)
 
 
 def _per_call(times: list[float], first: int, last: int) -> float:
@@ -98,10 +108,10 @@ def _per_call(times: list[float], first: int, last: int) -> float:
 
 
 def durable_calls(url: str, r: redis.Redis, agents: str, rounds: int = ROUNDS,
-                  log_dir: Path | None = None) -> dict[str, Any]:
-    """``rounds`` conversations on one fresh worker: per-call ms early and late (medians)
-    and the worker's CPU per conversation."""
-    log = (log_dir or Path(tempfile.mkdtemp(prefix="talk-"))) / "talk-worker.log"
+                  log_dir: Path | None = None, agent: str = "pai_talk") -> dict[str, Any]:
+    """``rounds`` conversations of ``agent`` on one fresh worker: per-call ms early and late
+    (medians) and the worker's CPU per conversation."""
+    log = (log_dir or Path(tempfile.mkdtemp(prefix="talk-"))) / f"{agent}-worker.log"
     cpu_path = log.with_suffix(".cpu.json")
     for p in (log, cpu_path):
         p.unlink(missing_ok=True)
@@ -113,24 +123,26 @@ def durable_calls(url: str, r: redis.Redis, agents: str, rounds: int = ROUNDS,
     late: list[float] = []
     cpu: list[float] = []
     runs: list[str] = []
+    model_steps: dict[str, list[int]] = {}
+    start = {"pai_talk": {"prompt": "go"}, "oai_talk": {"input": "go"}}[agent]
     try:
         if not worker.started(60):
             raise RuntimeError(f"the worker did not start: {log.read_text()[-2000:]}")
         proc = psutil.Process(worker.pid)
-        if srv_client.wait(srv_client.start("pai_talk", {"prompt": "go"},
-                                            run_id="talk-warm").run_id, 120).state \
-                != "completed":
+        if srv_client.wait(srv_client.start(agent, start, run_id="talk-warm").run_id,
+                           120).state != "completed":
             raise RuntimeError("the warm-up conversation did not complete")
         for k in range(rounds):
             t0 = proc.cpu_times()
-            run = srv_client.start("pai_talk", {"prompt": "go"}, run_id=f"talk-{k}").run_id
+            run = srv_client.start(agent, start, run_id=f"talk-{k}").run_id
             final = srv_client.wait(run, 300)
             t1 = proc.cpu_times()
             if final.state != "completed" or final.model_calls != framework_agents.TALK_CALLS:
                 raise RuntimeError(f"conversation {k}: {final.state} {final.error}")
-            times: list[float] = [ms_of(e.id) for e in srv_client.events(run)
-                     if isinstance(e.event, ev.StepDecided)
-                     and e.event.tool == "pai_talk.model"]
+            decided = [(e.id, e.event) for e in srv_client.events(run)
+                       if isinstance(e.event, ev.StepDecided) and e.event.tool == f"{agent}.model"]
+            model_steps[run] = [event.step for _, event in decided]
+            times: list[float] = [ms_of(entry) for entry, _ in decided]
             times.append(ms_of(r.hget(keys.UNSHARDED.run(run), "last") or b"0-0"))
             early.append(_per_call(times, *EARLY))
             late.append(_per_call(times, *LATE))
@@ -139,8 +151,8 @@ def durable_calls(url: str, r: redis.Redis, agents: str, rounds: int = ROUNDS,
     finally:
         worker.stop()
     stamps = json.loads(cpu_path.read_text())
-    cpu_early = [_cpu_per_call(stamps[run], *EARLY) for run in runs]
-    cpu_late = [_cpu_per_call(stamps[run], *LATE) for run in runs]
+    cpu_early = [_cpu_per_call(stamps[run], model_steps[run], *EARLY) for run in runs]
+    cpu_late = [_cpu_per_call(stamps[run], model_steps[run], *LATE) for run in runs]
     return {"early_ms": median(early), "late_ms": median(late),
             "late_over_early": median(late) / median(early), "rounds_early_ms": early,
             "rounds_late_ms": late, "worker_cpu_per_run_s": median(cpu),
@@ -179,6 +191,38 @@ def plain_calls(rounds: int = ROUNDS, gc_threshold: int = 0) -> dict[str, Any]:
             "late_over_early": median(late) / median(early)}
 
 
+def plain_openai_calls(rounds: int = ROUNDS, gc_threshold: int = 0) -> dict[str, Any]:
+    """``plain_calls`` for the OpenAI Agents SDK's conversation (``bench.openai_talk``)."""
+    from bench import openai_talk
+
+    stamps: list[float] = []
+
+    class Stamped(openai_talk.TalkingModel):
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            stamps.append(time.process_time())
+            return await super().get_response(*args, **kwargs)
+
+    async def one() -> list[float]:
+        stamps.clear()
+        await openai_talk.plain_run(Stamped())
+        stamps.append(time.process_time())
+        return [1000 * s for s in stamps]
+
+    kept = gc.get_threshold()
+    if gc_threshold:
+        gc.collect()
+        gc.set_threshold(gc_threshold, kept[1], kept[2])
+    try:
+        asyncio.run(one())  # warm-up
+        runs = [asyncio.run(one()) for _ in range(rounds)]
+    finally:
+        gc.set_threshold(*kept)
+    early = [_per_call(s, *EARLY) for s in runs]
+    late = [_per_call(s, *LATE) for s in runs]
+    return {"early_ms": median(early), "late_ms": median(late),
+            "late_over_early": median(late) / median(early)}
+
+
 def added(res: dict[str, Any]) -> dict[str, float]:
     """What durability adds per call, early and late: the worker's CPU less pydantic-ai's."""
     d, p = res["durable"], res["plain"]
@@ -186,9 +230,9 @@ def added(res: dict[str, Any]) -> dict[str, float]:
     return {"early_ms": early, "late_ms": late, "late_over_early": late / early}
 
 
-def report(res: dict[str, Any]) -> list[str]:
+def report(res: dict[str, Any], framework: str = "pydantic-ai") -> list[str]:
     d, p, a = res["durable"], res["plain"], added(res)
-    return [f"\n**A {framework_agents.TALK_CALLS}-call pydantic-ai conversation** (one "
+    return [f"\n**A {framework_agents.TALK_CALLS}-call {framework} conversation** (one "
             "worker, the model answering at once; per call: a model request and its tool "
             "call):\n",
             "| per call | calls 1-10 ms | calls 91-100 ms | late / early |",
@@ -198,7 +242,38 @@ def report(res: dict[str, Any]) -> list[str]:
             f"| durable, worker CPU ({d['worker_cpu_per_run_s']:.2f} s a run) | "
             f"{d['cpu_early_ms']:.2f} | {d['cpu_late_ms']:.2f} | "
             f"{d['cpu_late_over_early']:.2f} |",
-            f"| plain pydantic-ai, CPU (one process) | {p['early_ms']:.2f} | "
+            f"| plain {framework}, CPU (one process) | {p['early_ms']:.2f} | "
             f"{p['late_ms']:.2f} | {p['late_over_early']:.2f} |",
             f"| what durability adds, CPU (worker less plain) | {a['early_ms']:.2f} | "
             f"{a['late_ms']:.2f} | {a['late_over_early']:.2f} |", ""]
+
+
+def both(url: str, r: redis.Redis, gc_threshold: int = 0,
+         log_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The conversation of each framework (``TALKERS``): durable on a worker, and plain."""
+    out: dict[str, dict[str, Any]] = {}
+    for framework, (agent, module) in TALKERS.items():
+        plain = plain_calls if agent == "pai_talk" else plain_openai_calls
+        out[framework] = {
+            "durable": durable_calls(url, r, f"examples.agents,{module}", log_dir=log_dir,
+                                     agent=agent),
+            "plain": plain(gc_threshold=gc_threshold)}
+    return out
+
+
+def main() -> int:
+    from durable.testing import Server
+
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    server = Server(fsync="everysec").start()
+    try:
+        res = both(server.url, server.client())
+    finally:
+        server.stop()
+    for framework, one in res.items():
+        print("\n".join(report(one, framework)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

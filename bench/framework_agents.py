@@ -96,7 +96,7 @@ def plain(runs: int, gc_threshold: int = 0) -> dict[str, Any]:
 #: Model requests of a conversation run (``bench.conversation``).
 TALK_CALLS = 100
 #: A reply's text and a tool result's size: the conversation grows by ~1 KB per call.
-_WORDS = "a model reply carries some text beside its tool call, as real ones do. " * 4
+WORDS = "a model reply carries some text beside its tool call, as real ones do. " * 4
 
 
 async def talking_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -104,7 +104,7 @@ async def talking_model(messages: list[ModelMessage], info: AgentInfo) -> ModelR
                if isinstance(p, ToolReturnPart))
     usage = RequestUsage(input_tokens=5, output_tokens=2)
     if done < TALK_CALLS - 1:
-        return ModelResponse(parts=[TextPart(_WORDS), ToolCallPart("look", {"n": done + 1})],
+        return ModelResponse(parts=[TextPart(WORDS), ToolCallPart("look", {"n": done + 1})],
                              usage=usage)
     return ModelResponse(parts=[TextPart(f"looked {done} times")], usage=usage)
 
@@ -115,7 +115,7 @@ talker = Agent(FunctionModel(talking_model), name="pai_talk")
 @talker.tool_plain
 async def look(n: int) -> dict[str, Any]:
     """Look something up (effect-free): a result of ~0.5 KB."""
-    return {"n": n, "found": _WORDS[:200] + str(n)}
+    return {"n": n, "found": WORDS[:200] + str(n)}
 
 
 durable_talker = DurableAgent(talker, tools={"look": StepOptions(effect_free=True)})

@@ -30,8 +30,9 @@ part of it: the same program on threads, ``HELD`` at once (what the styles whose
 is plain functions pay for their threads alone).
 
 Also reported: the pydantic-ai row's CPU per run over the plain run's with the worker's
-collector (the workers' alone, and with Redis's), and a 100-call pydantic-ai conversation's
-cost per call early and late in it (``bench.conversation``), beside pydantic-ai's own.
+collector (the workers' alone, and with Redis's), and a 100-call conversation's cost per
+call early and late in it, of pydantic-ai and of the OpenAI Agents SDK
+(``bench.conversation``), beside each framework's own.
 
 Reported per row: wall, wall / ideal, peak RSS and threads of each worker (at ``HELD``
 runs held), starts, latency, and the problems the worker logs show; and the ratio of
@@ -144,14 +145,21 @@ def run(servers: Any, quick: bool = False, out_dir: Path | None = None,
             "durable": conversation.durable_calls(srv.url, r, FRAMEWORK_AGENTS,
                                                   log_dir=log_dir),
             "plain": conversation.plain_calls(gc_threshold=GC_THRESHOLD)}
+        out["conversation_openai"] = {
+            "durable": conversation.durable_calls(srv.url, r, "examples.agents,bench.openai_talk",
+                                                  log_dir=log_dir, agent="oai_talk"),
+            "plain": conversation.plain_openai_calls(gc_threshold=GC_THRESHOLD)}
     finally:
         r.close()
-    talk = out["conversation"]
-    log(f"  styles {framework_agents.TALK_CALLS}-call pydantic-ai conversation, ms per call "
-        f"early / late: durable {talk['durable']['early_ms']:.1f} / "
-        f"{talk['durable']['late_ms']:.1f} ({talk['durable']['late_over_early']:.2f}x), "
-        f"plain CPU {talk['plain']['early_ms']:.1f} / {talk['plain']['late_ms']:.1f} "
-        f"({talk['plain']['late_over_early']:.2f}x)")
+    for key, who in (("conversation", "pydantic-ai"), ("conversation_openai",
+                                                       "OpenAI Agents SDK")):
+        talk = out[key]
+        log(f"  styles {framework_agents.TALK_CALLS}-call {who} conversation, ms per "
+            f"call early / late: durable {talk['durable']['early_ms']:.1f} / "
+            f"{talk['durable']['late_ms']:.1f} ({talk['durable']['late_over_early']:.2f}x), "
+            f"worker CPU {talk['durable']['cpu_early_ms']:.2f} / "
+            f"{talk['durable']['cpu_late_ms']:.2f}, plain CPU {talk['plain']['early_ms']:.2f} / "
+            f"{talk['plain']['late_ms']:.2f} ({talk['plain']['late_over_early']:.2f}x)")
     if not quick:
         dbos = dbosrows.dbos(DBOS_RUNS, 1, log, steps=iobound.STEPS,
                              sleep_s=iobound.SLEEP_S)
@@ -254,6 +262,8 @@ def report(st: dict[str, Any]) -> list[str]:
                    f"{c['with_redis_over_plain']:.2f}x (the workers' and Redis's).\n")
     if "conversation" in st:
         out += conversation.report(st["conversation"])
+    if "conversation_openai" in st:
+        out += conversation.report(st["conversation_openai"], "OpenAI Agents SDK")
     if "dbos_over_ours_at_5000" in st:
         out.append("\nDBOS's wall over ours (async code) at 5,000 runs: " + ", ".join(
             f"{k}: {v}x" for k, v in st["dbos_over_ours_at_5000"].items()) + ".\n")

@@ -45,7 +45,7 @@ from durable.flow import fairness
 from durable.leases import Leases
 from durable.log import context, counters, keys
 from durable.log import events as ev
-from durable.log.state import TERMINAL, RunState
+from durable.log.state import TERMINAL, CancelInfo, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.queue import ensure_drain, make_queue, make_ready, ready_depth
@@ -280,10 +280,23 @@ class Sweeper:
                     self.redis.zadd(self.log.keys.due_of(handle.run_id),
                                     {handle.run_id: now + LOOKUP_RETRY_MS})
                     return "lookup failed; asking again later"
-            self.log.commit(handle, specs, checkpoint=not state.terminal,
+                cancel = _cancel_to_finish(state)
+                if cancel is not None and specs[-1].cls is ev.WaitEntered:
+                    # Nobody can tell, and the run is to end: it ends canceled with the
+                    # outcome left unknown (an operator may still settle it), rather than
+                    # waiting for an operator a cancel already answered.
+                    *fates, canceled = finish_specs(state, cancel.reason, cancel.requested_ts)
+                    specs = [*fates, specs[0], canceled]
+            self.log.commit(handle, specs,
+                            checkpoint=not state.terminal and specs[-1].cls is not ev.Canceled,
                             allow_terminal=state.terminal)
             self._stat("unknown_resolved")
             self._did("resolved_unknown")
+            if specs[-1].cls is ev.Canceled:
+                self.redis.hset(keys.CANCEL_LATENCY, handle.run_id,
+                                specs[-1].fields["latency_ms"])
+                self._did("finished_cancel")
+                return "canceled"
             if handle.state.terminal or handle.state.waiting:
                 return f"resolved {act.key}"
             return "enqueue"
@@ -291,10 +304,10 @@ class Sweeper:
             self.redis.zrem(self.log.keys.due_of(handle.run_id), handle.run_id)
             return "terminal"
         quarantined = state.state == "quarantined"
-        if state.cancel is not None and state.cancel.scope == "run" and not (
-                state.cancel.compensate and not quarantined):  # a worker compensates
+        cancel = _cancel_to_finish(state)
+        if cancel is not None:
             # A quarantined run too: no worker will drive it, and a cancel always ends it.
-            specs = finish_specs(state, state.cancel.reason, state.cancel.requested_ts)
+            specs = finish_specs(state, cancel.reason, cancel.requested_ts)
             self.log.commit(handle, specs)
             self.redis.hset(keys.CANCEL_LATENCY, handle.run_id, specs[-1].fields["latency_ms"])
             if quarantined:
@@ -380,3 +393,14 @@ class Sweeper:
     @staticmethod
     def _had_worker(handle: RunHandle) -> bool:
         return handle.state.version > 1
+
+
+def _cancel_to_finish(state: RunState) -> CancelInfo | None:
+    """The run's pending cancel (scope ``run``) when the sweep ends the run for it, rather
+    than a worker (which compensates first, when the cancel asks it to and the run is not
+    quarantined)."""
+    cancel = state.cancel
+    if cancel is None or cancel.scope != "run" or (
+            cancel.compensate and state.state != "quarantined"):
+        return None
+    return cancel

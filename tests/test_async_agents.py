@@ -153,3 +153,18 @@ def test_a_cancel_gives_an_async_tool_that_cannot_be_cancelled_its_grace(
     assert outcome in types and types.index("cancel_requested") < types.index(outcome)
     written = applications(str(tmp_path / "world.sqlite"))
     assert written == ({f"{run}:1": 1} if outcome == "action_succeeded" else {})
+
+
+def test_an_async_agent_that_returns_while_its_step_is_in_flight_ends_with_it(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The function stops awaiting its step (``asyncio.wait_for``) and returns while the
+    step is in flight: what it returned is its decision once the step's outcome is in. It
+    was lost (the worker was not asking then), and the run waited for a decision forever."""
+    run = client.start("async_impatient", {"sleep_s": 1.0}, run_id="aimpatient").run_id
+    worker()
+    final = client.wait(run, timeout=30)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == "gave up waiting"
+    assert types_of(client, run)[-2:] == ["action_succeeded", "completed"]
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:1": 1}

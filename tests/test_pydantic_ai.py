@@ -9,24 +9,24 @@ request sent again or an effect applied twice would show.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import FunctionToolset, ModelRetry, ToolFailed
-from pydantic_ai.messages import ToolReturn
+from pydantic_ai import FunctionToolset
 
 from durable.agents import is_placeholder, registry
+from durable.audit.replay import check_determinism, import_log
 from durable.audit.verify import verify
 from durable.client import Client
 from durable.integrations import pydantic_ai as integration
-from durable.integrations.pydantic_ai import tools
+from durable.integrations.pydantic_ai import compat
 from durable.log import events as ev
 from durable.settings import Settings
 from durable.testing import wait_for
@@ -71,7 +71,7 @@ def test_an_agent_runs_as_a_durable_run_its_requests_and_calls_steps(
     assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:4": 1}
     # The tools saw their step's idempotency key; the model saw the tools' results.
     note = state.actions[5].result
-    assert note == {"return": f"noted two ({run}:5)"}
+    assert note == {"result": f"noted two ({run}:5)", "kind": "tool_return"}
     assert verify(client.log, run).ok
 
 
@@ -211,25 +211,29 @@ def test_a_conversation_continues_from_its_message_history(
 # In-process: the wire format of a tool step's outcome, and what construction refuses.
 
 
-def test_a_tool_outcome_round_trips_through_its_recorded_json() -> None:
-    async def outcome(value: Any = None, exc: BaseException | None = None) -> Any:
-        async def call() -> Any:
-            if exc is not None:
-                raise exc
-            return value
+def test_a_tool_steps_record_of_an_earlier_release_is_read_as_the_base_records_it() -> None:
+    """Tool steps recorded before the integration stood on pydantic-ai's base
+    (``{"return": ...}``, ``{"retry": ...}``...) are read as the ``CallToolResult`` the
+    base records now: a run recorded then goes on after an upgrade. Each is a value
+    pydantic-ai decodes as the same kind of outcome."""
+    from pydantic_ai.durable_exec import JSON_CODEC, CallToolResult, ToolsetCallToolId
 
-        return await tools.tool_outcome(call())
-
-    def run(coro: Any) -> Any:
-        return asyncio.run(coro)
-
-    assert tools.decode_outcome(run(outcome({"a": [1, 2]}))) == {"a": [1, 2]}
-    back = tools.decode_outcome(run(outcome(ToolReturn(return_value=3, content="c"))))
-    assert isinstance(back, ToolReturn) and back.return_value == 3 and back.content == "c"
-    with pytest.raises(ModelRetry, match="again"):
-        tools.decode_outcome(run(outcome(exc=ModelRetry("again"))))
-    with pytest.raises(ToolFailed, match="gone"):
-        tools.decode_outcome(run(outcome(exc=ToolFailed("gone"))))
+    op = ToolsetCallToolId("function", toolset_id="<agent>")
+    earlier = [({"return": {"a": [1, 2]}}, "tool_return"),
+               ({"tool_return": {"return_value": 3, "content": "c", "kind": "tool-return"}},
+                "tool_return"),
+               ({"retry": "again"}, "model_retry"), ({"failed": "gone"}, "tool_failed"),
+               ({"approval_required": {"why": 1}}, "approval_required"),
+               ({"deferred": {"job": 2}, "kind": "external"}, "call_deferred")]
+    for old, kind in earlier:
+        now = compat.payload(op, old)
+        assert now["kind"] == kind, old
+        again = JSON_CODEC.dump(CallToolResult, JSON_CODEC.load(CallToolResult, now))
+        assert again["kind"] == kind, (old, again)
+    first = JSON_CODEC.load(CallToolResult, compat.payload(op, earlier[0][0]))
+    assert JSON_CODEC.dump(CallToolResult, first)["result"] == {"a": [1, 2]}
+    assert compat.payload(op, {"result": 1, "kind": "tool_return"}) == {
+        "result": 1, "kind": "tool_return"}  # what the base records: as it is
 
 
 def test_step_context_outside_a_step_says_so() -> None:
@@ -250,3 +254,44 @@ def test_construction_refuses_what_it_cannot_make_durable() -> None:
     assert not [n for n in [*registry.agents, *registry.tools] if n.startswith(("pai_typo",
                                                                               "pai_anon"))]
     assert pai_agents.booker.name == "pai_booker"  # the agent itself is unchanged
+
+
+# A run recorded by the release before the integration stood on pydantic-ai's base.
+
+PREVIOUS = Path(__file__).parent / "fixtures" / "pydantic_ai" / "pai_booker_previous.jsonl"
+#: Its run id (a request's identity holds the run's id and the conversation's, drawn from it).
+RECORDED = "fx-pai-booker"
+
+
+def _previous() -> list[dict[str, Any]]:
+    """``pai_booker``'s run as the previous release recorded it (b9b0309, tool steps as
+    ``{"return": ...}``): kept, never recorded again."""
+    return [msgspec.json.decode(line) for line in PREVIOUS.read_bytes().splitlines() if line]
+
+
+def test_a_run_the_previous_release_recorded_replays_unchanged(client: Client) -> None:
+    """Every step of the recorded run is decided the same by this release's agent, from the
+    same outcomes: its steps' names and arguments (a model request's digest) are those of
+    then, and the records of then are read."""
+    import_log(client.log, RECORDED, _previous())
+    assert verify(client.log, RECORDED).ok
+    assert check_determinism(client.log, RECORDED, registry.agent("pai_booker")) == 5
+
+
+def test_a_run_the_previous_release_left_in_flight_goes_on(
+    client: Client, worker: WorkerFactory, tmp_path: Path
+) -> None:
+    """The run as the previous release had recorded it up to its first booking's outcome
+    (step 2), then a worker of this release: it reads the recorded request and booking back
+    (neither is sent again) and goes on to the end."""
+    events = _previous()
+    cut = [i for i, e in enumerate(events) if e["type"] == "action_succeeded"][1] + 1
+    import_log(client.log, RECORDED, events[:cut])
+    client.enqueue(RECORDED)
+    worker(burst=True).wait(60)
+    final = client.status(RECORDED)
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == "booked: slot 1, slot 2"
+    assert _model_requests(tmp_path) == {f"{RECORDED}:3": 1, f"{RECORDED}:6": 1}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{RECORDED}:4": 1}
+    assert verify(client.log, RECORDED).ok

@@ -144,7 +144,7 @@ def test_a_taken_name_and_a_shared_toolset_id_are_refused() -> None:
 def test_a_broad_model_retryable_never_retries_pydantic_ais_own_refusals() -> None:
     from pydantic_ai.exceptions import UsageLimitExceeded, UserError
 
-    from durable.integrations.pydantic_ai.model import retryable_but_not_usage
+    from durable.integrations.pydantic_ai.steps import retryable_but_not_usage
 
     (retryable,) = retryable_but_not_usage((Exception,))
     assert isinstance(ConnectionError("reset"), retryable)
@@ -158,11 +158,11 @@ def test_a_model_request_carries_the_steps_key_and_a_timeout_within_its_deadline
 
     from durable.agents import ToolContext
     from durable.controls.cancellation import CancelToken
-    from durable.integrations.pydantic_ai.model import _downstream
+    from durable.integrations.pydantic_ai.model import downstream
 
     ctx = ToolContext(run_id="r", step=3, key="r:3", deadline_ms=int(time.time() * 1000) + 5000,
                       token=CancelToken())
-    settings = _downstream({"timeout": 600.0, "extra_headers": {"X-A": "1"}}, ctx)
+    settings = downstream({"timeout": 600.0, "extra_headers": {"X-A": "1"}}, ctx)
     assert settings["extra_headers"] == {"X-A": "1", "Idempotency-Key": "r:3"}
     timeout = settings["timeout"]
     assert isinstance(timeout, int | float) and 0 < timeout <= 5.0
@@ -222,18 +222,21 @@ def test_a_streaming_agent_publishes_the_models_text_to_followers(
 
 def test_a_dynamic_toolsets_calls_are_steps(client: Client, worker: WorkerFactory,
                                             tmp_path: Path) -> None:
-    """``@agent.toolset``: the toolset is built by the run; each call is the toolset's step,
-    with the tool's name and arguments (both calls of the reply in one parallel group)."""
+    """A ``DynamicToolset``: the run builds its tools, recorded as the step
+    ``<name>.tool.<id>.tools`` before each model request (pydantic-ai's base makes the
+    discovery durable); each call is the toolset's step, with the tool's name and arguments
+    (both calls of the reply in one parallel group)."""
     run = client.start("pai_dynamic", {"prompt": "stamp"}, run_id="pdyn").run_id
     worker()
     final = client.wait(run, timeout=60)
     assert final.state == "completed", (final.state, final.reason)
     assert final.result == "stamped stamp a, stamp b"
     steps = [e.event for e in client.events(run) if isinstance(e.event, ev.StepDecided)]
-    assert [s.tool for s in steps] == ["pai_dynamic.model", "pai_dynamic.tool.stamps.call",
-                                       "pai_dynamic.tool.stamps.call", "pai_dynamic.model"]
-    assert steps[1].args == {"tool": "stamp", "args": {"label": "a"}}
-    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:2": 1, f"{run}:3": 1}
+    tools = "pai_dynamic.tool.stamps.tools"
+    assert [s.tool for s in steps] == [tools, "pai_dynamic.model", "pai_dynamic.tool.stamps.call",
+                                       "pai_dynamic.tool.stamps.call", tools, "pai_dynamic.model"]
+    assert steps[2].args == {"tool": "stamp", "args": {"label": "a"}}
+    assert applications(str(tmp_path / "world.sqlite")) == {f"{run}:3": 1, f"{run}:4": 1}
 
 
 def test_a_code_agent_calls_an_mcp_server_each_key_applied_once_across_a_kill(
@@ -298,24 +301,26 @@ def test_a_streaming_only_model_runs_and_its_handler_sees_each_event_once_across
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A model that only streams, and an agent-level event-stream handler counting each event
-    as it is shown. SIGKILL after the first booking's effect (step 2), before its outcome:
-    the re-executed function takes the first request from the log without showing its
-    events again, and shows the booking's result but not its call event (shown before the
-    kill), so the handler saw as many events as in a run nobody killed."""
-    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_effect:2")
+    as it is shown: the model's events in the model's step, every other event in a step of
+    its own (``<name>.events``, pydantic-ai's event-handler operation). SIGKILL after the
+    first booking's effect (step 3), before its outcome: the re-executed function takes the
+    first request and the call event (step 2) from the log without showing them again, and
+    the booking's result is shown once, so the handler saw as many events as in a run nobody
+    killed."""
+    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_effect:3")
 
 
 def test_a_recorded_tool_calls_events_are_not_shown_again_when_the_function_reruns(
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory,
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """SIGKILL once the second model request's intent is recorded (step 3), after the first
-    booking (step 2) came back and the function went on: the function is executed again,
-    and pydantic-ai reports that booking again (its call and result events) though its
-    outcome comes from the log. The handler is not shown them, so it counts as many events
-    as in a run nobody killed (and it is shown the second request, which the kill cut
-    short)."""
-    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_intent:3")
+    """SIGKILL once the second model request's intent is recorded (step 5), after the first
+    booking (step 3) and its events (steps 2, 4) were recorded: the function is executed
+    again, and pydantic-ai reports that booking again (its call and result events), but
+    their steps are in the log, so the handler is not shown them again; it counts as many
+    events as in a run nobody killed (and is shown the second request, which the kill cut
+    short, once)."""
+    _handled_across_a_kill(client, worker, reconciler, monkeypatch, tmp_path, "after_intent:5")
 
 
 def test_a_model_response_over_the_result_limit_fails_the_run_naming_it(

@@ -88,6 +88,17 @@ def test_a_capabilitys_toolset_without_an_id_is_refused_naming_the_capabilitys_i
     assert _registered("pai_capnoid") == []
 
 
+def test_a_capabilitys_toolset_built_anew_for_each_run_is_refused_naming_it() -> None:
+    """pydantic-ai's base makes a toolset durable once, when the agent is built, and
+    refuses another in a run (its Temporal, DBOS and Prefect engines alike): a capability
+    whose ``get_toolset()`` returns a new instance each time is refused at registration,
+    naming the toolset, rather than each run failing."""
+    with pytest.raises(ValueError, match="toolset 'seals' is built anew each time"):
+        DurableAgent(Agent(TestModel(), name="pai_anew",
+                           capabilities=[peers.Sealing(anew=True)]))
+    assert _registered("pai_anew") == []
+
+
 # Real processes.
 
 
@@ -170,10 +181,9 @@ def test_a_model_a_run_chooses_by_name_is_the_one_asked_across_a_kill(
 def test_a_toolset_a_users_capability_contributes_is_a_step_applied_once_across_a_kill(
     client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, tmp_path: Path
 ) -> None:
-    """A capability subclass whose ``get_toolset()`` builds its toolset anew for each run.
-    Crash window: SIGKILL after its tool applied its effect (step 2), before the outcome was
-    recorded: the next worker's run gets a new toolset instance, and the call is resolved by
-    its lookup, never made again."""
+    """A capability subclass whose ``get_toolset()`` contributes a toolset. Crash window:
+    SIGKILL after its tool applied its effect (step 2), before the outcome was recorded:
+    the next worker resolves the call by its lookup, and never makes it again."""
     run = client.start("pai_sealer", {"prompt": "seal"}, run_id="pseal").run_id
     assert worker(kill_at="after_effect:2").wait(60) == -signal.SIGKILL
     worker()

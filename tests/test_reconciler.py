@@ -196,6 +196,30 @@ def test_a_run_whose_queued_command_was_lost_is_requeued(client: Client,
     assert r.lrange(keys.ready(client.queue.name, "writer"), 0, -1) == [b"lostq"]
 
 
+def test_a_cancel_ends_a_run_whose_outcome_nobody_can_tell(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that timed out and whose lookup cannot tell sends its run to an operator
+    (waiting_external); an operator's cancel then ends the run ``canceled``, the outcome
+    left unknown for an operator to settle. The sweep used to ask the lookup again and
+    enter the same wait at every pass, so the cancel never ended the run."""
+    from durable.agents import Lookup
+
+    _unknown_run(client, "u5", deadline=now_ms() - 1000)
+    handle = client.log.load("u5", actor="w-gone")  # its worker saw the deadline pass
+    client.log.commit(handle, [Spec(ev.ActionTimedOut, {"step": 1, "key": "u5:1"})])
+    monkeypatch.setattr(registry.tool("sqlwrite"), "lookup", lambda key, args: Lookup.unknown())
+    rec = Sweeper(client.settings, client.redis, registry)
+    rec.reconcile("u5")
+    assert client.status("u5").state == "waiting_external"
+    client.cancel("u5", "operator gave up")
+    assert rec.reconcile("u5") == "canceled"
+    state = client.status("u5")
+    assert state.state == "canceled" and state.reason == "operator gave up"
+    assert state.actions[1].status == "unknown"  # never assumed either way
+    assert verify(client.log, "u5").ok
+
+
 def test_an_outcome_nobody_can_tell_waits_for_an_operator_and_is_listed(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:

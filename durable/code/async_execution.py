@@ -8,6 +8,12 @@ nondeterminism, values drawn, waits) are ``Session``'s, shared with plain functi
 
 Calls awaited together (``asyncio.gather``, tasks) are one parallel decision: each call
 joins a batch, handed over once the loop has run every callback ready at that moment.
+
+The function may end while a step it handed over is still in flight: it stopped awaiting
+it (``asyncio.wait_for``), or its task was cancelled by code the step runs (a framework's
+own cancel of the run it belongs to, such as pydantic-ai's ``RunContext.cancel()`` in a
+tool). What it returned or raised then is kept (``early``) and handed over with the step's
+outcome, at the worker's next ``begin``: the worker asks for nothing while the step runs.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class AsyncSession(Session):
         self.answer: asyncio.Future[Any] | None = None
         self.task: asyncio.Task[Any] | None = None
         self.closed = False
+        #: What the function ended with while the worker was not asking (a step in flight):
+        #: handed over at the next ``begin``.
+        self.early: list[Any] = []
 
     # The function's side (on the loop) -------------------------------------------------
 
@@ -73,11 +82,14 @@ class AsyncSession(Session):
             self._deliver(raised(exc))
 
     def _deliver(self, item: Any) -> None:
-        """Give the worker what the function decided (or raised)."""
+        """Give the worker what the function decided (or raised); kept for the next
+        ``begin`` when the worker is not asking (it runs a step the function handed over)."""
         wanted = self.decided
-        if wanted is not None:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned
-                wanted.set_result(item)
+        if wanted is None or (wanted.done() and not wanted.cancelled()):
+            self.early.append(item)
+            return
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned
+            wanted.set_result(item)
 
     async def _hand_over_async(self, steps: list[int], decision: Decision) -> list[Action]:
         self.pending = steps
@@ -172,6 +184,8 @@ class AsyncSession(Session):
     def _reply(self, answer: Any) -> None:
         if self.answer is not None and not self.answer.done():
             self.answer.set_result(answer)
+        if self.early:  # the function ended while the step ran: that is its decision
+            self._deliver(self.early.pop())
 
     def close(self) -> None:
         """End the function: at the step it waits on (``Unwind``), else where it awaits

@@ -17,17 +17,20 @@ pair of MCP steps, the JSON of a step) and ``mcp_sessions`` (one MCP session per
 server, reopened when the server died). Each framework folder holds only its adapter, and
 imports go one way: from a folder down to these modules.
 
-Both framework folders give the same role the same module:
+Each framework folder gives its roles the same module names where it has them:
 
 - ``agent``: the durable agent the user wraps their agent with (pydantic-ai's
   ``RedisDurability`` capability and ``DurableAgent``; the OpenAI Agents SDK's
   ``DurableAgent``), which registers a code agent whose function runs the framework's run;
-- ``run``: the run's input, what the function and the step tools share (what the steps know
-  of their owner, the binding of the function to its durable run), the conversation a run
-  continues and keeps, and what ended the framework's run;
-- ``model``, ``tools``, ``mcp``: a model request, a tool call, an MCP server, each as a step:
-  the function's side (the framework's model, tool or server whose call takes the step), the
-  worker's side (the step tool that performs it) and the JSON the step records.
+- ``run``: the run's input, what the function and the step tools share, the binding of the
+  function to its durable run, the conversation a run continues and keeps, and what ended
+  the framework's run;
+- ``model``, ``mcp`` (and the OpenAI Agents SDK's ``tools``): a model request, an MCP
+  server, a tool call, and what this system adds to each (the step's key and deadline sent
+  downstream). pydantic-ai's folder is an engine on pydantic-ai's own durability base
+  (``pydantic_ai.durable_exec``), which wraps the model and the toolsets itself: its
+  ``backend`` runs each operation the base hands it as one step, ``steps`` holds the step
+  tools an agent registers.
 
 A role only one framework has stands alone when it is large enough: the OpenAI Agents SDK's
 ``handoffs`` (a handoff's step and the run context its callback changed), LangGraph's

@@ -79,3 +79,14 @@ async def async_skipper(ctx: AsyncRunContext, inp: StepsInput) -> int:
     await ctx.call("asyncsqlwrite", {"n": 1})
     ctx.skip_recorded(inp.steps)
     return ctx.step
+
+
+@agent(input_model=HoldInput, tools=("asyncslowwrite",))
+async def async_impatient(ctx: AsyncRunContext, inp: HoldInput) -> str:
+    """Stops awaiting its one call after 0.2 s and returns while the call is in flight."""
+    try:
+        await asyncio.wait_for(ctx.call("asyncslowwrite", {"n": 1, "sleep_s": inp.sleep_s}),
+                               0.2)
+    except TimeoutError:
+        return "gave up waiting"
+    return "waited"

@@ -15,6 +15,7 @@ from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import DynamicToolset
 
 from durable.agents import Lookup
 from durable.integrations.pydantic_ai import DurableAgent, RedisDurability, StepOptions
@@ -170,12 +171,6 @@ async def dynamic_model(messages: list[ModelMessage], info: AgentInfo) -> ModelR
     return _reply(TextPart("stamped " + ", ".join(str(_done(p)) for p in done)))
 
 
-dynamic_durability = RedisDurability(tools={"stamps.*": StepOptions(timeout_s=5.0)})
-dynamic_agent = Agent(FunctionModel(dynamic_model), name="pai_dynamic",
-                      capabilities=[dynamic_durability])
-
-
-@dynamic_agent.toolset(id="stamps")
 def _stamps(ctx: RunContext[None]) -> Any:
     from pydantic_ai import FunctionToolset
 
@@ -188,6 +183,12 @@ def _stamps(ctx: RunContext[None]) -> Any:
     return FunctionToolset([stamp])
 
 
+# Given when the agent is built, as pydantic-ai's durability base asks (it refuses a toolset
+# ``@agent.toolset`` adds afterwards).
+dynamic_durability = RedisDurability(tools={"stamps.*": StepOptions(timeout_s=5.0)})
+dynamic_agent = Agent(FunctionModel(dynamic_model), name="pai_dynamic",
+                      toolsets=[DynamicToolset(_stamps, id="stamps")],
+                      capabilities=[dynamic_durability])
 dynamic_durability.register()
 
 

@@ -9,7 +9,7 @@ into ``TEST_DB``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai import Agent, FunctionToolset
@@ -123,8 +123,9 @@ DurableAgent(chooser, models={"second": _answering_model("second")},
              tools={"mark": StepOptions(timeout_s=5.0, lookup=_marked)})
 
 
-# A toolset a capability of the user's own contributes (``get_toolset``, called again for
-# each run, a new instance each time): its calls are steps like the agent's own tools.
+# A toolset a capability of the user's own contributes (``get_toolset``, the same instance
+# each time: pydantic-ai's base makes it durable once, when the agent is built): its calls
+# are steps like the agent's own tools.
 
 
 def seal(label: str) -> dict[str, Any]:
@@ -134,10 +135,14 @@ def seal(label: str) -> dict[str, Any]:
 
 @dataclass
 class Sealing(AbstractCapability[Any]):
-    """Contributes the ``seals`` toolset."""
+    """Contributes the ``seals`` toolset (``anew``: a new instance each time it is asked)."""
+
+    anew: bool = False
+    toolset: FunctionToolset[Any] = field(
+        default_factory=lambda: FunctionToolset([seal], id="seals"))
 
     def get_toolset(self) -> FunctionToolset[Any]:
-        return FunctionToolset([seal], id="seals")
+        return FunctionToolset([seal], id="seals") if self.anew else self.toolset
 
 
 async def sealing_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -1,23 +1,15 @@
-"""A durable pydantic-ai run: what its function gives ``agent.run`` (``RunInput``), what the
-function and the step tools share (what they know of their ``RedisDurability``,
-``Durability``, so that they never import it, and the binding of the function to the
-durable run it executes), the conversation a run continues and keeps, what an event-stream
-handler is shown when the function is executed again, and what ended a run inside a task
-group. ``StepOptions``, ``step_context()`` and ``run_in_step`` (which every step tool awaits
-its work with) are the shared ones of ``durable.integrations.base``."""
+"""A durable pydantic-ai run: what its function gives ``agent.run`` (``RunInput``), what a
+``RedisDurability``, the copies pydantic-ai binds of it and its step tools share
+(``Shared``), the binding of the function to the durable run it executes, the conversation
+a run continues and keeps, and what ended a run inside a task group. ``StepOptions``,
+``step_context()`` and ``run_in_step`` (which every step tool awaits its work with) are the
+shared ones of ``durable.integrations.base``."""
 
 from __future__ import annotations
 
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterator,
-    Sequence,
-)
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -29,23 +21,23 @@ from pydantic import (
 )
 from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.durable_exec import record_durable_unit
-from pydantic_ai.messages import ModelMessage, ToolCallEvent, ToolResultEvent, UserContent
+from pydantic_ai.messages import ModelMessage, UserContent
 from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.tools import DeferredToolResults
-from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.usage import UsageLimits
 
 from durable import conversations
-from durable.agents import Fail
+from durable.agents import Fail, ToolContext
 from durable.code import AsyncRunContext, EndRun, StepFailed
-from durable.integrations.base import Bindings, LiveRequests, Owner
+from durable.integrations.base import Bindings, LiveRequests
 from durable.integrations.pydantic_ai.identity import RequestDigest, identity
 from durable.request_digest import digested
 from durable.telemetry.tracing import capturing_content
 
-__all__ = ["RUNS", "Binding", "Durability", "PromptInput", "RunInput", "binding", "bound",
-           "continued_messages", "keep_messages", "keeps", "primary", "prompt_input",
-           "without_replayed"]
+__all__ = ["RUNS", "Binding", "PromptInput", "RunInput", "Shared", "binding",
+           "continued_messages", "keep_messages", "keeps", "primary", "prompt_input"]
+
+T = TypeVar("T")
 
 
 # The run's input ----------------------------------------------------------------------------
@@ -148,38 +140,42 @@ def prompt_input(prompt: str | Sequence[UserContent] | None,
 # The binding of the function to its durable run ---------------------------------------------
 
 
-class Durability(Owner, Protocol):
-    """What the step tools and wrappers of a run know of its ``RedisDurability``."""
+@dataclass
+class Shared:
+    """What a ``RedisDurability`` and the copies pydantic-ai binds of it to its agent
+    (``for_agent``) share: the live requests handed to its step tools (what the step tools
+    know of it: an ``Owner``). The binding of a run names it, not a copy."""
 
-    live: LiveRequests
-    model_step: str
-    #: Tools that are not steps (``StepOptions(step=False)``).
-    not_steps: set[str]
-    #: MCP toolset id -> the toolset.
-    mcp_toolsets: dict[str, AbstractToolset[Any]]
+    #: The registered agent's name (an ``Owner``'s).
+    name: str = ""
+    live: LiveRequests = field(default_factory=LiveRequests)
+    #: The agent its copies were bound to.
+    agent: Any = None
+    #: The copy pydantic-ai bound to it (``for_agent``), made once.
+    bound: Any = None
+    registered: bool = False
+
+    def handed(self, ctx: ToolContext, step: str, args: dict[str, Any], kind: type[T]) -> T:
+        """The live request of the step ``ctx`` runs (the function waits at it, by number)."""
+        return self.live.take((ctx.run_id, ctx.step), kind, ctx, step)
 
 
 @dataclass
 class Binding:
     """The durable run a capability's function is executing (a context variable)."""
 
-    owner: Durability
+    shared: Shared
     ctx: AsyncRunContext
     #: Steps handed to the run and not answered yet (several at once: parallel tool calls).
     inflight: set[int] = field(default_factory=set)
     #: What was recorded once per run and is read again from the binding (MCP tool lists).
     pinned: dict[str, Any] = field(default_factory=dict)
-    #: pydantic-ai's ids of the tool calls an earlier execution of the function was given
-    #: the outcome of and went past: their events were reported then (``unseen``).
-    reported: set[str] = field(default_factory=set)
-    #: pydantic-ai's ids of the tool calls an earlier execution decided the step of: their
-    #: call events were reported then, before the step was decided (``unseen``).
-    decided: set[str] = field(default_factory=set)
     #: The digest of the function's model requests, taken one new message at a time.
     digest: RequestDigest = field(default_factory=RequestDigest)
-    #: id(model) -> the wrapper of that model in this run (pydantic-ai asks for it at each
-    #: request); each holds its model, so the id is not another's while it is here.
-    wrappers: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def owner(self) -> Shared:
+        return self.shared
 
     def next_step(self) -> int:
         """The number the next step taken will have (after those in flight)."""
@@ -201,102 +197,26 @@ class Binding:
             args["messages"] = identity(messages)
         return args
 
-    async def step(self, tool: str, args: dict[str, Any], live: Any,
-                   call_id: str | None = None) -> Any:
-        """Take a step, handing the live request to the step tool that will perform it
-        (``call_id``: pydantic-ai's id of the tool call it is).
+    async def step(self, tool: str, args: dict[str, Any], live: Any) -> Any:
+        """Take a step, handing the live request to the step tool that will perform it.
 
         Calls started together (pydantic-ai's parallel tool calls) join one parallel
         decision, numbered in the order they join; the number is taken in the same
         synchronous stretch as the join, so it is the one the run gives the call."""
-        result, _ = await self.step_seen(tool, args, live, call_id)
-        return result
-
-    async def step_seen(self, tool: str, args: dict[str, Any], live: Any,
-                        call_id: str | None = None) -> tuple[Any, bool]:
-        """``step``, and whether an earlier execution of the function was given this
-        outcome and went past it (``RunContext.went_past``): its events were shown then."""
         n = self.next_step()
         replayed = self.ctx.replaying  # the step is in the log already
-        seen = self.ctx.went_past(n)
-        if call_id and seen:
-            self.reported.add(call_id)
-        if call_id and self.ctx.decided(n):
-            self.decided.add(call_id)
         self.inflight.add(n)
         try:
-            with self.owner.live.handing((self.ctx.run_id, n), live):
+            with self.shared.live.handing((self.ctx.run_id, n), live):
                 result = await self.ctx.call(tool, args)
         finally:
             self.inflight.discard(n)
         record_durable_unit(executed=not replayed)
-        return result, seen
+        return result
 
 
 RUNS: Bindings[Binding] = Bindings("durable_pydantic_ai_run")
 binding = RUNS.var
-bound = RUNS.bound
-
-
-# What an event-stream handler is shown when the function is executed again ------------------
-#
-# Recovery (and a worker that takes over a run between two turns) executes the agent's
-# function again from the start: every recorded step returns its outcome from the log. A
-# recorded model request is not streamed again (``durable.integrations.pydantic_ai.model``
-# gives pydantic-ai its response without events). A recorded tool call is not made again
-# either, but pydantic-ai still reports it: a ``FunctionToolCallEvent`` before the call and a
-# ``FunctionToolResultEvent`` after it, which the handler was shown when the call was made.
-#
-# ``unseen`` drops those. While the function replays, each tool-call event is held until its
-# result: a call that an earlier execution was given the outcome of and went past (a step
-# was decided after it: ``RunContext.went_past``, ``Binding.reported``) has both its events
-# dropped. A call whose step an earlier execution decided (``RunContext.decided``,
-# ``Binding.decided``) has its call event dropped: pydantic-ai reports a call before making
-# it, and the handler's taking that event is what lets the call go on to its step. Its
-# result is shown: the call a crash interrupted, and the last one before the crash (whose
-# result the function may not have been given). Any other call has both shown, in order.
-# Outside a replay nothing is held. A handler therefore sees each tool call's events once
-# across recoveries, except a result the crash may have cut off after it was shown, and a
-# call event the crash cut off before its step was decided.
-
-
-Handler = Callable[[Any, AsyncIterable[Any]], Awaitable[None]]
-
-
-def without_replayed(handler: Handler) -> Handler:
-    """``handler`` shown only the events of its run it was not shown before."""
-
-    async def handle(ctx: Any, events: AsyncIterable[Any]) -> None:
-        await handler(ctx, unseen(events))
-
-    handle.__name__ = getattr(handler, "__name__", "handler")
-    handle.__doc__ = handler.__doc__
-    return handle
-
-
-async def unseen(events: AsyncIterable[Any]) -> AsyncIterator[Any]:
-    """``events`` without those of tool calls whose outcome came from the log (see the
-    section's comment); outside a durable run, all of them."""
-    held: dict[str, Any] = {}
-    async for event in events:
-        b = binding.get()
-        if b is None:
-            yield event
-            continue
-        if isinstance(event, ToolCallEvent) and (b.ctx.replaying or held):
-            held[event.part.tool_call_id] = event
-            continue
-        if isinstance(event, ToolResultEvent):
-            call = held.pop(event.tool_call_id, None)
-            if event.tool_call_id in b.reported:
-                continue
-            if call is not None and event.tool_call_id not in b.decided:
-                yield call
-        yield event
-    for call in held.values():  # calls whose result never came: not made here either
-        b = binding.get()
-        if b is None or not ({call.part.tool_call_id} & (b.reported | b.decided)):
-            yield call
 
 
 # The conversation across runs ---------------------------------------------------------------
