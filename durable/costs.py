@@ -121,6 +121,9 @@ def price(tool: Any, args: Any, result: Any, base_url: str = "") -> Cost:
     if not tokens:
         return Cost(unknown="the reply reported no usage", prices=table, model=model)
     provider, ref = _provider(tool, model, base_url)
+    named = reply.get("provider_name") or reply.get("provider")
+    if not provider and isinstance(named, str):
+        provider = named
     prices = _prices()
     try:
         calc = prices.calc_price(prices.Usage(**tokens), ref, provider_id=provider or None)

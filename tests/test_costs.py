@@ -154,3 +154,25 @@ def test_a_tenants_spend_limit_is_shared_by_its_runs_and_every_worker(
     assert len(priced.seen) == 3
     reason = client.projection(held).get("reason", "")
     assert "waits for limit model-spend[acme]" in reason and "$0.002" in reason, reason
+
+
+def test_the_integrations_records_are_priced_by_their_model_and_kinds() -> None:
+    """What the pydantic-ai and OpenAI Agents SDK model steps record names the model, the
+    provider and the token kinds a price needs; cached input is priced apart."""
+    from pydantic_ai.durable_exec import ModelRequestId
+
+    from durable import costs
+    from durable.integrations.pydantic_ai.compat import recorded
+
+    usage = {"input_tokens": 1000, "cache_read_tokens": 400, "output_tokens": 50}
+    pai = recorded(ModelRequestId(model_name="gpt-4o"), {"parts": [], "usage": usage, "model_name": "gpt-4o",
+                                      "provider_name": "openai"})
+    expected = genai_prices.calc_price(genai_prices.Usage(**usage), "gpt-4o",
+                                       provider_id="openai").total_price
+    got = costs.price(None, None, pai)
+    assert (Decimal(got.usd), got.model, got.provider) == (expected, "gpt-4o", "openai")
+    assert got.tokens == usage
+    oai = {"output": [], "model": "openai:gpt-4o", "usage": {
+        "input_tokens": 1000, "output_tokens": 50, "total_tokens": 1050,
+        "input_tokens_details": {"cached_tokens": 400}}}
+    assert Decimal(costs.price(None, None, oai).usd) == expected

@@ -2,8 +2,9 @@
 
 A step records the JSON pydantic-ai's base encodes its operation's result as (``JSON_CODEC``:
 a ``ModelResponse``, a ``CallToolResult``, an MCP server's tool definitions...), with one
-addition: a model step records ``{"response": ..., "usage": ...}``, the usage beside the
-response, where the worker reads the tokens a run's budget counts.
+addition: a model step records ``{"response": ..., "usage": ..., "model_name", "provider_name"}``,
+the usage beside the response, where the worker reads the tokens a run's budget counts and
+the model and provider it prices the call by (``durable.costs``).
 
 Before this integration stood on pydantic-ai's base (release 0.1 of ``durable-agents`` and
 earlier), a tool step recorded ``{"return": ...}`` (or ``tool_return``, ``retry``, ``failed``,
@@ -30,6 +31,11 @@ __all__ = ["payload", "recorded", "tool_return"]
 _EARLIER = frozenset({"return", "tool_return", "retry", "failed", "approval_required",
                       "deferred"})
 
+#: The token kinds a model step's usage keeps beside input and output: what a price is
+#: computed from too (``durable.costs``).
+_PRICED = ("cache_read_tokens", "cache_write_tokens", "input_audio_tokens",
+           "output_audio_tokens")
+
 #: The operations whose result is a model response.
 _RESPONSES = (ModelRequestId, ModelCompactMessagesId)
 
@@ -39,8 +45,11 @@ def recorded(operation_id: DurableOperationId, result: Any) -> Any:
     if isinstance(operation_id, _RESPONSES) and isinstance(result, dict):
         usage = result.get("usage") or {}
         inp, out = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
-        return {"response": result, "usage": {"input_tokens": inp, "output_tokens": out,
-                                               "total_tokens": inp + out}}
+        kinds = {k: int(usage[k]) for k in _PRICED if usage.get(k)}  # priced apart
+        priced = {k: str(result[k]) for k in ("model_name", "provider_name") if result.get(k)}
+        return {"response": result, **priced,
+                "usage": {"input_tokens": inp, "output_tokens": out, **kinds,
+                          "total_tokens": inp + out}}
     return result
 
 
