@@ -165,8 +165,8 @@ def test_the_integrations_records_are_priced_by_their_model_and_kinds() -> None:
     from durable.integrations.pydantic_ai.compat import recorded
 
     usage = {"input_tokens": 1000, "cache_read_tokens": 400, "output_tokens": 50}
-    pai = recorded(ModelRequestId(model_name="gpt-4o"), {"parts": [], "usage": usage, "model_name": "gpt-4o",
-                                      "provider_name": "openai"})
+    pai = recorded(ModelRequestId(model_name="gpt-4o"), {
+        "parts": [], "usage": usage, "model_name": "gpt-4o", "provider_name": "openai"})
     expected = genai_prices.calc_price(genai_prices.Usage(**usage), "gpt-4o",
                                        provider_id="openai").total_price
     got = costs.price(None, None, pai)

@@ -63,8 +63,8 @@ def test_credentials_and_sessions_are_checked_before_anything_is_served(
     both schemes, a JSON-RPC error object. A console viewer's right password: 403. A
     console operator's is admitted through the SDK's client: its task is a run of the
     default tenant owned by ``mcp:user:<name>``. An MCP session opened by one caller is an
-    unknown session (404) to another; a malformed task-augmented call is invalid params; a body over twice ``DURABLE_MAX_PAYLOAD_BYTES`` (and
-    64 KiB) is refused (413)."""
+    unknown session (404) to another; a malformed task-augmented call is invalid params; a
+    body over twice ``DURABLE_MAX_PAYLOAD_BYTES`` (and 64 KiB) is refused (413)."""
     users = tmp_path / "users.toml"
     users.write_text(f'[users.ops]\npassword = "{hash_password("ops-pw")}"\n'
                      f'roles = ["operator"]\n[users.eve]\npassword = "{hash_password("eve-pw")}"\n')
