@@ -79,5 +79,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is not instal
 from durable.integrations.base import StepOptions, step_context
 from durable.integrations.langgraph.agent import DurableGraph
 from durable.integrations.langgraph.run import GraphInput, GraphRunFailed
+from durable.integrations.langgraph.saver import LogSaver
 
-__all__ = ["DurableGraph", "GraphInput", "GraphRunFailed", "StepOptions", "step_context"]
+__all__ = ["DurableGraph", "GraphInput", "GraphRunFailed", "LogSaver", "StepOptions",
+           "step_context"]
