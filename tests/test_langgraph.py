@@ -128,7 +128,7 @@ def test_a_killed_graph_resumes_without_resending_requests_or_repeating_effects(
         {"role": "user", "content": "book"}]}},
         run_id=f"lgk-{tool}-{nth}-{window[6:9]}").run_id
     doomed = worker(hooks=_kill_at(window, f"lg_booker.{tool}", nth))
-    assert doomed.wait(30) == -signal.SIGKILL
+    assert doomed.wait(60) == -signal.SIGKILL
     worker()
     reconciler()
     final = client.wait(run, timeout=60)
@@ -165,7 +165,7 @@ def test_a_sigkill_in_or_after_a_node_repeats_no_request_and_no_effect(
     applied by its lookup; a node whose writes were recorded does not run again."""
     run = client.start("lg_busy", {"input": {}}, run_id=f"lgm-{tool}-{nth}-{window[6:9]}").run_id
     doomed = worker(hooks=_kill_at(window, f"lg_busy.{tool}", nth))
-    assert doomed.wait(30) == -signal.SIGKILL
+    assert doomed.wait(60) == -signal.SIGKILL
     worker()
     reconciler()
     final = client.wait(run, timeout=60)
@@ -187,7 +187,7 @@ def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
     went out once."""
     run = client.start("lg_asker", {"input": {}}, run_id="lga").run_id
     worker()
-    state = client.wait(run, 30)
+    state = client.wait(run, 60)
     assert state.state == "waiting_input", (state.state, state.reason, state.error)
     waits = [e.event for e in client.events(run) if isinstance(e.event, ev.WaitEntered)]
     (asked,) = waits[-1].data["interrupts"]
@@ -196,7 +196,7 @@ def test_an_interrupt_is_a_durable_wait_and_its_answer_repeats_nothing(
     assert len(_effects(tmp_path, run)) == 1
     answered = run_durable("respond", run, "--input", '"yes"', env=dict(os.environ))
     assert answered.returncode == 0, answered.stderr
-    final = client.wait(run, 30)
+    final = client.wait(run, 60)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result["booked"] == ["slot 1", "slot 2", "wrapped"]
     assert final.result["answer"] == "yes"
@@ -244,17 +244,17 @@ def test_a_sigkill_at_each_point_of_the_functional_api_applies_no_effect_twice(
                        run_id=f"lgp-{tool}-{nth}-{window[6:9]}").run_id
     doomed = worker(hooks=_kill_at(window, f"lg_planner.{tool}", nth) if nth else [])
     if nth == 1:
-        assert doomed.wait(30) == -signal.SIGKILL
+        assert doomed.wait(60) == -signal.SIGKILL
         worker()
         reconciler()
-    state = client.wait(run, 30)
+    state = client.wait(run, 60)
     assert state.state == "waiting_input", (state.state, state.reason, state.error)
     if window == "wait":
         doomed.kill()
         worker()
     client.respond(run, "yes")
     if nth == 2:
-        assert doomed.wait(30) == -signal.SIGKILL
+        assert doomed.wait(60) == -signal.SIGKILL
         worker()
         reconciler()
     final = client.wait(run, 60)
@@ -344,7 +344,7 @@ def test_a_cancel_reaches_the_running_node(
         worker()
         assert seen.streaming.wait(30)
         client.cancel(run, "user changed their mind")
-        final = client.wait(run, timeout=10)
+        final = client.wait(run, timeout=30)
     assert final.state == "canceled"
     assert len(seen.deltas) < 20 and seen.nodes == []
     tags = [e.event.__struct_config__.tag for e in client.events(run) if e.event is not None]
@@ -353,7 +353,7 @@ def test_a_cancel_reaches_the_running_node(
 
 
 def _approval(client: Client, run: str) -> str:
-    state = client.wait(run, 30)
+    state = client.wait(run, 60)
     assert state.state == "waiting_approval", (state.state, state.reason, state.error)
     (request,) = [a.request for a in state.approvals.values() if a.decision is None]
     assert state.approvals[request].role == "finance"
@@ -377,7 +377,7 @@ def test_a_tool_that_needs_approval_waits_for_a_signed_decision(
     request = _approval(client, run)
     assert _effects(tmp_path, run) == {}  # nothing before the decision
     client.sign_and_approve(run, request, decision, "alice", alice, note="not this one")
-    final = client.wait(run, 30)
+    final = client.wait(run, 60)
     assert final.state == "completed", (final.state, final.reason, final.error)
     assert final.result["messages"][-1]["content"] == answer
     refunds = _keys(client, run, "lg_refunder.tool.refund")

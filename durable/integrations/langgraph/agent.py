@@ -1,7 +1,20 @@
 """The durable graph: ``DurableGraph`` registers a code agent whose function runs a compiled
 LangGraph graph (a ``StateGraph``'s, or an ``@entrypoint``'s) with the run's log as its
 checkpointer (``saver.LogSaver``), resumes it from its latest checkpoint when the function is
-executed again, and turns the graph's interrupts into durable waits."""
+executed again, and turns the graph's interrupts into durable waits.
+
+A graph stops with work left when a node (of the graph or of a subgraph) called
+``interrupt(value)``. The run then waits for input (``waiting_input``, no worker held) with
+the data ``{"interrupts": [{"id": <interrupt id>, "value": <its value>}, ...]}``. The answer
+(``durable respond RUN ANSWER``, ``Client.respond``):
+
+- with one interrupt pending: any JSON, the value ``interrupt()`` returns;
+- with several (nodes of one superstep that each interrupted): an object mapping interrupt
+  ids to their answers; those it leaves out are asked again. An answer of another shape is
+  not lost: the run waits again, its data saying why (``"error"``).
+
+The graph is then resumed as LangGraph resumes it: ``Command(resume={id: answer, ...})``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +22,7 @@ import asyncio
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -16,7 +30,7 @@ from langchain_core.tools import BaseTool
 from langgraph.errors import EmptyInputError, GraphRecursionError, InvalidUpdateError
 from langgraph.prebuilt import ToolNode
 from langgraph.pregel import Pregel
-from langgraph.types import StreamMode
+from langgraph.types import Command, Interrupt, StateSnapshot, StreamMode
 
 from durable.agents import Tool, ToolContext, registry
 from durable.code import AsyncRunContext
@@ -31,12 +45,14 @@ from durable.integrations.base import (
 from durable.integrations.langgraph import model as model_steps
 from durable.integrations.langgraph import tools as tool_steps
 from durable.integrations.langgraph.binding import RUNS, Binding
-from durable.integrations.langgraph.interrupts import INTERRUPT_TIMEOUT_S, resume_of, stopped
 from durable.integrations.langgraph.run import GraphInput, RecordStep, live_key, outcome_of
 
 #: LangGraph's own outcomes that fail the run with their message (besides a node's error).
 GRAPH_ERRORS: tuple[type[BaseException], ...] = (GraphRecursionError, InvalidUpdateError,
                                                  EmptyInputError)
+
+#: How long an interrupt waits for its answer by default (s): a week.
+INTERRUPT_TIMEOUT_S = 7 * 86400.0
 
 #: What the function streams of the graph: its state (the result), its nodes' updates and
 #: the chunks of ``get_stream_writer()`` (to the run's followers).
@@ -137,6 +153,7 @@ class DurableGraph:
                                   "prompt": nodes, "tools": schemas}),
                               **options)
         self.code_agent = register(run).agent  # type: ignore[attr-defined]
+        self.max_parallel = int(self.code_agent.max_parallel)
 
     def tool_step(self, tool: str) -> str | None:
         return self._tools.get(tool)
@@ -216,6 +233,48 @@ class DurableGraph:
         return last, asked
 
 
+# What a graph that stopped asks for, and how an answer resumes it ---------------------------
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a graph stopped: its pending interrupts, and the nodes they are in."""
+
+    interrupts: tuple[Interrupt, ...]
+    next: tuple[str, ...]
+
+    def data(self, error: str | None = None) -> dict[str, Any]:
+        """The wait's data."""
+        data: dict[str, Any] = {"interrupts": [{"id": i.id, "value": jsonable(i.value)}
+                                               for i in self.interrupts]}
+        if error:
+            data["error"] = error
+        return data
+
+    @property
+    def reason(self) -> str:
+        return f"interrupt in {', '.join(self.next)}" if self.next else "interrupt"
+
+
+def stopped(snapshot: StateSnapshot) -> Stop | None:
+    """Why the graph stopped, or ``None``: no interrupt is pending."""
+    if not snapshot.interrupts:
+        return None
+    return Stop(tuple(snapshot.interrupts), tuple(snapshot.next))
+
+
+def resume_of(stop: Stop, answer: Any) -> tuple[Command[Any] | None, str | None]:
+    """What resumes the graph with ``answer``, or why the answer cannot (the run asks
+    again)."""
+    ids = [i.id for i in stop.interrupts]
+    if len(ids) == 1:
+        return Command(resume={ids[0]: answer}), None
+    if isinstance(answer, dict) and answer and set(answer) <= set(ids):
+        return Command(resume=dict(answer)), None
+    return None, (f"{len(ids)} interrupts are pending: answer with an object mapping some "
+                  f"of their ids ({', '.join(ids)}) to their answers")
+
+
 def _refuse_own_savers(name: str, graph: Pregel[Any, Any, Any, Any]) -> None:
     """A subgraph compiled with a checkpointer of its own would keep its state there, out
     of the run's log: refused."""
@@ -238,4 +297,5 @@ def _tool_nodes_tools(graph: Pregel[Any, Any, Any, Any]) -> dict[str, BaseTool]:
     return found
 
 
-__all__ = ["GRAPH_ERRORS", "STREAM_MODES", "DurableGraph"]
+__all__ = ["GRAPH_ERRORS", "INTERRUPT_TIMEOUT_S", "STREAM_MODES", "DurableGraph", "Stop",
+           "resume_of", "stopped"]

@@ -8,8 +8,9 @@ their identity.
   ``aput_writes`` returns. Entries added within a few turns of the event loop go in one record
   (a task's writes and the checkpoint LangGraph puts right after them).
 - **Steps named by their task.** A model request or a tool call is a step named by the
-  LangGraph task that makes it (its id, which LangGraph derives from the checkpoint and the
-  task's place in the graph), the task's attempt (its ``RetryPolicy``), the call itself and
+  LangGraph task that makes it (``current_task``: its id, which LangGraph derives from the
+  checkpoint and the task's place in the graph), the task's attempt (its ``RetryPolicy``),
+  the call itself and
   how many equal calls the attempt made before it. Executed again, the function finds each
   recorded step by that name, whatever order concurrent tasks make their calls in: its
   outcome comes back from the log, nothing is sent again.
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from langgraph.checkpoint.serde.types import RESUME
+from langgraph.config import get_config
+from langgraph.runtime import get_runtime
 
 from durable.call_identity import args_digest, is_placeholder
 from durable.code import AsyncRunContext, StepFailed
@@ -43,7 +46,8 @@ from durable.integrations.langgraph.saver import LogSaver
 from durable.log.state import Action
 from durable.request_digest import ListDigest
 
-__all__ = ["GATHER_TICKS", "OPEN_WAIT_S", "RUNS", "Binding", "bound_run"]
+__all__ = ["GATHER_TICKS", "OPEN_WAIT_S", "OUTSIDE", "RUNS", "Binding", "Task", "bound_run",
+           "current_task"]
 
 #: Turns of the event loop a batch of calls (or entries) waits for the others started with
 #: its first one.
@@ -51,6 +55,40 @@ GATHER_TICKS = 3
 #: How long the calls made after a crash wait for the group the crash left open to be
 #: taken again (s), before the run is found nondeterministic.
 OPEN_WAIT_S = 60.0
+
+
+# The task a call is named by ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """The LangGraph task the running code belongs to, as LangGraph's runtime tells it
+    (``get_runtime().execution_info``): its id (which LangGraph derives from the checkpoint
+    it runs from and its place in the graph: the same task has the same id when it runs
+    again from that checkpoint), the attempt its ``RetryPolicy`` is at, and its node."""
+
+    id: str
+    attempt: int
+    node: str
+
+
+OUTSIDE = Task("-", 1, "")
+
+
+def current_task() -> Task:
+    """The task the running code belongs to (``OUTSIDE`` if none)."""
+    try:
+        info = get_runtime().execution_info
+        config = get_config()
+    except (RuntimeError, KeyError, AttributeError):
+        return OUTSIDE
+    if info is None:
+        return OUTSIDE
+    node = str((config.get("metadata") or {}).get("langgraph_node") or "")
+    return Task(str(info.task_id), int(info.node_attempt or 1), node)
+
+
+# The run's steps ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -248,8 +286,9 @@ class Binding:
                     await self._record()
                 elif self.reopen:
                     await self._send(await self._reopened())
-                elif self.queue:
-                    batch, self.queue = self.queue, []
+                elif self.queue:  # at most as many at once as the agent allows
+                    most = max(1, self.owner.max_parallel)
+                    batch, self.queue = self.queue[:most], self.queue[most:]
                     await self._send(batch)
                 else:
                     return

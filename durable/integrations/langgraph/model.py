@@ -14,7 +14,7 @@ The callbacks a node's model call fires (tracing, LangGraph's own "messages" str
 still fire, in the function, with the recorded reply.
 
 A request's identity (``request_args``) is its digest, taken one new message at a time
-(``durable.request_digest``), with the LangGraph task that sends it (``tasks.current``):
+(``durable.request_digest``), with the LangGraph task that sends it (``binding.current_task``):
 the same request of the same task finds its recorded reply however often the task runs.
 """
 
@@ -44,8 +44,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from durable.agents import ToolContext
 from durable.integrations.base import ModelStepBase, jsonable, stable
-from durable.integrations.langgraph import tasks
-from durable.integrations.langgraph.binding import Binding, bound_run
+from durable.integrations.langgraph.binding import Binding, bound_run, current_task
 from durable.integrations.langgraph.run import GraphOwner
 from durable.request_digest import ListDigest, around, canonical
 from durable.streams.partials import tool_call_delta
@@ -98,7 +97,7 @@ def request_args(b: Binding, model: BaseChatModel, messages: list[BaseMessage],
     """A request's identity: the digest of the model, the messages without their ids, the
     stop words and the call's options (its tools), with the task that sends it, its attempt
     and how many equal requests the attempt sent before; the task's id is told too."""
-    task = tasks.current()
+    task = current_task()
     name = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
     fields = {"model": f"{model._llm_type}:{name}", "stop": stop, "options": stable(kwargs)}
     head, tail = around(fields, "messages")

@@ -43,6 +43,8 @@ class GraphOwner(Owner, Protocol):
     record_step: str
     #: Model requests are streamed, their text published to the run's followers.
     stream: bool
+    #: The most steps one decision takes at once (the code agent's ``max_parallel``).
+    max_parallel: int
 
     def tool_step(self, tool: str) -> str | None:
         """The step tool of a LangChain tool named ``tool`` (``None``: not a step)."""

@@ -11,7 +11,7 @@ not told of (neither a ``ToolNode``'s nor named in its ``tools=``) is refused in
 durable run (``UsageError``: the run is quarantined, naming it, for its code to be fixed):
 its effect would run again on every recovery.
 
-A call is named by the LangGraph task that makes it (``tasks.current``), the task's attempt
+A call is named by the LangGraph task that makes it (``binding.current_task``), the task's attempt
 and how many equal calls the attempt made before it: a task that runs again (after an
 interrupt's answer, after a crash) finds each call's recorded outcome. A tool's output that
 JSON cannot carry (a ``Command``: ``Command(graph=Command.PARENT, update=...)`` from a
@@ -35,8 +35,7 @@ from durable.code import StepFailed
 from durable.errors import UsageError
 from durable.integrations.base import StepOptions, jsonable, recorded_lookup, run_in_step, stable
 from durable.integrations.langgraph import records as rec
-from durable.integrations.langgraph import tasks
-from durable.integrations.langgraph.binding import Binding, bound_run
+from durable.integrations.langgraph.binding import Binding, bound_run, current_task
 from durable.integrations.langgraph.run import GraphOwner
 
 __all__ = ["ToolCall", "ToolStep", "decode_output", "encode_output", "install"]
@@ -115,7 +114,7 @@ def _call_args(b: Binding, tool: BaseTool, tool_input: str | dict[str, Any],
         filtered = getattr(tool, "_filter_injected_args", None)
         shown = filtered(tool_input) if callable(filtered) else tool_input
     named: dict[str, Any] = stable({"call_id": call_id, "input": shown})
-    task = tasks.current()
+    task = current_task()
     n = b.place(task.id, str(task.attempt), tool.name, args_digest(named))
     return {"task": task.id, "attempt": task.attempt, "n": n, **named}
 
