@@ -69,6 +69,13 @@ def answer_for(asked: list[tuple[str, Any]], answer: Any) -> Any:
     return answer
 
 
+def _resume(pending: tuple[Interrupt, ...], answer: Any) -> Command[Any]:
+    """LangGraph's own resume: by interrupt id (an answer per value, or one for all)."""
+    if isinstance(answer, dict) and len(pending) > 1:
+        return Command(resume=answer_for([(i.id, i.value) for i in pending], answer))
+    return Command(resume={pending[0].id: answer})
+
+
 async def reference(name: str) -> tuple[Any, str]:
     """The behaviour under LangGraph's own checkpointer: its result (or its error) and the
     thread it ran in."""
@@ -83,8 +90,7 @@ async def reference(name: str) -> tuple[Any, str]:
             pending: tuple[Interrupt, ...] = (await graph.aget_state(config)).interrupts
             if not pending:
                 break
-            answer = answer_for([(i.id, i.value) for i in pending], answers.pop(0))
-            given = Command(resume=answer if len(pending) > 1 else {pending[0].id: answer})
+            given = _resume(pending, answers.pop(0))
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}", thread
     if isinstance(out, dict):

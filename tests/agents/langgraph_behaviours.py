@@ -405,3 +405,82 @@ async def progress(state: Tries) -> Tries:
 
 behaviour("stream_writer", StateGraph(Tries).add_node("progress", progress)
           .add_edge(START, "progress").compile(), {})
+
+
+# Temporal's LangGraph plugin's test_command: nodes that return Command(update=..., goto=...).
+
+
+class Value(TypedDict, total=False):
+    value: str
+
+
+def goto_b(state: Value) -> Command[Any]:
+    count("goto_b")
+    return Command(update={"value": state["value"] + "a"}, goto="node_b")
+
+
+def goto_end(state: Value) -> Command[Any]:
+    count("goto_end")
+    return Command(update={"value": state["value"] + "b"}, goto=END)
+
+
+behaviour("command_goto", StateGraph(Value).add_node("node_a", goto_b, destinations=("node_b",))
+          .add_node("node_b", goto_end, destinations=(END,)).add_edge(START, "node_a")
+          .compile(), {"value": ""})
+
+
+# test_node_not_cancelled_on_other_node_interrupted: of two nodes of one superstep, one
+# interrupts and the other (a model request) finishes; answered, only the first runs again.
+
+
+async def asks_first(state: Pair) -> Pair:
+    count("asks_first")
+    return {"left": str(interrupt("first?"))}
+
+
+async def finishes(state: Pair) -> Pair:
+    count("finishes")
+    return {"right": await echo("done")}
+
+
+behaviour("sibling_finishes", StateGraph(Pair).add_node("asks_first", asks_first)
+          .add_node("finishes", finishes).add_node("join", join).add_edge(START, "asks_first")
+          .add_edge(START, "finishes").add_edge(["asks_first", "finishes"], "join")
+          .add_edge("join", END).compile(), {}, ["yes"])
+
+
+# test_nested_graph_interrupts_parallel: two subgraphs of one superstep, each interrupting.
+
+
+async def nested_ask(state: Nest) -> Nest:
+    count("nested_ask")
+    return {"said": [*state.get("said", []), str(interrupt("nested?"))]}
+
+
+def _nested() -> Any:
+    return StateGraph(Nest).add_node("nested_ask", nested_ask) \
+        .add_edge(START, "nested_ask").compile()
+
+
+class Twins(TypedDict, total=False):
+    said: Annotated[list[str], operator.add]
+
+
+behaviour("parallel_subgraphs", StateGraph(Twins).add_node("one", _nested())
+          .add_node("two", _nested()).add_edge(START, "one").add_edge(START, "two")
+          .compile(), {"said": []}, [{"nested?": "both"}])
+
+
+# A subgraph invoked from a node's own code (not as a node), interrupting inside.
+
+
+async def calls_subgraph(state: Nest) -> Nest:
+    count("calls_subgraph")
+    out = await _inner_called.ainvoke({"said": state["said"]})
+    return {"said": [*out["said"], "called"]}
+
+
+_inner_called = StateGraph(Nest).add_node("inner_ask", inner_ask) \
+    .add_edge(START, "inner_ask").compile()
+behaviour("subgraph_in_code", StateGraph(Nest).add_node("calls_subgraph", calls_subgraph)
+          .add_edge(START, "calls_subgraph").compile(), {"said": []}, ["p", "q"])
