@@ -12,6 +12,7 @@ OpenAI-compatible server of ``tests.servers.openai``; executions are counted in 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -31,10 +32,10 @@ from durable.integrations.base import jsonable
 from durable.log import events as ev
 from durable.log.state import RunState
 from tests.agents.langgraph_behaviours import BEHAVIOURS
-from tests.conftest import WorkerFactory
+from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.servers.effects import applications
 from tests.servers.integration_world import set_env
-from tests.servers.openai import OpenAIServer
+from tests.servers.openai import OpenAIServer, resent_after_recorded
 
 
 @pytest.fixture(autouse=True)
@@ -162,3 +163,33 @@ def test_langgraph_behaviours_end_as_in_langgraph_with_its_counts(
     # The model was asked once per request, whatever the resumes: each reply came back
     # from the log after an answer.
     assert all(n == 1 for n in openai_server.counts("lgb-").values())
+
+
+@pytest.mark.parametrize(("name", "window", "nth"), [
+    ("gathered_tasks", "after_effect", 2),       # the second of four replies, not recorded
+    ("gathered_tasks", "after_outcome", 3),      # three of four replies recorded
+    ("gathered_sync_tasks", "after_effect", 2),  # synchronous tasks, on their threads
+])
+def test_concurrent_tasks_killed_mid_gather_find_their_steps_by_task(
+    name: str, window: str, nth: int, client: Client, worker: WorkerFactory,
+    reconciler: ReconcilerFactory, tmp_path: Path, openai_server: OpenAIServer,
+) -> None:
+    """SIGKILL while an entrypoint's concurrent tasks (each a model request, taken as one
+    parallel decision) are in flight, at ``window`` of the ``nth`` request: executed again,
+    the tasks ask in whatever order they get to, each finds its recorded request by its
+    task, the group the crash left open is taken again in its recorded order, and the run
+    ends with LangGraph's result: no nondeterminism, no recorded request sent again."""
+    run = client.start(f"lg_{name}", {"input": BEHAVIOURS[name].input},
+                       run_id=f"lgg-{name}-{window[6:9]}").run_id
+    doomed = worker(hooks=[f"tests.servers.kills:KillAtCall={window}:lg_{name}.model:{nth}"])
+    assert doomed.wait(60) == -signal.SIGKILL
+    worker()
+    reconciler()
+    final = drive(client, {run: name})[run]
+    result, thread = asyncio.run(reference(name))
+    assert final.state == "completed", (final.state, final.reason, final.error)
+    assert final.result == result
+    assert resent_after_recorded(client, run, openai_server) == []
+    ran, once = counts(tmp_path, run), counts(tmp_path, thread)
+    assert all(once[k] <= ran[k] <= 2 * once[k] for k in once), (ran, once)
+    assert verify(client.log, run).ok
