@@ -1,9 +1,9 @@
-"""LangGraph's own behaviours (``tests/agents/langgraph_behaviours.py``, taken from
-LangGraph's tests) end in a durable run as they end under LangGraph's own checkpointer, with
-LangGraph's counts: each graph runs here, in the test's process, under ``InMemorySaver`` (the
-reference: its result and how often each node's and task's code ran), and as a durable run
-on a real worker, answered the same way through ``Client.respond``; result and counts must be
-equal.
+"""LangGraph's own behaviours (``tests/agents/langgraph_behaviours.py`` and
+``langgraph_topologies.py``, taken from LangGraph's tests and Temporal's plugin's) end in a
+durable run as they end under LangGraph's own checkpointer, with LangGraph's counts: each
+graph runs here, in the test's process, under ``InMemorySaver`` (the reference: its result
+and how often each node's and task's code ran), and as a durable run on a real worker,
+answered the same way through ``Client.respond``; result and counts must be equal.
 
 Real worker processes; the chat model is langchain-openai's ``ChatOpenAI`` against the local
 OpenAI-compatible server of ``tests.servers.openai``; executions are counted in SQLite.
@@ -31,6 +31,7 @@ from durable.client import Client
 from durable.integrations.base import jsonable
 from durable.log import events as ev
 from durable.log.state import RunState
+from tests.agents import langgraph_topologies  # noqa: F401  (registers its behaviours)
 from tests.agents.langgraph_behaviours import BEHAVIOURS
 from tests.conftest import ReconcilerFactory, WorkerFactory
 from tests.servers.effects import applications
@@ -42,7 +43,8 @@ from tests.servers.openai import OpenAIServer, resent_after_recorded
 def langgraph_env(settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                   openai_server: OpenAIServer) -> None:
     openai_server.reset()
-    set_env(monkeypatch, tmp_path, "tests.agents.langgraph_behaviours",
+    set_env(monkeypatch, tmp_path,
+            "tests.agents.langgraph_behaviours,tests.agents.langgraph_topologies",
             TEST_OPENAI_URL=openai_server.url)
 
 
