@@ -48,7 +48,8 @@ installed packages and fails when this diagram and the classes differ in any way
      │    │                      its child run did not complete
      │    ├── durable.integrations.langgraph.run.GraphRunFailed
      │    │                      the run ends failed with LangGraph's own outcome (a
-     │    │                      recursion limit, an invalid update): never retried
+     │    │                      recursion limit, an invalid update, a node's error once
+     │    │                      its RetryPolicy gave up): never retried
      │    └── durable.integrations.openai_agents.run.AgentRunFailed
      │                           the run ends failed with the SDK's own outcome (a guardrail,
      │                           max turns): never retried, never quarantined

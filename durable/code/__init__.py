@@ -51,6 +51,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -65,6 +66,7 @@ from durable.call_identity import is_placeholder
 from durable.code.async_execution import AsyncSession
 from durable.code.execution import Session
 from durable.code.history import needs_history, read_history
+from durable.code.output import FunctionOutput, publisher_of
 from durable.code.steps import (
     CHILD_TIMEOUT_S,
     ChildFailed,
@@ -75,8 +77,9 @@ from durable.code.steps import (
 )
 from durable.eventloop import Handoff
 from durable.log.keys import CHILD_TOOL
-from durable.log.state import RunState
+from durable.log.state import Action, RunState
 from durable.log.store import EventLog
+from durable.streams.partials import Publisher
 
 __all__ = ["AsyncRunContext", "ChildFailed", "ChildRun", "CodeAgent", "EndRun", "FreeInput",
            "RunContext", "StepFailed", "WaitExpired", "agent"]
@@ -158,12 +161,25 @@ class RunContext:
             return None
         return act.tool, act.args, act.result
 
+    def recorded_steps(self) -> Mapping[int, Action]:
+        """Every step the log holds of this run, by number, as it holds it (settled or
+        not): what an integration that finds its recorded steps by their identity rather
+        than by their position reads (LangGraph's: a step is named by the task that takes
+        it, and concurrent tasks take theirs in any order). Read-only."""
+        return MappingProxyType(self._session.actions)
+
     def skip_recorded(self, through: int) -> None:
         """Go past the steps after the current one up to ``through`` without taking them:
         each must be settled in the log (``UsageError`` otherwise), and the caller must
         give back what they recorded as the function would have got it, since their
         identities are not checked. No step may be in flight."""
         self._session.skip_through(through)
+
+    def emit(self, data: Any) -> None:
+        """Partial output of the function itself (not of a step) for whoever follows the
+        run (``Client.follow``): published as output of the step it takes next, attempt 0;
+        never logged, best-effort (``durable.code.output``). ``data``: JSON data."""
+        self._session.output.emit(self._session.pos + 1, data)
 
     def call(self, tool: str, args: Mapping[str, Any] | None = None) -> Any:
         """Take a step: the tool's result, from the log when it was already recorded.
@@ -291,10 +307,13 @@ class CodeAgent(Agent):
         self._sessions: dict[str, Session] = {}
         self._parked_since: dict[str, float] = {}
         self._log: EventLog | None = None
+        self._publisher: Publisher | None = None
 
     def bind(self, log: EventLog) -> None:
-        """The worker's log, read to rebuild a run's history on recovery."""
-        self._log = log
+        """The worker's log, read to rebuild a run's history on recovery (its Redis carries
+        the functions' own partial output, ``RunContext.emit``)."""
+        if log is not self._log:
+            self._log, self._publisher = log, None
 
     @property
     def is_async(self) -> bool:
@@ -375,6 +394,9 @@ class CodeAgent(Agent):
             session = Session(self, state.run_id, actions, waits, inp, values,
                               context=RunContext)
         session.continues, session.session_name = state.continue_from, state.session
+        if self._log is not None and self._publisher is None:
+            self._publisher = publisher_of(self._log)
+        session.output = FunctionOutput(self._publisher, state.run_id)
         return session
 
 

@@ -27,6 +27,7 @@ from durable.agents import (
 )
 from durable.call_identity import call_difference, call_signature, given_digest, is_placeholder
 from durable.code.history import Values
+from durable.code.output import FunctionOutput
 from durable.code.steps import (
     ChildRun,
     StepFailed,
@@ -104,6 +105,9 @@ class Session:
         self.started = False
         #: True while the function waits for the worker's answer to a decision.
         self.blocked = False
+        #: The function's own partial output (``RunContext.emit``); nowhere until its agent
+        #: gives it its log's.
+        self.output = FunctionOutput(None, run_id)
 
     @property
     def replaying(self) -> bool:

@@ -34,6 +34,6 @@ Each framework folder gives its roles the same module names where it has them:
 
 A role only one framework has stands alone when it is large enough: the OpenAI Agents SDK's
 ``handoffs`` (a handoff's step and the run context its callback changed), LangGraph's
-``nodes`` (a node's or task's attempts around its ``interrupt()``s, and the step recording
-its update).
+``saver`` and ``records`` (its checkpointer kept in the run's log, and the JSON of its
+entries) and ``binding`` (the run's steps, named by the LangGraph task that takes them).
 """

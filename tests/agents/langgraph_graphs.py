@@ -20,6 +20,7 @@ from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.config import get_config, get_stream_writer
 from langgraph.func import entrypoint, task
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
@@ -81,7 +82,8 @@ booker = DurableGraph(_booker.compile(), name="lg_booker", budgets={"model_calls
 
 # One node that does everything: a model request, a booking, an interrupt() answered by a
 # human, then (when the answer is "yes") a second booking: LangGraph runs the node again
-# from its start once the interrupt is answered.
+# from its start once the interrupt is answered (its request and first booking come back
+# from the log).
 
 
 class Work(TypedDict, total=False):
@@ -153,6 +155,7 @@ busy = DurableGraph(_busy.compile(), name="lg_busy", tools={
 
 
 async def tell(state: MessagesState) -> dict[str, list[AnyMessage]]:
+    get_stream_writer()({"telling": "a story"})  # a custom chunk, for the followers
     reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
                                  *state["messages"]])
     return {"messages": [reply]}
@@ -167,11 +170,19 @@ storyteller = DurableGraph(_teller.compile(), name="lg_storyteller")
 
 
 # The functional API: an entrypoint that asks a task for a story (a model request), books a
-# slot in a synchronous task, asks a human, then books a second slot in the same task.
+# slot in a synchronous task (a tool step inside a task), stamps the booking in a task whose
+# effect is its own code (LangGraph's way: side effects in tasks), asks a human, then books a
+# second slot. Every node's and task's code counts its executions.
+
+
+def ran_here(what: str) -> None:
+    """Count an execution of a task's or entrypoint's code in the current run."""
+    ran(what, get_config())
 
 
 @task
 async def tell_story() -> str:
+    ran_here("tell_story")
     reply = await llm().ainvoke([SystemMessage("storyteller: tell a story."),
                                  HumanMessage("a story")])
     return str(reply.content)
@@ -179,18 +190,27 @@ async def tell_story() -> str:
 
 @task
 def book_slot(slot: int) -> str:
+    ran_here("book_slot")
     return str(book.invoke({"slot": slot})["done"])
+
+
+@task
+async def stamp(what: str) -> str:
+    ran_here("stamp")  # the task's own effect: applied again if the task ran again
+    return f"stamped {what}"
 
 
 @entrypoint()
 async def plan(inp: dict[str, Any]) -> dict[str, Any]:
+    ran_here("plan")
     story = await tell_story()
     first = await book_slot(1)
+    stamped = await stamp(first)
     answer = interrupt({"question": "book slot 2 too?", "booked": first})
     done = [first]
     if answer == "yes":
         done.append(await book_slot(2))
-    return {"story": story, "booked": done, "answer": answer}
+    return {"story": story, "booked": done, "answer": answer, "stamped": stamped}
 
 
 planner = DurableGraph(plan, name="lg_planner", tools={
@@ -323,8 +343,9 @@ counter = DurableGraph(_counter.compile(), name="lg_counter", stream=False,
                        budgets={"model_calls": 20}, tools={"tick": StepOptions(effect_free=True)})
 
 
-# A node LangGraph retries (its RetryPolicy) after its booking failed: the retry gets the
-# model's reply it already had, and takes the failed booking again as a new step.
+# A node LangGraph retries (its RetryPolicy) after its booking failed: the retry is the
+# node's code run again, as LangGraph runs it (its model request and its booking sent again,
+# each a step of its own).
 
 
 @tool
@@ -358,3 +379,18 @@ _retrying.add_edge(START, "work")
 
 retrying = DurableGraph(_retrying.compile(), name="lg_retrying", tools={
     "flaky_book": StepOptions(timeout_s=2.0, lookup=book_lookup)})
+
+
+# A graph that never stops: LangGraph's recursion limit (here 4 supersteps) ends it.
+
+
+def again(state: Work) -> Work:
+    return {"story": state.get("story", "") + "."}
+
+
+_looper = StateGraph(Work)
+_looper.add_node("again", again)
+_looper.add_edge(START, "again")
+_looper.add_edge("again", "again")
+
+looper = DurableGraph(_looper.compile(), name="lg_looper", recursion_limit=4)

@@ -100,6 +100,9 @@ def script(body: dict[str, Any]) -> dict[str, Any]:
             return {"tool_calls": [_call(turns, "read_page", n=turns)]}
         seen = sum(len(str(m.get("content") or "")) for m in messages)
         return {"content": f"read {len(results)} pages in {turns} turns, {seen} chars seen"}
+    if system.startswith("echo"):  # the last user message, said back
+        said = [str(m.get("content")) for m in messages if m.get("role") == "user"]
+        return {"content": f"echo {said[-1] if said else ''}"}
     if system.startswith("storyteller"):
         return {"content": " ".join(f"word{i}" for i in range(40))}
     return {"content": "hello"}

@@ -1,5 +1,6 @@
-"""LangGraph graphs, unchanged, as durable runs: each node's execution, chat model request
-and tool call is a step of the run's log (``pip install 'durable-agents[langgraph]'``).
+"""LangGraph graphs, unchanged, as durable runs: LangGraph's own checkpointer seam kept in
+the run's log, each chat model request and tool call a step of its own
+(``pip install 'durable-agents[langgraph]'``).
 
 ::
 
@@ -20,52 +21,54 @@ and tool call is a step of the run's log (``pip install 'durable-agents[langgrap
 
     Client().start("support", {"input": {"messages": [{"role": "user", "content": "..."}]}})
 
-The shape is that of Temporal's LangGraph plugin (LangGraph's loop runs in the workflow,
-each node is a unit of its own), with the node's model requests and tool calls steps of
-their own. Here:
-
 - ``DurableGraph(graph, name=...)`` registers a code agent (``durable.code``) named ``name``
-  whose function invokes the graph (``ainvoke``) on a copy whose nodes are wrapped, without
-  LangGraph's checkpointer: the run's log is the checkpoint. Input: ``{"input": the graph's
-  input, "context": its runtime context}`` (``GraphInput``); result: the final state as JSON.
-- Each chat model request (any LangChain chat model a node calls: ``invoke``, ``ainvoke``,
-  ``bind_tools``, ``with_structured_output``...) is the step ``<name>.model``: effect-free
-  (sent again at once after a crash), ``model`` (counted against the "model_calls" budget,
-  its usage against "tokens"), its arguments logged as a digest; for LangChain's OpenAI
-  models it carries the step's key as an ``Idempotency-Key`` header and its deadline as the
-  client's timeout; streamed, each text delta published to the run's followers as
-  ``{"delta": text}`` (``stream=False``: plain requests).
-- Each LangChain tool call (a ``ToolNode``'s, or a tool a node invokes itself, named in
-  ``tools=``) is the step ``<name>.tool.<tool>``: claimed with an idempotency key the tool
-  reads with ``step_context()``, resolved after a crash by the ``lookup`` of its
-  ``StepOptions``, waiting for a signed approval with ``requires_approval`` (a rejection is
-  told to the model as the tool's error message).
-- Each node execution ends with the step ``<name>.node.<node>``, which records its update
-  and publishes it to the followers as ``{"node", "update"}``.
-- ``interrupt(value)`` in a node is a durable wait (``waiting_input``, holding no worker)
-  whose data is ``value``, answered by ``durable respond RUN ANSWER`` (or
-  ``Client.respond``); ``interrupt()`` then returns the answer. LangGraph runs the node
-  again from its start, as it does on resume, but every request and tool call the node
-  made before the interrupt gets its recorded outcome: nothing is sent or applied twice.
-- A cancel cancels the model request in flight (and a tool step marked ``cancellable``) and
-  ends the run at the next step.
+  whose function runs the graph (``astream``) with ``LogSaver`` as its checkpointer
+  (``saver``): every checkpoint and every task's pending writes LangGraph puts is an entry
+  of the run's log, recorded as the effect-free step ``<name>.checkpoint`` (``records``:
+  LangGraph's own serializer, never a pickle; a list channel, a conversation's messages,
+  stored as what changed since its previous version). A task's writes are recorded before
+  ``put_writes`` returns; a checkpoint with them, or before any step of the next superstep.
+  Input: ``{"input": the graph's input, "context": its runtime context}`` (``GraphInput``);
+  result: the final state (or the entrypoint's return) as JSON.
+- Executed again (after a crash, a hand-back, an interrupt's answer), the function loads the
+  saver from the log and LangGraph resumes from its latest checkpoint with its pending
+  writes: a finished task or node is never run again, and the one a crash interrupted runs
+  again, as under LangGraph's own checkpointer (its counts: a node interrupted and answered
+  three times runs four times).
+- Each chat model request (any LangChain chat model a node or task calls) is the step
+  ``<name>.model``, each LangChain tool call (a ``ToolNode``'s, or one named in ``tools=``)
+  the step ``<name>.tool.<tool>`` (``model``, ``tools``): named by the LangGraph task that
+  makes it (its id, which LangGraph derives from the checkpoint), the task's attempt and
+  its place among equal calls, and found by that name when the task runs again, whatever
+  order concurrent tasks make their calls in: its outcome comes back from the log, nothing
+  is sent or applied again. The model step carries its key as an ``Idempotency-Key`` for
+  LangChain's OpenAI models and streams its text to the followers as ``{"delta": text}``;
+  a tool reads its key with ``step_context()``, its ``lookup`` resolves an outcome a crash
+  left unknown, ``requires_approval`` makes it wait for a signed decision. A tool's
+  ``Command`` (``Command(graph=Command.PARENT, update=...)`` from a subgraph's tool) is
+  recorded and given back as it was.
+- ``interrupt()`` (in a node, a task or a subgraph) stops the graph as LangGraph stops it;
+  the run waits for input (``waiting_input``, no worker held) with the data
+  ``{"interrupts": [{"id", "value"}, ...]}``. ``durable respond RUN ANSWER`` (or
+  ``Client.respond``) answers: with one interrupt pending, any JSON (what ``interrupt()``
+  returns); with several, an object mapping interrupt ids to answers (an answer of another
+  shape makes the run ask again, saying why). LangGraph resumes with
+  ``Command(resume={id: answer})``.
+- Each node's update and each ``get_stream_writer()`` chunk is published to the run's
+  followers (``{"node", "update"}``, ``{"custom"}``), never logged.
+- LangGraph's own errors (its recursion limit, an invalid update, a node's error once its
+  ``RetryPolicy`` gave up) fail the run with LangGraph's message; a cancel cancels the model
+  request in flight and ends the run at the next step.
 
-Recovery re-executes the function. A node whose update was recorded is not run again when
-it ran alone in its superstep, took no interrupt and its update loads back exactly from
-LangChain's JSON: the recorded update is given back and the run goes past its steps
-(``durable.integrations.langgraph.nodes.replayed``). Any other node runs again with every
-step in the log returning its recorded outcome, so a completed node's requests and tool
-calls are not sent again; a node the crash interrupted goes on from its first step not
-recorded. Each step of a
-node is named by the node's superstep and name and its place among the node's calls, so a
-node LangGraph runs again (its ``RetryPolicy``, an interrupt) gets the same outcomes.
-
-Limits: a node's code between its steps may run again (after an interrupt's answer, on
-recovery when its update cannot be given back): deterministic, without effects of its own
-(put effects in tools); ``astream`` of a chat model inside a node is
-one step, given back as one chunk (followers get the tokens); interrupts inside a subgraph,
-static breakpoints (``interrupt_before``/``after``) and ``Command(resume=...)`` are not
-supported; a tool returning a ``Command`` is recorded as its JSON.
+Limits: a node's (or task's) own code between its steps is LangGraph's: it runs again when
+LangGraph runs the node again (an interrupt's answer, a crash before its writes were
+recorded), so an effect of its own is applied at least once, as under any LangGraph
+checkpointer (put effects in tools, or in tasks: a task that returned is never run again);
+synchronous nodes and tasks each hold a thread of the event loop's default executor
+(``agent.SYNC_THREADS``) while they run; ``astream`` of a chat model inside a node is one
+step, given back as one chunk; static breakpoints (``interrupt_before``/``after``) and
+subgraphs with a checkpointer of their own are refused; a value changed in place in the
+state, not through an update, is not seen by the checkpoint that follows.
 """
 
 from __future__ import annotations
@@ -79,5 +82,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is not instal
 from durable.integrations.base import StepOptions, step_context
 from durable.integrations.langgraph.agent import DurableGraph
 from durable.integrations.langgraph.run import GraphInput, GraphRunFailed
+from durable.integrations.langgraph.saver import LogSaver
 
-__all__ = ["DurableGraph", "GraphInput", "GraphRunFailed", "StepOptions", "step_context"]
+__all__ = ["DurableGraph", "GraphInput", "GraphRunFailed", "LogSaver", "StepOptions",
+           "step_context"]

@@ -12,10 +12,15 @@ outside one it is LangChain's own. A node's ``astream`` (``stream``) of a chat m
 that one step too, given back as one chunk: the step streams the tokens to the followers.
 The callbacks a node's model call fires (tracing, LangGraph's own "messages" stream)
 still fire, in the function, with the recorded reply.
+
+A request's identity (``request_args``) is its digest, taken one new message at a time
+(``durable.request_digest``), with the LangGraph task that sends it (``binding.current_task``):
+the same request of the same task finds its recorded reply however often the task runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +44,9 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 
 from durable.agents import ToolContext
 from durable.integrations.base import ModelStepBase, jsonable, stable
-from durable.integrations.langgraph.run import GraphOwner, bound_run
+from durable.integrations.langgraph.binding import Binding, bound_run, current_task
+from durable.integrations.langgraph.run import GraphOwner
+from durable.request_digest import ListDigest, around, canonical
 from durable.streams.partials import tool_call_delta
 
 __all__ = ["MODEL_RETRYABLE", "ModelCall", "ModelStep", "decode_result", "encode_result",
@@ -78,16 +85,28 @@ def decode_result(data: Any) -> ChatResult:
     return ChatResult(generations=generations, llm_output=data.get("llm_output"))
 
 
-def request_args(model: BaseChatModel, messages: list[BaseMessage], stop: list[str] | None,
-                 kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A request's identity: the model, the messages without their ids (LangGraph's
-    ``add_messages`` draws random ones), the stop words and the call's options (its tools)."""
+def _encoded(message: Any) -> bytes:
+    """A message as a request's digest takes it: without its id (LangGraph draws one)."""
+    if isinstance(message, BaseMessage):
+        return canonical(stable(message.model_dump(mode="json", exclude={"id"})))
+    return canonical(stable(message))
+
+
+def request_args(b: Binding, model: BaseChatModel, messages: list[BaseMessage],
+                 stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A request's identity: the digest of the model, the messages without their ids, the
+    stop words and the call's options (its tools), with the task that sends it, its attempt
+    and how many equal requests the attempt sent before; the task's id is told too."""
+    task = current_task()
     name = getattr(model, "model_name", None) or getattr(model, "model", None) or ""
-    named: dict[str, Any] = stable({
-        "model": f"{model._llm_type}:{name}",
-        "messages": [m.model_dump(mode="json", exclude={"id"}) for m in messages],
-        "stop": stop, "options": kwargs})
-    return named
+    fields = {"model": f"{model._llm_type}:{name}", "stop": stop, "options": stable(kwargs)}
+    head, tail = around(fields, "messages")
+    with b.lock:  # a synchronous node's request is named on its own thread
+        digest = b.digests.setdefault(f"{task.node}|{fields['model']}", ListDigest(_encoded))
+        request, size = digest.of(head, messages, tail)
+    n = b.place(task.id, str(task.attempt), "model", request)
+    named = hashlib.sha256(f"{request}|{task.id}|{task.attempt}|{n}".encode()).hexdigest()
+    return {"_digest": named, "_bytes": size, "task": task.id}
 
 
 # The function's side ------------------------------------------------------------------------
@@ -119,7 +138,7 @@ def install() -> None:
         b = bound_run()
         if b is None:
             return await _originals["async"](self, messages, stop, run_manager, **kwargs)  # type: ignore[no-any-return]
-        got = await b.take(b.owner.model_step, request_args(self, messages, stop, kwargs),
+        got = await b.take(b.owner.model_step, request_args(b, self, messages, stop, kwargs),
                            ModelCall(self, messages, stop, kwargs))
         return decode_result(got)
 
@@ -129,7 +148,7 @@ def install() -> None:
         b = bound_run()
         if b is None:
             return _originals["sync"](self, messages, stop, run_manager, **kwargs)  # type: ignore[no-any-return]
-        got = b.take_blocking(b.owner.model_step, request_args(self, messages, stop, kwargs),
+        got = b.take_blocking(b.owner.model_step, request_args(b, self, messages, stop, kwargs),
                               ModelCall(self, messages, stop, kwargs))
         return decode_result(got)
 

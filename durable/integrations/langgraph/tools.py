@@ -10,6 +10,12 @@ only, takes a step; the tool's callbacks fire in the step. A tool the ``DurableG
 not told of (neither a ``ToolNode``'s nor named in its ``tools=``) is refused inside a
 durable run (``UsageError``: the run is quarantined, naming it, for its code to be fixed):
 its effect would run again on every recovery.
+
+A call is named by the LangGraph task that makes it (``binding.current_task``), the task's attempt
+and how many equal calls the attempt made before it: a task that runs again (after an
+interrupt's answer, after a crash) finds each call's recorded outcome. A tool's output that
+JSON cannot carry (a ``Command``: ``Command(graph=Command.PARENT, update=...)`` from a
+subgraph's tool, say) is recorded with LangGraph's serializer and given back as it was.
 """
 
 from __future__ import annotations
@@ -21,17 +27,24 @@ from typing import Any, ClassVar
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from durable.agents import Lookup, Tool, ToolContext
+from durable.call_identity import args_digest
 from durable.code import StepFailed
 from durable.errors import UsageError
 from durable.integrations.base import StepOptions, jsonable, recorded_lookup, run_in_step, stable
-from durable.integrations.langgraph.run import Binding, GraphOwner, bound_run
+from durable.integrations.langgraph import records as rec
+from durable.integrations.langgraph.binding import Binding, bound_run, current_task
+from durable.integrations.langgraph.run import GraphOwner
 
 __all__ = ["ToolCall", "ToolStep", "decode_output", "encode_output", "install"]
 
 #: What the model is told of a call whose approval was rejected.
 REJECTED = "Tool call was not approved"
+
+#: LangGraph's own serializer, for a tool's output JSON cannot carry.
+_SERDE = JsonPlusSerializer()
 
 
 # The JSON of a tool step --------------------------------------------------------------------
@@ -50,18 +63,26 @@ def text_of(value: Any) -> Any:
 
 
 def encode_output(output: Any) -> dict[str, Any]:
-    """A tool's output as recorded: the ``ToolMessage``'s content, status and artifact, or
-    the tool's return (JSON data, else its ``str``) when it was called without a call id."""
+    """A tool's output as recorded: the ``ToolMessage``'s content, status and artifact; the
+    tool's return when it is JSON data (it was called without a call id); anything else (a
+    ``Command``) with LangGraph's serializer (``typed``), shown beside it as JSON."""
     if isinstance(output, ToolMessage):
         return {"content": jsonable(output.content), "status": output.status,
                 "artifact": jsonable(output.artifact)}
-    return {"return": jsonable(output)}
+    shown = jsonable(output)
+    if output is None or isinstance(output, str | int | float | bool) or (
+            type(output) in (dict, list) and shown == output):
+        return {"return": shown}
+    return {"return": shown, "typed": rec.to_json(rec.dump(_SERDE, output))}
 
 
 def decode_output(data: Any, call_id: str | None, name: str) -> Any:
-    """The recorded output as the caller gets it: a ``ToolMessage`` for a tool call."""
+    """The recorded output as the caller gets it: a ``ToolMessage`` for a tool call, the
+    object itself for what was recorded with LangGraph's serializer."""
     if not isinstance(data, dict) or not ("content" in data or "return" in data):
         raise TypeError(f"a tool step recorded {str(data)[:200]!r}")
+    if "typed" in data:
+        return rec.load(_SERDE, rec.from_json(data["typed"]))
     if call_id is None:
         return data["return"] if "return" in data else data["content"]
     content = text_of(data["return"]) if "return" in data else data["content"]
@@ -83,16 +104,19 @@ class ToolCall:
     kwargs: dict[str, Any]
 
 
-def _call_args(tool: BaseTool, tool_input: str | dict[str, Any],
+def _call_args(b: Binding, tool: BaseTool, tool_input: str | dict[str, Any],
                call_id: str | None) -> dict[str, Any]:
-    """A call's identity: its call id and its input without injected arguments (the
-    graph's state, a runtime: not the model's to choose, and not stable)."""
+    """A call's identity: the task that makes it, its attempt, its call id and its input
+    without injected arguments (the graph's state, a runtime: not the model's to choose,
+    and not stable), and how many equal calls the attempt made before it."""
     shown: Any = tool_input
     if isinstance(tool_input, dict):
         filtered = getattr(tool, "_filter_injected_args", None)
         shown = filtered(tool_input) if callable(filtered) else tool_input
     named: dict[str, Any] = stable({"call_id": call_id, "input": shown})
-    return named
+    task = current_task()
+    n = b.place(task.id, str(task.attempt), tool.name, args_digest(named))
+    return {"task": task.id, "attempt": task.attempt, "n": n, **named}
 
 
 def _step_of(b: Binding, tool: BaseTool) -> str:
@@ -106,7 +130,7 @@ def _step_of(b: Binding, tool: BaseTool) -> str:
 async def _take(b: Binding, tool: BaseTool, call: ToolCall) -> Any:
     step = _step_of(b, tool)
     try:
-        out = await b.take(step, _call_args(tool, call.input, call.call_id), call)
+        out = await b.take(step, _call_args(b, tool, call.input, call.call_id), call)
     except StepFailed as exc:
         if exc.status != "rejected":
             raise
@@ -151,7 +175,7 @@ def install() -> None:
         call = ToolCall(self, tool_input, tool_call_id, config, kwargs)
         step = _step_of(b, self)
         try:
-            out = b.take_blocking(step, _call_args(self, tool_input, tool_call_id), call)
+            out = b.take_blocking(step, _call_args(b, self, tool_input, tool_call_id), call)
         except StepFailed as exc:
             if exc.status != "rejected":
                 raise
