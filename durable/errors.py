@@ -67,6 +67,9 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── durable.controls.schedules.Unreadable
      │                           a stored schedule that cannot be decoded, or whose
      │                           expression is not valid
+     ├── durable.integrations.pydantic_ai.backend.Rejected
+     │                           a pydantic-ai tool call whose approval was rejected (told to
+     │                           the model as a denied call)
      ├── durable.integrations.mcp.McpToolError
      │                           an MCP server answered a call with an error
      ├── durable.console.auth.LoginRequired

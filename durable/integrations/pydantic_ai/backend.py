@@ -46,6 +46,7 @@ from pydantic_ai.toolsets.abstract import AGENT_TOOLSET_ID
 
 from durable.call_identity import digest_placeholder
 from durable.code import StepFailed
+from durable.errors import DurableError
 from durable.integrations.base import current_step, stable
 from durable.integrations.pydantic_ai import compat
 from durable.integrations.pydantic_ai.identity import identity
@@ -160,7 +161,7 @@ class Live:
     operation_id: DurableOperationId
 
 
-class Rejected(Exception):
+class Rejected(DurableError):
     """A tool call whose approval was rejected: told to the model as a denied call."""
 
 
