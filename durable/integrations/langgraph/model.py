@@ -65,14 +65,35 @@ MODEL_RETRYABLE: tuple[type[BaseException], ...] = (
 def encode_result(result: ChatResult) -> dict[str, Any]:
     """A chat result as recorded: each generation's message and info, the model's output,
     and the usage (``usage.total_tokens`` is what the run's "tokens" budget counts)."""
-    total = 0
+    kinds: dict[str, int] = {}
+    model = ""
     for gen in result.generations:
         usage = getattr(gen.message, "usage_metadata", None) or {}
-        total += int(usage.get("total_tokens", 0) or 0)
-    return {"generations": [{"message": message_to_dict(g.message),
-                             "info": jsonable(g.generation_info)} for g in result.generations],
-            "llm_output": jsonable(result.llm_output),
-            "usage": {"total_tokens": total}}
+        for kind, n in _priced(usage).items():
+            kinds[kind] = kinds.get(kind, 0) + n
+        meta = getattr(gen.message, "response_metadata", None) or {}
+        model = model or str(meta.get("model_name") or meta.get("model") or "")
+    if not model and isinstance(result.llm_output, dict):
+        model = str(result.llm_output.get("model_name") or "")
+    recorded = {"generations": [{"message": message_to_dict(g.message),
+                                 "info": jsonable(g.generation_info)}
+                                for g in result.generations],
+                "llm_output": jsonable(result.llm_output),
+                "usage": {"total_tokens": kinds.pop("total_tokens", 0), **kinds}}
+    if model:  # the model priced (durable.costs)
+        recorded["model"] = model
+    return recorded
+
+
+def _priced(usage: Any) -> dict[str, int]:
+    """LangChain's ``usage_metadata`` by the token kinds a price is computed from."""
+    details = usage.get("input_token_details") or {}
+    found = {"total_tokens": usage.get("total_tokens"), "input_tokens": usage.get("input_tokens"),
+             "output_tokens": usage.get("output_tokens"),
+             "cache_read_tokens": details.get("cache_read"),
+             "cache_write_tokens": details.get("cache_creation"),
+             "input_audio_tokens": details.get("audio")}
+    return {k: int(v) for k, v in found.items() if isinstance(v, int) and v > 0}
 
 
 def decode_result(data: Any) -> ChatResult:
