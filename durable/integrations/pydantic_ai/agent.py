@@ -54,7 +54,7 @@ from durable.code import AsyncRunContext, EndRun
 from durable.code import agent as code_agent
 from durable.errors import NondeterminismError, Signal
 from durable.flow import budgets as run_budgets
-from durable.integrations.base import StepOptions, configured_by, model_id, stable
+from durable.integrations.base import StepOptions, configured_by, model_id, named, stable
 from durable.integrations.pydantic_ai import mcp
 from durable.integrations.pydantic_ai.backend import PLAIN, Rejected, StepBackend, StepConfig
 from durable.integrations.pydantic_ai.model import StepModel, streaming_handler
@@ -304,11 +304,17 @@ class RedisDurability(BaseDurabilityCapability[Any]):
         register(run)
 
     def pinned(self) -> dict[str, Any]:
-        """What a run pins of the agent (``configured_by``): its model's id (the
-        instructions are part of every model step's digest)."""
+        """What a run pins of pydantic-ai's agent (``configured_by``): its model and its
+        instructions and system prompts (texts, or functions' names), so a deploy that
+        changes them shows as drift on the runs started before it."""
         agent = self.shared.agent
         model = self.model if self.model is not None else getattr(agent, "model", None)
-        return {"model": model_id(model)}
+        prompt = [named(getattr(i, "instruction", i))
+                  for i in getattr(agent, "_instructions", None) or ()]
+        prompt += [named(p) for p in getattr(agent, "_system_prompts", None) or ()]
+        prompt += [named(getattr(f, "function", f))
+                   for f in getattr(agent, "_system_prompt_functions", None) or ()]
+        return {"model": model_id(model), "prompt": prompt}
 
     # The run ------------------------------------------------------------------------------
 
