@@ -154,6 +154,7 @@ class RedisDurability(BaseDurabilityCapability[Any]):
         self.input_model, self.deps = input_model, deps
         self.return_messages, self.stream = return_messages, stream
         self.handles_events = event_stream_handler is not None or stream
+        self.shows_events = event_stream_handler is not None
         self.version, self.budgets, self.agent_options = version, budgets, options
         #: Shared with every copy pydantic-ai binds of this capability (``for_agent``).
         self.shared = Shared()
@@ -169,7 +170,8 @@ class RedisDurability(BaseDurabilityCapability[Any]):
         return b is not None and b.shared is self.shared
 
     def get_durable_operation_backend(self) -> StepBackend:
-        return StepBackend(self.shared, self.durable_name, self._tool_config)
+        return StepBackend(self.shared, self.durable_name, self._tool_config,
+                           shows_events=self.shows_events)
 
     def _tool_config(self, operation_id: DurableOperationId, tool: object | None,
                      tool_name: str) -> StepConfig | Literal[False]:

@@ -192,10 +192,14 @@ class StepBackend(CallableOperationBackend[StepConfig]):
 
     def __init__(self, shared: Shared, name: str,
                  resolve_tool: Callable[[DurableOperationId, object | None, str],
-                                        StepConfig | Literal[False]]) -> None:
+                                        StepConfig | Literal[False]],
+                 *, shows_events: bool = True) -> None:
         super().__init__(namer=StepNamer(name), config=RoleBasedOperationConfig(
             model=PLAIN, event=PLAIN, capability=PLAIN, tool=PLAIN, resolve_tool=resolve_tool))
         self.shared = shared
+        #: False when no handler of the user's sees the events (``stream=True`` alone): they
+        #: are drained where they are raised, not recorded as ``.events`` steps of nothing.
+        self.shows_events = shows_events
 
     def bind(self, operation: DurableOperation[P, W, R]) -> BoundDurableOperation[P, W, R]:
         return _Bound(super().bind(operation))
@@ -209,6 +213,8 @@ class StepBackend(CallableOperationBackend[StepConfig]):
                       config: StepConfig) -> object:
         b = binding.get()
         if b is None or b.shared is not self.shared:  # not this agent's durable run
+            return await body()
+        if isinstance(operation_id, EventStreamHandlerId) and not self.shows_events:
             return await body()
         if config.read_only and name.endswith(".call"):
             name = name[: -len("call")] + "read"

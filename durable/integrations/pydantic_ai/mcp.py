@@ -21,11 +21,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset
 
 from durable.integrations.base import current_step
-from durable.integrations.mcp_sessions import dying_with_worker, read_only, step_meta
+from durable.integrations.mcp_sessions import (
+    connection_lost,
+    dying_with_worker,
+    read_only,
+    step_meta,
+)
 
 __all__ = ["prepare", "read_only_tool"]
 
@@ -38,13 +44,15 @@ def prepare(toolset: AbstractToolset[Any]) -> None:
     the worker (idempotent: a toolset in two agents is prepared once)."""
     hook = getattr(toolset, "process_tool_call", None)
     if not getattr(hook, _MARK, False):
-        toolset.process_tool_call = with_step_meta(hook)  # type: ignore[attr-defined]
+        toolset.process_tool_call = with_step_meta(hook, toolset)  # type: ignore[attr-defined]
     dying_with_worker(getattr(getattr(toolset, "client", None), "transport", None))
 
 
-def with_step_meta(hook: Any) -> Any:
+def with_step_meta(hook: Any, toolset: Any = None) -> Any:
     """A ``process_tool_call`` hook that adds the step's key and deadline to a call's
-    ``_meta`` inside a step, then calls ``hook`` (the toolset's own), if any."""
+    ``_meta`` inside a step, then calls ``hook`` (the toolset's own), if any. A call whose
+    connection closed raises the lost connection (not pydantic-ai's retry) and reopens the
+    toolset's session for the calls after it (``reopen``)."""
 
     async def process(ctx: RunContext[Any], call_tool: Any, name: str,
                       args: dict[str, Any]) -> Any:
@@ -54,7 +62,18 @@ def with_step_meta(hook: Any) -> Any:
                        metadata: dict[str, Any] | None = None) -> Any:
             if step is not None:
                 metadata = {**(metadata or {}), **step_meta(step)}
-            return await call_tool(name, args, metadata=metadata)
+            try:
+                return await call_tool(name, args, metadata=metadata)
+            except ModelRetry as exc:
+                # pydantic-ai tells the model to retry a call whose connection closed: the
+                # call may have reached the server, so the step sees the lost connection
+                # (an unknown outcome, resolved by its lookup), never a retry of the effect.
+                cause = exc.__cause__
+                if step is not None and cause is not None and connection_lost(cause):
+                    if toolset is not None:
+                        await reopen(toolset)
+                    raise cause from None
+                raise
 
         if hook is not None:
             return await hook(ctx, call, name, args)
@@ -62,6 +81,18 @@ def with_step_meta(hook: Any) -> Any:
 
     setattr(process, _MARK, True)
     return process
+
+
+async def reopen(toolset: Any) -> None:
+    """Close an MCP toolset's dead session and open a new one, entered as often as the old
+    one was (the run's entry and the calls in flight): pydantic-ai keeps a session whose
+    server died, and every later call would fail on it. ``_running_count`` is
+    pydantic-ai's count of entries (its ``__aenter__``/``__aexit__`` pair keeps it)."""
+    entered = int(getattr(toolset, "_running_count", 0))
+    for _ in range(entered):
+        await toolset.__aexit__(None, None, None)
+    for _ in range(entered):
+        await toolset.__aenter__()
 
 
 def read_only_tool(tool: Any) -> bool:
