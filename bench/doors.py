@@ -1,6 +1,7 @@
 """``python -m bench.doors [--quick] [--runs N]``: start-to-first-event latency through
-``durable mcp`` beside the native client's (not part of ``python -m bench``; about 30 s, its
-own embedded server, one worker, one ``durable mcp --dev`` process).
+``durable mcp`` and through the server-sent events of ``GET /runs/{id}/events`` beside the
+native client's (not part of ``python -m bench``; about a minute, its own embedded server,
+one worker, one ``durable mcp --dev`` and one ``durable a2a --dev`` process).
 
 Each sample starts a short run of ``count`` (3 steps of 0.3 s) both ways, interleaved, so
 load from elsewhere falls on both alike:
@@ -10,7 +11,10 @@ load from elsewhere falls on both alike:
 - **MCP**: the official ``mcp`` SDK's client over Streamable HTTP (one session for every
   sample, as an MCP host keeps one): a task-augmented ``tools/call`` until its answer (the
   task, status ``working``), then ``tasks/result`` sent at once until its first progress
-  notification (the first step).
+  notification (the first step);
+- **SSE**: ``Client.start``, then the run's events read over HTTP (``GET /runs/{id}/events``
+  of ``durable a2a``, with httpx) until the first ``entry`` frame and the first
+  ``step_decided`` one.
 
 Reported: the medians and 90th percentiles (ms), and each MCP median over its native one.
 A sample whose run ended before ``tasks/result`` joined it (no progress left to send: a
@@ -45,22 +49,24 @@ ARGS = {"steps": 3, "sleep_s": 0.3}
 
 
 @contextlib.contextmanager
-def door(url: str) -> Iterator[str]:
-    """A ``durable mcp --dev`` process on ``url``; its endpoint."""
+def door(url: str, command: str = "mcp") -> Iterator[str]:
+    """A ``durable mcp --dev`` (or ``a2a``) process on ``url``; its endpoint (``a2a``: its
+    base URL)."""
     port = free_port()
-    proc = Process(url, ["mcp", "--dev", "--port", str(port)], DURABLE_AGENTS="")
+    proc = Process(url, [command, "--dev", "--port", str(port)], DURABLE_AGENTS="")
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+            probe = "/healthz" if command == "mcp" else "/agents"
+            return httpx.get(base + probe, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     try:
         if not wait_for(up, 60, interval=0.1):
-            raise RuntimeError("durable mcp did not start")
-        yield f"{base}/mcp"
+            raise RuntimeError(f"durable {command} did not start")
+        yield f"{base}/mcp" if command == "mcp" else base
     finally:
         proc.stop()
 
@@ -78,6 +84,25 @@ def native(client: Client) -> tuple[float, float]:
                 return first, (time.perf_counter() - t0) * 1000
     finally:
         follower.close()
+    raise RuntimeError("the run ended without a step")
+
+
+def through_sse(client: Client, http: httpx.Client, base: str) -> tuple[float, float]:
+    """ms from ``Client.start`` to the first ``entry`` frame read over HTTP, and to the
+    first ``step_decided`` one."""
+    t0 = time.perf_counter()
+    started = client.start("count", ARGS)
+    first: float | None = None
+    with http.stream("GET", f"{base}/runs/{started.run_id}/events") as response:
+        response.raise_for_status()
+        event = ""
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+            elif line.startswith("data: ") and event == "entry":
+                first = (time.perf_counter() - t0) * 1000 if first is None else first
+                if '"type": "step_decided"' in line:
+                    return first, (time.perf_counter() - t0) * 1000
     raise RuntimeError("the run ended without a step")
 
 
@@ -101,16 +126,21 @@ async def through_mcp(session: Any) -> tuple[float, float]:
     return answered, seen[0] if seen else float("nan")
 
 
-async def sample(endpoint: str, client: Client, n: int) -> list[tuple[float, ...]]:
+async def sample(endpoint: str, events: str, client: Client, n: int) \
+        -> list[tuple[float, ...]]:
     out: list[tuple[float, ...]] = []
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=300)) as http:
         async with McpClient(streamable_http_client(endpoint, http_client=http),
                              mode="legacy") as mcp:
-            await through_mcp(mcp.session)  # warm: the first call loads what calls need
-            await asyncio.to_thread(native, client)
-            for _ in range(n):
-                got = await through_mcp(mcp.session)
-                out.append((*await asyncio.to_thread(native, client), *got))
+            with httpx.Client(timeout=httpx.Timeout(30, read=300)) as sse:
+                await through_mcp(mcp.session)  # warm: the first call loads what calls need
+                await asyncio.to_thread(native, client)
+                await asyncio.to_thread(through_sse, client, sse, events)
+                for _ in range(n):
+                    got = await through_mcp(mcp.session)
+                    nat = await asyncio.to_thread(native, client)
+                    out.append((*nat, *got,
+                                *await asyncio.to_thread(through_sse, client, sse, events)))
     return out
 
 
@@ -124,14 +154,15 @@ def run(*, quick: bool = False, runs: int | None = None) -> dict[str, Any]:
         w = worker(srv.url)
         if not wait_for(lambda: client.redis.hexists(keys.AGENTS, "count"), 60):
             raise RuntimeError("no worker published the agents")
-        with door(srv.url) as endpoint:
-            rows = asyncio.run(sample(endpoint, client, n))
+        with door(srv.url) as endpoint, door(srv.url, "a2a") as events:
+            rows = asyncio.run(sample(endpoint, events, client, n))
         client.close()
     finally:
         if w is not None:
             w.stop()
         srv.stop()
-    names = ("native_first_entry", "native_first_step", "mcp_task", "mcp_first_step")
+    names = ("native_first_entry", "native_first_step", "mcp_task", "mcp_first_step",
+             "sse_first_entry", "sse_first_step")
     missed = [r for r in rows if math.isnan(r[3])]
     rows = [r for r in rows if not math.isnan(r[3])]
     if not rows:
@@ -144,6 +175,11 @@ def run(*, quick: bool = False, runs: int | None = None) -> dict[str, Any]:
                                      res["native_first_entry"]["median_ms"], 2)
     res["ratio_first_step"] = round(res["mcp_first_step"]["median_ms"] /
                                     res["native_first_step"]["median_ms"], 2)
+    for ratio, door_name, nat in (("sse_ratio_first_event", "sse_first_entry",
+                                   "native_first_entry"),
+                                  ("sse_ratio_first_step", "sse_first_step",
+                                   "native_first_step")):
+        res[ratio] = round(res[door_name]["median_ms"] / res[nat]["median_ms"], 2)
     return res
 
 
@@ -155,14 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     res = run(quick=p.parse_args(argv).quick, runs=p.parse_args(argv).runs)
     left = f", {res['left_out']} left out" if res["left_out"] else ""
     print(f"start-to-first-event, {res['samples']} samples{left} (median / p90 ms)\n")
-    print("| | native client | durable mcp | ratio |\n|---|---|---|---|")
-    for label, nat, mcp, ratio in (
-            ("first event (native: first log entry; MCP: the task)", "native_first_entry",
-             "mcp_task", "ratio_first_event"),
-            ("first step (native: step_decided read; MCP: progress)", "native_first_step",
-             "mcp_first_step", "ratio_first_step")):
+    print("| | native client | durable mcp | ratio | SSE | ratio |\n|---|---|---|---|---|---|")
+    for label, nat, mcp, ratio, sse, sse_ratio in (
+            ("first event (native: first log entry; MCP: the task; SSE: first entry)",
+             "native_first_entry", "mcp_task", "ratio_first_event", "sse_first_entry",
+             "sse_ratio_first_event"),
+            ("first step (native and SSE: step_decided read; MCP: progress)",
+             "native_first_step", "mcp_first_step", "ratio_first_step", "sse_first_step",
+             "sse_ratio_first_step")):
         print(f"| {label} | {res[nat]['median_ms']} / {res[nat]['p90_ms']} | "
-              f"{res[mcp]['median_ms']} / {res[mcp]['p90_ms']} | x{res[ratio]} |")
+              f"{res[mcp]['median_ms']} / {res[mcp]['p90_ms']} | x{res[ratio]} | "
+              f"{res[sse]['median_ms']} / {res[sse]['p90_ms']} | x{res[sse_ratio]} |")
     return 0
 
 
