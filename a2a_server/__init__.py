@@ -5,7 +5,8 @@ protocol itself (JSON-RPC parsing, its error objects, server-sent events, the v0
 names beside v1.0's, agent card serialization) is the official ``a2a-sdk``'s; what is here
 maps it onto runs, through ``durable.client.Client`` only.
 
-Modules: ``tokens`` (bearer tokens: who calls, for which tenant), ``cards`` (an agent card
+Who calls (bearer tokens per tenant, the console's users) is the library's
+``durable.security.callers``, for the door ``a2a``. Modules: ``cards`` (an agent card
 per published agent, its skill from the input schema), ``discovery`` (the host's card, each
 card in the shape of the protocol version asked for, caching headers), ``params`` (what a
 request's parameters must be), ``messages`` (an A2A message as a run's input or a wait's

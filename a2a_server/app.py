@@ -45,13 +45,13 @@ from starlette.routing import Route
 from durable import catalog
 from durable.client import Client
 from durable.errors import UsageError
+from durable.security.callers import Access, Caller, NotAllowed
 from durable.streams import sse
 from durable.streams.streaming import async_twin
 
 from . import discovery, params
 from .cards import card
 from .handler import DurableRequestHandler
-from .tokens import Access, Caller, NotAllowed
 
 CARD_PATH = ".well-known/agent-card.json"
 

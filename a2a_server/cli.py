@@ -45,14 +45,17 @@ class OneLineRefusals(logging.Filter):
         return True
 
 
-def cmd_a2a(args: argparse.Namespace) -> int:
-    from durable.security.users import Users
+#: The door's name: its callers' runs record the owner ``a2a:<caller>``.
+DOOR = "a2a"
 
-    from .tokens import Access, Caller, Tokens, new_token
+
+def cmd_a2a(args: argparse.Namespace) -> int:
+    from durable.security.callers import Access, Caller, Tokens, new_token
+    from durable.security.users import Users
 
     if args.new_token:
         token, digest = new_token()
-        tenants.checked(args.tenant or None, Caller(args.new_token).owner, None)
+        tenants.checked(args.tenant or None, Caller(args.new_token, door=DOOR).owner, None)
         print(f"token (give it to the caller; it is not kept): {token}\n\n"
               f"[tokens.{args.new_token}]\nsha256 = \"{digest}\"\ntenant = \"{args.tenant or ''}\"")
         return 0
@@ -65,14 +68,14 @@ def cmd_a2a(args: argparse.Namespace) -> int:
         if host not in LOOPBACK:
             raise UsageError(f"--dev serves without a token: only on a loopback address, not "
                              f"{host!r}")
-        dev: Caller | None = Caller(args.dev_user, args.tenant or "")
+        dev: Caller | None = Caller(args.dev_user, args.tenant or "", DOOR)
     elif not tokens_file and not users_file:
         raise UsageError("set DURABLE_A2A_TOKENS (or --tokens) to the tokens file and/or "
                          "DURABLE_CONSOLE_USERS (or --users) to the console's users file, or "
                          "use --dev on a loopback address")
     else:
-        access, dev = Access(Tokens.load(Path(tokens_file)) if tokens_file else None,
-                             Users.load(users_file) if users_file else None), None
+        access, dev = Access(Tokens.load(Path(tokens_file), DOOR) if tokens_file else None,
+                             Users.load(users_file) if users_file else None, door=DOOR), None
     env_secret = settings.a2a.push_secret
     secret = args.push_secret or (env_secret.get_secret_value() if env_secret else None)
     if secret is not None and len(secret) < 16:

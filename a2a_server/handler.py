@@ -60,13 +60,13 @@ from durable.controls import sessions
 from durable.errors import DurableError, RunIdConflict, RunNotFound, SessionBusy
 from durable.log import keys
 from durable.log.state import RunState
+from durable.security.callers import Caller
 from durable.streams.async_streaming import last_id
 from durable.streams.streaming import async_twin
 
 from . import listing, messages, tasks
 from .params import check_message, history_length, invalid
 from .push import Pusher
-from .tokens import Caller
 
 #: Seconds ``tasks/cancel`` waits for the run to be canceled before it answers with the
 #: task as it is (a step that cannot be stopped is let finish, then recorded interrupted).

@@ -76,12 +76,10 @@ installed packages and fails when this diagram and the classes differ in any way
      │                           a console page needs a user (answered with a redirect)
      ├── durable.a2a.discovery.NoCard
      │                           no agent card to serve at an address (answered 404/400)
-     ├── durable.a2a.tokens.NotAllowed
-     │                           an A2A caller's right credentials, of a user whose role
-     │                           may not call (answered 403)
      └── durable.security.callers.NotAllowed
-                                 a front door caller's right credentials (``durable mcp``),
-                                 of a user whose role may not call (answered 403)
+                                 a front door caller's right credentials (``durable mcp``,
+                                 ``durable a2a``), of a user whose role may not call
+                                 (answered 403)
 
     Signal                       stops code the library runs (see ``Signal``): a
      │                           ``BaseException``, so ``except Exception`` lets it pass

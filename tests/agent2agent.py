@@ -28,9 +28,9 @@ from a2a.utils.constants import PROTOCOL_VERSION_0_3
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Value
 
-from durable.a2a.tokens import new_token
 from durable.backend.embedded import free_port
 from durable.log import keys
+from durable.security.callers import new_token
 from durable.testing import Server, wait_for
 from durable.testing.processes import Process
 

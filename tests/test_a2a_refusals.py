@@ -28,9 +28,9 @@ from a2a.types import (
 )
 from a2a.utils.errors import TaskNotFoundError
 
-from durable.a2a.tokens import Access, Caller, NotAllowed, Tokens
 from durable.client import Client
 from durable.errors import UsageError
+from durable.security.callers import Access, Caller, NotAllowed, Tokens
 from durable.security.users import User, Users, hash_password
 from durable.testing import Server
 from tests.agent2agent import V1, A2AServer, door, error, message, published, rpc, serving
@@ -155,7 +155,7 @@ def test_a_bad_tokens_file_is_refused_naming_what_is_wrong(tmp_path: Path, text:
     path = tmp_path / "tokens.toml"
     path.write_text(text)
     with pytest.raises(UsageError, match=re.escape(error)):
-        Tokens.load(path)
+        Tokens.load(path, "a2a")
 
 
 def test_the_command_refuses_to_serve_without_tokens_and_makes_them(
@@ -171,8 +171,8 @@ def test_the_command_refuses_to_serve_without_tokens_and_makes_them(
     assert made.returncode == 0, made.stderr
     token = made.stdout.split("it is not kept): ")[1].split()[0]
     (tmp_path / "t.toml").write_text(made.stdout.split("\n\n", 1)[1])
-    tokens = Tokens.load(tmp_path / "t.toml")
-    assert tokens.check(f"Bearer {token}") == Caller("bot", "acme")
+    tokens = Tokens.load(tmp_path / "t.toml", "a2a")
+    assert tokens.check(f"Bearer {token}") == Caller("bot", "acme", "a2a")
     assert tokens.check("Bearer nope") is None and tokens.check(token) is None
 
 
@@ -240,14 +240,14 @@ def test_a_users_right_password_is_checked_once_a_wrong_one_every_time(tmp_path:
             return super().check(name, password)
 
     now = [1000.0]
-    access = Access(None, Counted(Users.load(path).users), remember_s=60,
+    access = Access(None, Counted(Users.load(path).users), door="a2a", remember_s=60,
                     clock=lambda: now[0])
 
     def basic(name: str, password: str) -> str:
         return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
 
     assert [access.check(basic("ops", "ops-pw")) for _ in range(5)] == \
-        [Caller("user:ops")] * 5
+        [Caller("user:ops", door="a2a")] * 5
     assert Counted.hashed == 1
     assert access.check(basic("ops", "wrong")) is None
     assert access.check(basic("ops", "wrong")) is None
@@ -257,5 +257,5 @@ def test_a_users_right_password_is_checked_once_a_wrong_one_every_time(tmp_path:
             access.check(basic("eve", "eve-pw"))  # remembered, and still not an operator
     assert Counted.hashed == 4
     now[0] += 61
-    assert access.check(basic("ops", "ops-pw")) == Caller("user:ops")
+    assert access.check(basic("ops", "ops-pw")) == Caller("user:ops", door="a2a")
     assert Counted.hashed == 5

@@ -1,7 +1,7 @@
-"""Who calls a front door over HTTP (``durable mcp``): bearer tokens, each naming a caller
-and the tenant its runs belong to, and (``Access``) the console's users by HTTP Basic
-credentials. A door is named (``door``: ``"mcp"``); the runs its callers start record the
-owner ``<door>:<caller>``.
+"""Who calls a front door over HTTP (``durable mcp``, ``durable a2a``): bearer tokens, each
+naming a caller and the tenant its runs belong to, and (``Access``) the console's users by
+HTTP Basic credentials. A door is named (``door``: ``"mcp"``, ``"a2a"``); the runs its
+callers start record the owner ``<door>:<caller>``.
 
 The tokens file is TOML, the format ``durable a2a``'s tokens file has too (one file can
 serve both doors)::
