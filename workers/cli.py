@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durable.errors import UsageError
-from durable.settings import Settings
+from durable.settings import Settings, WorkerSettings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -26,8 +26,9 @@ def register(add: Callable[..., Any]) -> None:
     sp = add("worker", cmd_worker, "run a worker (RQ) process", js=False)
     sp.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     sp.add_argument("--queue", default=None)
+    slots = WorkerSettings.model_fields["concurrency"].default
     sp.add_argument("--concurrency", type=int, default=None, metavar="N",
-                    help="runs driven at once (default: DURABLE_CONCURRENCY, 64)")
+                    help=f"runs driven at once (default: DURABLE_CONCURRENCY, {slots})")
     sp.add_argument("--hook", action="append", default=[], metavar="MODULE:ATTR[=ARG]",
                     help="a step hook (repeatable), e.g. durable.testing.faults:KillAt="
                          "after_effect:2")
