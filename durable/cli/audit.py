@@ -4,6 +4,7 @@ from an offset."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import sys
 import uuid
@@ -197,9 +198,16 @@ def cmd_verify_archive(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
+    lines = export_lines(c.log, args.run, keep_sealed=args.saved, with_blobs=args.saved,
+                         with_chain=args.saved)
+    if args.output and args.output.endswith(".gz"):
+        with gzip.open(args.output, "wt") as packed:
+            for line in lines:
+                packed.write(line + "\n")
+        return OK
     out = open(args.output, "w") if args.output else sys.stdout
     try:
-        for line in export_lines(c.log, args.run):
+        for line in lines:
             out.write(line + "\n")
     finally:
         if out is not sys.stdout:
@@ -247,7 +255,12 @@ def register(add: Add) -> None:
     sp.add_argument("--signer", required=True, help="the key's name in the approver registry")
     sp.add_argument("--key", required=True, help="the signer's private key file")
     sp = add("export", cmd_export, "write a run's evidence as JSON lines", run=True, js=False)
-    sp.add_argument("--output", "-o", default=None)
+    sp.add_argument("--output", "-o", default=None,
+                    help="the file to write (gzip when it ends with .gz); default stdout")
+    sp.add_argument("--saved", action="store_true",
+                    help="a saved run, to replay offline (`durable replay-test`): the "
+                         "encoding of archives (sealed fields stay sealed; large values and "
+                         "the hash chain kept)")
     sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one", run=True)
     sp.add_argument("--at", required=True, help="last entry id of the inherited prefix")
     sp.add_argument("--new-run-id", default=None)

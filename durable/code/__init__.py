@@ -65,7 +65,7 @@ from durable.agents import (
 from durable.call_identity import is_placeholder
 from durable.code.async_execution import AsyncSession
 from durable.code.execution import Session
-from durable.code.history import needs_history, read_history
+from durable.code.history import History, needs_history, read_history
 from durable.code.output import FunctionOutput, publisher_of
 from durable.code.steps import (
     CHILD_TIMEOUT_S,
@@ -347,11 +347,14 @@ class CodeAgent(Agent):
         is made by ``open_session`` first (that reads the log)."""
         return self.open_session(state).begin(state)
 
-    def dry_run(self, state: RunState, timeout_s: float = 10.0) -> tuple[Decision, int]:
+    def dry_run(self, state: RunState, timeout_s: float = 10.0,
+                history: History | None = None) -> tuple[Decision, int]:
         """Execute the function against ``state``'s log without a worker: (the decision it
         takes past what the log records, the steps it had taken by then); raises what the
-        function raises, ``NondeterminismError`` among it (``durable deploy check``)."""
-        session = self._session(state)
+        function raises, ``NondeterminismError`` among it (``durable deploy check``).
+        ``history``: the log's steps, waits and values read elsewhere (a saved run's file,
+        ``durable.audit.offline``) instead of from the bound log."""
+        session = self._session(state, history)
         return session.first_decision(timeout_s), session.pos
 
     def close_run(self, run_id: str) -> None:
@@ -384,8 +387,8 @@ class CodeAgent(Agent):
         self.close_run(run_id)
         return False
 
-    def _session(self, state: RunState) -> Session:
-        actions, waits, values = read_history(self._log, state)
+    def _session(self, state: RunState, history: History | None = None) -> Session:
+        actions, waits, values = history or read_history(self._log, state)
         inp = self.input_model.model_validate(state.input or {})
         if self.is_async:
             session: Session = AsyncSession(self, state.run_id, actions, waits, inp, values,
