@@ -27,6 +27,7 @@ from durable.agents import (
     Tool,
     Wait,
 )
+from durable.audit.forks import held
 from durable.call_identity import digest_placeholder, is_placeholder
 from durable.code import CodeAgent
 from durable.controls.cancellation import CancelToken, finish_specs
@@ -48,7 +49,7 @@ from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.telemetry import tracing
 
-from . import aio, authority, family, parallel
+from . import aio, authority, family, holds, parallel
 from .context import StepContext
 from .steps import agent_traceback, finished, plain, ran_under, step_key, values_field
 from .turns import BLOCKING, Offload, Slot
@@ -136,7 +137,11 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
         await ctx.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
             "step": step, "key": key, "reason": state.cancel.reason})])
         return False, 1
-    if tool.requires_approval:
+    if state.hold_effects:  # a counterfactual fork: reuse, simulate, or hold it
+        done = await holds.counterfactual(ctx, handle, tool, step, args, decided, pending)
+        if done is not None:
+            return done
+    if tool.requires_approval or held(state, tool):
         ctx.log.stage(handle, [decided])
         await authority.approval(ctx, handle, tool, handle.state.actions[step], pending)
         return True, 1

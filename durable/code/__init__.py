@@ -118,6 +118,14 @@ class RunContext:
         return self._session.session_name
 
     @property
+    def overrides(self) -> Mapping[str, str]:
+        """What a counterfactual fork runs with instead of the configuration it was forked
+        from (``durable fork --set prompt=v2``: ``{"prompt": "v2"}``); {} otherwise. Read
+        it where the agent picks its model, prompt or tools; the built-in ``chat`` step
+        takes ``model`` from it."""
+        return self._session.overrides
+
+    @property
     def replaying(self) -> bool:
         """True while recorded steps are being returned (recovery); do no side effects
         outside ``call`` either way."""
@@ -397,6 +405,7 @@ class CodeAgent(Agent):
             session = Session(self, state.run_id, actions, waits, inp, values,
                               context=RunContext)
         session.continues, session.session_name = state.continue_from, state.session
+        session.overrides = dict(state.overrides)
         if self._log is not None and self._publisher is None:
             self._publisher = publisher_of(self._log)
         session.output = FunctionOutput(self._publisher, state.run_id)
