@@ -18,6 +18,7 @@ import pytest
 
 import tests.agents.counterfactual  # noqa: F401  (the client plans with the agents)
 from durable.audit.diff import diff
+from durable.audit.replay import describe
 from durable.audit.verify import verify
 from durable.cli import main
 from durable.client import Client
@@ -115,6 +116,7 @@ def test_a_released_held_charge_is_applied_once_even_if_the_worker_dies_right_af
     assert _charges(world_db, fork) == {f"{fork}:2": 1}  # once; the receipt never sent
     succeeded = {e.step: e for e in events_of(client, fork) if isinstance(e, ev.ActionSucceeded)}
     assert succeeded[3].simulated
+    assert "simulated (nothing sent)" in describe(succeeded[3])
     assert verify(client.log, fork).ok
 
 
@@ -133,6 +135,8 @@ def test_a_fork_taking_the_parents_calls_reuses_their_outcomes_and_sends_no_effe
     reused = {e.step: e.reused for e in events_of(client, other)
               if isinstance(e, ev.ActionSucceeded) and e.reused}
     assert reused == {2: f"{run}:2", 3: f"{run}:3"}
+    shown = [describe(e) for e in events_of(client, other) if isinstance(e, ev.ActionSucceeded)]
+    assert any(f"reuses the outcome of {run}:2" in line for line in shown), shown
     assert _charges(world_db, other) == {}
 
     same = client.fork(run, "1", "shop-same", overrides={"tone": "warm"}, hold_effects=True,

@@ -105,6 +105,11 @@ def describe(event: ev.Event) -> str:
             return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
         case ev.ActionDispatched():
             return f"dispatched {event.key}, deadline {event.deadline}"
+        case ev.ActionSucceeded() if event.reused:
+            return f"step {event.step} reuses the outcome of {event.reused} (the same call " \
+                   f"at the same step; nothing sent): {_short(event.result)}"
+        case ev.ActionSucceeded() if event.simulated:
+            return f"step {event.step} held, simulated (nothing sent): {_short(event.result)}"
         case ev.ActionSucceeded() if event.blob is not None:
             return f"step {event.step} succeeded: {_large(event.blob)}" + _cost(event.cost)
         case ev.ActionSucceeded():
