@@ -148,6 +148,34 @@ def test_a_fork_taking_the_parents_calls_reuses_their_outcomes_and_sends_no_effe
     assert _charges(world_db, same) == {}
 
 
+def test_a_fork_of_many_runs_sums_up_where_they_diverge_and_what_they_would_send(
+        client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``durable fork --where``: both completed runs of the agent forked under prompt v2,
+    the forks driven by a running worker while the command waits: both diverge at step 1,
+    each holds its charge of 900, nothing is charged."""
+    _shopped(client, worker, world_db)
+    client.start("card_shopper", {"cents": 2000}, run_id="shop2")
+    worker(burst=True).wait(60)
+    assert client.wait("shop2", 30).state == "completed"
+    worker()
+    capsys.readouterr()
+    assert main(["fork", "--where", "agent=card_shopper,since=1h", "--at", "1", "--set",
+                 "prompt=v2", "--hold-effects", "--wait", "60", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["summary"] == {"runs": 2, "diverged": 2, "first_divergence": {"1": 2},
+                                "held": 2, "simulated": 0, "reused": 0, "effects_sent": 0}
+    held = sorted(h["args"]["n"] for f in shown["forks"] for h in f["held"])
+    assert held == [900, 1900]
+    forks = [f["fork"] for f in shown["forks"]]
+    assert all("-whatif-" in f for f in forks)
+    assert not [k for k in applications(str(world_db)) if "-whatif-" in k]
+    # The forks are held forks: a second --where leaves them out.
+    assert main(["fork", "--where", "agent=card_shopper,state=waiting_approval", "--at", "1",
+                 "--hold-effects", "--wait", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["runs"] == 0
+
+
 def test_bad_fork_options_are_refused_before_anything_is_written(
         client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any) -> None:
     run = _shopped(client, worker, world_db)
@@ -156,5 +184,8 @@ def test_bad_fork_options_are_refused_before_anything_is_written(
     with pytest.raises(UsageError, match="took no step 9"):
         client.fork(run, "9", "f2", hold_effects=True)
     assert main(["fork", run, "--at", "1", "--set", "prompt", "--hold-effects"]) == 2
+    assert main(["fork", "--where", "agent=card_shopper,colour=red", "--at", "1",
+                 "--hold-effects"]) == 2
+    assert main(["fork", "--where", "agent=card_shopper", "--at", "1"]) == 2
     assert not client.redis.exists(client.log.keys.log("f1"), client.log.keys.log("f2"))
     assert os.environ["DURABLE_AGENTS"] == AGENTS

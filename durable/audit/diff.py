@@ -6,7 +6,8 @@ digest), what became of it (succeeded, failed, held, ...), its result, whether i
 (a reused or simulated outcome was not), and its tokens. The first divergence is the first
 step whose call or outcome differs, or that one run took and the other did not. The totals
 count steps, model calls, tokens, calls sent, effects sent (calls sent that are not model
-requests), effects held, reused and simulated.
+requests), effects held, reused and simulated; a fork's inherited prefix (its parent's
+steps, copied) counts as steps, not as sent by the fork.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Side:
     held: bool = False
     tokens: int = 0
     model: bool = False
+    #: A fork's step copied from its parent's log (the prefix it was forked with).
+    inherited: bool = False
 
     def outcome(self) -> str:
         if self.held:
@@ -60,8 +63,9 @@ class Trajectory:
         return {"steps": len(self.steps),
                 "model_calls": sum(1 for s in sides if s.model),
                 "tokens": sum(s.tokens for s in sides),
-                "sent": sum(1 for s in sides if s.sent),
-                "effects_sent": sum(1 for s in sides if s.sent and not s.model),
+                "sent": sum(1 for s in sides if s.sent and not s.inherited),
+                "effects_sent": sum(1 for s in sides if s.sent and not s.model
+                                    and not s.inherited),
                 "held": sum(1 for s in sides if s.held),
                 "reused": sum(1 for s in sides if s.reused),
                 "simulated": sum(1 for s in sides if s.simulated)}
@@ -82,8 +86,15 @@ def trajectory_of(elog: EventLog, run_id: str) -> Trajectory:
     sent, reused, simulated, tokens = set(), {}, set(), {}
     held_requests: set[str] = set()
     request_step: dict[str, int] = {}
+    decided_seq: dict[int, int] = {}
+    forked = bool(events) and isinstance(events[0], ev.RunStarted) and \
+        bool(events[0].forked_at)
+    # A fork's prefix is written by one commit that ends with a checkpoint.
+    prefix = next((e.seq for e in events if isinstance(e, ev.Checkpoint)), 0) if forked else 0
     for e in events:
-        if isinstance(e, ev.ActionDispatched):
+        if isinstance(e, ev.StepDecided):
+            decided_seq[e.step] = e.seq
+        elif isinstance(e, ev.ActionDispatched):
             sent.add(e.step)
         elif isinstance(e, ev.ActionSucceeded):
             tokens[e.step] = e.tokens
@@ -102,7 +113,8 @@ def trajectory_of(elog: EventLog, run_id: str) -> Trajectory:
         out.steps[step] = Side(act.tool, _call(act), act.status, act.result, step in sent,
                                reused.get(step, ""), step in simulated,
                                step in held and not act.settled and step not in sent,
-                               tokens.get(step, 0), act.model)
+                               tokens.get(step, 0), act.model,
+                               decided_seq.get(step, prefix + 1) <= prefix)
     return out
 
 
@@ -144,4 +156,5 @@ def _side(side: Side | None) -> dict[str, Any] | None:
         return None
     return {"tool": side.tool, "call": side.call, "outcome": side.outcome(),
             "result": side.result, "sent": side.sent, "reused": side.reused,
-            "simulated": side.simulated, "held": side.held, "tokens": side.tokens}
+            "simulated": side.simulated, "held": side.held, "tokens": side.tokens,
+            "inherited": side.inherited}

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from durable.audit import whatif
 from durable.audit.archives import verify_archive
 from durable.audit.diff import diff
 from durable.audit.forks import fork, parse_sets
@@ -219,6 +220,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
+    if args.where is not None:
+        return _fork_where(args)
+    if args.run is None:
+        raise UsageError("fork: name the run (or give --where for many)")
     c = client()
     c.projection(args.run)
     new_id = args.new_run_id or f"{args.run[:100]}-fork-{uuid.uuid4().hex[:6]}"
@@ -277,6 +282,33 @@ def _clip(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _fork_where(args: argparse.Namespace) -> int:
+    """``durable fork --where ...``: a held fork of every matching run, then a summary."""
+    if args.run is not None or args.new_run_id is not None:
+        raise UsageError("--where forks many runs: give no run id and no --new-run-id")
+    if not args.hold_effects:
+        raise UsageError("--where forks many runs: give --hold-effects")
+    where, overrides = whatif.parse_where(args.where), parse_sets(args.set)
+    c = client()
+    pairs = whatif.fork_all(c, whatif.matching(c, where), args.at, overrides,
+                            args.reuse_replies)
+    found = whatif.settle(c, pairs, args.wait)
+    if args.json:
+        json_out({"summary": found.as_dict(), "forks": [vars(o) for o in found.outcomes]})
+        return OK
+    table(f"what if {', '.join(f'{k}={v}' for k, v in overrides.items()) or 'nothing'}",
+          ["run", "fork", "state", "diverges at", "would send (held)"],
+          [(o.run_id, o.fork, o.state, o.first or "-",
+            "; ".join(f"step {h['step']} {h['tool']}({_clip(h['args'], 60)})"
+                      for h in o.held) or "-") for o in found.outcomes])
+    total = found.as_dict()
+    print(f"{total['runs']} run(s) forked: {total['diverged']} diverged (first divergence "
+          f"by step: {total['first_divergence'] or '-'}); {total['held']} effect(s) held, "
+          f"{total['simulated']} simulated, {total['reused']} reused, "
+          f"{total['effects_sent']} sent")
+    return OK
+
+
 def register(add: Add) -> None:
     for name, fn, helptext in (("log", cmd_log, "a run's log entries"),
                                ("replay", cmd_replay, "state and trajectory from an offset")):
@@ -312,7 +344,15 @@ def register(add: Add) -> None:
     sp = add("diff", cmd_diff, "two runs' trajectories side by side (a fork against its "
              "parent): steps, arguments, outcomes, tokens, the first divergence", run=True)
     sp.add_argument("other", help="the other run id (the fork)")
-    sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one", run=True)
+    sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one (or, "
+             "with --where, a held fork of each matching run, summed up)")
+    sp.add_argument("run", nargs="?", default=None, help="run id")
+    sp.add_argument("--where", default=None, metavar="agent=A,state=S,since=7d",
+                    help="fork every matching run (agent, state [completed], since, tenant, "
+                         "limit [100]) with --hold-effects, wait for the forks, and sum up "
+                         "how many diverged, where, and what they would have sent")
+    sp.add_argument("--wait", type=float, default=60.0, metavar="S",
+                    help="with --where: how long to wait for the forks in all (s)")
     sp.add_argument("--at", required=True, help="last entry id of the inherited prefix, or a "
                     "step number N: the steps before N are inherited")
     sp.add_argument("--new-run-id", default=None)
