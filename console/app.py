@@ -33,7 +33,7 @@ from durable.cli.output import age
 from durable.client import Client
 from durable.streams.streaming import async_twin
 
-from . import actions, api, diffs, live, login, pages
+from . import actions, api, live, login, pages
 from .auth import Access, LoginRequired
 from .middleware import SESSION_MAX_AGE_S, SecurityHeaders, SessionCheck
 
@@ -135,7 +135,7 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route("/workers", pages.workers_page),
         Route("/api/runs", api.runs),
         Route("/api/runs/{run_id:str}", api.run),
-        Route("/api/runs/{run_id:str}/diff/{other:str}", diffs.diff_api),
+        Route("/api/runs/{run_id:str}/diff/{other:str}", api.diff_api),
         Route("/api/workers", api.workers),
         Route("/metrics", api.metrics),
         Route("/live/runs", live.runs_events),
@@ -144,7 +144,7 @@ def build_app(client: Client, access: Access, *, secret: str | None = None,
         Route(run + "/events", live.run_event_stream),
         Route(run + "/panel", pages.run_panel),
         Route(run + "/state", pages.state_at),
-        Route(run + "/diff/{other:str}", diffs.diff_page),
+        Route(run + "/diff/{other:str}", pages.diff_page),
         Route(run + "/cancel", actions.cancel, methods=["POST"]),
         Route(run + "/approve", actions.decide, methods=["POST"]),
         Route(run + "/fork", actions.fork, methods=["POST"]),

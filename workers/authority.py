@@ -2,15 +2,21 @@
 rejection or an operator's settle already in the log must have been signed by someone with
 the right to make it (else the run is quarantined, never fed to the agent), and a call
 whose tool requires an approval is sent only once a valid one is recorded (else one is
-asked for, and the run waits). The registry's entries carry an admin signature
-(``durable.controls.approvers``), so a Redis writer without the admin key cannot grant these rights.
+asked for, and the run waits). In a counterfactual fork that holds effects
+(``durable.audit.forks``) every effect passes the same gate: a call the parent made
+identically at the same step reuses its outcome, a tool that simulates answers, and any
+other effect waits for a release (signed, as an approval) before it is sent. The
+registry's entries carry an admin signature (``durable.controls.approvers``), so a Redis
+writer without the admin key cannot grant these rights.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from durable.agents import Tool
+from durable.audit.forks import choice, outcome_spec, parent_actions
 from durable.controls.approvals import check_history, check_recorded
 from durable.controls.settling import unsigned_settle
 from durable.log.state import Action
@@ -76,3 +82,21 @@ async def approval(ctx: StepContext, handle: RunHandle, tool: Tool, act: Action,
         return True, 0
     await ctx.commit(handle, pending, specs, checkpoint=True)
     return True, 0
+
+
+async def counterfactual(ctx: StepContext, handle: RunHandle, tool: Tool, step: int,
+                         args: Any, decided: Spec, pending: list[Spec]
+                         ) -> tuple[bool, int] | None:
+    """The call of ``step`` in a fork that holds effects: its intent and a reused or
+    simulated outcome committed at once (the loop goes on), or None: send it, or hold it
+    (``held``: the gate asks for a release)."""
+    state = handle.state
+    parent = await ctx.io.elsewhere(lambda: parent_actions(ctx.log, state.parent))
+    what, result, reused = await ctx.user(f"{tool.name}'s simulation",
+                                          lambda: choice(state, tool, step, args, parent))
+    if what in ("send", "hold"):
+        return None
+    await ctx.commit(handle, pending, [decided, outcome_spec(step, str(decided.fields["key"]),
+                                                             what, result, reused)])
+    await ctx.io.stat("fork_reused" if what == "reuse" else "fork_simulated")
+    return False, 1

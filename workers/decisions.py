@@ -49,7 +49,7 @@ from durable.log.store import RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
 from durable.telemetry import tracing
 
-from . import aio, authority, family, holds, parallel
+from . import aio, authority, family, parallel
 from .context import StepContext
 from .steps import agent_traceback, finished, plain, ran_under, step_key, values_field
 from .turns import BLOCKING, Offload, Slot
@@ -138,7 +138,7 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
             "step": step, "key": key, "reason": state.cancel.reason})])
         return False, 1
     if state.hold_effects:  # a counterfactual fork: reuse, simulate, or hold it
-        done = await holds.counterfactual(ctx, handle, tool, step, args, decided, pending)
+        done = await authority.counterfactual(ctx, handle, tool, step, args, decided, pending)
         if done is not None:
             return done
     if tool.requires_approval or held(state, tool):
