@@ -258,6 +258,10 @@ class RunContext:
         """A random UUID (version 4) as text, recorded: the same value when executed again."""
         return str(self._session.draw("uuid", lambda: str(uuid.uuid4())))
 
+    def value(self, kind: str, make: Callable[[], Any]) -> Any:
+        """``make()``, recorded as a value of ``kind``: the same when executed again."""
+        return self._session.draw(kind, make)
+
 
 class AsyncRunContext(RunContext):
     """The context of an ``async def`` agent: ``await ctx.call(...)``.
