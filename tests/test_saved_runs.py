@@ -6,6 +6,7 @@ the step. The known-good logs of ``tests/fixtures`` are replayed as tests here t
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
@@ -22,6 +23,8 @@ from durable.audit.offline import load
 from durable.cli import main
 from durable.client import Client
 from durable.errors import UsageError
+from durable.security.sealing import Keyring
+from durable.settings import Settings
 from durable.testing import SavedRunDiverged, replay_file, saved_run_tests
 from tests.agents import model_steps, saved
 from tests.conftest import WorkerFactory, run_durable
@@ -29,6 +32,7 @@ from tests.servers.model import ModelServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AGENTS = "examples.agents,tests.agents.basic,tests.agents.model_steps"
+CARD = "4111222233334444"
 
 #: Every known-good log kept as a fixture replays against the agents of this checkout.
 test_known_good_logs_replay = saved_run_tests(FIXTURES)
@@ -113,6 +117,29 @@ def test_a_saved_decide_agent_run_replays_and_a_changed_decision_fails_naming_it
     capsys.readouterr()
     assert main(["replay-test", str(path), str(FIXTURES / "count_completed.jsonl")]) == 0
     assert "2 saved run(s): 2 replay the same, 0 diverge" in capsys.readouterr().out
+
+
+def test_a_saved_run_keeps_sensitive_fields_sealed_and_replays_with_the_key(
+        settings: Any, r: Any, worker: WorkerFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The card number (a sealed input and argument) is not in the file; the replay opens
+    it with the environment's key, and without the key it is refused by name."""
+    import tests.agents.sensitive  # noqa: F401  (registers secret_checkout)
+
+    monkeypatch.setenv("DURABLE_ENCRYPTION_KEYS",
+                       f"k1:{base64.b64encode(os.urandom(32)).decode()}")
+    monkeypatch.setenv("DURABLE_AGENTS", AGENTS + ",tests.agents.sensitive")
+    monkeypatch.setenv("TEST_SEEN_FILE", str(tmp_path / "seen.txt"))
+    client = Client(Settings(), r)
+    client.start("secret_checkout", {"holder": "Ann", "card_number": CARD, "amount": 7},
+                 run_id="sealed-saved")
+    worker(burst=True).wait(60)
+    assert client.wait("sealed-saved", 30).state == "completed"
+    path = _export("sealed-saved", tmp_path / "sealed.jsonl")
+    assert CARD not in path.read_text() and "_sealed" in path.read_text()
+    assert replay_file(path).ok
+    with pytest.raises(UsageError, match="DURABLE_ENCRYPTION_KEYS"):
+        replay_file(path, keyring=Keyring({}, None))
 
 
 def test_a_file_of_a_newer_format_or_an_undecodable_entry_is_refused_by_name(
