@@ -19,6 +19,12 @@ sent again and the windows are the same. The log keeps every message: each reply
 tool result is a step's outcome (model context, under ``DURABLE_CONTEXT_RETENTION``), and
 the summarizer's request is recorded by its digest: the older messages stay evidence by
 reference. A window never opens on a tool result (the call it answers goes with it).
+
+Sessions (a conversation continued from run to run, ``durable.conversations``):
+``Conversation.resume(ctx, policy)`` loads the conversation the run continues, with its
+summary so far, and ``save()`` keeps it for the next run: every message, and the summary
+and where it ends as a marker message in front (``SUMMARY_MARK``; taken out again on load),
+so a later turn goes on from the summary instead of summarizing the whole history again.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable.code import RunContext
+from durable.conversations import load, save
 from durable.flow.limits import estimate_tokens
 from durable.models import ChatReply, chat
 
@@ -37,6 +44,8 @@ SUMMARY_PROMPT = ("Summarize the conversation below for yourself: the facts, dec
                   "open questions a continuation needs. Answer with the summary alone.")
 #: How the summary is given to the model in the window.
 SUMMARY_HEAD = "Summary of the conversation so far:\n"
+#: The key of the marker message a saved conversation opens with (its summary so far).
+SUMMARY_MARK = "durable_compaction"
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,24 @@ class Conversation:
         self.start = self._head()
         #: The summaries taken.
         self.summaries = 0
+
+    @classmethod
+    def resume(cls, ctx: RunContext, policy: ContextPolicy) -> Conversation:
+        """The conversation of the run this one continues (a session's previous turn), its
+        summary restored (a ``conversation.load`` step; declare ``conversations.TOOLS``)."""
+        loaded = load(ctx)
+        mark = loaded[0].get(SUMMARY_MARK) if loaded else None
+        conv = cls(ctx, policy, loaded[1:] if isinstance(mark, dict) else loaded)
+        if isinstance(mark, dict):
+            conv.summary, conv.start = str(mark.get("summary", "")), int(mark.get("start", 0))
+        return conv
+
+    def save(self) -> int:
+        """Keep every message and the summary for the run that continues this one (a
+        ``conversation.save`` step); returns its size in bytes."""
+        mark = {"role": "system", "content": "",
+                SUMMARY_MARK: {"summary": self.summary, "start": self.start}}
+        return save(self.ctx, [mark, *self.messages])
 
     def append(self, *messages: Mapping[str, Any]) -> None:
         self.messages.extend(dict(m) for m in messages)

@@ -17,7 +17,7 @@ import pytest
 import tests.agents.compacted  # noqa: F401  (the client plans with the agents)
 from durable.cli import main
 from durable.client import Client
-from durable.compaction import SUMMARY_PROMPT
+from durable.compaction import SUMMARY_HEAD, SUMMARY_PROMPT
 from durable.log import events as ev
 from durable.testing import replay_file, wait_for
 from tests.conftest import WorkerFactory
@@ -118,3 +118,30 @@ def test_a_function_summarizer_is_recorded_as_a_value_and_asks_no_model(
              for v in e.values if v[0] == "summary"]
     assert len(drawn) == final.result["summaries"]
     assert " messages, the last: " in drawn[0][1]
+
+
+def test_a_session_goes_on_from_the_summary_of_its_previous_turn(
+        client: Client, worker: WorkerFactory, model: ModelServer) -> None:
+    """Three turns of a session, 20 calls each: every request of every turn is under the
+    bound; the conversation saved by the last turn has every message of the three; a
+    later turn's first summary starts from the previous turn's summary, not from the
+    whole history."""
+    runs = []
+    for turn in range(3):
+        runs.append(client.start("compacted_talker", {"calls": 20, "max_tokens": BOUND},
+                                 run_id=f"talk{turn}",
+                                 continue_from=runs[-1] if runs else None).run_id)
+        worker(burst=True).wait(120)
+        final = client.wait(runs[-1], 60)
+        assert final.state == "completed", (final.state, final.reason)
+    assert final.result["messages"] == 1 + 3 * (1 + 2 * 20)
+    for run in runs:
+        talks = [s for s in _requests(model, run) if not _summarizing(s)]
+        assert len(talks) == 20
+        assert max(len(json.dumps(s.body["messages"], separators=(",", ":"))) // 4
+                   for s in talks) <= BOUND
+    for run in runs[1:]:
+        summaries = [s for s in _requests(model, run) if _summarizing(s)]
+        assert summaries, run
+        assert summaries[0].body["messages"][1]["content"].startswith(
+            "system: " + SUMMARY_HEAD), summaries[0].body["messages"][1]["content"][:200]
