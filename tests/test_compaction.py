@@ -126,7 +126,7 @@ def test_a_session_goes_on_from_the_summary_of_its_previous_turn(
     bound; the conversation saved by the last turn has every message of the three; a
     later turn's first summary starts from the previous turn's summary, not from the
     whole history."""
-    runs = []
+    runs: list[str] = []
     for turn in range(3):
         runs.append(client.start("compacted_talker", {"calls": 20, "max_tokens": BOUND},
                                  run_id=f"talk{turn}",
