@@ -5,7 +5,9 @@ offline costs (``durable.testing.replay_file``; not part of ``python -m bench``;
 Two runs of ``steps`` steps are recorded by one worker process (embedded Redis, AOF
 ``everysec``): the tests' ``model_looper`` code agent (``tests.agents.model_steps``: a
 ``chat`` step against the tests' local model server, then a tool step, the conversation
-growing) and the ``count`` ``decide()`` agent (``examples.agents``). Each is exported with
+growing) and the ``count`` ``decide()`` agent (``examples.agents``); and, when pydantic-ai
+is installed, a run of the tests' ``pai_long`` agent (``tests.agents.pydantic_ai_long``:
+100 model requests of a ``FunctionModel``, 99 tool calls; 199 steps). Each is exported with
 ``durable export RUN --saved`` (gzip), the server and the model are stopped, and each file
 is replayed ``rounds`` times in this process against the agents imported here: the wall and
 CPU time of reading the file and replaying it, and of the replay alone, per 100 steps
@@ -15,6 +17,7 @@ CPU time of reading the file and replaying it, and of the replay alone, per 100 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -30,6 +33,8 @@ from durable.testing import Server, Worker
 from tests.servers.model import ModelServer
 
 AGENTS = "examples.agents,tests.agents.model_steps"
+#: The pydantic-ai agent's module, when pydantic-ai is installed.
+PYDANTIC_AI = "tests.agents.pydantic_ai_long"
 
 
 def record(steps: int, folder: Path) -> dict[str, Path]:
@@ -38,14 +43,18 @@ def record(steps: int, folder: Path) -> dict[str, Path]:
     model = ModelServer(tokens=20).start()
     srv = Server(fsync="everysec").start()
     proc: Worker | None = None
+    agents = AGENTS + ("," + PYDANTIC_AI if importlib.util.find_spec("pydantic_ai") else "")
     try:
         fresh(srv.client())
-        os.environ["DURABLE_REDIS_URL"] = srv.url  # the export command's
-        settings = settings_for(srv.url, agents=AGENTS)
+        os.environ.update(DURABLE_REDIS_URL=srv.url,  # the export command's
+                          TEST_DB=str(folder / "world.sqlite"), TEST_DB_DEDUPE="0")
+        settings = settings_for(srv.url, agents=agents)
         client = Client(settings)
-        proc = Worker(srv.url, DURABLE_AGENTS=AGENTS, DURABLE_MODEL_BASE_URL=model.url)
+        proc = Worker(srv.url, DURABLE_AGENTS=agents, DURABLE_MODEL_BASE_URL=model.url)
         runs = {"model_looper": client.start("model_looper", {"calls": steps // 2}).run_id,
                 "count": client.start("count", {"steps": steps}).run_id}
+        if PYDANTIC_AI in agents:
+            runs["pai_long"] = client.start("pai_long", {"prompt": "count"}).run_id
         files = {}
         for agent, run in runs.items():
             final = client.wait(run, 300)
