@@ -176,6 +176,24 @@ def test_a_fork_of_many_runs_sums_up_where_they_diverge_and_what_they_would_send
     assert json.loads(capsys.readouterr().out)["summary"]["runs"] == 0
 
 
+def test_a_held_fork_of_a_decide_agent_reuses_the_same_decisions(
+        client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any) -> None:
+    """A ``decide()`` agent forked at step 3 with effects held: it decides the parent's
+    calls again, each reused from the parent's log, and completes with nothing sent."""
+    run = client.start("count", {"steps": 4}, run_id="counted").run_id
+    worker(burst=True).wait(60)
+    assert client.wait(run, 30).state == "completed"
+    fork = client.fork(run, "3", "counted-held", hold_effects=True).run_id
+    worker(burst=True).wait(60)
+    final = client.wait(fork, 30)
+    assert final.state == "completed" and final.result == {"steps": 4}
+    events = events_of(client, fork)
+    assert {e.step: e.reused for e in events if isinstance(e, ev.ActionSucceeded)
+            and e.step >= 3} == {3: f"{run}:3", 4: f"{run}:4"}
+    assert diff(client.log, run, fork).first == 0
+    assert diff(client.log, run, fork).b.totals()["sent"] == 0
+
+
 def test_bad_fork_options_are_refused_before_anything_is_written(
         client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any) -> None:
     run = _shopped(client, worker, world_db)
