@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from durable.agents import Tool
-from durable.audit.forks import choice, outcome_spec, parent_actions
+from durable.audit.forks import choice, held, outcome_spec, parent_actions
 from durable.controls.approvals import check_history, check_recorded
 from durable.controls.settling import unsigned_settle
 from durable.log.state import Action
@@ -91,6 +91,8 @@ async def counterfactual(ctx: StepContext, handle: RunHandle, tool: Tool, step: 
     simulated outcome committed at once (the loop goes on), or None: send it, or hold it
     (``held``: the gate asks for a release)."""
     state = handle.state
+    if not held(state, tool) and not (tool.model and state.reuse_replies):
+        return None  # a request or a read, sent: nothing of the parent's to read
     parent = await ctx.io.elsewhere(lambda: parent_actions(ctx.log, state.parent))
     what, result, reused = await ctx.user(f"{tool.name}'s simulation",
                                           lambda: choice(state, tool, step, args, parent))
