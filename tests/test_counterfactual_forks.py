@@ -194,6 +194,32 @@ def test_a_held_fork_of_a_decide_agent_reuses_the_same_decisions(
     assert diff(client.log, run, fork).b.totals()["sent"] == 0
 
 
+def test_a_parallel_decision_in_a_held_fork_is_reused_or_quarantined_never_sent(
+        client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any) -> None:
+    """The charge and the receipt in one parallel decision: under another model, both are
+    the parent's calls and are reused; under prompt v2 the charge would be held, which a
+    group cannot be (a release is of one call): the fork is quarantined, naming it, with
+    nothing sent."""
+    run = client.start("card_splitter", {"cents": 1000}, run_id="split").run_id
+    worker(burst=True).wait(60)
+    assert client.wait(run, 30).state == "completed"
+    same = client.fork(run, "1", "split-model", overrides={"model": "other"},
+                       hold_effects=True).run_id
+    v2 = client.fork(run, "1", "split-v2", overrides={"prompt": "v2"},
+                     hold_effects=True).run_id
+    worker(burst=True).wait(60)
+    assert client.wait(same, 30).state == "completed"
+    assert {e.step: e.reused for e in events_of(client, same)
+            if isinstance(e, ev.ActionSucceeded) and e.reused} == {2: f"{run}:2",
+                                                                  3: f"{run}:3"}
+    held = client.wait(v2, 30, waiting=False)
+    assert held.state == "quarantined" and "charge (step 2) would be held" in (held.reason
+                                                                                or "")
+    assert _charges(world_db, same) == _charges(world_db, v2) == {}
+    assert not [e for e in events_of(client, v2) if isinstance(e, ev.ActionDispatched)
+                and e.step >= 2]
+
+
 def test_bad_fork_options_are_refused_before_anything_is_written(
         client: Client, worker: WorkerFactory, model: ModelServer, world_db: Any) -> None:
     run = _shopped(client, worker, world_db)

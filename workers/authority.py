@@ -13,6 +13,8 @@ writer without the admin key cannot grant these rights.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from durable.agents import Tool
@@ -25,6 +27,8 @@ from durable.outcomes import LOOKUP_RETRY_MS
 
 from .context import StepContext
 from .gates import Check, gate, request_specs
+from .parallel import Group
+from .steps import step_key
 
 log = logging.getLogger("durable.worker")
 
@@ -102,3 +106,44 @@ async def counterfactual(ctx: StepContext, handle: RunHandle, tool: Tool, step: 
                                                              what, result, reused)])
     await ctx.io.stat("fork_reused" if what == "reuse" else "fork_simulated")
     return False, 1
+
+
+@dataclass
+class GroupPlan:
+    """What a held fork does with a parallel decision: ``done`` (the job's answer) when
+    nothing is left to send, else the reused or simulated outcomes and the calls to send."""
+
+    done: tuple[bool, int] | None = None
+    reused: list[Spec] = field(default_factory=list)
+    group: Group | None = None
+
+
+async def counterfactual_group(ctx: StepContext, handle: RunHandle, group: Group,
+                               decided: list[Spec], pending: list[Spec]) -> GroupPlan:
+    """A parallel decision in a fork that holds effects: each call reused, simulated or
+    sent (effect-free); one that would be held quarantines the fork, nothing written (a
+    release is of one call, and the calls of a group go out together)."""
+    state = handle.state
+    parent = await ctx.io.elsewhere(lambda: parent_actions(ctx.log, state.parent))
+    reused: list[Spec] = []
+    send: list[int] = []
+    for i, (step, tool, args) in enumerate(zip(group.steps, group.tools, group.args,
+                                               strict=True)):
+        what, result, key = await ctx.user(f"{tool.name}'s simulation",
+                                           partial(choice, state, tool, step, args, parent))
+        if what == "hold":
+            await ctx.commit(handle, pending, [])
+            await ctx.quarantine(handle, f"steps from {group.steps[0]}: {tool.name} (step "
+                                 f"{step}) would be held, in a parallel decision; a fork "
+                                 "that holds effects releases them one call at a time")
+            return GroupPlan(done=(True, 0))
+        if what == "send":
+            send.append(i)
+        else:
+            reused.append(outcome_spec(step, step_key(handle.run_id, step), what, result, key))
+    if not send:
+        await ctx.commit(handle, pending, [*decided, *reused])
+        return GroupPlan(done=(False, len(group.steps)))
+    return GroupPlan(reused=reused, group=Group([group.steps[i] for i in send],
+                                                [group.tools[i] for i in send],
+                                                [group.args[i] for i in send]))

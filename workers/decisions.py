@@ -202,6 +202,12 @@ async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: 
             "step": s, "key": step_key(run_id, s), "reason": reason})
             for s in group.steps]])
         return False, len(group.steps)
+    reused: list[Spec] = []
+    if state.hold_effects:  # a counterfactual fork: each call reused, simulated or sent
+        plan = await authority.counterfactual_group(ctx, handle, group, decided, pending)
+        if plan.done is not None or plan.group is None:
+            return plan.done or (True, 0)
+        reused, group = plan.reused, plan.group
     longest = now_ms() + int(max(t.timeout_for(a) for t, a in
                                  zip(group.tools, group.args, strict=True)) * 1000)
     if await over_limit(ctx, handle, agent, list(zip(group.tools, group.steps, group.args,
@@ -210,7 +216,8 @@ async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: 
         return True, len(group.steps)
     sent, ledger = parallel.dispatches(run_id, group)
     try:
-        await ctx.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
+        await ctx.commit(handle, pending, [*decided, *reused, *sent], ledger=ledger,
+                         dispatch=True)
     except Claimed as exc:
         return await claimed(ctx, handle, lease, exc)
     ctx.hooks.after_outcome(run_id, group.steps[0] - 1)

@@ -27,7 +27,6 @@ import msgspec
 
 from durable.agents import Agent, Call, Parallel, Registry, Tool
 from durable.agents.configuration import model_used
-from durable.audit.forks import held
 from durable.call_identity import digest_placeholder
 from durable.errors import UnknownTool
 from durable.log import events as ev
@@ -71,10 +70,9 @@ def check_group(agent: Agent, registry: Registry, state: RunState, decision: Par
         if call.tool not in agent.tools and call.tool != CHILD_TOOL:
             raise UnknownTool(call.tool)
         tool = registry.tool(call.tool)
-        if tool.requires_approval or held(state, tool):
-            raise ValueError(f"{tool.name} requires an approval (or, in a fork that holds "
-                             "effects, a release): it cannot run in parallel with other "
-                             "calls; call it alone")
+        if tool.requires_approval:
+            raise ValueError(f"{tool.name} requires an approval: it cannot run in parallel "
+                             "with other calls; call it alone")
         value = plain(call.args)
         if tool.log_args == "full" and len(msgspec.msgpack.encode(value)) > max_payload:
             raise ValueError(f"arguments of {call.tool} exceed {max_payload} bytes")

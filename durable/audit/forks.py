@@ -22,8 +22,9 @@ step takes ``model`` from them) and that it holds effects. Then, for each call i
   approved call does: claimed in the ledger, dispatched once, looked up after a crash.
   Starting a child run is held the same way (its effects would not be).
 
-A parallel decision holding an effect is refused in a held fork (the run is quarantined):
-its effects are released one at a time.
+A parallel decision in a held fork goes on when each of its calls is reused, simulated or
+effect-free (sent); one that would be held quarantines the fork, nothing sent: a release is
+of one call, and the calls of a group go out together.
 """
 
 from __future__ import annotations

@@ -53,3 +53,15 @@ def card_shopper(ctx: RunContext, inp: ShopInput) -> dict[str, Any]:
     ctx.call("charge", {"n": cents, "card": "4242"})
     sent = ctx.call("receipt", {"cents": cents})
     return {"charged": cents, "receipt": sent, "said": reply.content}
+
+
+@agent(input_model=ShopInput, tools=("chat", "charge", "receipt"))
+def card_splitter(ctx: RunContext, inp: ShopInput) -> dict[str, Any]:
+    """``card_shopper`` whose charge and receipt go out at once (one parallel decision)."""
+    prompt = ctx.overrides.get("prompt", "v1")
+    chat(ctx, [{"role": "system", "content": PROMPTS[prompt]},
+               {"role": "user", "content": f"I take {inp.item}"}])
+    cents = inp.cents - 100 if prompt == "v2" else inp.cents
+    _, sent = ctx.parallel([("charge", {"n": cents, "card": "4242"}),
+                            ("receipt", {"cents": cents})])
+    return {"charged": cents, "receipt": sent}
