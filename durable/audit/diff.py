@@ -5,8 +5,9 @@ Each step shows, for each run, the call (tool and arguments; a model request by 
 digest), what became of it (succeeded, failed, held, ...), its result, whether it was sent
 (a reused or simulated outcome was not), and its tokens. The first divergence is the first
 step whose call or outcome differs, or that one run took and the other did not. The totals
-count steps, model calls, tokens, calls sent, effects sent (calls sent that are not model
-requests), effects held, reused and simulated; a fork's inherited prefix (its parent's
+count steps, model calls, tokens, calls sent, effects sent (calls sent that are neither a
+model request nor a read, ``effect_free``, of a tool this process has), effects held,
+reused and simulated; a fork's inherited prefix (its parent's
 steps, copied) counts as steps, not as sent by the fork.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from durable.agents import Registry, registry
 from durable.call_identity import call_signature, given_digest, is_placeholder
 from durable.log import events as ev
 from durable.log.fold import fold
@@ -41,6 +43,9 @@ class Side:
     held: bool = False
     tokens: int = 0
     model: bool = False
+    #: A model request or a declared read (the tool's ``effect_free``, when this process
+    #: has the tool; a tool it does not know counts as an effect).
+    effect_free: bool = False
     #: A fork's step copied from its parent's log (the prefix it was forked with).
     inherited: bool = False
 
@@ -64,7 +69,7 @@ class Trajectory:
                 "model_calls": sum(1 for s in sides if s.model),
                 "tokens": sum(s.tokens for s in sides),
                 "sent": sum(1 for s in sides if s.sent and not s.inherited),
-                "effects_sent": sum(1 for s in sides if s.sent and not s.model
+                "effects_sent": sum(1 for s in sides if s.sent and not s.effect_free
                                     and not s.inherited),
                 "held": sum(1 for s in sides if s.held),
                 "reused": sum(1 for s in sides if s.reused),
@@ -80,7 +85,7 @@ class Diff:
     rows: list[dict[str, Any]]
 
 
-def trajectory_of(elog: EventLog, run_id: str) -> Trajectory:
+def trajectory_of(elog: EventLog, run_id: str, tools: Registry = registry) -> Trajectory:
     events = [e.event for e in elog.read(run_id) if e.event is not None]
     state = fold(events, window=ALL)
     sent, reused, simulated, tokens = set(), {}, set(), {}
@@ -114,6 +119,8 @@ def trajectory_of(elog: EventLog, run_id: str) -> Trajectory:
                                reused.get(step, ""), step in simulated,
                                step in held and not act.settled and step not in sent,
                                tokens.get(step, 0), act.model,
+                               act.model or (act.tool in tools.tools
+                                             and tools.tools[act.tool].effect_free),
                                decided_seq.get(step, prefix + 1) <= prefix)
     return out
 
@@ -137,8 +144,9 @@ def _encoded(value: Any) -> bytes:
         return repr(value).encode()
 
 
-def diff(elog: EventLog, run_a: str, run_b: str) -> Diff:
-    a, b = trajectory_of(elog, run_a), trajectory_of(elog, run_b)
+def diff(elog: EventLog, run_a: str, run_b: str, tools: Registry = registry) -> Diff:
+    """``run_a`` against ``run_b``, step by step; ``tools`` tell effects from reads."""
+    a, b = trajectory_of(elog, run_a, tools), trajectory_of(elog, run_b, tools)
     rows: list[dict[str, Any]] = []
     first = 0
     for step in sorted(set(a.steps) | set(b.steps)):

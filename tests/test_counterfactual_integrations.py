@@ -1,0 +1,50 @@
+"""A counterfactual fork of a framework integration's run: a pydantic-ai agent (two
+bookings, the second with a note in the same model response: a parallel decision),
+recorded by a real worker, forked at its first step with every effect held. The model
+requests are sent again (effect-free), each booking is the parent's call at the same step
+and reuses its outcome, the note is sent: the fork completes as its parent did with no
+booking applied twice (the effects' SQLite table has no unique key). pydantic-ai's model
+requests carry the run's id in their identity, so the diff parts at the first request even
+though the bookings are the same calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable.audit.diff import diff
+from durable.client import Client
+from tests.agents.basic import applications, model_requests
+from tests.conftest import WorkerFactory
+from tests.servers.integration_world import set_env
+
+
+def test_a_held_fork_of_a_pydantic_ai_run_reuses_its_bookings_and_applies_none_again(
+        settings: Any, client: Client, worker: WorkerFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pydantic_ai")
+    import tests.agents.pydantic_ai  # noqa: F401  (registers pai_booker here)
+
+    set_env(monkeypatch, tmp_path, "examples.agents,tests.agents.basic,tests.agents.pydantic_ai")
+    run = client.start("pai_booker", {"prompt": "book slots 1 and 2"}, run_id="pbf").run_id
+    worker(burst=True).wait(60)
+    assert client.wait(run, 30).state == "completed"
+    booked = applications(str(tmp_path / "world.sqlite"))
+    fork = client.fork(run, "1", "pbf-held", hold_effects=True).run_id
+    worker(burst=True).wait(60)
+    final = client.wait(fork, 30)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == client.status(run).result
+    assert applications(str(tmp_path / "world.sqlite")) == booked  # nothing applied again
+    asked = model_requests(str(tmp_path / "model.sqlite"))
+    assert {k: n for k, n in asked.items() if k.startswith(f"{fork}:")} == {
+        f"{fork}:{n}": 1 for n in (1, 3, 6)}  # the requests were sent: they are effect-free
+    found = diff(client.log, run, fork)
+    # pydantic-ai's request identity holds the run's id: the fork's requests differ from
+    # the parent's by digest from the first, while its bookings are the parent's calls.
+    assert found.first == 1 and found.b.totals()["reused"] == 2
+    bookings = [row for row in found.rows if row["a"]["tool"] == "pai_booker.tool.book"]
+    assert len(bookings) == 2 and all(row["same"] for row in bookings)
+    assert found.b.totals()["effects_sent"] == 0
