@@ -48,3 +48,31 @@ def test_a_held_fork_of_a_pydantic_ai_run_reuses_its_bookings_and_applies_none_a
     bookings = [row for row in found.rows if row["a"]["tool"] == "pai_booker.tool.book"]
     assert len(bookings) == 2 and all(row["same"] for row in bookings)
     assert found.b.totals()["effects_sent"] == 0
+
+
+def test_a_held_fork_of_a_langgraph_run_holds_its_bookings(
+        settings: Any, client: Client, worker: WorkerFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, openai_server: Any) -> None:
+    """A LangGraph graph's run (its checkpoints are steps of the log, effect-free) forked
+    at its first step with every effect held: the graph runs again as far as its first
+    booking, which is held, not reused: LangGraph names each tool call with its task's
+    id, drawn anew in each run, so no call is the parent's. Nothing is applied again."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    import tests.agents.langgraph_graphs  # noqa: F401  (registers lg_booker here)
+
+    openai_server.reset()
+    set_env(monkeypatch, tmp_path, "tests.agents.langgraph_graphs",
+            TEST_OPENAI_URL=openai_server.url)
+    run = client.start("lg_booker", {"input": {"messages": [
+        {"role": "user", "content": "book slots 1 and 2"}]}}, run_id="lgf").run_id
+    worker(burst=True).wait(60)
+    assert client.wait(run, 30).state == "completed"
+    booked = applications(str(tmp_path / "world.sqlite"))
+    fork = client.fork(run, "1", "lgf-held", hold_effects=True).run_id
+    worker(burst=True).wait(60)
+    held = client.wait(fork, 30)
+    assert held.state == "waiting_approval" and held.wait is not None
+    assert held.wait.data["held"] and held.wait.data["tool"] == "lg_booker.tool.book"
+    assert held.wait.data["args"]["input"] == {"slot": 1}
+    assert applications(str(tmp_path / "world.sqlite")) == booked
