@@ -1,11 +1,11 @@
-"""A counterfactual fork of a framework integration's run: a pydantic-ai agent (two
-bookings, the second with a note in the same model response: a parallel decision),
-recorded by a real worker, forked at its first step with every effect held. The model
-requests are sent again (effect-free), each booking is the parent's call at the same step
-and reuses its outcome, the note is sent: the fork completes as its parent did with no
-booking applied twice (the effects' SQLite table has no unique key). pydantic-ai's model
-requests carry the run's id in their identity, so the diff parts at the first request even
-though the bookings are the same calls."""
+"""Counterfactual forks of the framework integrations' runs, each recorded by a real worker
+against its tests' model and forked at its first step with every effect held (the effects'
+SQLite table has no unique key: a booking applied twice would show). pydantic-ai and the
+OpenAI Agents SDK: the model requests are sent again (effect-free), each booking is the
+parent's call at the same step and reuses its outcome, and the fork completes as its
+parent did, applying nothing (pydantic-ai's request identity holds the run's id, so its
+diff parts at the first request). LangGraph: its tool calls carry a task id drawn anew in
+each run, so none is the parent's and the first booking is held."""
 
 from __future__ import annotations
 
@@ -76,3 +76,29 @@ def test_a_held_fork_of_a_langgraph_run_holds_its_bookings(
     assert held.wait.data["held"] and held.wait.data["tool"] == "lg_booker.tool.book"
     assert held.wait.data["args"]["input"] == {"slot": 1}
     assert applications(str(tmp_path / "world.sqlite")) == booked
+
+
+def test_a_held_fork_of_an_openai_agents_run_reuses_its_bookings(
+        settings: Any, client: Client, worker: WorkerFactory, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, openai_server: Any) -> None:
+    """An OpenAI Agents SDK run (a handoff, then two bookings, the second with a note in
+    one parallel decision) forked at its first step with every effect held: the scripted
+    model names its calls the same way again, so each booking is the parent's call and
+    reuses its outcome; nothing is applied again."""
+    pytest.importorskip("agents")
+    import tests.agents.openai_agents  # noqa: F401  (registers oai_booker here)
+    from tests.servers.integration_world import set_openai_env
+
+    openai_server.reset()
+    set_openai_env(monkeypatch, tmp_path, openai_server.url)
+    run = client.start("oai_booker", {"input": "book slots 1 and 2"}, run_id="obf").run_id
+    worker(burst=True).wait(60)
+    assert client.wait(run, 30).state == "completed"
+    booked = applications(str(tmp_path / "world.sqlite"))
+    fork = client.fork(run, "1", "obf-held", hold_effects=True).run_id
+    worker(burst=True).wait(60)
+    final = client.wait(fork, 30)
+    assert final.state == "completed", (final.state, final.reason)
+    assert final.result == client.status(run).result
+    assert applications(str(tmp_path / "world.sqlite")) == booked
+    assert diff(client.log, run, fork).b.totals()["reused"] == 2
