@@ -8,6 +8,7 @@ first model step, by its request's digest."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,20 @@ import pytest
 from durable.agents import registry
 from durable.cli import main
 from durable.client import Client
-from durable.testing import SavedRunDiverged, replay_file
+from durable.testing import SavedRunDiverged, replay_file, saved_run_tests
 from tests.agents.basic import applications, model_requests
 from tests.conftest import WorkerFactory
 from tests.servers.integration_world import set_env, set_openai_env
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+if importlib.util.find_spec("pydantic_ai") is not None:
+    import tests.agents.pydantic_ai  # noqa: F401  (the agent of the fixture's run)
+
+    #: The run the release before the integration stood on pydantic-ai's base recorded
+    #: (``tests/fixtures/pydantic_ai``) still replays offline against this release's agent.
+    test_the_previous_releases_pydantic_ai_run_replays = saved_run_tests(
+        FIXTURES / "pydantic_ai")
 
 
 def _recorded(client: Client, worker: WorkerFactory, agent: str, inp: Any, run: str,
