@@ -1,5 +1,6 @@
 """The JSON twins of the pages, for scripts behind the same login: ``/api/runs`` (the runs
 page's filters), ``/api/runs/{id}`` (folded state, summary, timeline, steps),
+``/api/runs/{id}/diff/{other}`` (two runs side by side, ``durable diff``),
 ``/api/workers``. Read-only: actions stay POSTs of the pages, with their CSRF token. And
 ``/metrics``, for Prometheus."""
 
@@ -16,7 +17,7 @@ from starlette.responses import Response
 from durable.telemetry.metrics import exposition
 
 from .auth import current
-from .pages import Filters, client, run_reads, runs_reads, workers_reads
+from .pages import Filters, client, diff_reads, run_reads, runs_reads, workers_reads
 from .timeline import masked
 
 
@@ -61,3 +62,8 @@ async def run(request: Request) -> Response:
 async def workers(request: Request) -> Response:
     current(request)
     return _json(await run_in_threadpool(workers_reads, client(request)))
+
+
+async def diff_api(request: Request) -> Response:
+    current(request)
+    return _json(await run_in_threadpool(diff_reads, request))

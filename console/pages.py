@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from durable.agents.configuration import describe
+from durable.audit.diff import diff
 from durable.audit.replay import summary
 from durable.cli.runs import config_drift, drift_policy
 from durable.client import Client, RunSummary
@@ -23,6 +24,7 @@ from durable.flow import budgets
 from durable.flow.limit_usage import usage
 from durable.log.state import ALL_STATES, WAITING, Approval, RunState
 from durable.log.store import now_ms
+from durable.security.sealing import shown
 
 from . import status
 from .auth import csrf_token, current
@@ -303,3 +305,40 @@ async def workers_page(request: Request) -> Response:
 
 async def home(request: Request) -> Response:
     return RedirectResponse("/runs", 303)
+
+
+# Two runs side by side ----------------------------------------------------------------
+
+def diff_reads(request: Request) -> dict[str, Any]:
+    """``durable diff``'s comparison of the two runs the path names, values masked."""
+    c = client(request)
+    a, b = request.path_params["run_id"], request.path_params["other"]
+    for run in (a, b):
+        try:
+            c.projection(run)
+        except RunNotFound:
+            raise HTTPException(404, f"run {run} not found") from None
+    found = diff(c.log, a, b)
+
+    def side(value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        return {**value, "result": masked(shown(value["result"], c.log.keyring))}
+
+    return {"a": a, "b": b, "states": [found.a.state, found.b.state],
+            "first_divergence": found.first,
+            "totals": {a: found.a.totals(), b: found.b.totals()},
+            "steps": [{**row, "a": side(row["a"]), "b": side(row["b"])}
+                      for row in found.rows]}
+
+
+def _short(value: Any, limit: int = 90) -> str:
+    """A value as clipped JSON, for a table cell."""
+    text = msgspec.json.encode(value).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+async def diff_page(request: Request) -> Response:
+    current(request)
+    data = await run_in_threadpool(diff_reads, request)
+    return render(request, "diff.html", {**data, "short": _short})

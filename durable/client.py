@@ -13,7 +13,8 @@ import redis.asyncio
 
 from durable import catalog
 from durable.agents import Registry, registry
-from durable.audit.replay import check_entry_id, fork, state_at
+from durable.audit.forks import fork
+from durable.audit.replay import check_entry_id, state_at
 from durable.audit.seals import check_sealer
 from durable.backend.connection import connect, connect_queue
 from durable.contention import update_run
@@ -400,15 +401,19 @@ class Client(Starts, Compensations):
         return release(self, run_id, by=by)
 
     def fork(self, run_id: str, at: str, new_run_id: str | None = None,
-             by: str = "fork") -> RunState:
+             by: str = "fork", *, overrides: dict[str, str] | None = None,
+             hold_effects: bool = False, reuse_replies: bool = False) -> RunState:
         """Start a new run whose history is ``run_id``'s log up to entry ``at``
-        (inclusive), written with ``by`` as its actor, and make it ready."""
+        (inclusive; a step number N: up to before step N), written with ``by`` as its
+        actor, and make it ready. ``hold_effects`` (with ``overrides``, ``reuse_replies``):
+        a counterfactual fork, every new effect held (``durable.audit.forks``)."""
         self.projection(run_id)
         check_entry_id(at)
         new_id = new_run_id or f"{run_id[:100]}-fork-{uuid.uuid4().hex[:6]}"
         if not keys.RUN_ID_RE.match(new_id):
             raise UsageError(f"invalid run id {new_id!r}: use 1-128 of A-Z a-z 0-9 _ . : -")
-        handle = fork(self.log, run_id, at, new_id, by=by)
+        handle = fork(self.log, run_id, at, new_id, by=by, overrides=overrides,
+                      hold_effects=hold_effects, reuse_replies=reuse_replies)
         self.enqueue(new_id)
         return handle.state
 

@@ -24,6 +24,8 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── RegionError             a takeover refused (the old primary still answers...)
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
      ├── NondeterminismError     the agent decided differently from the recorded intent
+     │    └── durable.audit.offline.SavedRunDiverged
+     │                           a saved run replayed offline: the code takes another step
      ├── ForbiddenJob            an RQ job naming a function that is not a command handler
      ├── Refused                 an operator action the run's state or policy does not allow
      ├── BadCancelMessage        a published cancel that is malformed or forged (ignored)

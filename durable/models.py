@@ -340,7 +340,10 @@ def step_args(ctx: Any, messages: Sequence[Mapping[str, Any]],
     and size the log keeps of them (``durable.call_identity.given_digest``), taken one new
     message at a time over the run's conversation (``durable.request_digest``), not over
     the whole conversation at each request; the digest is the whole arguments', as logs
-    recorded before keep it. Without a code agent's context, ``chat_args``."""
+    recorded before keep it. Without a code agent's context, ``chat_args``. In a
+    counterfactual fork with ``--set model=...``, that model unless ``options`` name one."""
+    if isinstance(ctx, RunContext) and ctx.overrides.get("model") and "model" not in options:
+        options["model"] = ctx.overrides["model"]
     args = chat_args(messages, tools, **options)
     if not isinstance(ctx, RunContext):
         return args

@@ -53,7 +53,8 @@ def test_archive_writes_evidence_then_deletes_keys(client: Client, r: redis.Redi
     for i in range(3):
         with gzip.open(out / f"old{i}.jsonl.gz", "rt") as f:
             lines = [json.loads(line) for line in f]
-        assert lines[0]["type"] == "run_started" and lines[-1]["kind"] == "summary"
+        assert lines[0]["kind"] == "format" and lines[1]["type"] == "run_started"
+        assert lines[-1]["kind"] == "summary"
         assert lines[-1]["state"] == "completed" and lines[-1]["events"] > 5
         assert not r.exists(*run_keys(client.log.keys, f"old{i}"))
         assert r.zscore(keys.RUNS_BY_UPDATE, f"old{i}") is None

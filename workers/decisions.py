@@ -27,6 +27,7 @@ from durable.agents import (
     Tool,
     Wait,
 )
+from durable.audit.forks import held
 from durable.call_identity import digest_placeholder, is_placeholder
 from durable.code import CodeAgent
 from durable.controls.cancellation import CancelToken, finish_specs
@@ -136,7 +137,11 @@ async def decide(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
         await ctx.commit(handle, pending, [decided, Spec(ev.CallCanceled, {
             "step": step, "key": key, "reason": state.cancel.reason})])
         return False, 1
-    if tool.requires_approval:
+    if state.hold_effects:  # a counterfactual fork: reuse, simulate, or hold it
+        done = await authority.counterfactual(ctx, handle, tool, step, args, decided, pending)
+        if done is not None:
+            return done
+    if tool.requires_approval or held(state, tool):
         ctx.log.stage(handle, [decided])
         await authority.approval(ctx, handle, tool, handle.state.actions[step], pending)
         return True, 1
@@ -197,6 +202,12 @@ async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: 
             "step": s, "key": step_key(run_id, s), "reason": reason})
             for s in group.steps]])
         return False, len(group.steps)
+    reused: list[Spec] = []
+    if state.hold_effects:  # a counterfactual fork: each call reused, simulated or sent
+        plan = await authority.counterfactual_group(ctx, handle, group, decided, pending)
+        if plan.done is not None or plan.group is None:
+            return plan.done or (True, 0)
+        reused, group = plan.reused, plan.group
     longest = now_ms() + int(max(t.timeout_for(a) for t, a in
                                  zip(group.tools, group.args, strict=True)) * 1000)
     if await over_limit(ctx, handle, agent, list(zip(group.tools, group.steps, group.args,
@@ -205,7 +216,8 @@ async def decide_group(ctx: StepContext, handle: RunHandle, agent: Agent, slot: 
         return True, len(group.steps)
     sent, ledger = parallel.dispatches(run_id, group)
     try:
-        await ctx.commit(handle, pending, [*decided, *sent], ledger=ledger, dispatch=True)
+        await ctx.commit(handle, pending, [*decided, *reused, *sent], ledger=ledger,
+                         dispatch=True)
     except Claimed as exc:
         return await claimed(ctx, handle, lease, exc)
     ctx.hooks.after_outcome(run_id, group.steps[0] - 1)

@@ -19,6 +19,7 @@ from typing import Literal
 from durable.agents import Agent, Registry, Tool
 from durable.agents import configuration as config_
 from durable.agents import evidence as evidence_
+from durable.audit.forks import held
 from durable.log import events as ev
 from durable.log.state import Action, Approval, RunState
 from durable.log.store import Spec, now_ms
@@ -26,8 +27,10 @@ from durable.security.digests import action_digest, digest
 
 
 def request_specs(state: RunState, tool: Tool, act: Action, reason: str) -> list[Spec]:
-    """Ask for an approval of ``act`` and wait for it (the worker then lets go)."""
+    """Ask for an approval of ``act`` and wait for it (the worker then lets go); in a fork
+    that holds effects, the release of a held call (its wait's data says ``held``)."""
     args = dict(act.args or {})
+    hold = {"held": True} if held(state, tool) and not tool.requires_approval else {}
     expires = now_ms() + int(tool.approval_ttl_s * 1000)
     asked = sum(1 for a in state.approvals.values() if a.step == act.step and a.kind == "action")
     request = f"{act.key}:a{asked + 1}"
@@ -36,7 +39,8 @@ def request_specs(state: RunState, tool: Tool, act: Action, reason: str) -> list
             "request": request, "step": act.step, "digest": action_digest(tool, act),
             "role": tool.approver_role, "evidence": tool.evidence(args), "expires": expires}),
         Spec(ev.WaitEntered, {"kind": "approval", "reason": reason, "until": expires,
-                              "request": request, "data": {"tool": tool.name, "args": args}}),
+                              "request": request,
+                              "data": {"tool": tool.name, "args": args, **hold}}),
     ]
 
 
@@ -46,10 +50,13 @@ Check = Callable[[Approval], "str | None"]
 
 def gate(state: RunState, tool: Tool, act: Action, check: Check) -> tuple[str, str]:
     """Whether ``act`` may be dispatched now: ("go" | "ask" | "rejected", reason)."""
-    if not tool.requires_approval:
+    if not tool.requires_approval and not held(state, tool):
         return "go", ""
     appr = state.approvals.get(act.approval) if act.approval else None
     if appr is None or appr.decision is None:
+        if not tool.requires_approval:
+            return "ask", f"held: a counterfactual fork sends no new effect; {tool.name} " \
+                          f"waits for a release signed by role {tool.approver_role}"
         return "ask", f"{tool.name} requires approval by role {tool.approver_role}"
     problem = check(appr)
     if problem is not None:

@@ -90,6 +90,15 @@ class Tool:
     #: derive the tool's schema from it (``durable.models.tool_schemas``).
     args_model: ClassVar[type[BaseModel] | None] = None
 
+    #: In a counterfactual fork that holds effects (``durable.audit.forks``): the tool's
+    #: ``simulate(args)`` answers a held call in place of its effect, and the fork goes on;
+    #: a tool without it stops the fork at the call until an operator releases it.
+    simulates: ClassVar[bool] = False
+
+    def simulate(self, args: Any) -> Any:
+        """What the call would answer, without its effect (when ``simulates``)."""
+        raise NotImplementedError(f"{self.name} does not simulate")
+
     def timeout_for(self, args: Any) -> float:
         """The deadline (s from dispatch) of a call with ``args``; ``timeout_s`` unless
         the tool reads it from the call or its settings (the ``chat`` step does)."""

@@ -1,4 +1,5 @@
-"""Replay: the state at any point of a run's stream, the trajectory, and forks.
+"""Replay: the state at any point of a run's stream and the trajectory (forks:
+``durable.audit.forks``, re-exported here).
 
 The state at an entry is rebuilt from the nearest checkpoint at or before it, so its cost
 depends on the events since that checkpoint, not on the log's length.
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable.agents import Call, Parallel
+from durable.audit.forks import fork as fork  # re-exported: where it was first defined
 from durable.call_identity import call_difference, call_signature, given_digest, is_placeholder
 from durable.errors import DecodeError, NondeterminismError, RunNotFound, UsageError
 from durable.log import blobs, context, keys
@@ -103,6 +105,11 @@ def describe(event: ev.Event) -> str:
             return f"intends step {event.step}: {event.tool}({_short(event.args)}) key={event.key}"
         case ev.ActionDispatched():
             return f"dispatched {event.key}, deadline {event.deadline}"
+        case ev.ActionSucceeded() if event.reused:
+            return f"step {event.step} reuses the outcome of {event.reused} (the same call " \
+                   f"at the same step; nothing sent): {_short(event.result)}"
+        case ev.ActionSucceeded() if event.simulated:
+            return f"step {event.step} held, simulated (nothing sent): {_short(event.result)}"
         case ev.ActionSucceeded() if event.blob is not None:
             return f"step {event.step} succeeded: {_large(event.blob)}" + _cost(event.cost)
         case ev.ActionSucceeded():
@@ -242,53 +249,6 @@ def summary(state: RunState) -> dict[str, Any]:
         "stopped": state.reason or state.error or (state.wait.reason if state.wait else None),
     }
     return out
-
-
-def fork(elog: EventLog, run_id: str, at: str, new_run_id: str,
-         by: str = "fork") -> RunHandle:
-    """Start ``new_run_id`` whose history is ``run_id``'s log up to ``at`` (inclusive);
-    ``by`` is the new events' actor."""
-    if elog.exists(new_run_id):
-        raise UsageError(f"run {new_run_id} already exists")
-    entries = elog.read(run_id, "-", at)
-    if not entries:
-        raise RunNotFound(run_id)
-    first = _decoded(entries[0])
-    if not isinstance(first, ev.RunStarted):
-        raise DecodeError(entries[0].id, "log does not begin with run_started")
-    specs: list[Spec] = [Spec(ev.RunStarted, {
-        "agent": first.agent, "agent_version": first.agent_version, "input": first.input,
-        "tools": first.tools, "parent": run_id, "forked_at": at})]
-    skip = (ev.RunStarted, ev.Checkpoint, ev.LeaseAcquired, ev.RetiredLeaseLost,
-            *ev.TERMINAL_EVENTS, ev.Quarantined, ev.Released, ev.ContextTrimmed)
-    gone = context.removed(elog.read(run_id))
-    handle = RunHandle(new_run_id, RunState(), actor=by)
-    if first.input_blob is not None:  # the fork keeps its own copy of the input, as it is
-        if first.input_blob.field in gone:
-            raise UsageError(f"run {run_id}'s input was model context, removed at "
-                             f"{gone[first.input_blob.field].at} ms: it cannot be forked")
-        handle.staged_blobs.append((first.input_blob.field, blobs.raw_bytes(
-            elog.redis, elog.keys, run_id, first.input_blob, entries[0].id)))
-        specs[0].fields["input_blob"] = first.input_blob
-    for entry in entries[1:]:
-        event = _decoded(entry)
-        if isinstance(event, skip):
-            continue
-        data = ev.to_builtins(event)
-        fields = {k: v for k, v in data.items()
-                  if k not in ("v", "run", "seq", "ts", "actor", "attempt", "type")}
-        ref = getattr(event, "blob", None)
-        if isinstance(ref, BlobRef):  # the fork keeps its own copy of the large value
-            if ref.field in gone:
-                raise UsageError(f"run {run_id}'s entry {entry.id} kept model context that "
-                                 f"was removed at {gone[ref.field].at} ms "
-                                 f"({gone[ref.field].setting}): fork before it, or not at all")
-            del fields["blob"]
-            fields["result"] = blobs.raw_value(elog.redis, elog.keys, run_id, ref, entry.id)
-        specs.append(Spec(type(event), fields))
-    elog.commit(handle, specs, extra={"agent": first.agent, "parent": run_id},
-                checkpoint=True)
-    return handle
 
 
 def redecide(run_id: str, agent: Any, before: RunState, step: int, tool: str,

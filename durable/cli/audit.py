@@ -4,15 +4,20 @@ from an offset."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
+from durable.audit import whatif
 from durable.audit.archives import verify_archive
-from durable.audit.replay import fork, replay, summary, trajectory
+from durable.audit.diff import diff
+from durable.audit.forks import fork, parse_sets
+from durable.audit.replay import replay, summary, trajectory
 from durable.audit.seals import seal_run
 from durable.audit.verify import Report, verify
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
@@ -22,7 +27,7 @@ from durable.log.context import removed
 from durable.log.events import to_builtins
 from durable.log.export import export_lines
 from durable.log.store import Entry
-from durable.security.sealing import Keyring, shown_struct
+from durable.security.sealing import Keyring, shown, shown_struct
 from durable.security.signing import read_key_file
 from durable.streams.streaming import Partial
 
@@ -197,9 +202,16 @@ def cmd_verify_archive(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     c = client()
     c.projection(args.run)
+    lines = export_lines(c.log, args.run, keep_sealed=args.saved, with_blobs=args.saved,
+                         with_chain=args.saved)
+    if args.output and args.output.endswith(".gz"):
+        with gzip.open(args.output, "wt") as packed:
+            for line in lines:
+                packed.write(line + "\n")
+        return OK
     out = open(args.output, "w") if args.output else sys.stdout
     try:
-        for line in export_lines(c.log, args.run):
+        for line in lines:
             out.write(line + "\n")
     finally:
         if out is not sys.stdout:
@@ -208,16 +220,92 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
+    if args.where is not None:
+        return _fork_where(args)
+    if args.run is None:
+        raise UsageError("fork: name the run (or give --where for many)")
     c = client()
     c.projection(args.run)
     new_id = args.new_run_id or f"{args.run[:100]}-fork-{uuid.uuid4().hex[:6]}"
-    handle = fork(c.log, args.run, args.at, new_id)
+    handle = fork(c.log, args.run, args.at, new_id, overrides=parse_sets(args.set),
+                  hold_effects=args.hold_effects, reuse_replies=args.reuse_replies)
     c.enqueue(new_id)
     if args.json:
         json_out({"run_id": new_id, "parent": args.run, "at": args.at,
-                  "state": handle.state.state})
+                  "state": handle.state.state, "overrides": handle.state.overrides,
+                  "hold_effects": handle.state.hold_effects})
     else:
         print(new_id)
+    return OK
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    c = client()
+    c.projection(args.run)
+    c.projection(args.other)
+    found = diff(c.log, args.run, args.other)
+    if args.json:
+        json_out({"a": args.run, "b": args.other, "first_divergence": found.first,
+                  "states": [found.a.state, found.b.state],
+                  "totals": {args.run: found.a.totals(), args.other: found.b.totals()},
+                  "steps": [{**row, "a": _shown(row["a"], c), "b": _shown(row["b"], c)}
+                            for row in found.rows]})
+        return OK
+
+    def cell(side: dict[str, Any] | None) -> str:
+        if side is None:
+            return "-"
+        result = "" if side["held"] else \
+            f" -> {_clip(shown(side['result'], c.log.keyring))}"
+        return f"{_clip(side['call'], 50)} {side['outcome']}{result}"
+
+    table(f"{args.run} ({found.a.state}) against {args.other} ({found.b.state})",
+          ["step", "", args.run, args.other],
+          [(row["step"], "" if row["same"] else "≠", cell(row["a"]), cell(row["b"]))
+           for row in found.rows])
+    totals = [(name, *(str(t[name]) for t in (found.a.totals(), found.b.totals())))
+              for name in found.a.totals()]
+    table("totals", ["", args.run, args.other], totals)
+    print(f"first divergence: step {found.first}" if found.first else
+          "the trajectories are the same")
+    return OK
+
+
+def _shown(side: dict[str, Any] | None, c: Any) -> dict[str, Any] | None:
+    """A side for display: its result's sealed fields masked unless this caller holds
+    their key."""
+    return None if side is None else {**side, "result": shown(side["result"], c.log.keyring)}
+
+
+def _clip(value: Any, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fork_where(args: argparse.Namespace) -> int:
+    """``durable fork --where ...``: a held fork of every matching run, then a summary."""
+    if args.run is not None or args.new_run_id is not None:
+        raise UsageError("--where forks many runs: give no run id and no --new-run-id")
+    if not args.hold_effects:
+        raise UsageError("--where forks many runs: give --hold-effects")
+    where, overrides = whatif.parse_where(args.where), parse_sets(args.set)
+    c = client()
+    pairs = whatif.fork_all(c, whatif.matching(c, where), args.at, overrides,
+                            args.reuse_replies)
+    found = whatif.settle(c, pairs, args.wait)
+    if args.json:
+        json_out({"summary": found.as_dict(), "forks": [vars(o) for o in found.outcomes]})
+        return OK
+    table(f"what if {', '.join(f'{k}={v}' for k, v in overrides.items()) or 'nothing'}",
+          ["run", "fork", "state", "diverges at", "would send (held)"],
+          [(o.run_id, o.fork, o.state, o.first or "-",
+            "; ".join(f"step {h['step']} {h['tool']}({_clip(h['args'], 60)})"
+                      for h in o.held) or "-") for o in found.outcomes])
+    total = found.as_dict()
+    print(f"{total['runs']} run(s) forked: {total['diverged']} diverged (first divergence "
+          f"by step: {total['first_divergence'] or '-'}); {total['held']} effect(s) held, "
+          f"{total['simulated']} simulated, {total['reused']} reused, "
+          f"{total['effects_sent']} sent")
     return OK
 
 
@@ -247,7 +335,35 @@ def register(add: Add) -> None:
     sp.add_argument("--signer", required=True, help="the key's name in the approver registry")
     sp.add_argument("--key", required=True, help="the signer's private key file")
     sp = add("export", cmd_export, "write a run's evidence as JSON lines", run=True, js=False)
-    sp.add_argument("--output", "-o", default=None)
-    sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one", run=True)
-    sp.add_argument("--at", required=True, help="last entry id of the inherited prefix")
+    sp.add_argument("--output", "-o", default=None,
+                    help="the file to write (gzip when it ends with .gz); default stdout")
+    sp.add_argument("--saved", action="store_true",
+                    help="a saved run, to replay offline (`durable replay-test`): the "
+                         "encoding of archives (sealed fields stay sealed; large values and "
+                         "the hash chain kept)")
+    sp = add("diff", cmd_diff, "two runs' trajectories side by side (a fork against its "
+             "parent): steps, arguments, outcomes, tokens, the first divergence", run=True)
+    sp.add_argument("other", help="the other run id (the fork)")
+    sp = add("fork", cmd_fork, "start a new run whose history is a prefix of this one (or, "
+             "with --where, a held fork of each matching run, summed up)")
+    sp.add_argument("run", nargs="?", default=None, help="run id")
+    sp.add_argument("--where", default=None, metavar="agent=A,state=S,since=7d",
+                    help="fork every matching run (agent, state [completed], since, tenant, "
+                         "limit [100]) with --hold-effects, wait for the forks, and sum up "
+                         "how many diverged, where, and what they would have sent")
+    sp.add_argument("--wait", type=float, default=60.0, metavar="S",
+                    help="with --where: how long to wait for the forks in all (s)")
+    sp.add_argument("--at", required=True, help="last entry id of the inherited prefix, or a "
+                    "step number N: the steps before N are inherited")
     sp.add_argument("--new-run-id", default=None)
+    sp.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="run the fork with this instead of the parent's configuration "
+                         "(model=..., prompt=..., tool_set=...: read by the agent); needs "
+                         "--hold-effects")
+    sp.add_argument("--hold-effects", action="store_true",
+                    help="a counterfactual fork: no new effect is sent; a call identical to "
+                         "the parent's at the same step reuses its outcome, a tool that "
+                         "simulates answers, any other waits for a signed release")
+    sp.add_argument("--reuse-replies", action="store_true",
+                    help="a model request identical to one of the parent's (same digest) "
+                         "reuses its recorded reply")

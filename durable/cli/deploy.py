@@ -7,19 +7,26 @@ a rollout. It also lists the runs whose pinned configuration (model, prompt, too
 the new code changes, and what each would do on resume (its agent's
 ``on_configuration_change``); that alone does not fail the check. It opens sealed fields
 like a worker does, so it needs the workers' keys.
+
+``durable replay-test FILES... [--agents MODULE]`` is the same gate on saved runs (``durable
+export RUN --saved``) with no Redis at all: each file replays against the code imported now
+(``durable.audit.offline``); exit 1 when any diverges, naming its first differing step.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from durable.agents import registry
 from durable.agents.configuration import describe
 from durable.audit.deploycheck import check, defined_in
+from durable.audit.offline import load, replay_saved
 from durable.cli.output import CHECK_FAILED, OK, Add, client, json_out, table
 from durable.errors import UsageError
 from durable.log.state import ACTIVE, WAITING
 from durable.log.store import EventLog
+from durable.settings import Settings
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -57,7 +64,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     return CHECK_FAILED if diverging else OK
 
 
+def cmd_replay_test(args: argparse.Namespace) -> int:
+    registry.load(args.agents or Settings().worker.agents)
+    verdicts = [replay_saved(load(Path(name))) for name in args.files]
+    failed = [v for v in verdicts if not v.ok]
+    if args.json:
+        for v in verdicts:
+            json_out({"file": v.path, "run_id": v.run_id, "agent": v.agent,
+                      "outcome": v.outcome, "steps": v.steps, "step": v.step,
+                      "detail": v.detail, "seconds": round(v.seconds, 4)})
+    else:
+        table("saved runs replayed", ["file", "agent", "steps", "outcome", "step", "why"],
+              [(v.path, v.agent, v.steps, v.outcome, v.step or "", v.detail)
+               for v in verdicts])
+        print(f"{len(verdicts)} saved run(s): {len(verdicts) - len(failed)} replay the "
+              f"same, {len(failed)} diverge")
+    return CHECK_FAILED if failed else OK
+
+
 def register(add: Add) -> None:
+    sp = add("replay-test", cmd_replay_test, "replay saved runs (`durable export RUN "
+             "--saved`) against the agent code imported now, offline: no model, tool or "
+             "Redis (exit 1 when any diverges)")
+    sp.add_argument("files", nargs="+", metavar="FILE", help="saved runs (.jsonl, .jsonl.gz)")
+    sp.add_argument("--agents", default="", metavar="MODULE",
+                    help="the modules that define the agents (default DURABLE_AGENTS)")
     sp = add("deploy", None, "checks before a rollout: deploy check --agents MODULE", js=False)
     verbs = sp.add_subparsers(dest="verb", required=True, parser_class=type(sp))
     p = verbs.add_parser("check", help="replay the runs in flight against new agent code",

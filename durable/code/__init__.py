@@ -65,7 +65,7 @@ from durable.agents import (
 from durable.call_identity import is_placeholder
 from durable.code.async_execution import AsyncSession
 from durable.code.execution import Session
-from durable.code.history import needs_history, read_history
+from durable.code.history import History, needs_history, read_history
 from durable.code.output import FunctionOutput, publisher_of
 from durable.code.steps import (
     CHILD_TIMEOUT_S,
@@ -116,6 +116,14 @@ class RunContext:
     def session_name(self) -> str:
         """The named session this run is a turn of ("" for none)."""
         return self._session.session_name
+
+    @property
+    def overrides(self) -> Mapping[str, str]:
+        """What a counterfactual fork runs with instead of the configuration it was forked
+        from (``durable fork --set prompt=v2``: ``{"prompt": "v2"}``); {} otherwise. Read
+        it where the agent picks its model, prompt or tools; the built-in ``chat`` step
+        takes ``model`` from it."""
+        return self._session.overrides
 
     @property
     def replaying(self) -> bool:
@@ -250,6 +258,10 @@ class RunContext:
         """A random UUID (version 4) as text, recorded: the same value when executed again."""
         return str(self._session.draw("uuid", lambda: str(uuid.uuid4())))
 
+    def value(self, kind: str, make: Callable[[], Any]) -> Any:
+        """``make()``, recorded as a value of ``kind``: the same when executed again."""
+        return self._session.draw(kind, make)
+
 
 class AsyncRunContext(RunContext):
     """The context of an ``async def`` agent: ``await ctx.call(...)``.
@@ -347,11 +359,14 @@ class CodeAgent(Agent):
         is made by ``open_session`` first (that reads the log)."""
         return self.open_session(state).begin(state)
 
-    def dry_run(self, state: RunState, timeout_s: float = 10.0) -> tuple[Decision, int]:
+    def dry_run(self, state: RunState, timeout_s: float = 10.0,
+                history: History | None = None) -> tuple[Decision, int]:
         """Execute the function against ``state``'s log without a worker: (the decision it
         takes past what the log records, the steps it had taken by then); raises what the
-        function raises, ``NondeterminismError`` among it (``durable deploy check``)."""
-        session = self._session(state)
+        function raises, ``NondeterminismError`` among it (``durable deploy check``).
+        ``history``: the log's steps, waits and values read elsewhere (a saved run's file,
+        ``durable.audit.offline``) instead of from the bound log."""
+        session = self._session(state, history)
         return session.first_decision(timeout_s), session.pos
 
     def close_run(self, run_id: str) -> None:
@@ -384,8 +399,8 @@ class CodeAgent(Agent):
         self.close_run(run_id)
         return False
 
-    def _session(self, state: RunState) -> Session:
-        actions, waits, values = read_history(self._log, state)
+    def _session(self, state: RunState, history: History | None = None) -> Session:
+        actions, waits, values = history or read_history(self._log, state)
         inp = self.input_model.model_validate(state.input or {})
         if self.is_async:
             session: Session = AsyncSession(self, state.run_id, actions, waits, inp, values,
@@ -394,6 +409,7 @@ class CodeAgent(Agent):
             session = Session(self, state.run_id, actions, waits, inp, values,
                               context=RunContext)
         session.continues, session.session_name = state.continue_from, state.session
+        session.overrides = dict(state.overrides)
         if self._log is not None and self._publisher is None:
             self._publisher = publisher_of(self._log)
         session.output = FunctionOutput(self._publisher, state.run_id)

@@ -14,7 +14,7 @@ import contextvars
 import ctypes
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -75,6 +75,8 @@ class Session:
     #: The run it continues and the named session it is a turn of (``RunContext``).
     continues: str = ""
     session_name: str = ""
+    #: A counterfactual fork's changed configuration (``RunContext.overrides``).
+    overrides: Mapping[str, str] = {}
 
     def __init__(self, agent: AgentCode, run_id: str, actions: dict[int, Action],
                  waits: list[WaitInfo], inp: Any, values: Values | None = None, *,

@@ -65,6 +65,17 @@ def waits_of(events: list[Any]) -> list[WaitInfo]:
     return [w for w in waits if w.outcome]
 
 
+#: What executing the function again re-observes: its steps by number, its ended waits and
+#: the values it drew (``read_history``).
+History = tuple[dict[int, Action], list[WaitInfo], Values]
+
+
+def history_of(events: list[Any]) -> History:
+    """The history of a run whose events are at hand (a saved run's file): every step with
+    its outcome, the waits and the values, as ``read_history`` reads them from a log."""
+    return fold(events, window=ALL_ACTIONS).actions, waits_of(events), Values.of(events)
+
+
 def needs_history(state: RunState) -> bool:
     """Whether executing the function again for ``state`` reads the run's log: not for a
     run that has taken no step and made no wait yet (nothing to re-observe, no value drawn:
@@ -72,8 +83,7 @@ def needs_history(state: RunState) -> bool:
     return bool(state.step or state.wait is not None or state.last_wait is not None)
 
 
-def read_history(log: EventLog | None, state: RunState
-                 ) -> tuple[dict[int, Action], list[WaitInfo], Values]:
+def read_history(log: EventLog | None, state: RunState) -> History:
     """The run's steps (by step number), waits and drawn values, from its log (when there
     is one to read and ``needs_history``) and the outcomes ``state`` holds that are newer
     than the log (staged), with results kept beside the run read back whole."""
@@ -81,10 +91,8 @@ def read_history(log: EventLog | None, state: RunState
     waits: list[WaitInfo] = []
     values = Values()
     if log is not None and needs_history(state):
-        events = [e.event for e in log.read(state.run_id) if e.event is not None]
-        actions = fold(events, window=ALL_ACTIONS).actions
-        waits = waits_of(events)
-        values = Values.of(events)
+        actions, waits, values = history_of(
+            [e.event for e in log.read(state.run_id) if e.event is not None])
     for step, act in state.actions.items():  # newer than the log: staged outcomes
         actions[step] = msgspec.structs.replace(act)
     if log is not None:  # results kept beside the run, read back whole

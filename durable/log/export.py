@@ -1,17 +1,20 @@
 """``durable export``: a run's evidence as JSON lines (its log, then its effects).
 
-Each line is one object with a ``kind``: ``event`` (the entry id as ``id`` and the event's
-fields), ``effect`` (an idempotency key with its ledger status and the attempts seen in the
-log) and ``summary``; an archive adds a ``blob`` line per large value (``field``,
-``sha256``, ``size`` and ``data``: the value's JSON as stored, sealed fields sealed). An
-outcome whose result is a large value shows its reference (``blob``), not the value.
-DuckDB reads it with ``read_json('run.jsonl')``.
+The first line names the format and its version (``{"kind": "format", "format":
+"durable-run", "version": 1}``): a saved run is read back by later versions (a test of
+agent code, ``durable.audit.offline``), which refuse a newer one by name. Each other line
+is one object with a ``kind``: ``event`` (the entry id as ``id`` and the event's fields),
+``effect`` (an idempotency key with its ledger status and the attempts seen in the log) and
+``summary``; an archive adds a ``blob`` line per large value (``field``, ``sha256``,
+``size`` and ``data``: the value's JSON as stored, sealed fields sealed). An outcome whose
+result is a large value shows its reference (``blob``), not the value. DuckDB reads it with
+``read_json('run.jsonl')``.
 
-An archive also keeps what the log's hash chain was computed over (``durable.log.chain``),
-so that the file verifies once the run's keys are gone (``durable verify-archive``): each
-event line's entry bytes (``raw``, base64) and link (``h``), and a ``chain`` line before
-the summary with the projection's ``last`` (the last entry id and the chain head) and
-``seal``.
+An archive (and a saved run, ``durable export RUN --saved``) also keeps what the log's hash
+chain was computed over (``durable.log.chain``), so that the file verifies once the run's
+keys are gone (``durable verify-archive``): each event line's entry bytes (``raw``, base64)
+and link (``h``), and a ``chain`` line before the summary with the projection's ``last``
+(the last entry id and the chain head) and ``seal``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from durable.log.handle import text
 from durable.log.store import EventLog
 from durable.security.sealing import shown_struct
 
+#: What the first line of an export (and an archive) names: its format and version.
+FORMAT = "durable-run"
+VERSION = 1
+
 
 def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
                  with_blobs: bool = False, with_chain: bool = False) -> Iterator[str]:
@@ -36,6 +43,8 @@ def export_lines(elog: EventLog, run_id: str, *, keep_sealed: bool = False,
     else as ``***``; ``keep_sealed`` keeps their envelopes as they are, ``with_blobs``
     adds the large values and ``with_chain`` the chain (an archive: see above)."""
     enc = msgspec.json.Encoder()
+    yield enc.encode({"kind": "format", "format": FORMAT, "version": VERSION,
+                      "run": run_id}).decode()
     raw = elog.redis.xrange(elog.keys.log(run_id))
     entries = elog.entries(run_id, raw)
     effects: dict[str, dict[str, Any]] = {}

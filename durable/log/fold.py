@@ -105,6 +105,8 @@ def apply(state: RunState, e: ev.Event, window: int = DEFAULT_WINDOW) -> None:
             state.continue_from, state.session = e.continue_from, e.session
             state.config = dict(e.config)
             state.input_blob = e.input_blob
+            state.overrides = dict(e.overrides)
+            state.hold_effects, state.reuse_replies = e.hold_effects, e.reuse_replies
             if e.input_blob is not None:
                 state.blob_bytes += e.input_blob.size
             state.state = "pending"

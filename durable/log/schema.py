@@ -76,6 +76,14 @@ class RunStarted(Event, tag="run_started", kw_only=True, frozen=True):
     #: reference, digest and size; ``input`` is then None. Left out of the wire form
     #: otherwise, so a run with a small input writes no byte more.
     input_blob: BlobRef | None = None
+    #: A counterfactual fork (``durable.audit.forks``): what it runs with instead of its
+    #: parent's configuration (``--set``: model, prompt, tool set... read by the agent,
+    #: ``state.overrides``, ``RunContext.overrides``), whether every new effect is held
+    #: (recorded, never dispatched until an operator releases it), and whether a model
+    #: request identical to one of the parent's reuses its recorded reply.
+    overrides: dict[str, str] = {}
+    hold_effects: bool = False
+    reuse_replies: bool = False
 
 
 class StepDecided(Event, tag="step_decided", kw_only=True, frozen=True):
@@ -131,6 +139,12 @@ class ActionSucceeded(Event, tag="action_succeeded", kw_only=True, frozen=True):
     #: A model call's cost (``durable.costs``): priced from its reply's usage when the
     #: outcome was recorded, with the price table's version; None for any other step.
     cost: Cost | None = None
+    #: In a fork that holds effects: the key of the parent's step whose recorded outcome
+    #: this one reuses (the same call at the same place; nothing was sent), or "".
+    reused: str = ""
+    #: In a fork that holds effects: the outcome is the tool's ``simulate(args)``, the
+    #: effect was held and never sent.
+    simulated: bool = False
 
 
 class ActionFailed(Event, tag="action_failed", kw_only=True, frozen=True):

@@ -257,6 +257,11 @@ class RunState(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: its reference; ``input`` is then None until a reader that runs agent code fills it
     #: in (``durable.log.blobs.resolve``). None once removed as model context.
     input_blob: BlobRef | None = None
+    #: A counterfactual fork's changed configuration, whether it holds every new effect and
+    #: reuses its parent's identical model replies (``RunStarted``; ``durable.audit.forks``).
+    overrides: dict[str, str] = msgspec.field(default_factory=dict)
+    hold_effects: bool = False
+    reuse_replies: bool = False
 
     @property
     def terminal(self) -> bool:
