@@ -40,8 +40,8 @@ from rq.serializers import JSONSerializer
 from bench.common import AGENTS, fresh, median, run_window, settings_for, worker
 from bench.sampling import CpuTrace
 from durable.agents import ToolContext, registry
+from durable.agents.cancel_token import CancelToken
 from durable.client import Client
-from durable.controls.cancellation import CancelToken
 from durable.log import events as ev
 from durable.log import keys
 from durable.workers.loop import StepLoop

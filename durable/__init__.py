@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         register,
         registry,
     )
+    from durable.agents.cancel_token import Cancelled, CancelToken
     from durable.client import (
         Client,
     )
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
         StepFailed,
         WaitExpired,
         agent,
-    )
-    from durable.controls.cancellation import (
-        Cancelled,
-        CancelToken,
     )
     from durable.controls.starts import (
         Started,
@@ -83,8 +80,8 @@ _SOURCES: dict[str, str] = {
     "Action": "durable.log.state",
     "Agent": "durable.agents",
     "Call": "durable.agents.steps",
-    "CancelToken": "durable.controls.cancellation",
-    "Cancelled": "durable.controls.cancellation",
+    "CancelToken": "durable.agents.cancel_token",
+    "Cancelled": "durable.agents.cancel_token",
     "Client": "durable.client",
     "ConflictError": "durable.errors",
     "DecodeError": "durable.errors",

@@ -16,18 +16,14 @@ from durable.agents import Registry, registry
 from durable.audit.forks import fork
 from durable.audit.replay import check_entry_id, state_at
 from durable.audit.seals import check_sealer
+from durable.backend.cancel_messages import CancelMessage, encode_message
 from durable.backend.connection import connect, connect_queue
 from durable.contention import update_run
 from durable.controls import sessions, settling
 from durable.controls.answers import decide_approval, respond
 from durable.controls.approvals import sign_decision
 from durable.controls.approvers import Approvers
-from durable.controls.cancellation import (
-    CancelMessage,
-    cancel_children,
-    encode_message,
-    finish_specs,
-)
+from durable.controls.cancellation import cancel_children, finish_specs
 from durable.controls.compensation import Compensations
 from durable.controls.quarantine import release
 from durable.controls.schedules import Schedules

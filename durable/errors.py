@@ -85,9 +85,9 @@ installed packages and fails when this diagram and the classes differ in any way
 
     Signal                       stops code the library runs (see ``Signal``): a
      │                           ``BaseException``, so ``except Exception`` lets it pass
-     ├── durable.controls.cancellation.Cancelled
+     ├── durable.agents.cancel_token.Cancelled
      │    │                      a cancel reached the tool (its token was checked)
-     │    └── durable.controls.cancellation.Overrun
+     │    └── durable.agents.cancel_token.Overrun
      │                           the call ran past its deadline or its cancel's grace
      ├── durable.code.execution.Unwind
      │                           the worker let go of a code agent's run

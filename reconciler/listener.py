@@ -8,8 +8,9 @@ import logging
 
 import redis
 
+from durable.backend.cancel_messages import CancelMessage
 from durable.backend.subscriber import CancelSubscriber
-from durable.controls.cancellation import CancelMessage, record_cancel
+from durable.controls.cancellation import record_cancel
 from durable.errors import RunNotFound
 
 from .sweep import Sweeper

@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from durable.agents import ToolContext, resolve_awaitable
+from durable.agents.cancel_token import CancelToken
 from durable.audit.verify import verify
 from durable.client import Client
-from durable.controls.cancellation import CancelToken
 from durable.log import events as ev
 from durable.models import Chat, ChatReply, ModelError, ModelUnavailable, completion_result
 from durable.testing import Server

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from durable.controls.cancellation import Cancelled, CancelToken
+from durable.agents.cancel_token import Cancelled, CancelToken
 from durable.testing import wait_for
 from durable.workers.calls import CallAbandoned, CallWatch
 

@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from durable.audit.verify import verify
+from durable.backend.cancel_messages import CancelMessage, encode_message
 from durable.client import Client
-from durable.controls.cancellation import CancelMessage, encode_message, record_cancel
+from durable.controls.cancellation import record_cancel
 from durable.log import events as ev
 from durable.log import keys
 from durable.log.state import RunState

@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from durable.backend.cancel_messages import (
+    CancelMessage,
+    ReplayGuard,
+    decode_message,
+    encode_message,
+)
 from durable.client import Client
-from durable.controls.cancellation import CancelMessage, ReplayGuard, decode_message, encode_message
 from durable.errors import BadCancelMessage
 from durable.log import events as ev
 from durable.log import keys

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from durable.agents import resolve_awaitable
-from durable.controls.cancellation import Cancelled, CancelToken, Overrun
+from durable.agents.cancel_token import Cancelled, CancelToken, Overrun
 from durable.eventloop import EVENT_LOOP, Handoff
 
 

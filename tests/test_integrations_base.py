@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from durable.agents import ToolContext
-from durable.controls.cancellation import CancelToken
+from durable.agents.cancel_token import CancelToken
 from durable.integrations import base
 
 INTEGRATIONS = Path(__file__).resolve().parent.parent / "durable" / "integrations"

@@ -14,6 +14,8 @@ they are left out of the runtime graph, but a cycle closed through one is still 
 - no module reaches itself through its imports, type-only imports included;
 - the log (``durable.log``) is the bottom layer: outside itself it imports only the few
   modules of ``LOG_MAY_IMPORT``, which import nothing else of the library either;
+- the library's subpackages layer (``SUBPACKAGE_ORDER``): each imports only those below it
+  (and the modules at the library's top, which every part shares);
 - nothing imports a process by its folder's name (``workers``...): the wheel has no such
   package.
 """
@@ -21,6 +23,7 @@ they are left out of the runtime graph, but a cycle closed through one is still 
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -252,6 +255,74 @@ def test_the_check_sees_the_log_import_upward(tmp_path: Path) -> None:
         "durable.settings -> durable.agents"]
 
 
+#: The library's subpackages, bottom first: a module of one imports from the ones before it
+#: and never from one after it, type-only imports included (``durable.<sub>``). The modules
+#: at the library's top (``client``, ``settings``, ``errors``, ``leases``, ``regions``...)
+#: are outside the order: every part may import the shared ones, and the client imports
+#: every part. The log, at the bottom, has its own stricter rule (``LOG_MAY_IMPORT``),
+#: which admits the two modules of ``security`` it seals and checks signatures with.
+SUBPACKAGE_ORDER = ("log", "flow", "security", "backend", "streams", "telemetry", "agents",
+                    "controls", "code", "audit", "integrations", "cli", "testing")
+
+
+def subpackage(name: str) -> str | None:
+    """The library subpackage module ``name`` is in (``durable.<sub>...``), if any."""
+    parts = name.split(".")
+    if parts[0] != "durable" or len(parts) < 2:
+        return None
+    return parts[1] if len(parts) > 2 or parts[1] in SUBPACKAGE_ORDER else None
+
+
+def order_breaches(edges: dict[str, set[str]], order: tuple[str, ...] = SUBPACKAGE_ORDER,
+                   allowed: frozenset[str] = LOG_MAY_IMPORT) -> list[str]:
+    """Every import of a subpackage from one above it in ``order`` (the log's ``allowed``
+    modules excepted), and every subpackage the order does not place."""
+    rank = {sub: i for i, sub in enumerate(order)}
+    bad = []
+    for src, targets in sorted(edges.items()):
+        low = subpackage(src)
+        if low is None:
+            continue
+        if low not in rank:
+            bad.append(f"{src}: durable.{low} is not in the order")
+            continue
+        for target in sorted(targets):
+            high = subpackage(target)
+            if high is None or high == low or (low == "log" and target in allowed):
+                continue
+            if high not in rank or rank[high] > rank[low]:
+                bad.append(f"{src} -> {target}")
+    return bad
+
+
+def test_the_subpackages_import_only_those_below_them() -> None:
+    edges = graph(ROOT, {"durable": "durable"}, type_only=True)
+    found = {subpackage(name) for name in edges} - {None}
+    assert found == set(SUBPACKAGE_ORDER)  # every subpackage is placed, and only those
+    assert order_breaches(edges) == []
+
+
+def test_the_order_check_sees_an_import_upward(tmp_path: Path) -> None:
+    """A low subpackage importing a higher one, inside a function or for types only, is
+    reported; importing a lower one, or a module at the library's top, is not."""
+    for sub in ("log", "agents", "controls"):
+        (tmp_path / "durable" / sub).mkdir(parents=True)
+        (tmp_path / "durable" / sub / "__init__.py").write_text("")
+    (tmp_path / "durable" / "__init__.py").write_text("")
+    (tmp_path / "durable" / "clock.py").write_text("")
+    (tmp_path / "durable" / "agents" / "steps.py").write_text(
+        "from durable import clock\nfrom durable.log import keys\n"
+        "def f():\n    from durable.controls import cancellation\n")
+    (tmp_path / "durable" / "log" / "keys.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from durable.agents import A\n")
+    (tmp_path / "durable" / "controls" / "cancellation.py").write_text(
+        "from durable.agents import steps\n")
+    edges = graph(tmp_path, {"durable": "durable"}, type_only=True)
+    assert order_breaches(edges, ("log", "agents", "controls"), frozenset()) == [
+        "durable.agents.steps -> durable.controls.cancellation",
+        "durable.log.keys -> durable.agents"]
+
+
 def folder_name_imports(root: Path) -> list[str]:
     """Imports, anywhere in the project's Python, of a process by its folder's name."""
     folders = {PACKAGES[p] for p in PROCESSES}
@@ -288,8 +359,10 @@ def test_the_check_sees_a_folder_name_import(tmp_path: Path) -> None:
 
 
 #: The largest module of the library and the processes, in lines: past it, a module holds
-#: more than one thing and is split by what it holds.
+#: more than one thing and is split by what it holds (by concern: never trimmed to fit).
 MAX_LINES = 450
+#: Past this, the suite warns: a review signal that the module's next change should split it.
+WARN_LINES = 400
 
 
 def test_no_module_of_the_library_or_the_processes_is_over_the_limit() -> None:
@@ -299,3 +372,8 @@ def test_no_module_of_the_library_or_the_processes_is_over_the_limit() -> None:
     long = {name: n for name, path in library.items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+    near = {name: n for name, path in library.items()
+            if WARN_LINES < (n := len(path.read_text().splitlines())) <= MAX_LINES}
+    if near:
+        warnings.warn(f"modules over {WARN_LINES} lines, to split by concern before they "
+                      f"reach {MAX_LINES}: {dict(sorted(near.items()))}", stacklevel=1)

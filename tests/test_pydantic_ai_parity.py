@@ -157,7 +157,7 @@ def test_a_model_request_carries_the_steps_key_and_a_timeout_within_its_deadline
     import time
 
     from durable.agents import ToolContext
-    from durable.controls.cancellation import CancelToken
+    from durable.agents.cancel_token import CancelToken
     from durable.integrations.pydantic_ai.model import downstream
 
     ctx = ToolContext(run_id="r", step=3, key="r:3", deadline_ms=int(time.time() * 1000) + 5000,

@@ -1,4 +1,4 @@
-"""One region at a time (``durable.controls.regions``): a process of another region is
+"""One region at a time (``durable.regions``): a process of another region is
 fenced at lease acquisition; ``durable region takeover`` refuses while the old primary
 answers, and after a real primary's SIGKILL promotes the replica, looks up every claimed key
 without an outcome and hands the runs to the new region's workers: no effect applied twice,

@@ -231,7 +231,7 @@ def test_approval_digest_is_over_the_values_in_clear(keyed: str, r: redis.Redis,
     worker that takes the run again opens the sealed arguments and recomputes the same
     digest (over envelopes, with their random nonces, it never would), so the approved call
     runs."""
-    from durable.security.digests import digest
+    from durable.controls.digests import digest
 
     alice = approver("alice", "finance")
     client = Client(Settings(), r)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from durable.agents import ToolContext
-from durable.controls.cancellation import Cancelled, CancelToken
+from durable.agents.cancel_token import Cancelled, CancelToken
 from durable.log.state import Action, RunState
 from durable.testing import wait_for
 from examples.agents.pipeline import (

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from durable.controls.cancellation import CancelToken, Overrun
+from durable.agents.cancel_token import CancelToken, Overrun
 from durable.errors import Signal
 
 log = logging.getLogger("durable.worker")

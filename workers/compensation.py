@@ -5,7 +5,7 @@ Each pass does one thing, then the loop looks at the run again:
 
 - an open call of the agent's own is stopped as a cancel stops it: never sent when it was
   not (``call_canceled``), else resolved with its ``lookup`` once its deadline has passed
-  (``decisions.open_call``), so that only effects known to be applied are compensated;
+  (``open_calls.open_call``), so that only effects known to be applied are compensated;
 - an open compensation is sent (after its approval, when its tool requires one) or, when
   an earlier attempt may have applied it, resolved with ``lookup_compensation``;
 - otherwise the newest applied effect not compensated yet gets its compensation: its
@@ -27,7 +27,7 @@ import threading
 from typing import Any
 
 from durable.agents import Agent, Tool, ToolContext
-from durable.controls.cancellation import CancelToken
+from durable.agents.cancel_token import CancelToken
 from durable.controls.compensation import read_plan, read_whole, summary_specs, undo_key
 from durable.errors import Claimed
 from durable.leases import Lease
@@ -36,7 +36,7 @@ from durable.log import keys
 from durable.log.state import Action
 from durable.log.store import RunHandle, Spec, now_ms
 
-from . import authority, decisions, family
+from . import authority, decisions, family, open_calls
 from .context import StepContext
 from .turns import Offload, Slot
 
@@ -54,7 +54,7 @@ async def advance(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
             await ctx.commit(handle, pending, [Spec(ev.CallCanceled, {
                 "step": act.step, "key": act.key, "reason": cancel.reason})])
             return False, 0
-        return await decisions.open_call(ctx, handle, agent, act, slot, pending)
+        return await open_calls.open_call(ctx, handle, agent, act, slot, pending)
     if handle.staged:  # the plan is read from the log: what is staged goes there first
         await ctx.commit(handle, pending, [])
     run_id = handle.run_id
@@ -90,9 +90,9 @@ async def advance(ctx: StepContext, handle: RunHandle, agent: Agent, slot: Slot,
 async def open_undo(ctx: StepContext, handle: RunHandle, agent: Agent, act: Action,
                     slot: Slot, pending: list[Spec]) -> tuple[bool, int]:
     """A compensation taken again: sent when it never was (or was found not applied), once
-    approved; else resolved with ``lookup_compensation`` (``decisions.open_call``)."""
+    approved; else resolved with ``lookup_compensation`` (``open_calls.open_call``)."""
     if act.status not in ("decided", "not_applied"):
-        return await decisions.open_call(ctx, handle, agent, act, slot, pending)
+        return await open_calls.open_call(ctx, handle, agent, act, slot, pending)
     tool = ctx.registry.tool(act.tool)
     asked = await authority.approval(ctx, handle, tool, act, pending)
     if asked is not None:

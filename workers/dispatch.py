@@ -17,7 +17,7 @@ import tenacity
 
 from durable import costs
 from durable.agents import OutcomeUnknown, Tool, ToolContext, resolve_awaitable
-from durable.controls.cancellation import Cancelled, CancelToken, Overrun
+from durable.agents.cancel_token import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError, RateLimited
 from durable.eventloop import EVENT_LOOP, Handoff
 from durable.log import events as ev

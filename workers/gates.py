@@ -5,7 +5,7 @@ evidence references its steps recorded (``durable.agents.evidence``).
 
 A failed check is recorded as an event and handled as declared; it is never silently fed
 back to the agent. An approval is bound to the digest of the action's consequential fields
-(``durable.security.digests``), recomputed right before the approved call runs, and its signature
+(``durable.controls.digests``), recomputed right before the approved call runs, and its signature
 is checked against the approver registry then too (``durable.controls.approvals.check_recorded``:
 registered, not revoked, the request's role, before its expiry): a decision that does not
 hold is never acted on, and a new approval is requested.
@@ -20,10 +20,10 @@ from durable.agents import Agent, Registry, Tool
 from durable.agents import configuration as config_
 from durable.agents import evidence as evidence_
 from durable.audit.forks import held
+from durable.controls.digests import action_digest, digest
 from durable.log import events as ev
 from durable.log.state import Action, Approval, RunState
 from durable.log.store import Spec, now_ms
-from durable.security.digests import action_digest, digest
 
 
 def request_specs(state: RunState, tool: Tool, act: Action, reason: str) -> list[Spec]:

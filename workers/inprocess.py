@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from durable.agents import Registry
-from durable.controls.cancellation import CancelToken
+from durable.agents.cancel_token import CancelToken
 from durable.log.state import Action
 from durable.settings import Settings
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import redis
 
+from durable.backend.cancel_messages import CancelMessage
 from durable.backend.subscriber import CancelSubscriber
-from durable.controls.cancellation import CancelMessage, record_cancel
+from durable.controls.cancellation import record_cancel
 from durable.errors import DecodeError, RunNotFound
 from durable.log import keys
 from durable.settings import Settings

@@ -57,7 +57,7 @@ from durable.queue import make_queue, make_ready
 from durable.settings import Settings
 from durable.telemetry import tracing
 
-from . import admission, authority, compensation, decisions, family
+from . import admission, authority, compensation, decisions, family, open_calls
 from .dispatch import Dispatcher
 from .gates import revalidate
 from .hooks import HookChain, StepHooks
@@ -436,12 +436,12 @@ class StepLoop:
         if state.cancel is not None and state.cancel.scope == "run":
             if state.cancel.compensate:  # its applied effects are undone first
                 return await compensation.advance(self, handle, agent, slot, pending)
-            await decisions.finish_cancel(self, handle, pending)
+            await open_calls.finish_cancel(self, handle, pending)
             return True, 0
         act = state.current
         if act is None:
             return await decisions.decide(self, handle, agent, slot, pending, lease)
-        return await decisions.open_call(self, handle, agent, act, slot, pending)
+        return await open_calls.open_call(self, handle, agent, act, slot, pending)
 
 
 def needs_work(state: RunState) -> bool:

@@ -1,4 +1,4 @@
-"""A worker whose region does not own the data (``durable.controls.regions``): it gives
+"""A worker whose region does not own the data (``durable.regions``): it gives
 back every run it was fenced from and takes no runs until its region owns them again.
 
 A ``RegionFenced`` at lease acquisition means another region owns the run's shard (or a
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from durable.controls.regions import ACTIVE
 from durable.errors import RegionFenced
 from durable.log.keys import KeyLayout
+from durable.regions import ACTIVE
 
 if TYPE_CHECKING:
     from .redis_io import RedisIO

@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from durable.controls.cancellation import CancelToken
+from durable.agents.cancel_token import CancelToken
 from durable.errors import Signal
 from durable.leases import Lease
 

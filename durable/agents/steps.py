@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durable import clock
-from durable.controls.cancellation import Cancelled, CancelToken, Overrun
+from durable.agents.cancel_token import Cancelled, CancelToken, Overrun
 from durable.errors import DurableError
 from durable.eventloop import EVENT_LOOP
 from durable.log.state import EvidenceRef

@@ -24,8 +24,8 @@ from typing import Any
 
 import redis
 
+from durable.backend.cancel_messages import CancelMessage, ReplayGuard, decode_message
 from durable.backend.outages import Backoff, Outage
-from durable.controls.cancellation import CancelMessage, ReplayGuard, decode_message
 from durable.errors import BadCancelMessage
 from durable.log import keys
 

@@ -1,5 +1,5 @@
 """``durable region``: which region may advance runs (``status``), and the failover that
-moves them to this one (``takeover``; ``durable.controls.regions``).
+moves them to this one (``takeover``; ``durable.regions``).
 
 ``durable region takeover --region B [--from-url redis://old-primary]`` is run against
 region B's server (``DURABLE_REDIS_URL``, a replica of the failed primary). It exits 1
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 
+from durable import regions
 from durable.agents import registry
 from durable.backend.connection import connect
 from durable.cli.output import OK, Add, json_out, table
-from durable.controls import regions
 from durable.log.keys import KeyLayout
 from durable.settings import Settings
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 import redis
 
 from durable.agents import Registry
+from durable.backend.cancel_messages import CancelMessage, encode_message
 from durable.call_identity import is_placeholder
 from durable.contention import update_run
-from durable.controls.cancellation import CancelMessage, encode_message
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log import keys

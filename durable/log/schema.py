@@ -281,7 +281,7 @@ class ApprovalDecided(Event, tag="approval_decided", kw_only=True, frozen=True):
 class LeaseAcquired(Event, tag="lease_acquired", kw_only=True, frozen=True):
     owner: str
     epoch: int
-    #: Written by a region takeover (``durable.controls.regions``): the region that owns
+    #: Written by a region takeover (``durable.regions``): the region that owns
     #: the run from here on, and its epoch; "" and 0 otherwise.
     region: str = ""
     region_epoch: int = 0

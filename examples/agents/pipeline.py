@@ -39,7 +39,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from durable.agents import Agent, Call, Decision, Fail, Finish, Lookup, Tool, ToolContext, register
-from durable.controls.cancellation import Cancelled, CancelToken
+from durable.agents.cancel_token import Cancelled, CancelToken
 from durable.log.state import RunState
 from examples.settings import world_url
 from examples.world.protocol import DEADLINE_HEADER, KEY_HEADER

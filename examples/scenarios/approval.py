@@ -33,11 +33,11 @@ from typing import Any
 from rq import Worker as RQWorker
 
 from durable.audit.verify import verify
+from durable.controls.digests import digest
 from durable.errors import Refused
 from durable.log import events as ev
 from durable.log.state import Approval, RunState
 from durable.log.store import now_ms
-from durable.security.digests import digest
 from durable.security.signing import fingerprint, keygen, load_public_key
 from examples.scenarios.outcome import Outcome, collect, expect_common, of_type, recovery_rows
 from examples.scenarios.stack import Scene
