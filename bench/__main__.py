@@ -5,9 +5,8 @@
     python -m bench --only throughput,cancel
 
 Items: codec, throughput, profile, cancel, recovery, takeover, memory, whatif, iobound,
-styles, cluster. Outputs
-go to
-``bench/results/``: ``results.md`` (also printed), ``results.json`` and ``chart.png``.
+styles, cluster, startup. Outputs go to ``bench/results/``: ``results.md`` (also printed),
+``results.json`` and ``chart.png``.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from typing import Any
 import psutil
 
 ITEMS = ("codec", "throughput", "profile", "cancel", "recovery", "takeover", "memory", "whatif",
-         "iobound", "styles", "cluster")
+         "iobound", "styles", "cluster", "startup")
 
 
 def _log(msg: str) -> None:
@@ -146,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 res[item] = cluster.run(srv, quick=args.quick, rounds=args.rounds,
                                         runs=args.runs, log=_log)
+            elif item == "startup":
+                from bench import startup
+
+                res[item] = startup.run(quick=args.quick, log=_log)
             _log(f"[bench] {item} done in {time.time() - t0:.1f}s")
     elapsed = time.time() - started
     busy = _busy_cpu() - busy0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import chart, cluster
+from bench import chart, cluster, startup
 
 
 def _f(x: Any, nd: int = 0) -> str:
@@ -327,6 +327,8 @@ def markdown(res: dict[str, Any]) -> str:
         out.append("Worker RSS: " + ", ".join(
             f"{x['rss_mb']:.1f} MB after {x['after_runs']} runs" for x in mm["worker_rss"])
             + f" (growth {mm['worker_rss_growth_mb']:+.1f} MB).\n")
+    if res.get("startup"):
+        out += startup.markdown(res["startup"])
     wi = res.get("whatif")
     if wi:
         out.append("## What-if: suggested core changes, simulated in the benchmark process\n")
