@@ -32,6 +32,7 @@ from durable.controls.cancellation import cancel_children, finish_specs
 from durable.controls.children import CHILD_POLL_MS, child_state, wake_parent
 from durable.durations import parse_duration_ms
 from durable.errors import (
+    ChainBroken,
     ConflictError,
     DecodeError,
     LeaseLost,
@@ -45,6 +46,7 @@ from durable.flow import fairness
 from durable.leases import Leases
 from durable.log import context, counters, keys
 from durable.log import events as ev
+from durable.log.recovery import unreadable
 from durable.log.state import TERMINAL, CancelInfo, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
@@ -214,12 +216,13 @@ class Sweeper:
         try:
             try:
                 handle = self.log.handle_from(run_id, version, raw, lease=lease.value,
-                                              actor=self.token)
+                                              actor=self.token, tail=lease.tail)
             except RunNotFound:
                 return "gone"
             except DecodeError as exc:
-                self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
-                                    self.token, counters.migration_error(exc.reason))
+                self.log.quarantine(run_id, unreadable(exc), self.token,
+                                    [] if isinstance(exc, ChainBroken)
+                                    else counters.migration_error(exc.reason))
                 self._did("quarantined")
                 return "quarantined"
             try:

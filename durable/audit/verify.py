@@ -34,6 +34,7 @@ from durable.controls.settling import check_event
 from durable.log import blobs, chain, context, keys
 from durable.log import events as ev
 from durable.log.fold import apply
+from durable.log.sealer import Seal
 from durable.log.state import BlobRef, RunState
 from durable.log.store import EventLog
 
@@ -73,7 +74,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     if not entries:
         report.fail("contiguous", "no log")
         return report
-    sealed = chain.Seal.parse(raw_seal) if raw_seal else None
+    sealed = Seal.parse(raw_seal) if raw_seal else None
     found = chain.check(run_id, raw, proj.get("last"), keep=[sealed.entry] if sealed else ())
     _chain(report, found)
     approvers = Approvers(elog.redis, elog.admin_keys)
