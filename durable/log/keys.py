@@ -42,6 +42,10 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 #: The built-in step that starts a child run (``durable.controls.children``).
 CHILD_TOOL = "durable.child"
 
+#: How a parent's projected reason starts while the child it waits for is quarantined
+#: (``durable.controls.children``; the ``durable_runs_blocked_by_child`` gauge counts them).
+BLOCKED_BY_CHILD = "blocked: child"
+
 
 def child_id(parent: str, step: int) -> str:
     """The run id of the child a parent's ``step`` starts: derived, so that a parent
