@@ -399,15 +399,10 @@ def console_session(sid_digest: str) -> str:
 
 
 def login_failures(kind: str, who: str) -> str:
-    """Integer: failed console logins of a user name (``kind`` ``user``) or a client address
-    (``addr``); PX = the counting window (ms), renewed by each failure."""
+    """Zset: the failed console logins of a user name (``kind`` ``user``) or a client
+    address (``addr``) within the window, member -> time (ms); PX = the window (ms), from
+    the last (``login_take.lua``)."""
     return f"{PREFIX}:console:fails:{kind}:{who}"
-
-
-def login_lock(kind: str, who: str) -> str:
-    """String: the name or address is refused logins (429) until it expires, PX = the
-    lockout (ms), which doubles with each failure past the limit."""
-    return f"{PREFIX}:console:lock:{kind}:{who}"
 
 
 def a2a_push(run_id: str) -> str:
