@@ -220,3 +220,31 @@ def test_a_killed_workers_run_forged_before_its_periodic_seal_is_quarantined(
     reason = _quarantined(client, run)
     assert f"entry {seal.entry}" in reason and "sealed" in reason, reason
     assert not _sent(client, run, 3)
+
+
+@pytest.mark.parametrize("every", [{"DURABLE_SEAL_EVERY": "4"},
+                                   {"DURABLE_SEAL_EVERY": "0",
+                                    "DURABLE_SEAL_INTERVAL_MS": "300"}],
+                         ids=["every-4-entries", "every-300-ms"])
+def test_a_running_run_is_sealed_by_its_lease_holder_as_it_goes(
+        client: Client, worker: WorkerFactory, sealing: bytes, every: dict[str, str]) -> None:
+    """A run of slow steps, while a worker holds it: sealed every N entries (or T ms), each
+    seal checked by its signer from the seal before it, and shown by ``verify`` of the
+    running run. Its end is sealed too, checked from its first entry (a short log is
+    checked whole)."""
+    run = client.start("count", {"steps": 8, "sleep_s": 0.2}, run_id="sealed-as-it-goes").run_id
+    worker(**every)
+    assert wait_for(lambda: (s := _seal(client, run)) is not None and s.start is not None
+                    and s.start != "", 60), _seal(client, run)
+    seal = _seal(client, run)
+    assert seal is not None and client.status(run).state == "pending"
+    assert seal.start in {i for i, _ in _raw(client, run)}
+    report = verify(client.log, run, require_seal=True)
+    assert report.checks["chain"] == "ok", report.checks
+    assert "sealed by sealer-1" in report.checks["seal"], report.checks
+    assert client.wait(run, 60).state == "completed"
+    assert wait_for(lambda: (s := _seal(client, run)) is not None and
+                    s.entry == _raw(client, run)[-1][0], 10)
+    ended = verify(client.log, run, require_seal=True)
+    assert ended.ok, ended.checks
+    assert "checked by its signer from the run's first entry" in ended.checks["seal"]

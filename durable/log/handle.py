@@ -74,6 +74,10 @@ class RunHandle:
     #: The next seal checks the chain from the run's first entry, not from its last seal
     #: (which this handle's sealer could not vouch for).
     seal_from_start: bool = False
+    #: The signature of the seal this handle wrote last, and of the one it is writing: a
+    #: seal checked from its own last one needs no signature check.
+    own_seal: str = ""
+    sealing: str = ""
 
 
 class CommitOptions(TypedDict, total=False):

@@ -192,13 +192,14 @@ def seal_call(sealer: Sealer | None, layout: KeyLayout, handle: RunHandle, reply
         return None
     if start:
         anchor = Seal.parse(reply[6]) if len(reply) > 6 else None
-        if anchor is None or anchor.entry != start or not sealer.vouches(handle.run_id,
-                                                                          anchor):
+        if anchor is None or anchor.entry != start or (
+                anchor.sig != handle.own_seal and not sealer.vouches(handle.run_id, anchor)):
             log.warning("run %s: the seal at entry %s is not %s's (or does not hold): not "
                         "sealed from it", handle.run_id, start, sealer.signer)
             handle.seal_from_start = True
             return None
     seal = sealer.seal(handle.run_id, last_id, head, start, before)
+    handle.sealing = seal.sig
     log.debug("run %s: sealing entry %s, head %s, checked from %s", handle.run_id, last_id,
               head, start or "its first entry")
     return ([layout.run(handle.run_id), layout.seal(handle.run_id)],
@@ -210,7 +211,7 @@ def sealed(handle: RunHandle, written: Any) -> None:
     from here."""
     if int(text(written)):
         handle.sealed_version, handle.sealed_ms = handle.state.version, now_ms()
-        handle.seal_from_start = False
+        handle.seal_from_start, handle.own_seal = False, handle.sealing
 
 
 @contextmanager
