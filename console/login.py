@@ -1,16 +1,17 @@
 """Logging in and out: the password check behind a rate limit, and sessions kept in Redis
 (``console.middleware``) so that a logout ends the session for every copy of its cookie.
 
-**The rate limit.** Failed logins are counted per user name and per client address,
-in Redis (``dx:console:fails:*``, ``dx:console:lock:*``), so a console restart forgets
-nothing and several console processes share the count.
-
-After ``LIMIT`` failures within ``WINDOW_S`` (a window renewed by each failure), the name or
-address is locked: every login for it is refused with 429 and ``Retry-After`` until the
-lock expires, without the password being checked, so the right password is refused too.
-The lock lasts ``BASE_LOCK_S`` after the limit is reached and doubles with each further
-failure, up to ``MAX_LOCK_S``. A successful login clears its user name's count (not the
-address's: one valid account must not reset an address that guesses others).
+**The rate limit.** Failed logins are counted per user name and per client address over
+a sliding window, in Redis (``dx:console:fails:*``: the time of each failure within the
+window), so a console restart forgets nothing and several console processes share the
+count. An attempt first takes a place in both windows (``login_take.lua``, one call per
+key); while either already holds ``LIMIT`` failures within the last ``WINDOW_S``, the
+attempt is refused with 429 and ``Retry-After`` (until the oldest failure leaves the
+window) without the password being checked, so the right password is refused too. However
+fast the attempts come, concurrent ones included, at most ``LIMIT`` passwords are checked
+per name and per address in any window. A failed attempt keeps its places; a successful
+one gives back the address's and clears its user name's count (not the address's: one
+valid account must not reset an address that guesses others).
 
 The address is the one uvicorn sees: behind a proxy, its ``X-Forwarded-For`` when the proxy
 connects from an address in ``FORWARDED_ALLOW_IPS`` (uvicorn's default: 127.0.0.1).
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
+import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -29,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from durable.log import keys
+from durable.log.scripts import Scripts
 from durable.security.users import User, Users
 
 from .auth import check_csrf
@@ -37,13 +41,10 @@ from .pages import client, render
 
 log = logging.getLogger("durable.console")
 
-#: Failures allowed within the window before a lock.
+#: Failed logins allowed per user name and per address within the window.
 LIMIT = 5
-#: The counting window (renewed by each failure), seconds.
+#: The sliding window failed logins are counted over, seconds.
 WINDOW_S = 15 * 60
-#: The first lock, doubled with each failure past the limit, up to the last.
-BASE_LOCK_S = 1.0
-MAX_LOCK_S = 15 * 60.0
 
 
 def _who(value: str) -> str:
@@ -61,39 +62,48 @@ class Locked:
     retry_after_s: float
 
 
-def locked(client: redis.Redis, name: str, address: str) -> Locked | None:
-    """The longest lock on the name or the address, if any."""
-    pipe = client.pipeline(transaction=False)
-    for kind, who in subjects(name, address):
-        pipe.pttl(keys.login_lock(kind, who))
-    left = max(int(ms) for ms in pipe.execute())
-    return Locked(left / 1000) if left > 0 else None
+@dataclass(frozen=True)
+class Attempt:
+    """The places one login attempt took in its windows (keys), under ``member``."""
+
+    keys: tuple[str, ...]
+    member: str
 
 
-def lock_s(failures: int) -> float:
-    """How long a lock lasts after this many failures (0 below the limit)."""
-    if failures < LIMIT:
-        return 0.0
-    return float(min(BASE_LOCK_S * 2 ** min(failures - LIMIT, 30), MAX_LOCK_S))
-
-
-def failed(client: redis.Redis, name: str, address: str) -> float:
-    """Count a failed login; the lock it starts (seconds, 0 for none)."""
-    longest = 0.0
+def take(client: redis.Redis, name: str, address: str) -> Attempt | Locked:
+    """Take the attempt's place in the name's and the address's windows; ``Locked`` (the
+    places taken given back) while either is full."""
+    member, now = f"{time.time_ns()}-{secrets.token_hex(4)}", int(time.time() * 1000)
+    scripts = Scripts(client)
+    taken: list[str] = []
+    refused_ms = 0
     for kind, who in subjects(name, address):
         key = keys.login_failures(kind, who)
-        pipe = client.pipeline(transaction=False)  # works on a cluster too
-        pipe.incr(key)
-        pipe.pexpire(key, WINDOW_S * 1000)
-        count = int(pipe.execute()[0])
-        seconds = lock_s(count)
-        if seconds:
-            client.set(keys.login_lock(kind, who), count, px=int(seconds * 1000))
-            longest = max(longest, seconds)
-    return longest
+        ok, wait_ms = scripts.login_take(keys=[key], args=[now, WINDOW_S * 1000, LIMIT,
+                                                           member])
+        if int(ok):
+            taken.append(key)
+        else:
+            refused_ms = max(refused_ms, int(wait_ms))
+    if refused_ms:
+        give_back(client, Attempt(tuple(taken), member))
+        return Locked(refused_ms / 1000)
+    return Attempt(tuple(taken), member)
 
 
-def succeeded(client: redis.Redis, name: str) -> None:
+def give_back(client: redis.Redis, attempt: Attempt) -> None:
+    for key in attempt.keys:
+        client.zrem(key, attempt.member)
+
+
+def full(client: redis.Redis, name: str, address: str) -> list[str]:
+    """Which of the name and the address a failure just filled the window of."""
+    return [f"{kind} {who}" for kind, who in subjects(name, address)
+            if client.zcard(keys.login_failures(kind, who)) >= LIMIT]
+
+
+def succeeded(client: redis.Redis, name: str, attempt: Attempt) -> None:
+    give_back(client, attempt)
     client.delete(keys.login_failures("user", _who(name)))
 
 
@@ -116,17 +126,18 @@ def _check(request: Request, users: Users | None, name: str, password: str
     """The user; or the lock that refuses the attempt (the password unread); or None."""
     r = client(request).redis
     address = _address(request)
-    lock = locked(r, name, address)
-    if lock is not None:
-        return lock
+    attempt = take(r, name, address)
+    if isinstance(attempt, Locked):
+        return attempt
     user = users.check(name, password) if users else None
     if user is None:
-        seconds = failed(r, name, address)
-        if seconds:
-            log.warning("login of %r from %s failed: logins locked for %.0f s", name,
-                        address, seconds)
+        filled = full(r, name, address)
+        if filled:
+            log.warning("login of %r from %s failed: %d failures within %d s for %s; logins "
+                        "refused until the oldest leaves the window", name, address, LIMIT,
+                        WINDOW_S, " and ".join(filled))
         return None
-    succeeded(r, name)
+    succeeded(r, name, attempt)
     return user
 
 

@@ -23,6 +23,8 @@ installed packages and fails when this diagram and the classes differ in any way
      │    └── RegionFenced        this process's region does not own the run's shard now
      ├── RegionError             a takeover refused (the old primary still answers...)
      ├── DecodeError             a log entry that cannot be read (the run is quarantined)
+     │    └── ChainBroken         a log entry that does not chain: changed, removed, added
+     │                            or moved, or the log rewritten before a seal
      ├── NondeterminismError     the agent decided differently from the recorded intent
      │    └── durable.audit.offline.SavedRunDiverged
      │                           a saved run replayed offline: the code takes another step
@@ -37,7 +39,8 @@ installed packages and fails when this diagram and the classes differ in any way
      ├── WriteRefused            internal: why ``append.lua`` refused a batch; callers react
      │    ├── Terminal           the run reached a terminal state before this write
      │    │    └── Tampered       the log ends with an entry the append script did not
-     │    │                       write: the run was quarantined instead
+     │    │                       write, or does not chain where a seal was to be made:
+     │    │                       the run was quarantined instead
      │    ├── CancelPending      a dispatch refused because a cancel is pending
      │    └── Claimed            the ledger already holds the key the batch claims
      ├── durable.agents.steps.OutcomeUnknown
@@ -219,6 +222,16 @@ class DecodeError(DurableError):
         super().__init__(f"entry {entry_id}: {reason}")
 
 
+class ChainBroken(DecodeError):
+    """The run's log does not chain at ``entry_id`` (``durable.log.chain``), ``reason``
+    says how: found by a load or by the check before a seal; the run is quarantined and
+    never sealed."""
+
+    @property
+    def quarantine_reason(self) -> str:
+        return f"the log does not chain: {self.reason}"
+
+
 class NondeterminismError(DurableError):
     """Agent code executed again took another step than the log records. ``detail`` says
     what differs (the tool, which arguments)."""
@@ -295,11 +308,12 @@ class Tampered(Terminal):
     ``XADD``): the batch was refused and the run quarantined. A ``Terminal`` for its
     writer: it must stop driving the run."""
 
-    def __init__(self, run_id: str, entry_id: str) -> None:
+    def __init__(self, run_id: str, entry_id: str, reason: str = "") -> None:
         self.run_id, self.entry_id = run_id, entry_id
         super().__init__("quarantined")
-        self.args = (f"run {run_id}: the log ends with entry {entry_id}, which the append "
-                     "script did not write; the run is quarantined",)
+        why = reason or (f"the log ends with entry {entry_id}, which the append script did "
+                         "not write")
+        self.args = (f"run {run_id}: {why}; the run is quarantined",)
 
 
 class CancelPending(WriteRefused):

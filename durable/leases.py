@@ -12,16 +12,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
 from durable.backend.outages import Backoff
 from durable.errors import RegionFenced
-from durable.log import counters, keys
+from durable.log import chain, counters, keys
 from durable.log.batching import ScriptBatcher, drive
 from durable.log.scripts import Scripts, source
+from durable.log.sealer import Seal
 from durable.settings import Settings
 
 
@@ -33,6 +34,8 @@ def _s(v: object) -> str:
 class Lease:
     run_id: str
     value: str  # "<token>|<epoch>"
+    #: What was read with it to check the chain of the entries read (``chain.check_loaded``).
+    tail: chain.Tail | None = field(default=None, compare=False, repr=False)
 
     @property
     def epoch(self) -> int:
@@ -78,7 +81,7 @@ class Leases:
         written) while another region owns the run.
         """
         run_keys = [self.keys.lease(run_id), self.keys.fence(run_id), self.keys.queued(run_id),
-                    self.keys.log(run_id), self.keys.run(run_id)]
+                    self.keys.log(run_id), self.keys.run(run_id), self.keys.seal(run_id)]
         args: list[Any] = [token, self.ttl_ms, "1" if take_queued else "0"]
         if self.region:  # (regions off: the call is the same as before regions existed)
             run_keys.append(self.keys.region_of(run_id))
@@ -100,7 +103,12 @@ class Leases:
                     "HINCRBY", self.keys.metrics(), counters.field(counters.LEASE_EXPIRIES), 1)
             else:
                 counters.incr(self.redis, counters.LEASE_EXPIRIES)
-        return Lease(run_id, _s(reply[1])), int(reply[2]), reply[3]
+        lease = Lease(run_id, _s(reply[1]))
+        if len(reply) > 8:
+            seal = Seal.parse(reply[8]) if reply[8] else None
+            lease.tail = chain.Tail(reply[5], _s(reply[6]), _s(reply[7]),
+                                    seal.anchor if seal else None)
+        return lease, int(reply[2]), reply[3]
 
     def renew_all(self, leases: list[Lease]) -> list[bool]:
         """Renew many leases in one round trip; one flag per lease, in order."""

@@ -295,13 +295,21 @@ class SecuritySettings(BaseSettings):
     seal_key: str | None = Field(
         default=None, validation_alias="DURABLE_SEAL_KEY",
         description="Ed25519 private key file (PEM or OpenSSH) sealing the runs this process "
-        "ends (a signature over the log's chain head, checked by `durable verify`); its "
+        "ends or holds (a signature over the log's chain head, checked by `durable verify`); its "
         "public half registered with the role `sealer` under DURABLE_SEAL_SIGNER, or the "
         "process refuses to start. Unset: verify says 'unsealed (chain only)'.")
     seal_signer: str | None = Field(
         default=None, validation_alias="DURABLE_SEAL_SIGNER",
         description="The registry name of DURABLE_SEAL_KEY's public key (`durable approvers "
         "add NAME --role sealer`).")
+    seal_every: int = Field(
+        default=100, ge=0, validation_alias="DURABLE_SEAL_EVERY",
+        description="With DURABLE_SEAL_KEY: a running run is sealed by its lease holder every "
+        "this many entries (and when a job leaves it waiting); 0: only then.")
+    seal_interval_ms: int = Field(
+        default=30_000, ge=0, validation_alias="DURABLE_SEAL_INTERVAL_MS",
+        description="With DURABLE_SEAL_KEY: a running run is sealed at its first append this "
+        "long after its last seal; 0: never by time.")
     encryption_keys: SecretStr | None = Field(
         default=None, validation_alias="DURABLE_ENCRYPTION_KEYS",
         description="Keys that seal sensitive fields, as id:base64key,... (32-byte keys; the "

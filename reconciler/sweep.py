@@ -29,9 +29,15 @@ from durable.backend.connection import connect_queue
 from durable.backend.outages import Outage
 from durable.client import Client
 from durable.controls.cancellation import cancel_children, finish_specs
-from durable.controls.children import CHILD_POLL_MS, child_state, wake_parent
+from durable.controls.children import (
+    CHILD_POLL_MS,
+    child_state,
+    quarantined_child,
+    wake_parent,
+)
 from durable.durations import parse_duration_ms
 from durable.errors import (
+    ChainBroken,
     ConflictError,
     DecodeError,
     LeaseLost,
@@ -45,6 +51,7 @@ from durable.flow import fairness
 from durable.leases import Leases
 from durable.log import context, counters, keys
 from durable.log import events as ev
+from durable.log.recovery import unreadable
 from durable.log.state import TERMINAL, CancelInfo, RunState
 from durable.log.store import EventLog, RunHandle, Spec, now_ms
 from durable.outcomes import LOOKUP_RETRY_MS, resolve_unknown
@@ -214,12 +221,13 @@ class Sweeper:
         try:
             try:
                 handle = self.log.handle_from(run_id, version, raw, lease=lease.value,
-                                              actor=self.token)
+                                              actor=self.token, tail=lease.tail)
             except RunNotFound:
                 return "gone"
             except DecodeError as exc:
-                self.log.quarantine(run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
-                                    self.token, counters.migration_error(exc.reason))
+                self.log.quarantine(run_id, unreadable(exc), self.token,
+                                    [] if isinstance(exc, ChainBroken)
+                                    else counters.migration_error(exc.reason))
                 self._did("quarantined")
                 return "quarantined"
             try:
@@ -373,6 +381,12 @@ class Sweeper:
                 self._did("woke_parent")
                 return "enqueue"
             return "waiting"
+        if child is not None and child.state == "quarantined":
+            policy = self._policy(handle.state.agent, "on_child_quarantined", "wait")
+            done = quarantined_child(self.log, handle, child, policy, self.token)
+            if done != "waiting":
+                self._did(f"child_quarantined_{done}")
+                return "enqueue" if done == "woken" else "canceled"
         expires = int(data.get("expires", 0) or 0)
         if expires and expires <= now:
             self.log.commit(handle, [Spec(ev.WaitExpiry, {
@@ -384,11 +398,15 @@ class Sweeper:
         return "waiting"
 
     def _expiry_outcome(self, agent_name: str) -> str:
+        return self._policy(agent_name, "on_wait_expired", "expired")
+
+    def _policy(self, agent_name: str, name: str, default: str) -> str:
+        """The agent's policy ``name``; ``default`` for an agent this reconciler lacks."""
         try:
             agent = self.registry.agent(agent_name)
         except Exception:
-            return "expired"
-        return str(getattr(agent, "on_wait_expired", "expired"))
+            return default
+        return str(getattr(agent, name, default))
 
     @staticmethod
     def _had_worker(handle: RunHandle) -> bool:

@@ -375,3 +375,44 @@ def test_the_autoscaler_reads_the_ready_lists_lengths_and_nothing_else(
             with pytest.raises(redis.exceptions.NoPermissionError):
                 keda.execute_command(*command)
     assert admin.lrange(ready, 0, -1) == [b"r1", b"r2"]
+
+
+def test_roles_denied_config_by_design_are_not_warned_about_it(
+        acl: AclServer, admin: redis.Redis, durable_as: Cli, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Every role but admin is denied CONFIG by the shipped file, by design: a warning that
+    its persistence settings cannot be read could never be cleared and buried real ones.
+    Each role's CLI calls and its worker say nothing of it; a process says once, at debug
+    level, that it did not check; the admin's still checks."""
+    import warnings
+
+    from durable.backend.connection import connect
+    from durable.errors import UnsafeRedis
+    from durable.settings import Settings
+
+    calls = (("producer", ("start", "count", "--run-id", "w1", "--input", '{"steps": 1}')),
+             ("operator", ("runs",)), ("reconciler", ("reconciler", "--once")))
+    for role, args in calls:
+        done = durable_as(role, *args)
+        assert done.returncode == 0, (role, done.stderr)
+        assert "CONFIG" not in done.stderr and "persistence" not in done.stderr, done.stderr
+    worker = Worker(acl.url, log_path=tmp_path / "worker.log", DURABLE_AGENTS=AGENTS,
+                    DURABLE_REDIS_USERNAME="worker",
+                    DURABLE_REDIS_PASSWORD=acl.passwords["worker"])
+    try:
+        assert wait_for(lambda: state(admin, "w1") == "completed", 60), state(admin, "w1")
+    finally:
+        worker.stop()
+    assert "CONFIG" not in (tmp_path / "worker.log").read_text()
+
+    producer = Settings.from_env(**{k.removeprefix("DURABLE_").lower(): v
+                                    for k, v in acl.env("producer").items()})
+    with caplog.at_level("DEBUG", logger="durable.backend"), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            connect(producer).close()
+    assert not [w for w in caught if issubclass(w.category, UnsafeRedis)]
+    said = [r.getMessage() for r in caplog.records if "CONFIG GET" in r.getMessage()]
+    assert len(said) == 1 and "persistence not checked" in said[0], said
+    assert "cannot be read" not in durable_as("admin", "runs").stderr

@@ -74,7 +74,7 @@ def test_a_built_call_lays_its_groups_out_as_the_header_says(layout: KeyLayout,
 def test_terminal_states_are_rendered_into_the_scripts_from_one_source() -> None:
     """No script spells the terminal states itself; each gets them from
     ``durable.log.state.TERMINAL``."""
-    for name in ("append", "archive_delete", "seal"):
+    for name in ("append", "archive_delete"):
         raw = (SCRIPTS / f"{name}.lua").read_text()
         assert "{--[[TERMINAL]]}" in raw
         assert not any(f"{state} = true" in raw for state in TERMINAL)

@@ -165,3 +165,53 @@ def test_a_child_that_would_overspend_its_parents_budget_is_stopped_at_what_was_
     assert (kid.state, kid.reason, kid.model_calls) == ("failed", "budget_exhausted", 4)
     assert (final.state, final.reason) == ("failed", "budget_exhausted"), final.error
     assert final.model_calls == 6  # 2 + the child's 4: none of its own after
+
+
+def test_a_quarantined_child_blocks_its_parent_visibly(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory) -> None:
+    """Window: a child whose agent code raises is quarantined (it has not ended), its parent
+    waiting for it. The parent's wait says so: ``durable status`` of the parent names the
+    child and its reason, ``durable runs`` shows it, the ``durable_runs_blocked_by_child``
+    gauge counts it; by its agent's default policy it keeps waiting."""
+    from durable.telemetry.metrics import exposition
+    from tests.test_metrics import samples
+
+    run = client.start("parent_of_raiser", {}, run_id="waits-on-kid").run_id
+    child = keys.child_id(run, 1)
+    worker()
+    reconciler()
+    assert wait_for(lambda: client.log.projection(child).get("state") == "quarantined", 30)
+    assert wait_for(lambda: "quarantined" in client.log.projection(run).get("reason", ""), 30)
+    assert client.status(run).state == "waiting_child"
+    shown = run_durable("status", run, env=dict(os.environ))
+    assert shown.returncode == 0, shown.stderr
+    blocked = next(line for line in shown.stdout.splitlines() if "│ blocked" in line)
+    assert child in blocked and "a bug in the child's code" in blocked, shown.stdout
+    assert "on_child_quarantined: wait" in blocked
+    listed = run_durable("runs", env=dict(os.environ))
+    assert f"blocked: child {child} is quarantined" in listed.stdout, listed.stdout
+    gauge = samples(exposition(client)[0].decode())["durable_runs_blocked_by_child"]
+    assert gauge == {(): 1.0}, gauge
+
+
+@pytest.mark.parametrize(("agent", "state"), [("failing_parent_of_raiser", "completed"),
+                                              ("canceling_parent_of_raiser", "canceled")])
+def test_a_parents_policy_decides_what_its_quarantined_child_means(
+        client: Client, worker: WorkerFactory, reconciler: ReconcilerFactory, agent: str,
+        state: str) -> None:
+    """Window: as above. ``on_child_quarantined="fail"``: the parent is told of the child as
+    one that did not complete (its ``join`` raises ``ChildFailed``, which it catches);
+    ``"cancel"``: the parent is canceled."""
+    run = client.start(agent, {}, run_id=f"policy-{state}").run_id
+    child = keys.child_id(run, 1)
+    worker()
+    reconciler()
+    final = client.wait(run, 60, waiting=False)
+    assert final.state == state, final
+    assert client.status(child).state == ("quarantined" if state == "completed" else "canceled")
+    if state == "completed":
+        assert final.result == {"child": child, "state": "quarantined",
+                                "error": final.result["error"]}
+        assert "a bug in the child's code" in final.result["error"]
+    else:
+        assert f"child {child} is quarantined" in (final.reason or "")

@@ -5,10 +5,10 @@ take them. And the derived statuses: busy, idle and stale workers; step duration
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from durable.console.status import worker_views
 from durable.console.timeline import timeline
 from durable.log import events as ev
 from durable.log import keys
+from durable.log.scripts import Scripts
 from durable.log.store import now_ms
 from durable.telemetry.overview import LeaseInfo, WorkerInfo
 from durable.testing import Server, wait_for
@@ -79,69 +80,56 @@ def test_every_response_carries_the_security_headers(console: Console) -> None:
         assert "httponly" in cookie and "samesite=strict" in cookie and "secure" not in cookie
 
 
-#: How long ``_held`` keeps the console's locks: far longer than the attempts under them.
-HOLD_MS = 120_000
+def _age(r: redis.Redis, *windows: str) -> None:
+    """Make the oldest failure of each of the console's ``windows`` older than the window:
+    what 15 minutes of waiting would do, without the wait."""
+    for key in windows:
+        (member, at), = r.zrange(key, 0, 0, withscores=True)
+        r.zadd(key, {member: at - login_module.WINDOW_S * 1000 - 1})
 
 
-@contextlib.contextmanager
-def _held(r: redis.Redis, *locks: str) -> Iterator[list[int]]:
-    """The console's ``locks`` held while a test makes its attempts under them, then given
-    back the time they had left (what it yields), to end by themselves. The first lock
-    lasts 1 s, the second 2 s: a loaded machine makes fewer logins than a test needs in
-    that time, and an attempt made after the lock ended would count as a failure. The
-    locks are lengthened in Redis, where the console (and any other console) reads them,
-    as soon as the login that set them returned: one reply against the lock's length
-    instead of a hundred logins."""
-    pipe = r.pipeline()
-    for lock in locks:
-        pipe.pttl(lock)
-        pipe.pexpire(lock, HOLD_MS)
-    left = [int(ms) for ms in pipe.execute()[::2]]
-    assert all(ms > 0 for ms in left), left  # set by the login that just returned
-    try:
-        yield left
-    finally:
-        pipe = r.pipeline()
-        for lock, ms in zip(locks, left, strict=True):
-            pipe.pexpire(lock, ms)
-        pipe.execute()
-
-
-def test_logins_are_locked_after_five_failures_even_with_the_right_password(
+def test_logins_are_refused_after_five_failures_in_the_window_even_with_the_right_password(
         console: Console, r: redis.Redis) -> None:
-    """100 wrong passwords, then the right one: the sixth attempt on is refused (429) without
-    a look at the password, for a lock that grows; the count is in Redis, so another
-    console process (or this one restarted) refuses too. Once the lock ends, the right
-    password logs in. The attempts under a lock are made while the test holds it
-    (``_held``); its length is the console's own (its log, the time it had left)."""
+    """Bad input at browser speed: 12 wrong passwords, then the right one. The first five
+    are checked (401); from the sixth on every attempt is refused (429, ``Retry-After``)
+    without a look at the password, however fast they come, for as long as five failures
+    are within the window: the lock is the window, not a time that early attempts
+    outlast. The count is in Redis, so another console process (or this one restarted)
+    refuses too. Once the oldest failure leaves the window, one attempt is checked again:
+    the right password logs in and clears the name's count."""
     assert console.proc.log_path is not None
-    user_lock, addr_lock = keys.login_lock("user", "alice"), keys.login_lock("addr", "127.0.0.1")
+    user = keys.login_failures("user", "alice")
+    addr = keys.login_failures("addr", "127.0.0.1")
     with browser(console) as c:
-        codes = [log_in(c, "alice", f"wrong-{i}").status_code for i in range(5)]
-        with _held(r, user_lock, addr_lock) as left:
-            codes += [log_in(c, "alice", f"wrong-{i}").status_code for i in range(5, 100)]
-            right = log_in(c, "alice", PASSWORDS["alice"])
-            assert r.get(user_lock) == b"5"  # the count that set it
-    assert codes[:5] == [401] * 5 and set(codes[5:]) == {429}
-    assert right.status_code == 429 and int(right.headers["retry-after"]) >= 1
-    assert "too many failed logins" in right.text
-    assert all(0 < ms <= login_module.lock_s(5) * 1000 for ms in left), left
-    assert "logins locked for 1 s" in console.proc.log_path.read_text()
-    assert int(r.get(keys.login_failures("user", "alice")) or 0) == 5  # refused ones: uncounted
-    assert 0 < r.pttl(keys.login_failures("user", "alice")) <= login_module.WINDOW_S * 1000
-    assert wait_for(lambda: not r.exists(user_lock, addr_lock), 10, interval=0.1)
+        codes = [log_in(c, "alice", f"wrong-{i}").status_code for i in range(12)]
+        right = log_in(c, "alice", PASSWORDS["alice"])
+    assert codes == [401] * 5 + [429] * 7, codes
+    assert right.status_code == 429 and "too many failed logins" in right.text
+    retry = int(right.headers["retry-after"])
+    assert 0 < retry <= login_module.WINDOW_S
+    assert r.zcard(user) == r.zcard(addr) == 5  # the refused ones: not counted
+    assert 0 < r.pttl(user) <= login_module.WINDOW_S * 1000
+    assert "5 failures within 900 s for user alice" in console.proc.log_path.read_text()
+    _age(r, user, addr)
     with browser(console) as c:
-        wrong = log_in(c, "alice", "wrong-again")  # the sixth failure: a 2 s lock
-        assert wrong.status_code == 401
-        with _held(r, user_lock, addr_lock) as left:
-            assert log_in(c, "alice", PASSWORDS["alice"]).status_code == 429
-            assert r.get(user_lock) == b"6"
-        assert all(0 < ms <= login_module.lock_s(6) * 1000 for ms in left), left
-        assert "logins locked for 2 s" in console.proc.log_path.read_text()
-        assert wait_for(lambda: not r.exists(user_lock, addr_lock), 10, interval=0.1)
         ok = log_in(c, "alice", PASSWORDS["alice"])
         assert ok.status_code == 303 and ok.headers["location"] == "/runs"
-        assert not r.exists(keys.login_failures("user", "alice"))  # cleared by the success
+    assert not r.exists(user) and r.zcard(addr) == 4  # the address's failures stay
+
+
+def test_concurrent_wrong_logins_check_at_most_five_passwords(console: Console,
+                                                             r: redis.Redis) -> None:
+    """Bad input: 20 wrong passwords for one name sent at once. Each attempt takes its place
+    in the windows before its password is checked, so five are checked (401) and the rest
+    refused (429), whatever their order."""
+    def attempt(i: int) -> int:
+        with browser(console) as c:
+            return log_in(c, "alice", f"wrong-{i}").status_code
+
+    with ThreadPoolExecutor(20) as pool:
+        codes = sorted(pool.map(attempt, range(20)))
+    assert codes == [401] * 5 + [429] * 15, codes
+    assert r.zcard(keys.login_failures("user", "alice")) == 5
 
 
 def test_one_address_guessing_many_names_is_locked_too(console: Console,
@@ -152,9 +140,20 @@ def test_one_address_guessing_many_names_is_locked_too(console: Console,
         assert log_in(c, "vera", PASSWORDS["vera"]).status_code == 429
 
 
-def test_lock_lengths_double_past_the_limit() -> None:
-    assert [login_module.lock_s(n) for n in (1, 4, 5, 6, 7, 10)] == [0, 0, 1, 2, 4, 32]
-    assert login_module.lock_s(10_000) == login_module.MAX_LOCK_S
+def test_the_window_slides_one_failure_at_a_time(r: redis.Redis) -> None:
+    """The script alone, on real Redis, at given times: five failures fill the window;
+    the sixth attempt is refused until the first failure leaves it, then one place frees."""
+    take = Scripts(r).login_take
+    key, window = keys.login_failures("user", "slide"), 1000
+
+    def at(ms: int, member: str) -> list[int]:
+        return [int(v) for v in take(keys=[key], args=[ms, window, 5, member])]
+
+    assert [at(100 * i, f"f{i}") for i in range(5)] == [[1, 0]] * 5
+    assert at(950, "g") == [0, 50]  # the first failure (at 0) counts until 1000
+    assert at(1001, "h") == [1, 0] and at(1002, "i") == [0, 98]
+    r.set(key, 7)  # a count kept by the version before the window: it starts again
+    assert at(2000, "j") == [1, 0] and r.zcard(key) == 1
 
 
 def test_a_cookie_saved_before_logout_is_refused_after_it(console: Console,

@@ -129,3 +129,23 @@ def test_a_write_on_top_of_a_foreign_tail_is_refused_and_quarantines(
     assert client.projection(run)["state"] == "quarantined"
     assert forged in client.projection(run)["reason"]
 
+
+
+def test_verify_names_a_ledger_claim_with_no_dispatch_the_state_a_worker_quarantines(
+    layout: KeyLayout, client: Client, worker: WorkerFactory, r: redis.Redis
+) -> None:
+    """Bad input: a writer claims step 1's key in the run's ledger before any worker ran it,
+    with no dispatch in the log. ``verify`` fails its ledger check naming the key, before
+    and after a worker finds the claim and quarantines the run rather than send the call."""
+    run = client.start("count", {"steps": 2}, run_id="claimed", enqueue=False).run_id
+    r.hset(layout.ledger(run), f"{run}:1", "claimed|1")
+    report = verify(client.log, run)
+    assert "ledger" in report.failed, report.checks
+    assert f"{run}:1 claimed in the ledger" in report.checks["ledger"]
+    assert "no dispatch" in report.checks["ledger"]
+    client.enqueue(run)
+    worker()
+    assert wait_for(lambda: client.status(run).state == "quarantined", 30)
+    assert "no dispatch" in (client.status(run).reason or "")
+    res = run_durable("verify", run, env=dict(os.environ))
+    assert res.returncode == 1 and "claimed in the ledger" in res.stdout, res.stdout

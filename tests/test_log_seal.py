@@ -21,7 +21,7 @@ from durable.audit.verify import verify
 from durable.client import Client
 from durable.log import chain, keys
 from durable.log import events as ev
-from durable.log.chain import Seal, Sealer
+from durable.log.sealer import Seal, Sealer
 from durable.security.signing import keygen
 from durable.testing import wait_for
 from tests.conftest import ApproverFactory, ReconcilerFactory, WorkerFactory, run_durable
@@ -104,7 +104,7 @@ def test_a_worker_with_a_seal_key_seals_the_runs_it_ends(
     report = verify(client.log, run, require_seal=True)
     assert report.ok, report
     assert report.checks["seal"].startswith("sealed by sealer-1 (ed25519:"), report.checks
-    assert report.checks["seal"].endswith(f"at entry {last}")
+    assert f"at entry {last}, its chain checked by its signer from" in report.checks["seal"]
     res = run_durable("verify", run, "--require-seal", "--json", env=dict(os.environ))
     assert res.returncode == 0 and json.loads(res.stdout)["ok"], res.stdout + res.stderr
 

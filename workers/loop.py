@@ -36,6 +36,7 @@ from durable.code import CodeAgent
 from durable.controls.approvers import Approvers
 from durable.errors import (
     CancelPending,
+    ChainBroken,
     ConflictError,
     DecodeError,
     LeaseLost,
@@ -47,7 +48,7 @@ from durable.errors import (
 from durable.eventloop import EVENT_LOOP
 from durable.flow.limits import Limiter
 from durable.leases import Heartbeats, Lease, Leases
-from durable.log import counters, keys
+from durable.log import counters, keys, recovery
 from durable.log import events as ev
 from durable.log.batching import drive
 from durable.log.keys import RUN_ID_RE
@@ -240,16 +241,16 @@ class StepLoop:
         """The run folded (from the entries read with its lease, when given); None when it
         is gone, or unreadable (then quarantined)."""
         try:
-            if version is not None:
+            if version is not None:  # its chain checked against what was read with them
                 return await self.io.fold(self.log, run_id, version, raw, lease=lease.value,
-                                          actor=self.worker_id)
+                                          actor=self.worker_id, tail=lease.tail)
             return await self.io.load(self.log, run_id, lease=lease.value,
                                       actor=self.worker_id)
         except DecodeError as exc:
-            await self.io.quarantine_unread(
-                self.log, run_id, f"unreadable log entry {exc.entry_id}: {exc.reason}",
-                self.worker_id, [*counters.migration_error(exc.reason),
-                                 *counters.resume_failure("unreadable")])
+            broken, why = isinstance(exc, ChainBroken), recovery.unreadable(exc)
+            await self.io.quarantine_unread(self.log, run_id, why, self.worker_id, [
+                *([] if broken else counters.migration_error(exc.reason)),  # (not a migration)
+                *counters.resume_failure("chain_broken" if broken else "unreadable")])
         except RunNotFound:
             pass
         return None

@@ -29,7 +29,7 @@ from rq import Queue
 
 from durable.errors import ConflictError, RunNotFound, Terminal
 from durable.leases import Lease, Leases
-from durable.log import counters, keys
+from durable.log import chain, counters, keys
 from durable.log import events as ev
 from durable.log.batching import ScriptBatcher
 from durable.log.store import EventLog, RunHandle, Spec, quarantine_handle
@@ -146,10 +146,13 @@ class RedisIO:
                                at_least=True)
 
     def fold(self, elog: EventLog, run_id: str, version: int, raw: Any, *, lease: str,
-             actor: str, at_least: bool = False) -> Awaitable[RunHandle]:
-        """``EventLog.handle_from``: fold entries read already (see the module doc)."""
+             actor: str, at_least: bool = False,
+             tail: chain.Tail | None = None) -> Awaitable[RunHandle]:
+        """``EventLog.handle_from``: fold entries read already (see the module doc), their
+        chain checked against ``tail``."""
         return Offload(FOLD, lambda: elog.handle_from(run_id, version, raw, lease=lease,
-                                                      actor=actor, at_least=at_least))
+                                                      actor=actor, at_least=at_least,
+                                                      tail=tail))
 
     async def quarantine_unread(self, elog: EventLog, run_id: str, reason: str,
                                 actor: str, counts: Sequence[tuple[str, int]] = ()) -> bool:

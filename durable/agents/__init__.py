@@ -189,6 +189,10 @@ class Agent:
     #: What an expired wait means: ``expired`` (the run ends) or ``continue`` (decide again,
     #: with ``state.last_wait.outcome == "expired"``).
     on_wait_expired: ClassVar[Literal["expired", "continue"]] = "expired"
+    #: What a wait for a child run does when the child is quarantined: ``wait`` (its wait
+    #: says so), ``fail`` (told as a child that did not complete) or ``cancel`` (the run is
+    #: canceled) (``durable.controls.children``).
+    on_child_quarantined: ClassVar[Literal["wait", "fail", "cancel"]] = "wait"
     #: The sources whose references its tools record (``ctx.evidence``): each must have a
     #: registered ``EvidenceChecker``. What a resume after a wait does when a reference no
     #: longer holds: ``refresh``, ``replan`` or ``expire`` (``durable.agents.evidence``).

@@ -35,6 +35,7 @@ from durable.errors import UsageError
 from durable.log import blobs, chain
 from durable.log import events as ev
 from durable.log.entries import decode_entry
+from durable.log.sealer import Seal
 from durable.log.state import BlobRef
 
 #: The fields of an event line that are not the event's own.
@@ -83,7 +84,7 @@ def verify_archive(path: Path, registry: Approvers, *,
             fields[b"h"] = str(line["h"]).encode()
         raw.append((str(line.get("id", "")), fields))
     refs = _entries(report, run_id, raw, events)
-    sealed = chain.Seal.parse(kept["seal"]) if kept.get("seal") else None
+    sealed = Seal.parse(kept["seal"]) if kept.get("seal") else None
     found = chain.check(run_id, raw, kept.get("last", ""),
                         keep=[sealed.entry] if sealed else ())
     if found.problem is not None:

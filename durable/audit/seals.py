@@ -32,8 +32,8 @@ from durable.controls.approvers import Approvers, standing_problem
 from durable.errors import Refused, RunNotFound, UsageError
 from durable.log import chain
 from durable.log import events as ev
-from durable.log.chain import SEAL_ROLE, Seal, Sealer
 from durable.log.handle import text
+from durable.log.sealer import SEAL_ROLE, Seal, Sealer
 from durable.log.state import TERMINAL
 from durable.log.store import EventLog
 from durable.security.signing import valid
@@ -95,12 +95,14 @@ def check(registry: Approvers, run_id: str, raw_seal: Any, found: chain.ChainChe
         return SealCheck(f"the seal covers entry {seal.entry}, which is not in the log",
                          "forged")
     signer = registry.get(seal.by)
-    if signer is None or not valid(signer.key_bytes, seal.sig,
-                                   chain.seal_statement(run_id, seal.entry, head)):
+    if signer is None or not valid(signer.key_bytes, seal.sig, seal.statement(run_id, head)):
         return SealCheck(f"the seal by {seal.by} ({seal.key}) does not hold over this log up "
                          f"to entry {seal.entry}: the log was rewritten after it was sealed "
                          "(its chain recomputed), or the seal is forged", "forged")
     shown = f"sealed by {seal.by} ({seal.key}) at entry {seal.entry}"
+    if seal.start is not None:  # (a seal of the first format does not say)
+        shown += (f", its chain checked by its signer from entry {seal.start}" if seal.start
+                  else ", its chain checked by its signer from the run's first entry")
     if seal.entry != last_id:
         after = f"; the entries after it, to {last_id}, are chained but not sealed"
         return SealCheck(shown + after if require else None, shown + after)
@@ -139,7 +141,7 @@ def seal_with(elog: EventLog, registry: Approvers, run_id: str, sealer: Sealer
     last_id, head = chain.split_last(last)
     if head is None:
         raise Refused(run_id, "not sealed: its log was written before the hash chain")
-    seal = sealer.seal(run_id, last_id, head)
+    seal = sealer.seal(run_id, last_id, head, "", found.before or "")
     written = elog.scripts.seal(keys=[elog.keys.run(run_id), elog.keys.seal(run_id)],
                                 args=[last, seal.encode()])
     return seal if int(text(written)) else None

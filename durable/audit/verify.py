@@ -8,6 +8,14 @@ operator's settle of an unknown outcome (``durable.controls.settling.check_event
 trusted key holding the settle role, not revoked when the settle was recorded, whose
 signature covers this run, step, key, attempt, resolution, result and evidence.
 
+``ledger``: every key that succeeded was claimed, and every key the ledger holds is in the
+log: a claim with no dispatch beside it is the state a worker quarantines rather than send
+the call (it cannot tell whether it was sent). Each state a worker quarantines on what the
+log holds is a failed check here too: an undecodable entry (``decodable``), a seq gap or
+repeat (``contiguous``), an entry written around the append script or a broken chain
+(``chain``, ``projection``), a rejection or settle nobody registered signed
+(``approvals_signed``, ``settles_signed``).
+
 ``compensations``: each compensation (a step that ``undoes`` another,
 ``durable.controls.compensation``) undoes a step of this run whose effect was applied before
 it, under that step's key with ``:undo``, and no step is compensated twice.
@@ -34,6 +42,7 @@ from durable.controls.settling import check_event
 from durable.log import blobs, chain, context, keys
 from durable.log import events as ev
 from durable.log.fold import apply
+from durable.log.sealer import Seal
 from durable.log.state import BlobRef, RunState
 from durable.log.store import EventLog
 
@@ -73,7 +82,7 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     if not entries:
         report.fail("contiguous", "no log")
         return report
-    sealed = chain.Seal.parse(raw_seal) if raw_seal else None
+    sealed = Seal.parse(raw_seal) if raw_seal else None
     found = chain.check(run_id, raw, proj.get("last"), keep=[sealed.entry] if sealed else ())
     _chain(report, found)
     approvers = Approvers(elog.redis, elog.admin_keys)
@@ -86,6 +95,8 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     state = RunState()
     successes: dict[str, int] = {}
     open_keys: dict[str, int] = {}
+    dispatched: set[str] = set()
+    settled: set[str] = set()
     terminals = 0
     large: list[tuple[str, BlobRef]] = []
     undos = _Undos()
@@ -107,11 +118,13 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
                 open_keys.pop(e.key, None)
             case ev.ActionDispatched():
                 open_keys[e.key] = e.seq
+                dispatched.add(e.key)
                 if (state.cancel is not None and e.key not in undos.keys) or state.terminal:
                     report.fail("no_effect_after_cancel",
                                 f"{e.key} dispatched at seq {e.seq} after a cancel request")
             case ev.ActionFailed() | ev.CallCanceled():
                 open_keys.pop(e.key, None)
+                settled.add(e.key)
             case ev.ActionTimedOut() | ev.ActionInterrupted():
                 open_keys[e.key] = -1  # marked unknown: allowed
             case ev.Completed() | ev.Failed() | ev.Canceled() | ev.Expired():
@@ -165,6 +178,9 @@ def verify(elog: EventLog, run_id: str, *, settle_role: str = "operator",
     for key in successes:
         if key not in ledger:
             report.fail("ledger", f"{key} succeeded but was never claimed")
+    problem = _ledger_unlogged(ledger, dispatched, settled | set(successes))
+    if problem is not None:
+        report.fail("ledger", problem)
     _large_values(elog, report, run_id, large, context.removed(entries))
     problem = _links(elog, state)
     if problem is not None:
@@ -231,6 +247,23 @@ def _large_values(elog: EventLog, report: Report, run_id: str,
         report.checks["context"] = (f"ok; {len(trimmed)} model context values removed by "
                                     f"policy ({last.setting}, entry {last.entry}, at "
                                     f"{last.at} ms)")
+
+
+def _ledger_unlogged(ledger: dict[str, str], dispatched: set[str],
+                     settled: set[str]) -> str | None:
+    """A ledger entry the log does not account for: a key claimed with no dispatch in the
+    log (the state a worker quarantines rather than send it: ``workers.decisions.claimed``),
+    or one recorded settled with neither a dispatch nor an outcome."""
+    claimed = sorted(k for k, v in ledger.items() if v.startswith("claimed")
+                     and k not in dispatched)
+    if claimed:
+        return (f"{', '.join(claimed[:5])} claimed in the ledger ({ledger[claimed[0]]}) but "
+                "the log has no dispatch for it")
+    done = sorted(k for k in ledger if k not in dispatched and k not in settled)
+    if done:
+        return (f"{', '.join(done[:5])} recorded in the ledger ({ledger[done[0]]}) but the "
+                "log has no dispatch or outcome for it")
+    return None
 
 
 def _read(elog: EventLog, run_id: str) -> tuple[list[Any], dict[str, str], Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from typing import Any, cast
@@ -23,6 +24,8 @@ from durable.errors import UnsafeRedis, UsageError
 from durable.log import keys
 from durable.settings import Settings
 
+log = logging.getLogger("durable.backend")
+
 
 def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
     """A client for the configured server, starting the embedded one when none is set.
@@ -38,9 +41,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
                              "the cluster")
         cluster = _connect_cluster(settings, settings.redis.url)
         if check:
-            for problem in safety_problems(cluster):
-                warnings.warn(f"{safe_url(settings.redis.url)}: {problem}", UnsafeRedis,
-                              stacklevel=2)
+            _check_safety(cluster, settings.redis.url)
         check_layout(cluster, settings.cluster.layout_shards)
         return cluster
     if settings.redis.url:
@@ -64,8 +65,7 @@ def connect(settings: Settings, *, check: bool = True) -> redis.Redis:
         raise UsageError(f"{safe_url(url)} is a Redis Cluster node: set DURABLE_REDIS_CLUSTER=1 "
                          "(and DURABLE_QUEUE_URL to a plain server for RQ)")
     if check and settings.redis.url:
-        for problem in safety_problems(client):
-            warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=2)
+        _check_safety(client, url)
     check_layout(client, settings.cluster.layout_shards)
     return client
 
@@ -211,9 +211,33 @@ def _worth_waiting(exc: BaseException) -> bool:
     return "CERTIFICATE_VERIFY_FAILED" not in str(exc)
 
 
-def safety_problems(client: redis.Redis) -> list[str]:
-    """Why acknowledged events could be lost on this server (empty when safe)."""
-    cfg = _config(client)
+#: The servers (by URL) this process said it could not check: said once.
+_UNCHECKED: set[str] = set()
+
+
+def _check_safety(client: redis.Redis, url: str) -> None:
+    """Warn (``UnsafeRedis``) of what could lose acknowledged events on the server at
+    ``url``; when this user may not read its settings, say so once, at debug level."""
+    problems = safety_problems(client)
+    if problems is None:
+        if url not in _UNCHECKED:
+            _UNCHECKED.add(url)
+            log.debug("%s: persistence not checked: this Redis user may not run CONFIG GET "
+                      "(its ACL); a process of the admin user checks it", safe_url(url))
+        return
+    for problem in problems:
+        warnings.warn(f"{safe_url(url)}: {problem}", UnsafeRedis, stacklevel=3)
+
+
+def safety_problems(client: redis.Redis) -> list[str] | None:
+    """Why acknowledged events could be lost on this server (empty when safe). A user the
+    server's ACL denies ``CONFIG`` (every role of ``deploy/users.acl`` but admin, by
+    design) is not warned, which it could never clear: ``_check_safety`` says once, at debug
+    level, that it was not checked; a server that has no ``CONFIG GET`` at all (managed services) is
+    warned about, since nothing then checks it. None: denied, nothing checked."""
+    cfg, denied = _config(client)
+    if denied:
+        return None
     if not cfg:
         # Managed services and restricted ACL users may not run CONFIG GET: say what could
         # not be checked instead of guessing.
@@ -238,18 +262,21 @@ def safety_problems(client: redis.Redis) -> list[str]:
     return problems
 
 
-def _config(client: redis.Redis) -> dict[str, str]:
+def _config(client: redis.Redis) -> tuple[dict[str, str], bool]:
+    """The persistence settings, and whether the server's ACL denied reading them."""
     out: dict[str, str] = {}
     for name in ("appendonly", "appendfsync", "maxmemory-policy"):
         try:
             reply: Any = client.config_get(name)
+        except redis.exceptions.NoPermissionError:
+            return out, True
         except redis.ResponseError:
             continue
         for key, value in reply.items():
             k = key.decode() if isinstance(key, bytes) else str(key)
             v = value.decode() if isinstance(value, bytes) else str(value)
             out[k] = v
-    return out
+    return out, False
 
 
 def parse_config_file(text: str) -> dict[str, str]:
@@ -271,4 +298,4 @@ def config_problems(cfg: dict[str, str]) -> list[str]:
         def config_get(self, name: str) -> dict[str, str]:
             return {name: cfg[name]} if name in cfg else {}
 
-    return safety_problems(_Fake())
+    return safety_problems(_Fake()) or []

@@ -24,6 +24,7 @@ from durable.cli.output import (
     table,
 )
 from durable.client import Client
+from durable.controls.children import blocking_child
 from durable.controls.compensation import not_undone_why, read_whole
 from durable.errors import UsageError
 from durable.flow import budgets
@@ -51,10 +52,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = shown_struct(c.status(args.run), c.log.keyring)
     info = summary(state)
     drift = config_drift(c, state)
+    blocked = blocking_child(c.log, state)  # a quarantined child it waits for
     if args.json:
         why = not_undone_why(read_whole(c.log, args.run)) if state.not_undone else {}
         json_out({"run_id": args.run, **msgspec.to_builtins(state), **info,
                   **({"config_drift": drift} if drift else {}),
+                  **({"blocked_by_child": {"child": blocked[0], "reason": blocked[1]}}
+                     if blocked else {}),
                   **({"not_undone_why": why} if why else {})})
         return OK
     rows = [("run", args.run), ("agent", f"{state.agent} v{state.agent_version}"),
@@ -101,6 +105,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if state.wait:
         until = local_time(state.wait.deadline) if state.wait.deadline else "no expiry"
         rows.append(("wait", f"{state.wait.kind} until {until}: {state.wait.reason}"))
+    if blocked is not None:
+        rows.append(("blocked", f"child {blocked[0]} is quarantined: {blocked[1]} (its "
+                                f"agent's on_child_quarantined: {on_child(c, state)})"))
     for appr in state.approvals.values():
         if appr.decision is None:
             rows.append(("approval", f"request {appr.request} ({appr.kind}, step {appr.step}) "
@@ -118,6 +125,12 @@ def config_drift(c: Client, state: RunState) -> dict[str, list[str]]:
     if agent is None or not state.config:
         return {}
     return changes(state.config, agent.configuration(c.registry))
+
+
+def on_child(c: Client, state: RunState) -> str:
+    """What the run's agent does when the child it waits for is quarantined."""
+    agent = c.registry.agents.get(state.agent)
+    return str(getattr(agent, "on_child_quarantined", "wait")) if agent else "unknown here"
 
 
 def drift_policy(c: Client, name: str, drift: dict[str, list[str]]) -> str:

@@ -13,6 +13,14 @@ call cannot write both; a resolution written twice is a no-op, as any late answe
 that process dies in between, the reconciler finds the parent's wait due (it checks a
 waiting parent every ``CHILD_POLL_MS``) and resolves it then.
 
+A child that is quarantined (its agent raised, its log does not verify) has not ended: it
+waits for an operator. Its parent's wait says so: the reconciler, looking at the parent,
+applies the parent agent's ``on_child_quarantined`` (``quarantined_child``): ``wait``
+(the default) keeps it waiting, its projected reason naming the child and why (``durable
+status``, ``durable runs``, the ``durable_runs_blocked_by_child`` gauge); ``fail`` hands the
+parent the child's quarantine as a child that did not complete (a code agent's ``join``
+raises ``ChildFailed``); ``cancel`` cancels the parent, and with it its live children.
+
 Cancelling a parent cancels its live children (those not started ``detached``): each gets
 a cancel request in its own log, then the pub/sub hint, as ``durable cancel`` does.
 """
@@ -25,12 +33,13 @@ from typing import Any
 from durable.agents import Lookup, Tool, ToolContext, register
 from durable.client import Client
 from durable.contention import InPlace, RedisCalls, update_run_async
+from durable.controls.cancellation import finish_specs
 from durable.errors import DecodeError, RunNotFound, Terminal
 from durable.log import events as ev
 from durable.log.batching import drive
-from durable.log.keys import CHILD_TOOL, child_id
+from durable.log.keys import BLOCKED_BY_CHILD, CHILD_TOOL, child_id
 from durable.log.state import RunState
-from durable.log.store import EventLog, RunHandle, Spec
+from durable.log.store import EventLog, RunHandle, Spec, now_ms
 
 #: How often the reconciler looks at a parent waiting for a child (the fallback when the
 #: child's end did not wake it): ms.
@@ -157,3 +166,56 @@ async def child_state_async(io: RedisCalls, elog: EventLog, run_id: str) -> RunS
 def child_state(elog: EventLog, run_id: str) -> RunState | None:
     """``child_state_async`` on this thread."""
     return drive(child_state_async(InPlace(elog.redis), elog, run_id))
+
+
+#: What a parent does when the child it waits for is quarantined (``Agent``'s
+#: ``on_child_quarantined``).
+CHILD_QUARANTINED_POLICIES = ("wait", "fail", "cancel")
+
+
+def waited_child(state: RunState) -> str | None:
+    """The child ``state`` waits for, if it waits for one."""
+    wait = state.wait
+    if wait is None or wait.kind != "child" or not isinstance(wait.data, dict):
+        return None
+    return str(wait.data.get("child") or "") or None
+
+
+def blocked_reason(child: RunState) -> str:
+    """A parent's projected reason while ``child`` (quarantined) blocks it."""
+    why = child.reason or "(no reason)"
+    return f"{BLOCKED_BY_CHILD} {child.run_id} is quarantined: {why}"[:500]
+
+
+def blocking_child(elog: EventLog, state: RunState) -> tuple[str, str] | None:
+    """(the child, why it is quarantined) when the child ``state`` waits for is
+    quarantined; what ``durable status`` shows of a blocked parent."""
+    child = waited_child(state)
+    proj = elog.projection(child) if child else {}
+    if child is None or proj.get("state") != "quarantined":
+        return None
+    return child, proj.get("reason", "")
+
+
+def quarantined_child(elog: EventLog, handle: RunHandle, child: RunState, policy: str,
+                      actor: str) -> str:
+    """Apply ``policy`` to a parent (``handle``, held) whose child ``child`` is quarantined;
+    returns what was done: ``waiting`` (its reason written once), ``woken`` (the child's
+    quarantine handed to it: make it ready), ``canceled`` (its children are to be asked
+    to cancel too)."""
+    why = f"child {child.run_id} is quarantined: {child.reason or '(no reason)'}"
+    if policy == "fail":
+        wake = parent_wake(child, handle.state)
+        if wake is not None:
+            elog.commit(handle, [wake])
+            return "woken"
+    elif policy == "cancel":
+        ts = now_ms()
+        cancel = Spec(ev.CancelRequested, {"reason": why, "scope": "run", "requested_ts": ts,
+                                            "by": actor})
+        elog.commit(handle, [cancel, *finish_specs(handle.state, why, ts)])
+        return "canceled"
+    reason = blocked_reason(child)
+    if elog.projection(handle.run_id).get("reason") != reason:
+        elog.commit(handle, [], extra={"reason": reason})  # shown, counted: no event
+    return "waiting"

@@ -19,10 +19,19 @@ from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Any, Protocol
 
-from durable.errors import CancelPending, Claimed, ConflictError, LeaseLost, Tampered, Terminal
+from durable.errors import (
+    CancelPending,
+    ChainBroken,
+    Claimed,
+    ConflictError,
+    LeaseLost,
+    Tampered,
+    Terminal,
+)
 from durable.log import events as ev
 from durable.log.handle import CommitOptions, RunHandle, Spec, now_ms, text
 from durable.log.keys import KeyLayout
+from durable.log.sealer import Sealer
 from durable.log.state import TERMINAL, RunState
 
 #: Field metadata: what part of the script's call a field is.
@@ -147,6 +156,8 @@ class AppendingLog(Protocol):
     def retention_ms(self) -> int: ...
     @property
     def compact_max(self) -> int: ...
+    @property
+    def sealer(self) -> Sealer | None: ...
 
     def stage(self, handle: RunHandle, specs: Sequence[Spec]) -> None: ...
     def stage_checkpoint(self, handle: RunHandle, ts: int) -> int: ...
@@ -165,6 +176,8 @@ class Prepared:
     call: AppendCall
     expected: int
     ckpt_pos: int
+    #: The append is to be sealed (its chain is checked first, in the script).
+    sealing: bool = False
 
 
 def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
@@ -219,10 +232,14 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
         # What `durable runs` shows next to the state: why it waits, stopped or failed.
         why = state.wait.reason if state.wait else (state.reason or state.error or "")
         projected["reason"] = why[:500]
-    flags = ("d" if options.get("dispatch", False) else "") + (
+    quarantine = options.get("quarantine", False)
+    sealing = elog.sealer is not None and not quarantine and elog.sealer.due(
+        handle, ended=state.state in TERMINAL, release=options.get("release", False), now=ts)
+    flags = ("V" if handle.seal_from_start else "v") if sealing else ""
+    flags += ("d" if options.get("dispatch", False) else "") + (
         "t" if options.get("allow_terminal", False) else "") + (
         "r" if options.get("release", False) else "") + (
-        "q" if options.get("quarantine", False) else "")
+        "q" if quarantine else "")
     run_id = handle.run_id
     shard = elog.keys.shard_of(run_id)
     call = AppendCall(
@@ -242,7 +259,7 @@ def prepare(elog: AppendingLog, handle: RunHandle, specs: Sequence[Spec],
         compact_max=elog.compact_max, events=events, free_events=free_events, ops=ops,
         extras=list(projected.items()), counts=counts, free_counts=free_counts, blobs=large,
         drops=[(f,) for f in options.get("drop_blobs", ())])
-    return Prepared(call, expected, ckpt_pos)
+    return Prepared(call, expected, ckpt_pos, sealing)
 
 
 def settle(elog: AppendingLog, handle: RunHandle, prepared: Prepared, reply: Any) -> str:
@@ -282,4 +299,9 @@ def settle(elog: AppendingLog, handle: RunHandle, prepared: Prepared, reply: Any
         elog.quarantine(handle.run_id, f"log entry {tail} was not written by the append "
                         "script (appended around it); nothing is built on it", handle.actor)
         raise Tampered(handle.run_id, tail)
+    if tag == "broken":  # checked before a seal (flag "v"): never sealed, quarantined
+        entry = text(reply[1])
+        broken = ChainBroken(entry, f"entry {entry} {text(reply[2])}")
+        elog.quarantine(handle.run_id, broken.quarantine_reason, handle.actor)
+        raise Tampered(handle.run_id, broken.entry_id, broken.quarantine_reason)
     raise RuntimeError(f"unexpected reply from append.lua: {reply!r}")

@@ -22,19 +22,26 @@ Where it is kept:
   ``last`` (``"<entry id> <hex head>"``: the entry the script wrote last and the chain
   after it change together, and the script reads them together). A change anywhere in the
   log changes the head, 7 bits or not.
-- a terminal run's head is **sealed**: signed by the process that ended it, with a key an
-  admin registered in the approver registry with the role ``sealer`` (``Sealer``,
-  ``DURABLE_SEAL_KEY``), over ``b"durable-seal-v1\n"`` + the canonical JSON of
-  ``{"entry", "head", "run"}``; the seal (``Seal``: signer, key fingerprint, entry,
-  signature) is kept beside the run in ``dx:{R}:seal`` (its own key: a value over 64
-  bytes would turn the small projection hash into a full hash table), written by
-  ``seal.lua`` right after the append that ended the run, only while the projection's
-  ``last`` is still the one signed; it expires and is archived with the run.
+- the head is **sealed** (``durable.log.sealer``): signed, with a key an admin registered,
+  when the run ends and, while it runs, by its lease holder every so many entries or
+  seconds and when a job leaves it waiting. A seal is kept beside the run in
+  ``dx:{R}:seal``; it expires and is archived with the run.
+- the chain value before the last checkpoint entry is kept with the projection too, in
+  ``ckh`` (``"<entry id> <hex value>"``): a load, which reads the log from that entry on,
+  checks the chain from there (``check_loaded``) without reading the entries before it.
 
 The chain catches a change by anyone who does not also recompute it; a writer who
-recomputes every ``h`` and the head after an edit is caught by the seal, which they cannot
-make without the signer's private key (``durable.audit.seals`` checks it against the
-registry). A run not sealed (no key configured, not terminal yet) has the chain alone.
+recomputes every ``h`` and the head after an edit is caught by a seal made before the
+edit, which they cannot make again without the signer's private key
+(``durable.audit.seals`` checks it against the registry): ``verify`` holds the chain value
+at the sealed entry against the signed one, and so does a worker's load, when the sealed
+entry is in the part it checks. A run not sealed (no key configured) has the chain alone.
+
+Who checks what: ``verify``, the whole log from its first entry; a worker or reconciler
+that loads a run, from its last checkpoint (or its first entry) to its end; the append
+that precedes a seal, from the last seal (or the first entry) to its end, in the script
+(``append.lua``'s ``v`` flag). A chain that does not hold there quarantines the run,
+naming the entry, and nothing is sealed.
 
 SHA-1 because it is the hash Redis's Lua has (``redis.sha1hex``, under a microsecond per
 entry; a SHA-256 written in Lua would cost more than the rest of an append). Its known
@@ -55,40 +62,13 @@ verifies on its own (``durable.audit.archives``), then deletes its keys together
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
-import logging
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
-
-import redis
-
-from durable.errors import UsageError
-from durable.log.handle import RunHandle, text
-from durable.log.keys import KeyLayout
-from durable.log.state import TERMINAL
-from durable.security.signing import (
-    fingerprint,
-    load_private_key,
-    public_key_of,
-    read_key_file,
-    statement,
-)
-from durable.settings import Settings
 
 #: The first line of ``h_0``'s input (the version of this construction).
 DOMAIN = b"durable-chain-v1\n"
-
-#: What a seal's signature is made over starts with this line.
-SEAL_DOMAIN = b"durable-seal-v1\n"
-
-#: The role a seal's signer holds in the approver registry.
-SEAL_ROLE = "sealer"
-
-log = logging.getLogger("durable.log")
 
 #: Each entry keeps its chain value modulo this (see above).
 TAG_MOD = 128
@@ -133,6 +113,8 @@ class ChainCheck:
     entries: int = 0
     #: The chain value after each entry asked for (seals), up to where the chain breaks.
     values: dict[str, str] = field(default_factory=dict)
+    #: The chain value before the last chained entry checked (what a seal of it keeps).
+    before: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -144,18 +126,29 @@ class ChainCheck:
 
 
 def check(run_id: str, raw: Iterable[tuple[Any, dict[Any, Any]]], last: Any,
-          keep: Iterable[str] = ()) -> ChainCheck:
+          keep: Iterable[str] = (), *, start: tuple[str, str] | None = None,
+          sealed: tuple[str, str] | None = None) -> ChainCheck:
     """Recompute ``run_id``'s chain over its log as read (``raw``: stream entries in order)
     and hold it against the entries' ``h`` and the head recorded in the projection's
-    ``last``; ``keep``: entry ids whose chain values to return (``values``)."""
+    ``last``; ``keep``: entry ids whose chain values to return (``values``).
+
+    ``start``: (entry id, the chain value before it): check from that entry on, not from
+    the run's first (entries of ``raw`` before it are skipped; it must be there).
+    ``sealed``: (entry id, the chain value after it that a seal signed): where the check
+    passes that entry, the value must be the signed one, all 160 bits of it."""
     wanted = set(keep)
     values: dict[str, str] = {}
     found = ChainCheck(values=values)
-    head: str | None = None
+    head: str | None = start[1] if start else None
     prev = ""
     ids: list[str] = []
     for entry_id, fields in raw:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        if start is not None and not ids and eid != start[0]:
+            if _id_key(eid) < _id_key(start[0]):
+                continue
+            return found.fail(start[0], "(where the chain is checked from: the last "
+                              "checkpoint or seal) is missing: it was removed")
         found.entries += 1
         ids.append(eid)
         carried = fields.get(b"h")
@@ -168,14 +161,23 @@ def check(run_id: str, raw: Iterable[tuple[Any, dict[Any, Any]]], last: Any,
                               f"{prev}): it was written around the append script")
         if head is None:
             head, found.first_chained = genesis(run_id), eid
+        found.before = head
         head = link(head, eid, fields.get(b"e") or b"")
         if eid in wanted:
             values[eid] = head
         if not _is_tag(carried, head):
-            before = f"entry {prev}" if prev else "the run's start"
+            before = f"entry {prev}" if prev else (
+                "the chain value kept for it (the last checkpoint's)" if start else
+                "the run's start")
             return found.fail(eid, f"does not chain to {before}: it was changed, or an "
                               "entry between them was removed, added or moved")
+        if sealed is not None and eid == sealed[0] and head != sealed[1]:
+            return found.fail(eid, "does not end the chain its seal signed: the log up to "
+                              "it was rewritten (its links recomputed) after it was sealed")
         prev = eid
+    if start is not None and not ids:
+        return found.fail(start[0], "(where the chain is checked from: the last checkpoint "
+                          "or seal) is missing: it was removed")
     last_id, recorded = split_last(last)
     if recorded is None:
         if head is not None:
@@ -218,85 +220,28 @@ def _id_key(entry_id: str) -> tuple[int, int]:
         return 0, 0
 
 
-# Seals --------------------------------------------------------------------------------------
-
-
-def seal_statement(run_id: str, entry_id: str, head: str) -> bytes:
-    """The bytes a seal signs: the run's chain ``head`` after its entry ``entry_id``."""
-    return statement(SEAL_DOMAIN, {"entry": entry_id, "head": head, "run": run_id})
-
-
 @dataclass(frozen=True)
-class Seal:
-    """A signature over a run's chain head: by the registry name ``by`` (whose key's
-    fingerprint is ``key``), covering the log up to ``entry``."""
+class Tail:
+    """What a load reads beside the log to check its chain (``lease_acquire.lua``): the
+    projection's ``last``, ``ckpt`` and ``ckh`` ("" when it has none), and the seal's
+    (entry, chain value after it), if there is one that keeps it."""
 
-    by: str
-    key: str
-    entry: str
-    sig: str
+    last: Any
+    ckpt: str = ""
+    ckh: str = ""
+    sealed: tuple[str, str] | None = None
 
-    def encode(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
 
-    @classmethod
-    def parse(cls, value: Any) -> Seal | None:
-        """A stored seal (``dx:{R}:seal``); None when it is not one."""
-        try:
-            body = json.loads(value)
-            return cls(**{name: str(body[name]) for name in ("by", "key", "entry", "sig")})
-        except (ValueError, TypeError, KeyError):
+def check_loaded(run_id: str, raw: Iterable[tuple[Any, dict[Any, Any]]],
+                 tail: Tail) -> ChainCheck | None:
+    """The chain of the part of a run's log a load read (``raw``: from its last checkpoint,
+    or its first entry when it has none), held against the head and, where it passes the
+    sealed entry, the seal's value. None: not checkable (a checkpoint written before its
+    chain value was kept)."""
+    start = None
+    if tail.ckpt:
+        entry, _, value = tail.ckh.partition(" ")
+        if entry != tail.ckpt or not value:
             return None
-
-
-class Sealer:
-    """Seals the chain heads of the runs this process ends (``DURABLE_SEAL_KEY``, registered
-    as ``DURABLE_SEAL_SIGNER``)."""
-
-    def __init__(self, private_key_pem: bytes, signer: str) -> None:
-        self._key = load_private_key(private_key_pem)
-        self.signer = signer
-        #: The raw public key, and its fingerprint (what the registry entry must hold).
-        self.public_key = public_key_of(private_key_pem)
-        self.fingerprint = fingerprint(self.public_key)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Sealer | None:
-        key, signer = settings.security.seal_key, settings.security.seal_signer
-        if not key and not signer:
-            return None
-        if not key or not signer:
-            raise UsageError("DURABLE_SEAL_KEY and DURABLE_SEAL_SIGNER go together: the key "
-                             "file, and the registry name of its public key")
-        return cls(read_key_file(key), signer)
-
-    def seal(self, run_id: str, entry_id: str, head: str) -> Seal:
-        sig = self._key.sign(seal_statement(run_id, entry_id, head))
-        return Seal(self.signer, self.fingerprint, entry_id, base64.b64encode(sig).decode())
-
-
-def seal_call(sealer: Sealer | None, layout: KeyLayout, handle: RunHandle,
-              reply: Any) -> tuple[list[str], list[str]] | None:
-    """The ``seal.lua`` call (keys, args) sealing the chain head an append left (its reply:
-    ``{"ok", version, last id, head}``), when it ended the run (or appended to an ended
-    one) and there is a sealer. Made the round trip after the append's: a process that
-    dies in between leaves the run unsealed, which ``verify`` reports and ``durable seal``
-    mends."""
-    if sealer is None or handle.state.state not in TERMINAL or len(reply) < 4:
-        return None
-    last_id, head = text(reply[2]), text(reply[3])
-    if not last_id:
-        return None
-    seal = sealer.seal(handle.run_id, last_id, head)
-    return ([layout.run(handle.run_id), layout.seal(handle.run_id)],
-            [f"{last_id} {head}", seal.encode()])
-
-
-@contextmanager
-def unsealed(run_id: str) -> Iterator[None]:
-    """A seal that cannot be written (Redis unreachable, a user refused the seal key) leaves
-    the run unsealed, logged: the append before it is written, and never reported failed."""
-    try:
-        yield
-    except redis.RedisError as exc:
-        log.warning("run %s ended but was not sealed: %s", run_id, exc)
+        start = (entry, value)
+    return check(run_id, raw, tail.last, start=start, sealed=tail.sealed)

@@ -149,7 +149,8 @@ def migration_error(reason: str) -> list[tuple[str, int]]:
 def resume_failure(reason: str) -> list[tuple[str, int]]:
     """A worker took a run over and could not go on (quarantined it): ``nondeterminism``,
     ``agent_error`` (the agent raised while re-observing), ``version`` (its version policy),
-    ``unsigned_rejection``, ``unreadable`` (its log)."""
+    ``unsigned_rejection``, ``unreadable`` (its log), ``chain_broken`` (its log does not
+    chain from its last checkpoint, ``durable.log.chain``)."""
     return [(field(RESUME_FAILURES, reason), 1)]
 
 

@@ -67,6 +67,17 @@ class RunHandle:
     #: written by the same actor leaves its actor out (``durable.log.events``). None:
     #: unknown, so the next entry names its actor.
     tail_actor: str | None = None
+    #: The version and time (ms) this handle's run was last sealed at, or loaded
+    #: (``durable.log.sealer.Sealer.due``: a running run is sealed every N entries or T ms).
+    sealed_version: int = 0
+    sealed_ms: int = field(default_factory=now_ms)
+    #: The next seal checks the chain from the run's first entry, not from its last seal
+    #: (which this handle's sealer could not vouch for).
+    seal_from_start: bool = False
+    #: The signature of the seal this handle wrote last, and of the one it is writing: a
+    #: seal checked from its own last one needs no signature check.
+    own_seal: str = ""
+    sealing: str = ""
 
 
 class CommitOptions(TypedDict, total=False):

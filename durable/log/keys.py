@@ -42,6 +42,10 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 #: The built-in step that starts a child run (``durable.controls.children``).
 CHILD_TOOL = "durable.child"
 
+#: How a parent's projected reason starts while the child it waits for is quarantined
+#: (``durable.controls.children``; the ``durable_runs_blocked_by_child`` gauge counts them).
+BLOCKED_BY_CHILD = "blocked: child"
+
 
 def child_id(parent: str, step: int) -> str:
     """The run id of the child a parent's ``step`` starts: derived, so that a parent
@@ -395,15 +399,10 @@ def console_session(sid_digest: str) -> str:
 
 
 def login_failures(kind: str, who: str) -> str:
-    """Integer: failed console logins of a user name (``kind`` ``user``) or a client address
-    (``addr``); PX = the counting window (ms), renewed by each failure."""
+    """Zset: the failed console logins of a user name (``kind`` ``user``) or a client
+    address (``addr``) within the window, member -> time (ms); PX = the window (ms), from
+    the last (``login_take.lua``)."""
     return f"{PREFIX}:console:fails:{kind}:{who}"
-
-
-def login_lock(kind: str, who: str) -> str:
-    """String: the name or address is refused logins (429) until it expires, PX = the
-    lockout (ms), which doubles with each failure past the limit."""
-    return f"{PREFIX}:console:lock:{kind}:{who}"
 
 
 def a2a_push(run_id: str) -> str:

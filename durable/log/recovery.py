@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 import redis
 
-from durable.errors import DecodeError, RunNotFound
+from durable.errors import ChainBroken, DecodeError, RunNotFound
+from durable.log import chain
 from durable.log import events as ev
 from durable.log.fold import apply, from_checkpoint
 from durable.log.handle import Entry, RunHandle, check_seq
@@ -46,11 +47,14 @@ class RecoveringLog(Protocol):
 
 
 def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease: str = "",
-              actor: str = "", at_least: bool = False) -> RunHandle:
+              actor: str = "", at_least: bool = False,
+              tail: chain.Tail | None = None) -> RunHandle:
     """Fold the entries ``raw`` read from a checkpoint to the end of the log.
 
     ``version`` is the projection's, read with them (``lease_acquire.lua``) or just
-    before them (``at_least``: writers may have appended since).
+    before them (``at_least``: writers may have appended since). ``tail``: what was read
+    with them to check their chain (``chain.check_loaded``): ``ChainBroken`` when it does
+    not hold.
     """
     if not version:
         raise RunNotFound(run_id)
@@ -69,6 +73,7 @@ def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease:
         if isinstance(event, ev.Checkpoint) and handle.state.version == 0:
             if event.state_v not in STATE_SCHEMAS:
                 # A snapshot of another layout: refold from the beginning instead.
+                _check_chain(run_id, fields, tail)
                 return fold_whole(log, run_id, int(version), lease, actor)
             handle.state = from_checkpoint(event)
             handle.ckpt_seq = event.seq
@@ -78,7 +83,8 @@ def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease:
             apply(handle.state, event, log.window)
         handle.last_id = entry.id
         handle.tail_actor = event.actor
-    handle.base_version = handle.state.version
+    _check_chain(run_id, fields, tail)  # (an entry that cannot be read is named first)
+    handle.base_version = handle.sealed_version = handle.state.version
     handle.base_state = handle.state.state
     if handle.state.version < version or (handle.state.version != version and not at_least):
         raise DecodeError(handle.last_id, f"log ends at seq {handle.state.version}, "
@@ -93,6 +99,12 @@ def fold_from(log: RecoveringLog, run_id: str, version: int, raw: Any, *, lease:
                           "by the append script")
     resolve_large(log, handle)
     return handle
+
+
+def _check_chain(run_id: str, fields: Any, tail: chain.Tail | None) -> None:
+    found = chain.check_loaded(run_id, fields, tail) if tail is not None else None
+    if found is not None and not found.ok:
+        raise ChainBroken(found.bad_entry or "", found.problem or "")
 
 
 def projected_version(log: RecoveringLog, run_id: str) -> int:
@@ -112,12 +124,19 @@ def fold_whole(log: RecoveringLog, run_id: str, version: int, lease: str,
         apply(handle.state, entry.event, log.window)
         handle.last_id = entry.id
         handle.tail_actor = entry.event.actor
-    handle.base_version = handle.state.version
+    handle.base_version = handle.sealed_version = handle.state.version
     handle.base_state = handle.state.state
     if handle.state.version != version:
         raise DecodeError(handle.last_id, "log and projection disagree")
     resolve_large(log, handle)
     return handle
+
+
+def unreadable(exc: DecodeError) -> str:
+    """The reason a run whose load raised ``exc`` is quarantined with."""
+    if isinstance(exc, ChainBroken):
+        return exc.quarantine_reason
+    return f"unreadable log entry {exc.entry_id}: {exc.reason}"
 
 
 def resolve_large(log: RecoveringLog, handle: RunHandle) -> None:

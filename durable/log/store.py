@@ -20,7 +20,7 @@ from durable.log import blobs, counters, keys, recovery
 from durable.log import events as ev
 from durable.log.append import prepare, settle
 from durable.log.batching import ScriptBatcher
-from durable.log.chain import Sealer, seal_call, unsealed
+from durable.log.chain import Tail
 from durable.log.entries import actor_before, decode_entry, encode_event, open_entry
 from durable.log.fold import apply
 from durable.log.handle import (
@@ -35,6 +35,7 @@ from durable.log.handle import (
 )
 from durable.log.replicas import Replicated
 from durable.log.scripts import Scripts
+from durable.log.sealer import Sealer, seal_call, sealed, unsealed
 from durable.log.state import (
     STATE_INPUT_REF,
     STATE_SCHEMA,
@@ -234,15 +235,17 @@ class EventLog:
                                 at_least=True)
 
     def handle_from(self, run_id: str, version: int, raw: Any, *, lease: str = "",
-                    actor: str = "", at_least: bool = False) -> RunHandle:
+                    actor: str = "", at_least: bool = False,
+                    tail: Tail | None = None) -> RunHandle:
         """Fold the entries read from a checkpoint to the end of the log
         (``durable.log.recovery.fold_from``).
 
         ``version`` is the projection's, read with them (``lease_acquire.lua``) or just
-        before them (``at_least``: writers may have appended since).
+        before them (``at_least``: writers may have appended since); ``tail``: what their
+        chain is checked against (``ChainBroken``).
         """
         return recovery.fold_from(self, run_id, version, raw, lease=lease, actor=actor,
-                                  at_least=at_least)
+                                  at_least=at_least, tail=tail)
 
     def resolve(self, run_id: str, actions: Iterable[Action],
                 states: Iterable[RunState] = ()) -> None:
@@ -308,10 +311,10 @@ class EventLog:
         reply = self.replicas.append(handle.run_id, keys=prepared.call.keys,
                                      args=prepared.call.args)
         last_id = settle(self, handle, prepared, reply)
-        call = seal_call(self.sealer, self.keys, handle, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply, prepared.sealing)
         if call is not None:
             with unsealed(handle.run_id):
-                self.scripts.seal(keys=call[0], args=call[1])
+                sealed(handle, self.scripts.seal(keys=call[0], args=call[1]))
         return last_id
 
     async def commit_async(self, handle: RunHandle, specs: Sequence[Spec] = (),
@@ -322,14 +325,14 @@ class EventLog:
         reply = await self.replicas.append_async(handle.run_id, keys=prepared.call.keys,
                                                  args=prepared.call.args)
         last_id = settle(self, handle, prepared, reply)
-        call = seal_call(self.sealer, self.keys, handle, reply)
+        call = seal_call(self.sealer, self.keys, handle, reply, prepared.sealing)
         if call is not None:
             with unsealed(handle.run_id):
                 batcher = self.replicas.batcher
                 if batcher is not None:
-                    await batcher.script_call("seal", call[0], call[1])
+                    sealed(handle, await batcher.script_call("seal", call[0], call[1]))
                 else:
-                    self.scripts.seal(keys=call[0], args=call[1])
+                    sealed(handle, self.scripts.seal(keys=call[0], args=call[1]))
         return last_id
 
     def commit_many(self, batch: Sequence[tuple[RunHandle, Sequence[Spec], dict[str, str]]]
@@ -359,10 +362,10 @@ class EventLog:
             except Exception as exc:  # handed back to the caller
                 out.append(exc)
                 continue
-            call = seal_call(self.sealer, self.keys, handle, reply)
+            call = seal_call(self.sealer, self.keys, handle, reply, p.sealing)
             if call is not None:
                 with unsealed(handle.run_id):
-                    self.scripts.seal(keys=call[0], args=call[1])
+                    sealed(handle, self.scripts.seal(keys=call[0], args=call[1]))
         return out
 
     def stage_checkpoint(self, handle: RunHandle, ts: int) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -226,7 +226,14 @@ class DurableCollector(Collector):
         yield GaugeMetricFamily(
             "durable_runs_unsettled",
             "Runs whose unknown outcome no lookup can resolve: they wait for an operator's "
-            "signed settle (durable runs --stuck).", value=self._unsettled(shards))
+            "signed settle (durable runs --stuck).",
+            value=self._projected("waiting_external", shards, lambda why: NO_LOOKUP in why))
+        yield GaugeMetricFamily(
+            "durable_runs_blocked_by_child",
+            "Runs waiting for a child run that is quarantined (durable status names it and "
+            "why; the agent's on_child_quarantined says what the wait does).",
+            value=self._projected("waiting_child", shards,
+                                  lambda why: why.startswith(keys.BLOCKED_BY_CHILD)))
         found = orphans.find(EventLog(self.redis, layout=self.keys), self.queue,
                              grace=self.grace_ms, limit=ORPHAN_SCAN)
         yield GaugeMetricFamily(
@@ -235,18 +242,20 @@ class DurableCollector(Collector):
             "entry a reconciler will reach, no answer awaited (durable runs --orphaned).",
             value=len(found))
 
-    def _unsettled(self, shards: list[int | None]) -> int:
-        """The waiting_external runs whose projected reason is the lookup's "cannot tell"
-        (one read of each shard's index, one pipelined HGET per waiting run, at most
+    def _projected(self, state: str, shards: list[int | None],
+                   says: Callable[[str], bool]) -> int:
+        """The runs in ``state`` whose projected reason ``says`` so: the waiting_external
+        ones whose lookup "cannot tell", the waiting_child ones a quarantined child blocks
+        (one read of each shard's index, one pipelined HGET per run, at most
         ``UNSETTLED_SCAN`` per shard)."""
         ids = [rid for shard in shards for rid in self.redis.zrange(
-            self.keys.runs_in_state("waiting_external", shard), 0, UNSETTLED_SCAN - 1)]
+            self.keys.runs_in_state(state, shard), 0, UNSETTLED_SCAN - 1)]
         if not ids:
             return 0
         pipe = self.redis.pipeline(transaction=False)
         for rid in ids:
             pipe.hget(self.keys.run(_s(rid)), "reason")
-        return sum(1 for why in pipe.execute() if why and NO_LOOKUP in _s(why))
+        return sum(1 for why in pipe.execute() if why and says(_s(why)))
 
 
 def limit_metrics(found: list[Use]) -> Iterator[Metric]:

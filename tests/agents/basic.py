@@ -406,3 +406,22 @@ class Gated(Agent):
         if state.step >= 1:
             return Finish(state.actions[1].result)
         return Call("gate", {})
+
+
+@register
+class NoteThenAsk(Agent):
+    """One no-op step, then a wait for input, then finish with the step's result: a run
+    that rests between its steps, held by no worker."""
+
+    name = "note-then-ask"
+    input_model = EchoInput
+    tools = ("noop",)
+
+    def decide(self, state: RunState) -> Decision:
+        from durable.agents import Wait
+
+        if state.step == 0:
+            return Call("noop", {"n": 1})
+        if state.last_wait is None:
+            return Wait("input", reason="go on?")
+        return Finish(state.actions[1].result)

@@ -101,3 +101,30 @@ def asking_kid(ctx: RunContext, inp: Any) -> Any:
 def parent_of_asker(ctx: RunContext, inp: Any) -> Any:
     """Joins a child that waits for input, for up to a day."""
     return ctx.child("asking_kid", {}, timeout_s=86400.0)
+
+
+@agent(tools=())
+def raising_kid(ctx: RunContext, inp: Any) -> None:
+    raise RuntimeError("a bug in the child's code")  # quarantined: not an ending
+
+
+@agent(tools=())
+def parent_of_raiser(ctx: RunContext, inp: Any) -> Any:
+    """Waits for a child that is quarantined (the default policy: it keeps waiting)."""
+    return ctx.child("raising_kid", {}, timeout_s=86400.0)
+
+
+@agent(tools=(), on_child_quarantined="fail")
+def failing_parent_of_raiser(ctx: RunContext, inp: Any) -> dict[str, Any]:
+    """Told of its child's quarantine as a child that did not complete."""
+    try:
+        ctx.child("raising_kid", {}, timeout_s=86400.0)
+    except ChildFailed as exc:
+        return {"child": exc.child, "state": exc.status, "error": exc.error}
+    return {"child": None}
+
+
+@agent(tools=(), on_child_quarantined="cancel")
+def canceling_parent_of_raiser(ctx: RunContext, inp: Any) -> Any:
+    """Canceled when its child is quarantined."""
+    return ctx.child("raising_kid", {}, timeout_s=86400.0)

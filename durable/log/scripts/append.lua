@@ -30,7 +30,10 @@
 --                            pending), "t" the batch may follow a terminal event (late
 --                            reconciliation only), "r" release the writer's lease after the
 --                            batch (its last write of a job), "q" the batch quarantines
---                            the run: written even after a foreign entry (see below)
+--                            the run: written even after a foreign entry (see below),
+--                            "v" the batch is to be sealed: the chain is checked first,
+--                            from the last seal (or the first entry), "V" the same from
+--                            the first entry (see below)
 -- ARGV[9]  n                 number of events always appended
 -- ARGV[10] m                 number of events appended after them only when no lease is held
 -- ARGV[11] free_state        state after the batch when the m events are appended
@@ -81,7 +84,17 @@
 -- before the chain existed, starts from h_0 too); the head (the full value after the last
 -- entry) is kept in the projection's "last" with the entry id, so no entry is read back.
 --
--- Returns {"ok", version, last_id, head} (head: the chain after last_id) or an error tuple:
+-- "v"/"V": before anything is written, the chain the log has is checked from the entry of
+-- the last seal (dx:{R}:seal keeps its entry and the chain values before and after it: the
+-- entry itself is checked too) or, without one, with "V", or when the batch ends a run of
+-- at most compact_max entries, from the first entry, to the
+-- head in the projection; a break is the reply, {"broken", entry id, why}, and nothing is
+-- written (the caller quarantines the run). A checkpoint's entry has the chain value before
+-- it kept in the projection's "ckh" ("<entry id> <value>"), where a load starts checking.
+--
+-- Returns {"ok", version, last_id, head, before, from, seal} (head: the chain after
+-- last_id; before: the chain before it; from: where "v" started checking, "" for the first
+-- entry; seal: the seal it started from, "" for none) or an error tuple:
 -- {"conflict", actual} {"lease", holder} {"terminal", state} {"canceled"} {"claimed", f, v}
 -- {"foreign", tail_id}: the log does not end with the entry this script wrote last (the
 -- projection's "last"): something appended around it (a raw XADD). Nothing is written but
@@ -206,6 +219,53 @@ for i = 1, nops do
   end
 end
 
+-- The chain checked before a seal ("v", "V"): from the last seal's entry, or the first.
+local checked_from, anchor_seal = '', ''
+if (has_flag('v') or has_flag('V')) and not has_flag('q') then
+  local start, value, sealed_head = '-', nil, nil
+  local sealed = redis.call('GET', seal_key)
+  -- A run that ends with a short log is checked whole, as it is rewritten whole (below).
+  local whole = has_flag('V') or (TERMINAL[new_state] and version + n <= compact_max)
+  if sealed and not whole then
+    local decoded, s = pcall(cjson.decode, sealed)
+    if decoded and type(s) == 'table' and type(s.entry) == 'string' and
+        type(s.before) == 'string' and type(s.head) == 'string' and s.head ~= '' then
+      start, value, sealed_head = s.entry, s.before, s.head
+      checked_from, anchor_seal = s.entry, sealed
+    end
+  end
+  local h, walked = value, ''
+  for index, entry in ipairs(redis.call('XRANGE', log_key, start, '+')) do
+    local id, f = entry[1], entry[2]
+    if index == 1 and start ~= '-' and id ~= start then
+      return {'broken', start, 'is missing (the last seal covers it): it was removed'}
+    end
+    local data, carried = '', nil
+    for j = 1, #f, 2 do
+      if f[j] == 'e' then data = f[j + 1] elseif f[j] == 'h' then carried = f[j + 1] end
+    end
+    if carried then
+      h = redis.sha1hex((h or redis.sha1hex('durable-chain-v1\n' .. run_id)) .. id .. '\n' .. data)
+      if tonumber(carried) ~= tonumber(string.sub(h, 1, 2), 16) % 128 then
+        return {'broken', id, 'does not chain to the entry before it: it was changed, or an ' ..
+          'entry was removed, added or moved'}
+      end
+      if index == 1 and sealed_head and h ~= sealed_head then
+        return {'broken', id, 'does not end the chain its seal signed: it was changed'}
+      end
+    elseif h then
+      return {'broken', id, 'carries no chain link: it was written around the append script'}
+    end
+    walked = id
+  end
+  local expected_last = (last_written and last_written ~= '') and last_written or walked
+  if walked ~= expected_last or h ~= chain then
+    return {'broken', expected_last, 'ends a chain that does not reach the head ' ..
+      'recorded after it: an entry was changed and the links after it recomputed, or the ' ..
+      'head was changed'}
+  end
+end
+
 -- The m conditional events go in only when no lease is held.
 local count = n
 local counted = ncounts
@@ -225,7 +285,7 @@ if tail_id ~= '' then
   last_ms = tonumber(string.sub(tail_id, 1, dash - 1))
   last_seq = tonumber(string.sub(tail_id, dash + 1))
 end
-local last_id, ckpt_id = '', nil
+local last_id, ckpt_id, ckpt_chain, before = '', nil, nil, ''
 chain = chain or redis.sha1hex('durable-chain-v1\n' .. run_id)
 -- Append one entry, chained. Returns false when XADD refused it (its id is not past the
 -- stream's top), unless "strict": then the refusal is raised.
@@ -250,6 +310,7 @@ for i = 1, count do
     seq = last_seq + 1
   end
   last_id = string.format('%d-%d', ms, seq)
+  before = chain
   if not chained(last_id, data) then
     -- Entries were deleted past the tail (XDEL by an admin): the entry goes right after
     -- the stream's top id (XINFO names it); a caller refused XINFO appends with the
@@ -276,7 +337,7 @@ for i = 1, count do
   end
   last_ms, last_seq = ms, seq
   if i == checkpoint_pos then
-    ckpt_id = last_id
+    ckpt_id, ckpt_chain = last_id, before
   end
 end
 -- One HSET per key, its fields in the order separate calls would have set them (in parts
@@ -299,7 +360,7 @@ call_with('HDEL', blobs_key, ARGV, DROPS_BASE + 1, DROPS_BASE + ndrops)
 local new_version = version + count
 local projected = {}
 if ckpt_id then
-  projected = {'ckpt', ckpt_id}
+  projected = {'ckpt', ckpt_id, 'ckh', ckpt_id .. ' ' .. ckpt_chain}
 end
 local at = #projected
 projected[at + 1], projected[at + 2] = 'version', new_version
@@ -352,4 +413,4 @@ if retention_ms > 0 and TERMINAL[new_state] then
   redis.call('PEXPIRE', blobs_key, retention_ms)
   redis.call('PEXPIRE', seal_key, retention_ms)
 end
-return {'ok', new_version, last_id, chain}
+return {'ok', new_version, last_id, chain, before, checked_from, anchor_seal}

@@ -7,7 +7,8 @@
 -- KEYS[3] queued_key  dx:{R}:queued  marker: a command for the run is queued
 -- KEYS[4] log_key     dx:{R}:log     stream: the run's log
 -- KEYS[5] run_key     dx:{R}:run     hash: the projection (version, ckpt, held)
--- KEYS[6] region_key  dx:region      hash of the run's shard (owner, epoch, state): given
+-- KEYS[6] seal_key    dx:{R}:seal    string: the run's seal (read: a load checks the chain)
+-- KEYS[7] region_key  dx:region      hash of the run's shard (owner, epoch, state): given
 --                                    only with a region (ARGV[4]); in the run's slot
 -- ARGV[1] token        the owner token (a worker or reconciler id)
 -- ARGV[2] ttl_ms       the lease's time to live (ms)
@@ -25,8 +26,11 @@
 -- still set means the last one expired (its holder died or stalled), and the reply says so
 -- (the caller counts it: this script touches one run's keys only).
 -- Returns {"busy", holder, pttl} while another owner holds the lease, else
--- {"ok", lease value, version, entries, expired}: version 0 and no entries when the run is
--- unknown; expired 1 when the lease taken before this one expired instead of being released.
+-- {"ok", lease value, version, entries, expired, last, ckpt, ckh, seal}: version 0 and no
+-- entries when the run is unknown; expired 1 when the lease taken before this one expired
+-- instead of being released; last, ckpt, ckh: the projection's (the chain head, the last
+-- checkpoint's entry and the chain value before it, "" when absent), seal: the run's seal
+-- ("" when none): what a load checks the entries' chain against (durable.log.chain).
 
 local lease_key, fence_key, queued_key = KEYS[1], KEYS[2], KEYS[3]
 local log_key, run_key = KEYS[4], KEYS[5]
@@ -34,7 +38,7 @@ local token, ttl_ms, take_queued = ARGV[1], ARGV[2], ARGV[3]
 local region = ARGV[4] or ''
 
 if region ~= '' then
-  local region_key = KEYS[6]
+  local region_key = KEYS[7]
   local owned = redis.call('HMGET', region_key, 'owner', 'epoch', 'state')
   if not owned[1] then
     redis.call('HSET', region_key, 'owner', region, 'epoch', 1, 'state', 'active')
@@ -60,7 +64,7 @@ else
   value = token .. '|' .. epoch
   redis.call('SET', lease_key, value, 'PX', ttl_ms)
 end
-local projection = redis.call('HMGET', run_key, 'version', 'ckpt', 'held')
+local projection = redis.call('HMGET', run_key, 'version', 'ckpt', 'held', 'last', 'ckh')
 local version, checkpoint_id, held = projection[1], projection[2], projection[3]
 if not version then
   return {'ok', value, 0, {}, 0}
@@ -73,4 +77,5 @@ if held ~= value then
   redis.call('HSET', run_key, 'held', value)
 end
 return {'ok', value, tonumber(version), redis.call('XRANGE', log_key, checkpoint_id or '-', '+'),
-  expired}
+  expired, projection[4] or '', checkpoint_id or '', projection[5] or '',
+  redis.call('GET', KEYS[6]) or ''}
