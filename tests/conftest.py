@@ -25,6 +25,7 @@ from durable.security.signing import keygen, load_public_key
 from durable.settings import Settings
 from durable.testing import AdminKey, Reconciler, Server, Worker, forks
 from examples.world import WorldProcess
+from tests.servers.model import ModelServer
 
 T = TypeVar("T")
 
@@ -210,6 +211,31 @@ def approver(client: Client, admin_key: AdminKey) -> ApproverFactory:
         return private
 
     return make
+
+
+#: ``serve_model``: starts a model server for the given agents.
+ModelFactory = Callable[..., ModelServer]
+
+
+@pytest.fixture()
+def serve_model(monkeypatch: pytest.MonkeyPatch, settings: Settings
+                ) -> Iterator[ModelFactory]:
+    """``serve_model(agents, **opts) -> ModelServer``: the scripted model server
+    (``tests.servers.model``, ``opts`` its own) that the test's worker processes call
+    (``DURABLE_MODEL_BASE_URL``), with ``DURABLE_AGENTS`` set to ``agents``; stopped at
+    teardown."""
+    started: list[ModelServer] = []
+
+    def start(agents: str, **opts: Any) -> ModelServer:
+        srv = ModelServer(**opts).start()
+        started.append(srv)
+        monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
+        monkeypatch.setenv("DURABLE_AGENTS", agents)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
 
 
 @pytest.fixture()

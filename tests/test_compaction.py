@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,7 +18,7 @@ from durable.client import Client
 from durable.compaction import SUMMARY_HEAD, SUMMARY_PROMPT
 from durable.log import events as ev
 from durable.testing import replay_file, wait_for
-from tests.conftest import WorkerFactory
+from tests.conftest import ModelFactory, WorkerFactory
 from tests.runs import events_of
 from tests.servers.model import ModelServer, Seen
 
@@ -29,12 +27,8 @@ BOUND = 400
 
 
 @pytest.fixture()
-def model(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[ModelServer]:
-    srv = ModelServer(tokens=5).start()
-    monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    yield srv
-    srv.stop()
+def model(serve_model: ModelFactory) -> ModelServer:
+    return serve_model(AGENTS, tokens=5)
 
 
 def _requests(model: ModelServer, run: str) -> list[Seen]:

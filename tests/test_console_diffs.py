@@ -5,30 +5,23 @@ workers against the local model server (``tests.test_counterfactual_forks``' set
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from durable.client import Client
 from tests.browser import Console, login
-from tests.conftest import WorkerFactory
+from tests.conftest import ModelFactory, WorkerFactory
 from tests.servers.model import ModelServer
 from tests.test_counterfactual_forks import AGENTS, _held_fork, _shopped
 
 
 @pytest.fixture()
-def model(monkeypatch: pytest.MonkeyPatch, settings: Any, console: Console
-          ) -> Iterator[ModelServer]:
+def model(serve_model: ModelFactory, console: Console) -> ModelServer:
     """The model server, and the workers' agents (after the console: its users' files set
     ``TEST_DB``, where the charges are counted)."""
-    srv = ModelServer(tokens=5).start()
-    monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    yield srv
-    srv.stop()
+    return serve_model(AGENTS, tokens=5)
 
 
 def test_a_fork_page_links_to_its_diff_which_names_the_first_divergence_and_the_held_step(

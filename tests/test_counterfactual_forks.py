@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from durable.errors import UsageError
 from durable.log import events as ev
 from durable.testing import wait_for
 from tests.agents.basic import applications
-from tests.conftest import ApproverFactory, WorkerFactory
+from tests.conftest import ApproverFactory, ModelFactory, WorkerFactory
 from tests.runs import events_of
 from tests.servers.model import ModelServer
 
@@ -34,13 +33,8 @@ AGENTS = "examples.agents,tests.agents.basic,tests.agents.counterfactual"
 
 
 @pytest.fixture()
-def model(monkeypatch: pytest.MonkeyPatch, settings: Any, world_db: Any
-          ) -> Iterator[ModelServer]:
-    srv = ModelServer(tokens=5).start()
-    monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    yield srv
-    srv.stop()
+def model(serve_model: ModelFactory, world_db: Any) -> ModelServer:
+    return serve_model(AGENTS, tokens=5)
 
 
 def _charges(world_db: Any, run: str) -> dict[str, int]:

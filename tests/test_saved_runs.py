@@ -10,7 +10,6 @@ import base64
 import gzip
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from durable.security.sealing import Keyring
 from durable.settings import Settings
 from durable.testing import SavedRunDiverged, replay_file, saved_run_tests
 from tests.agents import model_steps, saved
-from tests.conftest import WorkerFactory, run_durable
+from tests.conftest import ModelFactory, WorkerFactory, run_durable
 from tests.servers.model import ModelServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -39,12 +38,8 @@ test_known_good_logs_replay = saved_run_tests(FIXTURES)
 
 
 @pytest.fixture()
-def model(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[ModelServer]:
-    srv = ModelServer(tokens=5).start()
-    monkeypatch.setenv("DURABLE_MODEL_BASE_URL", srv.url)
-    monkeypatch.setenv("DURABLE_AGENTS", AGENTS)
-    yield srv
-    srv.stop()
+def model(serve_model: ModelFactory) -> ModelServer:
+    return serve_model(AGENTS, tokens=5)
 
 
 def _export(run: str, path: Path) -> Path:

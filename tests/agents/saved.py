@@ -17,28 +17,29 @@ from examples.agents.basic import Count
 from tests.agents.model_steps import LoopInput
 
 
-@agent(input_model=LoopInput, tools=("chat", "noop"))
-def looper_other_argument(ctx: RunContext, inp: LoopInput) -> dict[str, Any]:
-    """``model_looper`` whose third tool step (step 6) sends ``n`` plus one."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+def _looped(ctx: RunContext, inp: LoopInput, first: str = "go",
+            bumped: int | None = None) -> dict[str, Any]:
+    """``model_looper``'s loop, its first message ``first``, and the ``noop`` of cycle
+    ``bumped`` sending ``n`` plus one."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
     for n in range(inp.calls):
         reply = chat(ctx, messages)
         messages.append(reply.message)
-        done = ctx.call("noop", {"n": n + 1 if n == 2 else n})
+        done = ctx.call("noop", {"n": n + 1 if n == bumped else n})
         messages.append({"role": "user", "content": json.dumps(done, sort_keys=True)})
     return {"calls": inp.calls, "messages": len(messages)}
+
+
+@agent(input_model=LoopInput, tools=("chat", "noop"))
+def looper_other_argument(ctx: RunContext, inp: LoopInput) -> dict[str, Any]:
+    """``model_looper`` whose third tool step (step 6) sends ``n`` plus one."""
+    return _looped(ctx, inp, bumped=2)
 
 
 @agent(input_model=LoopInput, tools=("chat", "noop"))
 def looper_other_prompt(ctx: RunContext, inp: LoopInput) -> dict[str, Any]:
     """``model_looper`` with another first message: its first model request differs."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "go on, then"}]
-    for n in range(inp.calls):
-        reply = chat(ctx, messages)
-        messages.append(reply.message)
-        done = ctx.call("noop", {"n": n})
-        messages.append({"role": "user", "content": json.dumps(done, sort_keys=True)})
-    return {"calls": inp.calls, "messages": len(messages)}
+    return _looped(ctx, inp, first="go on, then")
 
 
 @register
